@@ -1,0 +1,1 @@
+"""PEARL control plane: the Django app (models, services, API, consumers, tasks) and its pure core."""
