@@ -1,0 +1,286 @@
+"""Durable state: the unified GPU–worker–role map (DESIGN §4) and its history.
+
+All writes go through `controlplane.services`; these models only declare shape and the database
+backstops of the invariants (partial unique constraints), so that even a buggy caller cannot bind
+one GPU to two active workers.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from controlplane.core.state import Activity, EngineKind, Mode, NodeStatus, Pool, Role, Zone
+
+NAME_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9._-]{0,62}$", "lowercase letters, digits, '.', '_' or '-' (max 63)")
+
+
+def choices(enum: type) -> list[tuple[str, str]]:
+    return [(m.value, m.value) for m in enum]
+
+
+class Node(models.Model):
+    """A machine with GPU slots, run by one node agent. `epoch` is its fencing token."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
+    pool = models.CharField(max_length=16, choices=choices(Pool))
+    status = models.CharField(max_length=16, choices=choices(NodeStatus), default=NodeStatus.NOT_READY)
+    hardware = models.CharField(max_length=32)
+    engine = models.CharField(max_length=16, choices=choices(EngineKind), default=EngineKind.EMULATED)
+    data_plane = models.CharField(max_length=200, blank=True)
+    incarnation = models.CharField(max_length=64, blank=True)
+    epoch = models.PositiveBigIntegerField(default=1)
+    generation = models.PositiveBigIntegerField(default=0)  # desired-state generation
+    applied_generation = models.PositiveBigIntegerField(default=0)  # last generation the agent applied
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    preemption_deadline = models.DateTimeField(null=True, blank=True)
+    observed = models.JSONField(default=list, blank=True)  # last ObservedWorker list from the agent
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def zone(self) -> Zone:
+        return Zone.OVERLAP if self.pool == Pool.TRAINING else Zone.ROLLOUT
+
+
+class GPU(models.Model):
+    """A GPU slot (on CPU machines a logical device slot)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    hardware = models.CharField(max_length=32)
+    memory_mb = models.PositiveIntegerField(default=0)
+    zone = models.CharField(max_length=16, choices=choices(Zone), default=Zone.ROLLOUT)
+    present = models.BooleanField(default=True)  # False once the node is gone (history is kept)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:{self.index}"
+
+
+class Job(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+        FAILED = "failed"
+
+    name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
+    model = models.CharField(max_length=64, default="tiny")
+    engine = models.CharField(max_length=16, choices=choices(EngineKind), default=EngineKind.EMULATED)
+    hardware = models.CharField(max_length=32, default="cpu")
+    environment = models.CharField(max_length=64, default="swe-like")
+    policy = models.CharField(max_length=16, default="pearl")
+    tp = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    batch_size = models.PositiveIntegerField(default=64, validators=[MinValueValidator(1)])
+    group_size = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)])
+    max_staleness = models.PositiveIntegerField(default=1)
+    max_trajectory_tokens = models.PositiveIntegerField(default=32768, validators=[MinValueValidator(1)])
+    rollout_gpus = models.PositiveIntegerField(default=0)  # max dedicated rollout GPUs (0 = all available)
+    training_gpus = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    mode = models.CharField(max_length=16, choices=choices(Mode), default=Mode.COLOCATED)
+    n_prefill = models.PositiveIntegerField(default=0)
+    n_decode = models.PositiveIntegerField(default=0)
+    n_colocated = models.PositiveIntegerField(default=0)
+    step = models.PositiveIntegerField(default=0)
+    weight_version = models.PositiveIntegerField(default=0)
+    training_active = models.BooleanField(default=False)  # the trainer is computing an update
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Override(models.Model):
+    """Manual policy overrides for a job; they always win over the decision engine."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="override")
+    force_mode = models.CharField(max_length=16, choices=choices(Mode), blank=True)
+    force_n_prefill = models.PositiveIntegerField(null=True, blank=True)
+    force_n_decode = models.PositiveIntegerField(null=True, blank=True)
+    freeze = models.BooleanField(default=False)
+    borrowing = models.BooleanField(default=True)
+    elasticity = models.BooleanField(default=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    updated = models.DateTimeField(auto_now=True)
+
+
+class Worker(models.Model):
+    """w -> (G_w, R_w, a_w). `slot` is stable per job: survivors are never renumbered."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="workers")
+    slot = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="workers")
+    zone = models.CharField(max_length=16, choices=choices(Zone))
+    role = models.CharField(max_length=16, choices=choices(Role))
+    activity = models.CharField(max_length=16, choices=choices(Activity), default=Activity.TRANSITIONING)
+    engine = models.CharField(max_length=16, choices=choices(EngineKind))
+    endpoint = models.CharField(max_length=200, blank=True)
+    weight_version = models.PositiveIntegerField(default=0)
+    generation = models.PositiveBigIntegerField(default=0)  # node generation at the last change
+    inflight = models.PositiveIntegerField(default=0)
+    alive = models.BooleanField(default=True)  # False once stopped (the row stays as history)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "slot", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "slot"], condition=Q(alive=True), name="worker_stable_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job.name}/w{self.slot}:{self.role}"
+
+
+class WorkerGPU(models.Model):
+    """G_w, with the database backstop of the GPU invariants.
+
+    `kind` is rollout or training; `alive`/`active` mirror the worker. At most one alive worker of
+    each kind per GPU (the overlap zone pairs one training and one rollout worker) and at most one
+    active worker per GPU at all.
+    """
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="bindings")
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="bindings")
+    kind = models.CharField(max_length=16)
+    alive = models.BooleanField(default=True)
+    active = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "kind"], condition=Q(alive=True), name="gpu_one_alive_worker_per_kind"),
+            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True), name="gpu_one_active_worker"),
+        ]
+
+
+class Decision(models.Model):
+    """One run of the PD decision engine: inputs, every candidate, the choice and the gate."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    signal = models.CharField(max_length=32)
+    budget = models.JSONField(default=dict)
+    profile = models.JSONField(default=dict)
+    candidates = models.JSONField(default=list)
+    mode = models.CharField(max_length=16, choices=choices(Mode))
+    n_prefill = models.PositiveIntegerField(default=0)
+    n_decode = models.PositiveIntegerField(default=0)
+    n_colocated = models.PositiveIntegerField(default=0)
+    borrow = models.PositiveIntegerField(default=0)
+    predicted_makespan_s = models.FloatField(null=True, blank=True)
+    expected_gain = models.FloatField(default=0.0)
+    admitted = models.BooleanField(default=False)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+
+class Transition(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="transitions")
+    decision = models.ForeignKey(Decision, null=True, blank=True, on_delete=models.SET_NULL, related_name="transitions")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    plan = models.JSONField(default=dict)  # {"add": ..., "remove": ..., "reassign": ..., "cost": ...}
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+
+class TransitionStep(models.Model):
+    """An ordered, idempotent step; `key` makes re-execution after a crash a no-op."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        SKIPPED = "skipped"
+
+    transition = models.ForeignKey(Transition, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=32)
+    worker_slot = models.PositiveIntegerField(null=True, blank=True)
+    args = models.JSONField(default=dict)
+    key = models.CharField(max_length=128)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["transition_id", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["transition", "index"], name="step_unique_index"),
+            models.UniqueConstraint(fields=["transition", "key"], name="step_unique_key"),
+        ]
+
+
+class Event(models.Model):
+    """Append-only timeline that outlives the processes."""
+
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=48, db_index=True)
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    actor = models.CharField(max_length=150, blank=True)  # user name, "agent:<node>", "system"
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def save(self, *args, **kwargs):  # type: ignore[override]
+        if self.pk is not None:
+            raise ValueError("events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):  # type: ignore[override]
+        raise ValueError("events are append-only")
+
+
+class AgentCredential(models.Model):
+    """A per-node agent token, stored as a SHA-256 hash; distinct from user API tokens."""
+
+    node_name = models.CharField(max_length=63, validators=[NAME_VALIDATOR], db_index=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=8)
+    created = models.DateTimeField(auto_now_add=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_name", "-created"]
