@@ -1,0 +1,83 @@
+"""Spawning and stopping worker processes (used by the node agent and by tests)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY = "PEARL_WORKER_READY "
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class WorkerProcess:
+    worker_id: int
+    proc: asyncio.subprocess.Process
+    port: int
+    secret: str
+    state_dir: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM (the worker drains and journals its aborted requests), then SIGKILL."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode or 0
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+async def spawn_worker(
+    *, worker_id: int, engine: str, role: str, state_dir: Path, model: str = "tiny", job: str = "",
+    hardware: str = "H800", time_factor: float = 1.0, secret: str | None = None, extra: list[str] | None = None,
+    startup_timeout_s: float = 120.0,
+) -> WorkerProcess:
+    """Start `python -m agents.worker` on an ephemeral loopback port and wait until it serves."""
+    secret = secret or secrets.token_urlsafe(32)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    args = [
+        sys.executable, "-m", "agents.worker", "--engine", engine, "--role", role, "--worker-id", str(worker_id),
+        "--model", model, "--job", job, "--hardware", hardware, "--time-factor", str(time_factor),
+        "--state-dir", str(state_dir), *(extra or []),
+    ]
+    env = dict(os.environ, PEARL_WORKER_SECRET=secret)  # env, not argv: not visible in `ps`
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = await asyncio.create_subprocess_exec(
+        *args, env=env, cwd=str(REPO_ROOT), stdout=asyncio.subprocess.PIPE, stderr=open(state_dir / "stderr.log", "ab"),
+    )
+    assert proc.stdout is not None
+    try:
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), startup_timeout_s)
+            if not line:
+                err = (state_dir / "stderr.log").read_text()[-2000:]
+                raise RuntimeError(f"worker {worker_id} exited before serving: {err}")
+            text = line.decode(errors="replace")
+            if text.startswith(READY):
+                port = int(json.loads(text[len(READY):])["port"])
+                break
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+        raise
+    return WorkerProcess(worker_id, proc, port, secret, state_dir, args)

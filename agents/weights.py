@@ -1,0 +1,124 @@
+"""Versioned weight snapshots: written by the trainer, served over HTTP, pulled by workers.
+
+Pull-based and lazy (RLBoost/PEARL): a worker that starts or returns asks the store for the latest
+version (or one at least `min_weight_version`) and installs it; nothing is pushed. Snapshots are
+safetensors files written atomically (temp + rename) with the version in their metadata; network
+bytes are only ever parsed by safetensors (never pickle, never torch.load).
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import ClientError, ClientSession, web
+from safetensors.torch import save as st_save
+
+from agents import dataplane as dp
+from agents.engines.base import EngineError, NotFound
+
+_NAME = re.compile(r"^v(\d{8})\.safetensors$")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temp file, fsync, rename: a crash leaves either the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class WeightStore:
+    """A directory of `vNNNNNNNN.safetensors`; the highest number is the latest version."""
+
+    def __init__(self, root: Path, keep: int = 4) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+
+    def versions(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _NAME.match(p.name)))
+
+    def latest(self) -> int:
+        v = self.versions()
+        return v[-1] if v else 0
+
+    def path(self, version: int) -> Path:
+        return self.root / f"v{version:08d}.safetensors"
+
+    def publish(self, version: int, tensors: dict[str, torch.Tensor]) -> Path:
+        if version <= self.latest() and self.path(version).exists():
+            raise ValueError(f"weight version {version} already published")
+        path = self.path(version)
+        atomic_write(path, st_save(tensors, metadata={"version": str(version)}))
+        for old in self.versions()[: -self.keep]:
+            self.path(old).unlink(missing_ok=True)
+        return path
+
+    def read(self, version: int) -> bytes:
+        path = self.path(version)
+        if not path.exists():
+            raise NotFound(f"unknown weight version {version}")
+        return path.read_bytes()
+
+
+def weight_routes(store: WeightStore, token: str) -> web.Application:
+    """A sub-app: GET /latest -> {"version"}, GET /{version} -> safetensors bytes. Bearer-token auth."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        header = request.headers.get(dp.AUTH_HEADER, "")
+        if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), token.encode())):
+            return web.json_response({"error": "missing or bad weights token"}, status=401)
+        return await handler(request)
+
+    async def latest(_request: web.Request) -> web.Response:
+        return web.json_response({"version": store.latest(), "versions": store.versions()})
+
+    async def one(request: web.Request) -> web.StreamResponse:
+        raw = request.match_info["version"]
+        if not raw.isdigit():
+            return web.json_response({"error": "version must be an integer"}, status=400)
+        version = int(raw)
+        path = store.path(version)
+        if not path.exists():
+            return web.json_response({"error": f"unknown weight version {version}"}, status=404)
+        return web.FileResponse(path, headers={dp.WEIGHT_VERSION_HEADER: str(version), "Content-Type": "application/octet-stream"})
+
+    app = web.Application(middlewares=[auth])
+    app.router.add_get("/latest", latest)
+    app.router.add_get("/{version}", one)
+    return app
+
+
+async def fetch_weights(session: ClientSession, url: str, version: int, token: str) -> tuple[int, bytes]:
+    """Pull `version` (0 = latest) from a weight store at `url` (the base that has /weights/...)."""
+    base = url.rstrip("/") + "/weights"
+    headers = {dp.AUTH_HEADER: f"Bearer {token}"} if token else {}
+    try:
+        if version == 0:
+            async with session.get(f"{base}/latest", headers=headers) as resp:
+                if resp.status != 200:
+                    raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
+                version = int((await resp.json())["version"])
+            if version == 0:
+                raise NotFound(f"weight store {url} has no snapshot yet")
+        async with session.get(f"{base}/{version}", headers=headers) as resp:
+            if resp.status == 404:
+                raise NotFound(f"unknown weight version {version} at {url}")
+            if resp.status != 200:
+                raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
+            data = await resp.content.read(dp.MAX_WEIGHT_BYTES + 1)
+            if len(data) > dp.MAX_WEIGHT_BYTES:
+                raise EngineError("weights too large", 413)
+            got = int(resp.headers.get(dp.WEIGHT_VERSION_HEADER, version))
+            if got != version:
+                raise EngineError(f"asked for weight version {version}, got {got}", 502)
+            return version, data
+    except ClientError as exc:
+        raise EngineError(f"weight pull from {url} failed: {exc}", 502) from exc
