@@ -284,3 +284,18 @@ class AgentCredential(models.Model):
 
     class Meta:
         ordering = ["node_name", "-created"]
+
+
+class TelemetrySample(models.Model):
+    """A core TelemetryRecord as received from an agent or the rollout driver (input of the
+    Runtime Tracker). Bounded retention: the sweeper keeps the newest ones per job."""
+
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE, related_name="telemetry")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="telemetry")
+    kind = models.CharField(max_length=32)
+    record = models.JSONField()
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["job", "kind", "-created"], name="telemetry_job_kind")]

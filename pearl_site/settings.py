@@ -9,6 +9,7 @@ ALLOWED_HOSTS comma-separated; default localhost names
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -25,10 +26,11 @@ def env_bool(name: str, default: bool = False) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+TESTING = env_bool("PEARL_TESTING") or "pytest" in sys.modules
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG and not env_bool("PEARL_TESTING"):
+    if not DEBUG and not TESTING:
         raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
     SECRET_KEY = "insecure-dev-key-only-for-debug-and-tests-0123456789abcdef"
 
@@ -99,7 +101,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-if env_bool("PEARL_TESTING"):
+if TESTING:
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 LANGUAGE_CODE = "en-us"
@@ -122,7 +124,7 @@ CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SAMESITE = "Lax"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
-if not DEBUG and not env_bool("PEARL_TESTING") and env_bool("PEARL_HTTPS", False):
+if not DEBUG and not TESTING and env_bool("PEARL_HTTPS", False):
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True

@@ -1,0 +1,123 @@
+"""Request validation and response shapes. Validation only; writes happen in services."""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.core.state import EngineKind, Mode
+from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Transition, TransitionStep
+from controlplane.services.jobs import POLICIES
+
+MAX_GPUS = 65536
+
+
+class JobCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63, validators=[NAME_VALIDATOR])
+    model = serializers.ChoiceField(choices=["tiny", "qwen3-8b", "qwen3-30b-a3b"], default="tiny")
+    engine = serializers.ChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
+    hardware = serializers.CharField(max_length=32, default="cpu")
+    environment = serializers.CharField(max_length=64, default="swe-like")
+    policy = serializers.ChoiceField(choices=[p for p in POLICIES if p != "oracle"], default="pearl")
+    tp = serializers.IntegerField(min_value=1, max_value=16, default=1)
+    batch_size = serializers.IntegerField(min_value=1, max_value=1 << 20, default=64)
+    group_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
+    max_staleness = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    max_trajectory_tokens = serializers.IntegerField(min_value=1, max_value=1 << 21, default=32768)
+    rollout_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
+    training_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["batch_size"] % attrs["group_size"]:
+            raise serializers.ValidationError({"batch_size": "batch_size must be a multiple of group_size"})
+        return attrs
+
+
+class JobSerializer(serializers.ModelSerializer):
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "name", "model", "engine", "hardware", "environment", "policy", "tp", "batch_size", "group_size",
+            "max_staleness", "max_trajectory_tokens", "rollout_gpus", "training_gpus", "status", "mode", "n_prefill",
+            "n_decode", "n_colocated", "step", "weight_version", "training_active", "created_by", "created", "updated",
+            "stopped_at", "failure_reason",
+        ]
+        read_only_fields = fields
+
+
+class OverrideSerializer(serializers.Serializer):
+    force_mode = serializers.ChoiceField(choices=[m.value for m in Mode], allow_blank=True, allow_null=True, required=False)
+    force_n_prefill = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
+    force_n_decode = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
+    freeze = serializers.BooleanField(required=False)
+    borrowing = serializers.BooleanField(required=False)
+    elasticity = serializers.BooleanField(required=False)
+
+    def to_internal_value(self, data):  # type: ignore[override]
+        if isinstance(data, dict):
+            unknown = set(data) - set(self.fields)
+            if unknown:
+                raise serializers.ValidationError({sorted(unknown)[0]: "unknown override field"})
+        return super().to_internal_value(data)
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
+                  "last_heartbeat", "lease_expires", "preemption_deadline", "gpus"]
+        read_only_fields = fields
+
+    def get_gpus(self, node: Node) -> int:
+        return node.gpus.filter(present=True).count()
+
+
+class PreemptionSerializer(serializers.Serializer):
+    deadline_s = serializers.FloatField(min_value=1.0, max_value=24 * 3600, help_text="seconds from now")
+
+
+class TrainingSerializer(serializers.Serializer):
+    active = serializers.BooleanField()
+
+
+class AgentTokenSerializer(serializers.Serializer):
+    node = serializers.CharField(max_length=63, validators=[NAME_VALIDATOR])
+
+
+class DecisionSerializer(serializers.ModelSerializer):
+    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Decision
+        fields = ["id", "job", "created", "signal", "budget", "profile", "candidates", "mode", "n_prefill", "n_decode",
+                  "n_colocated", "borrow", "predicted_makespan_s", "expected_gain", "admitted", "reason"]
+        read_only_fields = fields
+
+
+class StepSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TransitionStep
+        fields = ["index", "kind", "worker_slot", "args", "key", "status", "attempts", "started", "finished", "error"]
+        read_only_fields = fields
+
+
+class TransitionSerializer(serializers.ModelSerializer):
+    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    steps = StepSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Transition
+        fields = ["id", "job", "decision", "status", "plan", "created", "started", "finished", "error", "steps"]
+        read_only_fields = fields
+
+
+class EventSerializer(serializers.ModelSerializer):
+    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Event
+        fields = ["id", "created", "kind", "job", "node", "actor", "message", "data"]
+        read_only_fields = fields

@@ -1,0 +1,17 @@
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from controlplane.api import views
+
+router = DefaultRouter()
+router.register("jobs", views.JobViewSet, basename="job")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("decisions", views.DecisionViewSet, basename="decision")
+router.register("transitions", views.TransitionViewSet, basename="transition")
+router.register("events", views.EventViewSet, basename="event")
+
+urlpatterns = [
+    path("cluster/", views.ClusterView.as_view(), name="cluster"),
+    path("agent-tokens/", views.AgentTokenView.as_view(), name="agent-tokens"),
+    *router.urls,
+]

@@ -1,0 +1,148 @@
+"""The cluster map (nodes -> GPU slots -> workers) and per-node desired state."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+from django.utils import timezone
+
+from controlplane.core.agent_link import DesiredState, DesiredWorker
+from controlplane.core.invariants import WorkerView
+from controlplane.core.state import Activity, Role, Zone
+from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value else None
+
+
+def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]:
+    """Nodes in stable (name) order, each with its GPU slots and the alive workers bound to them.
+
+    Four queries whatever the cluster size; used by GET /api/cluster/, the dashboard and deltas.
+    """
+    now = timezone.now()
+    nodes_qs = Node.objects.order_by("name")
+    gpus_qs = GPU.objects.order_by("node_id", "index")
+    bind_qs = WorkerGPU.objects.filter(alive=True)
+    if node_ids is not None:
+        ids = list(node_ids)
+        nodes_qs = nodes_qs.filter(id__in=ids)
+        gpus_qs = gpus_qs.filter(node_id__in=ids)
+        bind_qs = bind_qs.filter(gpu__node_id__in=ids)
+    workers_by_gpu: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for b in bind_qs.values(
+        "gpu_id", "worker_id", "worker__slot", "worker__role", "worker__activity", "worker__job__name", "worker__weight_version"
+    ):
+        workers_by_gpu[b["gpu_id"]].append(
+            {
+                "id": b["worker_id"],
+                "job": b["worker__job__name"],
+                "slot": b["worker__slot"],
+                "role": b["worker__role"],
+                "activity": b["worker__activity"],
+                "weight_version": b["worker__weight_version"],
+            }
+        )
+    gpus_by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for g in gpus_qs.values("id", "node_id", "index", "hardware", "memory_mb", "zone", "present"):
+        ws = sorted(workers_by_gpu.get(g["id"], []), key=lambda w: (w["role"] == Role.TRAINING, w["job"], w["slot"]))
+        active = next((w for w in ws if w["activity"] == Activity.ACTIVE), None)
+        gpus_by_node[g["node_id"]].append(
+            {
+                "id": g["id"],
+                "index": g["index"],
+                "hardware": g["hardware"],
+                "memory_mb": g["memory_mb"],
+                "zone": g["zone"],
+                "present": g["present"],
+                "role": active["role"] if active else (ws[0]["role"] if ws else None),
+                "activity": active["activity"] if active else (ws[0]["activity"] if ws else "idle"),
+                "workers": ws,
+            }
+        )
+    nodes = []
+    for n in nodes_qs.values(
+        "id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
+        "last_heartbeat", "lease_expires", "preemption_deadline",
+    ):
+        hb = n["last_heartbeat"]
+        nodes.append(
+            {
+                "id": n["id"],
+                "name": n["name"],
+                "pool": n["pool"],
+                "zone": Zone.OVERLAP if n["pool"] == "training" else Zone.ROLLOUT,
+                "status": n["status"],
+                "hardware": n["hardware"],
+                "engine": n["engine"],
+                "epoch": n["epoch"],
+                "generation": n["generation"],
+                "applied_generation": n["applied_generation"],
+                "last_heartbeat": _iso(hb),
+                "heartbeat_age_s": (now - hb).total_seconds() if hb else None,
+                "lease_expires": _iso(n["lease_expires"]),
+                "preemption_deadline": _iso(n["preemption_deadline"]),
+                "gpus": gpus_by_node.get(n["id"], []),
+            }
+        )
+    return {"generated": now.isoformat(), "nodes": nodes}
+
+
+def node_summary(node_id: int) -> dict[str, Any] | None:
+    nodes = cluster_snapshot(node_ids=[node_id])["nodes"]
+    return nodes[0] if nodes else None
+
+
+def desired_state(node: Node) -> DesiredState:
+    """The node's full desired state: every alive worker bound to its GPUs."""
+    indexes: dict[int, list[int]] = defaultdict(list)
+    for b in WorkerGPU.objects.filter(alive=True, gpu__node=node).values("worker_id", "gpu__index"):
+        indexes[b["worker_id"]].append(b["gpu__index"])
+    workers = []
+    for w in Worker.objects.filter(node=node, alive=True).select_related("job").order_by("job_id", "slot"):
+        workers.append(
+            DesiredWorker(
+                worker_id=w.id,
+                gpus=sorted(indexes.get(w.id, [])),
+                role=Role(w.role),
+                activity=Activity(w.activity),
+                engine=w.engine,
+                model=w.job.model,
+                job=w.job.name,
+                min_weight_version=max(0, w.job.weight_version - w.job.max_staleness),
+            )
+        )
+    deadline = node.preemption_deadline.timestamp() if node.preemption_deadline else None
+    return DesiredState(
+        generation=node.generation, epoch=node.epoch, status=node.status, workers=workers, preemption_deadline=deadline
+    )
+
+
+def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int] | None = None) -> list[WorkerView]:
+    """Alive workers as pure views for `check_invariants` (restricted to jobs or GPUs touched)."""
+    qs = Worker.objects.filter(alive=True)
+    if job_ids is not None or gpu_ids is not None:
+        from django.db.models import Q
+
+        cond = Q()
+        if job_ids is not None:
+            cond |= Q(job_id__in=list(job_ids))
+        if gpu_ids is not None:
+            cond |= Q(bindings__gpu_id__in=list(gpu_ids), bindings__alive=True)
+        qs = qs.filter(cond).distinct()
+    gpus: dict[int, list[int]] = defaultdict(list)
+    rows = list(qs.values("id", "job_id", "slot", "role", "activity", "zone"))
+    for b in WorkerGPU.objects.filter(alive=True, worker_id__in=[r["id"] for r in rows]).values("worker_id", "gpu_id"):
+        gpus[b["worker_id"]].append(b["gpu_id"])
+    return [
+        WorkerView(
+            worker_id=r["id"], job=r["job_id"], slot=r["slot"], role=Role(r["role"]),
+            activity=Activity(r["activity"]), zone=Zone(r["zone"]), gpus=tuple(sorted(gpus.get(r["id"], []))),
+        )
+        for r in rows
+    ]
+
+
+def training_flags(job_ids: Iterable[int]) -> dict[int, bool]:
+    return dict(Job.objects.filter(id__in=list(job_ids)).values_list("id", "training_active"))

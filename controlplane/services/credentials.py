@@ -1,0 +1,55 @@
+"""Per-node agent tokens: random, shown once, stored as SHA-256, revocable, bound to one node name."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.models import NAME_VALIDATOR, AgentCredential
+from controlplane.services.errors import InvalidInput, NotFound
+from controlplane.services.events import emit
+
+TOKEN_PREFIX = "pna_"  # "PEARL node agent": never accepted where a user token is expected, and vice versa
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_agent_token(*, node_name: str, actor: str = "system") -> str:
+    """Create a token for the agent of `node_name`; returns the plaintext (the only time it exists)."""
+    try:
+        NAME_VALIDATOR(node_name)
+    except Exception as exc:
+        raise InvalidInput(f"node name {node_name!r}: {exc}", field="node") from exc
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        AgentCredential.objects.create(node_name=node_name, key_hash=_hash(token), prefix=token[4:12])
+        emit(kind="agent.token_issued", message=f"agent token issued for node {node_name}", actor=actor, data={"node": node_name})
+    return token
+
+
+def authenticate_agent(token: str) -> AgentCredential | None:
+    """The credential for a valid, unrevoked token, else None (constant work for unknown tokens)."""
+    if not token or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+        return None
+    cred = AgentCredential.objects.filter(key_hash=_hash(token), revoked__isnull=True).first()
+    if cred is not None:
+        AgentCredential.objects.filter(pk=cred.pk).update(last_used=timezone.now())
+    return cred
+
+
+def revoke_agent_tokens(*, node_name: str, actor: str = "system") -> int:
+    with transaction.atomic():
+        n = AgentCredential.objects.filter(node_name=node_name, revoked__isnull=True).update(revoked=timezone.now())
+        if n == 0:
+            raise NotFound(f"no active agent token for node {node_name!r}", field="node")
+        emit(kind="agent.token_revoked", message=f"{n} agent token(s) revoked for node {node_name}", actor=actor, data={"node": node_name})
+    return n
+
+
+def credential_is_valid(credential_id: int) -> bool:
+    """Re-checked on every agent message so a revoked token stops working within one message."""
+    return AgentCredential.objects.filter(pk=credential_id, revoked__isnull=True).exists()

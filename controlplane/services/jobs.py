@@ -1,0 +1,160 @@
+"""Job use cases: create, stop, overrides, training begin/finish."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
+from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
+from controlplane.services.common import assert_invariants, locked
+from controlplane.services.errors import Conflict, InvalidInput, NotFound
+from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.nodes import bump_generation, push_node
+
+POLICIES = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
+
+
+def job_delta(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.pk, "name": job.name, "status": job.status, "mode": job.mode, "n_prefill": job.n_prefill,
+        "n_decode": job.n_decode, "n_colocated": job.n_colocated, "step": job.step, "weight_version": job.weight_version,
+        "training_active": job.training_active, "policy": job.policy,
+    }
+
+
+def available_gpus() -> dict[str, int]:
+    """GPUs present on nodes that can take work, by pool."""
+    counts = {p.value: 0 for p in Pool}
+    for pool in GPU.objects.filter(present=True).exclude(node__status=NodeStatus.GONE).values_list("node__pool", flat=True):
+        counts[pool] += 1
+    return counts
+
+
+def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
+    """Validate a job spec against the cluster and record it (pending until the planner places it)."""
+    policy = spec.get("policy", "pearl")
+    if policy not in POLICIES:
+        raise InvalidInput(f"unknown policy {policy!r}; expected one of {list(POLICIES)}", field="policy")
+    if policy == "oracle":
+        raise InvalidInput("the oracle is an upper bound for reports, not a product policy", field="policy")
+    tp = int(spec.get("tp", 1))
+    gpus = available_gpus()
+    rollout_gpus = int(spec.get("rollout_gpus", 0))
+    training_gpus = int(spec.get("training_gpus", 0))
+    rollout_capacity = gpus[Pool.RESERVED] + gpus[Pool.ELASTIC]
+    if rollout_gpus > rollout_capacity:
+        raise InvalidInput(f"rollout_gpus={rollout_gpus} is above the cluster's {rollout_capacity} rollout GPUs", field="rollout_gpus")
+    if training_gpus > gpus[Pool.TRAINING]:
+        raise InvalidInput(f"training_gpus={training_gpus} is above the cluster's {gpus[Pool.TRAINING]} training GPUs", field="training_gpus")
+    if rollout_gpus % tp or training_gpus % tp:
+        raise InvalidInput(f"GPU counts must be multiples of tp={tp}", field="tp")
+    with transaction.atomic():
+        if Job.objects.filter(name=spec["name"]).exists():
+            raise Conflict(f"a job named {spec['name']!r} exists", field="name")
+        job = Job.objects.create(**spec, created_by=user if getattr(user, "is_authenticated", False) else None)
+        Override.objects.create(job=job)
+        emit(kind="job.created", message=f"job {job.name} created ({job.model}, {job.engine}, policy {job.policy})", job=job,
+             actor=actor, data={"spec": {k: v for k, v in spec.items()}})
+        push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+    return job
+
+
+def stop_job(*, job_id: int, actor: str) -> Job:
+    """Stop every worker of the job and mark it stopped (409 if it already ended)."""
+    with transaction.atomic():
+        job = locked(Job.objects.filter(pk=job_id)).first()
+        if job is None:
+            raise NotFound(f"job {job_id} does not exist", field="id")
+        if job.status in TERMINAL:
+            raise Conflict(f"job {job.name} is already {job.status}", field="status")
+        now = timezone.now()
+        workers = list(Worker.objects.filter(job=job, alive=True).select_related("node"))
+        Worker.objects.filter(pk__in=[w.pk for w in workers]).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
+        WorkerGPU.objects.filter(worker__in=workers).update(alive=False, active=False)
+        job.status = Job.Status.STOPPED
+        job.stopped_at = now
+        job.training_active = False
+        job.save(update_fields=["status", "stopped_at", "training_active", "updated"])
+        for node in {w.node for w in workers}:
+            bump_generation(node)
+            push_node(node.pk)
+        emit(kind="job.stopped", message=f"job {job.name} stopped ({len(workers)} worker(s) released)", job=job, actor=actor)
+        push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+    return job
+
+
+OVERRIDE_FIELDS = ("force_mode", "force_n_prefill", "force_n_decode", "freeze", "borrowing", "elasticity")
+
+
+def override_dict(o: Override) -> dict[str, Any]:
+    return {f: getattr(o, f) for f in OVERRIDE_FIELDS} | {"updated": o.updated.isoformat() if o.updated else None}
+
+
+def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any = None) -> Override:
+    """Set manual overrides (audited: the event records before and after)."""
+    unknown = set(changes) - set(OVERRIDE_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown override field(s) {sorted(unknown)}", field=sorted(unknown)[0])
+    with transaction.atomic():
+        job = locked(Job.objects.filter(pk=job_id)).first()
+        if job is None:
+            raise NotFound(f"job {job_id} does not exist", field="id")
+        if job.status in TERMINAL:
+            raise Conflict(f"job {job.name} is {job.status}; overrides cannot change", field="status")
+        o, _ = Override.objects.get_or_create(job=job)
+        before = override_dict(o)
+        for k, v in changes.items():
+            setattr(o, k, v if v is not None or k in ("force_n_prefill", "force_n_decode") else "")
+        if o.force_mode and o.force_mode not in (Mode.COLOCATED, Mode.DISAGGREGATED):
+            raise InvalidInput(f"unknown mode {o.force_mode!r}", field="force_mode")
+        ratio = (o.force_n_prefill, o.force_n_decode)
+        if any(x is not None for x in ratio):
+            if None in ratio or min(ratio) < 1:  # type: ignore[type-var]
+                raise InvalidInput("a forced ratio needs force_n_prefill >= 1 and force_n_decode >= 1", field="force_n_prefill")
+            if o.force_mode == Mode.COLOCATED:
+                raise InvalidInput("a forced P:D ratio contradicts force_mode=colocated", field="force_mode")
+        o.updated_by = user if getattr(user, "is_authenticated", False) else None
+        o.save()
+        after = override_dict(o)
+        emit(kind="override.set", message=f"{job.name}: overrides changed by {actor}", job=job, actor=actor,
+             data={"before": before, "after": after})
+        push_delta_on_commit(kind="override", key=str(job.pk), data={"job": job.name, **after})
+    return o
+
+
+def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> Job:
+    """Training Begin / Training Finished. Begin returns every borrowed (overlap) rollout worker first,
+    in the same transaction, so no overlap rollout worker is ever active while the trainer computes."""
+    with transaction.atomic():
+        job = locked(Job.objects.filter(pk=job_id)).first()
+        if job is None:
+            raise NotFound(f"job {job_id} does not exist", field="id")
+        if job.status in TERMINAL:
+            raise Conflict(f"job {job.name} is {job.status}", field="status")
+        if job.training_active == active:
+            raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
+        nodes = set()
+        if active:
+            borrowed = list(Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING)
+                            .exclude(activity=Activity.INACTIVE).select_related("node"))
+            Worker.objects.filter(pk__in=[w.pk for w in borrowed]).update(activity=Activity.INACTIVE)
+            WorkerGPU.objects.filter(worker__in=borrowed).update(active=False)  # the return comes first
+            nodes |= {w.node for w in borrowed}
+        trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
+        new = Activity.ACTIVE if active else Activity.INACTIVE
+        Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=new)
+        nodes |= {w.node for w in trainers}
+        job.training_active = active
+        job.save(update_fields=["training_active", "updated"])
+        assert_invariants(job_ids=[job.pk])
+        WorkerGPU.objects.filter(worker__in=trainers).update(active=active)
+        for node in nodes:
+            bump_generation(node)
+            push_node(node.pk)
+        emit(kind="training.begin" if active else "training.finished",
+             message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}", job=job, actor=actor)
+        push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+    return job

@@ -1,0 +1,253 @@
+"""Node lifecycle: registration, heartbeats (the lease), lease expiry with fencing, drain, preemption."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.core.agent_link import Heartbeat, Register
+from controlplane.core.state import Activity, NodeStatus, Pool, Zone
+from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
+from controlplane.selectors.cluster import node_summary
+from controlplane.services.common import locked
+from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from controlplane.services.events import emit, notify_agent_on_commit, push_delta_on_commit, send_delta_now
+
+MAX_PREEMPTION_NOTICE_S = 24 * 3600
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=settings.PEARL["LEASE_S"])
+
+
+def push_node(node_id: int) -> None:
+    """Dashboard delta with the node's full summary (after commit)."""
+    transaction.on_commit(lambda: _push_node_now(node_id))
+
+
+def _push_node_now(node_id: int) -> None:
+    summary = node_summary(node_id)
+    if summary is not None:
+        send_delta_now(kind="node", key=str(node_id), data=summary)
+
+
+def bump_generation(node: Node) -> None:
+    """A node's desired state changed: new generation, and its agent hears about it after commit."""
+    Node.objects.filter(pk=node.pk).update(generation=F("generation") + 1)
+    node.refresh_from_db(fields=["generation"])
+    notify_agent_on_commit(node.pk)
+
+
+def register_node(*, credential_id: int, message: Register) -> Node:
+    """Register (or re-register) the node the credential belongs to and sync its GPU slots.
+
+    A new agent incarnation bumps the epoch: anything the previous incarnation started is fenced.
+    """
+    credential = AgentCredential.objects.filter(pk=credential_id, revoked__isnull=True).first()
+    if credential is None:
+        raise PermissionDenied("this agent token is not valid")
+    if credential.node_name != message.node:
+        raise PermissionDenied(f"this token belongs to node {credential.node_name!r}, not {message.node!r}", field="node")
+    if not message.slots:
+        raise InvalidInput("a node needs at least one GPU slot", field="slots")
+    indexes = [s.index for s in message.slots]
+    if len(set(indexes)) != len(indexes):
+        raise InvalidInput("slot indexes must be unique", field="slots")
+    now = timezone.now()
+    with transaction.atomic():
+        node = locked(Node.objects.filter(name=message.node)).first()
+        created = node is None
+        if node is None:
+            node = Node.objects.create(name=message.node, pool=message.pool, hardware=message.hardware, epoch=1)
+        elif node.pool != message.pool and Worker.objects.filter(node=node, alive=True).exists():
+            raise Conflict(f"node {node.name} has live workers; it cannot move from pool {node.pool} to {message.pool}", field="pool")
+        new_incarnation = not created and node.incarnation != message.incarnation
+        node.pool = message.pool
+        node.hardware = message.hardware
+        node.engine = message.engine
+        node.data_plane = message.data_plane
+        node.incarnation = message.incarnation
+        node.last_heartbeat = now
+        node.lease_expires = now + _lease()
+        if node.status in (NodeStatus.NOT_READY, NodeStatus.GONE):
+            node.status = NodeStatus.READY
+            node.preemption_deadline = None
+        if new_incarnation:
+            node.epoch += 1
+        node.generation += 1
+        node.save()
+        zone = Zone.OVERLAP if message.pool == Pool.TRAINING else Zone.ROLLOUT
+        existing = {g.index: g for g in GPU.objects.filter(node=node)}
+        for slot in message.slots:
+            g = existing.pop(slot.index, None)
+            if g is None:
+                GPU.objects.create(node=node, index=slot.index, hardware=slot.hardware, memory_mb=slot.memory_mb, zone=zone)
+            else:
+                GPU.objects.filter(pk=g.pk).update(hardware=slot.hardware, memory_mb=slot.memory_mb, zone=zone, present=True)
+        for g in existing.values():  # slots the agent no longer reports
+            GPU.objects.filter(pk=g.pk).update(present=False)
+        emit(
+            kind="node.registered",
+            message=f"node {node.name} registered ({node.pool}, {len(message.slots)}× {message.hardware}, epoch {node.epoch})",
+            node=node,
+            actor=f"agent:{node.name}",
+            data={"incarnation": message.incarnation, "new_incarnation": new_incarnation, "created": created},
+        )
+        push_node(node.pk)
+    return node
+
+
+def record_heartbeat(*, node_id: int, message: Heartbeat) -> bool:
+    """Renew the lease and store observed worker states. False = stale epoch (agent must resync)."""
+    now = timezone.now()
+    with transaction.atomic():
+        node = locked(Node.objects.filter(pk=node_id)).first()
+        if node is None:
+            raise NotFound("unknown node")
+        if message.epoch != node.epoch:
+            return False
+        recovered = node.status == NodeStatus.NOT_READY
+        node.last_heartbeat = now
+        node.lease_expires = now + _lease()
+        node.applied_generation = min(message.generation, node.generation)
+        node.observed = [
+            {"worker_id": w.worker_id, "role": w.role, "activity": w.activity, "state": w.state,
+             "weight_version": w.weight_version, "endpoint": w.endpoint, "inflight": w.inflight,
+             "generation": w.generation}
+            for w in message.workers
+        ]
+        if recovered:
+            node.status = NodeStatus.READY
+        node.save(update_fields=["last_heartbeat", "lease_expires", "applied_generation", "observed", "status", "updated"])
+        mine = {w.id: w for w in Worker.objects.filter(node=node, alive=True, id__in=[o.worker_id for o in message.workers])}
+        for o in message.workers:
+            w = mine.get(o.worker_id)
+            if w is not None and (w.endpoint, w.weight_version, w.inflight) != (o.endpoint, o.weight_version, o.inflight):
+                Worker.objects.filter(pk=w.pk).update(endpoint=o.endpoint, weight_version=o.weight_version, inflight=o.inflight)
+        if recovered:
+            emit(kind="node.recovered", message=f"node {node.name} is heartbeating again", node=node, actor=f"agent:{node.name}")
+        push_delta_on_commit(
+            kind="heartbeat", key=str(node.pk),
+            data={"id": node.pk, "name": node.name, "last_heartbeat": now.isoformat(), "status": node.status,
+                  "applied_generation": node.applied_generation},
+        )
+        if recovered:
+            push_node(node.pk)
+    return True
+
+
+def _fence_workers(node: Node) -> int:
+    """Stop every worker of the node from serving: the fencing step before any reassignment."""
+    ids = list(Worker.objects.filter(node=node, alive=True).values_list("id", flat=True))
+    Worker.objects.filter(id__in=ids).exclude(activity=Activity.INACTIVE).update(activity=Activity.INACTIVE)
+    WorkerGPU.objects.filter(worker_id__in=ids).update(active=False)
+    return len(ids)
+
+
+def expire_leases(*, now: datetime | None = None) -> list[str]:
+    """Mark nodes whose lease expired not_ready, bump their epoch and fence their workers."""
+    now = now or timezone.now()
+    expired: list[str] = []
+    candidates = list(
+        Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING], lease_expires__lt=now).values_list("id", flat=True)
+    )
+    for node_id in candidates:
+        with transaction.atomic():
+            node = locked(Node.objects.filter(pk=node_id)).first()
+            if node is None or node.status not in (NodeStatus.READY, NodeStatus.DRAINING) or not node.lease_expires or node.lease_expires >= now:
+                continue  # someone renewed it meanwhile
+            node.status = NodeStatus.NOT_READY
+            node.epoch += 1
+            node.generation += 1
+            node.save(update_fields=["status", "epoch", "generation", "updated"])
+            fenced = _fence_workers(node)
+            age = (now - node.last_heartbeat).total_seconds() if node.last_heartbeat else None
+            emit(
+                kind="node.lease_expired",
+                message=f"node {node.name} missed its lease; epoch -> {node.epoch}, {fenced} worker(s) fenced",
+                node=node,
+                data={"epoch": node.epoch, "fenced_workers": fenced, "heartbeat_age_s": age},
+            )
+            push_node(node.pk)
+            expired.append(node.name)
+    return expired
+
+
+def drain_node(*, node_id: int, actor: str) -> Node:
+    """Stop placing work on a node and ask its workers to finish (workers -> transitioning)."""
+    with transaction.atomic():
+        node = locked(Node.objects.filter(pk=node_id)).first()
+        if node is None:
+            raise NotFound(f"node {node_id} does not exist", field="id")
+        if node.status in (NodeStatus.DRAINING, NodeStatus.GONE):
+            raise Conflict(f"node {node.name} is already {node.status}", field="status")
+        node.status = NodeStatus.DRAINING
+        node.save(update_fields=["status", "updated"])
+        _start_draining_workers(node)
+        bump_generation(node)
+        emit(kind="node.draining", message=f"node {node.name} is draining", node=node, actor=actor)
+        push_node(node.pk)
+    return node
+
+
+def _start_draining_workers(node: Node) -> None:
+    ids = list(Worker.objects.filter(node=node, alive=True, activity=Activity.ACTIVE).values_list("id", flat=True))
+    Worker.objects.filter(id__in=ids).update(activity=Activity.TRANSITIONING)
+    WorkerGPU.objects.filter(worker_id__in=ids).update(active=False)
+
+
+def preemption_notice(*, node_id: int, deadline: datetime, actor: str) -> Node:
+    """An elastic node will be taken away at `deadline`: drain it now and remove it by then."""
+    now = timezone.now()
+    if deadline <= now:
+        raise InvalidInput("the deadline must be in the future", field="deadline")
+    if (deadline - now).total_seconds() > MAX_PREEMPTION_NOTICE_S:
+        raise InvalidInput("the deadline must be within 24 hours", field="deadline")
+    with transaction.atomic():
+        node = locked(Node.objects.filter(pk=node_id)).first()
+        if node is None:
+            raise NotFound(f"node {node_id} does not exist", field="id")
+        if node.pool != Pool.ELASTIC:
+            raise Conflict(f"only elastic nodes can be preempted; {node.name} is {node.pool}", field="pool")
+        if node.status == NodeStatus.GONE:
+            raise Conflict(f"node {node.name} is already gone", field="status")
+        node.preemption_deadline = deadline
+        node.status = NodeStatus.DRAINING
+        node.save(update_fields=["preemption_deadline", "status", "updated"])
+        _start_draining_workers(node)
+        bump_generation(node)
+        emit(
+            kind="node.preemption_notice",
+            message=f"node {node.name} will be preempted at {deadline.isoformat()}",
+            node=node,
+            actor=actor,
+            data={"deadline": deadline.isoformat()},
+        )
+        push_node(node.pk)
+    return node
+
+
+def remove_preempted(*, now: datetime | None = None) -> list[str]:
+    """Nodes past their preemption deadline are gone: their workers stop and their GPUs leave."""
+    now = now or timezone.now()
+    gone: list[str] = []
+    for node_id in Node.objects.filter(preemption_deadline__lt=now).exclude(status=NodeStatus.GONE).values_list("id", flat=True):
+        with transaction.atomic():
+            node = locked(Node.objects.filter(pk=node_id)).first()
+            if node is None or node.status == NodeStatus.GONE:
+                continue
+            ids = list(Worker.objects.filter(node=node, alive=True).values_list("id", flat=True))
+            Worker.objects.filter(id__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
+            WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
+            GPU.objects.filter(node=node).update(present=False)
+            node.status = NodeStatus.GONE
+            node.epoch += 1
+            node.generation += 1
+            node.save(update_fields=["status", "epoch", "generation", "updated"])
+            emit(kind="node.gone", message=f"node {node.name} was preempted; {len(ids)} worker(s) removed", node=node)
+            push_node(node.pk)
+            gone.append(node.name)
+    return gone

@@ -1,0 +1,30 @@
+"""ASGI entry point: HTTP through Django; websockets for the dashboard (session, origin-checked) and
+the agent link (per-node bearer token, no cookies)."""
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pearl_site.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from controlplane.consumers import AgentConsumer, DashboardConsumer  # noqa: E402
+
+dashboard_routes = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(URLRouter([path("ws/dashboard/", DashboardConsumer.as_asgi())]))
+)
+agent_routes = URLRouter([path("ws/agent/", AgentConsumer.as_asgi())])
+
+
+async def websocket_router(scope, receive, send):  # type: ignore[no-untyped-def]
+    """Agents are not browsers: they authenticate by token, so they skip the origin/session stack."""
+    if scope["path"] == "/ws/agent/":
+        return await agent_routes(scope, receive, send)
+    return await dashboard_routes(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})

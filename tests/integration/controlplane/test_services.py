@@ -1,0 +1,218 @@
+"""Service use cases and the invariants of DESIGN §4 (incl. a long random fuzz of service calls)."""
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.core.invariants import check_invariants
+from controlplane.core.state import Activity, NodeStatus, Role
+from controlplane.models import Event, Node, Worker, WorkerGPU
+from controlplane.selectors.cluster import desired_state, training_flags, worker_views
+from controlplane.services import jobs, nodes, workers
+from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound, PermissionDenied, ServiceError
+from controlplane.services.workers import WorkerChange
+from tests.conftest import make_job, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def test_register_creates_node_gpus_and_event():
+    node = make_node("n1", slots=3)
+    assert node.status == NodeStatus.READY
+    assert [g.index for g in node.gpus.order_by("index")] == [0, 1, 2]
+    assert Event.objects.filter(kind="node.registered", node=node).count() == 1
+
+
+def test_token_of_node_a_cannot_register_node_b():
+    from controlplane.core.agent_link import Register, SlotSpec
+    from controlplane.models import AgentCredential
+    from controlplane.services.credentials import issue_agent_token
+
+    issue_agent_token(node_name="node-a")
+    cred = AgentCredential.objects.get(node_name="node-a")
+    msg = Register(node="node-b", pool="reserved", hardware="cpu", incarnation="x", slots=[SlotSpec(0, "cpu", 1)])
+    with pytest.raises(PermissionDenied):
+        nodes.register_node(credential_id=cred.pk, message=msg)
+    assert not Node.objects.filter(name="node-b").exists()
+
+
+def test_new_incarnation_bumps_epoch():
+    n = make_node("n1", incarnation="a")
+    again = make_node("n1", incarnation="b")
+    assert again.epoch == n.epoch + 1
+
+
+def test_gpu_cannot_host_two_active_rollout_workers():
+    n = make_node("n1")
+    job = make_job()
+    workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[0], role="colocated", activity="active")
+    with pytest.raises(InvariantViolation):
+        workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[0], role="colocated", activity="inactive")
+    assert Worker.objects.filter(alive=True).count() == 1
+
+
+def test_stable_slots_reuse_lowest_free():
+    n = make_node("n1", slots=4)
+    job = make_job()
+    for i in range(3):
+        workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[i], role="colocated", activity="active")
+    workers.stop_worker(job_id=job.pk, slot=1)
+    w = workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[3], role="colocated", activity="active")
+    assert w.slot == 1
+    assert sorted(Worker.objects.filter(alive=True).values_list("slot", flat=True)) == [0, 1, 2]
+
+
+def test_mixed_modes_refused_and_group_switch_allowed():
+    n = make_node("n1", slots=4)
+    job = make_job()
+    for i in range(2):
+        workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[i], role="colocated", activity="active")
+    with pytest.raises(Conflict):  # role change of an active worker without draining
+        workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, role="prefill")])
+    with pytest.raises(InvariantViolation):  # one drained + re-roled worker re-activated next to a colocated one
+        workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, role="prefill", activity="inactive")]) and \
+            workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, activity="active")])
+    # drain both, re-role, admit as a group
+    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, activity="transitioning")])
+    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, role="decode")])
+    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, activity="active"), WorkerChange(slot=1, activity="active")])
+    roles = dict(Worker.objects.filter(alive=True, activity="active").values_list("slot", "role"))
+    assert roles == {0: "prefill", 1: "decode"}
+
+
+def test_training_begin_returns_borrowed_workers_first():
+    t = make_node("t1", pool="training", slots=2)
+    make_node("r1")
+    job = make_job(training_gpus=2)
+    workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
+    workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="colocated", activity="active")
+    jobs.set_training_active(job_id=job.pk, active=True)
+    states = dict(Worker.objects.filter(alive=True).values_list("role", "activity"))
+    assert states == {"training": "active", "colocated": "inactive"}
+    with pytest.raises(InvariantViolation):  # overlap worker cannot come back while training computes
+        workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, activity="active")])
+    jobs.set_training_active(job_id=job.pk, active=False)
+    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, activity="active")])
+    with pytest.raises(Conflict):
+        jobs.set_training_active(job_id=job.pk, active=False)
+
+
+def test_lease_expiry_marks_not_ready_bumps_epoch_and_fences():
+    n = make_node("n1")
+    job = make_job()
+    workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[0], role="colocated", activity="active")
+    epoch = Node.objects.get(pk=n.pk).epoch
+    assert nodes.expire_leases(now=timezone.now()) == []
+    expired = nodes.expire_leases(now=timezone.now() + timedelta(seconds=3600))
+    n.refresh_from_db()
+    assert expired == ["n1"] and n.status == NodeStatus.NOT_READY and n.epoch == epoch + 1
+    assert not WorkerGPU.objects.filter(active=True).exists()
+    assert desired_state(n).epoch == n.epoch
+    assert Event.objects.filter(kind="node.lease_expired").count() == 1
+
+
+def test_preemption_notice_only_for_elastic_and_removes_after_deadline():
+    r = make_node("r1", pool="reserved")
+    e = make_node("e1", pool="elastic")
+    with pytest.raises(Conflict):
+        nodes.preemption_notice(node_id=r.pk, deadline=timezone.now() + timedelta(seconds=30), actor="t")
+    with pytest.raises(InvalidInput):
+        nodes.preemption_notice(node_id=e.pk, deadline=timezone.now() - timedelta(seconds=1), actor="t")
+    job = make_job()
+    workers.start_worker(job_id=job.pk, node_id=e.pk, gpu_indexes=[0], role="colocated", activity="active")
+    nodes.preemption_notice(node_id=e.pk, deadline=timezone.now() + timedelta(seconds=30), actor="t")
+    assert Worker.objects.get(alive=True).activity == Activity.TRANSITIONING
+    assert nodes.remove_preempted(now=timezone.now() + timedelta(seconds=60)) == ["e1"]
+    assert not Worker.objects.filter(alive=True).exists()
+
+
+def test_create_job_rejects_gpu_counts_above_cluster():
+    make_node("n1", slots=2)
+    make_node("t1", pool="training", slots=2)
+    with pytest.raises(InvalidInput) as err:
+        make_job(rollout_gpus=3)
+    assert err.value.field == "rollout_gpus"
+    with pytest.raises(InvalidInput):
+        make_job(training_gpus=4)
+
+
+def test_stop_job_twice_conflicts():
+    make_node("n1")
+    make_node("t1", pool="training")
+    job = make_job()
+    jobs.stop_job(job_id=job.pk, actor="t")
+    with pytest.raises(Conflict):
+        jobs.stop_job(job_id=job.pk, actor="t")
+
+
+def test_overrides_validated_and_audited():
+    make_node("n1")
+    make_node("t1", pool="training")
+    job = make_job()
+    with pytest.raises(InvalidInput):
+        jobs.set_overrides(job_id=job.pk, changes={"force_mode": "colocated", "force_n_prefill": 2, "force_n_decode": 1}, actor="t")
+    jobs.set_overrides(job_id=job.pk, changes={"force_n_prefill": 2, "force_n_decode": 3, "borrowing": False}, actor="alice")
+    ev = Event.objects.filter(kind="override.set").latest("created")
+    assert ev.actor == "alice" and ev.data["before"]["borrowing"] is True and ev.data["after"]["borrowing"] is False
+
+
+def test_events_are_append_only():
+    ev = Event.objects.create(kind="x", message="m")
+    with pytest.raises(ValueError):
+        ev.save()
+    with pytest.raises(ValueError):
+        ev.delete()
+
+
+def _assert_valid() -> None:
+    views = worker_views()
+    problems = check_invariants(views, training_flags({v.job for v in views}))
+    assert problems == []
+
+
+def test_fuzz_random_service_calls_keep_invariants():
+    """Long random sequences of service calls: each either succeeds or is refused, never corrupts."""
+    rng = random.Random(1234)
+    make_node("r1", slots=4)
+    make_node("e1", pool="elastic", slots=4)
+    t = make_node("t1", pool="training", slots=4)
+    job_a, job_b = make_job("a", rollout_gpus=2), make_job("b", rollout_gpus=2)
+    all_nodes = list(Node.objects.all())
+    roles = ["prefill", "decode", "colocated", "training", "bogus"]
+    acts = ["active", "inactive", "transitioning"]
+    ok = refused = 0
+    for _ in range(400):
+        job = rng.choice([job_a, job_b])
+        op = rng.random()
+        try:
+            if op < 0.35:
+                node = rng.choice(all_nodes)
+                k = rng.choice([1, 1, 2])
+                idx = rng.sample(range(4), k)
+                workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=idx, role=rng.choice(roles), activity=rng.choice(acts))
+            elif op < 0.7:
+                slots = list(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
+                if not slots:
+                    continue
+                picks = rng.sample(slots, rng.randint(1, len(slots)))
+                workers.change_workers(job_id=job.pk, changes=[
+                    WorkerChange(slot=s, role=rng.choice([None, *roles[:3]]), activity=rng.choice([None, *acts])) for s in picks])
+            elif op < 0.8:
+                slots = list(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
+                if slots:
+                    workers.stop_worker(job_id=job.pk, slot=rng.choice(slots))
+            elif op < 0.9:
+                jobs.set_training_active(job_id=job.pk, active=not job.__class__.objects.get(pk=job.pk).training_active)
+            else:
+                nodes.expire_leases(now=timezone.now() + timedelta(seconds=rng.choice([0, 3600])))
+                for n in Node.objects.filter(status=NodeStatus.NOT_READY):
+                    make_node(n.name, pool=n.pool, slots=4, incarnation=f"i{rng.random()}")
+            ok += 1
+        except ServiceError:
+            refused += 1
+        _assert_valid()
+    assert ok > 50 and refused > 20  # both paths were really exercised
+    assert t.gpus.count() == 4
