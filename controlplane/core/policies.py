@@ -11,13 +11,15 @@ INTERFACE CONTRACT (owned by the core package; the simulator and the Django serv
 a target Configuration over the workers it will use (dedicated + borrowed overlap workers), how many
 overlap (training-GPU) workers to borrow, and the Decision that explains it.
 
-Implementations are filled in by the PEARL core work (issue "PEARL core").
+Implementations: `pearl` (the paper), `fixed` (ROLL), `fixed-large` (ROLL-Large), `elastic`
+(RLBoost+), `oracle` (upper bound). Every policy feeds `observe()` into a RuntimeTracker.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from controlplane.core.state import Configuration
 from controlplane.core.telemetry import TelemetryRecord
@@ -80,3 +82,313 @@ class Policy(Protocol):
     def on_event(self, ctx: PolicyContext) -> PolicyAction: ...
 
     def observe(self, record: TelemetryRecord) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------------
+# Implementations. Imported here (after the contract types) because decision.py imports Overrides.
+from controlplane.core.borrowing import GateResult, gate  # noqa: E402
+from controlplane.core.decision import Decision, Thresholds, decide, evaluate  # noqa: E402
+from controlplane.core.predictor import WorkloadProfile  # noqa: E402
+from controlplane.core.profiles import EngineCoefficients, Profile  # noqa: E402
+from controlplane.core.state import Mode  # noqa: E402
+from controlplane.core.tracker import FittedProfile, RuntimeTracker  # noqa: E402
+
+
+class _TrackedPolicy:
+    """Shared by every policy: a RuntimeTracker fed by observe()."""
+
+    name = "base"
+
+    def __init__(self, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
+                 thresholds: Thresholds | None = None, tracker: RuntimeTracker | None = None) -> None:
+        if batch_size <= 0:
+            raise ValueError("batch_size must be > 0")
+        self.profile = profile
+        self.batch_size = batch_size
+        self.thresholds = thresholds or Thresholds()
+        self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size)
+        self.last_action: PolicyAction | None = None
+
+    def observe(self, record: TelemetryRecord) -> None:
+        self.tracker.observe(record)
+
+    def fitted(self, ctx: PolicyContext) -> tuple[WorkloadProfile, EngineCoefficients, FittedProfile]:
+        fp = self.tracker.fitted()
+        w = fp.workload
+        if ctx.batch_size > 0 and ctx.batch_size != w.batch_size:
+            w = replace(w, batch_size=ctx.batch_size)
+        return w, fp.coefficients, fp
+
+    def _dedicated(self, ctx: PolicyContext) -> int:
+        return ctx.dedicated_workers if ctx.overrides.elasticity else min(ctx.reserved_workers, ctx.dedicated_workers)
+
+    def _act(self, target: Configuration, borrow: int, decision: Decision, free: bool = False) -> PolicyAction:
+        action = PolicyAction(target=target, borrow=borrow, decision=decision, free_reconfiguration=free)
+        self.last_action = action
+        return action
+
+
+def _with(decision: Decision, **inputs: Any) -> Decision:
+    return replace(decision, inputs={**decision.inputs, **inputs})
+
+
+class PearlPolicy(_TrackedPolicy):
+    """The paper: PD-adaptive decision on every signal + gated borrowing of overlap workers."""
+
+    name = "pearl"
+
+    def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        w, c, fp = self.fitted(ctx)
+        dedicated = self._dedicated(ctx)
+        ov = ctx.overrides
+        borrow, g = 0, None
+        can_borrow = ov.borrowing and not ctx.training_active and ctx.overlap_workers > 0 \
+            and ctx.signal is not Signal.TRAINING_BEGIN
+        if can_borrow:
+            if ctx.borrowed > 0:
+                # activation already paid: keep them (returning early saves nothing, the return is due
+                # anyway); borrow more only if the gate admits the extra workers
+                borrow = min(ctx.borrowed, ctx.overlap_workers)
+                if ctx.overlap_workers > borrow:
+                    g = self._gate(w, c, ctx, dedicated + borrow, dedicated + ctx.overlap_workers)
+                    if g.admit:
+                        borrow = ctx.overlap_workers
+            else:
+                g = self._gate(w, c, ctx, dedicated, dedicated + ctx.overlap_workers)
+                borrow = ctx.overlap_workers if g.admit else 0
+        budget = dedicated + borrow
+        d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=self.thresholds)
+        d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow,
+                  gate=g.reason if g else ("borrowing off" if not ov.borrowing else "no overlap workers to borrow"
+                                           if ctx.overlap_workers <= 0 or ctx.training_active
+                                           or ctx.signal is Signal.TRAINING_BEGIN else ""),
+                  confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
+        d = replace(d, gate=g)
+        return self._act(d.configuration, borrow, d)
+
+    def _gate(self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, n_ded: int, n_full: int) -> GateResult:
+        t_ded = _best_makespan(w, c, n_ded)
+        t_full = _best_makespan(w, c, n_full)
+        return gate(remaining=ctx.remaining, batch_size=ctx.batch_size or w.batch_size, t_dedicated_s=t_ded,
+                    t_full_s=t_full, toggle_s=self.tracker.toggle.value)
+
+
+def _best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
+    if n <= 0:
+        return math.inf
+    return decide(w, c, n).predicted_makespan_s
+
+
+class FixedPolicy(_TrackedPolicy):
+    """ROLL: a fixed rollout pool, colocated, no borrowing, no elasticity."""
+
+    name = "fixed"
+
+    def __init__(self, *, workers: int | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.workers = workers
+
+    def _pool(self, ctx: PolicyContext) -> int:
+        return self.workers if self.workers is not None else ctx.reserved_workers
+
+    def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        w, c, _ = self.fitted(ctx)
+        n = self._pool(ctx)
+        cfg = Configuration.colocated(n)
+        table = evaluate(w, c, n)
+        pred = table.find(cfg)
+        d = Decision(cfg, n, table, pred.makespan_s if pred else math.inf, None, cfg, 0.0, True, False, False,
+                     f"{self.name}: fixed colocated pool of {n} workers ({cfg.label()}).",
+                     {"signal": str(ctx.signal), "pool": n})
+        return self._act(cfg, 0, d)
+
+
+class FixedLargePolicy(FixedPolicy):
+    """ROLL-Large: a fixed colocated pool the size of the trace's mean rollout GPUs, rounded up to a
+    multiple of TP (paper: 14/10/12 GPUs for means 13.6/9.0/11.8)."""
+
+    name = "fixed-large"
+
+    def __init__(self, *, trace_mean_gpus: float | None = None, workers: int | None = None, **kw: Any) -> None:
+        profile: Profile = kw["profile"]
+        if workers is None:
+            if trace_mean_gpus is None:
+                raise ValueError("fixed-large needs trace_mean_gpus (or workers)")
+            gpus = math.ceil(trace_mean_gpus / profile.tp - 1e-9) * profile.tp
+            workers = gpus // profile.tp
+        super().__init__(workers=workers, **kw)
+
+
+class ElasticPolicy(_TrackedPolicy):
+    """RLBoost+ (pearl_digest §8.1) adapted to asynchronous agentic RL, at its best:
+
+    * inter-scale: every available preemptible GPU joins the rollout pool at once;
+    * seeding = borrowing the training GPUs while the trainer is idle, *ungated*, for a window
+      T_seed after Training Finished, adapted per step by Algorithm 1:
+      T_seed ← T_seed + η·(t_train_wait − t_remote_wait), memoised per instance count
+      (M[n_prem] written only when the count was stable during the step, reused when it changes);
+    * colocated only (no PD adaptation); request-level balancing via `rlboost_rebalance`.
+
+    t_train_wait: how long the trainer waited for rollout data after the seeding window closed;
+    t_remote_wait: how long the trainer was held up by the return of seeding workers (the cost of
+    seeding too long). In async RL the seeding window therefore grows to cover the idle period.
+    """
+
+    name = "elastic"
+
+    def __init__(self, *, eta: float = 0.5, t_seed_s: float = 60.0, **kw: Any) -> None:
+        super().__init__(**kw)
+        if eta <= 0:
+            raise ValueError("eta must be > 0")
+        self.eta = eta
+        self.t_seed_s = t_seed_s
+        self.memo: dict[int, float] = {}
+        self._finished_at: float | None = None
+        self._returned_at: float | None = None
+        self._count_at_start: int | None = None
+        self._count_stable = True
+
+    def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        w, c, _ = self.fitted(ctx)
+        dedicated = self._dedicated(ctx)
+        if self._count_at_start is None:
+            self._count_at_start = dedicated
+        elif dedicated != self._count_at_start:
+            self._count_stable = False
+            if dedicated in self.memo:
+                self.t_seed_s = self.memo[dedicated]
+        if ctx.signal is Signal.TRAINING_FINISHED:
+            self._finished_at = ctx.now_s
+            self._returned_at = None
+        if ctx.signal is Signal.TRAINING_BEGIN:
+            self._adapt(ctx, dedicated)
+        borrow = 0
+        seeding = (ctx.overrides.borrowing and not ctx.training_active and ctx.overlap_workers > 0
+                   and ctx.signal is not Signal.TRAINING_BEGIN)
+        if seeding:
+            start = self._finished_at if self._finished_at is not None else ctx.now_s
+            if self._finished_at is None:
+                self._finished_at = ctx.now_s
+            if ctx.now_s - start < self.t_seed_s:
+                borrow = ctx.overlap_workers
+            elif ctx.borrowed > 0 and self._returned_at is None:
+                self._returned_at = ctx.now_s
+        n = dedicated + borrow
+        cfg = Configuration.colocated(n)
+        table = evaluate(w, c, n)
+        pred = table.find(cfg)
+        d = Decision(cfg, n, table, pred.makespan_s if pred else math.inf, None, cfg, 0.0, True, False, False,
+                     f"elastic (RLBoost+): colocated on {dedicated} dedicated + {borrow} seeding workers; "
+                     f"T_seed {self.t_seed_s:.1f} s.",
+                     {"signal": str(ctx.signal), "dedicated": dedicated, "borrow": borrow, "t_seed_s": self.t_seed_s})
+        return self._act(cfg, borrow, d)
+
+    def _adapt(self, ctx: PolicyContext, dedicated: int) -> None:
+        """Algorithm 1 at Training Begin (the end of this step's idle window)."""
+        if self._finished_at is None:
+            return
+        seed_end = self._returned_at if self._returned_at is not None else ctx.now_s
+        t_train_wait = max(0.0, ctx.now_s - seed_end)  # trainer idle after seeding stopped
+        # return overrunning Training Begin delays the trainer by the deactivation time
+        t_remote_wait = self.profile.reconfig.intra_scale_deactivation_s if ctx.borrowed > 0 else 0.0
+        self.t_seed_s = max(0.0, self.t_seed_s + self.eta * (t_train_wait - t_remote_wait))
+        if self._count_stable and self._count_at_start is not None:
+            self.memo[self._count_at_start] = self.t_seed_s
+        self._count_at_start = dedicated
+        self._count_stable = True
+        self._finished_at = None
+        self._returned_at = None
+
+
+def rlboost_rebalance(pending: Mapping[int, int], executing: Mapping[int, int], plateau_batch: int) -> list[tuple[int, int, int]]:
+    """RLBoost Algorithm 2 (CONTINUOUSLB): moves (src, dst, n) of requests between workers.
+
+    If some worker has no pending request while others do, migrate one pending request from the
+    worker with most pending; else if some worker is fully idle, move max(m_exec − plateau, 0)
+    executing requests off the busiest worker.
+    """
+    workers = sorted(set(pending) | set(executing))
+    if len(workers) < 2:
+        return []
+    pend = {w: pending.get(w, 0) for w in workers}
+    exe = {w: executing.get(w, 0) for w in workers}
+    moves: list[tuple[int, int, int]] = []
+    empty = [w for w in workers if pend[w] == 0]
+    loaded = [w for w in workers if pend[w] > 0]
+    if empty and loaded:
+        src = max(loaded, key=lambda w: (pend[w], -w))
+        dst = min(empty, key=lambda w: (exe[w], w))
+        moves.append((src, dst, 1))
+        return moves
+    idle = [w for w in workers if pend[w] == 0 and exe[w] == 0]
+    if idle:
+        src = max(workers, key=lambda w: (exe[w], -w))
+        n = max(exe[src] - plateau_batch, 0)
+        if n > 0 and src != idle[0]:
+            moves.append((src, idle[0], n))
+    return moves
+
+
+class OraclePolicy(_TrackedPolicy):
+    """Upper bound: knows the future availability and reconfigures for free.
+
+    With free reconfiguration the best plan is the best configuration for each constant-budget
+    interval, with no hysteresis and borrowing whenever it helps at all (T_toggle = 0). It uses
+    `ctx.future` to report the step's predicted makespan over the coming availability changes.
+    Never a product default.
+    """
+
+    name = "oracle"
+
+    def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        w, c, _ = self.fitted(ctx)
+        dedicated = self._dedicated(ctx)
+        borrow = 0
+        if ctx.overrides.borrowing and not ctx.training_active and ctx.overlap_workers > 0 \
+                and ctx.signal is not Signal.TRAINING_BEGIN:
+            if _best_makespan(w, c, dedicated + ctx.overlap_workers) < _best_makespan(w, c, dedicated):
+                borrow = ctx.overlap_workers
+        n = dedicated + borrow
+        d = decide(w, c, n, current=None, overrides=ctx.overrides, thresholds=Thresholds(0.0, 0.0))
+        horizon = self._over_future(w, c, ctx, borrow)
+        d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, step_makespan_over_future_s=horizon)
+        return self._act(d.configuration, borrow, d, free=True)
+
+    def _over_future(self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, borrow: int) -> float:
+        """Fluid estimate: the step's work drains at rate 1/T(best config) of the budget in force."""
+        points = sorted((p for p in ctx.future if p.time_s >= ctx.now_s), key=lambda p: p.time_s)
+        left, t, n = 1.0, ctx.now_s, self._dedicated(ctx) + borrow
+        for p in points:
+            rate = 1.0 / _best_makespan(w, c, n) if n > 0 else 0.0
+            dt = p.time_s - t
+            if rate * dt >= left:
+                return t + left / rate - ctx.now_s
+            left -= rate * dt
+            t, n = p.time_s, p.dedicated_workers + borrow
+        rate = 1.0 / _best_makespan(w, c, n) if n > 0 else 0.0
+        return (t + left / rate - ctx.now_s) if rate > 0 else math.inf
+
+
+_POLICIES: dict[str, type[_TrackedPolicy]] = {
+    "pearl": PearlPolicy,
+    "fixed": FixedPolicy,
+    "roll": FixedPolicy,
+    "fixed-large": FixedLargePolicy,
+    "roll-large": FixedLargePolicy,
+    "elastic": ElasticPolicy,
+    "rlboost+": ElasticPolicy,
+    "oracle": OraclePolicy,
+}
+
+
+def make_policy(name: str, *, profile: Profile, batch_size: int, **options: Any) -> Policy:
+    """Build a policy by name. Options: workload (WorkloadProfile prior), thresholds (Thresholds),
+    tracker; fixed: workers; fixed-large: trace_mean_gpus or workers; elastic: eta, t_seed_s."""
+    key = str(name).strip().lower()
+    cls = _POLICIES.get(key)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r}; known: pearl, fixed, fixed-large, elastic, oracle")
+    return cls(profile=profile, batch_size=batch_size, **options)  # type: ignore[return-value]
+
+
+POLICY_NAMES: tuple[str, ...] = ("pearl", "fixed", "fixed-large", "elastic", "oracle")

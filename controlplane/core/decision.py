@@ -1,0 +1,354 @@
+"""PD decision engine (paper §4): mode and P:D ratio for a worker budget, with hysteresis.
+
+On every elastic signal: enumerate N_P = 1..N_k−1 (N_D = N_k − N_P), drop infeasible splits,
+compare the best disaggregated split with colocation, then admit the switch only if it beats the
+current configuration by more than a threshold — larger for a mode switch than for a ratio change,
+because a mode switch rebinds every worker's role, router and CUDA graphs ("tens of seconds", §4).
+Forced switches (current infeasible, or its worker count no longer matches the budget) bypass the
+hysteresis; manual overrides always win.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from controlplane.core.policies import Overrides
+from controlplane.core.predictor import (
+    FeasibilityRule,
+    WorkloadProfile,
+    disaggregated_table,
+    predict_colocated,
+)
+from controlplane.core.profiles import EngineCoefficients
+from controlplane.core.state import Configuration, Mode
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Hysteresis: minimum relative predicted gain (T_cur − T_new)/T_cur to admit a switch.
+
+    Defaults (the paper gives none): 3% for a ratio change — one role flip costs a drain plus
+    milliseconds, and the predictor's own error on Table 2 is ~0.4–2%; 8% for a mode switch — it
+    re-roles every worker (drain + graph recapture, tens of seconds), which on a ~200 s makespan is
+    5–10%. Both are settable per job.
+    """
+
+    ratio_change: float = 0.03
+    mode_switch: float = 0.08
+
+    def __post_init__(self) -> None:
+        if self.ratio_change < 0 or self.mode_switch < 0:
+            raise ValueError("thresholds must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One evaluated configuration."""
+
+    mode: Mode
+    n_prefill: int
+    n_decode: int
+    n_colocated: int
+    makespan_s: float
+    feasible: bool
+    prefill_s: float
+    decode_s: float
+    kv_transfer_s: float
+    env_s: float
+    why_infeasible: str = ""
+
+    @property
+    def configuration(self) -> Configuration:
+        if self.mode is Mode.COLOCATED:
+            return Configuration.colocated(self.n_colocated)
+        return Configuration.disaggregated(self.n_prefill, self.n_decode)
+
+    @property
+    def label(self) -> str:
+        return self.configuration.label()
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateTable:
+    """Every candidate of one decision: colocation plus all disaggregated splits (numpy-backed,
+    so a 32k-worker budget does not build 32k objects unless someone iterates)."""
+
+    colocated: Candidate | None
+    n_prefill: np.ndarray
+    n_decode: np.ndarray
+    makespan_s: np.ndarray
+    feasible: np.ndarray
+    prefill_s: np.ndarray
+    decode_s: np.ndarray
+    kv_transfer_s: np.ndarray
+    env_s: float
+    why: np.ndarray  # per split: 0 ok, 1 decode KV does not fit, 2 prefill cannot keep up
+
+    def __len__(self) -> int:
+        return len(self.n_prefill) + (1 if self.colocated is not None else 0)
+
+    def __iter__(self) -> Iterator[Candidate]:
+        if self.colocated is not None:
+            yield self.colocated
+        for i in range(len(self.n_prefill)):
+            yield self.row(i)
+
+    def row(self, i: int) -> Candidate:
+        why = ("", "decode KV does not fit: B·K_seq > N_D·H_max", "prefill cannot keep up")[int(self.why[i])]
+        return Candidate(
+            Mode.DISAGGREGATED, int(self.n_prefill[i]), int(self.n_decode[i]), 0, float(self.makespan_s[i]),
+            bool(self.feasible[i]), float(self.prefill_s[i]), float(self.decode_s[i]), float(self.kv_transfer_s[i]),
+            self.env_s, why,
+        )
+
+    def find(self, config: Configuration) -> Candidate | None:
+        if config.mode is Mode.COLOCATED:
+            c = self.colocated
+            return c if c is not None and c.n_colocated == config.n_colocated else None
+        i = config.n_prefill - 1
+        if 0 <= i < len(self.n_prefill) and int(self.n_decode[i]) == config.n_decode:
+            return self.row(i)
+        return None
+
+    def best_disaggregated(self) -> Candidate | None:
+        if not len(self.n_prefill) or not self.feasible.any():
+            return None
+        ms = np.where(self.feasible, self.makespan_s, np.inf)
+        return self.row(int(np.argmin(ms)))
+
+    def to_list(self) -> list[dict]:
+        return [
+            {"label": c.label, "mode": str(c.mode), "n_prefill": c.n_prefill, "n_decode": c.n_decode,
+             "n_colocated": c.n_colocated, "makespan_s": c.makespan_s, "feasible": c.feasible,
+             "prefill_s": c.prefill_s, "decode_s": c.decode_s, "kv_transfer_s": c.kv_transfer_s,
+             "env_s": c.env_s, "why_infeasible": c.why_infeasible}
+            for c in self
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the engine chose and why (the dashboard shows this)."""
+
+    configuration: Configuration
+    budget: int
+    candidates: CandidateTable
+    predicted_makespan_s: float  # of the chosen configuration
+    current_makespan_s: float | None  # of the current configuration at this budget (None if not comparable)
+    best: Configuration | None  # the best feasible candidate, admitted or not
+    expected_gain: float  # (T_current − T_best)/T_current; 0 when no current
+    admitted: bool  # the switch to `best` was admitted (False: hysteresis kept the current one)
+    forced: bool  # switch bypassed hysteresis (infeasible current or budget change)
+    overridden: bool
+    reason: str
+    inputs: dict = field(default_factory=dict)
+    gate: object = None  # borrowing.GateResult when the policy evaluated Eq. 7 for this decision
+
+    @property
+    def mode(self) -> Mode:
+        return self.configuration.mode
+
+    @property
+    def n_prefill(self) -> int:
+        return self.configuration.n_prefill
+
+    @property
+    def n_decode(self) -> int:
+        return self.configuration.n_decode
+
+    @property
+    def n_colocated(self) -> int:
+        return self.configuration.n_colocated
+
+    @property
+    def label(self) -> str:
+        return self.configuration.label()
+
+
+def evaluate(workload: WorkloadProfile, coeffs: EngineCoefficients, budget: int,
+             rule: FeasibilityRule = FeasibilityRule()) -> CandidateTable:
+    """Predict every candidate configuration of `budget` workers."""
+    col = None
+    if budget >= 1:
+        p = predict_colocated(workload, coeffs, budget)
+        col = Candidate(Mode.COLOCATED, 0, 0, budget, p.makespan_s, p.feasible, p.prefill_s, p.decode_s, 0.0,
+                        p.env_s, p.why_infeasible)
+    if budget >= 2:
+        t = disaggregated_table(workload, coeffs, budget, rule)
+        why = np.where(~t.kv_ok, 1, np.where(~t.keepup_ok, 2, 0)).astype(np.int8)
+        return CandidateTable(col, t.n_prefill, t.n_decode, t.makespan_s, t.feasible, t.prefill_s, t.decode_s,
+                              t.kv_transfer_s, workload.env_time_s, why)
+    empty_i = np.zeros(0, dtype=np.int64)
+    empty_f = np.zeros(0)
+    return CandidateTable(col, empty_i, empty_i, empty_f, np.zeros(0, dtype=bool), empty_f, empty_f, empty_f,
+                          workload.env_time_s, np.zeros(0, dtype=np.int8))
+
+
+def _best(table: CandidateTable, mode: Mode | None) -> Candidate | None:
+    """Best feasible candidate, optionally restricted to one mode."""
+    options: list[Candidate] = []
+    if mode in (None, Mode.COLOCATED) and table.colocated is not None and table.colocated.feasible:
+        options.append(table.colocated)
+    if mode in (None, Mode.DISAGGREGATED):
+        d = table.best_disaggregated()
+        if d is not None:
+            options.append(d)
+    if not options:
+        return None
+    return min(options, key=lambda c: c.makespan_s)
+
+
+def _least_bad(table: CandidateTable, mode: Mode | None) -> Candidate | None:
+    """When nothing is feasible: the candidate with the smallest makespan regardless (reported as such)."""
+    rows: list[Candidate] = []
+    if mode in (None, Mode.COLOCATED) and table.colocated is not None:
+        rows.append(table.colocated)
+    if mode in (None, Mode.DISAGGREGATED) and len(table.n_prefill):
+        rows.append(table.row(int(np.argmin(table.makespan_s))))
+    return min(rows, key=lambda c: c.makespan_s) if rows else None
+
+
+def _scaled_ratio(ratio: tuple[int, int], budget: int) -> Configuration:
+    p, d = ratio
+    if p < 1 or d < 1:
+        raise ValueError("force_ratio needs N_P >= 1 and N_D >= 1")
+    if p + d == budget:
+        return Configuration.disaggregated(p, d)
+    n_p = int(round(budget * p / (p + d)))
+    n_p = min(max(n_p, 1), budget - 1)
+    return Configuration.disaggregated(n_p, budget - n_p)
+
+
+def decide(
+    workload: WorkloadProfile,
+    coeffs: EngineCoefficients,
+    budget: int,
+    *,
+    current: Configuration | None = None,
+    overrides: Overrides | None = None,
+    thresholds: Thresholds | None = None,
+    rule: FeasibilityRule | None = None,
+) -> Decision:
+    """Choose the rollout configuration for `budget` workers."""
+    if budget < 0:
+        raise ValueError("budget must be >= 0")
+    ov = overrides or Overrides()
+    th = thresholds or Thresholds()
+    rule = rule or FeasibilityRule()
+    table = evaluate(workload, coeffs, budget, rule)
+    inputs = {"budget": budget, "batch_size": workload.batch_size, "turns": workload.turns,
+              "new_prompt_tokens": workload.new_prompt_tokens, "generated_tokens": workload.generated_tokens,
+              "theta": workload.theta, "env_time_s": workload.env_time_s}
+
+    def make(cfg: Configuration, *, best: Candidate | None, cur_ms: float | None, admitted: bool, forced: bool,
+             overridden: bool, reason: str) -> Decision:
+        chosen = table.find(cfg)
+        ms = chosen.makespan_s if chosen is not None else float("inf")
+        gain = 0.0
+        if cur_ms is not None and best is not None and np.isfinite(cur_ms) and cur_ms > 0:
+            gain = (cur_ms - best.makespan_s) / cur_ms
+        return Decision(cfg, budget, table, ms, cur_ms, best.configuration if best else None, float(gain),
+                        admitted, forced, overridden, reason, inputs)
+
+    if budget == 0:
+        return make(Configuration.colocated(0), best=None, cur_ms=None, admitted=True, forced=current is not None
+                    and current.total != 0, overridden=False, reason="No rollout workers in the budget.")
+
+    # 1. Overrides always win.
+    forced_mode = Mode(ov.force_mode) if ov.force_mode else None
+    if ov.force_ratio is not None and budget >= 2:
+        cfg = _scaled_ratio(ov.force_ratio, budget)
+        c = table.find(cfg)
+        note = "" if c is not None and c.feasible else f" (predicted infeasible: {c.why_infeasible if c else 'n/a'})"
+        return make(cfg, best=_best(table, None), cur_ms=None, admitted=True, forced=False, overridden=True,
+                    reason=f"Override: forced ratio {ov.force_ratio[0]}:{ov.force_ratio[1]} gives {cfg.label()} "
+                           f"on {budget} workers{note}.")
+    if forced_mode is Mode.DISAGGREGATED and budget < 2:
+        forced_mode = Mode.COLOCATED
+    mode_filter = forced_mode
+
+    best = _best(table, mode_filter)
+    if best is None:
+        least = _least_bad(table, mode_filter)
+        assert least is not None
+        return make(least.configuration, best=None, cur_ms=None, admitted=True, forced=True,
+                    overridden=forced_mode is not None,
+                    reason=f"No feasible configuration on {budget} workers ({least.why_infeasible}); "
+                           f"running {least.label}, the least bad.")
+
+    cur = table.find(current) if current is not None else None
+    if current is None:
+        return make(best.configuration, best=best, cur_ms=None, admitted=True, forced=False,
+                    overridden=forced_mode is not None,
+                    reason=f"First configuration: {best.label} predicts {best.makespan_s:.1f} s on {budget} workers"
+                           + _vs_other_mode(table, best) + ".")
+
+    # 2. Overrides: forced mode different from current -> switch now.
+    if forced_mode is not None and current.mode is not forced_mode:
+        return make(best.configuration, best=best, cur_ms=cur.makespan_s if cur else None, admitted=True,
+                    forced=False, overridden=True,
+                    reason=f"Override: mode forced to {forced_mode}; {best.label} predicts {best.makespan_s:.1f} s.")
+
+    # 3. Forced switches: budget changed, or current infeasible.
+    if current.total != budget:
+        incumbent = _best(table, current.mode if forced_mode is None else forced_mode)
+        if incumbent is None or ov.freeze and incumbent is None:
+            return make(best.configuration, best=best, cur_ms=None, admitted=True, forced=True,
+                        overridden=forced_mode is not None,
+                        reason=f"Budget changed {current.total}→{budget} and no {current.mode} split is feasible; "
+                               f"switching to {best.label} ({best.makespan_s:.1f} s).")
+        if ov.freeze or incumbent.configuration == best.configuration:
+            why = "frozen: keeping the mode" if ov.freeze else "best"
+            return make(incumbent.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=True,
+                        forced=True, overridden=ov.freeze,
+                        reason=f"Budget changed {current.total}→{budget}: {incumbent.label} ({why}, "
+                               f"{incumbent.makespan_s:.1f} s).")
+        gain = (incumbent.makespan_s - best.makespan_s) / incumbent.makespan_s
+        if gain > th.mode_switch:
+            return make(best.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=True, forced=True,
+                        overridden=False,
+                        reason=f"Budget changed {current.total}→{budget}: switching mode to {best.label} "
+                               f"({best.makespan_s:.1f} s), {gain:.1%} faster than {incumbent.label} "
+                               f"(threshold {th.mode_switch:.0%}).")
+        return make(incumbent.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=False, forced=True,
+                    overridden=False,
+                    reason=f"Budget changed {current.total}→{budget}: keeping {current.mode} as {incumbent.label} "
+                           f"({incumbent.makespan_s:.1f} s); {best.label} is only {gain:.1%} faster "
+                           f"(mode-switch threshold {th.mode_switch:.0%}).")
+
+    assert cur is not None
+    if not cur.feasible:
+        return make(best.configuration, best=best, cur_ms=cur.makespan_s, admitted=True, forced=True,
+                    overridden=False,
+                    reason=f"Current {cur.label} is infeasible ({cur.why_infeasible}); forced switch to "
+                           f"{best.label} ({best.makespan_s:.1f} s).")
+    if ov.freeze:
+        return make(current, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False, overridden=True,
+                    reason=f"Frozen by override: keeping {cur.label} ({cur.makespan_s:.1f} s; best {best.label} "
+                           f"{best.makespan_s:.1f} s).")
+    if best.configuration == current:
+        return make(current, best=best, cur_ms=cur.makespan_s, admitted=True, forced=False, overridden=False,
+                    reason=f"{cur.label} is still the best ({cur.makespan_s:.1f} s); no change.")
+    gain = (cur.makespan_s - best.makespan_s) / cur.makespan_s
+    threshold = th.mode_switch if best.mode is not current.mode else th.ratio_change
+    kind = "mode switch" if best.mode is not current.mode else "ratio change"
+    if gain > threshold:
+        return make(best.configuration, best=best, cur_ms=cur.makespan_s, admitted=True, forced=False,
+                    overridden=False,
+                    reason=f"{kind.capitalize()} {cur.label}→{best.label}: predicted {best.makespan_s:.1f} s vs "
+                           f"{cur.makespan_s:.1f} s ({gain:.1%} > {threshold:.0%}).")
+    return make(current, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False, overridden=False,
+                reason=f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.0%} "
+                       f"{kind} threshold).")
+
+
+def _vs_other_mode(table: CandidateTable, best: Candidate) -> str:
+    other = _best(table, Mode.COLOCATED if best.mode is Mode.DISAGGREGATED else Mode.DISAGGREGATED)
+    if other is None:
+        return ""
+    return f" vs {other.makespan_s:.1f} s for the best {other.mode} ({other.label})"
+
+
+__all__ = ["Candidate", "CandidateTable", "Decision", "Thresholds", "decide", "evaluate"]

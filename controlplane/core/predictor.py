@@ -1,0 +1,211 @@
+"""Rollout-batch makespan predictor (paper §3, Eq. 1–3) with the capacity constraints.
+
+The predictor answers: how long until the last of B trajectories finishes under configuration π?
+It returns the parts (prefill, decode, KV transfer, environment, overhead) so the dashboard can
+explain a decision, and whether π is feasible. The vectorised `disaggregated_table` evaluates every
+split N_P = 1..N−1 in closed form at once, which keeps `decide()` O(N) numpy work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.core.profiles import EngineCoefficients
+from controlplane.core.state import Configuration, Mode
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadProfile:
+    """The workload side of the predictor (paper §3 symbols), per rollout step.
+
+    `kv_seq_tokens` is the KV a trajectory holds at its peak (K_seq / K): its prompt plus S turns of
+    ΔL + r. `mean_context` is the mean context a decode iteration reads (sets b); `prefix_tokens` the
+    mean cached prefix a turn's prefill attends over (sets t_prefill's attention term).
+    """
+
+    batch_size: int  # B
+    turns: float  # S, turns of the slowest trajectory
+    new_prompt_tokens: float  # ΔL
+    generated_tokens: float  # r
+    env_time_s: float  # T_env along the slowest trajectory
+    theta: float  # θ = (1−f)/f, decode bubble ratio
+    kv_seq_tokens: float  # K_seq / K
+    mean_context: float  # L̄ for decode KV reads
+    prefix_tokens: float = 0.0  # mean cached prefix at a turn's prefill
+    overhead_s: float = 0.0  # T_over per turn under colocation
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 0 or self.turns < 0 or self.theta < 0:
+            raise ValueError("batch_size, turns and theta must be >= 0")
+
+    @property
+    def f(self) -> float:
+        """Active-decode fraction f = 1/(1+θ)."""
+        return 1.0 / (1.0 + self.theta)
+
+
+def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768) -> WorkloadProfile:
+    """The SWE-bench-like workload of the paper's evaluation (values and reasons in PROFILES.md).
+
+    25 turns for the slowest trajectory; ΔL:r = 29:1 (paper §1: prefill handles 96.68% of tokens);
+    ΔL + r per turn sized so the slowest trajectory reaches ~95% of the 32K cap; 4 s of tool time per
+    turn; θ = 0.5 (f = 2/3 of the live trajectories decoding at a time).
+    """
+    turns = 25.0
+    prompt = 1024.0
+    per_turn = (0.95 * max_trajectory_tokens - prompt) / turns
+    dl = per_turn * 29.0 / 30.0
+    r = per_turn / 30.0
+    peak = prompt + turns * per_turn
+    return WorkloadProfile(
+        batch_size=batch_size, turns=turns, new_prompt_tokens=dl, generated_tokens=r,
+        env_time_s=4.0 * turns, theta=0.5, kv_seq_tokens=peak, mean_context=prompt + peak / 2.0 - prompt / 2.0,
+        prefix_tokens=(prompt + peak) / 2.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FeasibilityRule:
+    """Capacity constraints (paper §3) and the prefill keep-up rule we chose (paper gives none).
+
+    Prefill keeps up iff T_prefill ≤ κ·T_decode: past that point the prefill pool is a saturated queue
+    (M/D/1 delay → ∞ as ρ → 1) and decode workers idle more than they work. κ = 1.5 keeps splits
+    where prefill is the (mild) bottleneck, which the max() in Eq. 2–3 already prices.
+    """
+
+    prefill_keepup: float = 1.5  # κ
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One configuration's predicted makespan and its parts (seconds)."""
+
+    configuration: Configuration
+    makespan_s: float
+    prefill_s: float
+    decode_s: float
+    kv_transfer_s: float
+    env_s: float
+    overhead_s: float
+    feasible: bool
+    why_infeasible: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.configuration.label()
+
+
+def kv_fits(workload: WorkloadProfile, coeffs: EngineCoefficients, workers: int) -> bool:
+    """B·K_seq ≤ N·H_max over the workers that hold the decode KV."""
+    return workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token <= workers * coeffs.hbm_kv_capacity
+
+
+def min_workers_for_kv(workload: WorkloadProfile, coeffs: EngineCoefficients) -> int:
+    need = workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token
+    return max(1, int(np.ceil(need / coeffs.hbm_kv_capacity - 1e-9)))
+
+
+def predict_colocated(workload: WorkloadProfile, coeffs: EngineCoefficients, n: int) -> Prediction:
+    """Eq. 1: T_coloc = S·[(B·ΔL/N)·t_prefill + r·(A + b·B/N) + T_over] + T_env."""
+    w = workload
+    config = Configuration.colocated(n)
+    if n <= 0:
+        return Prediction(config, float("inf"), 0.0, 0.0, 0.0, w.env_time_s, 0.0, False, "no workers")
+    prefill = w.turns * w.batch_size * w.new_prompt_tokens / n * coeffs.t_prefill
+    decode = w.turns * w.generated_tokens * float(coeffs.decode_iteration_s(w.batch_size / n))
+    overhead = w.turns * w.overhead_s
+    makespan = prefill + decode + overhead + w.env_time_s
+    fits = kv_fits(w, coeffs, n)
+    return Prediction(config, makespan, prefill, decode, 0.0, w.env_time_s, overhead, fits,
+                      "" if fits else "KV of the batch exceeds the workers' HBM")
+
+
+def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: np.ndarray, n_decode: np.ndarray):
+    w = workload
+    tokens = w.turns * w.batch_size * w.new_prompt_tokens  # λ_P = B·S·ΔL
+    prefill = tokens * coeffs.t_prefill / n_prefill  # Eq. 3 compute part
+    # Eq. 3 transfer part (lower bound). BW is the inter-pool bandwidth: every prefill worker sends its
+    # own KV over its own NICs to the decode workers, so it is min(N_P, N_D) worker links (PROFILES.md).
+    kv = tokens * coeffs.kv_bytes_per_token / (coeffs.bandwidth * np.minimum(n_prefill, n_decode))
+    one = 1.0 + w.theta
+    per_iter = coeffs.decode_iteration_s(w.batch_size / (n_decode * one))
+    decode = w.turns * w.generated_tokens * per_iter * one  # Eq. 2
+    return prefill, kv, decode
+
+
+def predict_disaggregated(
+    workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: int, n_decode: int,
+    rule: FeasibilityRule = FeasibilityRule(),
+) -> Prediction:
+    """Eq. 2–3: T_dis = max(T_prefill, T_decode) + T_env with the capacity constraints."""
+    config = Configuration.disaggregated(n_prefill, n_decode)
+    p, kv, d = _disagg_arrays(workload, coeffs, np.asarray(float(n_prefill)), np.asarray(float(n_decode)))
+    prefill, kvs, decode = float(p), float(kv), float(d)
+    makespan = max(prefill + kvs, decode) + workload.env_time_s
+    why = _why(workload, coeffs, n_decode, prefill + kvs, decode, rule)
+    return Prediction(config, makespan, prefill, decode, kvs, workload.env_time_s, 0.0, not why, why)
+
+
+def _why(w: WorkloadProfile, c: EngineCoefficients, n_decode: int, t_pre: float, t_dec: float, rule: FeasibilityRule) -> str:
+    if not kv_fits(w, c, n_decode):
+        return "decode KV does not fit: B·K_seq > N_D·H_max"
+    if t_pre > rule.prefill_keepup * t_dec:
+        return f"prefill cannot keep up: T_prefill > {rule.prefill_keepup:g}·T_decode"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggregatedTable:
+    """Every split N_P = 1..N−1 of N workers, as arrays (index i ↔ N_P = i + 1)."""
+
+    n_prefill: np.ndarray
+    n_decode: np.ndarray
+    prefill_s: np.ndarray  # compute part of T_prefill
+    kv_transfer_s: np.ndarray  # transfer part of T_prefill
+    decode_s: np.ndarray
+    makespan_s: np.ndarray
+    kv_ok: np.ndarray
+    keepup_ok: np.ndarray
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return self.kv_ok & self.keepup_ok
+
+
+def disaggregated_table(
+    workload: WorkloadProfile, coeffs: EngineCoefficients, n: int, rule: FeasibilityRule = FeasibilityRule(),
+) -> DisaggregatedTable:
+    """Closed-form T_dis for every split of n workers at once (numpy)."""
+    n_p = np.arange(1, max(n, 1), dtype=float)
+    n_d = n - n_p
+    p, kv, d = _disagg_arrays(workload, coeffs, n_p, n_d)
+    kv = np.array(kv, dtype=float)
+    t_pre = p + kv
+    makespan = np.maximum(t_pre, d) + workload.env_time_s
+    need = workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token
+    kv_ok = n_d * coeffs.hbm_kv_capacity >= need
+    keepup_ok = t_pre <= rule.prefill_keepup * d
+    return DisaggregatedTable(n_p.astype(np.int64), n_d.astype(np.int64), p, kv, d, makespan, kv_ok, keepup_ok)
+
+
+def predict(workload: WorkloadProfile, coeffs: EngineCoefficients, config: Configuration,
+            rule: FeasibilityRule = FeasibilityRule()) -> Prediction:
+    if config.mode is Mode.COLOCATED:
+        return predict_colocated(workload, coeffs, config.n_colocated)
+    return predict_disaggregated(workload, coeffs, config.n_prefill, config.n_decode, rule)
+
+
+__all__ = [
+    "DisaggregatedTable",
+    "FeasibilityRule",
+    "Prediction",
+    "WorkloadProfile",
+    "disaggregated_table",
+    "kv_fits",
+    "min_workers_for_kv",
+    "predict",
+    "predict_colocated",
+    "predict_disaggregated",
+    "swe_bench_workload",
+]

@@ -1,0 +1,320 @@
+"""Runtime Tracker (paper §2–3): refits the predictor's workload and engine coefficients online.
+
+Telemetry is noisy (stragglers, preemption-interrupted iterations, GC pauses), and the workload
+drifts step to step (no stationarity), so every estimate here is
+  * recency-weighted: exponential weights by age, half-life `half_life` observations;
+  * robust: weighted medians for scalars; Huber-IRLS for the regressions (A, b) and (t0, t_prefill);
+  * guarded: a coefficient replaces the static profile only after `min_samples` observations, and
+    carries a confidence in [0, 1] from its effective sample size and relative spread.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from controlplane.core.borrowing import ToggleCostEstimator
+from controlplane.core.predictor import WorkloadProfile, swe_bench_workload
+from controlplane.core.profiles import EngineCoefficients, Profile
+from controlplane.core.telemetry import RecordKind, TelemetryRecord
+
+
+def _weights(n: int, half_life: float) -> np.ndarray:
+    """Exponential recency weights, newest last."""
+    age = np.arange(n - 1, -1, -1, dtype=float)
+    return 0.5 ** (age / max(half_life, 1e-9))
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    v, w = values[order], weights[order]
+    c = np.cumsum(w)
+    return float(v[np.searchsorted(c, 0.5 * c[-1])])
+
+
+def huber_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, *, iters: int = 20, k: float = 1.345) -> tuple[float, float, float]:
+    """Weighted Huber regression y ≈ a + b·x by IRLS; returns (a, b, robust relative residual scale)."""
+    X = np.column_stack([np.ones_like(x), x])
+    ww = w.copy()
+    beta = np.zeros(2)
+    scale = 0.0
+    for _ in range(iters):
+        sw = np.sqrt(ww)
+        beta_new, *_ = np.linalg.lstsq(X * sw[:, None], y * sw, rcond=None)
+        r = y - X @ beta_new
+        scale = 1.4826 * float(np.median(np.abs(r))) + 1e-12
+        u = np.abs(r) / (k * scale)
+        hub = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+        ww = w * hub
+        if np.allclose(beta_new, beta, rtol=1e-9, atol=1e-15):
+            beta = beta_new
+            break
+        beta = beta_new
+    level = float(np.median(np.abs(y))) + 1e-12
+    return float(beta[0]), float(beta[1]), scale / level
+
+
+def _confidence(n_eff: float, rel_spread: float, full_at: float) -> float:
+    """0..1: grows with the effective sample size, shrinks with relative spread."""
+    size = n_eff / (n_eff + full_at / 3.0)
+    return float(max(0.0, min(1.0, size / (1.0 + 2.0 * max(rel_spread, 0.0)))))
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    value: float
+    confidence: float  # 0..1
+    samples: int
+    fitted: bool  # False: the static prior is in use
+
+
+@dataclass(frozen=True, slots=True)
+class FittedProfile:
+    """What the predictor needs now, and how much to trust it."""
+
+    workload: WorkloadProfile
+    coefficients: EngineCoefficients
+    estimates: dict[str, Estimate] = field(default_factory=dict)
+    toggle_s: float = 0.0
+
+    def confidence(self, name: str) -> float:
+        e = self.estimates.get(name)
+        return e.confidence if e else 0.0
+
+
+class _Series:
+    """A bounded window of scalar observations with recency weights."""
+
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+        self.total = 0
+
+    def add(self, v: float) -> None:
+        if np.isfinite(v):
+            self.values.append(float(v))
+            self.total += 1
+
+    def estimate(self, prior: float, half_life: float, min_samples: int, full_at: float) -> Estimate:
+        n = len(self.values)
+        if n < min_samples:
+            return Estimate(prior, 0.0, self.total, False)
+        v = np.fromiter(self.values, dtype=float, count=n)
+        w = _weights(n, half_life)
+        med = weighted_median(v, w)
+        mad = weighted_median(np.abs(v - med), w)
+        n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+        rel = 1.4826 * mad / (abs(med) + 1e-12)
+        return Estimate(med, _confidence(n_eff, rel, full_at), self.total, True)
+
+
+class _Pairs:
+    """A bounded window of (x, y) observations for a robust linear fit."""
+
+    def __init__(self, window: int) -> None:
+        self.x: deque[float] = deque(maxlen=window)
+        self.y: deque[float] = deque(maxlen=window)
+        self.total = 0
+
+    def add(self, x: float, y: float) -> None:
+        if np.isfinite(x) and np.isfinite(y) and y > 0:
+            self.x.append(float(x))
+            self.y.append(float(y))
+            self.total += 1
+
+    def fit(self, half_life: float, min_samples: int) -> tuple[float, float, float, float] | None:
+        """(intercept, slope, confidence, n) or None when too few points or no spread in x."""
+        n = len(self.x)
+        if n < min_samples:
+            return None
+        x = np.fromiter(self.x, dtype=float, count=n)
+        y = np.fromiter(self.y, dtype=float, count=n)
+        if np.ptp(x) <= 0:
+            return None
+        w = _weights(n, half_life)
+        a, b, rel = huber_fit(x, y, w)
+        n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+        spread = min(1.0, np.ptp(x) / (abs(np.median(x)) + 1e-12))  # identifiability of the slope
+        conf = _confidence(n_eff, rel, 60.0) * (0.5 + 0.5 * spread)
+        return a, b, conf, n
+
+
+class RuntimeTracker:
+    """Ingests TelemetryRecords and serves the current fitted workload + engine coefficients."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        workload_prior: WorkloadProfile | None = None,
+        *,
+        batch_size: int | None = None,
+        half_life: float = 4.0,  # steps for step-level figures
+        iteration_half_life: float = 200.0,  # engine samples (iterations / prefill passes)
+        min_steps: int = 2,
+        min_engine_samples: int = 20,
+        window: int = 64,
+        engine_window: int = 2048,
+    ) -> None:
+        self.profile = profile
+        self.prior = workload_prior or swe_bench_workload(batch_size or 64)
+        if batch_size is not None and batch_size != self.prior.batch_size:
+            self.prior = replace(self.prior, batch_size=batch_size)
+        self.half_life = half_life
+        self.iteration_half_life = iteration_half_life
+        self.min_steps = min_steps
+        self.min_engine_samples = min_engine_samples
+        self._turns = _Series(window)
+        self._dl = _Series(window)
+        self._r = _Series(window)
+        self._env = _Series(window)
+        self._f = _Series(window)
+        self._batch = _Series(window)
+        self._peak = _Series(window)
+        self._decode = _Pairs(engine_window)
+        self._prefill = _Pairs(engine_window)
+        self._bw = _Series(engine_window)
+        self.toggle = ToggleCostEstimator(profile.reconfig)
+        # per-step aggregation of TURN records (used when no STEP record summarises the step)
+        self._turn_steps: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
+        self._stepped: set[tuple[str, int]] = set()
+        self.records = 0
+
+    # -- ingestion ----------------------------------------------------------------------------
+    def observe(self, record: TelemetryRecord) -> None:
+        self.records += 1
+        k = record.kind
+        if k is RecordKind.STEP:
+            self._observe_step(record)
+        elif k is RecordKind.TURN:
+            self._observe_turn(record)
+        elif k is RecordKind.DECODE_ITERATION:
+            if record.running_batch > 0 and record.duration_s > 0:
+                self._decode.add(record.running_batch, record.duration_s)
+        elif k is RecordKind.PREFILL:
+            if record.tokens > 0 and record.duration_s > 0:
+                self._prefill.add(record.tokens, record.duration_s)
+        elif k is RecordKind.KV_TRANSFER:
+            if record.kv_bytes > 0 and record.duration_s > 0:
+                self._bw.add(record.kv_bytes / record.duration_s)
+        elif k is RecordKind.TOGGLE:
+            a = record.activation_s
+            r = record.return_s
+            if a > 0 or r > 0:
+                self.toggle.observe(a, r)
+            elif record.duration_s > 0:
+                self.toggle.observe(record.duration_s, 0.0)
+
+    def _observe_step(self, rec: TelemetryRecord) -> None:
+        key = (rec.job, rec.step)
+        self._stepped.add(key)
+        self._turn_steps.pop(key, None)
+        if rec.batch_size > 0:
+            self._batch.add(rec.batch_size)
+        if rec.turns_max > 0:
+            self._turns.add(rec.turns_max)
+        if rec.new_prompt_tokens_mean > 0:
+            self._dl.add(rec.new_prompt_tokens_mean)
+        if rec.generated_tokens_mean > 0:
+            self._r.add(rec.generated_tokens_mean)
+        if rec.env_time_total_s > 0:
+            self._env.add(rec.env_time_total_s)
+        if 0.0 < rec.active_decode_fraction <= 1.0:
+            self._f.add(rec.active_decode_fraction)
+
+    def _observe_turn(self, rec: TelemetryRecord) -> None:
+        key = (rec.job, rec.step)
+        if key in self._stepped:
+            return
+        # a new step for this job closes the previous ones
+        for old in [k for k in self._turn_steps if k[0] == rec.job and k[1] < rec.step]:
+            self._close_turn_step(old)
+        agg = self._turn_steps.setdefault(key, {})
+        t = agg.setdefault(rec.trajectory or "?", {"turns": 0.0, "env": 0.0, "dl": 0.0, "r": 0.0})
+        t["turns"] = max(t["turns"], rec.turn + 1.0)
+        t["env"] += rec.env_time_s
+        t["dl"] += rec.new_prompt_tokens
+        t["r"] += rec.generated_tokens
+
+    def _close_turn_step(self, key: tuple[str, int]) -> None:
+        agg = self._turn_steps.pop(key, None)
+        if not agg:
+            return
+        trajs = list(agg.values())
+        turns = sum(t["turns"] for t in trajs)
+        slowest = max(trajs, key=lambda t: (t["turns"], t["env"]))
+        self._turns.add(slowest["turns"])
+        self._env.add(slowest["env"])
+        if turns > 0:
+            self._dl.add(sum(t["dl"] for t in trajs) / turns)
+            self._r.add(sum(t["r"] for t in trajs) / turns)
+
+    def end_step(self, job: str = "", step: int | None = None) -> None:
+        """Close TURN-only aggregation for a step (the driver calls this when no STEP record is sent)."""
+        for k in [k for k in self._turn_steps if k[0] == job and (step is None or k[1] == step)]:
+            self._close_turn_step(k)
+
+    # -- outputs ------------------------------------------------------------------------------
+    def workload(self) -> tuple[WorkloadProfile, dict[str, Estimate]]:
+        p = self.prior
+        hl, ms = self.half_life, self.min_steps
+        est = {
+            "S": self._turns.estimate(p.turns, hl, ms, 8),
+            "delta_L": self._dl.estimate(p.new_prompt_tokens, hl, ms, 8),
+            "r": self._r.estimate(p.generated_tokens, hl, ms, 8),
+            "T_env": self._env.estimate(p.env_time_s, hl, ms, 8),
+            "f": self._f.estimate(p.f, hl, ms, 8),
+        }
+        b = self._batch.estimate(p.batch_size, hl, 1, 4)
+        f = min(max(est["f"].value, 1e-3), 1.0)
+        theta = (1.0 - f) / f
+        est["theta"] = Estimate(theta, est["f"].confidence, est["f"].samples, est["f"].fitted)
+        turns, dl, r = est["S"].value, est["delta_L"].value, est["r"].value
+        prompt = max(p.kv_seq_tokens - p.turns * (p.new_prompt_tokens + p.generated_tokens), 0.0)
+        peak = prompt + turns * (dl + r)
+        ratio_ctx = p.mean_context / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5
+        ratio_pre = p.prefix_tokens / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5
+        w = replace(
+            p, batch_size=int(round(b.value)), turns=turns, new_prompt_tokens=dl, generated_tokens=r,
+            env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=peak * ratio_ctx,
+            prefix_tokens=peak * ratio_pre,
+        )
+        return w, est
+
+    def coefficients(self, workload: WorkloadProfile | None = None) -> tuple[EngineCoefficients, dict[str, Estimate]]:
+        w = workload or self.workload()[0]
+        prior = self.profile.coefficients(new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens,
+                                          mean_context=w.mean_context)
+        est: dict[str, Estimate] = {}
+        coeffs = prior
+        dec = self._decode.fit(self.iteration_half_life, self.min_engine_samples)
+        if dec is not None and dec[1] >= 0 and dec[0] > 0:
+            a, b, conf, n = dec
+            # MoE: the fit is a local linearisation over the observed batches; drop the expert term
+            coeffs = replace(coeffs, decode_a=a, decode_b=b, decode_a_moe=0.0, moe_experts=0, moe_topk=0)
+            est["A"] = Estimate(a, conf, self._decode.total, True)
+            est["b"] = Estimate(b, conf, self._decode.total, True)
+        else:
+            est["A"] = Estimate(prior.decode_a, 0.0, self._decode.total, False)
+            est["b"] = Estimate(prior.decode_b, 0.0, self._decode.total, False)
+        pre = self._prefill.fit(self.iteration_half_life, self.min_engine_samples)
+        if pre is not None and pre[1] > 0:
+            t0, tp, conf, n = pre
+            # per-token cost at the workload's turn size, including the fixed pass overhead
+            per_token = tp + max(t0, 0.0) / max(w.new_prompt_tokens, 1.0)
+            coeffs = replace(coeffs, t_prefill=per_token)
+            est["t_prefill"] = Estimate(per_token, conf, self._prefill.total, True)
+        else:
+            est["t_prefill"] = Estimate(prior.t_prefill, 0.0, self._prefill.total, False)
+        bw = self._bw.estimate(prior.bandwidth, self.iteration_half_life, self.min_engine_samples, 60.0)
+        if bw.fitted:
+            coeffs = replace(coeffs, bandwidth=bw.value)
+        est["BW"] = bw
+        return coeffs, est
+
+    def fitted(self) -> FittedProfile:
+        w, west = self.workload()
+        c, cest = self.coefficients(w)
+        return FittedProfile(w, c, {**west, **cest}, self.toggle.value)
+
+
+__all__ = ["Estimate", "FittedProfile", "RuntimeTracker", "huber_fit", "weighted_median"]
