@@ -11,11 +11,12 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 from aiohttp import ClientError, ClientSession, web
-from safetensors.torch import save as st_save
 
 from agents import dataplane as dp
 from agents.engines.base import EngineError, NotFound
@@ -31,6 +32,28 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def safetensors_header(data: bytes) -> dict[str, Any]:
+    """Parse and bounds-check a safetensors header without materialising tensors."""
+    import json
+
+    if len(data) < 8:
+        raise ValueError("not safetensors: too short")
+    n = int.from_bytes(data[:8], "little")
+    if n <= 0 or 8 + n > len(data) or n > 100 << 20:
+        raise ValueError("not safetensors: bad header length")
+    header = json.loads(data[8 : 8 + n])
+    if not isinstance(header, dict):
+        raise ValueError("not safetensors: header is not an object")
+    body = len(data) - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        if not 0 <= start <= end <= body:
+            raise ValueError(f"not safetensors: tensor {name} out of bounds")
+    return header
 
 
 class WeightStore:
@@ -51,7 +74,9 @@ class WeightStore:
     def path(self, version: int) -> Path:
         return self.root / f"v{version:08d}.safetensors"
 
-    def publish(self, version: int, tensors: dict[str, torch.Tensor]) -> Path:
+    def publish(self, version: int, tensors: dict[str, "torch.Tensor"]) -> Path:
+        from safetensors.torch import save as st_save
+
         if version <= self.latest() and self.path(version).exists():
             raise ValueError(f"weight version {version} already published")
         path = self.path(version)

@@ -1,0 +1,98 @@
+"""The emulated engine in-process: same protocol and roles as torch, time from the core profile."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agents.dataplane import DecodeRequest, GenerateRequest, SamplingParams
+from agents.engines.base import Conflict, Unavailable
+from agents.engines.emulated import EmulatedEngine, synthetic_token
+from controlplane.core.profiles import get_profile
+from controlplane.core.telemetry import RecordKind
+
+FAST = 0.01  # 100x faster than the emulated H800
+
+
+def req(i: int, n: int = 8, seed: int | None = None) -> GenerateRequest:
+    return GenerateRequest(request_id=f"r{i}", sampling=SamplingParams(max_tokens=n, seed=i if seed is None else seed))
+
+
+@pytest.fixture
+async def engine():
+    e = EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=FAST)
+    await e.start()
+    yield e
+    await e.shutdown()
+
+
+async def test_tokens_are_deterministic_and_pd_equals_colocated(engine):
+    colocated = await engine.generate(req(1, 10, seed=42), list(range(50)))
+    assert colocated.tokens == [synthetic_token(42, i) for i in range(10)]
+    engine.set_role("prefill")
+    pre = await engine.prefill(req(2, 10, seed=42), list(range(50)))
+    assert pre.kv_bytes == 50 * get_profile("H800", "qwen3-8b", 2).kv_bytes_per_token
+    blob = engine.pull_kv(pre.handle, pre.kv_token)
+    engine.set_role("decode")
+    out = await engine.decode(DecodeRequest(request_id="d2", kv_url="http://p", handle=pre.handle, sampling=SamplingParams(max_tokens=10, seed=42)), blob)
+    assert out.tokens == colocated.tokens and out.prompt_len == 50
+
+
+async def test_hundreds_of_concurrent_sequences_and_telemetry(engine):
+    outs = await asyncio.gather(*[engine.generate(req(i, 16), [1] * 64) for i in range(300)])
+    assert all(len(o.tokens) == 16 and o.finish_reason == "length" for o in outs)
+    records = engine.take_telemetry()
+    decode = [r for r in records if r["kind"] == RecordKind.DECODE_ITERATION]
+    assert max(r["running_batch"] for r in decode) == 300
+    assert sum(r["tokens"] for r in records if r["kind"] == RecordKind.PREFILL) == 300 * 64
+    assert engine.stats().generated_tokens == 300 * 16
+
+
+async def test_abort_returns_the_partial_output(engine):
+    task = asyncio.create_task(engine.generate(req(7, 10_000), [1] * 8))
+    while engine.running() == 0 or not engine.inflight()[0]["tokens"][3:]:
+        await asyncio.sleep(0.01)
+    partial = await engine.abort("r7")
+    result = await task
+    assert result.finish_reason == "abort" and len(result.tokens) >= 4
+    assert partial.tokens == result.tokens[: len(partial.tokens)]
+    assert await engine.abort("r7") is None
+
+
+async def test_drain_sleep_wake_and_admission(engine):
+    task = asyncio.create_task(engine.generate(req(8, 10_000), [1] * 8))
+    while engine.running() == 0:
+        await asyncio.sleep(0.01)
+    with pytest.raises(Conflict):
+        await engine.sleep(1)  # busy
+    aborted, in_time = await engine.drain("abort", 0)
+    assert not in_time and [a.request_id for a in aborted] == ["r8"]
+    assert (await task).finish_reason == "abort"
+    with pytest.raises(Unavailable):
+        engine.admit("generate")
+    engine.resume()
+    await engine.sleep(1)
+    with pytest.raises(Unavailable, match="asleep"):
+        engine.admit("generate")
+    await engine.wake()
+    engine.admit("generate")
+    engine.set_role("decode")
+    with pytest.raises(Conflict):
+        engine.admit("generate")
+    with pytest.raises(Conflict, match="weight version"):
+        engine.set_role("colocated") or engine.admit("generate", min_weight_version=3)
+
+
+async def test_kv_capacity_limits_the_running_batch():
+    profile = get_profile("H800", "qwen3-8b", 2)
+    e = EmulatedEngine(profile=profile, time_factor=FAST)
+    await e.start()
+    try:
+        per_seq = (4000 + 8) * profile.kv_bytes_per_token
+        fit = int(profile.hbm_kv_capacity // per_seq)
+        outs = await asyncio.gather(*[e.generate(req(i, 8), [1] * 4000) for i in range(fit + 20)])
+        assert all(len(o.tokens) == 8 for o in outs)
+        peak = max(r["running_batch"] for r in e.take_telemetry() if r["kind"] == RecordKind.DECODE_ITERATION)
+        assert peak <= fit
+    finally:
+        await e.shutdown()
