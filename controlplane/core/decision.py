@@ -10,11 +10,10 @@ hysteresis; manual overrides always win.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from controlplane.core.policies import Overrides
 from controlplane.core.predictor import (
     FeasibilityRule,
     WorkloadProfile,
@@ -23,6 +22,9 @@ from controlplane.core.predictor import (
 )
 from controlplane.core.profiles import EngineCoefficients
 from controlplane.core.state import Configuration, Mode
+
+if TYPE_CHECKING:  # policies.py imports this module; the runtime import is inside decide()
+    from controlplane.core.policies import Overrides
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,14 +229,18 @@ def decide(
     budget: int,
     *,
     current: Configuration | None = None,
-    overrides: Overrides | None = None,
+    overrides: "Overrides | None" = None,
     thresholds: Thresholds | None = None,
     rule: FeasibilityRule | None = None,
 ) -> Decision:
     """Choose the rollout configuration for `budget` workers."""
     if budget < 0:
         raise ValueError("budget must be >= 0")
-    ov = overrides or Overrides()
+    if overrides is None:
+        from controlplane.core.policies import Overrides
+
+        overrides = Overrides()
+    ov = overrides
     th = thresholds or Thresholds()
     rule = rule or FeasibilityRule()
     table = evaluate(workload, coeffs, budget, rule)
