@@ -214,6 +214,9 @@ def _check(obj: Any, where: str) -> None:
             raise DataPlaneError(f"{where}.request_id: must not be empty")
         if obj.prompt and obj.prompt_tokens:
             raise DataPlaneError(f"{where}: give prompt or prompt_tokens, not both")
+    if isinstance(obj, TrainSample):
+        if not obj.completion_tokens or len(obj.logprobs) != len(obj.completion_tokens):
+            raise DataPlaneError(f"{where}: one log-prob per completion token, at least one token")
     if isinstance(obj, (DecodeRequest, LoadWeightsRequest)):
         url = obj.kv_url if isinstance(obj, DecodeRequest) else obj.url
         if not (url.startswith("http://") or url.startswith("https://")):
@@ -258,3 +261,23 @@ def _coerce(hint: Any, value: Any, where: str, meta: Any) -> Any:
     if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
         return parse(hint, value, where)
     raise DataPlaneError(f"{where}: unsupported field type")  # pragma: no cover
+
+
+# ------------------------------------------------------------------ trainer
+@dataclass(slots=True)
+class TrainSample:
+    """One completion of a GRPO group, as the rollout produced it (behaviour log-probs included)."""
+
+    group: str = field(metadata=_bounded(max_len=MAX_ID_LEN))
+    prompt_tokens: list[int] = field(metadata=_bounded(0, 2**31 - 1, MAX_PROMPT_TOKENS))
+    completion_tokens: list[int] = field(metadata=_bounded(0, 2**31 - 1, MAX_NEW_TOKENS))
+    logprobs: list[float] = field(metadata=_bounded(-1e4, 0.0, MAX_NEW_TOKENS))
+    reward: float = field(metadata=_bounded(-1e6, 1e6))
+    weight_version: int = field(metadata=_bounded(0))  # oldest version that produced the completion
+    temperature: float = field(default=1.0, metadata=_bounded(1e-3, 10.0))
+
+
+@dataclass(slots=True)
+class SubmitSamples:
+    samples: list[TrainSample] = field(metadata=_bounded(max_len=4096))
+    train: bool = True  # run a step once a full batch is queued

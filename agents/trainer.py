@@ -1,0 +1,345 @@
+"""GRPO trainer: group-normalised advantages, clipped ratio loss, optional KL to a reference.
+
+`python -m agents.trainer --port 0 --ckpt-dir D --weights-dir W` serves the trainer's data plane
+(bearer token in env `PEARL_TRAINER_TOKEN`): POST /samples queues rollout samples and trains once a
+batch is full; GET /weights/latest and /weights/{version} serve versioned safetensors snapshots that
+workers pull. Every update is a new weight version. Staleness is checked per sample when it is
+consumed (trainer version - sample version > max_staleness -> rejected and counted), which bounds
+what a run-ahead bound alone does not. Checkpoints are safetensors written to a temp directory and
+renamed, then a `latest` pointer is replaced atomically, so a kill at any point resumes from the
+last complete step (losing at most the step in progress).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from agents import dataplane as dp
+from agents import models
+from agents.weights import WeightStore, atomic_write
+
+
+@dataclass
+class GRPOConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    clip_eps: float = 0.2
+    kl_beta: float = 0.0  # > 0 adds KL(pi || pi_ref) (k3 estimator) to a frozen reference
+    max_grad_norm: float = 1.0
+    max_staleness: int = 1  # K: samples more than K versions behind the trainer are rejected
+    batch_size: int = 32  # samples per step (HTTP mode)
+    seed: int = 0
+
+
+@dataclass
+class StepStats:
+    version: int
+    loss: float
+    grad_norm: float
+    mean_reward: float
+    accepted: int
+    rejected_stale: int
+    kl: float = 0.0
+    duration_s: float = 0.0
+
+
+def group_advantages(rewards: list[float], groups: list[str]) -> torch.Tensor:
+    """A_i = (r_i - mean_g) / (std_g + eps) within each group (GRPO)."""
+    r = torch.tensor(rewards, dtype=torch.float32)
+    adv = torch.zeros_like(r)
+    for g in set(groups):
+        idx = torch.tensor([i for i, x in enumerate(groups) if x == g])
+        rg = r[idx]
+        std = rg.std(unbiased=False) if len(idx) > 1 else torch.tensor(0.0)
+        adv[idx] = (rg - rg.mean()) / (std + 1e-6)
+    return adv
+
+
+class GRPOTrainer:
+    def __init__(self, model: str = "tiny", config: GRPOConfig | None = None, *, ckpt_dir: Path | None = None,
+                 store: WeightStore | None = None, threads: int | None = None) -> None:
+        self.config = config or GRPOConfig()
+        models.set_threads(threads)
+        torch.manual_seed(self.config.seed)
+        self.model = models.load_model(model)
+        self.model.train()
+        self.ref = models.load_model(model) if self.config.kl_beta > 0 else None
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay)
+        self.version = 0
+        self.steps = 0
+        self.stale_rejected = 0
+        self.consumed = 0
+        self.ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
+        self.store = store
+        if self.ckpt_dir and self.resume():
+            pass
+        elif self.store and self.store.latest() == 0:
+            self.publish()  # version 0 = the initial weights, so workers can pull something
+
+    # ---- staleness
+    def admit(self, samples: list[dp.TrainSample]) -> list[dp.TrainSample]:
+        """Per-sample staleness at consumption (not at generation): reject and count the stale ones."""
+        fresh = [s for s in samples if self.version - s.weight_version <= self.config.max_staleness]
+        self.stale_rejected += len(samples) - len(fresh)
+        return fresh
+
+    # ---- one GRPO update
+    def step(self, samples: list[dp.TrainSample]) -> StepStats:
+        t0 = time.perf_counter()
+        fresh = self.admit(samples)
+        rejected = len(samples) - len(fresh)
+        if not fresh:
+            return StepStats(self.version, 0.0, 0.0, 0.0, 0, rejected)
+        adv = group_advantages([s.reward for s in fresh], [s.group for s in fresh])
+        seqs = [s.prompt_tokens + s.completion_tokens for s in fresh]
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), width), 258, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        comp_mask = torch.zeros((len(seqs), width - 1))
+        old = torch.zeros((len(seqs), width - 1))
+        temps = torch.tensor([s.temperature for s in fresh]).view(-1, 1, 1)
+        for i, s in enumerate(fresh):
+            n, p = len(seqs[i]), len(s.prompt_tokens)
+            ids[i, :n] = torch.tensor(seqs[i])
+            attn[i, :n] = 1
+            # position t predicts token t+1: completion token j sits at index p+j, predicted at p+j-1
+            comp_mask[i, p - 1 : n - 1] = 1
+            old[i, p - 1 : n - 1] = torch.tensor(s.logprobs)
+        targets = ids[:, 1:]
+        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logp = torch.log_softmax(logits / temps, dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)
+        ratio = torch.exp(logp - old)
+        a = adv.view(-1, 1)
+        eps = self.config.clip_eps
+        per_tok = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
+        kl_val = torch.tensor(0.0)
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logits = self.ref(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                ref_logp = torch.log_softmax(ref_logits / temps, dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)
+            d = ref_logp - logp
+            kl_tok = torch.exp(d) - d - 1
+            per_tok = per_tok + self.config.kl_beta * kl_tok
+            kl_val = (kl_tok * comp_mask).sum() / comp_mask.sum()
+        # GRPO: mean over each sequence's completion tokens, then over the batch
+        loss = ((per_tok * comp_mask).sum(1) / comp_mask.sum(1)).mean()
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        self.optim.step()
+        self.steps += 1
+        self.version += 1
+        self.consumed += len(fresh)
+        if self.store:
+            self.publish()
+        if self.ckpt_dir:
+            self.save_checkpoint()
+        return StepStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
+                         rejected, float(kl_val), time.perf_counter() - t0)
+
+    # ---- weights
+    def wire_state(self) -> dict[str, torch.Tensor]:
+        return models.state_dict_for_wire(self.model)
+
+    def publish(self) -> Path:
+        assert self.store is not None
+        return self.store.publish(self.version, self.wire_state())
+
+    # ---- checkpoints
+    def save_checkpoint(self) -> Path:
+        assert self.ckpt_dir is not None
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        name = f"step_{self.version:08d}"
+        final = self.ckpt_dir / name
+        tmp = self.ckpt_dir / f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp.mkdir()
+        save_file(self.wire_state(), str(tmp / "model.safetensors"))
+        opt_tensors: dict[str, torch.Tensor] = {"rng": torch.get_rng_state()}
+        index = {id(p): i for i, p in enumerate(self.model.parameters())}
+        for p, st in self.optim.state.items():
+            for k, v in st.items():
+                opt_tensors[f"state.{index[id(p)]}.{k}"] = v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optim.param_groups]
+        meta = {"version": self.version, "steps": self.steps, "stale_rejected": self.stale_rejected,
+                "consumed": self.consumed, "param_groups": groups, "config": asdict(self.config)}
+        (tmp / "trainer.json").write_text(json.dumps(meta))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        atomic_write(self.ckpt_dir / "latest", name.encode())
+        for old in sorted(p for p in self.ckpt_dir.glob("step_*") if p.name != name)[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def resume(self) -> bool:
+        """Load the checkpoint `latest` points at; False if there is none."""
+        assert self.ckpt_dir is not None
+        pointer = self.ckpt_dir / "latest"
+        if not pointer.exists():
+            return False
+        path = self.ckpt_dir / pointer.read_text().strip()
+        models.load_wire_state(self.model, load_file(str(path / "model.safetensors")))
+        meta = json.loads((path / "trainer.json").read_text())
+        opt = load_file(str(path / "optimizer.safetensors"))
+        torch.set_rng_state(opt.pop("rng"))
+        state: dict[int, dict[str, Any]] = {}
+        for key, v in opt.items():
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = v
+        groups = meta["param_groups"]
+        n = len(list(self.model.parameters()))
+        groups[0]["params"] = list(range(n))  # one param group
+        for g in groups:
+            if "betas" in g:
+                g["betas"] = tuple(g["betas"])
+        self.optim.load_state_dict({"state": state, "param_groups": groups})
+        self.version, self.steps = meta["version"], meta["steps"]
+        self.stale_rejected, self.consumed = meta["stale_rejected"], meta["consumed"]
+        return True
+
+
+# ------------------------------------------------------------------ HTTP service
+class TrainerServer:
+    def __init__(self, trainer: GRPOTrainer, token: str) -> None:
+        from aiohttp import web
+
+        from agents.weights import weight_routes
+
+        if not token:
+            raise ValueError("a trainer token is required (fail closed)")
+        self.trainer = trainer
+        self.token = token
+        self.queue: list[dp.TrainSample] = []
+        self.history: list[StepStats] = []
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self._lock = asyncio.Lock()
+        app = web.Application(client_max_size=64 << 20, middlewares=[web.middleware(self._auth_mw)])
+        app.router.add_post("/samples", self.samples)
+        app.router.add_post("/step", self.step)
+        app.router.add_get("/stats", self.stats)
+        app.router.add_get("/health", self.health)
+        if trainer.store is not None:
+            app.add_subapp("/weights/", weight_routes(trainer.store, token))
+        self.app = app
+
+    async def _auth_mw(self, request: Any, handler: Any) -> Any:
+        from aiohttp import web
+
+        if request.path.startswith("/weights/"):  # the weights sub-app checks the token itself
+            return await handler(request)
+        header = request.headers.get(dp.AUTH_HEADER, "")
+        if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), self.token.encode())):
+            return web.json_response({"error": "missing or bad trainer token"}, status=401)
+        return await handler(request)
+
+    async def samples(self, request: Any) -> Any:
+        from aiohttp import web
+
+        try:
+            body = dp.parse(dp.SubmitSamples, json.loads(await request.read() or b"{}"))
+        except (ValueError, dp.DataPlaneError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.queue.extend(body.samples)
+        stats = None
+        if body.train and len(self.queue) >= self.trainer.config.batch_size:
+            stats = await self._train()
+        return web.json_response({"queued": len(self.queue), "version": self.trainer.version,
+                                  "step": asdict(stats) if stats else None})
+
+    async def step(self, request: Any) -> Any:
+        from aiohttp import web
+
+        stats = await self._train()
+        return web.json_response({"version": self.trainer.version, "step": asdict(stats) if stats else None})
+
+    async def _train(self) -> StepStats | None:
+        async with self._lock:
+            batch, self.queue = self.queue[: self.trainer.config.batch_size], self.queue[self.trainer.config.batch_size :]
+            if not batch:
+                return None
+            stats = await asyncio.get_running_loop().run_in_executor(self._executor, self.trainer.step, batch)
+            self.history.append(stats)
+            return stats
+
+    async def stats(self, request: Any) -> Any:
+        from aiohttp import web
+
+        t = self.trainer
+        return web.json_response({"version": t.version, "steps": t.steps, "stale_rejected": t.stale_rejected,
+                                  "consumed": t.consumed, "queued": len(self.queue),
+                                  "last": asdict(self.history[-1]) if self.history else None})
+
+    async def health(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"ok": True, "role": "training", "state": "running", "worker_id": 0,
+                                  "weight_version": self.trainer.version, "pid": os.getpid()})
+
+
+async def serve(args: argparse.Namespace, token: str) -> None:
+    from aiohttp import web
+
+    cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
+    store = WeightStore(Path(args.weights_dir))
+    trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store, threads=args.threads)
+    server = TrainerServer(trainer, token)
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True)
+    await stop.wait()
+    async with server._lock:  # let a running step finish (its checkpoint is atomic anyway)
+        pass
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m agents.trainer", description=__doc__)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--weights-dir", required=True)
+    p.add_argument("--ckpt-dir", default="")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--kl-beta", type=float, default=0.0)
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None)
+    # accepted so the agent can spawn a trainer like any worker
+    for extra in ("--role", "--worker-id", "--engine", "--job", "--hardware", "--time-factor", "--state-dir"):
+        p.add_argument(extra, default=None)
+    args = p.parse_args(argv)
+    token = os.environ.get("PEARL_TRAINER_TOKEN") or os.environ.get("PEARL_WORKER_SECRET", "")
+    if not token:
+        sys.exit("PEARL_TRAINER_TOKEN is not set: refusing to serve without auth")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"refusing to bind {args.host}: the trainer port stays node-local")
+    asyncio.run(serve(args, token))
+
+
+if __name__ == "__main__":
+    main()
