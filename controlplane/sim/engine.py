@@ -1,0 +1,241 @@
+"""One simulated inference engine (a TP-group worker) with continuous batching, at iteration level.
+
+The engine is advanced in *segments*: runs of iterations over which its running batch does not
+change. A decode segment lasts until the first running sequence finishes its turn; a prefill
+segment runs the chunked prefill of the queued prompts (colocated: every chunk iteration also
+carries the running decodes, which is the PD interference). Within a segment every iteration is
+costed by the hardware profile's `decode_iteration_s(batch, mean_context)` at the segment's mean
+context (exact when the per-iteration cost is linear in context, as the roofline's KV-read term
+is), so the segment time is the sum of per-iteration costs computed in closed form. An arrival
+interrupts a decode segment at the next iteration boundary, exactly as continuous batching admits
+new work between iterations. Nothing here evaluates the predictor's closed forms.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from controlplane.core.state import Role
+from controlplane.sim.workload import Trajectory
+
+
+class EngineCosts(Protocol):
+    def decode_iteration_s(self, batch: int, mean_context: float) -> float: ...
+
+    def prefill_s(self, tokens: int, prefix: int) -> float: ...
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One turn of one trajectory being served (possibly the resumed remainder of a turn)."""
+
+    traj: Trajectory
+    compute: int  # prompt tokens to prefill (not in this worker's prefix cache)
+    prefix: int  # prompt tokens already cached on the prefill worker
+    ctx0: int  # context when decoding starts (prompt incl. partial response)
+    remaining: int  # tokens left to generate in this turn
+    arrive_s: float = 0.0
+    join_it: int = 0
+    end_it: int = 0
+    seq: int = 0
+
+
+@dataclass(slots=True)
+class Segment:
+    kind: str  # "decode" | "prefill"
+    t0: float
+    it0: int
+    k: int  # iterations in the segment
+    dt: float  # mean seconds per iteration
+    end_s: float
+    batch: tuple[Request, ...] = ()  # prompts being prefilled
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+
+
+class Worker:
+    """A rollout worker: colocated (prefill+decode), prefill-only or decode-only."""
+
+    __slots__ = (
+        "slot", "pool", "gen", "role", "costs", "chunk_tokens", "kv_capacity", "it", "running", "heap", "s0",
+        "kv_used", "pq", "joinq", "seg", "version", "homed", "busy_s", "iters", "tokens_out", "serving",
+        "link_free_s", "_seq",
+    )
+
+    def __init__(self, slot: int, pool: str, role: Role, costs: EngineCosts, *, chunk_tokens: int,
+                 kv_capacity: int, gen: int = 0) -> None:
+        self.slot = slot
+        self.pool = pool
+        self.gen = gen
+        self.role = role
+        self.costs = costs
+        self.chunk_tokens = chunk_tokens
+        self.kv_capacity = kv_capacity  # tokens of KV this worker can hold
+        self.it = 0
+        self.running: dict[int, Request] = {}
+        self.heap: list[tuple[int, int]] = []  # (end_it, seq)
+        self.s0 = 0  # Σ (ctx0 - join_it) over running, so Σ context(it) = s0 + n·it
+        self.kv_used = 0  # tokens reserved by running requests (final context of their turn)
+        self.pq: deque[Request] = deque()  # prompts waiting for prefill
+        self.joinq: deque[Request] = deque()  # prefilled requests waiting to join decoding
+        self.seg: Segment | None = None
+        self.version = 0
+        self.homed = 0  # live trajectories whose home (sticky worker) this is
+        self.busy_s = 0.0
+        self.iters = 0
+        self.tokens_out = 0
+        self.serving = False  # active in the serving set W
+        self.link_free_s = 0.0  # prefill worker's KV link
+        self._seq = 0
+
+    # ------------------------------------------------------------------ queries
+    def load(self) -> int:
+        return len(self.running) + len(self.pq) + len(self.joinq)
+
+    def idle(self) -> bool:
+        return self.seg is None
+
+    # ------------------------------------------------------------------ admission
+    def submit_prompt(self, req: Request) -> None:
+        self.pq.append(req)
+
+    def submit_decode(self, req: Request) -> None:
+        self.joinq.append(req)
+
+    def _join(self, req: Request) -> None:
+        self._seq += 1
+        req.seq = self._seq
+        req.join_it = self.it
+        req.end_it = self.it + max(1, req.remaining)
+        self.running[req.seq] = req
+        heapq.heappush(self.heap, (req.end_it, req.seq))
+        self.s0 += req.ctx0 - self.it
+        self.kv_used += req.ctx0 + req.remaining
+
+    def _fits(self, req: Request) -> bool:
+        return not self.running or self.kv_used + req.ctx0 + req.remaining <= self.kv_capacity
+
+    # ------------------------------------------------------------------ segments
+    def plan(self, t: float) -> float | None:
+        """Start the next segment at `t`; return its end time (None: nothing to do)."""
+        while self.joinq and self._fits(self.joinq[0]):
+            self._join(self.joinq.popleft())
+        n = len(self.running)
+        if self.pq and self.role is not Role.DECODE and (self.role is Role.PREFILL or self._fits(self.pq[0])):
+            batch: list[Request] = []
+            tokens = 0
+            pf = 0.0
+            kv_extra = 0
+            while self.pq:
+                r = self.pq[0]
+                if batch and tokens + r.compute > self.chunk_tokens:
+                    break
+                if self.role is Role.COLOCATED and batch and self.kv_used + kv_extra + r.ctx0 + r.remaining > self.kv_capacity:
+                    break
+                self.pq.popleft()
+                batch.append(r)
+                tokens += r.compute
+                kv_extra += r.ctx0 + r.remaining
+                pf += self.costs.prefill_s(r.compute, r.prefix)
+            if self.role is Role.PREFILL or n == 0:
+                k = 1
+                dt = pf
+                total = pf
+            else:
+                k = max(1, math.ceil(tokens / max(1, self.chunk_tokens - n)))
+                mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
+                d = self.costs.decode_iteration_s(n, mean_ctx)
+                total = k * d + pf
+                dt = total / k
+            self.seg = Segment("prefill", t, self.it, k, dt, t + total, tuple(batch), pf, tokens)
+            return self.seg.end_s
+        if n:
+            k = self.heap[0][0] - self.it
+            mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
+            dt = self.costs.decode_iteration_s(n, mean_ctx)
+            self.seg = Segment("decode", t, self.it, k, dt, t + k * dt)
+            return self.seg.end_s
+        self.seg = None
+        return None
+
+    def interrupt(self, t: float) -> float | None:
+        """Cut a decode segment at the first iteration boundary at/after `t` (new end time), so
+        newly arrived work is admitted between iterations. Returns None if no change is needed."""
+        seg = self.seg
+        if seg is None or seg.kind != "decode":
+            return None
+        j = math.ceil((t - seg.t0) / seg.dt - 1e-9) if seg.dt > 0 else seg.k
+        if j >= seg.k:
+            return None
+        j = max(j, 1)
+        seg.k = j
+        seg.end_s = seg.t0 + j * seg.dt
+        return seg.end_s
+
+    def finish(self) -> tuple[list[Request], list[Request], Segment]:
+        """Apply the current segment: (prefilled requests, finished decode requests, segment)."""
+        seg = self.seg
+        assert seg is not None
+        self.seg = None
+        self.busy_s += seg.end_s - seg.t0
+        n = len(self.running)
+        prefilled: list[Request] = []
+        if seg.kind == "prefill":
+            prefilled = list(seg.batch)
+            if self.role is Role.PREFILL or n == 0:
+                k = 0
+            else:
+                k = seg.k
+        else:
+            k = seg.k
+        done: list[Request] = []
+        if k:
+            self.it += k
+            self.iters += k
+            self.tokens_out += k * n
+            heap = self.heap
+            while heap and heap[0][0] <= self.it:
+                _, sq = heapq.heappop(heap)
+                req = self.running.pop(sq)
+                self.tokens_out -= (self.it - req.end_it)  # overshoot inside a prefill segment
+                self.s0 -= req.ctx0 - req.join_it
+                self.kv_used -= req.ctx0 + req.remaining
+                done.append(req)
+        if seg.kind == "prefill" and self.role is Role.COLOCATED:
+            for r in prefilled:
+                self._join(r)
+            prefilled = []
+        return prefilled, done, seg
+
+    def evict(self, t: float) -> list[tuple[Request, int]]:
+        """Take every request off this worker at `t` (drain, role change, preemption): returns
+        (request, tokens generated in this service so far). Partial progress is kept by the caller."""
+        out: list[tuple[Request, int]] = []
+        seg = self.seg
+        j = 0
+        if seg is not None:
+            self.busy_s += max(0.0, t - seg.t0)
+            if seg.dt > 0 and (seg.kind == "decode" or self.role is Role.COLOCATED):
+                j = min(seg.k, int((t - seg.t0) / seg.dt))
+            if seg.kind == "prefill":
+                out.extend((r, 0) for r in seg.batch)
+        it = self.it + j
+        for req in self.running.values():
+            out.append((req, min(req.remaining, max(0, it - req.join_it))))
+        out.extend((r, 0) for r in self.pq)
+        out.extend((r, 0) for r in self.joinq)
+        self.running.clear()
+        self.heap.clear()
+        self.pq.clear()
+        self.joinq.clear()
+        self.s0 = 0
+        self.kv_used = 0
+        self.seg = None
+        self.version += 1
+        return out
+
+
+OnDone = Callable[[Worker, list[Request], list[Request], Segment, float], None]

@@ -1,0 +1,181 @@
+"""Scenario files: cluster, model, workload, trace and duration of one simulated experiment.
+
+Schema (YAML or JSON; documented with examples in `controlplane/sim/README.md`). Shipped scenarios
+live in `controlplane/sim/scenarios/*.yaml`; their traces in `controlplane/sim/traces/*.csv`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
+from controlplane.sim.workload import WorkloadSpec
+
+SIM_DIR = Path(__file__).resolve().parent
+SCENARIO_DIR = SIM_DIR / "scenarios"
+TRACE_DIR = SIM_DIR / "traces"
+
+
+class ScenarioError(ValueError):
+    """A scenario file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    training_gpus: int = 16
+    reserved_gpus: int = 4  # dedicated rollout GPUs, never preempted
+    preemptible_gpus: int = 12  # cap on preemptible GPUs (the trace may not exceed reserved + this)
+    hardware: str = "H800"
+    tp: int = 2
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.training_gpus < 0 or self.reserved_gpus < self.tp or self.preemptible_gpus < 0:
+            raise ScenarioError("cluster: need tp >= 1, reserved_gpus >= tp, training/preemptible >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    chunk_tokens: int = 8192  # chunked-prefill token budget per iteration
+    weight_sync_s: float = 3.0  # trainer -> rollout weight publication after each update
+    periodic_s: float = 30.0  # PERIODIC re-evaluation tick while a batch is in flight
+    return_deadline_s: float = 30.0  # borrowed GPUs must be back this long after Training Begin
+    warmup_steps: int = 2  # steps excluded from throughput and predictor MAPE
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str = ""
+    model: str = "qwen3-8b"
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    trace: AvailabilityTrace = field(default_factory=lambda: AvailabilityTrace((0.0,), (4,)))
+    duration_s: float = 7200.0
+    seed: int = 0
+    fixed_large_gpus: int | None = None  # ROLL-Large pool; default: trace mean rounded up to TP
+    policies: tuple[str, ...] = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+    policy_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per policy name (or variant)
+    variants: dict[str, str] = field(default_factory=dict)  # variant name -> base policy (ablation)
+    paper: dict[str, Any] = field(default_factory=dict)  # the paper's figures for this scenario
+
+    @property
+    def large_pool_gpus(self) -> int:
+        if self.fixed_large_gpus is not None:
+            return self.fixed_large_gpus
+        tp = self.cluster.tp
+        return int(math.ceil(self.trace.mean(self.duration_s) / tp - 1e-9)) * tp
+
+    def with_seed(self, seed: int) -> "Scenario":
+        return replace(self, seed=seed)
+
+
+def _dataclass_from(cls: type, data: Any, where: str) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{where}: must be a mapping")
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ScenarioError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(names)}")
+    try:
+        return cls(**data)
+    except (TypeError, ValueError) as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+
+
+def _trace_from(spec: Any, base: Path, where: str) -> AvailabilityTrace:
+    if isinstance(spec, str):
+        spec = {"file": spec}
+    if not isinstance(spec, dict):
+        raise ScenarioError(f"{where}: must be a file name or a mapping")
+    if "file" in spec:
+        p = Path(spec["file"])
+        candidates = [p] if p.is_absolute() else [base / p, TRACE_DIR / p, Path.cwd() / p]
+        for c in candidates:
+            if c.exists():
+                try:
+                    return load_trace(c)
+                except TraceError as exc:
+                    raise ScenarioError(str(exc)) from None
+        raise ScenarioError(f"{where}: trace file {spec['file']!r} not found")
+    if "constant_gpus" in spec:
+        g = int(spec["constant_gpus"])
+        return AvailabilityTrace((0.0,), (g,), name=f"constant-{g}")
+    if "points" in spec:
+        pts = spec["points"]
+        try:
+            return AvailabilityTrace(tuple(float(p[0]) for p in pts), tuple(int(p[1]) for p in pts), name="inline")
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ScenarioError(f"{where}: bad points: {exc}") from None
+    raise ScenarioError(f"{where}: give one of file, constant_gpus, points")
+
+
+def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, source: str = "<scenario>") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario must be a mapping")
+    known = {"name", "description", "model", "cluster", "workload", "engine", "trace", "duration_s", "seed",
+             "fixed_large_gpus", "policies", "policy_options", "variants", "paper"}
+    unknown = set(data) - known
+    if unknown:
+        raise ScenarioError(f"{source}: unknown keys {sorted(unknown)}")
+    if "name" not in data:
+        raise ScenarioError(f"{source}: 'name' is required")
+    cluster = _dataclass_from(ClusterSpec, data.get("cluster"), f"{source}: cluster")
+    trace = _trace_from(data.get("trace", {"constant_gpus": cluster.reserved_gpus}), base, f"{source}: trace")
+    max_g = cluster.reserved_gpus + cluster.preemptible_gpus
+    if max(trace.gpus) > max_g:
+        raise ScenarioError(f"{source}: trace reaches {max(trace.gpus)} GPUs > reserved + preemptible = {max_g}")
+    if min(trace.gpus) < cluster.reserved_gpus:
+        raise ScenarioError(f"{source}: trace drops below the {cluster.reserved_gpus} reserved GPUs")
+    variants = data.get("variants") or {}
+    policies = tuple(data.get("policies") or Scenario.policies)
+    try:
+        return Scenario(
+            name=str(data["name"]),
+            description=str(data.get("description", "")),
+            model=str(data.get("model", "qwen3-8b")),
+            cluster=cluster,
+            workload=_dataclass_from(WorkloadSpec, data.get("workload"), f"{source}: workload"),
+            engine=_dataclass_from(EngineSpec, data.get("engine"), f"{source}: engine"),
+            trace=trace,
+            duration_s=float(data.get("duration_s", 7200.0)),
+            seed=int(data.get("seed", 0)),
+            fixed_large_gpus=data.get("fixed_large_gpus"),
+            policies=policies,
+            policy_options=dict(data.get("policy_options") or {}),
+            variants=dict(variants),
+            paper=dict(data.get("paper") or {}),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+
+
+def load_scenario_file(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{p}: cannot read ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+    return scenario_from_dict(data, base=p.parent, source=str(p))
+
+
+def list_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def get_scenario(name: str) -> Scenario:
+    p = SCENARIO_DIR / f"{name}.yaml"
+    if not p.exists():
+        raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(list_scenarios())}")
+    return load_scenario_file(p)
