@@ -163,6 +163,7 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
             node.epoch += 1
             node.generation += 1
             node.save(update_fields=["status", "epoch", "generation", "updated"])
+            notify_agent_on_commit(node.pk)
             fenced = _fence_workers(node)
             age = (now - node.last_heartbeat).total_seconds() if node.last_heartbeat else None
             emit(
@@ -247,6 +248,7 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
             node.epoch += 1
             node.generation += 1
             node.save(update_fields=["status", "epoch", "generation", "updated"])
+            notify_agent_on_commit(node.pk)
             emit(kind="node.gone", message=f"node {node.name} was preempted; {len(ids)} worker(s) removed", node=node)
             push_node(node.pk)
             gone.append(node.name)
