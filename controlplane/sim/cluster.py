@@ -604,7 +604,7 @@ class Simulation:
                                    kv_bytes=int(req.ctx0 * self.kv_bytes), duration_s=dur))
         if w.seg is not None or slot.worker is not w or slot.state in (GONE, INACTIVE):
             return  # re-planned by a nested kick (e.g. the next batch started) or taken away meanwhile
-        if slot.state == DRAINING and slot.pool != "overlap":
+        if slot.state == DRAINING and slot.after_drain is not None:
             if not w.running:
                 # in-flight prefills of a draining prefill worker are done; decodes finished
                 if not w.pq and not w.joinq:
@@ -613,7 +613,7 @@ class Simulation:
         end = w.plan(t)
         if end is not None:
             self.push(end, EV_WAKE, slot.sid, w.version)
-        elif slot.state == DRAINING and slot.pool != "overlap":
+        elif slot.state == DRAINING and slot.after_drain is not None:
             self._drained(slot, t)
 
     def _on_kv(self, req: Request, src: tuple[int, int], t: float) -> None:
@@ -773,7 +773,9 @@ class Simulation:
             self.training_active = True
             self._signal(Signal.TRAINING_BEGIN, t)
             for s in list(self.slots.values()):
-                if s.pool == "overlap" and s.state in (SERVING, PENDING):
+                if s.pool == "overlap" and (s.state in (SERVING, PENDING)
+                                            or (s.state == DRAINING and s.after_drain is not None)):
+                    s.after_drain = None
                     self._return_overlap(s, t, self.free)
             self._flush_router(t)
         if any(s.pool == "overlap" and s.state != INACTIVE for s in self.slots.values()):
@@ -834,17 +836,19 @@ class Simulation:
                 for s in self.steps[warm:] if s.predicted_makespan_s and s.stable and s.makespan_s > 0]
         mape = 100.0 * sum(errs) / len(errs) if errs else None
         engine_tokens = sum(s.worker.tokens_out for s in self.slots.values())
+        inflight_tokens = sum(s.worker.inflight_tokens() for s in self.slots.values())
         in_flight = sum(1 for tr_ in self.batch if not tr_.done) if self.rollout_active else 0
         return RunResult(
             scenario=self.sc.name, policy=self.policy_name, seed=self.seed, throughput_tok_s=round(thr, 3),
             steps=len(trained), rollout_s_mean=round(sum(ro) / len(ro), 3) if ro else 0.0,
             train_s_mean=round(sum(tr) / len(tr), 3) if tr else 0.0, transitions=self.transitions,
             borrowed_gpu_s=round(self.borrowed_gpu_s, 3), return_deadline_misses=self.deadline_misses,
-            lost_tokens=int(engine_tokens - self.traj_generated),
+            lost_tokens=int(engine_tokens - self.traj_generated - inflight_tokens),
             predictor_mape=None if mape is None else round(mape, 3), wall_s=wall, events=self.events,
             step_stats=list(self.steps), timeline=self.timeline, borrow_windows=self.borrow_windows,
             conservation={"started": self.started_trajs, "done": self.done_trajs, "in_flight": in_flight,
-                          "engine_tokens": int(engine_tokens), "trajectory_tokens": int(self.traj_generated)},
+                          "engine_tokens": int(engine_tokens), "trajectory_tokens": int(self.traj_generated),
+                          "inflight_tokens": int(inflight_tokens)},
         )
 
 

@@ -92,6 +92,10 @@ class Worker:
         self._seq = 0
 
     # ------------------------------------------------------------------ queries
+    def inflight_tokens(self) -> int:
+        """Tokens generated (and counted) for running requests not yet credited to trajectories."""
+        return sum(min(r.remaining, max(0, self.it - r.join_it)) for r in self.running.values())
+
     def load(self) -> int:
         return len(self.running) + len(self.pq) + len(self.joinq)
 
@@ -224,7 +228,9 @@ class Worker:
                 out.extend((r, 0) for r in seg.batch)
         it = self.it + j
         for req in self.running.values():
-            out.append((req, min(req.remaining, max(0, it - req.join_it))))
+            g = min(req.remaining, max(0, it - req.join_it))
+            self.tokens_out += g - min(req.remaining, max(0, self.it - req.join_it))  # the cut segment's part
+            out.append((req, g))
         out.extend((r, 0) for r in self.pq)
         out.extend((r, 0) for r in self.joinq)
         self.running.clear()

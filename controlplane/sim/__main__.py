@@ -1,0 +1,3 @@
+from controlplane.sim.cli import main
+
+raise SystemExit(main())
