@@ -48,20 +48,19 @@ class WorkloadProfile:
 def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768) -> WorkloadProfile:
     """The SWE-bench-like workload of the paper's evaluation (values and reasons in PROFILES.md).
 
-    25 turns for the slowest trajectory; ΔL:r = 29:1 (paper §1: prefill handles 96.68% of tokens);
-    ΔL + r per turn sized so the slowest trajectory reaches ~95% of the 32K cap; 4 s of tool time per
-    turn; θ = 0.5 (f = 2/3 of the live trajectories decoding at a time).
+    S = 25 turns for the slowest trajectory, which reaches ~96% of the trajectory cap; per turn
+    ΔL : r = 20 : 1 new prompt tokens (tool output + re-sent response) to generated tokens (tool calls
+    with short reasoning); θ = 0.35 (f ≈ 0.74 of decode slots busy); 8 s of tool time per turn
+    (T_env = 200 s: the paper's idealised-DP rollout of 216.3 s minus our compute floor); T_over = 0.15 s per turn of colocated P/D switching. K_seq is a full-length trajectory (the
+    decode pool must hold any trajectory up to the cap); decode and prefill see half the cap on average.
     """
     turns = 25.0
-    prompt = 1024.0
-    per_turn = (0.95 * max_trajectory_tokens - prompt) / turns
-    dl = per_turn * 29.0 / 30.0
-    r = per_turn / 30.0
-    peak = prompt + turns * per_turn
+    per_turn = 0.96 * max_trajectory_tokens / turns
     return WorkloadProfile(
-        batch_size=batch_size, turns=turns, new_prompt_tokens=dl, generated_tokens=r,
-        env_time_s=4.0 * turns, theta=0.5, kv_seq_tokens=peak, mean_context=prompt + peak / 2.0 - prompt / 2.0,
-        prefix_tokens=(prompt + peak) / 2.0,
+        batch_size=batch_size, turns=turns, new_prompt_tokens=per_turn * 20.0 / 21.0,
+        generated_tokens=per_turn / 21.0, env_time_s=8.0 * turns, theta=0.35,
+        kv_seq_tokens=float(max_trajectory_tokens), mean_context=max_trajectory_tokens / 2.0,
+        prefix_tokens=max_trajectory_tokens / 2.0, overhead_s=0.15,
     )
 
 
@@ -125,9 +124,11 @@ def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_pref
     w = workload
     tokens = w.turns * w.batch_size * w.new_prompt_tokens  # λ_P = B·S·ΔL
     prefill = tokens * coeffs.t_prefill / n_prefill  # Eq. 3 compute part
-    # Eq. 3 transfer part (lower bound). BW is the inter-pool bandwidth: every prefill worker sends its
-    # own KV over its own NICs to the decode workers, so it is min(N_P, N_D) worker links (PROFILES.md).
-    kv = tokens * coeffs.kv_bytes_per_token / (coeffs.bandwidth * np.minimum(n_prefill, n_decode))
+    # Eq. 3 transfer part (lower bound). Default: every prefill worker sends its own KV over its own NICs,
+    # so the inter-pool bandwidth is min(N_P, N_D) worker links; `shared_kv_fabric` takes BW as one fixed
+    # pool-to-pool bandwidth, the paper's literal reading (PROFILES.md discusses both).
+    links = 1.0 if coeffs.shared_kv_fabric else np.minimum(n_prefill, n_decode)
+    kv = tokens * coeffs.kv_bytes_per_token / (coeffs.bandwidth * links)
     one = 1.0 + w.theta
     per_iter = coeffs.decode_iteration_s(w.batch_size / (n_decode * one))
     decode = w.turns * w.generated_tokens * per_iter * one  # Eq. 2

@@ -158,6 +158,7 @@ class EngineCoefficients:
     decode_a_moe: float = 0.0  # s per iteration when all experts are read
     moe_experts: int = 0
     moe_topk: int = 0
+    shared_kv_fabric: bool = False  # True: BW is one fixed inter-pool bandwidth (paper's literal Eq. 3)
 
     def decode_iteration_s(self, batch: np.ndarray | float) -> np.ndarray | float:
         t = self.decode_a + self.decode_b * batch
