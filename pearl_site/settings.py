@@ -192,6 +192,7 @@ PEARL = {
     "LEASE_S": float(os.environ.get("PEARL_LEASE_S", "15")),
     "HEARTBEAT_S": float(os.environ.get("PEARL_HEARTBEAT_S", "3")),
     "SWEEP_S": float(os.environ.get("PEARL_SWEEP_S", "5")),
+    "REPLAN_S": float(os.environ.get("PEARL_REPLAN_S", "10")),
     "MAX_JSON_DEPTH": 16,
 }
 

@@ -59,7 +59,15 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         emit(kind="job.created", message=f"job {job.name} created ({job.model}, {job.engine}, policy {job.policy})", job=job,
              actor=actor, data={"spec": {k: v for k, v in spec.items()}})
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        enqueue_plan(job.pk, "step_start")
     return job
+
+
+def enqueue_plan(job_id: int, signal: str) -> None:
+    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects)."""
+    from controlplane import tasks
+
+    transaction.on_commit(lambda: tasks.plan_job.delay(job_id, signal), robust=True)
 
 
 def stop_job(*, job_id: int, actor: str) -> Job:
@@ -122,6 +130,7 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
         emit(kind="override.set", message=f"{job.name}: overrides changed by {actor}", job=job, actor=actor,
              data={"before": before, "after": after})
         push_delta_on_commit(kind="override", key=str(job.pk), data={"job": job.name, **after})
+        enqueue_plan(job.pk, "periodic")
     return o
 
 
@@ -157,4 +166,5 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         emit(kind="training.begin" if active else "training.finished",
              message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}", job=job, actor=actor)
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        enqueue_plan(job.pk, "training_begin" if active else "training_finished")
     return job

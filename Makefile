@@ -1,0 +1,19 @@
+# The README's two commands: `make demo` (set up and start everything) and `make test`.
+.PHONY: demo test setup bench clean
+
+demo:
+	@scripts/setup.sh
+	@DEBUG=1 .venv/bin/python manage.py launch
+
+test:
+	@scripts/setup.sh --test
+	@scripts/test.sh
+
+setup:
+	@scripts/setup.sh --test
+
+bench:
+	@.venv/bin/python benchmarks/bench_controlplane.py
+
+clean:
+	rm -rf var .pytest_cache

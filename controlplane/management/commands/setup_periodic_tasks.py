@@ -1,0 +1,21 @@
+"""Define every periodic task in one idempotent place (django-celery-beat's database schedule)."""
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+PERIODIC = [
+    # (name, task, seconds)
+    ("heartbeat sweeper", "controlplane.sweep", lambda: settings.PEARL["SWEEP_S"]),
+    ("re-plan running jobs", "controlplane.replan_all", lambda: settings.PEARL["REPLAN_S"]),
+]
+
+
+class Command(BaseCommand):
+    help = "Create or update the periodic tasks (sweeper, periodic re-plan)."
+
+    def handle(self, *args, **opts):  # type: ignore[no-untyped-def]
+        for name, task, seconds in PERIODIC:
+            every = max(1, int(round(seconds())))
+            schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
+            PeriodicTask.objects.update_or_create(name=name, defaults={"task": task, "interval": schedule, "enabled": True})
+            self.stdout.write(f"{name}: {task} every {every}s")

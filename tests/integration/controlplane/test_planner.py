@@ -1,0 +1,103 @@
+"""The live loop over the core: budget -> decide -> plan -> execute, with resumable steps."""
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.invariants import check_invariants
+from controlplane.core.state import Activity
+from controlplane.models import Decision, Transition, TransitionStep, Worker
+from controlplane.selectors.cluster import training_flags, worker_views
+from controlplane.services import jobs, nodes, planner
+from tests.conftest import make_job, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def _cluster():
+    make_node("r1", slots=4)
+    make_node("e1", pool="elastic", slots=4)
+    make_node("t1", pool="training", slots=4)
+    return make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16)
+
+
+def _active_roles(job):
+    return sorted(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role="training").values_list("role", flat=True))
+
+
+def _valid():
+    views = worker_views()
+    assert check_invariants(views, training_flags({v.job for v in views})) == []
+
+
+def test_first_plan_places_training_and_rollout_workers_and_executes():
+    job = _cluster()
+    tr = planner.plan_job(job_id=job.pk, signal="step_start")
+    d = Decision.objects.get(job=job)
+    assert d.candidates and d.reason and tr.decision_id == d.pk
+    assert planner.execute_transition(transition_id=tr.pk).status == "succeeded"
+    job.refresh_from_db()
+    expected = job.n_prefill + job.n_decode + job.n_colocated
+    assert len(_active_roles(job)) == expected == 4 + d.borrow
+    assert Worker.objects.filter(job=job, role="training", alive=True).count() == 2
+    _valid()
+    assert planner.plan_job(job_id=job.pk) is None  # nothing changed: no transition
+
+
+def test_execution_is_idempotent_after_a_crash_midway():
+    job = _cluster()
+    tr = planner.plan_job(job_id=job.pk)
+    # Simulate an executor killed after the first two steps: run them, then restart from scratch.
+    first = list(TransitionStep.objects.filter(transition=tr).order_by("index")[:2])
+    Transition.objects.filter(pk=tr.pk).update(status="running")
+    for st in first:
+        TransitionStep.objects.filter(pk=st.pk).update(status="done")
+    planner.execute_transition(transition_id=tr.pk)  # steps already done are skipped
+    planner.execute_transition(transition_id=tr.pk)  # a second delivery is a no-op
+    tr.refresh_from_db()
+    assert tr.status == "succeeded"
+    assert all(s.attempts <= 1 for s in tr.steps.all())
+    _valid()
+
+
+def test_training_begin_returns_borrowed_and_replans():
+    job = _cluster()
+    planner.execute_transition(transition_id=planner.plan_job(job_id=job.pk).pk)
+    borrowed = Decision.objects.get(job=job).borrow
+    jobs.set_training_active(job_id=job.pk, active=True)
+    assert not Worker.objects.filter(job=job, zone="overlap", activity="active").exclude(role="training").exists()
+    tr = planner.plan_job(job_id=job.pk, signal="training_begin")
+    if tr is not None:
+        assert planner.execute_transition(transition_id=tr.pk).status == "succeeded"
+    job.refresh_from_db()
+    assert len(_active_roles(job)) == 4
+    latest = Decision.objects.filter(job=job).first()
+    assert latest.borrow == 0 and latest.budget["training_active"] is True
+    _valid()
+    assert borrowed >= 0
+
+
+def test_lease_expiry_shrinks_the_pool():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.models import Node
+
+    job = _cluster()
+    planner.execute_transition(transition_id=planner.plan_job(job_id=job.pk).pk)
+    Node.objects.filter(name__in=["r1", "t1"]).update(lease_expires=timezone.now() + timedelta(hours=2))
+    nodes.expire_leases(now=timezone.now() + timedelta(minutes=5))  # e1 is gone quiet
+    tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
+    assert tr is not None and tr.plan["remove"]
+    planner.execute_transition(transition_id=tr.pk)
+    assert not Worker.objects.filter(job=job, node__name="e1", alive=True).exists()
+    _valid()
+
+
+def test_forced_ratio_override_wins():
+    job = _cluster()
+    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 3,
+                                               "borrowing": False}, actor="t")
+    tr = planner.plan_job(job_id=job.pk)
+    planner.execute_transition(transition_id=tr.pk)
+    assert _active_roles(job) == ["decode", "decode", "decode", "prefill"]
