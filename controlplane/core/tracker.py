@@ -265,18 +265,23 @@ class RuntimeTracker:
             "f": self._f.estimate(p.f, hl, ms, 8),
         }
         b = self._batch.estimate(p.batch_size, hl, 1, 4)
-        f = min(max(est["f"].value, 1e-3), 1.0)
-        theta = (1.0 - f) / f
+        if est["f"].fitted:
+            f = min(max(est["f"].value, 1e-3), 1.0)
+            theta = (1.0 - f) / f
+        else:
+            theta = p.theta
         est["theta"] = Estimate(theta, est["f"].confidence, est["f"].samples, est["f"].fitted)
         turns, dl, r = est["S"].value, est["delta_L"].value, est["r"].value
-        prompt = max(p.kv_seq_tokens - p.turns * (p.new_prompt_tokens + p.generated_tokens), 0.0)
-        peak = prompt + turns * (dl + r)
-        ratio_ctx = p.mean_context / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5
-        ratio_pre = p.prefix_tokens / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5
+        peak, ctx, pre = p.kv_seq_tokens, p.mean_context, p.prefix_tokens
+        if est["S"].fitted or est["delta_L"].fitted or est["r"].fitted:
+            # keep the prior's initial prompt and its context-to-peak ratios; regrow the per-turn part
+            prompt = max(p.kv_seq_tokens - p.turns * (p.new_prompt_tokens + p.generated_tokens), 0.0)
+            peak = prompt + turns * (dl + r)
+            ctx = peak * (p.mean_context / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5)
+            pre = peak * (p.prefix_tokens / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5)
         w = replace(
             p, batch_size=int(round(b.value)), turns=turns, new_prompt_tokens=dl, generated_tokens=r,
-            env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=peak * ratio_ctx,
-            prefix_tokens=peak * ratio_pre,
+            env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=ctx, prefix_tokens=pre,
         )
         return w, est
 
