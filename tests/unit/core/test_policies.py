@@ -1,0 +1,142 @@
+"""Policies behind one interface: pearl, fixed (ROLL), fixed-large (ROLL-Large), elastic (RLBoost+), oracle."""
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.decision import Decision
+from controlplane.core.policies import (
+    POLICY_NAMES,
+    AvailabilityPoint,
+    ElasticPolicy,
+    Overrides,
+    PolicyContext,
+    Signal,
+    make_policy,
+    rlboost_rebalance,
+)
+from controlplane.core.profiles import get_profile
+from controlplane.core.state import Configuration, Mode
+from controlplane.core.telemetry import step, toggle
+
+PROFILE = get_profile("H800", "qwen3-8b")
+
+
+def ctx(**kw) -> PolicyContext:
+    base = dict(now_s=0.0, signal=Signal.STEP_START, dedicated_workers=5, reserved_workers=2, overlap_workers=8,
+                training_active=False, current=None, borrowed=0, batch_size=64, remaining=64)
+    base.update(kw)
+    return PolicyContext(**base)
+
+
+def policy(name: str, **kw):
+    if name == "fixed-large":
+        kw.setdefault("trace_mean_gpus", 13.6)
+    return make_policy(name, profile=PROFILE, batch_size=64, **kw)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_answers_with_a_valid_action_and_observes(name: str) -> None:
+    p = policy(name)
+    assert p.name == name
+    a = p.on_event(ctx())
+    assert isinstance(a.target, Configuration) and isinstance(a.decision, Decision)
+    assert 0 <= a.borrow <= 8
+    assert a.free_reconfiguration == (name == "oracle")
+    p.observe(step(step=1, batch_size=64, turns_max=20))  # shared tracker input
+    assert p.tracker.records == 1
+
+
+def test_unknown_policy_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("greedy", profile=PROFILE, batch_size=64)
+
+
+def test_fixed_is_roll_reserved_colocated_never_borrows() -> None:
+    p = policy("fixed")
+    a = p.on_event(ctx(dedicated_workers=7))
+    assert a.target == Configuration.colocated(2) and a.borrow == 0
+
+
+@pytest.mark.parametrize("mean,gpus", [(13.6, 14), (9.0, 10), (11.8, 12)])
+def test_fixed_large_rounds_the_trace_mean_up_to_tp(mean: float, gpus: int) -> None:
+    p = policy("fixed-large", trace_mean_gpus=mean)
+    a = p.on_event(ctx(dedicated_workers=2))
+    assert a.target == Configuration.colocated(gpus // 2) and a.borrow == 0
+
+
+def test_pearl_borrows_through_the_gate_and_returns_at_training_begin() -> None:
+    p = policy("pearl")
+    a = p.on_event(ctx())
+    assert a.borrow == 8 and a.target.total == 13 and a.target.mode is Mode.DISAGGREGATED
+    assert a.decision.gate.admit
+    few = policy("pearl").on_event(ctx(remaining=3))
+    assert few.borrow == 0 and few.target.total == 5 and not few.decision.gate.admit
+    back = p.on_event(ctx(signal=Signal.TRAINING_BEGIN, current=a.target, borrowed=8, remaining=0))
+    assert back.borrow == 0 and back.target.total == 5
+    busy = p.on_event(ctx(training_active=True, overlap_workers=0, current=back.target))
+    assert busy.borrow == 0
+
+
+def test_pearl_keeps_borrowed_workers_until_training_begin() -> None:
+    p = policy("pearl")
+    a = p.on_event(ctx())
+    later = p.on_event(ctx(signal=Signal.PERIODIC, current=a.target, borrowed=8, remaining=2))
+    assert later.borrow == 8  # the activation is paid; the return happens at Training Begin anyway
+
+
+def test_pearl_overrides_win() -> None:
+    off = policy("pearl").on_event(ctx(overrides=Overrides(borrowing=False)))
+    assert off.borrow == 0
+    col = policy("pearl").on_event(ctx(overrides=Overrides(force_mode="colocated")))
+    assert col.target.mode is Mode.COLOCATED
+    inelastic = policy("pearl").on_event(ctx(overrides=Overrides(elasticity=False, borrowing=False)))
+    assert inelastic.target.total == 2  # reserved only
+
+
+def test_pearl_gate_learns_toggle_cost_from_telemetry() -> None:
+    p = policy("pearl")
+    for _ in range(30):
+        p.observe(toggle(activation_s=200.0, return_s=100.0))
+    assert p.on_event(ctx()).borrow == 0
+
+
+def test_elastic_borrows_ungated_and_adapts_t_seed() -> None:
+    p = policy("elastic", t_seed_s=30.0, eta=0.5)
+    assert isinstance(p, ElasticPolicy)
+    a = p.on_event(ctx(signal=Signal.TRAINING_FINISHED, now_s=0.0, remaining=2))
+    assert a.borrow == 8 and a.target == Configuration.colocated(13)  # no gate, colocated
+    expired = p.on_event(ctx(signal=Signal.PERIODIC, now_s=40.0, current=a.target, borrowed=8))
+    assert expired.borrow == 0
+    # Training Begin at t=100: the trainer's GPUs sat idle for 60 s after the seeding window closed
+    p.on_event(ctx(signal=Signal.TRAINING_BEGIN, now_s=100.0, current=expired.target, borrowed=0))
+    assert p.t_seed_s == pytest.approx(30.0 + 0.5 * 60.0)
+    assert p.memo[5] == pytest.approx(60.0)
+    # overshoot: still borrowed at Training Begin -> the return delays the trainer -> T_seed shrinks
+    p.on_event(ctx(signal=Signal.TRAINING_FINISHED, now_s=200.0, remaining=64))
+    p.on_event(ctx(signal=Signal.TRAINING_BEGIN, now_s=230.0, borrowed=8))
+    assert p.t_seed_s < 60.0
+
+
+def test_elastic_reuses_the_memo_when_the_instance_count_changes() -> None:
+    p = policy("elastic", t_seed_s=10.0)
+    p.memo[7] = 123.0
+    p.on_event(ctx(dedicated_workers=5))
+    p.on_event(ctx(signal=Signal.CAPACITY_CHANGE, dedicated_workers=7))
+    assert p.t_seed_s == 123.0
+
+
+def test_oracle_reads_the_future_and_reconfigures_for_free() -> None:
+    p = policy("oracle")
+    future = (AvailabilityPoint(10.0, 8), AvailabilityPoint(50.0, 2))
+    a = p.on_event(ctx(remaining=1, future=future))
+    assert a.free_reconfiguration and a.borrow == 8  # T_toggle = 0: any gain is worth it
+    assert a.decision.inputs["step_makespan_over_future_s"] > 0
+    calm = p.on_event(ctx(remaining=1))
+    assert a.decision.inputs["step_makespan_over_future_s"] != calm.decision.inputs["step_makespan_over_future_s"]
+
+
+def test_rlboost_rebalance() -> None:
+    assert rlboost_rebalance({0: 3, 1: 0}, {0: 4, 1: 4}, plateau_batch=8) == [(0, 1, 1)]
+    assert rlboost_rebalance({0: 0, 1: 0}, {0: 20, 1: 0}, plateau_batch=8) == [(0, 1, 12)]
+    assert rlboost_rebalance({0: 0, 1: 0}, {0: 4, 1: 4}, plateau_batch=8) == []
+    assert rlboost_rebalance({0: 1}, {0: 1}, plateau_batch=8) == []
