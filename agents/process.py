@@ -50,17 +50,19 @@ class WorkerProcess:
 async def spawn_worker(
     *, worker_id: int, engine: str, role: str, state_dir: Path, model: str = "tiny", job: str = "",
     hardware: str = "H800", time_factor: float = 1.0, secret: str | None = None, extra: list[str] | None = None,
-    startup_timeout_s: float = 120.0,
+    startup_timeout_s: float = 120.0, module: str = "agents.worker", env_extra: dict[str, str] | None = None,
 ) -> WorkerProcess:
     """Start `python -m agents.worker` on an ephemeral loopback port and wait until it serves."""
     secret = secret or secrets.token_urlsafe(32)
     state_dir.mkdir(parents=True, exist_ok=True)
     args = [
-        sys.executable, "-m", "agents.worker", "--engine", engine, "--role", role, "--worker-id", str(worker_id),
+        sys.executable, "-m", module, "--engine", engine, "--role", role, "--worker-id", str(worker_id),
         "--model", model, "--job", job, "--hardware", hardware, "--time-factor", str(time_factor),
         "--state-dir", str(state_dir), *(extra or []),
     ]
-    env = dict(os.environ, PEARL_WORKER_SECRET=secret)  # env, not argv: not visible in `ps`
+    env = dict(os.environ, PEARL_WORKER_SECRET=secret, **(env_extra or {}))  # env, not argv: not visible in `ps`
+    for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):  # a worker never needs the agent's secrets
+        env.pop(leak, None)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = await asyncio.create_subprocess_exec(
         *args, env=env, cwd=str(REPO_ROOT), stdout=asyncio.subprocess.PIPE, stderr=open(state_dir / "stderr.log", "ab"),

@@ -130,9 +130,10 @@ async def fetch_weights(session: ClientSession, url: str, version: int, token: s
             async with session.get(f"{base}/latest", headers=headers) as resp:
                 if resp.status != 200:
                     raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
-                version = int((await resp.json())["version"])
-            if version == 0:
+                info = await resp.json()
+            if not info.get("versions"):
                 raise NotFound(f"weight store {url} has no snapshot yet")
+            version = int(info["version"])
         async with session.get(f"{base}/{version}", headers=headers) as resp:
             if resp.status == 404:
                 raise NotFound(f"unknown weight version {version} at {url}")

@@ -1,0 +1,521 @@
+"""Node agent: one per machine. Registers with the control plane over the agent link and reconciles
+its worker processes to the desired state it receives.
+
+    python -m agents.node --control-plane http://127.0.0.1:8000 --slots 4 --pool elastic \
+        --hardware H800 --engine emulated          # token from env PEARL_AGENT_TOKEN (or --token)
+
+Level-triggered, like a kubelet: every `desired_state` is the node's full desired state; the agent
+recomputes what to do from (desired, observed) every time and again periodically, so a missed or
+repeated message changes nothing. Fencing: a desired state with a generation lower than the last
+applied one, or an epoch lower than the node's current epoch, is refused (ignored and reported).
+Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on loopback
+ports with per-worker secrets; the agent restarts a crashed worker and reports the crash with the
+partial outputs of the requests it had in flight (from the worker's journal). SIGTERM or a
+preemption notice drains the workers gracefully before the deadline.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, WSMsgType, WSServerHandshakeError, web
+
+from agents.process import WorkerProcess, spawn_worker
+from agents.router import WorkerCallError, WorkerClient
+from controlplane.core import agent_link as link
+from controlplane.core.state import Activity, Pool, Role
+
+log = logging.getLogger("pearl.agent")
+
+HW_MEMORY_MB = {"h800": 81920, "h100": 81920, "h200": 144384, "h20": 98304, "cpu": 4096}
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+RECONNECT_BACKOFF_MAX_S = 30.0
+RECONCILE_PERIOD_S = 2.0
+
+
+@dataclass
+class Managed:
+    """One worker the agent supervises: its desired spec, its process and what was last observed."""
+
+    desired: link.DesiredWorker
+    proc: WorkerProcess | None = None
+    client: WorkerClient | None = None
+    state: str = "starting"  # starting | running | draining | stopped | failed
+    role: str = ""
+    activity: str = "inactive"
+    weight_version: int = 0
+    generation: int = 0
+    inflight: int = 0
+    restarts: int = 0
+    next_start: float = 0.0
+    stopping: bool = False
+    engine_state: str = ""  # running | draining | sleeping (as the worker reports it)
+    pulled_for: int = -1  # desired generation at which the latest weights were last pulled
+
+    def observed(self) -> link.ObservedWorker:
+        return link.ObservedWorker(
+            worker_id=self.desired.worker_id, role=Role(self.role or self.desired.role),
+            activity=Activity(self.activity), state=self.state, weight_version=self.weight_version,
+            endpoint=self.proc.endpoint if self.proc and self.state != "stopped" else "",
+            inflight=self.inflight, generation=self.generation,
+        )
+
+
+@dataclass
+class AgentConfig:
+    control_plane: str
+    token: str
+    node: str
+    pool: str = "reserved"
+    hardware: str = "H800"
+    slots: int = 1
+    engine: str = "emulated"
+    time_factor: float = 1.0
+    state_dir: Path = field(default_factory=lambda: Path("./.pearl-agent"))
+    weights_token: str = ""
+    dataplane_secret: str = ""
+    dataplane_port: int = 0
+    drain_timeout_s: float = 10.0
+    memory_mb: int = 0
+
+
+class NodeAgent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.incarnation = uuid.uuid4().hex
+        self.epoch = 0
+        self.generation = -1  # last applied desired-state generation
+        self.desired: link.DesiredState | None = None
+        self.workers: dict[int, Managed] = {}
+        self.heartbeat_s = 5.0
+        self.node_id: int | None = None
+        self.rejected: list[str] = []  # why desired states were refused (for tests and logs)
+        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.connected = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._http: ClientSession | None = None
+        self._dp_runner: web.AppRunner | None = None
+        self.dataplane_url = ""
+        self._reconcile_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ link messages
+    def register_message(self) -> link.Register:
+        mem = self.cfg.memory_mb or HW_MEMORY_MB.get(self.cfg.hardware.lower(), 81920)
+        slots = [link.SlotSpec(index=i, hardware=self.cfg.hardware, memory_mb=mem) for i in range(self.cfg.slots)]
+        return link.Register(node=self.cfg.node, pool=Pool(self.cfg.pool), hardware=self.cfg.hardware, slots=slots,
+                             incarnation=self.incarnation, engine=self.cfg.engine, data_plane=self.dataplane_url)
+
+    def heartbeat_message(self) -> link.Heartbeat:
+        return link.Heartbeat(epoch=self.epoch, generation=max(self.generation, 0),
+                              workers=[m.observed() for m in sorted(self.workers.values(), key=lambda m: m.desired.worker_id)])
+
+    def send(self, message: Any) -> None:
+        self.outbox.put_nowait(link.dump(message))
+
+    def on_control(self, data: Any) -> None:
+        """Handle one control-plane message (already JSON-decoded)."""
+        try:
+            msg = link.parse_control_message(data)
+        except link.LinkError as exc:
+            log.warning("bad message from the control plane: %s", exc)
+            return
+        if isinstance(msg, link.Registered):
+            if msg.epoch < self.epoch:
+                self._refuse(f"registered with epoch {msg.epoch} < current {self.epoch}")
+                return
+            self.epoch, self.node_id = msg.epoch, msg.node_id
+            self.heartbeat_s = max(0.05, msg.heartbeat_s)
+        elif isinstance(msg, link.DesiredState):
+            self.apply(msg)
+        elif isinstance(msg, link.ErrorMessage):
+            log.warning("control plane error %s: %s", msg.code, msg.message)
+
+    def apply(self, msg: link.DesiredState) -> bool:
+        """Fence, then adopt the desired state (reconciliation runs asynchronously)."""
+        if msg.epoch < self.epoch:
+            self._refuse(f"desired state generation {msg.generation} has stale epoch {msg.epoch} < {self.epoch}")
+            return False
+        if msg.generation < self.generation:
+            self._refuse(f"desired state generation {msg.generation} < last applied {self.generation}")
+            return False
+        self.epoch = msg.epoch
+        self.generation = msg.generation
+        self.desired = msg
+        self._kick.set()
+        return True
+
+    def _refuse(self, why: str) -> None:
+        log.warning("refused: %s", why)
+        self.rejected.append(why)
+        self.send(link.Fault(epoch=self.epoch, worker_id=0, kind="stale_command", detail=why))
+
+    # ------------------------------------------------------------ the connection
+    @property
+    def ws_url(self) -> str:
+        base = self.cfg.control_plane.rstrip("/")
+        if base.startswith("http"):
+            base = "ws" + base[4:]
+        return base if base.endswith("/ws/agent") else base + "/ws/agent/"
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect with jittered exponential backoff until stopped."""
+        self._http = ClientSession(timeout=ClientTimeout(total=600))
+        await self._start_dataplane()
+        tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
+        delay = 0.2
+        try:
+            while not self.stopping.is_set():
+                try:
+                    await self._connect_once()
+                    delay = 0.2
+                except (OSError, WSServerHandshakeError, asyncio.TimeoutError) as exc:
+                    log.warning("agent link down: %s", exc)
+                if self.stopping.is_set():
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), delay * (0.5 + random.random()))
+                delay = min(RECONNECT_BACKOFF_MAX_S, delay * 2)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.shutdown_workers(self.cfg.drain_timeout_s)
+            if self._dp_runner:
+                await self._dp_runner.cleanup()
+            await self._http.close()
+
+    async def _connect_once(self) -> None:
+        assert self._http is not None
+        headers = {"Authorization": f"Bearer {self.cfg.token}"}
+        async with self._http.ws_connect(self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES) as ws:
+            await ws.send_json(link.dump(self.register_message()))
+            self.connected.set()
+            sender = asyncio.create_task(self._send_loop(ws))
+            beat = asyncio.create_task(self._heartbeat_loop())
+            stop = asyncio.create_task(self.stopping.wait())
+            try:
+                while True:
+                    recv = asyncio.create_task(ws.receive())
+                    done, _ = await asyncio.wait({recv, stop, sender}, return_when=asyncio.FIRST_COMPLETED)
+                    if recv not in done:
+                        recv.cancel()
+                        if stop in done:  # graceful: drain while still connected, report, then close
+                            sender.cancel()
+                            beat.cancel()
+                            await asyncio.gather(sender, beat, return_exceptions=True)
+                            await self.shutdown_workers(self.cfg.drain_timeout_s)
+                            while not self.outbox.empty():
+                                await ws.send_json(self.outbox.get_nowait())
+                            await ws.send_json(link.dump(self.heartbeat_message()))
+                        break
+                    msg = recv.result()
+                    if msg.type == WSMsgType.TEXT:
+                        try:
+                            data = json.loads(msg.data)
+                        except ValueError:
+                            log.warning("non-JSON message from the control plane")
+                            continue
+                        self.on_control(data)
+                    elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING, WSMsgType.ERROR):
+                        break
+            finally:
+                self.connected.clear()
+                for t in (sender, beat, stop):
+                    t.cancel()
+                await asyncio.gather(sender, beat, stop, return_exceptions=True)
+
+    async def _send_loop(self, ws: Any) -> None:
+        while True:
+            item = await self.outbox.get()
+            try:
+                await ws.send_json(item)
+            except Exception:
+                self.outbox.put_nowait(item)  # keep it for the next connection
+                raise
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._observe()
+            self.send(self.heartbeat_message())
+            records = await self._collect_telemetry()
+            for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
+                self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
+            await asyncio.sleep(self.heartbeat_s)
+
+    # ------------------------------------------------------------ observation
+    async def _observe(self) -> None:
+        for m in list(self.workers.values()):
+            if m.client is None or m.state in ("stopped", "failed"):
+                continue
+            with contextlib.suppress(Exception):
+                if m.desired.role == Role.TRAINING:
+                    h = await m.client.get("health")
+                    m.weight_version = h["weight_version"]
+                    continue
+                s = await m.client.get("stats")
+                m.role, m.weight_version, m.engine_state = s["role"], s["weight_version"], s["state"]
+                m.inflight = s["running_batch"] + s["waiting"]
+                m.activity = "inactive" if s["state"] == "sleeping" else m.activity
+
+    async def _collect_telemetry(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for m in list(self.workers.values()):
+            if m.client is None or m.state not in ("running", "draining") or m.desired.role == Role.TRAINING:
+                continue
+            with contextlib.suppress(Exception):
+                out.extend((await m.client.get("telemetry"))["records"])
+        return out
+
+    # ------------------------------------------------------------ reconciliation
+    async def _reconcile_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), RECONCILE_PERIOD_S)
+            self._kick.clear()
+            try:
+                await self.reconcile()
+            except Exception:  # keep reconciling; the next pass recomputes from scratch
+                log.exception("reconcile failed")
+
+    async def reconcile(self) -> None:
+        async with self._reconcile_lock:
+            ds = self.desired
+            if ds is None:
+                return
+            if ds.status in ("draining", "gone") or ds.preemption_deadline is not None:
+                timeout = self.cfg.drain_timeout_s
+                if ds.preemption_deadline is not None:
+                    timeout = max(0.0, min(timeout, ds.preemption_deadline - time.time() - 1.0))
+                await self.shutdown_workers(timeout)
+                for m in self.workers.values():
+                    m.generation = ds.generation
+                return
+            wanted = {w.worker_id: w for w in ds.workers}
+            for wid in [w for w in self.workers if w not in wanted]:
+                await self._retire(self.workers[wid], self.cfg.drain_timeout_s)
+                del self.workers[wid]
+            for wid, spec in wanted.items():
+                m = self.workers.get(wid)
+                if m is None or self._identity_changed(m.desired, spec):
+                    if m is not None:
+                        await self._retire(m, self.cfg.drain_timeout_s)
+                    m = self.workers[wid] = Managed(desired=spec)
+                m.desired = spec
+                await self._converge(m, ds)
+
+    @staticmethod
+    def _identity_changed(old: link.DesiredWorker, new: link.DesiredWorker) -> bool:
+        """G_w, engine, model and job are fixed for a worker's life; a role change is not."""
+        training_flip = (old.role == Role.TRAINING) != (new.role == Role.TRAINING)
+        return old.gpus != new.gpus or old.engine != new.engine or old.model != new.model or old.job != new.job or training_flip
+
+    async def _converge(self, m: Managed, ds: link.DesiredState) -> None:
+        spec = m.desired
+        if m.proc is None or m.proc.proc.returncode is not None:
+            if time.monotonic() < m.next_start:
+                return
+            if not await self._start(m):
+                return
+        assert m.client is not None
+        try:
+            if spec.role == Role.TRAINING:
+                m.state, m.role, m.activity = "running", "training", spec.activity.value
+                m.generation = ds.generation
+                return
+            epoch = self.epoch
+            if m.role != spec.role.value:
+                await m.client.call("role", {"role": spec.role.value}, epoch=epoch)
+                m.role = spec.role.value
+            if spec.activity == Activity.INACTIVE and m.engine_state != "sleeping":
+                # deactivate: finish or abort in-flight work (partials go back to the callers), then sleep
+                await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
+                await m.client.call("sleep", {"level": 1}, epoch=epoch)
+                m.engine_state = "sleeping"
+            elif spec.activity == Activity.ACTIVE and m.engine_state in ("sleeping", "draining", ""):
+                await m.client.call("wake", {}, epoch=epoch)
+                await m.client.call("resume", {}, epoch=epoch)
+                m.engine_state = "running"
+            if spec.weights_url and (m.weight_version < spec.min_weight_version or m.pulled_for < ds.generation):
+                # pull-based and lazy: the latest version, once per desired generation, or until
+                # the worker reaches the job's min_weight_version
+                m.pulled_for = ds.generation
+                try:
+                    h = await m.client.call("weights", {"url": spec.weights_url, "version": 0, "token": self.cfg.weights_token}, epoch=epoch)
+                    m.weight_version = h["weight_version"]
+                except WorkerCallError as exc:
+                    log.warning("worker %s: weight pull failed: %s", spec.worker_id, exc)
+            if m.weight_version < spec.min_weight_version:
+                m.state = "starting"  # never serve with weights older than the job allows
+                return
+            m.activity = spec.activity.value if spec.activity != Activity.TRANSITIONING else m.activity
+            m.state = "running"
+            m.generation = ds.generation
+        except WorkerCallError as exc:
+            log.warning("worker %s: %s", spec.worker_id, exc)
+        except OSError as exc:
+            log.warning("worker %s unreachable: %s", spec.worker_id, exc)
+
+    async def _start(self, m: Managed) -> bool:
+        spec = m.desired
+        assert self._http is not None
+        state_dir = self.cfg.state_dir / f"worker-{spec.worker_id}"
+        training = spec.role == Role.TRAINING
+        engine = spec.engine or self.cfg.engine
+        extra: list[str] = []
+        if training:
+            extra = ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
+        m.state = "starting"
+        try:
+            m.proc = await spawn_worker(
+                worker_id=spec.worker_id, engine=engine if engine in ("torch", "emulated", "vllm") else self.cfg.engine,
+                role="colocated" if training else spec.role.value, state_dir=state_dir, model=spec.model, job=spec.job,
+                hardware=self.cfg.hardware, time_factor=self.cfg.time_factor,
+                module="agents.trainer" if training else "agents.worker", extra=extra,
+                secret=self.cfg.dataplane_secret or None,
+            )
+        except Exception as exc:
+            m.state = "failed"
+            m.restarts += 1
+            m.next_start = time.monotonic() + RESTART_BACKOFF_S[min(m.restarts, len(RESTART_BACKOFF_S) - 1)]
+            log.warning("worker %s failed to start: %s", spec.worker_id, exc)
+            self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="crashed", detail=f"start failed: {exc}"[:4000]))
+            return False
+        m.client = WorkerClient(m.proc.endpoint, m.proc.secret, self._http)
+        m.role = "training" if training else spec.role.value
+        m.engine_state, m.weight_version, m.pulled_for = "running", 0, -1
+        return True
+
+    async def _retire(self, m: Managed, timeout_s: float) -> list[dict[str, Any]]:
+        """Drain (partials go back to the callers and are reported), then stop the process."""
+        aborted: list[dict[str, Any]] = []
+        m.stopping = True
+        if m.client and m.proc and m.proc.proc.returncode is None and m.desired.role != Role.TRAINING:
+            m.state = "draining"
+            with contextlib.suppress(Exception):
+                res = await m.client.call("drain", {"mode": "wait", "timeout_s": timeout_s}, epoch=self.epoch)
+                aborted = res["aborted"]
+        if m.proc:
+            await m.proc.stop()
+        m.state = "stopped"
+        if aborted:
+            self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="drained",
+                                 detail=f"{len(aborted)} requests aborted by the drain", aborted=aborted[:4096]))
+        return aborted
+
+    async def shutdown_workers(self, timeout_s: float) -> None:
+        ms = list(self.workers.values())
+        await asyncio.gather(*[self._retire(m, timeout_s) for m in ms if m.state != "stopped"], return_exceptions=True)
+
+    # ------------------------------------------------------------ crash supervision
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            for m in list(self.workers.values()):
+                if m.proc is None or m.stopping or m.proc.proc.returncode is None:
+                    continue
+                await self.handle_crash(m)
+
+    async def handle_crash(self, m: Managed) -> None:
+        assert m.proc is not None
+        rc = m.proc.proc.returncode
+        journal = m.proc.state_dir / "inflight.json"
+        aborted: list[dict[str, Any]] = []
+        with contextlib.suppress(Exception):
+            data = json.loads(journal.read_text())
+            if data.get("pid") == m.proc.pid:
+                aborted = [{**r, "finish_reason": "abort", "worker_id": m.desired.worker_id} for r in data["inflight"]]
+            journal.unlink()
+        log.warning("worker %s (pid %s) exited with %s; %d requests aborted", m.desired.worker_id, m.proc.pid, rc, len(aborted))
+        self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="crashed",
+                             detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted[:4096]))
+        m.restarts += 1
+        m.proc, m.client, m.state = None, None, "failed"
+        m.next_start = time.monotonic() + RESTART_BACKOFF_S[min(m.restarts - 1, len(RESTART_BACKOFF_S) - 1)]
+        # restart (level-triggered: the reconciler starts it again once the backoff has passed)
+        await asyncio.sleep(max(0.0, m.next_start - time.monotonic()))
+        if self.desired is not None and m.desired.worker_id in self.workers and not self.stopping.is_set():
+            await self.reconcile()
+            if m.proc is not None:
+                self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="restarted",
+                                     detail=f"restarted as pid {m.proc.pid} (restart #{m.restarts})"))
+
+    # ------------------------------------------------------------ the agent's own data plane
+    async def _start_dataplane(self) -> None:
+        """GET /workers: endpoints and secrets of this node's workers, for the job's rollout driver."""
+        if not self.cfg.dataplane_secret:
+            return
+        secret = self.cfg.dataplane_secret
+
+        async def workers(request: web.Request) -> web.Response:
+            header = request.headers.get("Authorization", "")
+            if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), secret.encode())):
+                return web.json_response({"error": "missing or bad data-plane secret"}, status=401)
+            return web.json_response({"workers": [
+                {**link.dump(m.observed()), "secret": m.proc.secret if m.proc else ""} for m in self.workers.values()
+            ]})
+
+        app = web.Application()
+        app.router.add_get("/workers", workers)
+        self._dp_runner = web.AppRunner(app, access_log=None)
+        await self._dp_runner.setup()
+        site = web.TCPSite(self._dp_runner, "127.0.0.1", self.cfg.dataplane_port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.dataplane_url = f"http://127.0.0.1:{port}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m agents.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--control-plane", required=True, help="http(s)://host:port of the control plane (or its ws URL)")
+    p.add_argument("--token", default="", help="node token (prefer env PEARL_AGENT_TOKEN: argv is visible in ps)")
+    p.add_argument("--node", default="", help="node name (default: hostname-pid)")
+    p.add_argument("--slots", type=int, default=1)
+    p.add_argument("--pool", choices=[x.value for x in Pool], default="reserved")
+    p.add_argument("--hardware", default="H800")
+    p.add_argument("--memory-mb", type=int, default=0)
+    p.add_argument("--engine", choices=["torch", "emulated", "vllm"], default="emulated")
+    p.add_argument("--time-factor", type=float, default=1.0)
+    p.add_argument("--state-dir", default="")
+    p.add_argument("--drain-timeout", type=float, default=10.0)
+    p.add_argument("--dataplane-port", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    token = args.token or os.environ.get("PEARL_AGENT_TOKEN", "")
+    if not token:
+        sys.exit("no node token: set PEARL_AGENT_TOKEN (or --token)")
+    node = args.node or f"{os.uname().nodename}-{os.getpid()}"
+    cfg = AgentConfig(
+        control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware, slots=args.slots,
+        engine=args.engine, time_factor=args.time_factor,
+        state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"), weights_token=os.environ.get("PEARL_WEIGHTS_TOKEN", ""),
+        dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
+        drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,
+    )
+    agent = NodeAgent(cfg)
+
+    async def runner() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.stopping.set)  # graceful: drain workers, final heartbeat
+        await agent.run()
+
+    asyncio.run(runner())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The node agent supervising real worker processes (emulated engine), over a fake agent link.
+
+The fake link server stands in for the control plane only here; the agent <-> real Daphne control
+plane test is test_control_plane_link.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+import torch
+from aiohttp import web
+
+from agents import dataplane as dp
+from agents.node import AgentConfig, NodeAgent
+from agents.process import REPO_ROOT
+from agents.router import PDRouter, WorkerClient, session
+from agents.weights import WeightStore, weight_routes
+from controlplane.core import agent_link as link
+from tests.unit.agents.fake_control_plane import FakeControlPlane
+
+SLOW = 0.5  # emulated time factor: slow enough that a long request is still running when we kill it
+
+
+def worker(wid: int, role: str, activity: str = "active", **kw) -> link.DesiredWorker:
+    return link.DesiredWorker(worker_id=wid, gpus=[wid], role=role, activity=activity, engine="emulated", model="qwen3-8b", **kw)
+
+
+def observed(cp: FakeControlPlane, generation: int) -> dict[int, dict] | None:
+    """The workers of the latest heartbeat that reports `generation` for every worker."""
+    for hb in reversed(cp.of_type("heartbeat")):
+        ws = {w["worker_id"]: w for w in hb["workers"]}
+        if hb["generation"] == generation and ws and all(w["generation"] == generation for w in ws.values()):
+            return ws
+        break
+    return None
+
+
+@pytest.fixture
+async def cp():
+    server = FakeControlPlane()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def weight_store(tmp_path):
+    store = WeightStore(tmp_path / "store")
+    app = web.Application()
+    app.add_subapp("/weights/", weight_routes(store, "wtoken"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield store, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    await runner.cleanup()
+
+
+async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
+    store, store_url = weight_store
+    store.publish(1, {"w": torch.zeros(4)})
+    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n1", slots=4, state_dir=tmp_path / "agent",
+                                  time_factor=SLOW, weights_token="wtoken", drain_timeout_s=2.0))
+    task = asyncio.create_task(agent.run())
+    s = session()
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[
+            worker(1, "colocated"), worker(2, "prefill"),
+            worker(3, "decode", min_weight_version=1, weights_url=store_url),
+        ]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        assert {w: (o["role"], o["state"]) for w, o in ws.items()} == {1: ("colocated", "running"), 2: ("prefill", "running"), 3: ("decode", "running")}
+        assert ws[3]["weight_version"] == 1  # pulled lazily because the job requires >= 1
+        clients = {w: WorkerClient(o["endpoint"], agent.workers[w].proc.secret, s) for w, o in ws.items()}
+        pids = {w: agent.workers[w].proc.pid for w in ws}
+
+        # the workers serve: colocated, and prefill -> KV pull -> decode
+        req = dp.GenerateRequest(request_id="a", prompt="hi", sampling=dp.SamplingParams(max_tokens=3, seed=5))
+        colo = await clients[1].generate(req)
+        pd = await PDRouter(prefill=[clients[2]], decode=[clients[3]]).generate(req)
+        assert pd.tokens == colo.tokens and pd.worker_id == 3
+
+        # role change and sleep happen in place (same processes)
+        await cp.push(link.DesiredState(generation=2, epoch=1, status="ready", workers=[
+            worker(1, "colocated", "inactive"), worker(2, "decode"),
+            worker(3, "decode", min_weight_version=1, weights_url=store_url),
+        ]))
+        ws = await cp.wait_for(lambda c: observed(c, 2))
+        assert ws[2]["role"] == "decode" and ws[1]["activity"] == "inactive"
+        assert (await clients[1].get("health"))["state"] == "sleeping"
+        assert {w: agent.workers[w].proc.pid for w in ws} == pids
+
+        # a crash: kill -9 a worker mid-request -> fault with the partial output, then a restart
+        await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[
+            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
+        ]))
+        await cp.wait_for(lambda c: observed(c, 3))
+        long = asyncio.create_task(clients[1].generate(dp.GenerateRequest(request_id="long", prompt="x" * 50, sampling=dp.SamplingParams(max_tokens=8000))))
+        journal = agent.workers[1].proc.state_dir / "inflight.json"
+        await cp.wait_for(lambda c: journal.exists() and '"tokens": [' in journal.read_text() and '"tokens": []' not in journal.read_text())
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(Exception):
+            await long  # the caller sees the connection drop ...
+        crash = await cp.wait_for(lambda c: [f for f in c.of_type("fault") if f["kind"] == "crashed"])
+        aborted = crash[0]["aborted"]  # ... and the agent reports what was generated so far
+        assert crash[0]["worker_id"] == 1 and aborted[0]["request_id"] == "long" and len(aborted[0]["tokens"]) >= 1
+        assert aborted[0]["finish_reason"] == "abort"
+        await cp.wait_for(lambda c: [f for f in c.of_type("fault") if f["kind"] == "restarted"])
+        new = agent.workers[1].proc
+        assert new.pid != pids[1]
+        again = await WorkerClient(new.endpoint, new.secret, s).generate(req)
+        assert again.tokens == colo.tokens
+
+        # a worker that is no longer desired is drained and stopped
+        await cp.push(link.DesiredState(generation=4, epoch=1, status="ready", workers=[worker(1, "colocated"), worker(2, "decode")]))
+        ws = await cp.wait_for(lambda c: observed(c, 4))
+        assert set(ws) == {1, 2}
+        assert agent.workers.get(3) is None
+
+        # a preemption notice: every worker drains and stops before the deadline
+        busy = asyncio.create_task(WorkerClient(new.endpoint, new.secret, s).generate(
+            dp.GenerateRequest(request_id="busy", prompt="y", sampling=dp.SamplingParams(max_tokens=8000))))
+        await asyncio.sleep(0.5)
+        await cp.push(link.DesiredState(generation=5, epoch=1, status="draining", workers=[], preemption_deadline=__import__("time").time() + 3))
+        result = await busy
+        assert result.finish_reason == "abort" and result.tokens  # the partial output comes back to the caller
+        ws = await cp.wait_for(lambda c: (hb := c.of_type("heartbeat")[-1]) and all(w["state"] == "stopped" for w in hb["workers"]) and hb["workers"])
+        drained = [f for f in cp.of_type("fault") if f["kind"] == "drained"]
+        assert any(a["request_id"] == "busy" for f in drained for a in f["aborted"])
+    finally:
+        await s.close()
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def test_sigterm_drains_workers_and_reports(cp, tmp_path):
+    env = dict(os.environ, PEARL_AGENT_TOKEN="node-token", PEARL_DATAPLANE_SECRET="dp-secret", PYTHONPATH=str(REPO_ROOT))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agents.node", "--control-plane", cp.url, "--node", "n2", "--slots", "1", "--engine", "emulated",
+        "--time-factor", str(SLOW), "--state-dir", str(tmp_path / "agent"), "--drain-timeout", "1", cwd=str(REPO_ROOT), env=env)
+    s = session()
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        assert "node-token" not in " ".join(open(f"/proc/{proc.pid}/cmdline").read().split("\0"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        client = WorkerClient(ws[1]["endpoint"], "dp-secret", s)
+        pid = (await client.get("health"))["pid"]
+        busy = asyncio.create_task(client.generate(dp.GenerateRequest(request_id="b", prompt="z", sampling=dp.SamplingParams(max_tokens=8000))))
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        result = await busy
+        assert result.finish_reason == "abort" and result.tokens
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        last = cp.of_type("heartbeat")[-1]
+        assert [w["state"] for w in last["workers"]] == ["stopped"]
+        assert any(a["request_id"] == "b" for f in cp.of_type("fault") if f["kind"] == "drained" for a in f["aborted"])
+    finally:
+        await s.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
