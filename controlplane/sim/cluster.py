@@ -30,7 +30,7 @@ from controlplane.core import telemetry as tm
 from controlplane.core.policies import AvailabilityPoint, Overrides, PolicyAction, PolicyContext, Signal
 from controlplane.core.state import Configuration, Mode, Role
 from controlplane.sim.adapters import make_sim_policy, plan_roles
-from controlplane.sim.engine import Request, Worker
+from controlplane.sim.engine import Request, ScaledCosts, Worker
 from controlplane.sim.scenario import Scenario
 from controlplane.sim.traces import AvailabilityTrace
 from controlplane.sim.workload import Trajectory, draw_batch
@@ -123,6 +123,8 @@ class Simulation:
         self.tp = cl.tp
         self.profile = get_profile(cl.hardware, scenario.model, cl.tp)
         self.reconf = self.profile.reconfig
+        k = scenario.engine.engine_slowdown
+        self.costs = self.profile if k == 1.0 else ScaledCosts(self.profile, k)
         self.policy, variant = make_sim_policy(policy, scenario, self.profile)
         base = variant.base
         self.base_policy = base
@@ -245,7 +247,7 @@ class Simulation:
             slot.role = None
             return slot
         sid = len(self.slots)
-        w = Worker(sid, pool, Role.COLOCATED, self.profile, chunk_tokens=self.sc.engine.chunk_tokens,
+        w = Worker(sid, pool, Role.COLOCATED, self.costs, chunk_tokens=self.sc.engine.chunk_tokens,
                    kv_capacity=self.kv_cap_tokens)
         slot = Slot(sid, pool, state, w)
         self.slots[sid] = slot
@@ -538,7 +540,14 @@ class Simulation:
         slot = self._pick_home(traj, pool)
         w = slot.worker
         cached = traj.cached_len if (traj.cached_on == slot.sid and traj.cached_gen == w.gen) else 0
-        cached = min(int(cached * self.prefix_reuse), traj.context)
+        if cached:
+            # Prefix cache under KV pressure: running requests pin their KV; the cached prefixes of
+            # the trajectories homed here share what is left (LRU over many waiting trajectories
+            # keeps about that fraction of each resident).
+            free_kv = w.kv_capacity - w.kv_used
+            demand = max(1, w.homed_ctx)
+            resident = 1.0 if demand <= free_kv else max(0.0, free_kv / demand)
+            cached = min(int(cached * self.prefix_reuse * resident), traj.context)
         req = Request(traj, traj.context - cached, cached, traj.context,
                       traj.turns[traj.turn].generated_tokens - traj.generated_in_turn, arrive_s=t)
         traj.where = slot.sid
@@ -558,12 +567,23 @@ class Simulation:
                     break
         if home is not None and home.worker.homed <= best.worker.homed + 2:
             return home
+        self._unhome(traj)
+        traj.home = best.sid
+        best.worker.homed += 1
+        best.worker.homed_ctx += traj.context
+        return best
+
+    def _unhome(self, traj: Trajectory) -> None:
         if traj.home is not None and traj.home in self.slots:
             old = self.slots[traj.home].worker
             old.homed = max(0, old.homed - 1)
-        traj.home = best.sid
-        best.worker.homed += 1
-        return best
+            old.homed_ctx = max(0, old.homed_ctx - traj.context)
+        traj.home = None
+
+    def _grow(self, traj: Trajectory, tokens: int) -> None:
+        traj.context += tokens
+        if traj.home is not None:
+            self.slots[traj.home].worker.homed_ctx += tokens
 
     def _kick(self, slot: Slot, t: float) -> None:
         w = slot.worker
@@ -638,7 +658,7 @@ class Simulation:
         if generated:
             traj.generated_in_turn += generated
             traj.generated_total += generated
-            traj.context += generated
+            self._grow(traj, generated)
             self.traj_generated += generated
             if self.cur_step is not None and traj.step == self.cur_step.step:
                 self.cur_step.generated_tokens += generated
@@ -661,7 +681,7 @@ class Simulation:
         g = req.remaining
         traj.generated_in_turn += g
         traj.generated_total += g
-        traj.context += g
+        self._grow(traj, g)
         self.traj_generated += g
         if self.cur_step is not None and traj.step == self.cur_step.step:
             self.cur_step.generated_tokens += g
@@ -684,10 +704,7 @@ class Simulation:
         if traj.turn >= len(traj.turns):
             traj.done = True
             traj.end_s = t
-            if traj.home is not None and traj.home in self.slots:
-                hw = self.slots[traj.home].worker
-                hw.homed = max(0, hw.homed - 1)
-            traj.home = None
+            self._unhome(traj)
             self.done_trajs += 1
             self.remaining -= 1
             if self.remaining == 0:
@@ -702,7 +719,7 @@ class Simulation:
 
     def _begin_turn(self, traj: Trajectory, t: float) -> None:
         spec = traj.turns[traj.turn]
-        traj.context += spec.new_prompt_tokens
+        self._grow(traj, spec.new_prompt_tokens)
         traj.prompt_total += spec.new_prompt_tokens
         traj.turn_start_s = t
 

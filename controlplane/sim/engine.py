@@ -28,6 +28,23 @@ class EngineCosts(Protocol):
     def prefill_s(self, tokens: int, prefix: int) -> float: ...
 
 
+class ScaledCosts:
+    """The profile's engine costs times a constant factor (EngineSpec.engine_slowdown)."""
+
+    __slots__ = ("_dec", "_pre", "k")
+
+    def __init__(self, costs: EngineCosts, k: float) -> None:
+        self._dec = costs.decode_iteration_s
+        self._pre = costs.prefill_s
+        self.k = k
+
+    def decode_iteration_s(self, batch: int, mean_context: float) -> float:
+        return self.k * self._dec(batch, mean_context)
+
+    def prefill_s(self, tokens: int, prefix: int) -> float:
+        return self.k * self._pre(tokens, prefix)
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One turn of one trajectory being served (possibly the resumed remainder of a turn)."""
@@ -62,7 +79,7 @@ class Worker:
     __slots__ = (
         "slot", "pool", "gen", "role", "costs", "chunk_tokens", "kv_capacity", "it", "running", "heap", "s0",
         "kv_used", "pq", "joinq", "seg", "version", "homed", "busy_s", "iters", "tokens_out", "serving",
-        "link_free_s", "_seq",
+        "link_free_s", "_seq", "homed_ctx",
     )
 
     def __init__(self, slot: int, pool: str, role: Role, costs: EngineCosts, *, chunk_tokens: int,
@@ -84,6 +101,7 @@ class Worker:
         self.seg: Segment | None = None
         self.version = 0
         self.homed = 0  # live trajectories whose home (sticky worker) this is
+        self.homed_ctx = 0  # Σ context of those trajectories (their prefix-cache demand)
         self.busy_s = 0.0
         self.iters = 0
         self.tokens_out = 0

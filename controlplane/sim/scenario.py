@@ -45,6 +45,9 @@ class EngineSpec:
     periodic_s: float = 30.0  # PERIODIC re-evaluation tick while a batch is in flight
     return_deadline_s: float = 30.0  # borrowed GPUs must be back this long after Training Begin
     warmup_steps: int = 2  # steps excluded from throughput and predictor MAPE
+    # Multiplier on every simulated iteration and prefill-pass time over the roofline profile
+    # (serving-stack overheads the roofline omits). 1.0 = the core profile as is.
+    engine_slowdown: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,11 +36,11 @@ class WorkloadSpec:
     env_tail_scale_s: float = 8.0
     env_tail_alpha: float = 1.6
     env_latency_cap_s: float = 300.0
-    # Fraction of a trajectory's previous context an engine can reuse from its prefix cache on the
-    # next turn. 1.0 = append-only history. SWE-agent-style history processors rewrite old
-    # observations every turn, which invalidates most of the cached prefix; the paper measures
-    # prefill handling 96.68% of tokens under prefix caching (pearl_digest §1), i.e. little reuse.
-    prefix_reuse: float = 0.0
+    # Fraction of a trajectory's previous context an engine may reuse from its prefix cache on the
+    # next turn: 1.0 = append-only history (the predictor's model: a turn prefills ΔL new tokens).
+    # Lower values model agents whose history processors rewrite old observations. Whether the
+    # prefix is still resident is decided by the engine's KV pressure (see cluster._route).
+    prefix_reuse: float = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.group_size < 1:
