@@ -157,3 +157,16 @@ def test_large_plan_has_expected_size() -> None:
     # 384 excess decode workers become prefill; the other 616 prefill workers are new
     assert len(plan.add) == 616 and plan.d_role == 384 and plan.cost == 1000
     assert min(plan.add) == 16_384
+
+
+def test_large_pool_tie_break_matches_the_small_pool_rule() -> None:
+    """The numpy path (>= 256 slots) orders survivors exactly like the plain (in-flight, slot) sort."""
+    from controlplane.core.transitions import _least_loaded_first
+
+    slots = list(range(3000, 0, -3))
+    load = {s: (s * 7919) % 11 for s in slots}
+    assert _least_loaded_first(slots, load) == sorted(slots, key=lambda s: (load[s], s))
+    cur = {s: D for s in slots}
+    plan = plan_transition(cur, {P: 10, D: len(slots) - 10}, inflight=load)
+    expected = sorted(slots, key=lambda s: (load[s], s))[:10]
+    assert sorted(plan.reassign) == sorted(expected)
