@@ -32,10 +32,9 @@ class Thresholds:
     """Hysteresis: minimum relative predicted gain (T_cur − T_new)/T_cur to admit a switch.
 
     Defaults (the paper gives none): 1% for a ratio change — one role flip costs a drain (about one
-    turn's decode, ~1 s) plus milliseconds, ≈0.5% of a ~220 s SWE-bench makespan, and the paper's own
-    selection gap on Table 2 is 0.4%; 3% for a mode switch — it re-roles every worker (drain, router
-    and CUDA-graph rebuild, "tens of seconds" but overlapped with serving), ≈7 s of a 220 s step.
-    Both are settable per job.
+    turn's decode, < 1 s) plus milliseconds, ≈1% of a ~70 s SWE-bench rollout, and the paper's own
+    selection gap on Table 2 is 0.4%; 3% for a mode switch — it re-roles every worker at once (drain,
+    router and CUDA-graph rebuild), a few seconds of lost capacity per step. Settable per job.
     """
 
     ratio_change: float = 0.01

@@ -50,15 +50,15 @@ def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768)
 
     S = 25 turns for the slowest trajectory, which reaches ~96% of the trajectory cap; per turn
     ΔL : r = 20 : 1 new prompt tokens (tool output + re-sent response) to generated tokens (tool calls
-    with short reasoning); θ = 0.35 (f ≈ 0.74 of decode slots busy); 8 s of tool time per turn
-    (T_env = 200 s: the paper's idealised-DP rollout of 216.3 s minus our compute floor); T_over = 0.15 s per turn of colocated P/D switching. K_seq is a full-length trajectory (the
+    with short reasoning); θ = 0.35 (f ≈ 0.74 of decode slots busy); 2 s of tool time per turn
+    (T_env = 50 s; it shifts every candidate equally, so it never changes the chosen split); T_over = 0.15 s per turn of colocated P/D switching. K_seq is a full-length trajectory (the
     decode pool must hold any trajectory up to the cap); decode and prefill see half the cap on average.
     """
     turns = 25.0
     per_turn = 0.96 * max_trajectory_tokens / turns
     return WorkloadProfile(
         batch_size=batch_size, turns=turns, new_prompt_tokens=per_turn * 20.0 / 21.0,
-        generated_tokens=per_turn / 21.0, env_time_s=8.0 * turns, theta=0.35,
+        generated_tokens=per_turn / 21.0, env_time_s=2.0 * turns, theta=0.35,
         kv_seq_tokens=float(max_trajectory_tokens), mean_context=max_trajectory_tokens / 2.0,
         prefix_tokens=max_trajectory_tokens / 2.0, overhead_s=0.15,
     )
