@@ -317,12 +317,12 @@ def decide(
                         overridden=False,
                         reason=f"Budget changed {current.total}→{budget}: switching mode to {best.label} "
                                f"({best.makespan_s:.1f} s), {gain:.1%} faster than {incumbent.label} "
-                               f"(threshold {th.mode_switch:.0%}).")
+                               f"(threshold {th.mode_switch:.1%}).")
         return make(incumbent.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=False, forced=True,
                     overridden=False,
                     reason=f"Budget changed {current.total}→{budget}: keeping {current.mode} as {incumbent.label} "
                            f"({incumbent.makespan_s:.1f} s); {best.label} is only {gain:.1%} faster "
-                           f"(mode-switch threshold {th.mode_switch:.0%}).")
+                           f"(mode-switch threshold {th.mode_switch:.1%}).")
 
     assert cur is not None
     if not cur.feasible:
@@ -344,9 +344,20 @@ def decide(
         return make(best.configuration, best=best, cur_ms=cur.makespan_s, admitted=True, forced=False,
                     overridden=False,
                     reason=f"{kind.capitalize()} {cur.label}→{best.label}: predicted {best.makespan_s:.1f} s vs "
-                           f"{cur.makespan_s:.1f} s ({gain:.1%} > {threshold:.0%}).")
+                           f"{cur.makespan_s:.1f} s ({gain:.1%} > {threshold:.1%}).")
+    if best.mode is not current.mode:
+        # the mode switch is not worth it; a better ratio within the current mode may still be
+        same = _best(table, current.mode)
+        if same is not None and same.configuration != current:
+            g_same = (cur.makespan_s - same.makespan_s) / cur.makespan_s
+            if g_same > th.ratio_change:
+                return make(same.configuration, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False,
+                            overridden=False,
+                            reason=f"Ratio change {cur.label}→{same.label} ({g_same:.1%} > {th.ratio_change:.1%}); "
+                                   f"the mode switch to {best.label} gains only {gain:.1%} "
+                                   f"(< {th.mode_switch:.1%}).")
     return make(current, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False, overridden=False,
-                reason=f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.0%} "
+                reason=f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.1%} "
                        f"{kind} threshold).")
 
 

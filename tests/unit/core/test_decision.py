@@ -185,3 +185,15 @@ def test_larger_budget_never_predicts_a_longer_makespan(budget: int, batch: int,
     a, b = decide(w, c, budget), decide(w, c, budget + 1)
     if a.best is not None:
         assert b.predicted_makespan_s <= a.predicted_makespan_s + 1e-9
+
+
+def test_rejected_mode_switch_still_allows_a_better_ratio() -> None:
+    """Current 6P10D: colocation is not worth a mode switch under a huge threshold, but 4P12D is."""
+    w, c = paper_setup()
+    cur = Configuration.disaggregated(6, 10)
+    col = replace(w, overhead_s=0.0, theta=0.9)  # make colocation the overall best
+    t = evaluate(col, c, 16)
+    assert t.colocated.makespan_s < t.best_disaggregated().makespan_s
+    d = decide(col, c, 16, current=cur, thresholds=Thresholds(ratio_change=0.001, mode_switch=0.9))
+    assert d.mode is Mode.DISAGGREGATED and d.configuration == t.best_disaggregated().configuration
+    assert d.configuration != cur and "Ratio change" in d.reason
