@@ -124,7 +124,7 @@ class Simulation:
         self.profile = get_profile(cl.hardware, scenario.model, cl.tp)
         self.reconf = self.profile.reconfig
         k = scenario.engine.engine_slowdown
-        self.costs = self.profile if k == 1.0 else ScaledCosts(self.profile, k)
+        self.costs = ScaledCosts(self.profile, k)
         self.policy, variant = make_sim_policy(policy, scenario, self.profile)
         base = variant.base
         self.base_policy = base
@@ -604,7 +604,7 @@ class Simulation:
         observe = self._observe
         if seg.kind == "decode" or (seg.kind == "prefill" and w.role is Role.COLOCATED and n):
             self._iter_sample += 1
-            if seg.k >= 4 or self._iter_sample % 8 == 0:
+            if seg.k >= 16 or self._iter_sample % 16 == 0:  # a sample is plenty for the A, b fit
                 observe(tm.decode_iteration(time_s=t, worker=slot.sid, running_batch=n,
                                             duration_s=seg.dt if seg.kind == "decode" else (seg.end_s - seg.t0 - seg.prefill_s) / seg.k))
         if seg.kind == "prefill":
@@ -741,7 +741,8 @@ class Simulation:
             traj.start_s = t
             self._begin_turn(traj, t)
             self._route(traj, t)
-        self.push(t + self.sc.engine.periodic_s, EV_PERIODIC, j)
+        if self.base_policy not in ("fixed", "fixed-large"):  # static pools have nothing to re-plan
+            self.push(t + self.sc.engine.periodic_s, EV_PERIODIC, j)
 
     def _rollout_done(self, t: float) -> None:
         st = self.cur_step

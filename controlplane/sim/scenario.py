@@ -42,7 +42,7 @@ class ClusterSpec:
 class EngineSpec:
     chunk_tokens: int = 8192  # chunked-prefill token budget per iteration
     weight_sync_s: float = 3.0  # trainer -> rollout weight publication after each update
-    periodic_s: float = 30.0  # PERIODIC re-evaluation tick while a batch is in flight
+    periodic_s: float = 60.0  # PERIODIC re-evaluation tick while a batch is in flight
     return_deadline_s: float = 30.0  # borrowed GPUs must be back this long after Training Begin
     warmup_steps: int = 2  # steps excluded from throughput and predictor MAPE
     # Multiplier on every simulated iteration and prefill-pass time over the roofline profile

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +101,14 @@ def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
 
 def draw_batch(spec: WorkloadSpec, *, seed: int, step: int) -> list[Trajectory]:
     """Draw the B trajectories of rollout batch `step` (deterministic in (seed, step))."""
+    return [Trajectory(tid=tid, step=step, group=g, turns=turns) for tid, g, turns in _draw_specs(spec, seed, step)]
+
+
+@lru_cache(maxsize=512)
+def _draw_specs(spec: WorkloadSpec, seed: int, step: int) -> tuple[tuple[str, int, tuple[TurnSpec, ...]], ...]:
+    """The immutable part of a batch, cached: every policy of a comparison draws the same batches."""
+    out: list[tuple[str, int, tuple[TurnSpec, ...]]] = []
     rng = random.Random(hash_seed(seed, step))
-    trajs: list[Trajectory] = []
     n_groups = max(1, math.ceil(spec.batch_size / spec.group_size))
     for g in range(n_groups):
         # Task difficulty is shared by the group (same issue): it scales the turn count.
@@ -131,8 +138,8 @@ def draw_batch(spec: WorkloadSpec, *, seed: int, step: int) -> list[Trajectory]:
                     break
             last = turns[-1]
             turns[-1] = TurnSpec(last.new_prompt_tokens, last.generated_tokens, 0.0)
-            trajs.append(Trajectory(tid=f"s{step}-t{idx}", step=step, group=g, turns=tuple(turns)))
-    return trajs
+            out.append((f"s{step}-t{idx}", g, tuple(turns)))
+    return tuple(out)
 
 
 def hash_seed(seed: int, step: int) -> int:
