@@ -127,7 +127,7 @@ def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_pref
     # Eq. 3 transfer part (lower bound). Default: every prefill worker sends its own KV over its own NICs,
     # so the inter-pool bandwidth is min(N_P, N_D) worker links; `shared_kv_fabric` takes BW as one fixed
     # pool-to-pool bandwidth, the paper's literal reading (PROFILES.md discusses both).
-    links = 1.0 if coeffs.shared_kv_fabric else np.minimum(n_prefill, n_decode)
+    links = np.ones_like(n_prefill) if coeffs.shared_kv_fabric else np.minimum(n_prefill, n_decode)
     kv = tokens * coeffs.kv_bytes_per_token / (coeffs.bandwidth * links)
     one = 1.0 + w.theta
     per_iter = coeffs.decode_iteration_s(w.batch_size / (n_decode * one))

@@ -197,3 +197,14 @@ def test_rejected_mode_switch_still_allows_a_better_ratio() -> None:
     d = decide(col, c, 16, current=cur, thresholds=Thresholds(ratio_change=0.001, mode_switch=0.9))
     assert d.mode is Mode.DISAGGREGATED and d.configuration == t.best_disaggregated().configuration
     assert d.configuration != cur and "Ratio change" in d.reason
+
+
+def test_shared_kv_fabric_prices_every_split() -> None:
+    """The paper's literal Eq. 3 (one fixed inter-pool BW) costs more KV time than per-link BW."""
+    w, c = paper_setup()
+    shared = decide(w, replace(c, shared_kv_fabric=True), 13)
+    per_link = decide(w, c, 13)
+    assert len(shared.candidates) == 13
+    assert shared.predicted_makespan_s >= per_link.predicted_makespan_s
+    k = shared.candidates.kv_transfer_s
+    assert np.allclose(k, k[0]) and k[0] > 0
