@@ -30,6 +30,18 @@ ROLES = ("prefill", "decode", "colocated", "training")
 FINISH_REASONS = ("stop", "length", "abort")
 
 
+async def read_capped(content: Any, limit: int) -> bytes:
+    """Read an HTTP body to EOF, failing once it exceeds `limit` bytes (StreamReader.read(n) may
+    return fewer than n bytes, so a single read is not enough)."""
+    chunks, total = [], 0
+    async for chunk in content.iter_chunked(1 << 20):
+        total += len(chunk)
+        if total > limit:
+            raise DataPlaneError(f"body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class DataPlaneError(ValueError):
     """A request that does not follow the data-plane protocol (-> HTTP 400)."""
 

@@ -232,7 +232,11 @@ class TrainerServer:
         self.history: list[StepStats] = []
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
         self._lock = asyncio.Lock()
-        app = web.Application(client_max_size=64 << 20, middlewares=[web.middleware(self._auth_mw)])
+        @web.middleware
+        async def auth(request: Any, handler: Any) -> Any:
+            return await self._auth_mw(request, handler)
+
+        app = web.Application(client_max_size=64 << 20, middlewares=[auth])
         app.router.add_post("/samples", self.samples)
         app.router.add_post("/step", self.step)
         app.router.add_get("/stats", self.stats)

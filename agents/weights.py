@@ -139,9 +139,10 @@ async def fetch_weights(session: ClientSession, url: str, version: int, token: s
                 raise NotFound(f"unknown weight version {version} at {url}")
             if resp.status != 200:
                 raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
-            data = await resp.content.read(dp.MAX_WEIGHT_BYTES + 1)
-            if len(data) > dp.MAX_WEIGHT_BYTES:
-                raise EngineError("weights too large", 413)
+            try:
+                data = await dp.read_capped(resp.content, dp.MAX_WEIGHT_BYTES)
+            except dp.DataPlaneError as exc:
+                raise EngineError(f"weights too large: {exc}", 413) from exc
             got = int(resp.headers.get(dp.WEIGHT_VERSION_HEADER, version))
             if got != version:
                 raise EngineError(f"asked for weight version {version}, got {got}", 502)

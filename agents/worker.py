@@ -28,6 +28,7 @@ from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 
 JOURNAL_PERIOD_S = 0.2
+AUTHENTICATED = web.RequestKey("authenticated", bool)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -99,7 +100,7 @@ class WorkerServer:
         ok = header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), self.secret.encode())
         if not ok and not (request.path.startswith("/kv/") and dp.KV_TOKEN_HEADER in request.headers):
             return _error(401, "missing or bad worker secret")
-        request["authenticated"] = ok
+        request[AUTHENTICATED] = ok
         return await handler(request)
 
     async def _body(self, request: web.Request, cls: type) -> Any:
@@ -174,15 +175,15 @@ class WorkerServer:
                     raise EngineError(f"KV pull from {req.kv_url} failed: HTTP {resp.status}", 502)
                 if (resp.content_length or 0) > dp.MAX_KV_BYTES:
                     raise EngineError("KV cache too large", 413)
-                data = await resp.content.read(dp.MAX_KV_BYTES + 1)
-                if len(data) > dp.MAX_KV_BYTES:
-                    raise EngineError("KV cache too large", 413)
-                return data
+                try:
+                    return await dp.read_capped(resp.content, dp.MAX_KV_BYTES)
+                except dp.DataPlaneError as exc:
+                    raise EngineError(f"KV cache too large: {exc}", 413) from exc
         except ClientError as exc:
             raise EngineError(f"KV pull from {req.kv_url} failed: {exc}", 502) from exc
 
     async def kv(self, request: web.Request) -> web.Response:
-        token = None if request.get("authenticated") else request.headers.get(dp.KV_TOKEN_HEADER, "")
+        token = None if request.get(AUTHENTICATED) else request.headers.get(dp.KV_TOKEN_HEADER, "")
         data = self.engine.pull_kv(request.match_info["handle"], token)
         return web.Response(body=data, content_type="application/octet-stream")
 
