@@ -139,7 +139,13 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [f"{REDIS_URL.rstrip('/')}/1"], "capacity": 1000, "expiry": 30},
+            # redis-py >= 8 defaults socket_timeout to 5 s, the same as channels-redis' blocking-pop
+            # timeout, which kills idle sockets with "Timeout reading"; give the read more room.
+            "CONFIG": {
+                "hosts": [{"address": f"{REDIS_URL.rstrip('/')}/1", "socket_timeout": 30, "socket_connect_timeout": 5}],
+                "capacity": 1000,
+                "expiry": 30,
+            },
         }
     }
 

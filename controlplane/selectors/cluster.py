@@ -46,7 +46,8 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
         )
     gpus_by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for g in gpus_qs.values("id", "node_id", "index", "hardware", "memory_mb", "zone", "present"):
-        ws = sorted(workers_by_gpu.get(g["id"], []), key=lambda w: (w["role"] == Role.TRAINING, w["job"], w["slot"]))
+        # the active worker owns the slot; else, in the overlap zone, the training worker does
+        ws = sorted(workers_by_gpu.get(g["id"], []), key=lambda w: (w["activity"] != Activity.ACTIVE, w["role"] != Role.TRAINING, w["job"], w["slot"]))
         active = next((w for w in ws if w["activity"] == Activity.ACTIVE), None)
         gpus_by_node[g["node_id"]].append(
             {

@@ -66,5 +66,5 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
         return
     try:
         async_to_sync(layer.group_send)(group, message)
-    except Exception:  # the write already committed; a lost push is repaired by the next snapshot
-        log.warning("could not push to %s", group, exc_info=True)
+    except Exception as exc:  # the write already committed; a lost push is repaired by the next snapshot
+        log.warning("could not push to %s: %s", group, exc)

@@ -146,10 +146,16 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
         )
         action = _policy(job).on_event(ctx)
         d = action.decision
+        budget = {"dedicated_workers": n_dedicated, "overlap_workers": ctx.overlap_workers, "borrowed": len(borrowed),
+                  "training_active": job.training_active, "leaving": [w.slot for w in leaving]}
+        last = Decision.objects.filter(job=job).first()
+        if (signal == Signal.PERIODIC and last is not None and last.budget == budget and last.borrow == action.borrow
+                and (last.mode, last.n_prefill, last.n_decode, last.n_colocated) == (
+                    action.target.mode, action.target.n_prefill, action.target.n_decode, action.target.n_colocated)
+                and action.target == current):
+            return None  # a periodic re-plan that changes nothing leaves no row behind
         decision = Decision.objects.create(
-            job=job, signal=str(signal),
-            budget={"dedicated_workers": n_dedicated, "overlap_workers": ctx.overlap_workers, "borrowed": len(borrowed),
-                    "training_active": job.training_active, "leaving": [w.slot for w in leaving]},
+            job=job, signal=str(signal), budget=budget,
             profile={k: v for k, v in (getattr(d, "inputs", {}) or {}).items() if isinstance(v, (int, float, str, bool, dict, list))},
             candidates=_candidates(d), mode=action.target.mode, n_prefill=action.target.n_prefill,
             n_decode=action.target.n_decode, n_colocated=action.target.n_colocated, borrow=action.borrow,

@@ -1,0 +1,191 @@
+"""The one-command local launcher: migrate, Redis (unless REDIS_URL answers), Daphne, a Celery
+worker, Celery beat and a few demo node agents on logical slots, run by honcho from a generated
+Procfile. Prints the dashboard URL, the API docs URL and a token; Ctrl-C stops every child."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+DEMO_NODES = [
+    # name, pool, slots
+    ("rollout-0", "reserved", 4),
+    ("spot-0", "elastic", 4),
+    ("spot-1", "elastic", 4),
+    ("train-0", "training", 4),
+]
+
+
+def _redis_ok(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except Exception:
+        return False
+
+
+class Command(BaseCommand):
+    help = "Start the whole PEARL stack locally (Redis, Daphne, Celery worker + beat, demo agents, a demo job)."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PEARL_PORT", "8000")))
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--no-agents", action="store_true", help="start no demo agents")
+        parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo job")
+        parser.add_argument("--time-factor", type=float, default=0.05, help="emulated engine time scale")
+        parser.add_argument("--ready-timeout", type=float, default=120.0)
+
+    def step(self, text: str) -> None:
+        self.stdout.write(self.style.HTTP_INFO(f"==> {text}"))
+        self.stdout.flush()
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        started = time.monotonic()
+        var = Path(settings.VAR_DIR)
+        root = Path(settings.BASE_DIR)
+        py = sys.executable
+        self.step("migrating the database")
+        call_command("migrate", verbosity=0)
+        call_command("setup_periodic_tasks", verbosity=0, stdout=open(os.devnull, "w"))
+
+        procs: list[str] = []
+        env: dict[str, str] = {}
+        redis_url = settings.REDIS_URL
+        if os.environ.get("REDIS_URL") and _redis_ok(redis_url):
+            self.step(f"using Redis at {redis_url}")
+        elif _redis_ok(redis_url):
+            self.step(f"reusing the Redis already answering at {redis_url}")
+        else:
+            if not shutil.which("redis-server"):
+                raise CommandError("redis-server is not installed and REDIS_URL does not answer; run scripts/setup.sh or set REDIS_URL")
+            port = redis_url.rsplit(":", 1)[-1].split("/")[0]
+            self.step(f"starting Redis on port {port} (no persistence)")
+            procs.append(f'redis: redis-server --port {port} --bind 127.0.0.1 --save "" --appendonly no --loglevel warning')
+        env["REDIS_URL"] = redis_url
+
+        self.step("creating the demo operator and tokens")
+        password, token = self._demo_user(var)
+        procs.append(f"web: {py} -m daphne -b {opts['host']} -p {opts['port']} pearl_site.asgi:application")
+        procs.append(f"worker: {py} -m celery -A pearl_site worker --pool=threads --concurrency=4 -l warning --without-gossip --without-mingle -n pearl-worker@%h")
+        procs.append(f"beat: {py} -m celery -A pearl_site beat -l warning --schedule {var / 'celerybeat-schedule'}")
+        if not opts["no_agents"]:
+            from controlplane.services.credentials import issue_agent_token
+
+            control = f"http://127.0.0.1:{opts['port']}"
+            for name, pool, slots in DEMO_NODES:
+                key = "TOKEN_" + name.upper().replace("-", "_")
+                env[key] = issue_agent_token(node_name=name, actor="launcher")
+                procs.append(
+                    f"agent-{name}: env PEARL_AGENT_TOKEN=${key} {py} -m agents.node --control-plane {control} --node {name} "
+                    f"--slots {slots} --pool {pool} --hardware H800 --engine emulated --time-factor {opts['time_factor']} "
+                    f"--state-dir {var / 'agents' / name}"
+                )
+        procfile = var / "Procfile.demo"
+        envfile = var / "demo.env"
+        procfile.write_text("\n".join(procs) + "\n")
+        envfile.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        os.chmod(envfile, 0o600)
+
+        self.step(f"starting {len(procs)} processes with honcho ({procfile})")
+        child_env = dict(os.environ, DEBUG=os.environ.get("DEBUG", "1"), PYTHONUNBUFFERED="1", PYTHONPATH=str(root))
+        honcho = subprocess.Popen([py, "-m", "honcho", "start", "-f", str(procfile), "-e", str(envfile), "-d", str(root)],
+                                  env=child_env)
+
+        def stop(*_: Any) -> None:
+            if honcho.poll() is None:
+                honcho.send_signal(signal.SIGINT)
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            self._wait_ready(opts, honcho, started)
+            if not opts["no_demo_job"] and not opts["no_agents"]:
+                self._demo_job(opts)
+            url = f"http://{opts['host']}:{opts['port']}"
+            self.stdout.write(self.style.SUCCESS(
+                f"\nPEARL is up in {time.monotonic() - started:.1f} s\n"
+                f"  dashboard   {url}/            (user: demo, password: {password})\n"
+                f"  API docs    {url}/api/docs/\n"
+                f"  API token   {token}          (curl -H 'Authorization: Token {token}' {url}/api/cluster/)\n"
+                f"  health      {url}/healthz    metrics: {url}/metrics\n"
+                f"  credentials {var / 'demo-credentials.json'}\n"
+                "Press Ctrl-C to stop everything.\n"))
+            honcho.wait()
+        except KeyboardInterrupt:
+            stop()
+            try:
+                honcho.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                honcho.kill()
+
+    def _demo_user(self, var: Path) -> tuple[str, str]:
+        from django.contrib.auth.models import Group, User
+        from rest_framework.authtoken.models import Token
+
+        creds = var / "demo-credentials.json"
+        user, created = User.objects.get_or_create(username="demo", defaults={"is_staff": True, "is_superuser": True})
+        saved = json.loads(creds.read_text()) if creds.exists() else {}
+        password = saved.get("password") if not created and saved.get("password") else secrets.token_urlsafe(9)
+        user.set_password(password)
+        user.save()
+        user.groups.add(Group.objects.get_or_create(name="operators")[0])
+        token = Token.objects.get_or_create(user=user)[0].key
+        creds.write_text(json.dumps({"username": "demo", "password": password, "token": token}))
+        os.chmod(creds, 0o600)
+        return password, token
+
+    def _wait_ready(self, opts: dict[str, Any], honcho: subprocess.Popen, started: float) -> None:
+        url = f"http://127.0.0.1:{opts['port']}/healthz"
+        deadline = time.monotonic() + opts["ready_timeout"]
+        last = ""
+        want_nodes = 0 if opts["no_agents"] else len(DEMO_NODES)
+        from controlplane.models import Node
+
+        while time.monotonic() < deadline:
+            if honcho.poll() is not None:
+                raise CommandError("a process exited during start-up; see the log above")
+            status = "web starting"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    body = json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                body = json.loads(e.read() or b"{}")
+            except Exception:
+                body = None
+            if body:
+                failing = [k for k, v in body.get("checks", {}).items() if not v.get("ok")]
+                status = "waiting for " + ", ".join(failing) if failing else "healthy"
+            nodes = Node.objects.filter(status="ready").count()
+            if status == "healthy":
+                status += f", {nodes}/{want_nodes} agents registered"
+            if status != last:
+                self.stdout.write(f"    [{time.monotonic() - started:5.1f}s] {status}")
+                self.stdout.flush()
+                last = status
+            if body and body.get("status") == "ok" and nodes >= want_nodes:
+                return
+            time.sleep(0.5)
+        raise CommandError("the stack did not become ready in time")
+
+    def _demo_job(self, opts: dict[str, Any]) -> None:
+        from controlplane.models import Job
+        from controlplane.services.jobs import create_job
+
+        if Job.objects.filter(status__in=["pending", "running"]).exists():
+            return
+        name = f"demo-{int(time.time()) % 100000}"
+        create_job(spec={"name": name, "model": "qwen3-8b", "hardware": "h800", "engine": "emulated", "tp": 2,
+                         "batch_size": 64, "group_size": 16, "rollout_gpus": 12, "training_gpus": 4}, actor="launcher")
+        self.step(f"demo job {name} submitted (policy pearl)")
