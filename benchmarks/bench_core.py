@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from controlplane.core.decision import decide  # noqa: E402
+from controlplane.core.policies import PolicyContext, Signal, make_policy  # noqa: E402
 from controlplane.core.predictor import swe_bench_workload  # noqa: E402
 from controlplane.core.profiles import get_profile  # noqa: E402
 from controlplane.core.state import Role  # noqa: E402
@@ -47,6 +48,18 @@ def one_signal(budget: int, *, model: str = "qwen3-8b") -> tuple[float, float, s
     return t1 - t0, t2 - t1, d.label, len(plan.steps)
 
 
+def pearl_signal(budget: int) -> float:
+    """Time one PEARL policy call: tracker refit + gate (two decides) + decide, 1/8 of it borrowable."""
+    overlap = budget // 8
+    pol = make_policy("pearl", profile=get_profile("H800", "qwen3-8b"), batch_size=max(64, budget * 8))
+    ctx = PolicyContext(now_s=0.0, signal=Signal.TRAINING_FINISHED, dedicated_workers=budget - overlap,
+                        reserved_workers=budget // 4, overlap_workers=overlap, training_active=False, current=None,
+                        borrowed=0, batch_size=max(64, budget * 8), remaining=max(64, budget * 8))
+    t0 = time.perf_counter()
+    pol.on_event(ctx)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=30)
@@ -69,6 +82,13 @@ def main() -> None:
             return f"{statistics.median(xs):.2f} / {q:.2f}"
 
         print(f"| {label} | {stats(dec)} | {stats(pl)} | {stats(tot)} | {chosen} | {steps} |")
+    print("\n| budget | pearl policy on_event median / p95 (ms) |")
+    print("|---|---|")
+    for label, budget in (("4,096 workers", 4096), ("32,768 TP2 workers", 32768)):
+        pearl_signal(budget)
+        xs = [pearl_signal(budget) * 1e3 for _ in range(args.repeats)]
+        q = statistics.quantiles(xs, n=20)[18]
+        print(f"| {label} | {statistics.median(xs):.2f} / {q:.2f} |")
 
 
 if __name__ == "__main__":
