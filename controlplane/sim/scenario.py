@@ -21,6 +21,9 @@ SCENARIO_DIR = SIM_DIR / "scenarios"
 TRACE_DIR = SIM_DIR / "traces"
 
 
+DEFAULT_POLICIES: tuple[str, ...] = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+
+
 class ScenarioError(ValueError):
     """A scenario file is malformed; the message names the file and the key."""
 
@@ -62,7 +65,7 @@ class Scenario:
     duration_s: float = 7200.0
     seed: int = 0
     fixed_large_gpus: int | None = None  # ROLL-Large pool; default: trace mean rounded up to TP
-    policies: tuple[str, ...] = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     policy_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per policy name (or variant)
     variants: dict[str, str] = field(default_factory=dict)  # variant name -> base policy (ablation)
     paper: dict[str, Any] = field(default_factory=dict)  # the paper's figures for this scenario
@@ -138,7 +141,7 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
     if min(trace.gpus) < cluster.reserved_gpus:
         raise ScenarioError(f"{source}: trace drops below the {cluster.reserved_gpus} reserved GPUs")
     variants = data.get("variants") or {}
-    policies = tuple(data.get("policies") or Scenario.policies)
+    policies = tuple(data.get("policies") or DEFAULT_POLICIES)
     try:
         return Scenario(
             name=str(data["name"]),
