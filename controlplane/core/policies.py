@@ -133,9 +133,17 @@ def _with(decision: Decision, **inputs: Any) -> Decision:
 
 
 class PearlPolicy(_TrackedPolicy):
-    """The paper: PD-adaptive decision on every signal + gated borrowing of overlap workers."""
+    """The paper: PD-adaptive decision on every signal + gated borrowing of overlap workers.
+
+    `gate=False` borrows every idle overlap worker without Eq. 7 (the ablation's component B
+    without C, paper Fig. 7); the decision engine and tracker are unchanged.
+    """
 
     name = "pearl"
+
+    def __init__(self, *, gate: bool = True, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.gated = gate
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, fp = self.fitted(ctx)
@@ -169,8 +177,11 @@ class PearlPolicy(_TrackedPolicy):
     def _gate(self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, n_ded: int, n_full: int) -> GateResult:
         t_ded = _best_makespan(w, c, n_ded)
         t_full = _best_makespan(w, c, n_full)
-        return gate(remaining=ctx.remaining, batch_size=ctx.batch_size or w.batch_size, t_dedicated_s=t_ded,
-                    t_full_s=t_full, toggle_s=self.tracker.toggle.value)
+        g = gate(remaining=ctx.remaining, batch_size=ctx.batch_size or w.batch_size, t_dedicated_s=t_ded,
+                 t_full_s=t_full, toggle_s=self.tracker.toggle.value)
+        if not self.gated:
+            return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
+        return g
 
 
 def _best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
@@ -383,7 +394,8 @@ _POLICIES: dict[str, type[_TrackedPolicy]] = {
 
 def make_policy(name: str, *, profile: Profile, batch_size: int, **options: Any) -> Policy:
     """Build a policy by name. Options: workload (WorkloadProfile prior), thresholds (Thresholds),
-    tracker; fixed: workers; fixed-large: trace_mean_gpus or workers; elastic: eta, t_seed_s."""
+    tracker; pearl: gate (False = ungated borrowing, ablation); fixed: workers; fixed-large:
+    trace_mean_gpus or workers; elastic: eta, t_seed_s."""
     key = str(name).strip().lower()
     cls = _POLICIES.get(key)
     if cls is None:

@@ -140,3 +140,11 @@ def test_rlboost_rebalance() -> None:
     assert rlboost_rebalance({0: 0, 1: 0}, {0: 20, 1: 0}, plateau_batch=8) == [(0, 1, 12)]
     assert rlboost_rebalance({0: 0, 1: 0}, {0: 4, 1: 4}, plateau_batch=8) == []
     assert rlboost_rebalance({0: 1}, {0: 1}, plateau_batch=8) == []
+
+
+def test_pearl_without_gate_borrows_even_for_the_last_trajectories() -> None:
+    """Ablation component B without C (paper Fig. 7): every idle overlap worker is borrowed."""
+    gated = policy("pearl").on_event(ctx(remaining=2))
+    ungated = policy("pearl", gate=False).on_event(ctx(remaining=2))
+    assert gated.borrow == 0 and ungated.borrow == 8
+    assert "ungated" in ungated.decision.gate.reason
