@@ -85,7 +85,8 @@ class Policy(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------
-# Implementations. Imported here (after the contract types) because decision.py imports Overrides.
+# Implementations. Imported after the contract types: decision.py uses Overrides (lazily), and this
+# order keeps `import controlplane.core.decision` and `import controlplane.core.policies` both working.
 from controlplane.core.borrowing import GateResult, gate  # noqa: E402
 from controlplane.core.decision import Decision, Thresholds, decide, evaluate  # noqa: E402
 from controlplane.core.predictor import WorkloadProfile  # noqa: E402
@@ -166,10 +167,7 @@ class PearlPolicy(_TrackedPolicy):
                 borrow = ctx.overlap_workers if g.admit else 0
         budget = dedicated + borrow
         d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=self.thresholds)
-        d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow,
-                  gate=g.reason if g else ("borrowing off" if not ov.borrowing else "no overlap workers to borrow"
-                                           if ctx.overlap_workers <= 0 or ctx.training_active
-                                           or ctx.signal is Signal.TRAINING_BEGIN else ""),
+        d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
                   confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
         d = replace(d, gate=g)
         return self._act(d.configuration, borrow, d)
@@ -182,6 +180,19 @@ class PearlPolicy(_TrackedPolicy):
         if not self.gated:
             return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
         return g
+
+
+def _gate_note(g: GateResult | None, ctx: PolicyContext) -> str:
+    """Why borrowing was (not) considered, for the decision record."""
+    if g is not None:
+        return g.reason
+    if not ctx.overrides.borrowing:
+        return "borrowing off (override)"
+    if ctx.signal is Signal.TRAINING_BEGIN:
+        return "Training Begin: borrowed workers return"
+    if ctx.training_active:
+        return "trainer computing: nothing to borrow"
+    return "no overlap workers to borrow"
 
 
 def _best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
