@@ -1,0 +1,31 @@
+"""Browser tests: Playwright driving Debian's Chromium against a real Daphne (websockets included)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # sync Playwright runs an event loop in the test thread
+
+CHROMIUM = next((p for p in (os.environ.get("PEARL_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = context.new_page()
+    yield pg
+    context.close()
