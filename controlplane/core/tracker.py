@@ -178,6 +178,7 @@ class RuntimeTracker:
         self._turn_steps: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
         self._stepped: set[tuple[str, int]] = set()
         self.records = 0
+        self._cache: tuple[int, FittedProfile] | None = None  # fitted() memo, valid while no new record
 
     # -- ingestion ----------------------------------------------------------------------------
     def observe(self, record: TelemetryRecord) -> None:
@@ -252,6 +253,7 @@ class RuntimeTracker:
         """Close TURN-only aggregation for a step (the driver calls this when no STEP record is sent)."""
         for k in [k for k in self._turn_steps if k[0] == job and (step is None or k[1] == step)]:
             self._close_turn_step(k)
+        self._cache = None
 
     # -- outputs ------------------------------------------------------------------------------
     def workload(self) -> tuple[WorkloadProfile, dict[str, Estimate]]:
@@ -317,9 +319,14 @@ class RuntimeTracker:
         return coeffs, est
 
     def fitted(self) -> FittedProfile:
+        """Current workload + engine coefficients for the predictor (memoised until the next record)."""
+        if self._cache is not None and self._cache[0] == self.records:
+            return self._cache[1]
         w, west = self.workload()
         c, cest = self.coefficients(w)
-        return FittedProfile(w, c, {**west, **cest}, self.toggle.value)
+        fp = FittedProfile(w, c, {**west, **cest}, self.toggle.value)
+        self._cache = (self.records, fp)
+        return fp
 
 
 __all__ = ["Estimate", "FittedProfile", "RuntimeTracker", "huber_fit", "weighted_median"]

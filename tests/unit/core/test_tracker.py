@@ -115,3 +115,13 @@ def test_robust_helpers() -> None:
     y[::10] += 100
     a, b, _ = huber_fit(x, y, np.ones_like(x))
     assert a == pytest.approx(2, abs=0.5) and b == pytest.approx(0.5, abs=0.02)
+
+
+def test_fitted_is_memoised_until_new_telemetry() -> None:
+    tr = RuntimeTracker(PROFILE, batch_size=64, min_steps=1)
+    first = tr.fitted()
+    assert tr.fitted() is first
+    tr.observe(step(step=1, batch_size=64, turns_max=40, new_prompt_tokens_mean=500.0, generated_tokens_mean=50.0,
+                    env_time_total_s=10.0, active_decode_fraction=0.5))
+    second = tr.fitted()
+    assert second is not first and second.workload.turns == 40
