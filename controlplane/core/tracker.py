@@ -156,7 +156,7 @@ class RuntimeTracker:
         engine_window: int = 2048,
     ) -> None:
         self.profile = profile
-        self.prior = workload_prior or swe_bench_workload(batch_size or 64)
+        self.prior = workload_prior or swe_bench_workload(batch_size or 64, model=profile.model)
         if batch_size is not None and batch_size != self.prior.batch_size:
             self.prior = replace(self.prior, batch_size=batch_size)
         self.half_life = half_life
