@@ -2,7 +2,7 @@
 
 Why a hand-rolled loop instead of `generate`: continuous batching (sequences join the running
 batch between iterations and leave when done) needs the KV cache per row under our control. The
-running batch shares one left-padded `DynamicCache`; rows are re-packed only when membership
+running batch shares one left-padded, preallocated KV buffer per layer; rows are re-packed only when membership
 changes. A prefill worker exports one sequence's cache as safetensors bytes; a decode worker
 imports it and continues, with the same numbers as a colocated run (same batch shape -> same bits).
 The model runs in a single executor thread so the worker's HTTP loop stays responsive.
@@ -77,24 +77,112 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) ->
     return tok, float(logp[tok])
 
 
-class TorchRunner:
-    """Synchronous model execution: prefill, KV export/import and batched decode."""
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm, op for op (fp32)."""
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastDecoder:
+    """The decode step of a Qwen3 model written against its parameters directly.
+
+    Why: at small batch, `transformers`' per-call machinery (mask builders, cache objects, module
+    hooks, output dataclasses) costs more than the arithmetic, and `DynamicCache` concatenates the
+    whole cache every step. This path does the same operations (RMSNorm, q/k-norm, RoPE, GQA SDPA,
+    SwiGLU) over a preallocated KV buffer that each step writes one column of. It reads the live
+    parameters, so loading new weights into the model is seen at the next step.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from transformers import DynamicCache
+        cfg = model.config
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm_w, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
+        self.lm_head = model.lm_head.weight.detach()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.layers = []
+        cat = lambda *ts: torch.cat([t.detach() for t in ts]) if all(t is not None for t in ts) else None  # noqa: E731
+        for layer in inner.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            if getattr(a, "sliding_window", None):
+                raise ValueError("sliding-window attention is not supported by the fast decode path")
+            # fused q|k|v and gate|up projections: fewer, larger GEMMs per step
+            self.layers.append((
+                layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon,
+                cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+                a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach(),
+                a.q_norm.weight.detach(), a.k_norm.weight.detach(), a.q_norm.variance_epsilon,
+                layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon,
+                cat(mlp.gate_proj.weight, mlp.up_proj.weight), mlp.down_proj.weight.detach(),
+            ))
+        self.inter = cfg.intermediate_size
+        rope = inner.rotary_emb
+        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = positions[:, None] * rope.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed.dtype
+        self.cos = (emb.cos() * rope.attention_scaling).to(dtype)
+        self.sin = (emb.sin() * rope.attention_scaling).to(dtype)
 
-        self._cache_cls = DynamicCache
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, K: list[torch.Tensor], V: list[torch.Tensor], col: int,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        """ids/positions [B]; writes K/V column `col`; attends to columns [0, col]. Returns logits [B, V]."""
+        F = torch.nn.functional
+        B = ids.shape[0]
+        h = F.embedding(ids, self.embed).unsqueeze(1)  # [B, 1, H]
+        cos = self.cos[positions].view(B, 1, 1, -1)
+        sin = self.sin[positions].view(B, 1, 1, -1)
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        for li, (ln1, e1, wqkv, bqkv, wo, bo, qn, kn, eqk, ln2, e2, wgu, wd) in enumerate(self.layers):
+            qkv = F.linear(_rms(h, ln1, e1), wqkv, bqkv)
+            q = _rms(qkv[..., :nq].reshape(B, 1, self.nh, self.hd), qn, eqk).transpose(1, 2)
+            k = _rms(qkv[..., nq : nq + nk].reshape(B, 1, self.nkv, self.hd), kn, eqk).transpose(1, 2)
+            v = qkv[..., nq + nk :].reshape(B, 1, self.nkv, self.hd).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            K[li][:, :, col] = k[:, :, 0]
+            V[li][:, :, col] = v[:, :, 0]
+            att = F.scaled_dot_product_attention(q, K[li][:, :, : col + 1], V[li][:, :, : col + 1], attn_mask=mask, enable_gqa=True)
+            h = h + F.linear(att.transpose(1, 2).reshape(B, 1, self.nh * self.hd), wo, bo)
+            gu = F.linear(_rms(h, ln2, e2), wgu)
+            h = h + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], wd)
+        return F.linear(_rms(h[:, 0], self.norm_w, self.norm_eps), self.lm_head)
+
+
+class TorchRunner:
+    """Synchronous model execution: prefill (the model's own forward), KV export/import, and
+    batched decode (FastDecoder) over one left-padded KV buffer per layer.
+
+    Layout: row i's tokens sit in columns [pad_i, width); every row writes its next token at column
+    `width`, so a step is one slice write per layer. Rows are re-packed only when membership changes.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         cfg = model.config
         self.n_layers = cfg.num_hidden_layers
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
+        self.max_positions = cfg.max_position_embeddings
         self.dtype = next(model.parameters()).dtype
         self.fingerprint = models.fingerprint(model)
+        self.decoder = FastDecoder(model)
         self.rows: list[Seq] = []
         self.pad: list[int] = []
         self.width = 0
-        self.cache: Any = None
+        self.K: list[torch.Tensor] = []
+        self.V: list[torch.Tensor] = []
+
+    @property
+    def capacity(self) -> int:
+        return self.K[0].shape[2] if self.K else 0
 
     # ---- prefill
     @torch.no_grad()
@@ -103,6 +191,8 @@ class TorchRunner:
         out: list[Any] = [None] * len(prompts)
         groups: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
+            if len(p) >= self.max_positions:
+                raise EngineError(f"prompt of {len(p)} tokens exceeds the model's {self.max_positions} positions")
             groups.setdefault(len(p), []).append(i)
         for _, idxs in groups.items():
             ids = torch.tensor([prompts[i] for i in idxs], dtype=torch.long)
@@ -123,8 +213,6 @@ class TorchRunner:
     def import_kv(self, data: bytes) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int], dict[str, Any]]:
         """Parse and validate a pulled cache (safetensors only; shapes must fit this model)."""
         try:
-            from safetensors import safe_open  # noqa: F401  (metadata via the header below)
-
             tensors = st_load(data)
             header_len = int.from_bytes(data[:8], "little")
             header = json.loads(data[8 : 8 + header_len])
@@ -133,16 +221,19 @@ class TorchRunner:
             raise EngineError(f"KV cache is not valid safetensors: {exc}") from exc
         if raw_meta.get("fingerprint") != self.fingerprint:
             raise EngineError("KV cache was produced by a different model architecture")
-        meta = {k: json.loads(v) for k, v in raw_meta.items() if k != "fingerprint"}
+        try:
+            meta = {k: json.loads(v) for k, v in raw_meta.items() if k != "fingerprint"}
+        except ValueError as exc:
+            raise EngineError("KV cache metadata is not JSON") from exc
         prompt_t = tensors.get("prompt")
-        if prompt_t is None or prompt_t.dim() != 1:
+        if prompt_t is None or prompt_t.dim() != 1 or prompt_t.numel() == 0:
             raise EngineError("KV cache lacks its prompt")
         length = prompt_t.numel()
         kv = []
         for i in range(self.n_layers):
             k, v = tensors.get(f"k.{i}"), tensors.get(f"v.{i}")
             shape = (1, self.kv_heads, length, self.head_dim)
-            if k is None or v is None or tuple(k.shape) != shape or tuple(v.shape) != shape or k.dtype != self.dtype:
+            if k is None or v is None or tuple(k.shape) != shape or tuple(v.shape) != shape or k.dtype != self.dtype or v.dtype != self.dtype:
                 raise EngineError(f"KV cache layer {i} does not fit this model")
             kv.append((k, v))
         if len(tensors) != 1 + 2 * self.n_layers:
@@ -150,70 +241,79 @@ class TorchRunner:
         return kv, prompt_t.tolist(), meta
 
     # ---- running batch
+    def _alloc(self, rows: int, cap: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        shape = (rows, self.kv_heads, cap, self.head_dim)
+        return ([torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)],
+                [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)])
+
+    @staticmethod
+    def _cap_for(width: int) -> int:
+        cap = 64
+        while cap < width + 16:
+            cap *= 2
+        return cap
+
     def join(self, seq: Seq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Add a row: grow the buffer if needed and right-align its cache at column `width`."""
         length = kv[0][0].shape[2]
         seq.length = length
-        if not self.rows:
-            cache = self._cache_cls()
-            for i, (k, v) in enumerate(kv):
-                cache.update(k, v, i)
-            self.cache, self.rows, self.pad, self.width = cache, [seq], [0], length
-            return
-        if length > self.width:  # widen the batch on the left
-            grow = length - self.width
-            self._repack(list(range(len(self.rows))), left=grow)
-        new_pad = self.width - length
-        cache = self._cache_cls()
-        for i, layer in enumerate(self.cache.layers):
-            k, v = kv[i]
-            if new_pad:
-                k = torch.nn.functional.pad(k, (0, 0, new_pad, 0))
-                v = torch.nn.functional.pad(v, (0, 0, new_pad, 0))
-            cache.update(torch.cat([layer.keys, k]), torch.cat([layer.values, v]), i)
-        self.cache = cache
+        width = max(self.width, length)
+        keep = list(range(len(self.rows)))
+        self._repack(keep, extra_rows=1, new_width=width)
+        row = len(self.rows)
+        for li, (k, v) in enumerate(kv):
+            self.K[li][row, :, width - length : width] = k[0]
+            self.V[li][row, :, width - length : width] = v[0]
         self.rows.append(seq)
-        self.pad.append(new_pad)
+        self.pad.append(width - length)
 
     def remove(self, keep: list[int]) -> None:
         if not keep:
-            self.rows, self.pad, self.cache, self.width = [], [], None, 0
+            self.rows, self.pad, self.K, self.V, self.width = [], [], [], [], 0
             return
-        self._repack(keep, left=0)
+        self._repack(keep)
 
-    def _repack(self, keep: list[int], left: int) -> None:
-        """Select rows `keep`, add `left` pad columns, then drop pad columns every row shares."""
-        pads = [self.pad[i] + left for i in keep]
-        trim = min(pads)
-        idx = torch.tensor(keep, dtype=torch.long)
-        cache = self._cache_cls()
-        for i, layer in enumerate(self.cache.layers):
-            k, v = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
-            if left:
-                k = torch.nn.functional.pad(k, (0, 0, left, 0))
-                v = torch.nn.functional.pad(v, (0, 0, left, 0))
-            if trim:
-                k, v = k[:, :, trim:].contiguous(), v[:, :, trim:].contiguous()
-            cache.update(k, v, i)
-        self.cache = cache
+    def _repack(self, keep: list[int], extra_rows: int = 0, new_width: int | None = None) -> None:
+        """Copy rows `keep` into a fresh buffer (+ `extra_rows` empty rows), right-aligned at `new_width`
+        (>= width); without extra rows, drop the left pad columns that every kept row shares."""
+        old_width = self.width
+        width = old_width if new_width is None else new_width
+        shift = width - old_width
+        pads = [self.pad[i] + shift for i in keep]
+        trim = 0 if extra_rows or not pads else min(pads)
+        new_w = width - trim
+        K, V = self._alloc(len(keep) + extra_rows, self._cap_for(new_w))
+        if keep and old_width:
+            idx = torch.tensor(keep, dtype=torch.long)
+            lo = max(0, trim - shift)  # old column c lands at c + shift - trim
+            dst = lo + shift - trim
+            n = old_width - lo
+            for li in range(self.n_layers):
+                K[li][: len(keep), :, dst : dst + n] = self.K[li].index_select(0, idx)[:, :, lo:old_width]
+                V[li][: len(keep), :, dst : dst + n] = self.V[li].index_select(0, idx)[:, :, lo:old_width]
+        self.K, self.V = K, V
         self.rows = [self.rows[i] for i in keep]
         self.pad = [p - trim for p in pads]
-        self.width = self.width + left - trim
+        self.width = new_w
 
     @torch.no_grad()
     def decode_step(self) -> torch.Tensor:
         """One iteration for every row: feed each row's last token, return next-token logits [B, V]."""
-        ids = torch.tensor([[s.out_tokens[-1]] for s in self.rows], dtype=torch.long)
+        if self.width + 1 > self.capacity:
+            self._repack(list(range(len(self.rows))))  # grows the buffer (capacity follows width)
+        if self.width >= self.max_positions:
+            raise EngineError("sequence reached the model's maximum positions")
+        ids = torch.tensor([s.out_tokens[-1] for s in self.rows], dtype=torch.long)
         pad = torch.tensor(self.pad, dtype=torch.long)
-        positions = (self.width - pad).unsqueeze(1)
+        positions = self.width - pad
         mask = None
         if any(self.pad):
-            mask = (torch.arange(self.width + 1).unsqueeze(0) >= pad.unsqueeze(1)).long()
-        res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
-        self.cache = res.cache
+            mask = (torch.arange(self.width + 1).unsqueeze(0) >= pad.unsqueeze(1)).view(len(self.rows), 1, 1, -1)
+        logits = self.decoder.step(ids, positions, self.K, self.V, self.width, mask)
         self.width += 1
         for s in self.rows:
             s.length += 1
-        return res.logits[:, -1]
+        return logits
 
 
 class TorchEngine(Engine):
@@ -346,6 +446,7 @@ class TorchEngine(Engine):
                 models.load_wire_state(self.runner.model, tensors)
             except ValueError as exc:
                 raise EngineError(str(exc)) from exc
+            self.runner.decoder = FastDecoder(self.runner.model)  # re-fuse the new weights
 
         # Runs between decode iterations (same single thread), like vLLM's in-flight weight update
         # in "keep" mode; each result reports the oldest version that produced its tokens.
