@@ -9,6 +9,23 @@ from tests.conftest import make_job, make_node
 pytestmark = pytest.mark.e2e
 
 
+def off_loop(fn, *args, **kwargs):
+    """Run a service call in a plain thread: Playwright's sync API keeps an event loop in this thread,
+    where the after-commit websocket push (async_to_sync) may not run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def call():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
 def login(page, base_url: str, username: str, password: str) -> None:
     page.goto(base_url + "/")
     assert "/accounts/login/" in page.url  # anonymous users are sent to the login page
@@ -29,20 +46,21 @@ def test_dashboard_shows_nodes_live_without_reload(control_plane_server, page, d
 
     # A new node registers while the page is open: it appears without a reload, in stable name order.
     page.evaluate("window.__marker = 42")
-    make_node("node-a", slots=3, pool="elastic")
+    off_loop(make_node, "node-a", slots=3, pool="elastic")
     page.wait_for_selector("[data-node=node-a]", timeout=10000)
     names = page.eval_on_selector_all(".node", "els => els.map(e => e.dataset.node)")
     assert names == ["node-a", "node-b"]
     assert page.evaluate("window.__marker") == 42  # same document: no reload happened
 
-    # A worker starts on node-b GPU 1: that slot turns into an active decode cell.
+    # A worker starts on node-b GPU 1: that slot turns into an active colocated cell.
     from controlplane.models import Node
 
-    job = make_job(rollout_gpus=1)
-    workers.start_worker(job_id=job.pk, node_id=Node.objects.get(name="node-b").pk, gpu_indexes=[1], role="decode", activity="active")
+    job = off_loop(make_job, rollout_gpus=1)
+    off_loop(workers.start_worker, job_id=job.pk, node_id=Node.objects.get(name="node-b").pk, gpu_indexes=[1],
+             role="colocated", activity="active")
     cell = page.locator("[data-node=node-b] .gpu[data-gpu='1']")
     cell.wait_for(state="attached")
-    page.wait_for_function("document.querySelector(\"[data-node=node-b] .gpu[data-gpu='1']\").dataset.role === 'decode'", timeout=10000)
+    page.wait_for_function("document.querySelector(\"[data-node=node-b] .gpu[data-gpu='1']\").dataset.role === 'colocated'", timeout=10000)
     assert cell.get_attribute("data-activity") == "active"
     page.wait_for_selector("#jobs tr[data-job=job1]", timeout=10000)
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
