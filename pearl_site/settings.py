@@ -193,6 +193,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SCHEMA_PATH_PREFIX": "/api/",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"RolloutModeEnum": [("colocated", "colocated"), ("disaggregated", "disaggregated")]},
 }
 
 # ---------------------------------------------------------------- PEARL

@@ -36,7 +36,7 @@ from controlplane.sim.traces import AvailabilityTrace
 from controlplane.sim.workload import Trajectory, draw_batch
 
 # event kinds (ints keep heap tuples cheap)
-EV_WAKE, EV_ARRIVE, EV_KV, EV_TRACE, EV_PREP, EV_READY, EV_TRAIN_DONE, EV_PERIODIC, EV_UNPAUSE, EV_RETURNED = range(10)
+EV_WAKE, EV_ARRIVE, EV_KV, EV_TRACE, EV_PREP, EV_READY, EV_TRAIN_DONE, EV_PERIODIC, EV_UNPAUSE, EV_RETURNED, EV_DRAIN_TIMEOUT = range(11)
 
 # slot states
 PREPARING, IDLE, PENDING, SERVING, DRAINING, INACTIVE, GONE = "preparing", "idle", "pending", "serving", "draining", "inactive", "gone"
@@ -234,6 +234,12 @@ class Simulation:
                     self._flush_router(t)
             elif kind == EV_RETURNED:
                 self._on_returned(a, b, t)
+            elif kind == EV_DRAIN_TIMEOUT:
+                slot = self.slots[a]
+                if slot.state == DRAINING and slot.after_drain is not None and slot.worker.gen == b:
+                    # drain_timeout: the rest is interrupted, partial trajectories resume elsewhere
+                    self._evict(slot, t, keep_cache=False)
+                    self._drained(slot, t)
         self.t = min(self.t, end)
         return self._result(_time.perf_counter() - wall0)
 
@@ -457,6 +463,8 @@ class Simulation:
                 self._requeue(req, g, t)
         if w.idle() and not w.running:
             self._drained(slot, t, free)
+        else:
+            self.push(t + self.sc.engine.drain_timeout_s, EV_DRAIN_TIMEOUT, slot.sid, w.gen)
 
     def _drained(self, slot: Slot, t: float, free: bool | None = None) -> None:
         then = slot.after_drain or (IDLE, None)

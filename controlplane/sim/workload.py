@@ -24,7 +24,7 @@ class WorkloadSpec:
     batch_size: int = 64  # B trajectories per rollout batch
     group_size: int = 16  # GRPO group: trajectories sharing the first prompt
     max_length: int = 32768  # max trajectory length (prompt + responses), tokens
-    turns_mean: float = 14.0  # mean agent turns before it stops on its own
+    turns_mean: float = 30.0  # mean agent turns it wants; most trajectories hit the 32K cap first
     turns_max: int = 50
     first_prompt_tokens: int = 2500  # system prompt + issue
     observation_tokens_mean: float = 1100.0  # ΔL of later turns (tool output), log-normal
