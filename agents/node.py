@@ -36,6 +36,7 @@ from aiohttp import ClientSession, ClientTimeout, WSMsgType, WSServerHandshakeEr
 from agents.process import WorkerProcess, spawn_worker
 from agents.router import WorkerCallError, WorkerClient
 from controlplane.core import agent_link as link
+from controlplane.core import telemetry as tm
 from controlplane.core.state import Activity, Pool, Role
 
 log = logging.getLogger("pearl.agent")
@@ -64,6 +65,7 @@ class Managed:
     stopping: bool = False
     engine_state: str = ""  # running | draining | sleeping (as the worker reports it)
     pulled_for: int = -1  # desired generation at which the latest weights were last pulled
+    activation_s: float | None = None  # how long the last wake took (for the toggle record)
 
     def observed(self) -> link.ObservedWorker:
         return link.ObservedWorker(
@@ -104,6 +106,7 @@ class NodeAgent:
         self.node_id: int | None = None
         self.rejected: list[str] = []  # why desired states were refused (for tests and logs)
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.pending_telemetry: list[dict[str, Any]] = []  # the agent's own records (toggles)
         self.connected = asyncio.Event()
         self.stopping = asyncio.Event()
         self._kick = asyncio.Event()
@@ -272,7 +275,7 @@ class NodeAgent:
                 m.activity = "inactive" if s["state"] == "sleeping" else m.activity
 
     async def _collect_telemetry(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+        out, self.pending_telemetry = self.pending_telemetry, []
         for m in list(self.workers.values()):
             if m.client is None or m.state not in ("running", "draining") or m.desired.role == Role.TRAINING:
                 continue
@@ -341,14 +344,27 @@ class NodeAgent:
                 await m.client.call("role", {"role": spec.role.value}, epoch=epoch)
                 m.role = spec.role.value
             if spec.activity == Activity.INACTIVE and m.engine_state != "sleeping":
-                # deactivate: finish or abort in-flight work (partials go back to the callers), then sleep
-                await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
+                # deactivate (return): finish or abort in-flight work, then sleep. The partial
+                # outputs go back to their callers and are reported here as well.
+                t0 = time.perf_counter()
+                res = await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
                 await m.client.call("sleep", {"level": 1}, epoch=epoch)
                 m.engine_state = "sleeping"
+                if res.get("aborted"):
+                    self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
+                                         detail=f"{len(res['aborted'])} requests aborted by deactivation", aborted=res["aborted"][:4096]))
+                if m.activation_s is not None:  # one borrow + return observed: T_toggle sample
+                    self.pending_telemetry.append(tm.toggle(time_s=time.time(), job=spec.job, worker=spec.worker_id,
+                                                            activation_s=m.activation_s, return_s=time.perf_counter() - t0).to_json())
+                    m.activation_s = None
             elif spec.activity == Activity.ACTIVE and m.engine_state in ("sleeping", "draining", ""):
+                t0 = time.perf_counter()
+                was_asleep = m.engine_state == "sleeping"
                 await m.client.call("wake", {}, epoch=epoch)
                 await m.client.call("resume", {}, epoch=epoch)
                 m.engine_state = "running"
+                if was_asleep:
+                    m.activation_s = time.perf_counter() - t0
             if spec.weights_url and (m.weight_version < spec.min_weight_version or m.pulled_for < ds.generation):
                 # pull-based and lazy: the latest version, once per desired generation, or until
                 # the worker reaches the job's min_weight_version
@@ -453,6 +469,36 @@ class NodeAgent:
                 self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="restarted",
                                      detail=f"restarted as pid {m.proc.pid} (restart #{m.restarts})"))
 
+    async def run_standalone(self, model: str) -> None:
+        """No control plane (demo/lightweight mode): one active colocated worker per slot, serving
+        until SIGTERM; endpoints and secrets go to <state-dir>/workers.json (mode 0600)."""
+        self._http = ClientSession(timeout=ClientTimeout(total=600))
+        await self._start_dataplane()
+        workers = [link.DesiredWorker(worker_id=i + 1, gpus=[i], role=Role.COLOCATED, activity=Activity.ACTIVE,
+                                      engine=self.cfg.engine, model=model) for i in range(self.cfg.slots)]
+        self.apply(link.DesiredState(generation=1, epoch=0, status="ready", workers=workers))
+        tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
+        try:
+            while not self.stopping.is_set() and not (len(self.workers) == len(workers) and all(m.state == "running" for m in self.workers.values())):
+                await asyncio.sleep(0.1)
+            listing = [{"worker_id": w, "endpoint": m.proc.endpoint, "secret": m.proc.secret}
+                       for w, m in self.workers.items() if m.proc is not None]
+            path = self.cfg.state_dir / "workers.json"
+            self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(listing, f)
+            print("PEARL_AGENT_READY " + json.dumps({"workers": [x["endpoint"] for x in listing], "secrets_file": str(path)}), flush=True)
+            await self.stopping.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.shutdown_workers(self.cfg.drain_timeout_s)
+            if self._dp_runner:
+                await self._dp_runner.cleanup()
+            await self._http.close()
+
     # ------------------------------------------------------------ the agent's own data plane
     async def _start_dataplane(self) -> None:
         """GET /workers: endpoints and secrets of this node's workers, for the job's rollout driver."""
@@ -480,7 +526,9 @@ class NodeAgent:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m agents.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--control-plane", required=True, help="http(s)://host:port of the control plane (or its ws URL)")
+    p.add_argument("--control-plane", default="", help="http(s)://host:port of the control plane (or its ws URL); "
+                   "without it the agent runs standalone: one colocated worker per slot")
+    p.add_argument("--model", default="tiny", help="standalone mode: the model the workers serve")
     p.add_argument("--token", default="", help="node token (prefer env PEARL_AGENT_TOKEN: argv is visible in ps)")
     p.add_argument("--node", default="", help="node name (default: hostname-pid)")
     p.add_argument("--slots", type=int, default=1)
@@ -496,7 +544,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = args.token or os.environ.get("PEARL_AGENT_TOKEN", "")
-    if not token:
+    if args.control_plane and not token:
         sys.exit("no node token: set PEARL_AGENT_TOKEN (or --token)")
     node = args.node or f"{os.uname().nodename}-{os.getpid()}"
     cfg = AgentConfig(
@@ -512,7 +560,10 @@ def main(argv: list[str] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stopping.set)  # graceful: drain workers, final heartbeat
-        await agent.run()
+        if args.control_plane:
+            await agent.run()
+        else:
+            await agent.run_standalone(args.model)
 
     asyncio.run(runner())
 

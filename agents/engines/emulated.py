@@ -225,7 +225,8 @@ class EmulatedEngine(Engine):
 
     # ---- the iteration loop
     def _kv_in_use(self) -> float:
-        return sum(s.prompt_len + len(s.tokens) for s in self._running) * self.profile.kv_bytes_per_token
+        """KV bytes reserved by the running batch: each sequence up to its max_tokens (no preemption)."""
+        return sum(s.prompt_len + s.params.max_tokens for s in self._running) * self.profile.kv_bytes_per_token
 
     async def _loop(self) -> None:
         assert self._work is not None

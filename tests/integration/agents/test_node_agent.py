@@ -95,11 +95,23 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         assert (await clients[1].get("health"))["state"] == "sleeping"
         assert {w: agent.workers[w].proc.pid for w in ws} == pids
 
+        # telemetry flows: engine records and the agent's toggle record (sleep after a wake)
+        await cp.wait_for(lambda c: any(r["kind"] == "decode_iteration" for t in c.of_type("telemetry") for r in t["records"]))
+
         # a crash: kill -9 a worker mid-request -> fault with the partial output, then a restart
         await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[
             worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
         ]))
         await cp.wait_for(lambda c: observed(c, 3))
+        await cp.push(link.DesiredState(generation=4, epoch=1, status="ready", workers=[
+            worker(1, "colocated", "inactive"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
+        ]))
+        toggle = await cp.wait_for(lambda c: [r for t in c.of_type("telemetry") for r in t["records"] if r["kind"] == "toggle"])
+        assert toggle[0]["worker"] == 1 and toggle[0]["activation_s"] > 0 and toggle[0]["return_s"] > 0
+        await cp.push(link.DesiredState(generation=5, epoch=1, status="ready", workers=[
+            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
+        ]))
+        await cp.wait_for(lambda c: observed(c, 5))
         long = asyncio.create_task(clients[1].generate(dp.GenerateRequest(request_id="long", prompt="x" * 50, sampling=dp.SamplingParams(max_tokens=8000))))
         journal = agent.workers[1].proc.state_dir / "inflight.json"
         await cp.wait_for(lambda c: journal.exists() and '"tokens": [' in journal.read_text() and '"tokens": []' not in journal.read_text())
@@ -117,8 +129,8 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         assert again.tokens == colo.tokens
 
         # a worker that is no longer desired is drained and stopped
-        await cp.push(link.DesiredState(generation=4, epoch=1, status="ready", workers=[worker(1, "colocated"), worker(2, "decode")]))
-        ws = await cp.wait_for(lambda c: observed(c, 4))
+        await cp.push(link.DesiredState(generation=6, epoch=1, status="ready", workers=[worker(1, "colocated"), worker(2, "decode")]))
+        ws = await cp.wait_for(lambda c: observed(c, 6))
         assert set(ws) == {1, 2}
         assert agent.workers.get(3) is None
 
@@ -126,7 +138,7 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         busy = asyncio.create_task(WorkerClient(new.endpoint, new.secret, s).generate(
             dp.GenerateRequest(request_id="busy", prompt="y", sampling=dp.SamplingParams(max_tokens=8000))))
         await asyncio.sleep(0.5)
-        await cp.push(link.DesiredState(generation=5, epoch=1, status="draining", workers=[], preemption_deadline=__import__("time").time() + 3))
+        await cp.push(link.DesiredState(generation=7, epoch=1, status="draining", workers=[], preemption_deadline=__import__("time").time() + 3))
         result = await busy
         assert result.finish_reason == "abort" and result.tokens  # the partial output comes back to the caller
         ws = await cp.wait_for(lambda c: (hb := c.of_type("heartbeat")[-1]) and all(w["state"] == "stopped" for w in hb["workers"]) and hb["workers"])
@@ -162,6 +174,33 @@ async def test_sigterm_drains_workers_and_reports(cp, tmp_path):
         last = cp.of_type("heartbeat")[-1]
         assert [w["state"] for w in last["workers"]] == ["stopped"]
         assert any(a["request_id"] == "b" for f in cp.of_type("fault") if f["kind"] == "drained" for a in f["aborted"])
+    finally:
+        await s.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
+    import json
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("PEARL_AGENT_TOKEN", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agents.node", "--slots", "2", "--engine", "emulated", "--model", "qwen3-8b", "--time-factor", "0.01",
+        "--state-dir", str(tmp_path / "agent"), cwd=str(REPO_ROOT), env=env, stdout=asyncio.subprocess.PIPE)
+    s = session()
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        assert line.startswith("PEARL_AGENT_READY ")
+        info = json.loads(line.split(" ", 1)[1])
+        listing = json.loads(open(info["secrets_file"]).read())
+        assert oct(os.stat(info["secrets_file"]).st_mode & 0o777) == "0o600" and len(listing) == 2
+        router = PDRouter(colocated=[WorkerClient(w["endpoint"], w["secret"], s) for w in listing])
+        outs = [await router.generate(dp.GenerateRequest(request_id=f"s{i}", prompt="q", sampling=dp.SamplingParams(max_tokens=5))) for i in range(2)]
+        assert {o.worker_id for o in outs} == {1, 2} and all(len(o.tokens) == 5 for o in outs)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
     finally:
         await s.close()
         if proc.returncode is None:
