@@ -322,10 +322,14 @@ class Simulation:
 
     # ================================================================== policy
     def _current_config(self) -> Configuration | None:
+        # The configuration being served once in-flight transitions complete (what the control
+        # plane records as the job's current configuration): draining slots count in their next role.
         counts = {Role.PREFILL: 0, Role.DECODE: 0, Role.COLOCATED: 0}
         for s in self.slots.values():
             if s.state in (SERVING, PENDING) and s.role in counts:
                 counts[s.role] += 1
+            elif s.state == DRAINING and s.after_drain is not None and s.after_drain[0] == SERVING:
+                counts[s.after_drain[1]] += 1
         if counts[Role.COLOCATED] and not counts[Role.PREFILL] and not counts[Role.DECODE]:
             return Configuration.colocated(counts[Role.COLOCATED])
         if counts[Role.PREFILL] and counts[Role.DECODE] and not counts[Role.COLOCATED]:
@@ -378,11 +382,21 @@ class Simulation:
             borrow = 0
         # choose the concrete slots: keep serving ones first (stable slots), reserved before elastic;
         # draining slots are busy until drained and returning overlap slots until returned
-        rank = {SERVING: 0, PENDING: 1, IDLE: 2}
-        ded = sorted(self._dedicated((IDLE, PENDING, SERVING)),
+        def role_of(s: Slot) -> Role | None:
+            """A slot's role once in-flight transitions complete (None: not in service)."""
+            if s.state in (SERVING, PENDING):
+                return s.role
+            if s.state == DRAINING and s.after_drain is not None and s.after_drain[0] == SERVING:
+                return s.after_drain[1]
+            return None
+
+        rank = {SERVING: 0, PENDING: 1, DRAINING: 1, IDLE: 2}
+        ded = sorted((s for s in self.slots.values() if s.pool != "overlap"
+                      and (s.state in (IDLE, PENDING, SERVING) or role_of(s) is not None)),
                      key=lambda s: (rank[s.state], s.pool != "reserved", s.sid))
-        ovl = sorted((s for s in self.slots.values() if s.pool == "overlap" and s.state in (SERVING, PENDING, INACTIVE)),
-                     key=lambda s: ({SERVING: 0, PENDING: 1, INACTIVE: 2}[s.state], s.sid))
+        ovl = sorted((s for s in self.slots.values() if s.pool == "overlap"
+                      and (s.state in (SERVING, PENDING, INACTIVE) or role_of(s) is not None)),
+                     key=lambda s: ({SERVING: 0, PENDING: 1, DRAINING: 1, INACTIVE: 2}[s.state], s.sid))
         borrow = min(borrow, len(ovl))
         want_ded = max(0, min(target.total - borrow, len(ded)))
         want_total = want_ded + borrow
@@ -393,8 +407,8 @@ class Simulation:
             free = True  # the initial configuration: the cluster starts configured
         chosen = ded[:want_ded] + ovl[:borrow]
         chosen_ids = {s.sid for s in chosen}
-        in_service = [s for s in self.slots.values() if s.state in (SERVING, PENDING)]
-        current_roles = {s.sid: s.role for s in in_service if s.role is not None}
+        in_service = [s for s in self.slots.values() if role_of(s) is not None]
+        current_roles = {s.sid: role_of(s) for s in in_service}
         joining = [s.sid for s in chosen if s.sid not in current_roles]
         leaving = [s.sid for s in in_service if s.sid not in chosen_ids]
         inflight = {s.sid: s.worker.load() for s in in_service}
@@ -408,13 +422,19 @@ class Simulation:
         for sid in plan.remove:
             slot = self.slots[sid]
             if slot.pool == "overlap":
+                slot.after_drain = None
                 self._return_overlap(slot, t, free)
+            elif slot.state == DRAINING:
+                slot.after_drain = (IDLE, None)  # already draining: it goes idle instead
             else:
                 self._drain(slot, t, (IDLE, None), free)
         # 2) role changes of survivors: drain, then flip
         for sid, role in plan.reassign.items():
             slot = self.slots[sid]
-            self._drain(slot, t, (SERVING, role), free)
+            if slot.state == DRAINING:
+                slot.after_drain = (SERVING, role)  # already draining: flip to the new role instead
+            else:
+                self._drain(slot, t, (SERVING, role), free)
         # 3) additions
         fin = 0.0 if free else self.reconf.inter_scale_finalisation_s
         any_inter = False
