@@ -391,16 +391,19 @@ class NodeAgent:
         state_dir = self.cfg.state_dir / f"worker-{spec.worker_id}"
         training = spec.role == Role.TRAINING
         engine = spec.engine or self.cfg.engine
-        extra: list[str] = []
+        extra: list[str] = ["--tp", str(max(1, len(spec.gpus)))]  # G_w's size is the TP degree
+        env: dict[str, str] = {}
         if training:
             extra = ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
+            if self.cfg.weights_token:  # workers pull this trainer's snapshots with the shared weights token
+                env["PEARL_TRAINER_TOKEN"] = self.cfg.weights_token
         m.state = "starting"
         try:
             m.proc = await spawn_worker(
                 worker_id=spec.worker_id, engine=engine if engine in ("torch", "emulated", "vllm") else self.cfg.engine,
                 role="colocated" if training else spec.role.value, state_dir=state_dir, model=spec.model, job=spec.job,
                 hardware=self.cfg.hardware, time_factor=self.cfg.time_factor,
-                module="agents.trainer" if training else "agents.worker", extra=extra,
+                module="agents.trainer" if training else "agents.worker", extra=extra, env_extra=env,
                 secret=self.cfg.dataplane_secret or None,
             )
         except Exception as exc:

@@ -206,3 +206,35 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_path):
+    """Role training runs the GRPO trainer process; its snapshots are what rollout workers pull."""
+    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n3", slots=2, state_dir=tmp_path / "agent",
+                                  time_factor=0.01, weights_token="shared-weights-token", hardware="cpu"))
+    task = asyncio.create_task(agent.run())
+    s = session()
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        trainer = link.DesiredWorker(worker_id=10, gpus=[0], role="training", activity="active", engine="torch", model="tiny")
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[trainer]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        assert ws[10]["role"] == "training" and ws[10]["state"] == "running"
+        turl = ws[10]["endpoint"]
+        # train one step through the trainer's data plane -> weight version 1
+        from tests.unit.agents.test_trainer import fixed_batch
+
+        async with s.post(f"{turl}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
+                          headers={"Authorization": "Bearer shared-weights-token"}) as r:
+            assert r.status == 200
+        async with s.post(f"{turl}/step", headers={"Authorization": "Bearer shared-weights-token"}) as r:
+            assert (await r.json())["version"] == 1
+        rollout = link.DesiredWorker(worker_id=11, gpus=[1], role="colocated", activity="active", engine="emulated", model="tiny",
+                                     min_weight_version=1, weights_url=turl)
+        await cp.push(link.DesiredState(generation=2, epoch=1, status="ready", workers=[trainer, rollout]))
+        ws = await cp.wait_for(lambda c: observed(c, 2))
+        assert ws[11]["weight_version"] == 1 and ws[11]["state"] == "running"
+    finally:
+        await s.close()
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)
