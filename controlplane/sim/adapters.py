@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from controlplane.core.borrowing import gate
 from controlplane.core.policies import Overrides, PearlPolicy, make_policy
 from controlplane.core.state import Configuration, Role
+from controlplane.core.tracker import RuntimeTracker
 from controlplane.core.transitions import TransitionPlan, plan_transition
 
 BASE_POLICIES = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
@@ -30,6 +31,29 @@ class Variant:
     options: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
     gate: bool = True
+    kv_cap: bool = False  # what-if only: cap the tracker's K_seq at the max trajectory length
+
+
+class CappedKvTracker(RuntimeTracker):
+    """WHAT-IF ADAPTER (report only, not the PEARL result): core's tracker derives the peak KV of a
+    trajectory as prompt + S·(ΔL + r) with S the turns of the slowest trajectory, which exceeds the
+    max trajectory length when trajectories are length-capped, so the predictor declares feasible
+    configurations infeasible. This subclass caps K_seq (and the contexts scaled from it) at the
+    max length, to measure how much that costs PEARL. Passed through core's `tracker=` option."""
+
+    def __init__(self, *args: Any, max_length: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.max_length = max_length
+
+    def workload(self):  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        w, est = super().workload()
+        if w.kv_seq_tokens > self.max_length > 0:
+            k = self.max_length / w.kv_seq_tokens
+            w = replace(w, kv_seq_tokens=float(self.max_length), mean_context=w.mean_context * k,
+                        prefix_tokens=w.prefix_tokens * k)
+        return w, est
 
 
 class UngatedPearl(PearlPolicy):
@@ -46,14 +70,15 @@ def parse_variant(name: str, spec: Any) -> Variant:
         return Variant(spec)
     if not isinstance(spec, dict) or "base" not in spec:
         raise ValueError(f"variant {name!r}: give a base policy name or a mapping with 'base'")
-    unknown = set(spec) - {"base", "options", "overrides", "gate"}
+    unknown = set(spec) - {"base", "options", "overrides", "gate", "kv_cap"}
     if unknown:
         raise ValueError(f"variant {name!r}: unknown keys {sorted(unknown)}")
     ov = dict(spec.get("overrides") or {})
     if "force_ratio" in ov and ov["force_ratio"] is not None:
         ov["force_ratio"] = tuple(ov["force_ratio"])
     Overrides(**ov)  # validate early
-    return Variant(str(spec["base"]), dict(spec.get("options") or {}), ov, bool(spec.get("gate", True)))
+    return Variant(str(spec["base"]), dict(spec.get("options") or {}), ov, bool(spec.get("gate", True)),
+                   bool(spec.get("kv_cap", False)))
 
 
 def resolve_policy(name: str, variants: Mapping[str, Any]) -> Variant:
@@ -76,6 +101,9 @@ def make_sim_policy(name: str, scenario: Any, profile: Any) -> tuple[Any, Varian
         opts.setdefault("workers", scenario.large_pool_gpus // cl.tp)
     if v.base == "fixed":
         opts.setdefault("workers", cl.reserved_gpus // cl.tp)
+    if v.kv_cap:
+        opts["tracker"] = CappedKvTracker(profile, batch_size=scenario.workload.batch_size,
+                                          max_length=scenario.workload.max_length)
     if v.base == "pearl" and not v.gate:
         return UngatedPearl(profile=profile, batch_size=scenario.workload.batch_size, **opts), v
     return make_policy(v.base, profile=profile, batch_size=scenario.workload.batch_size, **opts), v
