@@ -115,9 +115,9 @@ class EmulatedEngine(Engine):
     async def _wait(self, seq: ESeq) -> ESeq:
         try:
             return await asyncio.shield(seq.future)
-        finally:
-            if seq.future.done():
-                self._by_id.pop(seq.request_id, None)
+        except asyncio.CancelledError:
+            self._finish(seq, "abort")  # the caller went away: free the slot
+            raise
 
     def _result(self, s: ESeq) -> GenerationResult:
         return GenerationResult(request_id=s.request_id, tokens=list(s.tokens), logprobs=list(s.logprobs),

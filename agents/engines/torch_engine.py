@@ -354,6 +354,7 @@ class TorchEngine(Engine):
             raise Conflict(f"request {req_id!r} is already in flight on this worker")
         seq = Seq(req_id, kind, prompt, params, self.weight_version, asyncio.get_running_loop().create_future(), kv_in=kv_in)
         self._by_id[req_id] = seq
+        seq.future.add_done_callback(lambda _f: self._forget(seq))
         with self._lock:
             self._pending.append(seq)
         assert self._work is not None
@@ -363,9 +364,17 @@ class TorchEngine(Engine):
     async def _wait(self, seq: Seq) -> Seq:
         try:
             return await asyncio.shield(seq.future)
-        finally:
-            if seq.future.done():
-                self._by_id.pop(seq.request_id, None)
+        except asyncio.CancelledError:
+            # the caller went away (HTTP client disconnected): abort, as vLLM does, to free the slot
+            with self._lock:
+                self._aborts.add(seq.request_id)
+            if self._work:
+                self._work.set()
+            raise
+
+    def _forget(self, seq: Seq) -> None:
+        if self._by_id.get(seq.request_id) is seq:
+            del self._by_id[seq.request_id]
 
     async def generate(self, req: GenerateRequest, prompt: list[int]) -> GenerationResult:
         seq = await self._wait(self._submit(req.request_id, "generate", prompt, req.sampling))

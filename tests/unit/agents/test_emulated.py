@@ -96,3 +96,14 @@ async def test_kv_capacity_limits_the_running_batch():
         assert peak <= fit
     finally:
         await e.shutdown()
+
+
+async def test_a_caller_that_goes_away_aborts_its_request(engine):
+    task = asyncio.create_task(engine.generate(req(9, 10_000), [1] * 8))
+    while engine.running() == 0:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.running() == 0 and engine.inflight() == []
+    assert len((await engine.generate(req(9, 3), [1])).tokens) == 3

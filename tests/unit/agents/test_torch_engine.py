@@ -111,3 +111,21 @@ async def test_bad_kv_and_abort():
         assert (await task).tokens == partial.tokens
     finally:
         await e.shutdown()
+
+
+async def test_a_caller_that_goes_away_aborts_its_request():
+    e = TorchEngine()
+    await e.start()
+    try:
+        task = asyncio.create_task(e.generate(GenerateRequest(request_id="gone", sampling=SamplingParams(max_tokens=4000, stop_at_eos=False)), [1, 2]))
+        while e.running() == 0:
+            await asyncio.sleep(0.001)
+        task.cancel()  # what aiohttp does to a handler whose client disconnected
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while e.running() or e.inflight():
+            await asyncio.sleep(0.001)
+        again = await e.generate(GenerateRequest(request_id="gone", sampling=SamplingParams(max_tokens=3)), [1, 2])
+        assert len(again.tokens) <= 3  # the id is free again
+    finally:
+        await e.shutdown()
