@@ -38,7 +38,55 @@ simulator's telemetry. ROLL = `fixed` (4 rollout GPUs), ROLL-Large = `fixed-larg
 """
 
 ANALYSIS = """
-(analysis pending)
+**Calibration.** One constant is fitted, and not to a headline: `engine_slowdown` = 3.0 (every simulated
+iteration and prefill pass costs 3× core's roofline profile). With the roofline alone, growing a ROLL-style
+colocated pool 16 → 24 → 32 GPUs (8 training GPUs, Qwen3-8B) shortens the rollout by 3.4% / 1.5%, because the
+makespan sits on the slowest trajectory's critical path; the paper's Fig. 2a measures 10.3% / 8.9%; 3.0 gives
+8.4% / 5.5%. The roofline reproduces single-engine TPOT anchors (pd_anchors §4.4), so the factor stands for
+what an agentic RL serving stack adds on top (TP2 at 8–32K context, scheduler and tool-call overheads); the
+what-if table shows the roofline results next to the calibrated ones. Workload (not fitted to any result):
+SWE-like turns of ~1.1K observation and ~0.9K response tokens, 1.2 s median tool latency with a Pareto tail,
+most trajectories running into the 32K cap; prefix caches hit unless evicted by KV pressure.
+
+**What agrees with the paper.** PEARL/ROLL is in the paper's direction and within ±25% on all six scenarios
+(2.05–2.25× for Qwen3-8B vs 2.17–2.37×; 2.31–2.49× for Qwen3-30B-A3B vs 2.43–2.79×, MoE higher than dense as in
+the paper). ROLL-Large is below PEARL everywhere (paper: all six, 8B Seg1 close). PEARL is within 5% of the oracle
+on every paper scenario, with zero return-deadline misses and zero lost tokens (conservation is checked, not
+assumed: engine-side and trajectory-side token counts are kept separately). Intra-scale borrowing (B) is the
+big lever as in the paper: +77% / +89% at 4 rollout GPUs (paper +94% / +118%), +11–17% for 8B at 8–16 GPUs
+(paper +16–27%); forced disaggregation at 4 GPUs costs −28% / −22% (paper −21% / −31%).
+
+**What does not, and why.**
+1. *PEARL vs RLBoost+ is ≈ 0 (−3% … +0.4%), not +5.8–36.3%.* Everything PEARL has beyond RLBoost+ here is
+   the PD decision (component A), and in this simulator A is worth nothing: the constant-resource replay of
+   every configuration (Table 2 section) finds colocation the empirical best at every size, so the ablation's A
+   is 0% at 8–16 GPUs (paper +8–15%). Chunked prefill interferes with decode by only a few percent: the
+   prefill share of GPU time is 17% for ROLL and 3% for RLBoost+ at 4–15 workers (paper's motivation: 26.5%),
+   because prefix caches keep per-turn prefill to the new ~1.1K tokens. Making prefill heavier (70% prefix
+   reuse: 90% of tokens / 23% of ROLL's time are prefill, near the paper's 96.7% / 26.5%) still leaves PEARL
+   (K_seq-capped) −1.5% vs RLBoost+ on 8B Seg2. So the paper's PD gain needs interference (or KV-transfer overlap) this iteration-level
+   model does not produce; which mechanism it is cannot be told from the paper.
+2. *Core's tracker over-estimates K_seq*, the peak KV of a trajectory: prompt + S·(ΔL + r) with S the turns of
+   the slowest trajectory ≈ 50K tokens against a 32K cap. The predictor then marks 4-worker configurations
+   "KV of the batch exceeds HBM" and picks "least bad" splits (1P3D) at every Training Begin; PEARL loses
+   −9.6% / −18.8% / −13.3% to RLBoost+ at batch 64 / 96 / 128 with 8 dedicated GPUs. With K_seq capped at the
+   max length (what-if adapter) the batch-96 loss disappears (+0.1%). Reported to core; not worked around.
+3. *Mode flapping at borrow/return.* In the 8-GPU ablation, with 8 borrowed overlap workers the predictor
+   ranks 4P8D ~3% above 12C while the replay finds 12C ~6% faster, so PEARL switches colocated ↔
+   disaggregated at every Training Begin/Finished (drains + re-prefills) and ends −10% behind RLBoost+ there.
+4. *Predictor MAPE 15–22% on the paper scenarios (target < 10%), 32% on constant-resource replays.* The
+   predictor mostly runs high (e.g. 12C: 520–537 s predicted vs 427–474 s simulated): S·r (turns of the slowest trajectory × mean response per turn) over-states the
+   slowest trajectory's decode work when long trajectories are length-capped, Eq. 1 keeps the decode batch at
+   B/N for the whole step although it drains to the stragglers, and T_env is the slowest trajectory's sum. The
+   simulator's makespans come from per-iteration costs and real per-trajectory tails, so it measures this
+   rather than inherits it. Mid-step decisions are scored by elapsed + (R/B)·prediction, Eq. 7's own fluid view.
+5. *Table 2:* the simulator's empirical best and PEARL's selection agree on all six cases, but both are
+   colocated where the paper's are disaggregated (3P5D, 4P12D, …), for the reason in 1.
+6. *Sensitivity:* PEARL's advantage over RLBoost+ does not grow with batch or length here (reasons 1–2).
+
+`compare` of one paper scenario with all five policies takes 6–10 s on this 2-core machine (up to 15 s while
+other engineers' jobs shared it); the largest single cost is core's tracker refit (a Huber IRLS over up to
+2,048 engine samples on every policy event, ~35% of a profiled run).
 """
 
 
