@@ -770,8 +770,6 @@ class Simulation:
         self.started_trajs += len(self.batch)
         self.cur_step = StepStats(step=j, start_s=t)
         self._signal(Signal.STEP_START, t)
-        if self.cur_step.predicted_makespan_s is not None:
-            pass
         self.cur_step.config_label = self.last_config.label() if self.last_config else ""
         self.cur_step.stable = True
         for traj in self.batch:

@@ -86,3 +86,11 @@ def test_batch_respects_max_length_and_is_deterministic():
     for t in a:
         assert sum(x.new_prompt_tokens + x.generated_tokens for x in t.turns) <= 8192
         assert t.turns[-1].env_latency_s == 0.0
+
+
+def test_a_late_return_counts_as_a_deadline_miss(small):
+    """The metric is live: with a deadline shorter than the deactivation time every return misses."""
+    tight = replace(small, engine=replace(small.engine, return_deadline_s=0.5))
+    r = run_policy(tight, "pearl")
+    assert r.borrowed_gpu_s > 0 and r.return_deadline_misses > 0
+    assert run_policy(small, "pearl").return_deadline_misses == 0
