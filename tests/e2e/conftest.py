@@ -11,8 +11,10 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # sync Playwright ru
 CHROMIUM = next((p for p in (os.environ.get("PEARL_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module-scoped: sync Playwright keeps an event loop running in this thread while it is open,
+    which later asyncio-based tests must not inherit."""
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
