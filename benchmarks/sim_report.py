@@ -84,8 +84,8 @@ big lever as in the paper: +77% / +89% at 4 rollout GPUs (paper +94% / +118%), +
    colocated where the paper's are disaggregated (3P5D, 4P12D, …), for the reason in 1.
 6. *Sensitivity:* PEARL's advantage over RLBoost+ does not grow with batch or length here (reasons 1–2).
 
-`compare` of one paper scenario with all five policies takes 6–10 s on this 2-core machine (up to 15 s while
-other engineers' jobs shared it); the largest single cost is core's tracker refit (a Huber IRLS over up to
+`compare` of one paper scenario with all five policies needs 6–10 s of CPU on this machine (wall time is
+longer while other engineers' jobs share the 2 cores; see the timing line above); the largest single cost is core's tracker refit (a Huber IRLS over up to
 2,048 engine samples on every policy event, ~35% of a profiled run).
 """
 
@@ -99,20 +99,24 @@ def within(value: float, lo: float, hi: float, tol: float = 0.25) -> str:
     return "yes" if lo * (1 - tol) <= value <= hi * (1 + tol) else "no"
 
 
+cpu_timings: dict[str, float] = {}
+
+
 def paper_section(md: list[str], html_sections: list, timings: dict[str, float]) -> dict[str, dict[str, RunResult]]:
     all_res: dict[str, dict[str, RunResult]] = {}
     md.append("### End-to-end (paper Fig. 5): throughput = (rollout-generated + training tokens) / step time\n")
     md.append("| scenario | ROLL tok/s | ROLL-Large | RLBoost+ | PEARL | oracle | PEARL/ROLL (paper) | PEARL vs RLBoost+ (paper) "
-              "| PEARL/oracle | steps P/R | misses | lost | MAPE % | compare wall s |")
+              "| PEARL/oracle | steps P/R | misses | lost | MAPE % | compare wall (CPU) s |")
     md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in MODELS:
         for seg in SEGS:
             name = f"paper-{model}-{seg}"
             sc = get_scenario(name)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = compare(sc, record_timeline=True)
             wall = time.perf_counter() - t0
             timings[name] = wall
+            cpu_timings[name] = time.process_time() - c0
             all_res[name] = res
             th = {p: r.throughput_tok_s for p, r in res.items()}
             roll_lo, roll_hi = sc.paper["pearl_over_roll"]
@@ -124,7 +128,7 @@ def paper_section(md: list[str], html_sections: list, timings: dict[str, float])
                 f"| {name} | {th['fixed']:,.0f} | {th['fixed-large']:,.0f} | {th['elastic']:,.0f} | {th['pearl']:,.0f} "
                 f"| {th['oracle']:,.0f} | **{r_roll:.2f}×** ({roll_lo}–{roll_hi}×) | **{pct(r_rb)}** ({pct(vs_rb)}) "
                 f"| {th['pearl'] / th['oracle']:.3f} | {p.steps}/{res['fixed'].steps} | {p.return_deadline_misses} "
-                f"| {p.lost_tokens} | {p.predictor_mape if p.predictor_mape is not None else '-'} | {wall:.1f} |")
+                f"| {p.lost_tokens} | {p.predictor_mape if p.predictor_mape is not None else '-'} | {wall:.1f} ({cpu_timings[name]:.1f}) |")
             body = f"<p>{sc.description}</p>" + summary_table(res)
             html_sections.append((name, body, figures(sc, res)))
     md.append("")
@@ -275,10 +279,11 @@ def main() -> int:
     pred_points: list[tuple[str, float, float]] = []
     if "table2" not in skip:
         table2_section(md, pred_points)
-    md.append(f"`compare` wall time per paper scenario (5 policies, 2 h virtual): "
-              + ", ".join(f"{k.replace('paper-', '')} {v:.1f} s" for k, v in timings.items())
+    load = __import__("os").getloadavg()[0]
+    md.append(f"`compare` per paper scenario (5 policies, 2 h virtual), wall (process CPU) s: "
+              + ", ".join(f"{k.replace('paper-', '')} {v:.1f} ({cpu_timings[k]:.1f})" for k, v in timings.items())
               + f"; whole report {time.perf_counter() - t_all:.0f} s on {platform.machine()} "
-              f"({__import__('os').cpu_count()} cores, shared).\n")
+              f"({__import__('os').cpu_count()} cores shared with other jobs; 1-min load average at the end {load:.1f}).\n")
     section = "\n".join(md)
     out = ROOT / "benchmarks" / "out"
     out.mkdir(parents=True, exist_ok=True)
