@@ -113,6 +113,7 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True  # serve straight from frontend/static without a collectstatic step
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
