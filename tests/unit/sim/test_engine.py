@@ -1,0 +1,78 @@
+"""The engine's closed-form segments equal the iteration-by-iteration sum they stand for."""
+from __future__ import annotations
+
+from controlplane.core.profiles import get_profile
+from controlplane.core.state import Role
+from controlplane.sim.engine import Request, ScaledCosts, Worker
+from controlplane.sim.workload import Trajectory, TurnSpec
+
+
+def _req(ctx: int, gen: int) -> Request:
+    tr = Trajectory(tid=f"t{ctx}-{gen}", step=0, group=0, turns=(TurnSpec(ctx, gen, 0.0),))
+    return Request(tr, compute=0, prefix=ctx, ctx0=ctx, remaining=gen)
+
+
+def test_decode_segments_match_brute_force_iterations():
+    prof = get_profile("H800", "qwen3-30b-a3b", 2)  # MoE: the expert reads change with the batch
+    w = Worker(0, "reserved", Role.DECODE, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
+    specs = [(4000, 37), (12000, 5), (800, 120), (20000, 64)]
+    for ctx, gen in specs:
+        w.submit_decode(_req(ctx, gen))
+    t = 0.0
+    finished: dict[str, float] = {}
+    end = w.plan(t)
+    while end is not None:
+        _, done, _ = w.finish()
+        for r in done:
+            finished[r.traj.tid] = end
+        end = w.plan(end)
+    # brute force: one iteration at a time, every running sequence adds one token of context
+    live = {f"t{c}-{g}": [c, g] for c, g in specs}
+    clock = 0.0
+    expect: dict[str, float] = {}
+    while live:
+        n = len(live)
+        mean_ctx = sum(v[0] for v in live.values()) / n
+        clock += float(prof.decode_iteration_s(n, mean_ctx))
+        for k in list(live):
+            live[k][0] += 1
+            live[k][1] -= 1
+            if live[k][1] == 0:
+                expect[k] = clock
+                del live[k]
+    assert finished.keys() == expect.keys()
+    for k, v in expect.items():
+        assert abs(finished[k] - v) / v < 2e-3, (k, finished[k], v)
+    assert w.tokens_out == sum(g for _, g in specs)
+
+
+def test_an_arrival_joins_at_the_next_iteration_boundary():
+    prof = get_profile("H800", "qwen3-8b", 2)
+    w = Worker(0, "reserved", Role.DECODE, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
+    w.submit_decode(_req(1000, 500))
+    end = w.plan(0.0)
+    dt = w.seg.dt
+    new_end = w.interrupt(10.3 * dt)
+    assert new_end is not None and abs(new_end - 11 * dt) < 1e-9  # the running iteration completes first
+    w.submit_decode(_req(3000, 10))
+    assert end is not None and new_end < end
+    w.finish()
+    assert w.it == 11
+    w.plan(new_end)
+    assert len(w.running) == 2
+
+
+def test_colocated_prefill_slows_the_running_decodes():
+    prof = get_profile("H800", "qwen3-8b", 2)
+    w = Worker(0, "reserved", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
+    pure = float(prof.decode_iteration_s(1, 8000))
+    w.submit_decode(_req(8000, 400))
+    r = _req(16000, 50)
+    r.compute, r.prefix = 16000, 0
+    w.submit_prompt(r)
+    w.plan(0.0)
+    seg = w.seg
+    assert seg.kind == "prefill" and seg.k == 2  # 16,000 tokens in 8,192-token chunks
+    assert seg.dt > 10 * pure  # each chunk iteration carries the decode and the prefill chunk
+    w.finish()
+    assert w.it == 2 and len(w.running) == 2  # the decode advanced 2 tokens; the prompt joined decoding
