@@ -328,7 +328,9 @@ class NodeAgent:
 
     async def _converge(self, m: Managed, ds: link.DesiredState) -> None:
         spec = m.desired
-        if m.proc is None or m.proc.proc.returncode is not None:
+        if m.proc is not None and m.proc.proc.returncode is not None:
+            return  # it died: the monitor reports the crash (with its partial outputs), then restarts it
+        if m.proc is None:
             if time.monotonic() < m.next_start:
                 return
             if not await self._start(m):
@@ -458,6 +460,7 @@ class NodeAgent:
             if data.get("pid") == m.proc.pid:
                 aborted = [{**r, "finish_reason": "abort", "worker_id": m.desired.worker_id} for r in data["inflight"]]
             journal.unlink()
+        await m.proc.reap()
         log.warning("worker %s (pid %s) exited with %s; %d requests aborted", m.desired.worker_id, m.proc.pid, rc, len(aborted))
         self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="crashed",
                              detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted[:4096]))

@@ -40,7 +40,20 @@ class WorkerProcess:
             except asyncio.TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+        await self.reap()
         return self.proc.returncode or 0
+
+    async def reap(self) -> None:
+        """After exit: read the pipe to EOF so the transport closes (no leaked file descriptors)."""
+        await self.proc.wait()
+        if self.proc.stdout is not None:
+            try:
+                await asyncio.wait_for(self.proc.stdout.read(), 5)
+            except (asyncio.TimeoutError, OSError):
+                pass
+        transport = getattr(self.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
     def kill(self) -> None:
         if self.proc.returncode is None:
@@ -64,9 +77,10 @@ async def spawn_worker(
     for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):  # a worker never needs the agent's secrets
         env.pop(leak, None)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = await asyncio.create_subprocess_exec(
-        *args, env=env, cwd=str(REPO_ROOT), stdout=asyncio.subprocess.PIPE, stderr=open(state_dir / "stderr.log", "ab"),
-    )
+    with open(state_dir / "stderr.log", "ab") as errors:  # the child keeps its own descriptor
+        proc = await asyncio.create_subprocess_exec(
+            *args, env=env, cwd=str(REPO_ROOT), stdout=asyncio.subprocess.PIPE, stderr=errors,
+        )
     assert proc.stdout is not None
     try:
         while True:

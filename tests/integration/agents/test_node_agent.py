@@ -206,6 +206,7 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+        await proc.stdout.read()  # to EOF, so the pipe transport closes
 
 
 async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_path):
