@@ -350,6 +350,9 @@ class TorchEngine(Engine):
 
     # ---- data plane
     def _submit(self, req_id: str, kind: str, prompt: list[int], params: SamplingParams, kv_in: bytes | None = None) -> Seq:
+        limit = self.runner.max_positions
+        if len(prompt) + params.max_tokens > limit:  # a decode request's prompt length is checked on import
+            raise EngineError(f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceeds the model's {limit} positions")
         if req_id in self._by_id:
             raise Conflict(f"request {req_id!r} is already in flight on this worker")
         seq = Seq(req_id, kind, prompt, params, self.weight_version, asyncio.get_running_loop().create_future(), kv_in=kv_in)
@@ -564,6 +567,9 @@ class TorchEngine(Engine):
                 continue
             s.kv_in = None
             s.prompt = prompt
+            if len(prompt) + s.params.max_tokens > self.runner.max_positions:
+                done.append((s, EngineError(f"prompt ({len(prompt)}) + max_tokens exceeds the model's {self.runner.max_positions} positions")))
+                continue
             s.out_tokens.append(int(meta.get("first_token", 0)))
             s.logprobs.append(float(meta.get("first_logprob", 0.0)))
             s.weight_version = min(s.weight_version, int(meta.get("weight_version", s.weight_version)))

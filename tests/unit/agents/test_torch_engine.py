@@ -129,3 +129,17 @@ async def test_a_caller_that_goes_away_aborts_its_request():
         assert len(again.tokens) <= 3  # the id is free again
     finally:
         await e.shutdown()
+
+
+async def test_requests_beyond_the_models_positions_are_refused_up_front():
+    e = TorchEngine()
+    await e.start()
+    try:
+        limit = e.runner.max_positions
+        with pytest.raises(EngineError, match="positions") as err:
+            await e.generate(GenerateRequest(request_id="big", sampling=SamplingParams(max_tokens=limit)), [1, 2])
+        assert err.value.status == 400
+        ok = await e.generate(GenerateRequest(request_id="ok", sampling=SamplingParams(max_tokens=2)), [1, 2])
+        assert len(ok.tokens) <= 2
+    finally:
+        await e.shutdown()
