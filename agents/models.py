@@ -58,7 +58,7 @@ def load_model(spec: str = "tiny", *, seed: int = TINY_SEED) -> torch.nn.Module:
         path = Path(spec)
         if not path.is_dir():
             raise ValueError(f"model must be 'tiny' or a local directory, got {spec!r}")
-        model = Qwen3ForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32, use_safetensors=True)
+        model = Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True)
         model.config._attn_implementation = "sdpa"
     return model.eval()
 

@@ -150,7 +150,7 @@ class GRPOTrainer:
         if self.ckpt_dir:
             self.save_checkpoint()
         return StepStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
-                         rejected, float(kl_val), time.perf_counter() - t0)
+                         rejected, float(kl_val.detach()), time.perf_counter() - t0)
 
     # ---- weights
     def wire_state(self) -> dict[str, torch.Tensor]:

@@ -143,3 +143,17 @@ async def test_requests_beyond_the_models_positions_are_refused_up_front():
         assert len(ok.tokens) <= 2
     finally:
         await e.shutdown()
+
+
+async def test_a_local_model_directory_loads_with_the_same_outputs(tmp_path):
+    models.load_model("tiny").save_pretrained(tmp_path / "m", safe_serialization=True)
+    assert (tmp_path / "m" / "model.safetensors").exists()
+    outs = []
+    for spec in ("tiny", str(tmp_path / "m")):
+        e = TorchEngine(model=spec)
+        await e.start()
+        try:
+            outs.append((await e.generate(GenerateRequest(request_id="x", sampling=SamplingParams(max_tokens=8, stop_at_eos=False)), [256, 104, 105])).tokens)
+        finally:
+            await e.shutdown()
+    assert outs[0] == outs[1]

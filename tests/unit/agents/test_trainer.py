@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from agents import models
@@ -129,3 +130,11 @@ def test_kill_during_training_loses_at_most_one_step(tmp_path):
         assert weights_hash(resumed.model) == seen[resumed.version]
     pointed = tmp_path / (tmp_path / "latest").read_text()
     assert sorted(p.name for p in pointed.iterdir()) == ["model.safetensors", "optimizer.safetensors", "trainer.json"]
+
+
+def test_kl_to_the_reference_is_zero_at_start_and_grows():
+    trainer = GRPOTrainer("tiny", GRPOConfig(lr=1e-2, kl_beta=0.1, max_staleness=10))
+    first = trainer.step(fixed_batch(0))
+    assert first.kl == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    later = [trainer.step(fixed_batch(s)).kl for s in range(1, 4)]
+    assert later[-1] > 1e-6
