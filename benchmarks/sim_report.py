@@ -64,9 +64,10 @@ big lever as in the paper: +77% / +89% at 4 rollout GPUs (paper +94% / +118%), +
    prefill share of GPU time is 17% for ROLL and 3% for RLBoost+ at 4–15 workers (paper's motivation: 26.5%),
    because prefix caches keep per-turn prefill to the new ~1.1K tokens. Making prefill heavier (70% prefix
    reuse: 90% of tokens / 23% of ROLL's time are prefill, near the paper's 96.7% / 26.5%) still leaves PEARL
-   (K_seq-capped) −1.5% vs RLBoost+ on 8B Seg2. Even where the paper measures disaggregation +9.7%
-   (Qwen3-30B-A3B, 16 GPUs, batch 32), colocation wins in the simulator (mode-crossover table; at 30% prefix
-   reuse, measured separately, 8C 473 s vs 483 s for the best split). A colocated chunk iteration here costs decode + prefill-chunk time
+   (K_seq-capped) −1.5% vs RLBoost+ on 8B Seg2. The mode-crossover replay (Qwen3-30B-A3B, 8 workers) has the
+   paper's trend but not its level: best disaggregation vs colocation goes −3.0% → −10.5% from batch 32 to 96
+   (paper +9.7% → −6.1%), about 12 points lower throughout (at 30% prefix reuse, measured separately, batch 32:
+   8C 473 s vs 483 s for 2P6D). A colocated chunk iteration here costs decode + prefill-chunk time
    (weights read twice, if anything over-charging colocation), so the paper's PD gain needs an interference or
    hand-off effect this iteration-level model does not produce; which one cannot be told from the paper.
 2. *Core's tracker over-estimates K_seq*, the peak KV of a trajectory: prompt + S·(ΔL + r) with S the turns of
