@@ -252,6 +252,9 @@ class NodeAgent:
 
     async def _heartbeat_loop(self) -> None:
         while True:
+            if self.epoch == 0:  # not registered yet: a heartbeat without an epoch would be refused as stale
+                await asyncio.sleep(0.05)
+                continue
             await self._observe()
             self.send(self.heartbeat_message())
             records = await self._collect_telemetry()

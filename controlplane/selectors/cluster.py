@@ -101,7 +101,10 @@ def desired_state(node: Node) -> DesiredState:
     for b in WorkerGPU.objects.filter(alive=True, gpu__node=node).values("worker_id", "gpu__index"):
         indexes[b["worker_id"]].append(b["gpu__index"])
     workers = []
+    weights_urls: dict[int, str] = {}
     for w in Worker.objects.filter(node=node, alive=True).select_related("job").order_by("job_id", "slot"):
+        if w.job_id not in weights_urls:
+            weights_urls[w.job_id] = weights_url(w.job_id)
         workers.append(
             DesiredWorker(
                 worker_id=w.id,
@@ -112,12 +115,20 @@ def desired_state(node: Node) -> DesiredState:
                 model=w.job.model,
                 job=w.job.name,
                 min_weight_version=max(0, w.job.weight_version - w.job.max_staleness),
+                weights_url="" if w.role == Role.TRAINING else weights_urls[w.job_id],
             )
         )
     deadline = node.preemption_deadline.timestamp() if node.preemption_deadline else None
     return DesiredState(
         generation=node.generation, epoch=node.epoch, status=node.status, workers=workers, preemption_deadline=deadline
     )
+
+
+def weights_url(job_id: int) -> str:
+    """Where the job's rollout workers pull weight snapshots: its trainer's endpoint (pull-based)."""
+    endpoint = (Worker.objects.filter(job_id=job_id, alive=True, role=Role.TRAINING).exclude(endpoint="")
+                .order_by("slot").values_list("endpoint", flat=True).first())
+    return f"{endpoint.rstrip('/')}/weights/" if endpoint else ""
 
 
 def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int] | None = None) -> list[WorkerView]:

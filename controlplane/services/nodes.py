@@ -9,7 +9,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.core.agent_link import Heartbeat, Register
-from controlplane.core.state import Activity, NodeStatus, Pool, Zone
+from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
 from controlplane.services.common import locked
@@ -127,6 +127,8 @@ def record_heartbeat(*, node_id: int, message: Heartbeat) -> bool:
             w = mine.get(o.worker_id)
             if w is not None and (w.endpoint, w.weight_version, w.inflight) != (o.endpoint, o.weight_version, o.inflight):
                 Worker.objects.filter(pk=w.pk).update(endpoint=o.endpoint, weight_version=o.weight_version, inflight=o.inflight)
+                if w.role == Role.TRAINING and (o.weight_version > w.weight_version or o.endpoint != w.endpoint):
+                    _publish_weights(w.job_id, o.weight_version, node)
         if recovered:
             emit(kind="node.recovered", message=f"node {node.name} is heartbeating again", node=node, actor=f"agent:{node.name}")
         push_delta_on_commit(
@@ -137,6 +139,23 @@ def record_heartbeat(*, node_id: int, message: Heartbeat) -> bool:
         if recovered:
             push_node(node.pk)
     return True
+
+
+def _publish_weights(job_id: int, version: int, node: Node) -> None:
+    """A trainer reported a new weight version (or a new endpoint): raise the job's version and send
+    every node with a worker of the job its new desired state, so workers pull lazily."""
+    from controlplane.models import Job
+
+    job = locked(Job.objects.filter(pk=job_id)).first()
+    if job is None:
+        return
+    if version > job.weight_version:
+        job.weight_version = version
+        job.save(update_fields=["weight_version", "updated"])
+        emit(kind="weights.published", message=f"{job.name}: weights v{version}", job=job, node=node,
+             actor=f"agent:{node.name}", data={"version": version})
+    for other in Node.objects.filter(workers__job=job, workers__alive=True).distinct():
+        bump_generation(other)
 
 
 def _fence_workers(node: Node) -> int:

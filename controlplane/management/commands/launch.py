@@ -186,6 +186,6 @@ class Command(BaseCommand):
         if Job.objects.filter(status__in=["pending", "running"]).exists():
             return
         name = f"demo-{int(time.time()) % 100000}"
-        create_job(spec={"name": name, "model": "qwen3-8b", "hardware": "h800", "engine": "emulated", "tp": 2,
+        create_job(spec={"name": name, "model": "tiny", "hardware": "h800", "engine": "emulated", "tp": 2,
                          "batch_size": 64, "group_size": 16, "rollout_gpus": 12, "training_gpus": 4}, actor="launcher")
         self.step(f"demo job {name} submitted (policy pearl)")

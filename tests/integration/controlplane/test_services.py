@@ -216,3 +216,27 @@ def test_fuzz_random_service_calls_keep_invariants():
         _assert_valid()
     assert ok > 50 and refused > 20  # both paths were really exercised
     assert t.gpus.count() == 4
+
+
+def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+
+    t = make_node("t1", pool="training", slots=2)
+    r = make_node("r1", slots=2)
+    job = make_job(training_gpus=2)
+    trainer = workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
+    workers.start_worker(job_id=job.pk, node_id=r.pk, gpu_indexes=[0], role="colocated", activity="active")
+    gen_before = Node.objects.get(pk=r.pk).generation
+    hb = Heartbeat(epoch=t.epoch, generation=0, workers=[ObservedWorker(
+        worker_id=trainer.pk, role="training", activity="inactive", state="running", weight_version=3,
+        endpoint="http://127.0.0.1:9999")])
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb)
+    job.refresh_from_db()
+    assert job.weight_version == 3
+    assert Event.objects.filter(kind="weights.published", job=job).count() == 1
+    r.refresh_from_db()
+    assert r.generation > gen_before
+    (w,) = desired_state(r).workers
+    assert w.weights_url == "http://127.0.0.1:9999/weights/" and w.min_weight_version == 2
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb)  # same version again: nothing new
+    assert Event.objects.filter(kind="weights.published", job=job).count() == 1
