@@ -101,13 +101,15 @@ class _TrackedPolicy:
     name = "base"
 
     def __init__(self, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
-                 thresholds: Thresholds | None = None, tracker: RuntimeTracker | None = None) -> None:
+                 thresholds: Thresholds | None = None, tracker: RuntimeTracker | None = None,
+                 max_trajectory_tokens: int | None = None) -> None:
         if batch_size <= 0:
             raise ValueError("batch_size must be > 0")
         self.profile = profile
         self.batch_size = batch_size
         self.thresholds = thresholds or Thresholds()
-        self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size)
+        self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size,
+                                                 max_trajectory_tokens=max_trajectory_tokens)
         self.last_action: PolicyAction | None = None
 
     def observe(self, record: TelemetryRecord) -> None:

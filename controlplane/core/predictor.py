@@ -34,6 +34,12 @@ class WorkloadProfile:
     mean_context: float  # L̄ for decode KV reads
     prefix_tokens: float = 0.0  # mean cached prefix at a turn's prefill
     overhead_s: float = 0.0  # T_over per turn under colocation
+    # Online correction of the closed forms, per mode: observed / predicted makespan of recent steps
+    # (the runtime tracker fits them; 1.0 = the raw Eq. 1–3). Like the correction factors of Dynamo's
+    # planner, it absorbs what the closed forms leave out (stragglers at the length cap, the decode batch
+    # draining to the tail) without changing the shape of the model.
+    scale_colocated: float = 1.0
+    scale_disaggregated: float = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 0 or self.turns < 0 or self.theta < 0:
@@ -103,6 +109,7 @@ class Prediction:
     overhead_s: float
     feasible: bool
     why_infeasible: str = ""
+    correction: float = 1.0  # makespan = correction × (the raw closed form the parts add up to)
 
     @property
     def label(self) -> str:
@@ -128,10 +135,10 @@ def predict_colocated(workload: WorkloadProfile, coeffs: EngineCoefficients, n: 
     prefill = w.turns * w.batch_size * w.new_prompt_tokens / n * coeffs.t_prefill
     decode = w.turns * w.generated_tokens * float(coeffs.decode_iteration_s(w.batch_size / n))
     overhead = w.turns * w.overhead_s
-    makespan = prefill + decode + overhead + w.env_time_s
+    makespan = (prefill + decode + overhead + w.env_time_s) * w.scale_colocated
     fits = kv_fits(w, coeffs, n)
     return Prediction(config, makespan, prefill, decode, 0.0, w.env_time_s, overhead, fits,
-                      "" if fits else "KV of the batch exceeds the workers' HBM")
+                      "" if fits else "KV of the batch exceeds the workers' HBM", w.scale_colocated)
 
 
 def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: np.ndarray, n_decode: np.ndarray):
@@ -157,9 +164,10 @@ def predict_disaggregated(
     config = Configuration.disaggregated(n_prefill, n_decode)
     p, kv, d = _disagg_arrays(workload, coeffs, np.asarray(float(n_prefill)), np.asarray(float(n_decode)))
     prefill, kvs, decode = float(p), float(kv), float(d)
-    makespan = max(prefill + kvs, decode) + workload.env_time_s
+    makespan = (max(prefill + kvs, decode) + workload.env_time_s) * workload.scale_disaggregated
     why = _why(workload, coeffs, n_decode, prefill + kvs, decode, rule)
-    return Prediction(config, makespan, prefill, decode, kvs, workload.env_time_s, 0.0, not why, why)
+    return Prediction(config, makespan, prefill, decode, kvs, workload.env_time_s, 0.0, not why, why,
+                      workload.scale_disaggregated)
 
 
 def _why(w: WorkloadProfile, c: EngineCoefficients, n_decode: int, t_pre: float, t_dec: float, rule: FeasibilityRule) -> str:
@@ -197,7 +205,7 @@ def disaggregated_table(
     p, kv, d = _disagg_arrays(workload, coeffs, n_p, n_d)
     kv = np.array(kv, dtype=float)
     t_pre = p + kv
-    makespan = np.maximum(t_pre, d) + workload.env_time_s
+    makespan = (np.maximum(t_pre, d) + workload.env_time_s) * workload.scale_disaggregated
     need = workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token
     kv_ok = n_d * coeffs.hbm_kv_capacity >= need
     keepup_ok = t_pre <= rule.prefill_keepup * d

@@ -139,6 +139,9 @@ class _Pairs:
         return a, b, conf, n
 
 
+SCALE_MIN, SCALE_MAX = 0.5, 2.0  # bounds of the online makespan correction
+
+
 class RuntimeTracker:
     """Ingests TelemetryRecords and serves the current fitted workload + engine coefficients."""
 
@@ -154,9 +157,13 @@ class RuntimeTracker:
         min_engine_samples: int = 20,
         window: int = 64,
         engine_window: int = 2048,
+        max_trajectory_tokens: int | None = None,
     ) -> None:
         self.profile = profile
-        self.prior = workload_prior or swe_bench_workload(batch_size or 64, model=profile.model)
+        # The job's trajectory length cap: no trajectory's KV outgrows it, whatever S·(ΔL + r) says.
+        self.max_trajectory_tokens = max_trajectory_tokens if max_trajectory_tokens and max_trajectory_tokens > 0 else None
+        self.prior = workload_prior or swe_bench_workload(
+            batch_size or 64, self.max_trajectory_tokens or 32768, model=profile.model)
         if batch_size is not None and batch_size != self.prior.batch_size:
             self.prior = replace(self.prior, batch_size=batch_size)
         self.half_life = half_life
@@ -170,6 +177,9 @@ class RuntimeTracker:
         self._f = _Series(window)
         self._batch = _Series(window)
         self._peak = _Series(window)
+        # observed / raw-predicted makespan per mode (see WorkloadProfile.scale_*), and both modes pooled
+        self._scale = {"colocated": _Series(window), "disaggregated": _Series(window)}
+        self._scale_all = _Series(window)
         self._decode = _Pairs(engine_window)
         self._prefill = _Pairs(engine_window)
         self._bw = _Series(engine_window)
@@ -221,6 +231,14 @@ class RuntimeTracker:
             self._env.add(rec.env_time_total_s)
         if 0.0 < rec.active_decode_fraction <= 1.0:
             self._f.add(rec.active_decode_fraction)
+        if rec.makespan_s > 0 and rec.predicted_makespan_s > 0 and rec.mode in self._scale:
+            # The prediction already carried the correction in force (corrections only change at STEP
+            # records), so the raw closed form predicted predicted/scale: the new sample is
+            # scale·observed/predicted. Bounded: one wild step cannot swing the model.
+            used = self._scales()[rec.mode]
+            sample = min(max(used * rec.makespan_s / rec.predicted_makespan_s, SCALE_MIN), SCALE_MAX)
+            self._scale[rec.mode].add(sample)
+            self._scale_all.add(sample)
 
     def _observe_turn(self, rec: TelemetryRecord) -> None:
         key = (rec.job, rec.step)
@@ -256,6 +274,16 @@ class RuntimeTracker:
         self._cache = None
 
     # -- outputs ------------------------------------------------------------------------------
+    def _scales(self) -> dict[str, float]:
+        """Per-mode makespan correction; a mode never run yet borrows the pooled figure (else 1)."""
+        hl, ms = self.half_life, self.min_steps
+        pooled = self._scale_all.estimate(1.0, hl, ms, 8)
+        out = {}
+        for mode, series in self._scale.items():
+            est = series.estimate(pooled.value, hl, ms, 8)
+            out[mode] = min(max(est.value, SCALE_MIN), SCALE_MAX)
+        return out
+
     def workload(self) -> tuple[WorkloadProfile, dict[str, Estimate]]:
         p = self.prior
         hl, ms = self.half_life, self.min_steps
@@ -281,9 +309,18 @@ class RuntimeTracker:
             peak = prompt + turns * (dl + r)
             ctx = peak * (p.mean_context / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5)
             pre = peak * (p.prefix_tokens / p.kv_seq_tokens if p.kv_seq_tokens > 0 else 0.5)
+        cap = self.max_trajectory_tokens
+        if cap and peak > cap:  # length-capped trajectories: K_seq and the contexts scaled from it stop there
+            k = cap / peak
+            peak, ctx, pre = float(cap), ctx * k, pre * k
+        pooled = self._scale_all.estimate(1.0, hl, ms, 8)
+        for mode, series in self._scale.items():
+            est[f"scale_{mode}"] = series.estimate(pooled.value, hl, ms, 8)
+        scales = self._scales()
         w = replace(
             p, batch_size=int(round(b.value)), turns=turns, new_prompt_tokens=dl, generated_tokens=r,
             env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=ctx, prefix_tokens=pre,
+            scale_colocated=scales["colocated"], scale_disaggregated=scales["disaggregated"],
         )
         return w, est
 

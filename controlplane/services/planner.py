@@ -80,7 +80,8 @@ def ensure_training_workers(job: Job) -> int:
 
 def _policy(job: Job) -> Any:
     profile = get_profile(job.hardware, job.model, tp=job.tp)
-    policy = make_policy(job.policy, profile=profile, batch_size=job.batch_size)
+    policy = make_policy(job.policy, profile=profile, batch_size=job.batch_size,
+                         max_trajectory_tokens=job.max_trajectory_tokens)
     samples = TelemetrySample.objects.filter(job=job).order_by("-id").values_list("record", flat=True)[:TELEMETRY_WINDOW]
     for raw in reversed(list(samples)):
         policy.observe(TelemetryRecord.from_json(raw))

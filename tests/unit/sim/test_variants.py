@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.sim.adapters import UngatedPearl, parse_variant, resolve_policy
+from controlplane.sim.adapters import make_sim_policy, parse_variant, resolve_policy
 from controlplane.sim.cluster import run_policy
 from controlplane.sim.scenario import ScenarioError, scenario_from_dict
 
@@ -29,8 +29,13 @@ def test_borrowing_off_never_borrows_and_forced_disaggregation_is_applied():
     assert ab.borrowed_gpu_s > 0.0
 
 
-def test_ungated_adapter_admits_and_names_are_checked():
-    assert UngatedPearl._gate(None, None, None, None, 1, 2).admit  # type: ignore[arg-type]
+def test_ungated_variant_uses_cores_gate_switch_and_names_are_checked():
+    from controlplane.core.profiles import get_profile
+
+    sc = _scenario(AB={"base": "pearl", "gate": False})
+    policy, variant = make_sim_policy("AB", sc, get_profile(sc.cluster.hardware, sc.model, tp=sc.cluster.tp))
+    assert variant.base == "pearl" and policy.gated is False
+    assert policy.tracker.max_trajectory_tokens == sc.workload.max_length
     assert resolve_policy("pearl", {}).base == "pearl"
     with pytest.raises(ValueError):
         resolve_policy("nope", {})
