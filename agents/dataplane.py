@@ -9,10 +9,10 @@ token returned by `prefill`, so a decode peer needs no other secret.
 """
 from __future__ import annotations
 
-import types
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from controlplane.core.wire import bounded, parse_dataclass
 
 AUTH_HEADER = "Authorization"
 KV_TOKEN_HEADER = "X-PEARL-KV-Token"
@@ -46,17 +46,13 @@ class DataPlaneError(ValueError):
     """A request that does not follow the data-plane protocol (-> HTTP 400)."""
 
 
-def _bounded(lo: float | None = None, hi: float | None = None, max_len: int | None = None) -> dict[str, Any]:
-    return {"lo": lo, "hi": hi, "max_len": max_len}
-
-
 # ------------------------------------------------------------------ requests
 @dataclass(slots=True)
 class SamplingParams:
-    max_tokens: int = field(default=16, metadata=_bounded(1, MAX_NEW_TOKENS))
-    temperature: float = field(default=0.0, metadata=_bounded(0.0, 10.0))  # 0 = greedy
-    top_p: float = field(default=1.0, metadata=_bounded(1e-6, 1.0))
-    seed: int = field(default=0, metadata=_bounded(0, 2**62))
+    max_tokens: int = field(default=16, metadata=bounded(1, MAX_NEW_TOKENS))
+    temperature: float = field(default=0.0, metadata=bounded(0.0, 10.0))  # 0 = greedy
+    top_p: float = field(default=1.0, metadata=bounded(1e-6, 1.0))
+    seed: int = field(default=0, metadata=bounded(0, 2**62))
     stop_at_eos: bool = True
 
 
@@ -64,12 +60,12 @@ class SamplingParams:
 class GenerateRequest:
     """Colocated generation (also the prefill half of a PD request, see PrefillRequest)."""
 
-    request_id: str = field(metadata=_bounded(max_len=MAX_ID_LEN))
-    prompt_tokens: list[int] = field(default_factory=list, metadata=_bounded(0, 2**31 - 1, MAX_PROMPT_TOKENS))
-    prompt: str = field(default="", metadata=_bounded(max_len=4 * MAX_PROMPT_TOKENS))
+    request_id: str = field(metadata=bounded(max_len=MAX_ID_LEN))
+    prompt_tokens: list[int] = field(default_factory=list, metadata=bounded(0, 2**31 - 1, MAX_PROMPT_TOKENS))
+    prompt: str = field(default="", metadata=bounded(max_len=4 * MAX_PROMPT_TOKENS))
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    min_weight_version: int = field(default=0, metadata=_bounded(0))
-    job: str = field(default="", metadata=_bounded(max_len=MAX_ID_LEN))
+    min_weight_version: int = field(default=0, metadata=bounded(0))
+    job: str = field(default="", metadata=bounded(max_len=MAX_ID_LEN))
 
 
 PrefillRequest = GenerateRequest  # same body; the worker keeps the KV under a handle
@@ -79,18 +75,18 @@ PrefillRequest = GenerateRequest  # same body; the worker keeps the KV under a h
 class DecodeRequest:
     """Continue a sequence from a KV cache that this worker pulls from the prefill worker."""
 
-    request_id: str = field(metadata=_bounded(max_len=MAX_ID_LEN))
-    kv_url: str = field(metadata=_bounded(max_len=2048))  # http://host:port of the prefill worker
-    handle: str = field(metadata=_bounded(max_len=MAX_ID_LEN))
-    kv_token: str = field(default="", metadata=_bounded(max_len=256))
+    request_id: str = field(metadata=bounded(max_len=MAX_ID_LEN))
+    kv_url: str = field(metadata=bounded(max_len=2048))  # http://host:port of the prefill worker
+    handle: str = field(metadata=bounded(max_len=MAX_ID_LEN))
+    kv_token: str = field(default="", metadata=bounded(max_len=256))
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    min_weight_version: int = field(default=0, metadata=_bounded(0))
-    job: str = field(default="", metadata=_bounded(max_len=MAX_ID_LEN))
+    min_weight_version: int = field(default=0, metadata=bounded(0))
+    job: str = field(default="", metadata=bounded(max_len=MAX_ID_LEN))
 
 
 @dataclass(slots=True)
 class AbortRequest:
-    request_id: str = field(metadata=_bounded(max_len=MAX_ID_LEN))
+    request_id: str = field(metadata=bounded(max_len=MAX_ID_LEN))
 
 
 @dataclass(slots=True)
@@ -99,21 +95,21 @@ class DrainRequest:
     `abort`: abort now. Either way the partial outputs come back."""
 
     mode: str = "wait"
-    timeout_s: float = field(default=30.0, metadata=_bounded(0.0, 3600.0))
+    timeout_s: float = field(default=30.0, metadata=bounded(0.0, 3600.0))
 
 
 @dataclass(slots=True)
 class SleepRequest:
-    level: int = field(default=1, metadata=_bounded(0, 2))
+    level: int = field(default=1, metadata=bounded(0, 2))
 
 
 @dataclass(slots=True)
 class LoadWeightsRequest:
     """Pull weights `version` (0 = latest) from a weight store (`url` = its base URL)."""
 
-    url: str = field(metadata=_bounded(max_len=2048))
-    version: int = field(default=0, metadata=_bounded(0))
-    token: str = field(default="", metadata=_bounded(max_len=256))
+    url: str = field(metadata=bounded(max_len=2048))
+    version: int = field(default=0, metadata=bounded(0))
+    token: str = field(default="", metadata=bounded(max_len=256))
 
 
 @dataclass(slots=True)
@@ -195,25 +191,8 @@ def dump(obj: Any) -> dict[str, Any]:
 
 
 def parse(cls: type, data: Any, where: str | None = None) -> Any:
-    """Strictly build dataclass `cls` from decoded JSON."""
-    where = where or cls.__name__
-    if not isinstance(data, dict):
-        raise DataPlaneError(f"{where}: body must be a JSON object")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls)}
-    unknown = set(data) - known
-    if unknown:
-        raise DataPlaneError(f"{where}: unknown fields {sorted(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise DataPlaneError(f"{where}: missing field {f.name!r}")
-            continue
-        kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}.{f.name}", f.metadata)
-    obj = cls(**kwargs)
-    _check(obj, where)
-    return obj
+    """Strictly build dataclass `cls` from decoded JSON (the shared wire parser, DataPlaneError)."""
+    return parse_dataclass(cls, data, where or cls.__name__, error=DataPlaneError, check=_check)
 
 
 def _check(obj: Any, where: str) -> None:
@@ -235,61 +214,21 @@ def _check(obj: Any, where: str) -> None:
             raise DataPlaneError(f"{where}: URL must be http(s)")
 
 
-def _coerce(hint: Any, value: Any, where: str, meta: Any) -> Any:
-    lo, hi, max_len = (meta or {}).get("lo"), (meta or {}).get("hi"), (meta or {}).get("max_len")
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        opts = typing.get_args(hint)
-        if value is None and type(None) in opts:
-            return None
-        return _coerce([o for o in opts if o is not type(None)][0], value, where, meta)
-    if origin is list:
-        if not isinstance(value, list):
-            raise DataPlaneError(f"{where}: must be a list")
-        if max_len is not None and len(value) > max_len:
-            raise DataPlaneError(f"{where}: at most {max_len} items")
-        (item,) = typing.get_args(hint)
-        return [_coerce(item, v, f"{where}[{i}]", {"lo": lo, "hi": hi}) for i, v in enumerate(value)]
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise DataPlaneError(f"{where}: must be a boolean")
-        return value
-    if hint in (int, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and not isinstance(value, int)):
-            raise DataPlaneError(f"{where}: must be {'an integer' if hint is int else 'a number'}")
-        if value != value or value in (float("inf"), float("-inf")):
-            raise DataPlaneError(f"{where}: must be finite")
-        if lo is not None and value < lo:
-            raise DataPlaneError(f"{where}: must be >= {lo}")
-        if hi is not None and value > hi:
-            raise DataPlaneError(f"{where}: must be <= {hi}")
-        return hint(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise DataPlaneError(f"{where}: must be a string")
-        if len(value) > (max_len or 4096):
-            raise DataPlaneError(f"{where}: too long")
-        return value
-    if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
-        return parse(hint, value, where)
-    raise DataPlaneError(f"{where}: unsupported field type")  # pragma: no cover
-
-
 # ------------------------------------------------------------------ trainer
 @dataclass(slots=True)
 class TrainSample:
     """One completion of a GRPO group, as the rollout produced it (behaviour log-probs included)."""
 
-    group: str = field(metadata=_bounded(max_len=MAX_ID_LEN))
-    prompt_tokens: list[int] = field(metadata=_bounded(0, 2**31 - 1, MAX_PROMPT_TOKENS))
-    completion_tokens: list[int] = field(metadata=_bounded(0, 2**31 - 1, MAX_NEW_TOKENS))
-    logprobs: list[float] = field(metadata=_bounded(-1e4, 0.0, MAX_NEW_TOKENS))
-    reward: float = field(metadata=_bounded(-1e6, 1e6))
-    weight_version: int = field(metadata=_bounded(0))  # oldest version that produced the completion
-    temperature: float = field(default=1.0, metadata=_bounded(1e-3, 10.0))
+    group: str = field(metadata=bounded(max_len=MAX_ID_LEN))
+    prompt_tokens: list[int] = field(metadata=bounded(0, 2**31 - 1, MAX_PROMPT_TOKENS))
+    completion_tokens: list[int] = field(metadata=bounded(0, 2**31 - 1, MAX_NEW_TOKENS))
+    logprobs: list[float] = field(metadata=bounded(-1e4, 0.0, MAX_NEW_TOKENS))
+    reward: float = field(metadata=bounded(-1e6, 1e6))
+    weight_version: int = field(metadata=bounded(0))  # oldest version that produced the completion
+    temperature: float = field(default=1.0, metadata=bounded(1e-3, 10.0))
 
 
 @dataclass(slots=True)
 class SubmitSamples:
-    samples: list[TrainSample] = field(metadata=_bounded(max_len=4096))
+    samples: list[TrainSample] = field(metadata=bounded(max_len=4096))
     train: bool = True  # run a step once a full batch is queued

@@ -11,12 +11,11 @@ field, and the consumer answers with an `error` message instead of changing anyt
 """
 from __future__ import annotations
 
-import types
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from controlplane.core.state import Activity, Pool, Role
+from controlplane.core.wire import bounded, parse_dataclass
 
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_SLOTS = 64
@@ -57,7 +56,7 @@ class DesiredWorker:
     """What the control plane wants one worker on this node to be."""
 
     worker_id: int
-    gpus: list[int]  # slot indexes on this node (G_w); fixed for the worker's life
+    gpus: list[int] = field(metadata=bounded(max_len=MAX_SLOTS))  # slot indexes on this node (G_w); fixed for life
     role: Role
     activity: Activity
     engine: str
@@ -77,7 +76,7 @@ class Register:
     node: str
     pool: Pool
     hardware: str
-    slots: list[SlotSpec]
+    slots: list[SlotSpec] = field(metadata=bounded(max_len=MAX_SLOTS))
     incarnation: str  # new per agent process start (a restarted agent is a new incarnation)
     engine: str = "emulated"
     data_plane: str = ""  # base URL of the agent's data plane, if any
@@ -88,14 +87,14 @@ class Heartbeat:
     type: ClassVar[str] = "heartbeat"
     epoch: int
     generation: int  # last desired-state generation the agent applied
-    workers: list[ObservedWorker] = field(default_factory=list)
+    workers: list[ObservedWorker] = field(default_factory=list, metadata=bounded(max_len=MAX_WORKERS))
 
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
     type: ClassVar[str] = "telemetry"
     epoch: int
-    records: list[dict[str, Any]]  # controlplane.core.telemetry.TelemetryRecord.to_json() objects
+    records: list[dict[str, Any]] = field(metadata=bounded(max_len=MAX_TELEMETRY_RECORDS))  # TelemetryRecord.to_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +123,7 @@ class DesiredState:
     generation: int
     epoch: int
     status: str  # ready | draining | not_ready | gone
-    workers: list[DesiredWorker]
+    workers: list[DesiredWorker] = field(metadata=bounded(max_len=MAX_WORKERS))
     preemption_deadline: float | None = None  # unix time by which the node must be empty
 
 
@@ -163,81 +162,9 @@ def _parse_typed(data: Any, table: dict[str, type]) -> Any:
     if cls is None:
         raise LinkError(f"unknown message type: {kind!r}")
     body = {k: v for k, v in data.items() if k != "type"}
-    return _build(cls, body, kind)
+    return parse_dataclass(cls, body, kind, error=LinkError, int_min=0, check=_check)
 
 
-_LIMITS = {"slots": MAX_SLOTS, "workers": MAX_WORKERS, "records": MAX_TELEMETRY_RECORDS, "aborted": 4096, "gpus": MAX_SLOTS}
-
-
-def _build(cls: type, body: Any, where: str) -> Any:
-    if not isinstance(body, dict):
-        raise LinkError(f"{where}: must be a JSON object")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
-    unknown = set(body) - names
-    if unknown:
-        raise LinkError(f"{where}: unknown fields {sorted(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in body:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise LinkError(f"{where}: missing field {f.name!r}")
-            continue
-        kwargs[f.name] = _coerce(hints[f.name], body[f.name], f"{where}.{f.name}")
-    result = cls(**kwargs)
-    if isinstance(result, ObservedWorker) and result.state not in WORKER_STATES:
-        raise LinkError(f"{where}.state: unknown worker state {result.state!r}")
-    return result
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        inner = [o for o in options if o is not type(None)][0]
-        return _coerce(inner, value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise LinkError(f"{where}: must be a list")
-        limit = _LIMITS.get(where.rsplit(".", 1)[-1], 4096)
-        if len(value) > limit:
-            raise LinkError(f"{where}: at most {limit} items")
-        (item,) = typing.get_args(hint)
-        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise LinkError(f"{where}: must be an object")
-        return value
-    if isinstance(hint, type) and issubclass(hint, (Role, Activity, Pool)):
-        try:
-            return hint(value)
-        except ValueError as exc:
-            raise LinkError(f"{where}: unknown value {value!r}") from exc
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise LinkError(f"{where}: must be a boolean")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise LinkError(f"{where}: must be an integer")
-        if value < 0:
-            raise LinkError(f"{where}: must be >= 0")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise LinkError(f"{where}: must be a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise LinkError(f"{where}: must be a string")
-        if len(value) > 4096:
-            raise LinkError(f"{where}: too long")
-        return value
-    if hint is Any:
-        return value
-    if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
-        return _build(hint, value, where)
-    raise LinkError(f"{where}: unsupported field type")  # pragma: no cover - protocol definition error
-
+def _check(obj: Any, where: str) -> None:
+    if isinstance(obj, ObservedWorker) and obj.state not in WORKER_STATES:
+        raise LinkError(f"{where}.state: unknown worker state {obj.state!r}")

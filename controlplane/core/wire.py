@@ -1,0 +1,110 @@
+"""Strict JSON -> dataclass parsing shared by every wire protocol (agent link, worker data plane).
+
+A message crosses a trust boundary, so parsing is strict: unknown fields, missing fields, wrong
+types, non-finite numbers, out-of-range values and oversized strings or lists raise the protocol's
+error class with a message naming the field (`heartbeat.workers[0].role: unknown value 'boss'`).
+Bounds live on the dataclass fields: `field(metadata=bounded(lo=0, max_len=64))`.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import types
+import typing
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any, Callable
+
+DEFAULT_MAX_STR = 4096
+DEFAULT_MAX_LIST = 4096
+
+
+def bounded(lo: float | None = None, hi: float | None = None, max_len: int | None = None) -> dict[str, Any]:
+    """Field metadata: numeric range [lo, hi] (also for list items) and max length of a str/list."""
+    return {"lo": lo, "hi": hi, "max_len": max_len}
+
+
+def parse_dataclass(
+    cls: type,
+    data: Any,
+    where: str,
+    *,
+    error: type[ValueError] = ValueError,
+    int_min: int | None = None,
+    check: Callable[[Any, str], None] | None = None,
+) -> Any:
+    """Build `cls` from decoded JSON, recursively; `int_min` is the default lower bound of integer
+    fields without their own; `check(obj, where)` runs on every dataclass built (cross-field rules)."""
+    if not isinstance(data, dict):
+        raise error(f"{where}: must be a JSON object")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise error(f"{where}: unknown fields {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise error(f"{where}: missing field {f.name!r}")
+            continue
+        kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}.{f.name}", dict(f.metadata), error, int_min, check)
+    obj = cls(**kwargs)
+    if check is not None:
+        check(obj, where)
+    return obj
+
+
+def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type[ValueError], int_min: int | None,
+            check: Callable[[Any, str], None] | None) -> Any:
+    lo, hi, max_len = meta.get("lo"), meta.get("hi"), meta.get("max_len")
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)][0]
+        return _coerce(inner, value, where, meta, error, int_min, check)
+    if origin is list:
+        if not isinstance(value, list):
+            raise error(f"{where}: must be a list")
+        limit = max_len if max_len is not None else DEFAULT_MAX_LIST
+        if len(value) > limit:
+            raise error(f"{where}: at most {limit} items")
+        (item,) = typing.get_args(hint)
+        item_meta = {"lo": lo, "hi": hi}
+        return [_coerce(item, v, f"{where}[{i}]", item_meta, error, int_min, check) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise error(f"{where}: must be an object")
+        return value
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise error(f"{where}: unknown value {value!r}") from None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise error(f"{where}: must be a boolean")
+        return value
+    if hint in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and not isinstance(value, int)):
+            raise error(f"{where}: must be {'an integer' if hint is int else 'a number'}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise error(f"{where}: must be finite")
+        low = lo if lo is not None else (int_min if hint is int else None)
+        if low is not None and value < low:
+            raise error(f"{where}: must be >= {low}")
+        if hi is not None and value > hi:
+            raise error(f"{where}: must be <= {hi}")
+        return hint(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise error(f"{where}: must be a string")
+        if len(value) > (max_len or DEFAULT_MAX_STR):
+            raise error(f"{where}: too long")
+        return value
+    if isinstance(hint, type) and is_dataclass(hint):
+        return parse_dataclass(hint, value, where, error=error, int_min=int_min, check=check)
+    raise error(f"{where}: unsupported field type")  # pragma: no cover - a protocol definition error
