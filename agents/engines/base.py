@@ -246,3 +246,32 @@ class Engine(ABC):
         while self.telemetry and len(out) < limit:
             out.append(self.telemetry.popleft().to_json())
         return out
+
+
+class LoopEngine(Engine):
+    """An engine driven by one background scheduling loop (continuous batching): requests queue up,
+    `_wake()` tells the loop there is work, and the loop runs iterations until it is idle again."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._work: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        self._work = asyncio.Event()
+        self._task = asyncio.create_task(self._loop())
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        if self._work:
+            self._work.set()
+        if self._task:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _wake(self) -> None:
+        assert self._work is not None, "engine not started"
+        self._work.set()
+
+    @abstractmethod
+    async def _loop(self) -> None: ...

@@ -21,7 +21,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, PrefillResult, SamplingParams
-from agents.engines.base import Conflict, Engine, EngineError
+from agents.engines.base import Conflict, EngineError, LoopEngine
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 from controlplane.core.profiles import Profile, get_profile
@@ -62,7 +62,7 @@ class ESeq:
         self.logprobs.append(synthetic_logprob(tok))
 
 
-class EmulatedEngine(Engine):
+class EmulatedEngine(LoopEngine):
     kind = "emulated"
 
     def __init__(self, *, model: str = "qwen3-8b", hardware: str = "H800", tp: int = 2, time_factor: float = 1.0,
@@ -76,26 +76,12 @@ class EmulatedEngine(Engine):
         self._pending: list[ESeq] = []
         self._running: list[ESeq] = []
         self._by_id: dict[str, ESeq] = {}
-        self._work: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._closed = False
         self._asleep_level = 0
         self._deadline: float | None = None
         self._last_end = 0.0
         # (predicted, observed) wall seconds of the last iterations: the fidelity check of the benchmark
         self.timing_log: list[tuple[int, float, float]] = []
 
-    # ---- lifecycle
-    async def start(self) -> None:
-        self._work = asyncio.Event()
-        self._task = asyncio.create_task(self._loop())
-
-    async def shutdown(self) -> None:
-        self._closed = True
-        if self._work:
-            self._work.set()
-        if self._task:
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _wait_s(self, seconds: float) -> None:
         await asyncio.sleep(seconds * self.time_factor)
@@ -108,8 +94,7 @@ class EmulatedEngine(Engine):
                    asyncio.get_running_loop().create_future(), prompt=prompt)
         self._by_id[req_id] = seq
         self._pending.append(seq)
-        assert self._work is not None
-        self._work.set()
+        self._wake()
         return seq
 
     async def _wait(self, seq: ESeq) -> ESeq:

@@ -30,7 +30,7 @@ from agents.dataplane import (
     PrefillResult,
     SamplingParams,
 )
-from agents.engines.base import Conflict, Engine, EngineError, NotFound
+from agents.engines.base import Conflict, EngineError, LoopEngine, NotFound
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 
@@ -317,7 +317,7 @@ class TorchRunner:
         return logits
 
 
-class TorchEngine(Engine):
+class TorchEngine(LoopEngine):
     kind = "torch"
 
     def __init__(self, *, model: str = "tiny", worker_id: int = 0, role: str = "colocated", job: str = "", threads: int | None = None, max_running: int = MAX_RUNNING) -> None:
@@ -331,21 +331,10 @@ class TorchEngine(Engine):
         self._aborts: set[str] = set()
         self._by_id: dict[str, Seq] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-engine")
-        self._work: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._closed = False
 
     # ---- lifecycle
-    async def start(self) -> None:
-        self._work = asyncio.Event()
-        self._task = asyncio.create_task(self._loop())
-
     async def shutdown(self) -> None:
-        self._closed = True
-        if self._work:
-            self._work.set()
-        if self._task:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await super().shutdown()
         self._executor.shutdown(wait=True)
 
     # ---- data plane
@@ -360,8 +349,7 @@ class TorchEngine(Engine):
         seq.future.add_done_callback(lambda _f: self._forget(seq))
         with self._lock:
             self._pending.append(seq)
-        assert self._work is not None
-        self._work.set()
+        self._wake()
         return seq
 
     async def _wait(self, seq: Seq) -> Seq:
@@ -412,8 +400,7 @@ class TorchEngine(Engine):
             return None
         with self._lock:
             self._aborts.add(request_id)
-        assert self._work is not None
-        self._work.set()
+        self._wake()
         await self._wait(seq)
         return self._result(seq)
 
