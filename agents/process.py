@@ -9,6 +9,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 READY = "PEARL_WORKER_READY "
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,3 +98,20 @@ async def spawn_worker(
             proc.kill()
         raise
     return WorkerProcess(worker_id, proc, port, secret, state_dir, args)
+
+
+async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, asyncio.Event]:
+    """Start an aiohttp app on host:port (0 = any free port); returns (runner, bound port, stop),
+    where `stop` is set by SIGTERM or SIGINT. The caller finishes its work and cleans the runner up."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return runner, bound, stop

@@ -18,10 +18,9 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from agents import dataplane as dp
+from agents.process import serve_until_signal
 from agents import models
 from agents.weights import WeightStore, atomic_write
 
@@ -300,20 +300,12 @@ class TrainerServer:
 
 
 async def serve(args: argparse.Namespace, token: str) -> None:
-    from aiohttp import web
 
     cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
     store = WeightStore(Path(args.weights_dir))
     trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store, threads=args.threads)
     server = TrainerServer(trainer, token)
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
     print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True)
     await stop.wait()
     async with server._lock:  # let a running step finish (its checkpoint is atomic anyway)

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import secrets
-import signal
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agents import dataplane as dp
+from agents.process import serve_until_signal
 from agents.engines.base import Engine, EngineError, NotFound
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
@@ -292,15 +292,7 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
     if state_dir:
         state_dir.mkdir(parents=True, exist_ok=True)
     server = WorkerServer(engine, secret, state_dir=state_dir)
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
     if state_dir:
         (state_dir / "endpoint.json").write_text(json.dumps({"port": port, "pid": os.getpid()}))
     print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid()}), flush=True)

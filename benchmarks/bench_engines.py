@@ -32,10 +32,8 @@ from agents import models  # noqa: E402
 
 # ---------------------------------------------------------------- 1. torch engine vs generate
 async def _engine_run(engine, batch: int, prompt_len: int, new: int, tag: str) -> tuple[float, float, float]:
-    from agents.engines.torch_engine import TorchEngine  # noqa: F401
-
     c = engine.counters
-    p0, it0, n0 = c.prefill_s_total, sum(c.iteration_s), c.decode_iterations
+    p0 = c.prefill_s_total
     c.iteration_s.clear()
     prompts = [[(i * 7 + j) % 256 for j in range(prompt_len)] for i in range(batch)]
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from agents.dataplane import (
     PrefillResult,
     SamplingParams,
 )
-from agents.engines.base import Conflict, EngineError, LoopEngine, NotFound
+from agents.engines.base import Conflict, EngineError, LoopEngine
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 

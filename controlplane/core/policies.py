@@ -91,7 +91,6 @@ from controlplane.core.borrowing import GateResult, gate  # noqa: E402
 from controlplane.core.decision import Decision, Thresholds, decide, evaluate  # noqa: E402
 from controlplane.core.predictor import WorkloadProfile  # noqa: E402
 from controlplane.core.profiles import EngineCoefficients, Profile  # noqa: E402
-from controlplane.core.state import Mode  # noqa: E402
 from controlplane.core.tracker import FittedProfile, RuntimeTracker  # noqa: E402
 
 

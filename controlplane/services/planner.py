@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from controlplane.core.policies import Overrides, PolicyContext, Signal, make_policy
 from controlplane.core.profiles import get_profile
-from controlplane.core.state import Activity, Configuration, Mode, NodeStatus, Pool, Role, Zone
+from controlplane.core.state import Activity, Configuration, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind, plan_transition
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU

@@ -8,11 +8,11 @@ import pytest
 from django.utils import timezone
 
 from controlplane.core.invariants import check_invariants
-from controlplane.core.state import Activity, NodeStatus, Role
+from controlplane.core.state import Activity, NodeStatus
 from controlplane.models import Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import desired_state, training_flags, worker_views
 from controlplane.services import jobs, nodes, workers
-from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound, PermissionDenied, ServiceError
+from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
 from tests.conftest import make_job, make_node
 

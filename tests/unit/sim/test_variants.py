@@ -1,7 +1,6 @@
 """Ablation variants reach core's policy as overrides/options, and the executor honours them."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
