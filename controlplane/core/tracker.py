@@ -140,6 +140,7 @@ class _Pairs:
 
 
 SCALE_MIN, SCALE_MAX = 0.5, 2.0  # bounds of the online makespan correction
+SCALE_MIN_SAMPLES = 1  # bounded, so one step of a fitted workload is enough to start correcting
 
 
 class RuntimeTracker:
@@ -216,6 +217,9 @@ class RuntimeTracker:
                 self.toggle.observe(record.duration_s, 0.0)
 
     def _observe_step(self, rec: TelemetryRecord) -> None:
+        # Whether the prediction this step was judged by came from a fitted workload (not the prior):
+        # only then is observed/predicted the model's error rather than the prior's.
+        workload_was_fitted = len(self._turns.values) >= self.min_steps and len(self._r.values) >= self.min_steps
         key = (rec.job, rec.step)
         self._stepped.add(key)
         self._turn_steps.pop(key, None)
@@ -231,7 +235,7 @@ class RuntimeTracker:
             self._env.add(rec.env_time_total_s)
         if 0.0 < rec.active_decode_fraction <= 1.0:
             self._f.add(rec.active_decode_fraction)
-        if rec.makespan_s > 0 and rec.predicted_makespan_s > 0 and rec.mode in self._scale:
+        if workload_was_fitted and rec.makespan_s > 0 and rec.predicted_makespan_s > 0 and rec.mode in self._scale:
             # The prediction already carried the correction in force (corrections only change at STEP
             # records), so the raw closed form predicted predicted/scale: the new sample is
             # scale·observed/predicted. Bounded: one wild step cannot swing the model.
@@ -276,11 +280,11 @@ class RuntimeTracker:
     # -- outputs ------------------------------------------------------------------------------
     def _scales(self) -> dict[str, float]:
         """Per-mode makespan correction; a mode never run yet borrows the pooled figure (else 1)."""
-        hl, ms = self.half_life, self.min_steps
-        pooled = self._scale_all.estimate(1.0, hl, ms, 8)
+        hl = self.half_life
+        pooled = self._scale_all.estimate(1.0, hl, SCALE_MIN_SAMPLES, 8)
         out = {}
         for mode, series in self._scale.items():
-            est = series.estimate(pooled.value, hl, ms, 8)
+            est = series.estimate(pooled.value, hl, SCALE_MIN_SAMPLES, 8)
             out[mode] = min(max(est.value, SCALE_MIN), SCALE_MAX)
         return out
 
@@ -313,9 +317,9 @@ class RuntimeTracker:
         if cap and peak > cap:  # length-capped trajectories: K_seq and the contexts scaled from it stop there
             k = cap / peak
             peak, ctx, pre = float(cap), ctx * k, pre * k
-        pooled = self._scale_all.estimate(1.0, hl, ms, 8)
+        pooled = self._scale_all.estimate(1.0, hl, SCALE_MIN_SAMPLES, 8)
         for mode, series in self._scale.items():
-            est[f"scale_{mode}"] = series.estimate(pooled.value, hl, ms, 8)
+            est[f"scale_{mode}"] = series.estimate(pooled.value, hl, SCALE_MIN_SAMPLES, 8)
         scales = self._scales()
         w = replace(
             p, batch_size=int(round(b.value)), turns=turns, new_prompt_tokens=dl, generated_tokens=r,
