@@ -409,7 +409,9 @@ class NodeAgent:
                 role="colocated" if training else spec.role.value, state_dir=state_dir, model=spec.model, job=spec.job,
                 hardware=self.cfg.hardware, time_factor=self.cfg.time_factor,
                 module="agents.trainer" if training else "agents.worker", extra=extra, env_extra=env,
-                secret=self.cfg.dataplane_secret or None,
+                # a trainer authenticates with the shared weights token (rollout workers pull its snapshots
+                # with it), so the agent's own client must use that token too
+                secret=(self.cfg.weights_token if training and self.cfg.weights_token else self.cfg.dataplane_secret) or None,
             )
         except Exception as exc:
             m.state = "failed"

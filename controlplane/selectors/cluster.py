@@ -128,7 +128,7 @@ def weights_url(job_id: int) -> str:
     """Where the job's rollout workers pull weight snapshots: its trainer's endpoint (pull-based)."""
     endpoint = (Worker.objects.filter(job_id=job_id, alive=True, role=Role.TRAINING).exclude(endpoint="")
                 .order_by("slot").values_list("endpoint", flat=True).first())
-    return f"{endpoint.rstrip('/')}/weights/" if endpoint else ""
+    return endpoint or ""  # the weight-store base; workers pull <base>/weights/latest and <base>/weights/<v>
 
 
 def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int] | None = None) -> list[WorkerView]:

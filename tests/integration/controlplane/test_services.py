@@ -237,6 +237,6 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     r.refresh_from_db()
     assert r.generation > gen_before
     (w,) = desired_state(r).workers
-    assert w.weights_url == "http://127.0.0.1:9999/weights/" and w.min_weight_version == 2
+    assert w.weights_url == "http://127.0.0.1:9999" and w.min_weight_version == 2
     assert nodes.record_heartbeat(node_id=t.pk, message=hb)  # same version again: nothing new
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
