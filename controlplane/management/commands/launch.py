@@ -85,11 +85,16 @@ class Command(BaseCommand):
             from controlplane.services.credentials import issue_agent_token
 
             control = f"http://127.0.0.1:{opts['port']}"
+            # one cluster: every agent's workers pull weights with the same token, and the rollout driver
+            # reaches every worker with the same data-plane secret (GET /workers on each agent)
+            env["PEARL_WEIGHTS_TOKEN"] = secrets.token_urlsafe(24)
+            env["PEARL_DATAPLANE_SECRET"] = secrets.token_urlsafe(24)
             for name, pool, slots in DEMO_NODES:
                 key = "TOKEN_" + name.upper().replace("-", "_")
                 env[key] = issue_agent_token(node_name=name, actor="launcher")
                 procs.append(
-                    f"agent-{name}: env PEARL_AGENT_TOKEN=${key} {py} -m agents.node --control-plane {control} --node {name} "
+                    f"agent-{name}: env PEARL_AGENT_TOKEN=${key} PEARL_WEIGHTS_TOKEN=$PEARL_WEIGHTS_TOKEN "
+                    f"PEARL_DATAPLANE_SECRET=$PEARL_DATAPLANE_SECRET {py} -m agents.node --control-plane {control} --node {name} "
                     f"--slots {slots} --pool {pool} --hardware H800 --engine emulated --time-factor {opts['time_factor']} "
                     f"--state-dir {var / 'agents' / name}"
                 )
