@@ -13,7 +13,7 @@ from django.conf import settings
 from controlplane.core import agent_link as link
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
-from controlplane.selectors.jobs import jobs_overview
+from controlplane.selectors.jobs import jobs_overview, recent_events
 from controlplane.services import credentials, nodes, telemetry
 from controlplane.services.errors import ServiceError
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, emit
@@ -35,18 +35,20 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
         await self.accept()
+        await self._send_snapshot()
+
+    async def _send_snapshot(self) -> None:
         snapshot = await database_sync_to_async(cluster_snapshot)()
         jobs = await database_sync_to_async(jobs_overview)()
-        await self.send_json({"type": "snapshot", "cluster": snapshot, "jobs": jobs})
+        events = await database_sync_to_async(recent_events)()
+        await self.send_json({"type": "snapshot", "cluster": snapshot, "jobs": jobs, "events": events})
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "resync":
-            snapshot = await database_sync_to_async(cluster_snapshot)()
-            jobs = await database_sync_to_async(jobs_overview)()
-            await self.send_json({"type": "snapshot", "cluster": snapshot, "jobs": jobs})
+            await self._send_snapshot()
 
     async def dashboard_delta(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "delta", "kind": event["kind"], "key": event["key"], "data": event["data"], "ts": event["ts"]})

@@ -68,6 +68,8 @@
     if (msg.type === "snapshot") {
       state.nodes = new Map(msg.cluster.nodes.map((n) => [String(n.id), n]));
       state.jobs = new Map(msg.jobs.map((j) => [String(j.id), j]));
+      $("events").replaceChildren();
+      for (const e of [...(msg.events || [])].reverse()) addEvent(e);
       renderNodes(); renderJobs(); stamp();
       return;
     }

@@ -41,6 +41,7 @@ def test_dashboard_shows_nodes_live_without_reload(control_plane_server, page, d
     login(page, control_plane_server.base_url, "alice", "alice-password-1")
     page.wait_for_selector("[data-node=node-b]")
     assert page.locator("[data-node=node-b] .gpu").count() == 2
+    assert "node-b registered" in page.inner_text("#events")  # history comes with the snapshot
     stamp_before = page.inner_text("#last-updated")
     assert stamp_before != "never"
 

@@ -205,7 +205,7 @@ async def test_dashboard_snapshot_then_deltas_after_commit():
     connected, _ = await ws.connect()
     assert connected
     snap = await ws.receive_json_from(timeout=5)
-    assert snap["type"] == "snapshot" and snap["cluster"]["nodes"] == []
+    assert snap["type"] == "snapshot" and snap["cluster"]["nodes"] == [] and snap["events"] == []
     agent, reg, _ = await registered_agent("gpu-z")
     kinds = {}
     for _ in range(4):
