@@ -193,13 +193,17 @@ class NodeAgent:
                     await asyncio.wait_for(self.stopping.wait(), delay * (0.5 + random.random()))
                 delay = min(RECONNECT_BACKOFF_MAX_S, delay * 2)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.shutdown_workers(self.cfg.drain_timeout_s)
-            if self._dp_runner:
-                await self._dp_runner.cleanup()
-            await self._http.close()
+            await self._teardown(tasks)
+
+    async def _teardown(self, tasks: list[asyncio.Task]) -> None:
+        """Stop the background tasks, drain and stop the workers, close the data plane and the client."""
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.shutdown_workers(self.cfg.drain_timeout_s)
+        if self._dp_runner:
+            await self._dp_runner.cleanup()
+        await self._http.close()
 
     async def _connect_once(self) -> None:
         assert self._http is not None
@@ -502,13 +506,7 @@ class NodeAgent:
             print("PEARL_AGENT_READY " + json.dumps({"workers": [x["endpoint"] for x in listing], "secrets_file": str(path)}), flush=True)
             await self.stopping.wait()
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.shutdown_workers(self.cfg.drain_timeout_s)
-            if self._dp_runner:
-                await self._dp_runner.cleanup()
-            await self._http.close()
+            await self._teardown(tasks)
 
     # ------------------------------------------------------------ the agent's own data plane
     async def _start_dataplane(self) -> None:

@@ -6,9 +6,9 @@ from typing import Iterable, TypeVar
 from django.db.models import Model, QuerySet
 
 from controlplane.core.invariants import check_invariants
-from controlplane.models import WorkerGPU
+from controlplane.models import Job, WorkerGPU
 from controlplane.selectors.cluster import training_flags, worker_views
-from controlplane.services.errors import InvariantViolation
+from controlplane.services.errors import Conflict, InvariantViolation, NotFound
 
 M = TypeVar("M", bound=Model)
 
@@ -16,6 +16,17 @@ M = TypeVar("M", bound=Model)
 def locked(qs: QuerySet[M]) -> QuerySet[M]:
     """SELECT ... FOR UPDATE on PostgreSQL (SQLite serialises writers with IMMEDIATE transactions)."""
     return qs.select_for_update()
+
+
+def lock_job(job_id: int, *, field: str = "id", live: str = "") -> Job:
+    """The job row, locked for this transaction. 404 if it does not exist; with `live` (what the caller
+    is about to do), 409 if the job already ended."""
+    job = locked(Job.objects.filter(pk=job_id)).first()
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist", field=field)
+    if live and job.status in (Job.Status.STOPPED, Job.Status.FAILED):
+        raise Conflict(f"job {job.name} is already {job.status}; {live}", field="status")
+    return job
 
 
 def assert_invariants(*, job_ids: Iterable[int] = (), gpu_ids: Iterable[int] = ()) -> None:

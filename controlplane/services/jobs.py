@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
-from controlplane.services.common import assert_invariants, locked
-from controlplane.services.errors import Conflict, InvalidInput, NotFound
+from controlplane.services.common import assert_invariants, lock_job
+from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
 
@@ -73,11 +73,7 @@ def enqueue_plan(job_id: int, signal: str) -> None:
 def stop_job(*, job_id: int, actor: str) -> Job:
     """Stop every worker of the job and mark it stopped (409 if it already ended)."""
     with transaction.atomic():
-        job = locked(Job.objects.filter(pk=job_id)).first()
-        if job is None:
-            raise NotFound(f"job {job_id} does not exist", field="id")
-        if job.status in TERMINAL:
-            raise Conflict(f"job {job.name} is already {job.status}", field="status")
+        job = lock_job(job_id, live="it cannot be stopped again")
         now = timezone.now()
         workers = list(Worker.objects.filter(job=job, alive=True).select_related("node"))
         Worker.objects.filter(pk__in=[w.pk for w in workers]).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
@@ -107,11 +103,7 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
     if unknown:
         raise InvalidInput(f"unknown override field(s) {sorted(unknown)}", field=sorted(unknown)[0])
     with transaction.atomic():
-        job = locked(Job.objects.filter(pk=job_id)).first()
-        if job is None:
-            raise NotFound(f"job {job_id} does not exist", field="id")
-        if job.status in TERMINAL:
-            raise Conflict(f"job {job.name} is {job.status}; overrides cannot change", field="status")
+        job = lock_job(job_id, live="overrides cannot change")
         o, _ = Override.objects.get_or_create(job=job)
         before = override_dict(o)
         for k, v in changes.items():
@@ -138,11 +130,7 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
     """Training Begin / Training Finished. Begin returns every borrowed (overlap) rollout worker first,
     in the same transaction, so no overlap rollout worker is ever active while the trainer computes."""
     with transaction.atomic():
-        job = locked(Job.objects.filter(pk=job_id)).first()
-        if job is None:
-            raise NotFound(f"job {job_id} does not exist", field="id")
-        if job.status in TERMINAL:
-            raise Conflict(f"job {job.name} is {job.status}", field="status")
+        job = lock_job(job_id, live="training cannot begin or finish")
         if job.training_active == active:
             raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
         nodes = set()

@@ -21,7 +21,7 @@ from controlplane.core.state import Activity, Configuration, NodeStatus, Pool, R
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind, plan_transition
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
-from controlplane.services.common import locked
+from controlplane.services.common import lock_job, locked
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, job_delta
@@ -113,9 +113,7 @@ def _finite(x: float | None) -> float | None:
 def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planner") -> Transition | None:
     """Run ①–③ for a job; returns the new Transition (executed by `execute_transition`) or None."""
     with transaction.atomic():
-        job = locked(Job.objects.filter(pk=job_id)).first()
-        if job is None:
-            raise NotFound(f"job {job_id} does not exist", field="id")
+        job = lock_job(job_id)
         if job.status in TERMINAL:
             return None
         if Transition.objects.filter(job=job, status__in=ACTIVE_TRANSITION).exists():

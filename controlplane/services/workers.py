@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
-from controlplane.services.common import assert_invariants, locked
+from controlplane.services.common import assert_invariants, lock_job, locked
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit
 from controlplane.services.nodes import bump_generation, push_node
@@ -57,11 +57,7 @@ def start_worker(
     if len(set(gpu_indexes)) != len(gpu_indexes):
         raise InvalidInput("a worker's GPUs must be distinct", field="gpus")
     with transaction.atomic():
-        job = locked(Job.objects.filter(pk=job_id)).first()
-        if job is None:
-            raise NotFound(f"job {job_id} does not exist", field="job")
-        if job.status not in (Job.Status.PENDING, Job.Status.RUNNING):
-            raise Conflict(f"job {job.name} is {job.status}; it cannot get new workers", field="job")
+        job = lock_job(job_id, field="job", live="it cannot get new workers")
         node = locked(Node.objects.filter(pk=node_id)).first()
         if node is None:
             raise NotFound(f"node {node_id} does not exist", field="node")
@@ -114,9 +110,7 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
     if not changes:
         raise InvalidInput("no changes given", field="changes")
     with transaction.atomic():
-        job = locked(Job.objects.filter(pk=job_id)).first()
-        if job is None:
-            raise NotFound(f"job {job_id} does not exist", field="job")
+        job = lock_job(job_id, field="job")
         slots = [c.slot for c in changes]
         if len(set(slots)) != len(slots):
             raise InvalidInput("each worker may appear once", field="changes")
