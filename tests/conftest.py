@@ -99,6 +99,15 @@ def make_job(name: str = "job1", **spec):
     return create_job(spec=full, actor="test")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counters():
+    """API rate-limit counters live in the (per-process) cache: no test inherits another's."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
 @pytest.fixture
 def operator(django_user_model):
     from django.contrib.auth.models import Group

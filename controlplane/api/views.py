@@ -12,6 +12,7 @@ from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
@@ -49,6 +50,23 @@ class IsOperator(permissions.BasePermission):
         return bool(user.is_staff or user.groups.filter(name="operators").exists())
 
 
+class WriteThrottle(ScopedRateThrottle):
+    """Rate limit on state-changing calls per user (scope `writes`, `PEARL_WRITE_RATE`, e.g. 120/min).
+    Read from settings at request time so deployments and tests can change it."""
+
+    scope_attr = "throttle_scope"
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return super().allow_request(request, view)
+
+    def get_rate(self) -> str | None:
+        from django.conf import settings
+
+        return settings.PEARL["WRITE_RATE"]
+
+
 class IdLookupMixin:
     lookup_value_regex = "[^/]+"
 
@@ -62,6 +80,8 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
     queryset = Job.objects.select_related("created_by").all()
     serializer_class = s.JobSerializer
     permission_classes = [IsOperator]
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "writes"
 
     @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobSerializer})
     def create(self, request: Request) -> Response:
@@ -102,6 +122,8 @@ class NodeViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixi
     queryset = Node.objects.all()
     serializer_class = s.NodeSerializer
     permission_classes = [IsOperator]
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "writes"
 
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])

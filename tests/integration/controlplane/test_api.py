@@ -230,3 +230,16 @@ def test_metrics_prometheus_text(api):
     assert 'pearl_gpus{role="none",activity="idle"} 1' in text
     assert 'pearl_agent_heartbeat_age_seconds{node="n1",pool="reserved"}' in text
     assert "# TYPE pearl_transitions gauge" in text
+
+
+def test_state_changes_are_rate_limited(api, settings):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.PEARL = {**settings.PEARL, "WRITE_RATE": "3/min"}
+    make_node("n1")
+    job = make_job()
+    codes = [api.patch(f"/api/jobs/{job.pk}/overrides/", {"freeze": i % 2 == 0}, format="json").status_code for i in range(5)]
+    assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
+    assert api.get(f"/api/jobs/{job.pk}/").status_code == 200  # reads are not limited
+    cache.clear()
