@@ -3,6 +3,7 @@ worker, Celery beat and a few demo node agents on logical slots, run by honcho f
 Procfile. Prints the dashboard URL, the API docs URL and a token; Ctrl-C stops every child."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -13,7 +14,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from django.conf import settings
 from django.core.management import call_command
@@ -26,6 +27,21 @@ DEMO_NODES = [
     ("spot-1", "elastic", 4),
     ("train-0", "training", 4),
 ]
+
+
+@contextlib.contextmanager
+def _no_dashboard_pushes() -> Iterator[None]:
+    """Use an in-process channel layer for writes made before any dashboard or Redis can exist."""
+    from channels.layers import channel_layers
+
+    saved = settings.CHANNEL_LAYERS
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()
+    try:
+        yield
+    finally:
+        settings.CHANNEL_LAYERS = saved
+        channel_layers.backends.clear()
 
 
 def _redis_ok(url: str) -> bool:
@@ -77,7 +93,8 @@ class Command(BaseCommand):
         env["REDIS_URL"] = redis_url
 
         self.step("creating the demo operator and tokens")
-        password, token = self._demo_user(var)
+        with _no_dashboard_pushes():  # nothing listens yet, and the launcher's Redis may not be up
+            password, token = self._demo_user(var)
         procs.append(f"web: {py} -m daphne -b {opts['host']} -p {opts['port']} pearl_site.asgi:application")
         procs.append(f"worker: {py} -m celery -A pearl_site worker --pool=threads --concurrency=4 -l warning --without-gossip --without-mingle -n pearl-worker@%h")
         procs.append(f"beat: {py} -m celery -A pearl_site beat -l warning --schedule {var / 'celerybeat-schedule'}")
@@ -91,7 +108,8 @@ class Command(BaseCommand):
             env["PEARL_DATAPLANE_SECRET"] = secrets.token_urlsafe(24)
             for name, pool, slots in DEMO_NODES:
                 key = "TOKEN_" + name.upper().replace("-", "_")
-                env[key] = issue_agent_token(node_name=name, actor="launcher")
+                with _no_dashboard_pushes():
+                    env[key] = issue_agent_token(node_name=name, actor="launcher")
                 procs.append(
                     f"agent-{name}: env PEARL_AGENT_TOKEN=${key} PEARL_WEIGHTS_TOKEN=$PEARL_WEIGHTS_TOKEN "
                     f"PEARL_DATAPLANE_SECRET=$PEARL_DATAPLANE_SECRET {py} -m agents.node --control-plane {control} --node {name} "
