@@ -35,22 +35,23 @@ ACTIVE_TRANSITION = (Transition.Status.PENDING, Transition.Status.RUNNING)
 class Unit:
     node_id: int
     gpus: tuple[int, ...]  # slot indexes on the node
+    pool: str
 
 
 def _units(pools: list[str], tp: int, exclude_bound_kind: str) -> list[Unit]:
     """Free `tp`-GPU groups on ready nodes of these pools, in stable (node name, index) order."""
     bound = set(WorkerGPU.objects.filter(alive=True, kind=exclude_bound_kind).values_list("gpu_id", flat=True))
-    groups: dict[int, list[int]] = {}
-    for gid, node_id, index in (
+    groups: dict[tuple[int, str], list[int]] = {}
+    for gid, node_id, pool, index in (
         GPU.objects.filter(present=True, node__status=NodeStatus.READY, node__pool__in=pools)
-        .order_by("node__name", "index").values_list("id", "node_id", "index")
+        .order_by("node__name", "index").values_list("id", "node_id", "node__pool", "index")
     ):
         if gid not in bound:
-            groups.setdefault(node_id, []).append(index)
+            groups.setdefault((node_id, pool), []).append(index)
     units = []
-    for node_id, idx in groups.items():
+    for (node_id, pool), idx in groups.items():
         for i in range(0, len(idx) - tp + 1, tp):
-            units.append(Unit(node_id, tuple(idx[i : i + tp])))
+            units.append(Unit(node_id, tuple(idx[i : i + tp]), pool))
     return units
 
 
@@ -132,7 +133,7 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
         new_units = free_units[: max(0, cap - staying)]
         n_dedicated = staying + len(new_units)
         reserved_staying = sum(1 for w in dedicated if w.node.pool == Pool.RESERVED and w not in leaving)
-        reserved_new = sum(1 for u in new_units if _pool_of(u) == Pool.RESERVED)
+        reserved_new = sum(1 for u in new_units if u.pool == Pool.RESERVED)
         borrowed = [w for w in overlap if w.activity != Activity.INACTIVE]
         ready_overlap = [w for w in overlap if w.node.status == NodeStatus.READY]
         current = _configuration(dedicated + borrowed)
@@ -214,12 +215,6 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
 
         transaction.on_commit(lambda: tasks.execute_transition.delay(transition.pk), robust=True)
     return transition
-
-
-def _pool_of(unit: Unit) -> str:
-    from controlplane.models import Node
-
-    return Node.objects.filter(pk=unit.node_id).values_list("pool", flat=True).first() or ""
 
 
 def _configuration(workers: list[Worker]) -> Configuration | None:

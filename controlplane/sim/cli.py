@@ -54,24 +54,24 @@ def _table(sc: Scenario, results: dict[str, RunResult], wall: float) -> str:
     return "\n".join(lines)
 
 
+def _with_scenario_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Where the scenario comes from (a shipped name or a file), its seed and an optional trace."""
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--scenario")
+    g.add_argument("--scenario-file")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--trace", help="CSV time_s,available_gpus replacing the scenario's trace")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m controlplane.sim", description="PEARL discrete-event cluster simulator")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the shipped scenarios")
-    r = sub.add_parser("run", help="run one policy on one scenario")
-    g = r.add_mutually_exclusive_group(required=True)
-    g.add_argument("--scenario")
-    g.add_argument("--scenario-file")
+    r = _with_scenario_args(sub.add_parser("run", help="run one policy on one scenario"))
     r.add_argument("--policy", required=True)
-    r.add_argument("--seed", type=int)
-    r.add_argument("--trace", help="CSV time_s,available_gpus replacing the scenario's trace")
     r.add_argument("--json", action="store_true")
-    c = sub.add_parser("compare", help="run every policy of a scenario on the same seed")
-    g = c.add_mutually_exclusive_group(required=True)
-    g.add_argument("--scenario")
-    g.add_argument("--scenario-file")
-    c.add_argument("--seed", type=int)
-    c.add_argument("--trace", help="CSV time_s,available_gpus replacing the scenario's trace")
+    c = _with_scenario_args(sub.add_parser("compare", help="run every policy of a scenario on the same seed"))
     c.add_argument("--policies", help="comma-separated subset (default: the scenario's list)")
     c.add_argument("--json", action="store_true", help="print exactly one JSON object")
     c.add_argument("--html", help="write an HTML report (plotly inlined) to this path")
