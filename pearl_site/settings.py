@@ -2,7 +2,7 @@
 
 DATABASE_URL  default: SQLite in WAL mode under ./var/ ; postgres://... for production
 REDIS_URL     default: redis://127.0.0.1:6390 (the launcher's own Redis)
-SECRET_KEY    required when DEBUG is off
+SECRET_KEY    from the environment; else generated once into $PEARL_VAR_DIR/secret_key (mode 0600)
 DEBUG         off unless set (the dev launcher sets it)
 ALLOWED_HOSTS comma-separated; default localhost names
 """
@@ -28,11 +28,32 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 TESTING = env_bool("PEARL_TESTING") or "pytest" in sys.modules
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and not TESTING:
-        raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
-    SECRET_KEY = "insecure-dev-key-only-for-debug-and-tests-0123456789abcdef"
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated into the var directory on first use, so that
+    every manage.py command works without DEBUG and every process of one checkout signs alike."""
+    key = os.environ.get("SECRET_KEY", "")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        import secrets
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(dir=VAR_DIR, prefix=".secret_key.")  # created 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+        try:
+            os.link(tmp, path)  # atomic: concurrent first starts all end up with one key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
 
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]

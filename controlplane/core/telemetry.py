@@ -20,6 +20,7 @@ class RecordKind(StrEnum):
     PREFILL = "prefill"  # one prefill pass (engines / simulator)
     KV_TRANSFER = "kv_transfer"  # one prefill->decode KV hand-off
     TOGGLE = "toggle"  # one borrow (activation) + return (deactivation) of an overlap worker
+    TRAIN = "train"  # one training step: Training Begin -> return -> update -> weights published
 
 
 @dataclass(slots=True)
@@ -51,6 +52,18 @@ class TelemetryRecord:
     n_prefill: int = 0
     n_decode: int = 0
     n_colocated: int = 0
+    predicted_at_start_s: float = 0.0  # the step-start forecast (constant-resource makespan)
+    generated_tokens_total: int = 0  # tokens generated into the step's samples
+    train_tokens: int = 0  # tokens the trainer consumes (prompts + responses of the batch)
+    reward_mean: float = 0.0
+    borrowed_gpu_s: float = 0.0  # overlap (training-GPU) GPU-seconds serving this step's rollout
+    stale_aborted: int = 0  # trajectories aborted by the staleness bound
+    interruptions: int = 0  # requests interrupted (preemption, drain, return) and resumed elsewhere
+    # TRAIN (also uses step, duration_s)
+    return_latency_s: float = 0.0  # Training Begin -> every borrowed worker confirmed returned
+    return_deadline_s: float = 0.0
+    loss: float = 0.0
+    weight_version: int = 0  # published by this training step
     # DECODE_ITERATION / PREFILL
     running_batch: int = 0  # sequences in the decode iteration
     tokens: int = 0  # prefill tokens in the pass
@@ -132,6 +145,10 @@ def toggle(**kw: Any) -> TelemetryRecord:
     return TelemetryRecord(RecordKind.TOGGLE, **kw)
 
 
+def train(**kw: Any) -> TelemetryRecord:
+    return TelemetryRecord(RecordKind.TRAIN, **kw)
+
+
 __all__ = [
     "RecordKind",
     "TelemetryRecord",
@@ -141,4 +158,5 @@ __all__ = [
     "prefill",
     "kv_transfer",
     "toggle",
+    "train",
 ]
