@@ -25,7 +25,7 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
@@ -798,6 +798,36 @@ class RolloutLoop:
         return loop
 
 
+class Feeder:
+    """Feeds events to a loop and carries its commands out in order through `dispatch`.
+
+    Events raised while a command is being carried out are queued and handled after the current
+    batch, in arrival order: the loop never re-enters itself, and a driver on any clock (the
+    simulator's heap, asyncio) sees the same commands for the same events.
+    """
+
+    __slots__ = ("loop", "dispatch", "_queue", "_draining")
+
+    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None]) -> None:
+        self.loop = loop
+        self.dispatch = dispatch
+        self._queue: deque[Event] = deque()
+        self._draining = False
+
+    def feed(self, event: Event) -> None:
+        self._queue.append(event)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            q, handle, dispatch = self._queue, self.loop.handle, self.dispatch
+            while q:
+                for cmd in handle(q.popleft()):
+                    dispatch(cmd)
+        finally:
+            self._draining = False
+
+
 def _parse_label(label: str) -> Configuration | None:
     """'3P5D' or '8C' back to a Configuration."""
     if not label:
@@ -819,7 +849,7 @@ _HANDLERS: dict[type, Any] = {
 }
 
 __all__ = [
-    "Abort", "Admission", "Command", "Decided", "EmitSignal", "EnvStepped", "Event", "LoopConfig", "Prefilled",
+    "Abort", "Admission", "Command", "Decided", "EmitSignal", "EnvStepped", "Event", "Feeder", "LoopConfig", "Prefilled",
     "Progress", "PublishWeights", "Resubmit", "ReturnConfirmed", "ReturnOverlap", "RolloutLoop", "RouteDecode",
     "RouteTurn", "Start", "StartStep", "StepState", "Stop", "Telemetry", "Tick", "Train", "TrainingDone", "Traj",
     "TrajState", "TrajectoryRef", "TrajectoryStarted", "TurnGenerated", "TurnInterrupted", "WeightsPublished",

@@ -45,6 +45,18 @@ class Policy(Protocol):
 
     def observe(self, record: TelemetryRecord) -> None: ...
 
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+class OptionError(ValueError):
+    """A policy option is unknown or out of bounds; `option` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
 
 @dataclass(frozen=True, slots=True)
 class OptionSpec:
@@ -58,26 +70,29 @@ class OptionSpec:
     maximum: float | None = None
 
     def parse(self, value: Any) -> Any:
-        """Strict: JSON types only, bounds checked; ValueError names the problem."""
+        """Strict: JSON types only, bounds checked; OptionError names the option and the problem."""
+        def bad(why: str) -> OptionError:
+            return OptionError(self.name, f"policy option {self.name} {why}")
+
         if value is None:
             if self.default is None:
                 return None
-            raise ValueError(f"{self.name} may not be null")
+            raise bad("may not be null")
         if self.kind is bool:
             if not isinstance(value, bool):
-                raise ValueError(f"{self.name} must be true or false")
+                raise bad("must be true or false")
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{self.name} must be a number")
-        if self.kind is int and (not isinstance(value, int) and not float(value).is_integer()):
-            raise ValueError(f"{self.name} must be an integer")
+            raise bad("must be a number")
         if not math.isfinite(float(value)):
-            raise ValueError(f"{self.name} must be finite")
+            raise bad("must be finite")
+        if self.kind is int and not float(value).is_integer():
+            raise bad("must be an integer")
         v = self.kind(value)
         if self.minimum is not None and v < self.minimum:
-            raise ValueError(f"{self.name} must be >= {self.minimum:g}")
+            raise bad(f"must be >= {self.minimum:g}")
         if self.maximum is not None and v > self.maximum:
-            raise ValueError(f"{self.name} must be <= {self.maximum:g}")
+            raise bad(f"must be <= {self.maximum:g}")
         return v
 
 
@@ -104,6 +119,14 @@ class _TrackedPolicy:
 
     def observe(self, record: TelemetryRecord) -> None:
         self.tracker.observe(record)
+
+    def state(self) -> dict[str, Any]:
+        """What the policy carries from one signal to the next beyond its telemetry (JSON). The live
+        planner rebuilds a policy per signal from stored telemetry and this; the simulator keeps one."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        return None
 
     def fitted(self, ctx: PolicyContext) -> tuple[WorkloadProfile, EngineCoefficients, FittedProfile]:
         fp = self.tracker.fitted()
@@ -285,6 +308,17 @@ class ElasticPolicy(_TrackedPolicy):
         self._count_at_start: int | None = None
         self._count_stable = True
 
+    _STATE = ("t_seed_s", "_finished_at", "_returned_at", "_count_at_start", "_count_stable")
+
+    def state(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self._STATE}, "memo": {str(n): v for n, v in self.memo.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        for k in self._STATE:
+            if k in state:
+                setattr(self, k, state[k])
+        self.memo = {int(n): float(v) for n, v in (state.get("memo") or {}).items()}
+
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, _ = self.fitted(ctx)
         dedicated = self._dedicated(ctx)
@@ -425,19 +459,18 @@ def policy_class(name: str) -> type[_TrackedPolicy]:
 
 
 def validate_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The user-settable options of policy `name`, parsed strictly. ValueError's message starts with
-    the option's name, so callers can point at the field."""
+    """The user-settable options of policy `name`, parsed strictly (OptionError names the option)."""
     cls = policy_class(name)
     specs = {o.name: o for o in cls.options}
     out: dict[str, Any] = {}
     for key, value in (options or {}).items():
         spec = specs.get(key)
         if spec is None:
-            known = ", ".join(specs) or "none"
-            raise ValueError(f"{key}: not an option of policy {cls.name!r} (its options: {known})")
+            raise OptionError(str(key), f"{key!r} is not an option of policy {cls.name!r} "
+                                        f"(its options: {', '.join(specs) or 'none'})")
         out[key] = spec.parse(value)
     if cls is FixedLargePolicy and out.get("workers") is None and out.get("trace_mean_gpus") is None:
-        raise ValueError("workers: fixed-large needs the pool size (workers) or trace_mean_gpus")
+        raise OptionError("workers", "fixed-large needs its pool size: the option workers (or trace_mean_gpus)")
     return out
 
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 import heapq
 import math
 import time as _time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.core import loop as lp
 from controlplane.core.context import AvailabilityPoint, Overrides, Signal
-from controlplane.core.placement import place
+from controlplane.core.placement import Placement, place
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
 from controlplane.sim import world as wd
 from controlplane.sim.adapters import make_sim_policy
@@ -120,8 +119,7 @@ class Simulation:
         self.heap: list[tuple[float, int, int, Any, Any]] = []
         self._eseq = 0
         self.events = 0
-        self._queue: deque[Any] = deque()
-        self._draining = False
+        self.feed = lp.Feeder(self.loop, self._dispatch).feed
         self.observe = self.policy.observe
         self.world = wd.World(self)
         self.steps: list[StepStats] = []
@@ -141,21 +139,6 @@ class Simulation:
         self._eseq += 1
         heapq.heappush(self.heap, (t, self._eseq, kind, a, b))
 
-    def feed(self, event: Any) -> None:
-        """Hand an event to the loop and carry its commands out; events the world reports while
-        doing so are queued and handled in order (the loop never re-enters itself)."""
-        self._queue.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            q = self._queue
-            while q:
-                for cmd in self.loop.handle(q.popleft()):
-                    self._dispatch(cmd)
-        finally:
-            self._draining = False
-
     def _dispatch(self, cmd: Any) -> None:
         t = self.t
         w = self.world
@@ -169,7 +152,7 @@ class Simulation:
         elif kind is lp.Progress:
             pass
         elif kind is lp.EmitSignal:
-            self._signal(cmd.signal, cmd.remaining)
+            self.signal(cmd.signal, cmd.remaining)
         elif kind is lp.StartStep:
             w.start_batch(cmd, draw_batch(self.sc.workload, seed=self.seed, step=cmd.step), t)
             if self.loop.cfg.periodic_s:
@@ -203,7 +186,8 @@ class Simulation:
             self.steps[-1].stable = False
 
     # ================================================================== the elastic scheduler
-    def _signal(self, signal: Signal, remaining: int) -> None:
+    def signal(self, signal: Signal, remaining: int) -> Placement:
+        """The Elastic Scheduler on one signal: placement over the world's inventory, executed in it."""
         t = self.t
         if signal is Signal.STEP_START:
             st = StepStats(self.loop.step, t)
@@ -224,6 +208,7 @@ class Simulation:
         pred = p.action.decision.predicted_makespan_s
         self.feed(lp.Decided(t, signal, p.target if p.target.total > 0 else None,
                              pred if math.isfinite(pred) else None, changed))
+        return p
 
     def _future(self, t: float) -> tuple[AvailabilityPoint, ...]:
         if not self.free:
@@ -235,23 +220,30 @@ class Simulation:
     # ================================================================== run
     def run(self) -> RunResult:
         wall0 = _time.perf_counter()
-        sc = self.sc
-        end = sc.duration_s
-        w = self.world
+        self.setup()
+        self.feed(lp.Start(0.0))
+        self.advance(self.sc.duration_s)
+        return self._result(_time.perf_counter() - wall0)
+
+    def setup(self) -> None:
+        """t = 0: training units (each with its inactive overlap worker), the reserved units, the
+        preemptible units of the trace's first row; the trace's changes and the end are scheduled."""
+        sc, w = self.sc, self.world
         w.add_training_units(sc.cluster.training_gpus // self.tp)
         for _ in range(sc.cluster.reserved_gpus // self.tp):
             w.new_unit("reserved", wd.IDLE)
         w.set_elastic(0.0, self.trace.at(0.0), initial=True)
-        for tt, g in self.trace.changes(end):
+        for tt, g in self.trace.changes(sc.duration_s):
             self.push(tt, EV_TRACE, g)
-        self.push(end, EV_STOP)
-        self.feed(lp.Start(0.0))
+        self.push(sc.duration_s, EV_STOP)
+
+    def advance(self, end: float) -> None:
+        """Process every event up to virtual time `end`."""
+        sc, w = self.sc, self.world
         heap = self.heap
         pop = heapq.heappop
-        while heap:
+        while heap and heap[0][0] <= end:
             t, _, kind, a, b = pop(heap)
-            if t > end:
-                break
             self.t = t
             self.events += 1
             if kind == wd.EV_WAKE:
@@ -264,10 +256,10 @@ class Simulation:
                 before = w.capacity_key()
                 w.set_elastic(t, a)
                 if w.capacity_key() != before or self.loop.router.mode is None:
-                    self._signal(Signal.CAPACITY_CHANGE, self.loop.remaining)
+                    self.signal(Signal.CAPACITY_CHANGE, self.loop.remaining)
             elif kind == wd.EV_PREP:
                 if w.on_prepared(a, b):
-                    self._signal(Signal.CAPACITY_CHANGE, self.loop.remaining)
+                    self.signal(Signal.CAPACITY_CHANGE, self.loop.remaining)
             elif kind == wd.EV_READY:
                 w.on_ready(a, b, t)
             elif kind == EV_TRAIN_DONE:
@@ -289,8 +281,7 @@ class Simulation:
                 w.on_drain_timeout(a, b, t)
             elif kind == EV_STOP:
                 self.feed(lp.Stop(t))
-        self.t = min(self.t, end)
-        return self._result(_time.perf_counter() - wall0)
+        self.t = max(self.t, min(end, sc.duration_s))
 
     def _result(self, wall: float) -> RunResult:
         end = min(self.t, self.sc.duration_s)

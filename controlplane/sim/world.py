@@ -19,17 +19,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from controlplane.core import loop as lp
 from controlplane.core import telemetry as tm
 from controlplane.core.placement import Inventory, Placement, Unit, lowest_free_slots
 from controlplane.core.state import Pool, Role
-from controlplane.sim.engine import Request, Worker
+from controlplane.core.profiles import Profile
+from controlplane.core.telemetry import TelemetryRecord
+from controlplane.sim.engine import EngineCosts, Request, Worker
+from controlplane.sim.scenario import Scenario
 from controlplane.sim.workload import Trajectory
 
-if TYPE_CHECKING:
-    from controlplane.sim.cluster import Simulation
+
+class Host(Protocol):
+    """What the world needs from its driver (`cluster.Simulation`): the clock, the loop, the policy."""
+
+    sc: Scenario
+    profile: Profile
+    costs: EngineCosts
+    free: bool
+    record_timeline: bool
+
+    def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None: ...
+
+    def feed(self, event: Any) -> None: ...
+
+    def observe(self, record: TelemetryRecord) -> None: ...
+
+    def unstable(self) -> None: ...
 
 # heap event kinds handled by the world (ints keep heap tuples cheap); the Simulation owns the rest
 EV_WAKE, EV_ENV, EV_KV, EV_PREP, EV_READY, EV_UNPAUSE, EV_RETURNED, EV_DRAIN_TIMEOUT = range(8)
@@ -63,7 +81,7 @@ class Slot:
 
 
 class World:
-    def __init__(self, sim: "Simulation") -> None:
+    def __init__(self, sim: Host) -> None:
         self.sim = sim
         sc = sim.sc
         self.tp = sc.cluster.tp
