@@ -40,7 +40,8 @@ class Overrides:
     """Manual policy overrides; they always win over the decision engine."""
 
     force_mode: str | None = None  # "colocated" | "disaggregated"
-    force_ratio: tuple[int, int] | None = None  # (N_P, N_D)
+    force_ratio: tuple[int, int] | None = None  # (N_P, N_D): a ratio scaled to the worker budget...
+    exact_ratio: bool = False  # ...or, when True, exact worker counts (spare workers stay unused)
     freeze: bool = False  # keep the current configuration unless it is infeasible
     borrowing: bool = True  # False: never borrow training GPUs
     elasticity: bool = True  # False: ignore preemptible GPUs beyond the reserved pool
@@ -166,6 +167,8 @@ class PearlPolicy(_TrackedPolicy):
             else:
                 g = self._gate(w, c, ctx, dedicated, dedicated + ctx.overlap_workers)
                 borrow = ctx.overlap_workers if g.admit else 0
+        if ov.force_ratio is not None and ov.exact_ratio:
+            borrow = min(borrow, max(0, sum(ov.force_ratio) - dedicated))  # borrow no GPU it would leave unused
         budget = dedicated + borrow
         d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=self.thresholds)
         d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
