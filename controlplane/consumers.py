@@ -59,7 +59,18 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self._send_snapshot()
 
     async def _send_snapshot(self) -> None:
-        await self.send_json(await database_sync_to_async(_snapshot)(self.view, self.job_id))
+        """One message, or for a large cluster the first of several: Daphne refuses frames over 1 MiB, so
+        the nodes follow in `snapshot_more` messages of at most SNAPSHOT_CHUNK_GPUS GPUs each."""
+        snapshot = await database_sync_to_async(_snapshot)(self.view, self.job_id)
+        if self.view != "cluster":
+            await self.send_json(snapshot)
+            return
+        chunks = _chunks(snapshot["cluster"]["nodes"])
+        snapshot["cluster"]["nodes"] = chunks[0]
+        snapshot["more"] = len(chunks) - 1
+        await self.send_json(snapshot)
+        for i, nodes in enumerate(chunks[1:], start=1):
+            await self.send_json({"type": "snapshot_more", "nodes": nodes, "last": i == len(chunks) - 1})
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
@@ -83,6 +94,21 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if kind in ("event", "decision", "transition"):
             return data.get("job") == self.job_name
         return False
+
+
+SNAPSHOT_CHUNK_GPUS = 2000  # about 700 KB of JSON per message
+
+
+def _chunks(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    out: list[list[dict[str, Any]]] = [[]]
+    gpus = 0
+    for n in nodes:
+        if out[-1] and gpus + len(n["gpus"]) > SNAPSHOT_CHUNK_GPUS:
+            out.append([])
+            gpus = 0
+        out[-1].append(n)
+        gpus += len(n["gpus"])
+    return out
 
 
 def _job_name(raw: str) -> str:

@@ -70,10 +70,28 @@ def recent_events(limit: int = 30, *, job_id: int | None = None, kind: str = "")
     return [_event_dict(e) for e in qs[:limit]]
 
 
+MAX_CANDIDATES = 200
+
+
+def top_candidates(candidates: list[dict[str, Any]], chosen: str, limit: int = MAX_CANDIDATES) -> list[dict[str, Any]]:
+    """A large budget has one candidate per split (32k workers: 32k rows): keep colocation, the chosen one
+    and the best feasible splits, so a page or a socket message stays small. The total is reported beside."""
+    if len(candidates) <= limit:
+        return candidates
+    keep = {id(c) for c in candidates if c.get("mode") == "colocated" or c.get("label") == chosen}
+    feasible = sorted((c for c in candidates if c.get("feasible") and c.get("makespan_s") is not None), key=lambda c: c["makespan_s"])
+    for c in feasible:
+        if len(keep) >= limit:
+            break
+        keep.add(id(c))
+    return [c for c in candidates if id(c) in keep]
+
+
 def decision_dict(d: Decision) -> dict[str, Any]:
+    label = configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated)
     return {
         "id": d.id, "created": d.created.isoformat(), "signal": d.signal, "budget": d.budget, "profile": d.profile,
-        "candidates": d.candidates, "mode": d.mode, "n_prefill": d.n_prefill, "n_decode": d.n_decode,
+        "candidates": top_candidates(d.candidates, label), "candidates_total": len(d.candidates), "mode": d.mode, "n_prefill": d.n_prefill, "n_decode": d.n_decode,
         "n_colocated": d.n_colocated, "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
         "borrow": d.borrow, "predicted_makespan_s": d.predicted_makespan_s, "expected_gain": d.expected_gain,
         "admitted": d.admitted, "reason": d.reason, "confidence": mean_confidence(d.profile),

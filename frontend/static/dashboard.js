@@ -237,7 +237,13 @@
       state.jobs = new Map(msg.jobs.map((j) => [String(j.id), j]));
       $("events").replaceChildren();
       for (const e of [...(msg.events || [])].reverse()) addEvent(e);
-      renderJobs(); full = true; schedule();
+      renderJobs(); full = true;
+      if (!msg.more) schedule(); // a large cluster's nodes follow in snapshot_more messages
+      return;
+    }
+    if (msg.type === "snapshot_more") {
+      for (const n of msg.nodes) state.nodes.set(String(n.id), n);
+      if (msg.last) { full = true; schedule(); }
       return;
     }
     if (msg.type !== "delta") return;

@@ -111,7 +111,8 @@
     }
     t.appendChild(tb);
     const wrap = el("div", "scroll"); wrap.appendChild(t);
-    const note = shown.length < cands.length ? el("p", "muted", `showing the ${shown.length} best of ${cands.length} candidates`) : null;
+    const total = d.candidates_total || cands.length;
+    const note = shown.length < total ? el("p", "muted", `showing the ${shown.length} best of ${total} candidates (colocation and the choice always)`) : null;
     box.replaceChildren(head, verdict, reason, ...(gate ? [gate] : []), wrap, ...(note ? [note] : []));
   }
 

@@ -183,3 +183,25 @@ def test_viewer_sees_no_controls_and_heatmap_view(control_plane_server, page, dj
     res = page.evaluate("""async () => (await fetch('/api/nodes/1/drain/', {method: 'POST', headers: {'X-CSRFToken':
         document.cookie.match(/csrftoken=([^;]+)/)[1]}})).status""")
     assert res == 403
+
+
+def test_simulator_page_compares_policies_side_by_side(control_plane_server, celery_worker_process, page):
+    cp = control_plane_server
+    off_loop(helpers.operator_user, "ops", "ops-password-123")
+    helpers.login(page, cp.base_url, "ops", "ops-password-123")
+    page.wait_for_selector("#conn[data-state=live]")
+    page.click("text=Simulator")
+    page.wait_for_selector("#conn[data-state=live]")
+    page.select_option("#sim-scenario", "ablation-qwen3-8b-4gpu")
+    for policy in ("A", "A+B"):  # keep ROLL (fixed) and the full PEARL (A+B+C)
+        page.uncheck(f"input[name=policy][value='{policy}']")
+    page.click("#sim-form button[type=submit]")
+    page.wait_for_selector("#runs tr[data-run]")
+    page.wait_for_selector("#runs tr[data-status=succeeded]", timeout=90000)  # a real Celery worker ran it
+    page.wait_for_selector("#sim-summary tr[data-policy='A+B+C']")
+    assert page.locator("#sim-summary tr[data-policy]").count() == 2
+    assert "×" in page.inner_text("#sim-summary tr[data-policy='A+B+C']")  # throughput against ROLL
+    page.wait_for_function("document.querySelectorAll('#sim-throughput .main-svg, #sim-timeline .main-svg').length >= 2")
+    assert page.locator("#sim-decisions tbody tr").count() > 0  # the configuration each step ran with
+    shot(page, "simulator")
+    assert page.js_errors == []
