@@ -71,3 +71,4 @@ async def test_unknown_view_or_job_refused():
         connected, _ = await ws.connect()
         if connected:  # accepted then closed is not enough: it must not be accepted at all
             pytest.fail(query)
+        await ws.wait()
