@@ -100,7 +100,8 @@ def launch_page(request: HttpRequest) -> HttpResponse:
         fields.append({
             "name": name, "label": name.replace("_", " "), "help": HELP.get(name, ""),
             "choices": list(getattr(f, "choices", {}) or {}),
-            "numeric": f.__class__.__name__ == "IntegerField", "required": f.required,
+            "numeric": f.__class__.__name__ == "IntegerField", "json": f.__class__.__name__ == "DictField",
+            "required": f.required,
             "default": "" if default is None or callable(default) or repr(default).startswith("<class") else default,
             "min": getattr(f, "min_value", None), "max": getattr(f, "max_value", None),
         })
@@ -114,6 +115,7 @@ HELP = {
     "hardware": "GPU model of the profile (h800, h100, h200, h20, cpu)",
     "environment": "the agentic environment",
     "policy": "pearl adapts mode, P:D and borrowing; fixed = ROLL; elastic = RLBoost+",
+    "policy_options": "optional JSON object of the policy's options (GET /api/catalog/ lists them)",
     "tp": "GPUs per worker (tensor parallel)",
     "batch_size": "rollout batch size B (trajectories per step); a multiple of the group size",
     "group_size": "GRPO group size (samples per prompt)",

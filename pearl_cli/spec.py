@@ -10,6 +10,7 @@
     max_staleness: 1
     sequence_length: 32768               # or max_trajectory_tokens:
     policy: pearl                        # pearl | fixed | fixed-large | elastic
+    policy_options: {}                   # the policy's options (GET /api/catalog/)
     tensor_parallel_size: 2              # or tp:
     gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus:
 """
@@ -23,6 +24,7 @@ from pearl_cli.client import CliError
 ALIASES = {
     "name": "name", "model": "model", "pretrain": "model", "engine": "engine", "infer_backend": "engine",
     "hardware": "hardware", "environment": "environment", "env": "environment", "policy": "policy",
+    "policy_options": "policy_options",
     "rollout_batch_size": "batch_size", "batch_size": "batch_size",
     "num_return_sequences_in_group": "group_size", "group_size": "group_size",
     "max_staleness": "max_staleness", "sequence_length": "max_trajectory_tokens",

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
 from controlplane.models import Decision, Event, Job, Node, Transition
+from controlplane.selectors.catalog import catalog
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import credentials, jobs, nodes
 from controlplane.services.errors import InvalidInput
@@ -173,6 +174,14 @@ def _name_filter(request: Request, qs: Any) -> Any:
     """`?name=` on the list (the CLI addresses jobs and nodes by name)."""
     name = request.query_params.get("name") if getattr(request, "query_params", None) is not None else None
     return qs.filter(name=name) if name else qs
+
+
+class CatalogView(APIView):
+    """What a job spec may name: policies (with their options), models, hardware, engines."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(catalog())
 
 
 def _job_filter(request: Request, qs: Any) -> Any:

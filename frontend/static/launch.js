@@ -21,7 +21,9 @@
     const body = {};
     for (const input of form.querySelectorAll("input, select")) {
       if (input.value === "") continue; // the API applies its defaults and names the missing required fields
-      body[input.name] = input.type === "number" ? Number(input.value) : input.value;
+      if (input.dataset.json) {
+        try { body[input.name] = JSON.parse(input.value); } catch (e) { showError(input.name, "not valid JSON: " + e.message); return; }
+      } else body[input.name] = input.type === "number" ? Number(input.value) : input.value;
     }
     const button = form.querySelector("button[type=submit]"); button.disabled = true;
     const res = await api("POST", "/api/jobs/", body);

@@ -49,7 +49,7 @@ def cp(control_plane_server, tmp_path):
 
 def test_submit_status_override_events_stop(cp, tmp_path):
     from controlplane.models import Job, Override
-    from controlplane.services import planner
+    from controlplane.services import executor, planner
 
     token = cp.user_token("alice")
     spec = tmp_path / "job.yaml"
@@ -63,7 +63,7 @@ def test_submit_status_override_events_stop(cp, tmp_path):
     def replan(signal: str) -> None:  # what the Celery worker does on each signal
         tr = planner.plan_job(job_id=job["id"], signal=signal)
         if tr is not None:
-            planner.execute_transition(transition_id=tr.pk)
+            executor.execute_transition(transition_id=tr.pk)
 
     replan("step_start")
     text = pearl(cp, "status", "grpo-cli", token=token).stdout
