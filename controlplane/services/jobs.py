@@ -11,7 +11,7 @@ from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
 from controlplane.selectors.jobs import override_summary
-from controlplane.services.common import assert_invariants, lock_job
+from controlplane.services.common import assert_invariants, enqueue_plan, lock_job
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
@@ -74,13 +74,6 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         enqueue_plan(job.pk, "step_start")
     return job
-
-
-def enqueue_plan(job_id: int, signal: str) -> None:
-    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects)."""
-    from controlplane import tasks
-
-    transaction.on_commit(lambda: tasks.plan_job.delay(job_id, signal), robust=True)
 
 
 def stop_job(*, job_id: int, actor: str) -> Job:

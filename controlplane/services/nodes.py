@@ -279,7 +279,7 @@ def undrain_node(*, node_id: int, actor: str) -> Node:
     ready again if its agent still holds a lease (else not_ready until the next heartbeat). The planner
     re-plans every live job, so the node's GPUs are used again."""
     from controlplane.models import Job
-    from controlplane.services.jobs import enqueue_plan
+    from controlplane.services.common import enqueue_plan
 
     now = timezone.now()
     with transaction.atomic():
