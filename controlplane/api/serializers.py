@@ -51,6 +51,9 @@ class OverrideSerializer(serializers.Serializer):
     force_mode = serializers.ChoiceField(choices=[m.value for m in Mode], allow_blank=True, allow_null=True, required=False)
     force_n_prefill = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
     force_n_decode = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
+    force_exact = serializers.BooleanField(
+        required=False, help_text="true: force_n_prefill/force_n_decode are exact worker counts (spare workers stay "
+        "unused); false (default): a P:D ratio scaled to the job's worker budget")
     freeze = serializers.BooleanField(required=False)
     borrowing = serializers.BooleanField(required=False)
     elasticity = serializers.BooleanField(required=False)
