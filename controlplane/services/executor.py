@@ -5,6 +5,8 @@ without double effects.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -46,13 +48,15 @@ def execute_transition(*, transition_id: int, actor: str = "executor") -> Transi
                         start_worker(job_id=job.pk, node_id=step.args["node"], gpu_indexes=step.args["gpus"], role=role,
                                      activity=Activity.TRANSITIONING, slot=step.worker_slot, actor=actor)
                 elif step.kind in (StepKind.DRAIN,) and alive and alive.activity == Activity.ACTIVE:
-                    _drain(job, step.worker_slot, actor)
+                    _take_out(job, actor, lambda: change_workers(job_id=job.pk, changes=[
+                        WorkerChange(step.worker_slot, activity=Activity.TRANSITIONING)], actor=actor))
                 elif step.kind == StepKind.SET_ROLE and alive and alive.role != role:
                     change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)], actor=actor)
                 elif step.kind == StepKind.STOP_WORKER and alive:
-                    stop_worker(job_id=job.pk, slot=step.worker_slot, actor=actor)
+                    _take_out(job, actor, lambda: stop_worker(job_id=job.pk, slot=step.worker_slot, actor=actor))
                 elif step.kind == StepKind.DEACTIVATE_OVERLAP and alive and alive.activity != Activity.INACTIVE:
-                    change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, activity=Activity.INACTIVE)], actor=actor)
+                    _take_out(job, actor, lambda: change_workers(job_id=job.pk, changes=[
+                        WorkerChange(step.worker_slot, activity=Activity.INACTIVE)], actor=actor))
                 elif step.kind == StepKind.ACTIVATE_OVERLAP and alive and (alive.role != role or alive.activity == Activity.INACTIVE):
                     change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)], actor=actor)
                 elif step.kind == "finalize":
@@ -74,17 +78,19 @@ def execute_transition(*, transition_id: int, actor: str = "executor") -> Transi
     return tr
 
 
-def _drain(job: Job, slot: int, actor: str) -> None:
-    """Drain one worker; if the survivors would no longer form a valid configuration (a mode switch
-    taking the last prefill or decode worker), drain the whole old group together: admission pauses
-    until the finalize step admits the new group at once."""
+def _take_out(job: Job, actor: str, change: Callable[[], object]) -> None:
+    """Take one worker out of service (drain, deactivate, stop). If the workers left serving would no
+    longer form a valid configuration (the last prefill or decode worker goes: a mode switch, a return
+    of a borrowed decode worker, a preempted one), the whole serving group pauses first: admission
+    stops until the finalize step admits the new group at once."""
     try:
         with transaction.atomic():
-            change_workers(job_id=job.pk, changes=[WorkerChange(slot, activity=Activity.TRANSITIONING)], actor=actor)
+            change()
     except InvariantViolation:
         group = list(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role=Role.TRAINING)
                      .values_list("slot", flat=True))
         change_workers(job_id=job.pk, changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group], actor=actor)
+        change()
 
 
 def _finalize(job: Job, result: dict[str, str], actor: str) -> None:

@@ -110,3 +110,24 @@ def test_forced_ratio_override_wins():
     tr = planner.plan_job(job_id=job.pk)
     executor.execute_transition(transition_id=tr.pk)
     assert _active_roles(job) == ["decode", "decode", "decode", "prefill"]
+
+
+def test_returning_the_only_borrowed_decode_worker_pauses_the_group_instead_of_failing():
+    """1P1D with the decode worker on a borrowed training GPU; Training Begin returns it: the prefill
+    worker alone is no valid configuration, so the group pauses and comes back as planned."""
+    make_node("r1", slots=2)
+    make_node("t1", pool="training", slots=2)
+    job = make_job(rollout_gpus=2, training_gpus=2, tp=2, model="qwen3-8b", hardware="h800", batch_size=64,
+                   group_size=16, policy_options={"gate": False})
+    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1},
+                       actor="test")
+    tr = planner.plan_job(job_id=job.pk, signal="step_start")
+    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded"
+    roles = dict(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).values_list("zone", "role"))
+    assert roles == {"rollout": "prefill", "overlap": "decode"}
+    jobs.set_training_active(job_id=job.pk, active=True)
+    tr = planner.plan_job(job_id=job.pk, signal="training_begin")
+    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded", tr.error
+    assert _active_roles(job) == ["colocated"]
+    jobs.start_update(job_id=job.pk)
+    _valid()
