@@ -1,0 +1,173 @@
+"""Typed JSON messages of the driver link (`/ws/driver/`): a job's rollout driver (the Pipeline
+Scheduler) and the control plane (the Elastic Scheduler).
+
+The driver reports what the RL loop knows — progress R, its elastic signals, TURN/STEP/TRAIN
+telemetry, its checkpoint — and asks before the trainer computes. The control plane pushes what the
+driver must route by: the job's serving workers (role, endpoint), the published weight version,
+whether Training Begin's return of the borrowed workers is complete. Level-triggered: every push
+carries the full view; a reconnecting driver gets the current one in `welcome`.
+
+`parse_driver_message` / `parse_control_message` are strict (unknown types or fields, wrong types,
+out-of-range values raise `LinkError` naming the field).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from controlplane.core.context import Signal
+from controlplane.core.state import Role
+from controlplane.core.wire import bounded, parse_dataclass
+
+MAX_RECORDS = 2048
+MAX_WORKERS = 65536
+MAX_CHECKPOINT_BYTES = 8 << 20
+
+
+class LinkError(ValueError):
+    """A message that does not follow the protocol."""
+
+
+# ---------------------------------------------------------------- driver -> control plane
+@dataclass(frozen=True, slots=True)
+class Hello:
+    type: ClassVar[str] = "hello"
+    job: str = field(metadata=bounded(max_len=63))
+    incarnation: str = field(metadata=bounded(max_len=64))  # new per driver process start
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    type: ClassVar[str] = "progress"
+    step: int = field(metadata=bounded(0, 2**31))
+    remaining: int = field(metadata=bounded(0, 2**31))
+
+
+@dataclass(frozen=True, slots=True)
+class SignalReport:
+    type: ClassVar[str] = "signal"
+    signal: Signal
+    remaining: int = field(metadata=bounded(0, 2**31))
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryReport:
+    type: ClassVar[str] = "telemetry"
+    records: list[dict[str, Any]] = field(metadata=bounded(max_len=MAX_RECORDS))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReport:
+    type: ClassVar[str] = "checkpoint"
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRequest:
+    """The loop wants the trainer to compute step `step`'s update (answered by `update` or `error`)."""
+
+    type: ClassVar[str] = "update"
+    step: int = field(metadata=bounded(0, 2**31))
+
+
+DRIVER_MESSAGES: dict[str, type] = {c.type: c for c in (Hello, ProgressReport, SignalReport, TelemetryReport,
+                                                         CheckpointReport, UpdateRequest)}
+
+
+# ---------------------------------------------------------------- control plane -> driver
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A rollout worker the driver may route to: active, with its data-plane endpoint."""
+
+    worker: int  # the worker's stable slot id in the job
+    role: Role
+    endpoint: str = field(metadata=bounded(max_len=2048))
+    overlap: bool = False  # on a borrowed training GPU
+    gpus: int = field(default=1, metadata=bounded(1, 64))
+    weight_version: int = field(default=0, metadata=bounded(0))
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    name: str = field(metadata=bounded(max_len=63))
+    environment: str = field(metadata=bounded(max_len=64))
+    model: str = field(metadata=bounded(max_len=64))
+    engine: str = field(metadata=bounded(max_len=16))
+    batch_size: int = field(metadata=bounded(1, 1 << 20))
+    group_size: int = field(metadata=bounded(1, 1 << 20))
+    max_staleness: int = field(metadata=bounded(0, 1024))
+    max_trajectory_tokens: int = field(metadata=bounded(1, 1 << 22))
+    return_deadline_s: float = field(metadata=bounded(0.0, 86400.0))
+    seed: int = field(default=0, metadata=bounded(0, 2**62))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Everything the driver routes by, in full every time (level-triggered)."""
+
+    type: ClassVar[str] = "cluster"
+    workers: list[WorkerView] = field(metadata=bounded(max_len=MAX_WORKERS))
+    weight_version: int = field(metadata=bounded(0))
+    training_active: bool  # Training Begin .. Training Finished
+    borrowed: int = field(metadata=bounded(0))  # overlap workers not yet back (active or in transition)
+    trainer: str = field(default="", metadata=bounded(max_len=2048))  # the trainer's endpoint ("" until known)
+    stopped: bool = False  # the job ended: finish nothing new, exit
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    type: ClassVar[str] = "welcome"
+    job: JobView
+    cluster: ClusterView
+    dataplane_token: str = field(metadata=bounded(max_len=256))  # opens this job's workers and trainer
+    checkpoint: dict[str, Any] = field(default_factory=dict)  # the loop's last checkpoint ({} = fresh)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateGranted:
+    """The trainer may compute step `step`'s update now (every borrowed worker is back)."""
+
+    type: ClassVar[str] = "update"
+    step: int = field(metadata=bounded(0, 2**31))
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    type: ClassVar[str] = "error"
+    error: str = field(metadata=bounded(max_len=64))
+    detail: str = field(default="", metadata=bounded(max_len=4096))
+    field: str = field(default="", metadata=bounded(max_len=256))  # last: the name shadows dataclasses.field
+
+
+CONTROL_MESSAGES: dict[str, type] = {c.type: c for c in (Welcome, ClusterView, UpdateGranted, ErrorReply)}
+
+
+# ---------------------------------------------------------------- (de)serialisation
+def dump(msg: Any) -> dict[str, Any]:
+    return {"type": msg.type, **asdict(msg)}
+
+
+def _parse(data: Any, table: dict[str, type], side: str) -> Any:
+    if not isinstance(data, dict):
+        raise LinkError(f"{side}: a message must be a JSON object")
+    kind = data.get("type")
+    cls = table.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise LinkError(f"{side}.type: unknown message type {str(kind)[:64]!r}; expected one of {sorted(table)}")
+    body = {k: v for k, v in data.items() if k != "type"}
+    return parse_dataclass(cls, body, f"{kind}", error=LinkError, int_min=0)
+
+
+def parse_driver_message(data: Any) -> Any:
+    return _parse(data, DRIVER_MESSAGES, "driver")
+
+
+def parse_control_message(data: Any) -> Any:
+    return _parse(data, CONTROL_MESSAGES, "control")
+
+
+__all__ = [
+    "CheckpointReport", "ClusterView", "ErrorReply", "Hello", "JobView", "LinkError", "ProgressReport",
+    "SignalReport", "TelemetryReport", "UpdateGranted", "UpdateRequest", "Welcome", "WorkerView", "dump",
+    "parse_control_message", "parse_driver_message",
+]
