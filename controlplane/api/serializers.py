@@ -32,7 +32,7 @@ class JobCreateSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = Job
@@ -52,6 +52,7 @@ class OverrideSerializer(serializers.Serializer):
     freeze = serializers.BooleanField(required=False)
     borrowing = serializers.BooleanField(required=False)
     elasticity = serializers.BooleanField(required=False)
+    updated = serializers.DateTimeField(read_only=True, allow_null=True)
 
     def to_internal_value(self, data):  # type: ignore[override]
         if isinstance(data, dict):
@@ -114,8 +115,8 @@ class TransitionSerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    job = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = Event

@@ -188,7 +188,7 @@ class Command(BaseCommand):
             except Exception:
                 body = None
             if body:
-                failing = [k for k, v in body.get("checks", {}).items() if not v.get("ok")]
+                failing = [k for k, v in body.get("checks", {}).items() if v != "ok"]
                 status = "waiting for " + ", ".join(failing) if failing else "healthy"
             nodes = Node.objects.filter(status="ready").count()
             if status == "healthy":
