@@ -225,6 +225,8 @@ PEARL = {
     "SWEEP_S": float(os.environ.get("PEARL_SWEEP_S", "5")),
     "REPLAN_S": float(os.environ.get("PEARL_REPLAN_S", "10")),
     "MAX_JSON_DEPTH": 16,
+    # weights tokens rotate every period (a leaked one opens one job's weights for <= 3 periods)
+    "WEIGHTS_TOKEN_ROTATE_S": float(os.environ.get("PEARL_WEIGHTS_TOKEN_ROTATE_S", "300")),
     # per-user limit on state-changing API calls (jobs, overrides, drains, preemptions); per process
     "WRITE_RATE": os.environ.get("PEARL_WRITE_RATE", "120/min"),
 }
