@@ -181,7 +181,8 @@ class NodeAgent:
     async def _kill_leftovers(self) -> None:
         self.leftovers = await asyncio.to_thread(kill_leftovers, self.cfg.state_dir)
         if self.leftovers:
-            log.warning("killed %d worker(s) left by a previous agent incarnation", sum(x["was_running"] for x in self.leftovers))
+            log.warning("found %d worker(s) of a previous agent incarnation; killed the %d still running",
+                        len(self.leftovers), sum(x["was_running"] for x in self.leftovers))
 
     def _refuse(self, why: str) -> None:
         log.warning("refused: %s", why)

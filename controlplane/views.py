@@ -21,8 +21,8 @@ def _check(name: str, fn) -> bool:  # type: ignore[no-untyped-def]
     try:
         fn()
         return True
-    except Exception:  # report, never raise: health must answer
-        log.warning("health check %s failed", name, exc_info=True)
+    except Exception as exc:  # report, never raise: health must answer
+        log.warning("health check %s failed: %s: %s", name, type(exc).__name__, exc)
         return False
 
 
