@@ -38,14 +38,19 @@ def start_time(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
+_parent_gone = False
+
+
 def die_with_parent() -> None:
-    """In a worker: get SIGTERM when the agent that spawned us dies (Linux), and exit now if it
-    already has (the race between fork and this call)."""
+    """In a worker: get SIGHUP when the agent that spawned us dies (Linux), and exit now if it already
+    has (the race between fork and this call). SIGHUP, not SIGTERM: the kernel sends it when the
+    spawning *thread* exits, which may be before the agent's pid stops being our parent, so the signal
+    itself has to say "your agent is gone" (SIGTERM stays the agent's graceful stop)."""
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     if not parent:
         return
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
     if os.getppid() != parent:
         sys.exit("the agent that started this worker is gone")
 
@@ -57,9 +62,9 @@ def visible_devices() -> list[int]:
 
 
 def orphaned() -> bool:
-    """True once the spawning agent is gone (we were re-parented)."""
+    """True once the spawning agent is gone (its death signal came, or we were re-parented)."""
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
-    return bool(parent) and os.getppid() != parent
+    return _parent_gone or (bool(parent) and os.getppid() != parent)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -206,4 +211,11 @@ async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def hangup() -> None:  # the agent died (die_with_parent)
+        global _parent_gone
+        _parent_gone = True
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     return runner, bound, stop

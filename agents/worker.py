@@ -272,8 +272,9 @@ class WorkerServer:
             # keep journaling under ~5% of the loop even with thousands of long sequences
             period = max(JOURNAL_PERIOD_S, 20 * (time.perf_counter() - t0))
 
-    def write_journal(self, path: Path) -> None:
-        text = json.dumps({"pid": os.getpid(), "time": time.time(), "inflight": self.engine.inflight()})
+    def write_journal(self, path: Path, inflight: list[dict[str, Any]] | None = None) -> None:
+        entries = self.engine.inflight() if inflight is None else inflight
+        text = json.dumps({"pid": os.getpid(), "time": time.time(), "inflight": entries})
         if text == self._last_journal:
             return
         tmp = path.with_suffix(".tmp")
@@ -300,11 +301,15 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
     await stop.wait()
     # graceful: stop admitting, let in-flight work finish briefly, abort the rest with partials; an
     # orphan (its agent died) aborts at once: nobody will route to it again, the journal keeps the partials
-    aborted, _ = await engine.drain("abort" if orphaned() else "wait", args.drain_timeout)
+    alone = orphaned()
+    aborted, _ = await engine.drain("abort" if alone else "wait", args.drain_timeout)
     if state_dir:
+        if server._journal_task:  # the periodic journal must not overwrite the final one
+            server._journal_task.cancel()
         (state_dir / "aborted.json").write_text(json.dumps([dp.dump(a) for a in aborted]))
         server._last_journal = ""
-        server.write_journal(state_dir / "inflight.json")
+        # an orphan's drain answer reached no agent: its journal keeps the partials for the next one
+        server.write_journal(state_dir / "inflight.json", [dp.dump(a) for a in aborted] if alone else None)
     await runner.cleanup()
 
 

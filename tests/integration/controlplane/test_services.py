@@ -232,7 +232,7 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     hb = Heartbeat(epoch=t.epoch, generation=0, workers=[ObservedWorker(
         worker_id=trainer.pk, role="training", activity="inactive", state="running", weight_version=3,
         endpoint="http://127.0.0.1:9999")])
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb) == []
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
     job.refresh_from_db()
     assert job.weight_version == 3
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
@@ -240,5 +240,5 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     assert r.generation > gen_before
     (w,) = desired_state(r).workers
     assert w.weights_url == "http://127.0.0.1:9999" and w.min_weight_version == 2
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb) == []  # same version again: nothing new
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []  # same version again: nothing new
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
