@@ -52,6 +52,13 @@ RECONCILE_PERIOD_S = 2.0
 CLOSE_GIVE_WAY = (4401, 4403, link.CLOSE_SUPERSEDED)  # refused or superseded: reconnect only after the longest backoff
 
 
+def partials(entries: list[dict[str, Any]], worker_id: int) -> list[dict[str, Any]]:
+    """Aborted requests as a fault reports them: tokens and log-probs (the output itself), without the
+    decoded text (any bytes a model produced, NUL included, which no database stores; the tokens say it)."""
+    return [{k: v for k, v in r.items() if k != "text"} | {"finish_reason": "abort", "worker_id": worker_id}
+            for r in entries[: link.MAX_ABORTED]]
+
+
 @dataclass
 class Managed:
     """One worker the agent supervises: its desired spec, its process and what was last observed."""
@@ -173,7 +180,7 @@ class NodeAgent:
     def _report_leftovers(self) -> None:
         """Once registered: report the workers the previous incarnation left, with their journaled partials."""
         for x in self.leftovers:
-            aborted = [{**r, "finish_reason": "abort", "worker_id": x["worker_id"]} for r in x["aborted"]][: link.MAX_ABORTED]
+            aborted = partials(x["aborted"], x["worker_id"])
             self.send(link.Fault(epoch=self.epoch, worker_id=x["worker_id"], kind="orphan_killed" if x["was_running"] else "orphan_gone",
                                  detail=f"pid {x['pid']} of a previous agent incarnation", aborted=aborted))
         self.leftovers = []
@@ -389,7 +396,8 @@ class NodeAgent:
                 m.engine_state = "sleeping"
                 if res.get("aborted"):
                     self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
-                                         detail=f"{len(res['aborted'])} requests aborted by deactivation", aborted=res["aborted"][:4096]))
+                                         detail=f"{len(res['aborted'])} requests aborted by deactivation",
+                                         aborted=partials(res["aborted"], spec.worker_id)))
                 if m.activation_s is not None:  # one borrow + return observed: T_toggle sample
                     self.pending_telemetry.append(tm.toggle(time_s=time.time(), job=spec.job, worker=spec.worker_id,
                                                             activation_s=m.activation_s, return_s=time.perf_counter() - t0).to_json())
@@ -474,7 +482,7 @@ class NodeAgent:
         m.state = "stopped"
         if aborted:
             self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="drained",
-                                 detail=f"{len(aborted)} requests aborted by the drain", aborted=aborted[:4096]))
+                                 detail=f"{len(aborted)} requests aborted by the drain", aborted=partials(aborted, m.desired.worker_id)))
         return aborted
 
     async def shutdown_workers(self, timeout_s: float) -> None:
@@ -498,12 +506,12 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             data = json.loads(journal.read_text())
             if data.get("pid") == m.proc.pid:
-                aborted = [{**r, "finish_reason": "abort", "worker_id": m.desired.worker_id} for r in data["inflight"]]
+                aborted = partials(data["inflight"], m.desired.worker_id)
             journal.unlink()
         await m.proc.reap()
         log.warning("worker %s (pid %s) exited with %s; %d requests aborted", m.desired.worker_id, m.proc.pid, rc, len(aborted))
         self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="crashed",
-                             detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted[:4096]))
+                             detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted))
         m.restarts += 1
         m.proc, m.client, m.state = None, None, "failed"
         m.next_start = time.monotonic() + RESTART_BACKOFF_S[min(m.restarts - 1, len(RESTART_BACKOFF_S) - 1)]
