@@ -77,6 +77,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     node_id: int | None = None
     address: str = ""
     sent_bucket: int = -1  # rotation period of the weights tokens in the last desired state sent
+    sent_generation: int = -1  # generation of the last desired state sent on this socket
 
     async def connect(self) -> None:
         cred = await database_sync_to_async(credentials.authenticate_agent)(_bearer(self.scope))
@@ -137,12 +138,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._error("not_registered", "send a register message first")
             return
         if isinstance(message, link.Heartbeat):
-            refused = await database_sync_to_async(nodes.record_heartbeat)(
+            result = await database_sync_to_async(nodes.record_heartbeat)(
                 node_id=self.node_id, message=message, channel=self.channel_name)
-            for why in refused:
+            for why in result.refused:
                 await self._error("refused", why)
-            if link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket:
-                await self._send_desired()  # weights tokens rotated: the same generation with fresh tokens
+            rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
+            # level-triggered: a push lost on the way (e.g. Redis restarted and forgot the group) is
+            # repaired by the next heartbeat of an agent still behind the node's generation
+            behind = message.generation < result.generation and result.generation > self.sent_generation
+            if rotated or behind:
+                await self._send_desired()
+            try:
+                await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)  # re-join after a Redis restart
+            except Exception as exc:  # Redis down: pushes wait; the heartbeats above still renewed the lease
+                log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
         elif isinstance(message, link.Telemetry):
             await database_sync_to_async(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
         elif isinstance(message, link.Fault):
@@ -167,6 +176,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.sent_bucket = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"])
         state = await database_sync_to_async(_desired)(self.node_id, self.channel_name)
         if state is not None:
+            self.sent_generation = state.generation
             await self.send_json(link.dump(state))
 
     async def desired_changed(self, event: dict[str, Any]) -> None:

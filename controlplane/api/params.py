@@ -56,19 +56,43 @@ def text_param(request: Request, name: str, *, max_len: int = MAX_TEXT) -> str |
 
 
 def time_param(request: Request, name: str) -> datetime | None:
-    """An ISO 8601 instant, as UTC (no offset = UTC). Impossible dates and offsets are refused."""
+    """An ISO 8601 / RFC 3339 instant, as UTC (no offset = UTC). Impossible dates and offsets are
+    refused; a real instant whose UTC form falls outside years 1..9999 (0001-01-01T00:00+05:00) is
+    clamped to that range, which compares the same against every stored time."""
     raw = text_param(request, name, max_len=64)
     if raw is None:
         return None
     try:
-        value = parse_datetime(raw)
-        if value is not None:
-            value = value.replace(tzinfo=dt_timezone.utc) if value.tzinfo is None else value.astimezone(dt_timezone.utc)
-    except (ValueError, OverflowError) as exc:
+        value = parse_datetime(raw.upper())  # RFC 3339 allows a lower-case t and z
+    except ValueError as exc:
         raise InvalidInput(f"{name} is not a valid time ({exc}), got {raw!r}", field=name) from None
     if value is None:
         raise InvalidInput(f"{name} must be an ISO 8601 time such as 2025-01-31T12:00:00Z, got {raw!r}", field=name)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt_timezone.utc)
+    try:
+        return value.astimezone(dt_timezone.utc)
+    except OverflowError:
+        edge = datetime.min if value.year < 5000 else datetime.max
+        return edge.replace(tzinfo=dt_timezone.utc)
+
+
+JOB_PATTERN = r"^([0-9]{1,19}|[a-z0-9][a-z0-9._-]{0,62})$"  # an id or a job name (also in the schema)
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+KIND_PATTERN = r"^[a-z0-9._-]{1,48}$"
+
+
+def pattern_param(request: Request, name: str, pattern: str) -> str | None:
+    """A filter that must match `pattern` (the same one the schema documents), else 400."""
+    value = text_param(request, name)
+    if value is not None and not re.fullmatch(pattern.strip("^$"), value):
+        raise InvalidInput(f"{name} must match {pattern}, got {value[:40]!r}", field=name)
     return value
+
+
+def name_param(request: Request, name: str) -> str | None:
+    """A node (or other object) name filter."""
+    return pattern_param(request, name, NAME_PATTERN)
 
 
 def job_filter(request: Request, qs: Any) -> Any:

@@ -15,7 +15,7 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
-from controlplane.api.params import job_filter, parse_id, text_param, time_param
+from controlplane.api.params import JOB_PATTERN, KIND_PATTERN, NAME_PATTERN, job_filter, name_param, parse_id, pattern_param, time_param
 from controlplane.models import Decision, Event, Job, Node, Transition
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import credentials, jobs, nodes
@@ -152,7 +152,7 @@ class ClusterView(APIView):
         return Response(cluster_snapshot())
 
 
-JOB_PARAM = OpenApiParameter("job", str, description="job id or name")
+JOB_PARAM = OpenApiParameter("job", {"type": "string", "pattern": JOB_PATTERN}, description="job id or name")
 
 
 @extend_schema(parameters=[JOB_PARAM])
@@ -173,8 +173,9 @@ class TransitionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
 
 @extend_schema(parameters=[
     JOB_PARAM,
-    OpenApiParameter("kind", str, description="event kind, or a prefix ending in '.' (e.g. 'node.')"),
-    OpenApiParameter("node", str, description="node name"),
+    OpenApiParameter("kind", {"type": "string", "pattern": KIND_PATTERN},
+                     description="event kind, or a prefix ending in '.' (e.g. 'node.')"),
+    OpenApiParameter("node", {"type": "string", "pattern": NAME_PATTERN}, description="node name"),
     OpenApiParameter("since", OpenApiTypes.DATETIME), OpenApiParameter("until", OpenApiTypes.DATETIME),
 ])
 class EventViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
@@ -182,10 +183,10 @@ class EventViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):  # type: ignore[override]
         qs = job_filter(self.request, Event.objects.select_related("job", "node"))
-        kind = text_param(self.request, "kind", max_len=48)
+        kind = pattern_param(self.request, "kind", KIND_PATTERN)
         if kind:
             qs = qs.filter(kind__startswith=kind) if kind.endswith(".") else qs.filter(kind=kind)
-        node = text_param(self.request, "node", max_len=63)
+        node = name_param(self.request, "node")
         if node:
             qs = qs.filter(node__name=node)
         since, until = time_param(self.request, "since"), time_param(self.request, "until")

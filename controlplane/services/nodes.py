@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 from datetime import datetime, timedelta
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -158,8 +159,13 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> list[str]:
-    """Renew the lease and store observed worker states; returns what was refused (one sentence each).
+class HeartbeatResult(NamedTuple):
+    refused: list[str]  # what of the report was refused, one sentence each
+    generation: int  # the node's current desired-state generation (the link resends it if the agent is behind)
+
+
+def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> HeartbeatResult:
+    """Renew the lease and store observed worker states.
 
     Raises StaleEpoch (the agent must resync) or Superseded (another socket holds the lease). An agent
     is trusted only for what it owns: workers bound to its node; endpoints on its own address; for a
@@ -222,7 +228,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         )
         if recovered:
             push_node(node.pk)
-    return refused
+    return HeartbeatResult(refused, node.generation)
 
 
 def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
