@@ -77,9 +77,10 @@ def time_param(request: Request, name: str) -> datetime | None:
         return edge.replace(tzinfo=dt_timezone.utc)
 
 
-JOB_PATTERN = r"^([0-9]{1,19}|[a-z0-9][a-z0-9._-]{0,62})$"  # an id or a job name (also in the schema)
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
-KIND_PATTERN = r"^[a-z0-9._-]{1,48}$"
+# Filters the schema documents with these same patterns; an empty value means no filter.
+JOB_PATTERN = r"^(|[0-9]{1,19}|[a-z0-9][a-z0-9._-]{0,62})$"  # a job id or a job name
+NAME_PATTERN = r"^(|[a-z0-9][a-z0-9._-]{0,62})$"
+KIND_PATTERN = r"^[a-z0-9._-]{0,48}$"
 
 
 def pattern_param(request: Request, name: str, pattern: str) -> str | None:
@@ -115,13 +116,13 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
 
     def get_limit(self, request: Request) -> int:  # type: ignore[override]
         raw = request.query_params.get(self.limit_query_param)
-        if raw is None or raw == "":
+        if raw is None:
             return self.default_limit
         return parse_count(raw, self.limit_query_param, lo=1, hi=self.max_limit)
 
     def get_offset(self, request: Request) -> int:  # type: ignore[override]
         raw = request.query_params.get(self.offset_query_param)
-        if raw is None or raw == "":
+        if raw is None:
             return 0
         return parse_count(raw, self.offset_query_param, lo=0, hi=MAX_OFFSET)
 

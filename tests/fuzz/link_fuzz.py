@@ -78,7 +78,8 @@ class Link:
     """One registered agent socket; tracks the node's epoch from what the control plane says."""
 
     def __init__(self, ws_url: str, token: str, node: str) -> None:
-        self.ws = connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None, open_timeout=20)
+        self._connection = connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None, open_timeout=20)
+        self.ws = self._connection.__enter__()
         self.node = node
         self.epoch = 0
         self.send(json.dumps(valid_messages(node, 0)[3]))
@@ -111,7 +112,7 @@ class Link:
         return self.drain(until=lambda m: m.get("type") == "error" and "probe-marker" in m.get("message", ""))
 
     def close(self) -> None:
-        self.ws.close()
+        self._connection.__exit__(None, None, None)
 
 
 def fuzz_link(ws_url: str, token: str, node: str, *, examples: int, seed_value: int = 0) -> LinkReport:

@@ -48,8 +48,6 @@ def test_unicode_digits_in_ids_and_filters(api, url, field):
     "2024-13-01T00:00:00",  # impossible month
     "2024-01-01T00:00:00%2B99:00",  # impossible offset
     "2024-01-01T25:00:00Z",
-    "0001-01-01T00:00:00%2B05:00",  # before year 1 in UTC
-    "9999-12-31T23:59:59-05:00",  # after year 9999 in UTC
     "yesterday",
 ])
 def test_impossible_times_in_filters(api, value):
@@ -60,6 +58,11 @@ def test_impossible_times_in_filters(api, value):
 
 def test_possible_times_still_filter(api):
     a_job()
+    # real instants whose UTC form is outside years 1..9999 (they were 500s on PostgreSQL) compare as the edge
+    assert api.get("/api/events/?since=0001-01-01T00:00:00%2B05:00").json()["count"] >= 1
+    assert api.get("/api/events/?since=9999-12-31T23:59:59-05:00").json()["count"] == 0
+    assert api.get("/api/events/?until=0001-01-01T00:00:00%2B05:00").json()["count"] == 0
+    assert api.get("/api/events/?since=2000-01-01t00:00:00z").json()["count"] >= 1  # RFC 3339 lower case
     assert api.get("/api/events/?since=2000-01-01T05:00:00%2B05:00").json()["count"] >= 1
     assert api.get("/api/events/?until=2000-01-01").json()["count"] == 0  # a date is its midnight, UTC
     assert api.get("/api/events/?until=2000-01-01T00:00:00").json()["count"] == 0
