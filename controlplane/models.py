@@ -85,6 +85,8 @@ class Job(models.Model):
     hardware = models.CharField(max_length=32, default="cpu")
     environment = models.CharField(max_length=64, default="swe-like")
     policy = models.CharField(max_length=16, default="pearl")
+    policy_options = models.JSONField(default=dict, blank=True)  # validated by core.policies.validate_options
+    policy_state = models.JSONField(default=dict, blank=True)  # what a stateful policy carries between plans
     tp = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
     batch_size = models.PositiveIntegerField(default=64, validators=[MinValueValidator(1)])
     group_size = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)])
@@ -105,6 +107,8 @@ class Job(models.Model):
     updated = models.DateTimeField(auto_now=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
+    remaining = models.PositiveIntegerField(null=True, blank=True)  # R from the rollout driver (None: no report yet)
+    loop_state = models.JSONField(default=dict, blank=True)  # the rollout loop's checkpoint (core.loop)
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -32,19 +32,19 @@ def plan_job(job_id: int, signal: str = "periodic") -> int | None:
 
 @shared_task(name="controlplane.execute_transition")
 def execute_transition(transition_id: int) -> str:
-    from controlplane.services import planner
+    from controlplane.services import executor
 
-    return planner.execute_transition(transition_id=transition_id).status
+    return executor.execute_transition(transition_id=transition_id).status
 
 
 @shared_task(name="controlplane.replan_all")
 def replan_all() -> list[int]:
     """Periodic re-plan of every live job (also resumes transitions a killed executor left running)."""
     from controlplane.models import Job, Transition
-    from controlplane.services import planner
+    from controlplane.services import executor, planner
 
     for tr_id in Transition.objects.filter(status__in=[Transition.Status.PENDING, Transition.Status.RUNNING]).values_list("id", flat=True):
-        planner.execute_transition(transition_id=tr_id)
+        executor.execute_transition(transition_id=tr_id)
     planned = []
     for job_id in Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).values_list("id", flat=True):
         t = planner.plan_job(job_id=job_id)

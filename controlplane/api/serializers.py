@@ -3,20 +3,22 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.core.policies import PRODUCT_POLICIES
+from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
 from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Transition, TransitionStep
-from controlplane.services.jobs import POLICIES
 
 MAX_GPUS = 65536
 
 
 class JobCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=63, validators=[NAME_VALIDATOR])
-    model = serializers.ChoiceField(choices=["tiny", "qwen3-8b", "qwen3-30b-a3b"], default="tiny")
+    model = serializers.ChoiceField(choices=list(known_models()), default="tiny")
     engine = serializers.ChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
     hardware = serializers.CharField(max_length=32, default="cpu")
     environment = serializers.CharField(max_length=64, default="swe-like")
-    policy = serializers.ChoiceField(choices=[p for p in POLICIES if p != "oracle"], default="pearl")
+    policy = serializers.ChoiceField(choices=list(PRODUCT_POLICIES), default="pearl")
+    policy_options = serializers.DictField(required=False, help_text="options of the policy (GET /api/catalog/ lists them)")
     tp = serializers.IntegerField(min_value=1, max_value=16, default=1)
     batch_size = serializers.IntegerField(min_value=1, max_value=1 << 20, default=64)
     group_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
@@ -37,10 +39,10 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "model", "engine", "hardware", "environment", "policy", "tp", "batch_size", "group_size",
+            "id", "name", "model", "engine", "hardware", "environment", "policy", "policy_options", "tp", "batch_size", "group_size",
             "max_staleness", "max_trajectory_tokens", "rollout_gpus", "training_gpus", "status", "mode", "n_prefill",
             "n_decode", "n_colocated", "step", "weight_version", "training_active", "created_by", "created", "updated",
-            "stopped_at", "failure_reason",
+            "stopped_at", "failure_reason", "remaining",
         ]
         read_only_fields = fields
 

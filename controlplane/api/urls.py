@@ -13,6 +13,7 @@ router.register("events", views.EventViewSet, basename="event")
 
 urlpatterns = [
     path("cluster/", views.ClusterView.as_view(), name="cluster"),
+    path("catalog/", views.CatalogView.as_view(), name="catalog"),
     path("agent-tokens/", views.AgentTokenView.as_view(), name="agent-tokens"),
     *router.urls,
 ]

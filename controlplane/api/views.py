@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from controlplane.api import serializers as s
 from controlplane.api.params import JOB_PATTERN, KIND_PATTERN, NAME_PATTERN, job_filter, name_param, parse_id, pattern_param, time_param
 from controlplane.models import Decision, Event, Job, Node, Transition
+from controlplane.selectors.catalog import catalog
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import credentials, jobs, nodes
 
@@ -150,6 +151,14 @@ class ClusterView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
         return Response(cluster_snapshot())
+
+
+class CatalogView(APIView):
+    """What a job spec may name: policies (with their options), models, hardware, engines."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(catalog())
 
 
 JOB_PARAM = OpenApiParameter("job", {"type": "string", "pattern": JOB_PATTERN}, description="job id or name")

@@ -10,7 +10,7 @@ hysteresis; manual overrides always win.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -20,11 +20,10 @@ from controlplane.core.predictor import (
     disaggregated_table,
     predict_colocated,
 )
+from controlplane.core.borrowing import GateResult
+from controlplane.core.context import Overrides
 from controlplane.core.profiles import EngineCoefficients
 from controlplane.core.state import Configuration, Mode
-
-if TYPE_CHECKING:  # policies.py imports this module; the runtime import is inside decide()
-    from controlplane.core.policies import Overrides
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +145,7 @@ class Decision:
     overridden: bool
     reason: str
     inputs: dict = field(default_factory=dict)
-    gate: object = None  # borrowing.GateResult when the policy evaluated Eq. 7 for this decision
+    gate: GateResult | None = None  # when the policy evaluated Eq. 7 for this decision
 
     @property
     def mode(self) -> Mode:
@@ -229,18 +228,14 @@ def decide(
     budget: int,
     *,
     current: Configuration | None = None,
-    overrides: "Overrides | None" = None,
+    overrides: Overrides | None = None,
     thresholds: Thresholds | None = None,
     rule: FeasibilityRule | None = None,
 ) -> Decision:
     """Choose the rollout configuration for `budget` workers."""
     if budget < 0:
         raise ValueError("budget must be >= 0")
-    if overrides is None:
-        from controlplane.core.policies import Overrides
-
-        overrides = Overrides()
-    ov = overrides
+    ov = overrides or Overrides()
     th = thresholds or Thresholds()
     rule = rule or FeasibilityRule()
     table = evaluate(workload, coeffs, budget, rule)

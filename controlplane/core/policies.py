@@ -1,78 +1,40 @@
-"""Rollout scheduling policies behind one interface, used unchanged by the live control plane and
-the simulator (`controlplane.sim`).
+"""Rollout scheduling policies behind one interface and one registry, used unchanged by the live
+control plane and the simulator (`controlplane.sim`).
 
-INTERFACE CONTRACT (owned by the core package; the simulator and the Django services depend on it):
-
-    policy = make_policy("pearl" | "fixed" | "fixed-large" | "elastic" | "oracle", **options)
+    policy = make_policy("pearl" | "fixed" | "fixed-large" | "elastic" | "oracle", profile=..., batch_size=...,
+                         **options)       # options validated against the policy's OptionSpecs
     action = policy.on_event(ctx)          # on every elastic signal / budget change
     policy.observe(record)                 # feed a TelemetryRecord (runtime tracker input)
 
-`PolicyContext` describes the world at an elastic signal; `PolicyAction` is what the policy wants:
-a target Configuration over the workers it will use (dedicated + borrowed overlap workers), how many
-overlap (training-GPU) workers to borrow, and the Decision that explains it.
+`PolicyContext` (core.context) describes the world at an elastic signal; `PolicyAction` is what the
+policy wants: a target Configuration over the workers it will use (dedicated + borrowed overlap
+workers), how many overlap (training-GPU) workers to borrow, and the Decision that explains it.
 
-Implementations: `pearl` (the paper), `fixed` (ROLL), `fixed-large` (ROLL-Large), `elastic`
-(RLBoost+), `oracle` (upper bound). Every policy feeds `observe()` into a RuntimeTracker.
+`POLICIES` below is the one list of policy names, what each is, whether a user may run it as a
+product policy, and its options (name, type, default, bounds): the API, the job form, the CLI, the
+simulator's scenarios and the docs all read it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any, Mapping, Protocol, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Mapping, Protocol
 
+from controlplane.core.borrowing import GateResult, gate
+from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
+from controlplane.core.decision import Decision, Thresholds, decide, evaluate
+from controlplane.core.predictor import WorkloadProfile
+from controlplane.core.profiles import EngineCoefficients, Profile
 from controlplane.core.state import Configuration
 from controlplane.core.telemetry import TelemetryRecord
-
-
-class Signal(StrEnum):
-    """The elastic signals of the paper (§2): every one runs budget -> decide -> plan -> execute."""
-
-    STEP_START = "step_start"  # a new rollout batch starts
-    TRAINING_BEGIN = "training_begin"  # borrowed GPUs must go back (mandatory, deadline)
-    TRAINING_FINISHED = "training_finished"  # training GPUs may be borrowed again
-    CAPACITY_CHANGE = "capacity_change"  # preemptible GPUs joined or left
-    PERIODIC = "periodic"  # re-evaluation tick (e.g. the borrow gate as R shrinks)
-
-
-@dataclass(frozen=True, slots=True)
-class Overrides:
-    """Manual policy overrides; they always win over the decision engine."""
-
-    force_mode: str | None = None  # "colocated" | "disaggregated"
-    force_ratio: tuple[int, int] | None = None  # (N_P, N_D)
-    freeze: bool = False  # keep the current configuration unless it is infeasible
-    borrowing: bool = True  # False: never borrow training GPUs
-    elasticity: bool = True  # False: ignore preemptible GPUs beyond the reserved pool
-
-
-@dataclass(frozen=True, slots=True)
-class AvailabilityPoint:
-    time_s: float
-    dedicated_workers: int
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyContext:
-    now_s: float
-    signal: Signal
-    dedicated_workers: int  # rollout-zone workers available now (reserved + elastic GPUs // TP)
-    reserved_workers: int  # of which never preempted
-    overlap_workers: int  # training-GPU workers that could be borrowed now (0 while training runs)
-    training_active: bool
-    current: Configuration | None  # configuration now serving (None before the first step)
-    borrowed: int  # overlap workers currently borrowed
-    batch_size: int  # B
-    remaining: int  # R: unfinished trajectories of the current step
-    overrides: Overrides = field(default_factory=Overrides)
-    future: Sequence[AvailabilityPoint] = ()  # only the oracle may read this
+from controlplane.core.tracker import FittedProfile, RuntimeTracker
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyAction:
     target: Configuration  # over dedicated + borrowed workers
     borrow: int  # overlap workers to use as rollout workers
-    decision: object  # controlplane.core.decision.Decision explaining the choice
+    decision: Decision  # explains the choice
     free_reconfiguration: bool = False  # oracle only: the executor applies it at zero cost
 
 
@@ -83,36 +45,88 @@ class Policy(Protocol):
 
     def observe(self, record: TelemetryRecord) -> None: ...
 
+    def state(self) -> dict[str, Any]: ...
 
-# ------------------------------------------------------------------------------------------------
-# Implementations. Imported after the contract types: decision.py uses Overrides (lazily), and this
-# order keeps `import controlplane.core.decision` and `import controlplane.core.policies` both working.
-from controlplane.core.borrowing import GateResult, gate  # noqa: E402
-from controlplane.core.decision import Decision, Thresholds, decide, evaluate  # noqa: E402
-from controlplane.core.predictor import WorkloadProfile  # noqa: E402
-from controlplane.core.profiles import EngineCoefficients, Profile  # noqa: E402
-from controlplane.core.tracker import FittedProfile, RuntimeTracker  # noqa: E402
+    def load_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+class OptionError(ValueError):
+    """A policy option is unknown or out of bounds; `option` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One user-settable policy option (per job in the live system, per variant in a scenario)."""
+
+    name: str
+    kind: type  # int | float | bool
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def parse(self, value: Any) -> Any:
+        """Strict: JSON types only, bounds checked; OptionError names the option and the problem."""
+        def bad(why: str) -> OptionError:
+            return OptionError(self.name, f"policy option {self.name} {why}")
+
+        if value is None:
+            if self.default is None:
+                return None
+            raise bad("may not be null")
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise bad("must be true or false")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("must be a number")
+        if not math.isfinite(float(value)):
+            raise bad("must be finite")
+        if self.kind is int and not float(value).is_integer():
+            raise bad("must be an integer")
+        v = self.kind(value)
+        if self.minimum is not None and v < self.minimum:
+            raise bad(f"must be >= {self.minimum:g}")
+        if self.maximum is not None and v > self.maximum:
+            raise bad(f"must be <= {self.maximum:g}")
+        return v
+
+
+_TH = Thresholds()  # the default hysteresis thresholds
 
 
 class _TrackedPolicy:
     """Shared by every policy: a RuntimeTracker fed by observe()."""
 
-    name = "base"
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = ""
+    product: ClassVar[bool] = True  # False: a reference for reports, not runnable as a job's policy
+    options: ClassVar[tuple[OptionSpec, ...]] = ()
 
     def __init__(self, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
-                 thresholds: Thresholds | None = None, tracker: RuntimeTracker | None = None,
-                 max_trajectory_tokens: int | None = None) -> None:
+                 tracker: RuntimeTracker | None = None, max_trajectory_tokens: int | None = None) -> None:
         if batch_size <= 0:
             raise ValueError("batch_size must be > 0")
         self.profile = profile
         self.batch_size = batch_size
-        self.thresholds = thresholds or Thresholds()
         self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size,
                                                  max_trajectory_tokens=max_trajectory_tokens)
         self.last_action: PolicyAction | None = None
 
     def observe(self, record: TelemetryRecord) -> None:
         self.tracker.observe(record)
+
+    def state(self) -> dict[str, Any]:
+        """What the policy carries from one signal to the next beyond its telemetry (JSON). The live
+        planner rebuilds a policy per signal from stored telemetry and this; the simulator keeps one."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        return None
 
     def fitted(self, ctx: PolicyContext) -> tuple[WorkloadProfile, EngineCoefficients, FittedProfile]:
         fp = self.tracker.fitted()
@@ -142,10 +156,20 @@ class PearlPolicy(_TrackedPolicy):
     """
 
     name = "pearl"
+    summary = "PEARL: PD mode and P:D ratio from the online makespan predictor, gated borrowing, elasticity"
+    options = (
+        OptionSpec("gate", bool, True, "apply the Eq. 7 borrowing gate (false: borrow every idle window; ablation)"),
+        OptionSpec("ratio_change", float, _TH.ratio_change,
+                   "hysteresis: minimum predicted gain to change the P:D ratio", 0.0, 1.0),
+        OptionSpec("mode_switch", float, _TH.mode_switch,
+                   "hysteresis: minimum predicted gain to switch colocated <-> disaggregated", 0.0, 1.0),
+    )
 
-    def __init__(self, *, gate: bool = True, **kw: Any) -> None:
+    def __init__(self, *, gate: bool = True, ratio_change: float = _TH.ratio_change,
+                 mode_switch: float = _TH.mode_switch, **kw: Any) -> None:
         super().__init__(**kw)
         self.gated = gate
+        self.thresholds = Thresholds(ratio_change, mode_switch)
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, fp = self.fitted(ctx)
@@ -206,6 +230,8 @@ class FixedPolicy(_TrackedPolicy):
     """ROLL: a fixed rollout pool, colocated, no borrowing, no elasticity."""
 
     name = "fixed"
+    summary = "ROLL: a fixed colocated rollout pool (the reserved GPUs unless `workers` is set), no borrowing"
+    options = (OptionSpec("workers", int, None, "rollout workers in the fixed pool (default: the reserved pool)", 1, 65536),)
 
     def __init__(self, *, workers: int | None = None, **kw: Any) -> None:
         super().__init__(**kw)
@@ -231,12 +257,18 @@ class FixedLargePolicy(FixedPolicy):
     multiple of TP (paper: 14/10/12 GPUs for means 13.6/9.0/11.8)."""
 
     name = "fixed-large"
+    summary = "ROLL-Large: a fixed colocated pool as large as the mean available rollout GPUs"
+    options = (
+        OptionSpec("workers", int, None, "rollout workers in the fixed pool", 1, 65536),
+        OptionSpec("trace_mean_gpus", float, None, "mean rollout GPUs available (the pool is this, rounded up to TP)",
+                   1.0, 1 << 20),
+    )
 
     def __init__(self, *, trace_mean_gpus: float | None = None, workers: int | None = None, **kw: Any) -> None:
         profile: Profile = kw["profile"]
         if workers is None:
             if trace_mean_gpus is None:
-                raise ValueError("fixed-large needs trace_mean_gpus (or workers)")
+                raise ValueError("fixed-large needs the option workers (pool size) or trace_mean_gpus")
             gpus = math.ceil(trace_mean_gpus / profile.tp - 1e-9) * profile.tp
             workers = gpus // profile.tp
         super().__init__(workers=workers, **kw)
@@ -258,6 +290,11 @@ class ElasticPolicy(_TrackedPolicy):
     """
 
     name = "elastic"
+    summary = "RLBoost+: every preemptible GPU joins, training GPUs seeded for an adaptive window, colocated only"
+    options = (
+        OptionSpec("eta", float, 0.5, "Algorithm 1 step size for the seeding window", 1e-6, 100.0),
+        OptionSpec("t_seed_s", float, 60.0, "initial seeding window after Training Finished, seconds", 0.0, 86400.0),
+    )
 
     def __init__(self, *, eta: float = 0.5, t_seed_s: float = 60.0, **kw: Any) -> None:
         super().__init__(**kw)
@@ -270,6 +307,17 @@ class ElasticPolicy(_TrackedPolicy):
         self._returned_at: float | None = None
         self._count_at_start: int | None = None
         self._count_stable = True
+
+    _STATE = ("t_seed_s", "_finished_at", "_returned_at", "_count_at_start", "_count_stable")
+
+    def state(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self._STATE}, "memo": {str(n): v for n, v in self.memo.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        for k in self._STATE:
+            if k in state:
+                setattr(self, k, state[k])
+        self.memo = {int(n): float(v) for n, v in (state.get("memo") or {}).items()}
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, _ = self.fitted(ctx)
@@ -362,6 +410,8 @@ class OraclePolicy(_TrackedPolicy):
     """
 
     name = "oracle"
+    summary = "Upper bound: knows the future availability and reconfigures for free (reports only)"
+    product = False
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, _ = self.fitted(ctx)
@@ -392,27 +442,42 @@ class OraclePolicy(_TrackedPolicy):
         return (t + left / rate - ctx.now_s) if rate > 0 else math.inf
 
 
-_POLICIES: dict[str, type[_TrackedPolicy]] = {
-    "pearl": PearlPolicy,
-    "fixed": FixedPolicy,
-    "roll": FixedPolicy,
-    "fixed-large": FixedLargePolicy,
-    "roll-large": FixedLargePolicy,
-    "elastic": ElasticPolicy,
-    "rlboost+": ElasticPolicy,
-    "oracle": OraclePolicy,
+POLICIES: dict[str, type[_TrackedPolicy]] = {
+    cls.name: cls for cls in (PearlPolicy, FixedPolicy, FixedLargePolicy, ElasticPolicy, OraclePolicy)
 }
+POLICY_ALIASES: dict[str, str] = {"roll": "fixed", "roll-large": "fixed-large", "rlboost+": "elastic"}
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+PRODUCT_POLICIES: tuple[str, ...] = tuple(n for n, c in POLICIES.items() if c.product)
 
 
-def make_policy(name: str, *, profile: Profile, batch_size: int, **options: Any) -> Policy:
-    """Build a policy by name. Options: workload (WorkloadProfile prior), thresholds (Thresholds),
-    tracker; pearl: gate (False = ungated borrowing, ablation); fixed: workers; fixed-large:
-    trace_mean_gpus or workers; elastic: eta, t_seed_s."""
+def policy_class(name: str) -> type[_TrackedPolicy]:
     key = str(name).strip().lower()
-    cls = _POLICIES.get(key)
+    cls = POLICIES.get(POLICY_ALIASES.get(key, key))
     if cls is None:
-        raise ValueError(f"unknown policy {name!r}; known: pearl, fixed, fixed-large, elastic, oracle")
-    return cls(profile=profile, batch_size=batch_size, **options)  # type: ignore[return-value]
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    return cls
 
 
-POLICY_NAMES: tuple[str, ...] = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+def validate_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The user-settable options of policy `name`, parsed strictly (OptionError names the option)."""
+    cls = policy_class(name)
+    specs = {o.name: o for o in cls.options}
+    out: dict[str, Any] = {}
+    for key, value in (options or {}).items():
+        spec = specs.get(key)
+        if spec is None:
+            raise OptionError(str(key), f"{key!r} is not an option of policy {cls.name!r} "
+                                        f"(its options: {', '.join(specs) or 'none'})")
+        out[key] = spec.parse(value)
+    if cls is FixedLargePolicy and out.get("workers") is None and out.get("trace_mean_gpus") is None:
+        raise OptionError("workers", "fixed-large needs its pool size: the option workers (or trace_mean_gpus)")
+    return out
+
+
+def make_policy(name: str, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
+                tracker: RuntimeTracker | None = None, max_trajectory_tokens: int | None = None,
+                **options: Any) -> Policy:
+    """Build a policy by name (or alias) with its validated options (see `POLICIES[name].options`)."""
+    cls = policy_class(name)
+    return cls(profile=profile, batch_size=batch_size, workload=workload, tracker=tracker,
+               max_trajectory_tokens=max_trajectory_tokens, **validate_options(name, options))

@@ -165,4 +165,8 @@ def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int]
 
 
 def training_flags(job_ids: Iterable[int]) -> dict[int, bool]:
-    return dict(Job.objects.filter(id__in=list(job_ids)).values_list("id", "training_active"))
+    """Job id -> whether its trainer computes (a training worker is active)."""
+    ids = list(job_ids)
+    computing = set(Worker.objects.filter(job_id__in=ids, alive=True, role=Role.TRAINING, activity=Activity.ACTIVE)
+                    .values_list("job_id", flat=True))
+    return {j: j in computing for j in ids}

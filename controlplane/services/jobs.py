@@ -6,6 +6,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, validate_options
+from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
 from controlplane.services.common import assert_invariants, lock_job
@@ -13,7 +15,6 @@ from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
 
-POLICIES = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
 
 
@@ -36,11 +37,22 @@ def available_gpus() -> dict[str, int]:
 def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     """Validate a job spec against the cluster and record it (pending until the planner places it)."""
     policy = spec.get("policy", "pearl")
-    if policy not in POLICIES:
-        raise InvalidInput(f"unknown policy {policy!r}; expected one of {list(POLICIES)}", field="policy")
-    if policy == "oracle":
-        raise InvalidInput("the oracle is an upper bound for reports, not a product policy", field="policy")
+    if policy not in PRODUCT_POLICIES:
+        if policy in POLICY_NAMES:
+            raise InvalidInput(f"policy {policy!r} is a reference for reports, not a product policy; "
+                               f"expected one of {list(PRODUCT_POLICIES)}", field="policy")
+        raise InvalidInput(f"unknown policy {policy!r}; expected one of {list(PRODUCT_POLICIES)}", field="policy")
+    try:
+        spec = {**spec, "policy_options": validate_options(policy, spec.get("policy_options") or {})}
+    except OptionError as exc:
+        raise InvalidInput(str(exc), field=f"policy_options.{exc.option}") from None
     tp = int(spec.get("tp", 1))
+    try:
+        get_profile(spec.get("hardware", "cpu"), spec.get("model", "tiny"), tp)
+    except ValueError as exc:  # the profile names what it does not know
+        msg = str(exc)
+        field = next((f for f in ("hardware", "model") if msg.startswith(f"unknown {f}")), "tp")
+        raise InvalidInput(msg, field=field) from None
     gpus = available_gpus()
     rollout_gpus = int(spec.get("rollout_gpus", 0))
     training_gpus = int(spec.get("training_gpus", 0))
@@ -136,27 +148,23 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
 
 
 def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> Job:
-    """Training Begin / Training Finished. Begin returns every borrowed (overlap) rollout worker first,
-    in the same transaction, so no overlap rollout worker is ever active while the trainer computes."""
+    """Training Begin / Training Finished (the rollout driver's signals).
+
+    Begin: nothing may be borrowed any more; the TRAINING_BEGIN plan returns every borrowed overlap
+    worker first (forced steps), and the trainer computes only once they are back (`start_update`).
+    Finished: the trainer stops computing; training GPUs may be borrowed again."""
     with transaction.atomic():
         job = lock_job(job_id, live="training cannot begin or finish")
         if job.training_active == active:
             raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
         nodes = set()
-        if active:
-            borrowed = list(Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING)
-                            .exclude(activity=Activity.INACTIVE).select_related("node"))
-            Worker.objects.filter(pk__in=[w.pk for w in borrowed]).update(activity=Activity.INACTIVE)
-            WorkerGPU.objects.filter(worker__in=borrowed).update(active=False)  # the return comes first
-            nodes |= {w.node for w in borrowed}
-        trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
-        new = Activity.ACTIVE if active else Activity.INACTIVE
-        Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=new)
-        nodes |= {w.node for w in trainers}
+        if not active:
+            trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
+            Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.INACTIVE)
+            WorkerGPU.objects.filter(worker__in=trainers).update(active=False)
+            nodes |= {w.node for w in trainers}
         job.training_active = active
         job.save(update_fields=["training_active", "updated"])
-        assert_invariants(job_ids=[job.pk])
-        WorkerGPU.objects.filter(worker__in=trainers).update(active=active)
         for node in nodes:
             bump_generation(node)
             push_node(node.pk)
@@ -164,4 +172,32 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
              message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}", job=job, actor=actor)
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         enqueue_plan(job.pk, "training_begin" if active else "training_finished")
+    return job
+
+
+def borrowed_workers(job: Job) -> list[Worker]:
+    """The job's overlap rollout workers that are not (yet) back on the trainer's side."""
+    return list(Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING)
+                .exclude(activity=Activity.INACTIVE))
+
+
+def start_update(*, job_id: int, actor: str = "system") -> Job:
+    """The trainer computes the update: only after Training Begin and once every borrowed worker is
+    back (409 naming the ones that are not, so the caller waits for the return)."""
+    with transaction.atomic():
+        job = lock_job(job_id, live="it cannot train")
+        if not job.training_active:
+            raise Conflict(f"job {job.name}: Training Begin comes before the update", field="training_active")
+        out = borrowed_workers(job)
+        if out:
+            raise Conflict(f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out)} are not returned yet",
+                           field="borrowed")
+        trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
+        Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.ACTIVE)
+        assert_invariants(job_ids=[job.pk])
+        WorkerGPU.objects.filter(worker__in=trainers).update(active=True)
+        for node in {w.node for w in trainers}:
+            bump_generation(node)
+            push_node(node.pk)
+        emit(kind="training.update", message=f"{job.name}: the trainer computes the update", job=job, actor=actor)
     return job

@@ -1,7 +1,7 @@
-"""Thin glue between the simulator and core: policy construction and transition plans.
+"""Thin glue between the simulator and core: policy construction for scenarios and their variants.
 
-The simulator never decides anything itself: policies come from `core.policies.make_policy` and
-role maps from `core.transitions.plan_transition`. Scenario *variants* (the ablation's A, A+B,
+The simulator never decides anything itself: policies come from `core.policies.make_policy`,
+placement and plans from `core.placement.place`. Scenario *variants* (the ablation's A, A+B,
 A+B+C) are a base policy plus `make_policy` options and policy `Overrides` (force_mode,
 force_ratio, borrowing) that the simulator puts in every PolicyContext, as a user would.
 
@@ -13,11 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from controlplane.core.policies import Overrides, make_policy
-from controlplane.core.state import Configuration, Role
-from controlplane.core.transitions import TransitionPlan, plan_transition
-
-BASE_POLICIES = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+from controlplane.core.context import Overrides
+from controlplane.core.policies import POLICY_NAMES, make_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +47,8 @@ def resolve_policy(name: str, variants: Mapping[str, Any]) -> Variant:
         v = parse_variant(name, variants[name])
     else:
         v = Variant(name)
-    if v.base not in BASE_POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(BASE_POLICIES + tuple(variants))}")
+    if v.base not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES + tuple(variants))}")
     return v
 
 
@@ -69,10 +66,3 @@ def make_sim_policy(name: str, scenario: Any, profile: Any) -> tuple[Any, Varian
     if v.base == "pearl" and not v.gate:
         opts["gate"] = False
     return make_policy(v.base, profile=profile, batch_size=scenario.workload.batch_size, **opts), v
-
-
-def plan_roles(current: Mapping[int, Role], target: Configuration, *, joining: list[int], leaving: list[int],
-               inflight: Mapping[int, int], overlap: list[int] = ()) -> TransitionPlan:
-    """core `plan_transition` over the simulator's slots."""
-    counts = {r: n for r, n in target.role_counts().items() if n > 0}
-    return plan_transition(current, counts, joining=joining, leaving=leaving, inflight=inflight, overlap=overlap)

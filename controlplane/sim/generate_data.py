@@ -1,6 +1,7 @@
 """Regenerates the shipped scenario and trace files: `python -m controlplane.sim.generate_data` (seeded)."""
 import yaml
 from pathlib import Path
+from controlplane.core.policies import POLICY_NAMES
 from controlplane.sim.traces import PAPER_SEGMENTS, generate_bamboo_like
 D = Path(__file__).resolve().parent
 # engine_slowdown 3.0: the one calibrated constant. It reproduces the paper's Fig. 2a DP scaling
@@ -31,7 +32,7 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             "duration_s": 7200,
             "seed": 0,
             "fixed_large_gpus": large[seg],
-            "policies": ["pearl", "fixed", "fixed-large", "elastic", "oracle"],
+            "policies": list(POLICY_NAMES),
             "paper": {"pearl_over_roll": paper[model]["vs_roll"], "pearl_over_rlboost": paper[model]["vs_rlboost"][seg],
                       "segment": seg},
         }

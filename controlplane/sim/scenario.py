@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from controlplane.core.policies import POLICY_NAMES
 from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
 from controlplane.sim.workload import WorkloadSpec
 
@@ -21,7 +22,7 @@ SCENARIO_DIR = SIM_DIR / "scenarios"
 TRACE_DIR = SIM_DIR / "traces"
 
 
-DEFAULT_POLICIES: tuple[str, ...] = ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+DEFAULT_POLICIES: tuple[str, ...] = POLICY_NAMES
 
 
 class ScenarioError(ValueError):

@@ -86,6 +86,24 @@ def test_job_lifecycle(api):
     assert {"job.created", "override.set", "job.stopped"} <= kinds
 
 
+def test_every_policy_and_its_options_can_be_set_per_job(api):
+    make_node("n1", slots=4)
+    make_node("t1", pool="training", slots=4)
+    catalog = api.get("/api/catalog/").json()
+    names = {p["name"]: p for p in catalog["policies"]}
+    assert set(names) == {"pearl", "fixed", "fixed-large", "elastic", "oracle"} and not names["oracle"]["product"]
+    assert {o["name"] for o in names["fixed-large"]["options"]} == {"workers", "trace_mean_gpus"}
+    assert "qwen3-8b" in catalog["models"] and "H800" in catalog["hardware"] and "emulated" in catalog["engines"]
+    r = api.post("/api/jobs/", {"name": "roll-large", "rollout_gpus": 4, "training_gpus": 4, "tp": 2, "model": "qwen3-8b",
+                                "hardware": "h800", "policy": "fixed-large", "policy_options": {"workers": 2}}, format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["policy_options"] == {"workers": 2}
+    from controlplane.services import planner
+
+    tr = planner.plan_job(job_id=r.json()["id"], signal="step_start")  # ROLL-Large can be planned live
+    assert tr is not None and tr.plan["target"] == "2C"
+
+
 @pytest.mark.parametrize(
     "body, field",
     [
@@ -98,6 +116,12 @@ def test_job_lifecycle(api):
         ({"name": "Bad Name!", "rollout_gpus": 1, "training_gpus": 1}, "name"),
         ({"name": "j", "rollout_gpus": "many", "training_gpus": 1}, "rollout_gpus"),
         ({"name": "j", "rollout_gpus": 2, "training_gpus": 2, "tp": 4}, "tp"),
+        ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "hardware": "h900"}, "hardware"),
+        ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy": "fixed-large"}, "policy_options.workers"),
+        ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy_options": {"gate": "no"}}, "policy_options.gate"),
+        ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy_options": {"eta": 1}}, "policy_options.eta"),
+        ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy": "elastic", "policy_options": {"eta": -1}},
+         "policy_options.eta"),
     ],
 )
 def test_bad_job_input_names_field_and_changes_nothing(api, body, field):

@@ -83,13 +83,20 @@ def test_mixed_modes_refused_and_group_switch_allowed():
     assert roles == {0: "prefill", 1: "decode"}
 
 
-def test_training_begin_returns_borrowed_workers_first():
+def test_the_update_waits_until_borrowed_workers_are_back():
     t = make_node("t1", pool="training", slots=2)
     make_node("r1")
     job = make_job(training_gpus=2)
     workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
     workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="colocated", activity="active")
+    with pytest.raises(Conflict):  # no update before Training Begin
+        jobs.start_update(job_id=job.pk)
     jobs.set_training_active(job_id=job.pk, active=True)
+    with pytest.raises(Conflict, match=r"borrowed worker\(s\) \[1\] are not returned"):
+        jobs.start_update(job_id=job.pk)
+    assert dict(Worker.objects.filter(alive=True).values_list("role", "activity")) == {"training": "inactive", "colocated": "active"}
+    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, activity="inactive")])  # the return
+    jobs.start_update(job_id=job.pk)
     states = dict(Worker.objects.filter(alive=True).values_list("role", "activity"))
     assert states == {"training": "active", "colocated": "inactive"}
     with pytest.raises(InvariantViolation):  # overlap worker cannot come back while training computes

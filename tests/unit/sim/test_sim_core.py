@@ -52,7 +52,7 @@ def test_conservation_under_preemption(small):
     # preemption really happened and interrupted requests (partial trajectories were resumed)
     sim = Simulation(small, "pearl")
     sim.run()
-    assert any(tr.interruptions for tr in sim.batch) or sim.transitions > 0
+    assert any(tr.interruptions for tr in sim.batch) or sim.world.transitions > 0
 
 
 def test_conservation_at_every_cut_point(small):

@@ -1,0 +1,58 @@
+"""What a policy sees at an elastic signal: the signal, the worker budget and the manual overrides.
+
+Its own module so that the decision engine (`decision.py`) and the policies (`policies.py`) both
+import it and neither imports the other's callers: no import cycle inside core.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Sequence
+
+from controlplane.core.state import Configuration
+
+
+class Signal(StrEnum):
+    """The elastic signals of the paper (§2): every one runs budget -> decide -> plan -> execute."""
+
+    STEP_START = "step_start"  # a new rollout batch starts
+    TRAINING_BEGIN = "training_begin"  # borrowed GPUs must go back (mandatory, deadline)
+    TRAINING_FINISHED = "training_finished"  # training GPUs may be borrowed again
+    CAPACITY_CHANGE = "capacity_change"  # preemptible GPUs joined or left
+    PERIODIC = "periodic"  # re-evaluation tick (e.g. the borrow gate as R shrinks)
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Manual policy overrides; they always win over the decision engine."""
+
+    force_mode: str | None = None  # "colocated" | "disaggregated"
+    force_ratio: tuple[int, int] | None = None  # (N_P, N_D), scaled to the budget (see decision._scaled_ratio)
+    freeze: bool = False  # keep the current configuration unless it is infeasible
+    borrowing: bool = True  # False: never borrow training GPUs
+    elasticity: bool = True  # False: ignore preemptible GPUs beyond the reserved pool
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityPoint:
+    time_s: float
+    dedicated_workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    now_s: float
+    signal: Signal
+    dedicated_workers: int  # rollout-zone workers available now (reserved + elastic GPUs // TP)
+    reserved_workers: int  # of which never preempted
+    overlap_workers: int  # training-GPU workers that could be borrowed now (0 while training runs)
+    training_active: bool
+    current: Configuration | None  # configuration now serving (None before the first step)
+    borrowed: int  # overlap workers currently borrowed
+    batch_size: int  # B
+    remaining: int  # R: unfinished trajectories of the current step
+    overrides: Overrides = field(default_factory=Overrides)
+    future: Sequence[AvailabilityPoint] = ()  # only the oracle may read this
+
+
+__all__ = ["AvailabilityPoint", "Overrides", "PolicyContext", "Signal"]

@@ -1,0 +1,168 @@
+"""Worker placement: inventory + policy action → joins, borrows, returns, departures → one transition plan.
+
+The one function between "what the cluster has" and "what changes" (paper §2 ① budget → ② decide →
+③ plan): the live planner builds the `Inventory` from the database, the simulator from its world,
+and both call `place()`. Units are TP groups of GPUs. A dedicated unit (reserved or elastic pool)
+either hosts a rollout worker or is free; an overlap unit (training pool) always hosts an overlap
+rollout worker next to its training worker, borrowed (has a role) or not.
+
+Rules (why):
+- units that must go (node not ready, draining, preempted, elasticity off) leave first and are never kept;
+- in-service workers are kept before idle or free units (stable slots: survivors are never
+  renumbered), reserved before elastic (elastic GPUs may be preempted), then in a stable order;
+- the policy's target is fitted to what exists (it never asks the executor for workers it cannot
+  have); borrowed overlap workers are kept before new ones are borrowed;
+- a free unit joins as a new worker on the lowest free slot id (new workers reuse empty slots).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
+from controlplane.core.policies import Policy, PolicyAction
+from controlplane.core.state import Configuration, Mode, Pool, Role
+from controlplane.core.transitions import TransitionPlan, plan_transition
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A TP group of GPUs that can host one rollout worker."""
+
+    key: Hashable  # the caller's handle (simulator: unit id; live: (node id, GPU indexes))
+    pool: Pool  # RESERVED | ELASTIC (dedicated) or TRAINING (overlap)
+    worker: int | None = None  # worker slot bound to it (None: a free dedicated GPU group)
+    role: Role | None = None  # the worker's role once in-flight transitions complete (None: not serving)
+    leaving: bool = False  # must go now (node not ready, draining, preempted, elasticity off)
+    busy: bool = False  # mid-transition (activating, draining): ranked after settled workers
+    inflight: int = 0  # requests on the worker (survivor tie-break)
+
+    @property
+    def overlap(self) -> bool:
+        return self.pool is Pool.TRAINING
+
+    @property
+    def in_service(self) -> bool:
+        return self.worker is not None and self.role is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    units: tuple[Unit, ...]
+    taken_slots: frozenset[int] = frozenset()  # worker slots held by others (training workers)
+    rollout_cap: int | None = None  # at most this many dedicated workers (None: every unit)
+    training_active: bool = False  # the trainer is computing: nothing may be borrowed
+
+    def current(self) -> Configuration | None:
+        """The configuration served once in-flight transitions complete (leaving units excluded)."""
+        return configuration_of(u.role for u in self.units if u.in_service and not u.leaving)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    context: PolicyContext
+    action: PolicyAction
+    current: Configuration | None
+    target: Configuration  # the action's target fitted to the units that exist
+    borrow: int  # overlap workers in the target
+    plan: TransitionPlan
+    new_workers: dict[int, Unit] = field(default_factory=dict)  # new worker slot -> the free unit it starts on
+    budget: dict[str, object] = field(default_factory=dict)  # what the decision saw (recorded with it)
+
+    @property
+    def changes(self) -> bool:
+        return not self.plan.empty
+
+
+def configuration_of(roles: object) -> Configuration | None:
+    """Role multiset → Configuration (None when it is not a valid all-colocated / all-disaggregated set)."""
+    p = d = c = 0
+    for r in roles:  # type: ignore[attr-defined]
+        if r is Role.PREFILL:
+            p += 1
+        elif r is Role.DECODE:
+            d += 1
+        elif r is Role.COLOCATED:
+            c += 1
+    if c and not p and not d:
+        return Configuration.colocated(c)
+    if p and d and not c:
+        return Configuration.disaggregated(p, d)
+    return None
+
+
+def fit(target: Configuration, total: int) -> Configuration:
+    """Scale a target onto `total` workers (the executor never exceeds what exists)."""
+    if target.total == total:
+        return target
+    if target.mode is Mode.COLOCATED or total < 2:
+        return Configuration.colocated(total)
+    p = max(1, min(total - 1, round(target.n_prefill * total / max(1, target.total))))
+    return Configuration.disaggregated(p, total - p)
+
+
+def lowest_free_slots(n: int, used: set[int]) -> list[int]:
+    """The `n` lowest worker slot ids not in `used` (new workers reuse empty slots)."""
+    out, s = [], 0
+    while len(out) < n:
+        if s not in used:
+            out.append(s)
+        s += 1
+    return out
+
+
+def place(inv: Inventory, policy: Policy, *, signal: Signal, now_s: float, batch_size: int, remaining: int,
+          overrides: Overrides = Overrides(), future: Sequence[AvailabilityPoint] = ()) -> Placement:
+    """① budget → ② the policy's action → ③ the minimal-change plan over concrete workers."""
+    dedicated = [u for u in inv.units if not u.overlap]
+    overlap = [u for u in inv.units if u.overlap]
+    elastic_ok = overrides.elasticity
+    leaving = [u for u in dedicated if u.leaving or (not elastic_ok and u.pool is Pool.ELASTIC)]
+    leaving_keys = {u.key for u in leaving}
+    # ① budget: dedicated candidates in keep-first order; the cap bounds them
+    cand = sorted((u for u in dedicated if u.key not in leaving_keys),
+                  key=lambda u: (0 if u.in_service and not u.busy else 1 if u.in_service else 2,
+                                 u.pool is not Pool.RESERVED, u.worker if u.worker is not None else 1 << 40))
+    if inv.rollout_cap is not None:
+        cand = cand[: max(0, inv.rollout_cap)]
+    ovl = sorted((u for u in overlap if not u.leaving),
+                 key=lambda u: (0 if u.in_service and not u.busy else 1 if u.in_service else 2,
+                                u.worker if u.worker is not None else 1 << 40))
+    borrowed = [u for u in overlap if u.in_service]
+    current = inv.current()
+    ctx = PolicyContext(
+        now_s=now_s, signal=signal, dedicated_workers=len(cand),
+        reserved_workers=sum(1 for u in cand if u.pool is Pool.RESERVED),
+        overlap_workers=0 if inv.training_active else len(ovl), training_active=inv.training_active,
+        current=current, borrowed=len(borrowed), batch_size=batch_size, remaining=remaining,
+        overrides=overrides, future=tuple(future),
+    )
+    # ② decide
+    action = policy.on_event(ctx)
+    # ③ fit the target to what exists and choose the concrete workers
+    borrow = 0 if inv.training_active else max(0, min(int(action.borrow), len(ovl)))
+    want_ded = max(0, min(action.target.total - borrow, len(cand)))
+    total = want_ded + borrow
+    target = fit(action.target, total) if total > 0 else Configuration.colocated(0)
+    chosen = cand[:want_ded] + ovl[:borrow]
+    used = {u.worker for u in inv.units if u.worker is not None} | set(inv.taken_slots)
+    free_units = [u for u in chosen if u.worker is None]
+    new_slots = lowest_free_slots(len(free_units), used)
+    new_workers = dict(zip(new_slots, free_units))
+    slot_of = {u.key: u.worker for u in chosen if u.worker is not None} | {u.key: s for s, u in new_workers.items()}
+    chosen_slots = {slot_of[u.key] for u in chosen}
+    in_service = [u for u in inv.units if u.in_service]
+    current_roles = {u.worker: u.role for u in in_service}
+    joining = [slot_of[u.key] for u in chosen if not u.in_service]
+    going = [u.worker for u in in_service if u.worker not in chosen_slots]
+    plan = plan_transition(
+        current_roles, {r: n for r, n in target.role_counts().items() if n > 0},  # type: ignore[misc]
+        joining=joining, leaving=going, inflight={u.worker: u.inflight for u in in_service},  # type: ignore[misc]
+        overlap=[u.worker for u in overlap if u.worker is not None],
+    )
+    budget = {"dedicated_workers": len(cand), "overlap_workers": ctx.overlap_workers, "borrowed": len(borrowed),
+              "training_active": inv.training_active, "leaving": sorted(u.worker for u in leaving if u.worker is not None)}
+    return Placement(ctx, action, current, target, borrow, plan, new_workers, budget)
+
+
+__all__ = ["Inventory", "Placement", "Unit", "configuration_of", "fit", "lowest_free_slots", "place"]

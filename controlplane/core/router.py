@@ -1,0 +1,98 @@
+"""The PD-aware router of the rollout loop: which serving worker takes a turn.
+
+Colocated: sticky per trajectory (its prefix cache lives on its home worker) unless the home is
+clearly overloaded; a new or re-homed trajectory goes to the worker with the fewest homed
+trajectories. Disaggregated: the prefill worker is chosen the same way (it holds the prompt's
+prefix cache); after the prefill, the KV cache goes to the decode worker with the shortest queue
+(join-shortest-queue on in-flight decodes). Pure bookkeeping, no I/O: the simulator and the live
+rollout driver route through the same object inside `core.loop.RolloutLoop`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controlplane.core.state import Mode, Role
+
+STICKY_SLACK = 2  # keep the home while it has at most this many more homed trajectories than the best
+
+
+@dataclass(slots=True)
+class Router:
+    """Serving workers by role, trajectory homes and per-worker load."""
+
+    serving: dict[Role, list[int]] = field(default_factory=lambda: {r: [] for r in (Role.PREFILL, Role.DECODE, Role.COLOCATED)})
+    homed: dict[int, int] = field(default_factory=dict)  # worker -> live trajectories homed there
+    home: dict[str, int] = field(default_factory=dict)  # trajectory -> home worker
+    decoding: dict[int, int] = field(default_factory=dict)  # decode worker -> decodes routed, not finished
+    role_of: dict[int, Role] = field(default_factory=dict)  # serving worker -> role
+
+    # ------------------------------------------------------------------ membership
+    def add(self, worker: int, role: Role) -> None:
+        """`worker` serves `role` from now on (joined, activated or re-roled)."""
+        self.remove(worker)
+        self.role_of[worker] = role
+        lst = self.serving[role]
+        lst.append(worker)
+        lst.sort()
+
+    def remove(self, worker: int) -> None:
+        """`worker` takes no new requests (draining, returned, preempted, stopped)."""
+        role = self.role_of.pop(worker, None)
+        if role is not None:
+            self.serving[role].remove(worker)
+
+    @property
+    def mode(self) -> Mode | None:
+        """The mode the serving set can run now (None: nothing can serve a turn)."""
+        if self.serving[Role.COLOCATED]:
+            return Mode.COLOCATED
+        if self.serving[Role.PREFILL] and self.serving[Role.DECODE]:
+            return Mode.DISAGGREGATED
+        return None
+
+    # ------------------------------------------------------------------ routing
+    def pick_first(self, trajectory: str) -> int | None:
+        """The worker that takes a turn's prompt: colocated worker, or prefill worker."""
+        mode = self.mode
+        if mode is None:
+            return None
+        pool = self.serving[Role.COLOCATED] if mode is Mode.COLOCATED else self.serving[Role.PREFILL]
+        homed = self.homed
+        best = min(pool, key=lambda w: (homed.get(w, 0), w))
+        cur = self.home.get(trajectory)
+        if cur is not None and cur in self.role_of and self.role_of[cur] is self.role_of[best] \
+                and homed.get(cur, 0) <= homed.get(best, 0) + STICKY_SLACK:
+            return cur
+        self.unhome(trajectory)
+        self.home[trajectory] = best
+        homed[best] = homed.get(best, 0) + 1
+        return best
+
+    def pick_decode(self) -> int | None:
+        """Join-shortest-queue over the decode workers (None: no decode worker serves)."""
+        pool = self.serving[Role.DECODE]
+        if not pool:
+            return None
+        dec = self.decoding
+        w = min(pool, key=lambda x: (dec.get(x, 0), x))
+        dec[w] = dec.get(w, 0) + 1
+        return w
+
+    def decode_done(self, worker: int) -> None:
+        n = self.decoding.get(worker, 0)
+        if n > 1:
+            self.decoding[worker] = n - 1
+        else:
+            self.decoding.pop(worker, None)
+
+    def unhome(self, trajectory: str) -> None:
+        w = self.home.pop(trajectory, None)
+        if w is not None:
+            n = self.homed.get(w, 0)
+            if n > 1:
+                self.homed[w] = n - 1
+            else:
+                self.homed.pop(w, None)
+
+
+__all__ = ["Router", "STICKY_SLACK"]
