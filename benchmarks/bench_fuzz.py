@@ -71,7 +71,8 @@ def main() -> None:
             "calls": total.calls, "server_errors": len(total.server_errors), "nonconforming": len(total.nonconforming),
             "statuses": dict(sorted(total.statuses.items())), "seconds": round(total.seconds, 1),
             "calls_per_s": round(total.calls / total.seconds, 1) if total.seconds else None,
-            "unsatisfiable": sorted(set(total.unsatisfiable)), "first_failures": (total.server_errors + total.nonconforming)[:10]},
+            "unsatisfiable": sorted(set(total.unsatisfiable)), "failure_kinds": dict(total.failure_kinds.most_common(20)),
+            "first_server_errors": total.server_errors[:10]},
         "link": {"frames": link.frames, "error_replies": link.error_replies, "link_kept": link.link_kept,
                  "closed_1011": link.closed_1011, "problems": link.problems[:10], "seconds": round(link.seconds, 1)},
     }

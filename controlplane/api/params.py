@@ -59,6 +59,8 @@ def time_param(request: Request, name: str) -> datetime | None:
     """An ISO 8601 / RFC 3339 instant, as UTC (no offset = UTC). Impossible dates and offsets are
     refused; a real instant whose UTC form falls outside years 1..9999 (0001-01-01T00:00+05:00) is
     clamped to that range, which compares the same against every stored time."""
+    if request.query_params.get(name) == "":
+        raise InvalidInput(f"{name} must be a time such as 2025-01-31T12:00:00Z (leave it out for no bound)", field=name)
     raw = text_param(request, name, max_len=64)
     if raw is None:
         return None

@@ -30,6 +30,7 @@ class FuzzReport:
     nonconforming: list[str] = field(default_factory=list)  # one line per other check failure
     statuses: Counter = field(default_factory=Counter)
     unsatisfiable: list[str] = field(default_factory=list)  # (operation, mode) with no such input to generate
+    failure_kinds: Counter = field(default_factory=Counter)  # distinct non-conformances and how often
     seconds: float = 0.0
 
     def merge(self, other: "FuzzReport") -> None:
@@ -38,6 +39,7 @@ class FuzzReport:
         self.nonconforming += other.nonconforming
         self.statuses.update(other.statuses)
         self.unsatisfiable += other.unsatisfiable
+        self.failure_kinds.update(other.failure_kinds)
         self.seconds += other.seconds
 
 
@@ -76,7 +78,10 @@ def fuzz(base_url: str, tokens: dict[str, str], *, examples: int, seed_value: in
                     try:
                         case.validate_response(response, headers=headers, excluded_checks=[positive_data_acceptance])
                     except (Failure, BaseExceptionGroup) as exc:  # one failed check, or a group of them
-                        report.nonconforming.append(f"{where}: {type(exc).__name__}: {str(exc)[:400]}")
+                        text = str(exc)
+                        report.nonconforming.append(f"{where}: {type(exc).__name__}: {text[:400]}")
+                        why = [line.strip() for line in text.splitlines() if line.strip().startswith(("- ST", "Invalid component", "- violates"))]
+                        report.failure_kinds[f"{case.method} {operation.path}: " + " | ".join(why)[:200]] += 1
 
                 try:
                     run()
