@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -191,14 +192,15 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         node.save(update_fields=["last_heartbeat", "lease_expires", "applied_generation", "observed", "status", "updated"])
         mine = {w.id: w for w in Worker.objects.filter(node=node, alive=True, id__in=[o.worker_id for o in message.workers])
                 .select_related("job")}
+        bindings: dict[int, list[int]] | None = None
         for o in message.workers:
             w = mine.get(o.worker_id)
             if w is None:
                 continue  # not (or no longer) bound to this node: nothing of it is stored
-            endpoint = _endpoint_on(node, o.endpoint) if o.endpoint else ""
+            recorded = _endpoint_on(node, o.endpoint) if o.endpoint else ""
             version = o.weight_version
             why = ""
-            if endpoint is None:
+            if recorded is None:
                 why = f"endpoint {o.endpoint[:80]!r} is not on this node's address {node.address!r}"
             elif w.role == Role.TRAINING and version > w.job.weight_version + MAX_VERSION_STEP:
                 why = f"weight version {version} is more than {MAX_VERSION_STEP} ahead of job {w.job.name}'s {w.job.weight_version}"
@@ -207,13 +209,17 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
             if why:  # a refused report changes nothing about its worker
                 refused.append(f"worker {w.pk}: {why}")
                 continue
-            assert endpoint is not None
+            endpoint: str = recorded or ""
             if (w.endpoint, w.weight_version, w.inflight) != (endpoint, version, o.inflight):
                 Worker.objects.filter(pk=w.pk).update(endpoint=endpoint, weight_version=version, inflight=o.inflight)
                 if w.role == Role.TRAINING and (version > w.weight_version or endpoint != w.endpoint):
                     _publish_weights(w.job_id, version, node)
             if o.devices and o.state == "running":
-                bound = sorted(WorkerGPU.objects.filter(worker=w, alive=True).values_list("gpu__index", flat=True))
+                if bindings is None:  # one query for the whole heartbeat, only when a worker reports devices
+                    bindings = defaultdict(list)
+                    for wid, index in WorkerGPU.objects.filter(worker_id__in=list(mine), alive=True).values_list("worker_id", "gpu__index"):
+                        bindings[wid].append(index)
+                bound = sorted(bindings[w.pk])
                 if sorted(o.devices) != bound:
                     refused.append(f"worker {w.pk}: runs on devices {o.devices}, bound to slots {bound}")
         if refused:

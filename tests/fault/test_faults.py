@@ -107,7 +107,7 @@ def test_agent_kill9_orphans_die_lease_expires_restart_recovers(stack):
 
     stack.agent("roll-a")
     node = registered("roll-a")
-    job = make_job("fault-agent", model="qwen3-8b", rollout_gpus=2, training_gpus=0)
+    job = make_job("fault-agent", model="qwen3-8b", hardware="h800", rollout_gpus=2, training_gpus=0)
     ws = [start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[i], role="colocated", activity="active") for i in (0, 1)]
     obs = wait_for(lambda: converged(node.pk, [w.pk for w in ws]), what="workers running")
     pids = {w.pk: call(obs[w.pk]["endpoint"], lambda c: c.get("health"))["pid"] for w in ws}
@@ -150,7 +150,7 @@ def test_worker_kill9_restarted_in_place_with_partials_reported(stack):
 
     stack.agent("roll-w", slots=1)
     node = registered("roll-w")
-    job = make_job("fault-worker", model="qwen3-8b", rollout_gpus=1, training_gpus=0)
+    job = make_job("fault-worker", model="qwen3-8b", hardware="h800", rollout_gpus=1, training_gpus=0)
     w = start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
     obs = wait_for(lambda: converged(node.pk, [w.pk]), what="worker running")
     pid = call(obs[w.pk]["endpoint"], lambda c: c.get("health"))["pid"]
@@ -191,8 +191,9 @@ def _train_step(endpoint: str, step: int) -> int:
 def test_trainer_kill9_resumes_version_and_borrowed_gpus_return_before_training(stack):
     from controlplane.models import Job, Node, Worker
     from controlplane.selectors.cluster import desired_state
-    from controlplane.services.jobs import set_training_active
-    from controlplane.services.workers import start_worker
+    from controlplane.services.errors import Conflict
+    from controlplane.services.jobs import set_training_active, start_update
+    from controlplane.services.workers import WorkerChange, change_workers, start_worker
 
     stack.agent("train-t", pool="training", slots=1, engine="torch")
     stack.agent("roll-t", slots=1)
@@ -204,14 +205,19 @@ def test_trainer_kill9_resumes_version_and_borrowed_gpus_return_before_training(
     t_obs = wait_for(lambda: converged(t_node.pk, [trainer.pk, borrowed.pk]), 120, "trainer and borrowed worker")
     wait_for(lambda: converged(r_node.pk, [rollout.pk]), what="rollout worker")
 
-    # Training Begin: the borrowed worker is returned in the same transaction, then the agent parks it
-    t_begin = time.time()
+    # Training Begin: the trainer may not compute while a borrowed worker is still out
     set_training_active(job_id=job.pk, active=True, actor="test")
-    assert_invariants()
-    assert Worker.objects.get(pk=borrowed.pk).activity == "inactive"
+    with pytest.raises(Conflict, match="not returned"):
+        start_update(job_id=job.pk, actor="test")
+    assert Worker.objects.get(pk=trainer.pk).activity == "inactive"
+    t_begin = time.time()  # the return (the forced step a TRAINING_BEGIN plan runs), then the agent parks it
+    change_workers(job_id=job.pk, changes=[WorkerChange(borrowed.slot, activity="inactive")])
     wait_for(lambda: converged(t_node.pk, [borrowed.pk], activity="inactive"), what="the borrowed worker to return")
     return_s = time.time() - t_begin
     assert call(t_obs[borrowed.pk]["endpoint"], lambda c: c.get("health"))["state"] == "sleeping"
+    start_update(job_id=job.pk, actor="test")  # now the trainer computes
+    assert Worker.objects.get(pk=trainer.pk).activity == "active"
+    assert_invariants()
 
     assert _train_step(t_obs[trainer.pk]["endpoint"], 0) == 1
     wait_for(lambda: Job.objects.get(pk=job.pk).weight_version == 1, what="v1 published")
@@ -243,7 +249,7 @@ def test_redis_restart_the_link_heals_and_changes_still_arrive(stack):
 
     stack.agent("roll-r", slots=1)
     node = registered("roll-r")
-    job = make_job("fault-redis", model="qwen3-8b", rollout_gpus=1, training_gpus=0)
+    job = make_job("fault-redis", model="qwen3-8b", hardware="h800", rollout_gpus=1, training_gpus=0)
     w = start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
     wait_for(lambda: converged(node.pk, [w.pk]), what="worker running")
     stack.kill9("redis")
@@ -275,7 +281,7 @@ def test_paused_agent_is_fenced_then_resyncs(stack):
 
     agent = stack.agent("roll-p", slots=1)
     node = registered("roll-p")
-    job = make_job("fault-lease", model="qwen3-8b", rollout_gpus=1, training_gpus=0)
+    job = make_job("fault-lease", model="qwen3-8b", hardware="h800", rollout_gpus=1, training_gpus=0)
     w = start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
     obs = wait_for(lambda: converged(node.pk, [w.pk]), what="worker running")
     pid = call(obs[w.pk]["endpoint"], lambda c: c.get("health"))["pid"]
@@ -310,7 +316,7 @@ def test_preemption_drains_reports_partials_and_removes_the_node(stack):
 
     stack.agent("spot-x", pool="elastic", slots=1)
     node = registered("spot-x")
-    job = make_job("fault-preempt", model="qwen3-8b", rollout_gpus=1, training_gpus=0)
+    job = make_job("fault-preempt", model="qwen3-8b", hardware="h800", rollout_gpus=1, training_gpus=0)
     w = start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
     obs = wait_for(lambda: converged(node.pk, [w.pk]), what="worker running")
     pid = call(obs[w.pk]["endpoint"], lambda c: c.get("health"))["pid"]
