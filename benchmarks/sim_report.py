@@ -33,8 +33,12 @@ HEADING = "## Simulator: PEARL vs ROLL, ROLL-Large, RLBoost+, oracle"
 PREFACE = """
 Reproduce: `.venv/bin/python benchmarks/sim_report.py` (writes this section and `benchmarks/out/sim_report.html`);
 one scenario: `.venv/bin/python -m controlplane.sim compare --scenario paper-qwen3-8b-seg2 [--json] [--html out.html]`.
-Virtual time, seed 0, 2 h per paper scenario. Policies are core's (`make_policy`), learning online from the
-simulator's telemetry. ROLL = `fixed` (4 rollout GPUs), ROLL-Large = `fixed-large` (14/10/12 GPUs), RLBoost+ = `elastic`.
+Virtual time, seed 0, 2 h per paper scenario. The simulator is a driver of core: the RL loop
+(`core.loop.RolloutLoop`: steps, routing, Training Begin / return / update / Training Finished, staleness,
+telemetry) and placement (`core.placement.place`) are the code the live control plane and rollout driver run;
+`sim/world.py` simulates only engines, KV links, environments, GPUs coming and going and transition timings.
+Policies are core's (`make_policy`), learning online from the loop's and engines' telemetry.
+ROLL = `fixed` (4 rollout GPUs), ROLL-Large = `fixed-large` (14/10/12 GPUs), RLBoost+ = `elastic`.
 """
 
 ANALYSIS = """
@@ -48,18 +52,35 @@ what-if table shows the roofline results next to the calibrated ones. Workload (
 SWE-like turns of ~1.1K observation and ~0.9K response tokens, 1.2 s median tool latency with a Pareto tail,
 most trajectories running into the 32K cap; prefix caches hit unless evicted by KV pressure.
 
+**Moved by the move of the loop and placement into core** (this regeneration against the previous one, same
+seeds; `compare --json` of all 22 scenarios before and after): 19 of 22 scenarios' throughputs moved by less than
+±1.1% (ROLL and ROLL-Large not at all: static pools take the same path). Three moved more than 2%: the oracle on
+8B Seg3 (+2.5%, so PEARL/oracle 1.031 → 1.008), and the 30B 4-GPU ablation's A+B and A+B+C (−2.2%, +88.8% →
++84.6% over ROLL). What changed in the decisions' inputs, each now what the live control plane sees: (a) the
+policy context counts only units placement can choose (a unit draining to idle is no longer in the budget; an
+overlap worker being returned is neither borrowed nor borrowable) — before, the simulator and the live planner
+counted differently; (b) new workers take the lowest free worker slot, as live (slot ids tie-break plans);
+(c) the STEP record's configuration is the scheduler's latest target (the loop learns it from `Decided`);
+(d) TURN records come when the environment step ends, since a live driver only knows the tool time then —
+checked to change nothing: emitting them at generation time with the known tool latency gives identical results
+on both moved scenarios; (e) an update is `train_step_s`, then a separate weight publication of
+`weight_sync_s` (same total). We did not attribute the two larger moves to one of (a)–(c). The predictor MAPE
+figures moved by up to 3.7 points (8B Seg1 11.9% → 15.6%): they score elapsed + (R/B)·prediction from the
+last reconfiguring decision, so they move with every reconfiguration time; this metric is replaced by the
+step-start forecast in the simulator-fidelity work.
+
 **What agrees with the paper.** PEARL/ROLL is in the paper's direction and within ±25% on all six scenarios
-(2.10–2.25× for Qwen3-8B vs 2.17–2.37×; 2.31–2.49× for Qwen3-30B-A3B vs 2.43–2.79×, MoE higher than dense as in
-the paper). ROLL-Large is below PEARL everywhere (paper: all six, 8B Seg1 close). PEARL is within 5% of the oracle
+(2.12–2.27× for Qwen3-8B vs 2.17–2.37×; 2.30–2.49× for Qwen3-30B-A3B vs 2.43–2.79×, MoE higher than dense as in
+the paper). ROLL-Large is below PEARL everywhere (paper: all six, 8B Seg1 close). PEARL is within 4% of the oracle
 on every paper scenario, with zero return-deadline misses and zero lost tokens (conservation is checked, not
 assumed: engine-side and trajectory-side token counts are kept separately). Intra-scale borrowing (B) is the
-big lever as in the paper: +77% / +89% at 4 rollout GPUs (paper +94% / +118%), +11–17% for 8B at 8–16 GPUs
+big lever as in the paper: +76% / +85% at 4 rollout GPUs (paper +94% / +118%), +11–17% for 8B at 8–16 GPUs
 (paper +16–27%); forced disaggregation at 4 GPUs costs −28% / −22% (paper −21% / −31%). With the tracker's
-online makespan correction (core, per mode: observed / predicted) the predictor's MAPE after warm-up is 8–15% on
-the paper scenarios (11–13% for Qwen3-8B).
+online makespan correction (core, per mode: observed / predicted) the predictor's MAPE after warm-up is 8–16% on
+the paper scenarios.
 
 **What does not, and why.**
-1. *PEARL vs RLBoost+ is ≈ 0 (−1.2% … +0.4%), not +5.8–36.3%.* Everything PEARL has beyond RLBoost+ here is
+1. *PEARL vs RLBoost+ is ≈ 0 (−1.0% … +1.0%), not +5.8–36.3%.* Everything PEARL has beyond RLBoost+ here is
    the PD decision (component A), and in this simulator A is worth nothing: the constant-resource replay of
    every configuration (Table 2 section) finds colocation the empirical best at every size, so the ablation's A
    is 0% at 8–16 GPUs (paper +8–15%). Chunked prefill interferes with decode by only a few percent: the
@@ -74,15 +95,15 @@ the paper scenarios (11–13% for Qwen3-8B).
    not produce; which one cannot be told from the paper.
 2. *The disaggregated closed form is optimistic here, and nothing corrects it while disaggregation is not run.*
    With 4 dedicated workers at Training Begin (8-GPU ablation, batch-64 / 32K sensitivity point) PEARL picks
-   1P3D, which the replay finds slower than 4C, and ends −9.0% behind RLBoost+ there (−11.6% at batch 128).
+   1P3D, which the replay finds slower than 4C, and ends −10.0% behind RLBoost+ there (−13.0% at batch 128).
    The per-mode correction learns only from STEP records, whose mode is the configuration at the end of the
    step (colocated, once the training GPUs are borrowed), so the disaggregated scale stays at the pooled value.
    Fixed in core since the first report: the tracker's K_seq (prompt + S·(ΔL + r) ≈ 50K tokens) is now capped
    at the job's max trajectory length, which removed the batch-96 loss (−18.8% → +0.1%).
 3. *The oracle is not a hard upper bound.* It knows future availability and reconfigures for free, but ranks
    configurations with the same predictor and no hysteresis, so it follows the predictor into the
-   disaggregated splits of point 2: on 8B Seg1 / Seg3 it is 1.6% / 3.1% below PEARL (PEARL/oracle 1.016 /
-   1.031); on the other four PEARL is 0.4–3.2% below it. (Before the K_seq cap those splits were "infeasible"
+   disaggregated splits of point 2: on 8B Seg1 / Seg3 it is 2.0% / 0.8% below PEARL (PEARL/oracle 1.020 /
+   1.008); on the other four PEARL is 0.3–3.8% below it. (Before the K_seq cap those splits were "infeasible"
    and the oracle stayed colocated.)
 4. *Predictor MAPE on constant-resource replays: mean 16.8%, median 8.2% (steps ≥ 2, 142 steps).* The first
    corrected step is step 3 (the correction starts once the workload fit has left the prior, after two steps),

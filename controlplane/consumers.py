@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -12,7 +13,7 @@ from django.conf import settings
 from controlplane.core import agent_link as link
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
-from controlplane.selectors.jobs import jobs_overview, recent_events
+from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
 from controlplane.services import credentials, nodes
 from controlplane.services.errors import PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group
@@ -25,22 +26,50 @@ CLOSE_PROTOCOL = 4400
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
-    """Pushes the full snapshot once, then small deltas after each commit."""
+    """Pushes one snapshot on connect (and on `{"type": "resync"}`), then small deltas after each commit.
+
+    `?view=cluster` (default): the cluster map, jobs and events. `?view=job&job=<id>`: that job's status
+    and per-step series, and only its deltas. `?view=sim`: simulator runs. Each page gets only what it shows.
+    """
+
+    view: str = "cluster"
+    job_id: int | None = None
+    job_name: str = ""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if not (user and user.is_authenticated):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        params = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        self.view = (params.get("view") or ["cluster"])[0]
+        if self.view == "job":
+            raw = (params.get("job") or [""])[0]
+            self.job_name = await database_sync_to_async(_job_name)(raw)
+            if not self.job_name:
+                await self.close(code=CLOSE_PROTOCOL)
+                return
+            self.job_id = int(raw)
+        elif self.view not in ("cluster", "sim"):
+            await self.close(code=CLOSE_PROTOCOL)
+            return
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
         await self.accept()
         await self._send_snapshot()
 
     async def _send_snapshot(self) -> None:
-        snapshot = await database_sync_to_async(cluster_snapshot)()
-        jobs = await database_sync_to_async(jobs_overview)()
-        events = await database_sync_to_async(recent_events)()
-        await self.send_json({"type": "snapshot", "cluster": snapshot, "jobs": jobs, "events": events})
+        """One message, or for a large cluster the first of several: Daphne refuses frames over 1 MiB, so
+        the nodes follow in `snapshot_more` messages of at most SNAPSHOT_CHUNK_GPUS GPUs each."""
+        snapshot = await database_sync_to_async(_snapshot)(self.view, self.job_id)
+        if self.view != "cluster":
+            await self.send_json(snapshot)
+            return
+        chunks = _chunks(snapshot["cluster"]["nodes"])
+        snapshot["cluster"]["nodes"] = chunks[0]
+        snapshot["more"] = len(chunks) - 1
+        await self.send_json(snapshot)
+        for i, nodes in enumerate(chunks[1:], start=1):
+            await self.send_json({"type": "snapshot_more", "nodes": nodes, "last": i == len(chunks) - 1})
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
@@ -50,7 +79,56 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self._send_snapshot()
 
     async def dashboard_delta(self, event: dict[str, Any]) -> None:
+        if not self._wants(event["kind"], event["key"], event["data"]):
+            return
         await self.send_json({"type": "delta", "kind": event["kind"], "key": event["key"], "data": event["data"], "ts": event["ts"]})
+
+    def _wants(self, kind: str, key: str, data: dict[str, Any]) -> bool:
+        if self.view == "sim":
+            return kind == "simulation"
+        if self.view == "cluster":
+            return kind not in ("series", "simulation")
+        if kind in ("job", "override", "series"):
+            return key == str(self.job_id)
+        if kind in ("event", "decision", "transition"):
+            return data.get("job") == self.job_name
+        return False
+
+
+SNAPSHOT_CHUNK_GPUS = 2000  # about 700 KB of JSON per message
+
+
+def _chunks(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    out: list[list[dict[str, Any]]] = [[]]
+    gpus = 0
+    for n in nodes:
+        if out[-1] and gpus + len(n["gpus"]) > SNAPSHOT_CHUNK_GPUS:
+            out.append([])
+            gpus = 0
+        out[-1].append(n)
+        gpus += len(n["gpus"])
+    return out
+
+
+def _job_name(raw: str) -> str:
+    from controlplane.models import Job
+
+    if not raw.isdigit() or len(raw) > 18:
+        return ""
+    return Job.objects.filter(pk=int(raw)).values_list("name", flat=True).first() or ""
+
+
+def _snapshot(view: str, job_id: int | None) -> dict[str, Any]:
+    if view == "job" and job_id is not None:
+        return {"type": "snapshot", "view": "job", "status": job_status(job_id), "series": job_series(job_id)}
+    if view == "sim":
+        from controlplane.models import SimulationRun
+        from controlplane.services.simulations import run_dict
+
+        return {"type": "snapshot", "view": "sim",
+                "runs": [run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]]}
+    return {"type": "snapshot", "view": "cluster", "cluster": cluster_snapshot(), "jobs": jobs_overview(),
+            "events": recent_events()}
 
 
 def _bearer(scope: dict[str, Any]) -> str:

@@ -124,6 +124,8 @@ class Override(models.Model):
     force_mode = models.CharField(max_length=16, choices=choices(Mode), blank=True)
     force_n_prefill = models.PositiveIntegerField(null=True, blank=True)
     force_n_decode = models.PositiveIntegerField(null=True, blank=True)
+    # False: force_n_prefill:force_n_decode is a ratio scaled to the worker budget; True: exact worker counts
+    force_exact = models.BooleanField(default=False)
     freeze = models.BooleanField(default=False)
     borrowing = models.BooleanField(default=True)
     elasticity = models.BooleanField(default=True)
@@ -305,3 +307,31 @@ class TelemetrySample(models.Model):
     class Meta:
         ordering = ["-created", "-id"]
         indexes = [models.Index(fields=["job", "kind", "-created"], name="telemetry_job_kind")]
+
+
+class SimulationRun(models.Model):
+    """A simulator comparison asked for from the dashboard: the scenario's policies on one seed, run by a
+    Celery worker; `result` is `controlplane.sim.cli.compare_json` plus per-policy series for the charts."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    scenario = models.CharField(max_length=64)
+    seed = models.PositiveIntegerField(default=0)
+    policies = models.JSONField(default=list, blank=True)  # empty: the scenario's own list
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    wall_s = models.FloatField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.scenario} (seed {self.seed})"

@@ -51,3 +51,11 @@ def replan_all() -> list[int]:
         if t is not None:
             planned.append(t.pk)
     return planned
+
+
+@shared_task(name="controlplane.run_simulation")
+def run_simulation(run_id: int) -> str:
+    """A simulator comparison asked for from the dashboard (seconds to a minute of CPU)."""
+    from controlplane.services import simulations
+
+    return simulations.run(run_id=run_id).status

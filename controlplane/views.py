@@ -63,6 +63,76 @@ class MetricsView(APIView):
         return HttpResponse(prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+def _can_operate(request: HttpRequest) -> bool:
+    """The API's own rule (IsOperator), so the pages offer exactly the actions the API will accept."""
+    from types import SimpleNamespace
+
+    from controlplane.api.views import IsOperator
+
+    return IsOperator().has_permission(SimpleNamespace(user=request.user, method="POST"), None)  # type: ignore[arg-type]
+
+
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard.html", {})
+    """The cluster page: jobs, the GPU–worker–role map (live over /ws/dashboard/), events."""
+    return render(request, "dashboard.html", {"can_operate": _can_operate(request)})
+
+
+@login_required
+def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One job: status, configuration and override, charts, the latest decision, transitions, events."""
+    from django.http import Http404
+
+    from controlplane.selectors.jobs import job_series, job_status
+
+    status = job_status(job_id)
+    if status is None:
+        raise Http404("no such job")
+    return render(request, "job.html", {"job": status["job"], "initial": {"status": status, "series": job_series(job_id)},
+                                        "can_operate": _can_operate(request)})
+
+
+@login_required
+def launch_page(request: HttpRequest) -> HttpResponse:
+    """The launch form, built from the API's own request serializer (one list of fields and bounds)."""
+    from controlplane.api.serializers import JobCreateSerializer
+    from controlplane.services.jobs import available_gpus
+
+    fields = []
+    for name, f in JobCreateSerializer().fields.items():
+        default = getattr(f, "default", None)
+        fields.append({
+            "name": name, "label": name.replace("_", " "), "help": HELP.get(name, ""),
+            "choices": list(getattr(f, "choices", {}) or {}),
+            "numeric": f.__class__.__name__ == "IntegerField", "json": f.__class__.__name__ == "DictField",
+            "required": f.required,
+            "default": "" if default is None or callable(default) or repr(default).startswith("<class") else default,
+            "min": getattr(f, "min_value", None), "max": getattr(f, "max_value", None),
+        })
+    return render(request, "launch.html", {"fields": fields, "gpus": available_gpus(), "can_operate": _can_operate(request)})
+
+
+HELP = {
+    "name": "lowercase letters, digits, '.', '_' or '-'",
+    "model": "the policy model (tiny runs on CPU)",
+    "engine": "emulated: profile-timed; torch: a real transformer; vllm: the vLLM adapter",
+    "hardware": "GPU model of the profile (h800, h100, h200, h20, cpu)",
+    "environment": "the agentic environment",
+    "policy": "pearl adapts mode, P:D and borrowing; fixed = ROLL; elastic = RLBoost+",
+    "policy_options": "optional JSON object of the policy's options (GET /api/catalog/ lists them)",
+    "tp": "GPUs per worker (tensor parallel)",
+    "batch_size": "rollout batch size B (trajectories per step); a multiple of the group size",
+    "group_size": "GRPO group size (samples per prompt)",
+    "max_staleness": "how many weight versions a sample may lag",
+    "max_trajectory_tokens": "sequence length: the longest trajectory, in tokens",
+    "rollout_gpus": "dedicated rollout GPUs at most (reserved + preemptible)",
+    "training_gpus": "training GPUs (lent to rollout between updates)",
+}
+
+
+@login_required
+def simulator_page(request: HttpRequest) -> HttpResponse:
+    """Side-by-side simulator comparisons of the policies, run on request by a Celery worker."""
+    from controlplane.services.simulations import scenarios
+
+    return render(request, "simulator.html", {"scenarios": scenarios(), "can_operate": _can_operate(request)})

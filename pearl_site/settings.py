@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI / Redoc assets, served locally
     "channels",
     "django_celery_beat",
     "controlplane",
@@ -132,7 +133,14 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+def _plotly_js_dir() -> Path:
+    """plotly.min.js as the installed `plotly` package ships it, served at /static/plotly/ (no CDN, no copy)."""
+    import plotly
+
+    return Path(plotly.__file__).resolve().parent / "package_data"
+
+
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static", ("plotly", _plotly_js_dir())]
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True  # serve straight from frontend/static without a collectstatic step
@@ -221,6 +229,9 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SCHEMA_PATH_PREFIX": "/api/",
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {"RolloutModeEnum": [("colocated", "colocated"), ("disaggregated", "disaggregated")]},
 }
 

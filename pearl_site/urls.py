@@ -8,6 +8,9 @@ from controlplane.api.docs import DocsView
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("jobs/new/", views.launch_page, name="launch"),
+    path("jobs/<int:job_id>/", views.job_page, name="job"),
+    path("simulator/", views.simulator_page, name="simulator"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.MetricsView.as_view(), name="metrics"),
     path("api/", include("controlplane.api.urls")),

@@ -87,6 +87,9 @@ class OverrideSerializer(serializers.Serializer):
     force_mode = StrictChoiceField(choices=[m.value for m in Mode], allow_blank=True, allow_null=True, required=False)
     force_n_prefill = StrictIntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
     force_n_decode = StrictIntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
+    force_exact = StrictBooleanField(
+        required=False, help_text="true: force_n_prefill/force_n_decode are exact worker counts (spare workers stay "
+        "unused); false (default): a P:D ratio scaled to the job's worker budget")
     freeze = StrictBooleanField(required=False)
     borrowing = StrictBooleanField(required=False)
     elasticity = StrictBooleanField(required=False)

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import views
+from controlplane.api import dashboard, views
 
 router = DefaultRouter()
 router.include_format_suffixes = False  # one URL per resource: `?format=` still works; `/stop.json` was a 500
@@ -15,5 +15,11 @@ urlpatterns = [
     path("cluster/", views.ClusterView.as_view(), name="cluster"),
     path("catalog/", views.CatalogView.as_view(), name="catalog"),
     path("agent-tokens/", views.AgentTokenView.as_view(), name="agent-tokens"),
+    path("jobs/<str:pk>/status/", dashboard.JobStatusView.as_view(), name="job-status"),
+    path("jobs/<str:pk>/series/", dashboard.JobSeriesView.as_view(), name="job-series"),
+    path("nodes/<str:pk>/undrain/", dashboard.NodeUndrainView.as_view(), name="node-undrain"),
+    path("scenarios/", dashboard.ScenarioListView.as_view(), name="scenarios"),
+    path("simulations/", dashboard.SimulationListView.as_view(), name="simulations"),
+    path("simulations/<str:pk>/", dashboard.SimulationDetailView.as_view(), name="simulation-detail"),
     *router.urls,
 ]

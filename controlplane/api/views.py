@@ -73,6 +73,9 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
+    def get_queryset(self):  # type: ignore[override]
+        return _name_filter(self.request, super().get_queryset())
+
     @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobSerializer})
     def create(self, request: Request) -> Response:
         data = s.JobCreateSerializer(data=request.data)
@@ -115,6 +118,9 @@ class NodeViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixi
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
+    def get_queryset(self):  # type: ignore[override]
+        return _name_filter(self.request, super().get_queryset())
+
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, pk: str) -> Response:
@@ -151,6 +157,12 @@ class ClusterView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
         return Response(cluster_snapshot())
+
+
+def _name_filter(request: Request, qs: Any) -> Any:
+    """`?name=` on the list (the CLI addresses jobs and nodes by name)."""
+    name = request.query_params.get("name") if getattr(request, "query_params", None) is not None else None
+    return qs.filter(name=name) if name else qs
 
 
 class CatalogView(APIView):

@@ -27,7 +27,8 @@ class Overrides:
     """Manual policy overrides; they always win over the decision engine."""
 
     force_mode: str | None = None  # "colocated" | "disaggregated"
-    force_ratio: tuple[int, int] | None = None  # (N_P, N_D), scaled to the budget (see decision._scaled_ratio)
+    force_ratio: tuple[int, int] | None = None  # (N_P, N_D): a ratio scaled to the budget (decision._scaled_ratio)...
+    exact_ratio: bool = False  # ...or, when True, exact worker counts (spare workers stay unused)
     freeze: bool = False  # keep the current configuration unless it is infeasible
     borrowing: bool = True  # False: never borrow training GPUs
     elasticity: bool = True  # False: ignore preemptible GPUs beyond the reserved pool

@@ -253,6 +253,12 @@ def decide(
         return Decision(cfg, budget, table, ms, cur_ms, best.configuration if best else None, float(gain),
                         admitted, forced, overridden, reason, inputs)
 
+    def make_for(cfg: Configuration, chosen: Candidate | None, *, best: Candidate | None, reason: str) -> Decision:
+        """An override's decision: the chosen candidate may come from a smaller budget (exact P:D)."""
+        ms = chosen.makespan_s if chosen is not None else float("inf")
+        return Decision(cfg, budget, table, ms, None, best.configuration if best else None, 0.0,
+                        True, False, True, reason, inputs)
+
     if budget == 0:
         return make(Configuration.colocated(0), best=None, cur_ms=None, admitted=True, forced=current is not None
                     and current.total != 0, overridden=False, reason="No rollout workers in the budget.")
@@ -260,12 +266,18 @@ def decide(
     # 1. Overrides always win.
     forced_mode = Mode(ov.force_mode) if ov.force_mode else None
     if ov.force_ratio is not None and budget >= 2:
-        cfg = _scaled_ratio(ov.force_ratio, budget)
-        c = table.find(cfg)
+        p, d = ov.force_ratio
+        if ov.exact_ratio and p + d <= budget:
+            cfg = Configuration.disaggregated(p, d)
+            spare = budget - p - d
+            what = f"exact {cfg.label()} on {budget} workers" + (f", {spare} left unused" if spare else "")
+        else:
+            cfg = _scaled_ratio(ov.force_ratio, budget)
+            short = f"; exact {p}P{d}D needs {p + d} workers, so the ratio is scaled" if ov.exact_ratio else ""
+            what = f"forced ratio {p}:{d} gives {cfg.label()} on {budget} workers{short}"
+        c = evaluate(workload, coeffs, cfg.total, rule).find(cfg) if cfg.total != budget else table.find(cfg)
         note = "" if c is not None and c.feasible else f" (predicted infeasible: {c.why_infeasible if c else 'n/a'})"
-        return make(cfg, best=_best(table, None), cur_ms=None, admitted=True, forced=False, overridden=True,
-                    reason=f"Override: forced ratio {ov.force_ratio[0]}:{ov.force_ratio[1]} gives {cfg.label()} "
-                           f"on {budget} workers{note}.")
+        return make_for(cfg, c, best=_best(table, None), reason=f"Override: {what}{note}.")
     if forced_mode is Mode.DISAGGREGATED and budget < 2:
         forced_mode = Mode.COLOCATED
     mode_filter = forced_mode

@@ -190,6 +190,8 @@ class PearlPolicy(_TrackedPolicy):
             else:
                 g = self._gate(w, c, ctx, dedicated, dedicated + ctx.overlap_workers)
                 borrow = ctx.overlap_workers if g.admit else 0
+        if ov.force_ratio is not None and ov.exact_ratio:
+            borrow = min(borrow, max(0, sum(ov.force_ratio) - dedicated))  # borrow no GPU it would leave unused
         budget = dedicated + borrow
         d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=self.thresholds)
         d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('controlplane', '0002_policy_options_and_loop_progress'),
+        ('controlplane', '0002_dashboard'),
     ]
 
     operations = [

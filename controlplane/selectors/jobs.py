@@ -1,27 +1,201 @@
-"""Job read models for the dashboard."""
+"""Job read models for the dashboard, the job page and the CLI's `status` (one shape for all three)."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
-from controlplane.models import Job
+from django.db.models import Max, Min
+
+from controlplane.core.state import Role
+from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker
+
+HISTORY_KINDS = ("step", "train")
+
+
+def configuration_label(mode: str, n_prefill: int, n_decode: int, n_colocated: int) -> str:
+    """The paper's notation: 2P4D for disaggregated, 6C for colocated."""
+    return f"{n_prefill}P{n_decode}D" if mode == "disaggregated" else f"{n_colocated}C"
+
+
+def override_summary(o: dict[str, Any] | None) -> str:
+    """What is forced, in words ('' when the policy decides alone). The P:D says whether it is exact or a ratio."""
+    if not o:
+        return ""
+    parts = []
+    if o.get("force_n_prefill") and o.get("force_n_decode"):
+        pd = f"{o['force_n_prefill']}P{o['force_n_decode']}D"
+        parts.append(f"forced {pd} exactly" if o.get("force_exact") else
+                     f"forced P:D ratio {o['force_n_prefill']}:{o['force_n_decode']} (scaled to the budget)")
+    elif o.get("force_mode"):
+        parts.append(f"forced {o['force_mode']}")
+    if o.get("freeze"):
+        parts.append("frozen")
+    if o.get("borrowing") is False:
+        parts.append("borrowing off")
+    if o.get("elasticity") is False:
+        parts.append("elasticity off")
+    return ", ".join(parts)
+
+
+def _override_dicts(job_ids: list[int]) -> dict[int, dict[str, Any]]:
+    fields = ("job_id", "force_mode", "force_n_prefill", "force_n_decode", "force_exact", "freeze", "borrowing", "elasticity")
+    return {row["job_id"]: row for row in Override.objects.filter(job_id__in=job_ids).values(*fields)}
 
 
 def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:
-    return list(
+    rows = list(
         Job.objects.order_by("-created").values(
             "id", "name", "status", "policy", "model", "engine", "mode", "n_prefill", "n_decode", "n_colocated", "step",
-            "weight_version", "training_active",
+            "weight_version", "training_active", "failure_reason",
         )[:limit]
     )
+    overrides = _override_dicts([r["id"] for r in rows])
+    for r in rows:
+        r["override"] = override_summary(overrides.get(r["id"]))
+    return rows
 
 
-def recent_events(limit: int = 30) -> list[dict[str, Any]]:
-    """Newest first, in the same shape as the `event` deltas."""
-    from controlplane.models import Event
+def _event_dict(e: Event) -> dict[str, Any]:
+    return {"id": e.id, "kind": e.kind, "message": e.message, "job": e.job.name if e.job else None,
+            "node": e.node.name if e.node else None, "actor": e.actor, "created": e.created.isoformat(), "data": e.data}
 
-    rows = Event.objects.select_related("job", "node").order_by("-created", "-id")[:limit]
-    return [
-        {"id": e.id, "kind": e.kind, "message": e.message, "job": e.job.name if e.job else None,
-         "node": e.node.name if e.node else None, "actor": e.actor, "created": e.created.isoformat(), "data": e.data}
-        for e in rows
-    ]
+
+def recent_events(limit: int = 30, *, job_id: int | None = None, kind: str = "") -> list[dict[str, Any]]:
+    """Newest first, in the same shape as the `event` deltas; `kind` may be a prefix ending in '.'."""
+    qs = Event.objects.select_related("job", "node").order_by("-created", "-id")
+    if job_id is not None:
+        qs = qs.filter(job_id=job_id)
+    if kind:
+        qs = qs.filter(kind__startswith=kind) if kind.endswith(".") else qs.filter(kind=kind)
+    return [_event_dict(e) for e in qs[:limit]]
+
+
+MAX_CANDIDATES = 200
+
+
+def top_candidates(candidates: list[dict[str, Any]], chosen: str, limit: int = MAX_CANDIDATES) -> list[dict[str, Any]]:
+    """A large budget has one candidate per split (32k workers: 32k rows): keep colocation, the chosen one
+    and the best feasible splits, so a page or a socket message stays small. The total is reported beside."""
+    if len(candidates) <= limit:
+        return candidates
+    keep = {id(c) for c in candidates if c.get("mode") == "colocated" or c.get("label") == chosen}
+    feasible = sorted((c for c in candidates if c.get("feasible") and c.get("makespan_s") is not None), key=lambda c: c["makespan_s"])
+    for c in feasible:
+        if len(keep) >= limit:
+            break
+        keep.add(id(c))
+    return [c for c in candidates if id(c) in keep]
+
+
+def decision_dict(d: Decision) -> dict[str, Any]:
+    label = configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated)
+    return {
+        "id": d.id, "created": d.created.isoformat(), "signal": d.signal, "budget": d.budget, "profile": d.profile,
+        "candidates": top_candidates(d.candidates, label), "candidates_total": len(d.candidates), "mode": d.mode, "n_prefill": d.n_prefill, "n_decode": d.n_decode,
+        "n_colocated": d.n_colocated, "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
+        "borrow": d.borrow, "predicted_makespan_s": d.predicted_makespan_s, "expected_gain": d.expected_gain,
+        "admitted": d.admitted, "reason": d.reason, "confidence": mean_confidence(d.profile),
+    }
+
+
+def mean_confidence(profile: dict[str, Any]) -> float | None:
+    """The predictor's confidence in its fitted inputs (mean over the tracker's estimates, 0..1)."""
+    conf = (profile or {}).get("confidence")
+    if isinstance(conf, dict):
+        values = [float(v) for v in conf.values() if isinstance(v, (int, float))]
+        return round(sum(values) / len(values), 3) if values else None
+    return None
+
+
+def transition_dict(t: Transition) -> dict[str, Any]:
+    return {
+        "id": t.id, "status": t.status, "decision": t.decision_id, "plan": t.plan, "created": t.created.isoformat(),
+        "started": t.started.isoformat() if t.started else None, "finished": t.finished.isoformat() if t.finished else None,
+        "error": t.error,
+        "steps": [{"index": s.index, "kind": s.kind, "worker_slot": s.worker_slot, "status": s.status,
+                   "attempts": s.attempts, "error": s.error} for s in t.steps.all()],
+    }
+
+
+def staleness(job: Job) -> dict[str, Any]:
+    """How far the rollout workers' weights lag the trainer's, against the job's bound."""
+    agg = Worker.objects.filter(job=job, alive=True).exclude(role=Role.TRAINING).aggregate(
+        lo=Min("weight_version"), hi=Max("weight_version"))
+    last_step = TelemetrySample.objects.filter(job=job, kind="step").order_by("-id").values_list("record", flat=True).first()
+    lag = job.weight_version - agg["lo"] if agg["lo"] is not None else None
+    return {"weight_version": job.weight_version, "max_staleness": job.max_staleness, "workers_min": agg["lo"],
+            "workers_max": agg["hi"], "lag": lag, "within_bound": lag is None or lag <= job.max_staleness,
+            "stale_aborted_last_step": (last_step or {}).get("stale_aborted", 0)}
+
+
+def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, events: int = 50) -> dict[str, Any] | None:
+    """Everything the job page and `pearl status` show: the job, the override in force, the latest
+    decision in full, recent decisions (for the chart), transitions with their steps, staleness, events."""
+    job = Job.objects.select_related("created_by").filter(pk=job_id).first()
+    if job is None:
+        return None
+    o = _override_dicts([job.pk]).get(job.pk)
+    recent = list(Decision.objects.filter(job=job).order_by("-created", "-id")[:decisions])
+    trs = list(Transition.objects.filter(job=job).prefetch_related("steps").order_by("-created", "-id")[:transitions])
+    return {
+        "job": {
+            "id": job.pk, "name": job.name, "status": job.status, "failure_reason": job.failure_reason,
+            "model": job.model, "engine": job.engine, "hardware": job.hardware, "environment": job.environment,
+            "policy": job.policy, "tp": job.tp, "batch_size": job.batch_size, "group_size": job.group_size,
+            "max_staleness": job.max_staleness, "max_trajectory_tokens": job.max_trajectory_tokens,
+            "rollout_gpus": job.rollout_gpus, "training_gpus": job.training_gpus, "mode": job.mode,
+            "n_prefill": job.n_prefill, "n_decode": job.n_decode, "n_colocated": job.n_colocated,
+            "configuration": configuration_label(job.mode, job.n_prefill, job.n_decode, job.n_colocated),
+            "step": job.step, "weight_version": job.weight_version, "training_active": job.training_active,
+            "created_by": job.created_by.username if job.created_by else None, "created": job.created.isoformat(),
+            "stopped_at": job.stopped_at.isoformat() if job.stopped_at else None,
+        },
+        "override": ({k: v for k, v in o.items() if k != "job_id"} if o else None),
+        "override_summary": override_summary(o),
+        "latest_decision": decision_dict(recent[0]) if recent else None,
+        "decisions": [
+            {"id": d.id, "created": d.created.isoformat(), "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
+             "predicted_makespan_s": d.predicted_makespan_s, "expected_gain": d.expected_gain, "admitted": d.admitted,
+             "signal": d.signal, "reason": d.reason, "borrow": d.borrow}
+            for d in reversed(recent)
+        ],
+        "transitions": [transition_dict(t) for t in trs],
+        "staleness": staleness(job),
+        "events": recent_events(events, job_id=job.pk),
+    }
+
+
+def job_series(job_id: int, *, limit: int = 2000) -> dict[str, Any]:
+    """Per-step history from the STEP and TRAIN telemetry records (oldest first), with the predictor's
+    confidence taken from the decision in force when each step finished."""
+    rows = list(TelemetrySample.objects.filter(job_id=job_id, kind__in=HISTORY_KINDS).order_by("-id")
+                .values_list("kind", "record", "created")[:limit])[::-1]
+    decided = list(Decision.objects.filter(job_id=job_id).order_by("created", "id").values_list("created", "profile"))
+    times = [c for c, _ in decided]
+    steps: list[dict[str, Any]] = []
+    train: list[dict[str, Any]] = []
+    for kind, rec, created in rows:
+        if kind == "train":
+            train.append({k: rec.get(k, 0) for k in ("step", "duration_s", "return_latency_s", "return_deadline_s", "loss",
+                                                    "weight_version", "time_s")})
+            continue
+        i = bisect_right(times, created) - 1
+        steps.append({k: rec.get(k, 0) for k in (
+            "step", "makespan_s", "predicted_makespan_s", "predicted_at_start_s", "generated_tokens_total", "train_tokens",
+            "reward_mean", "borrowed_gpu_s", "stale_aborted", "interruptions", "n_prefill", "n_decode", "n_colocated",
+            "batch_size", "time_s")} | {"mode": rec.get("mode", ""), "confidence": mean_confidence(decided[i][1]) if i >= 0 else None})
+    return {"steps": with_throughput(steps), "train": train}
+
+
+def with_throughput(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput per step = (generated + training tokens) / step duration, where a step lasts from the
+    previous step's end to its own (its rollout makespan for the first one)."""
+    prev_t: float | None = None
+    for s in steps:
+        t = float(s.get("time_s") or 0.0)
+        dur = t - prev_t if prev_t is not None and t > prev_t else float(s.get("makespan_s") or 0.0)
+        tokens = (s.get("generated_tokens_total") or 0) + (s.get("train_tokens") or 0)
+        s["duration_s"] = round(dur, 3)
+        s["throughput_tok_s"] = round(tokens / dur, 3) if dur > 0 else None
+        prev_t = t if t > 0 else prev_t
+    return steps

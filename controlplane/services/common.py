@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable, TypeVar
 
+from django.db import transaction
 from django.db.models import Model, QuerySet
 
 from controlplane.core.invariants import check_invariants
@@ -38,3 +39,10 @@ def assert_invariants(*, job_ids: Iterable[int] = (), gpu_ids: Iterable[int] = (
     problems = check_invariants(views, training_flags({v.job for v in views} | set(job_ids)))
     if problems:
         raise InvariantViolation("; ".join(problems))
+
+
+def enqueue_plan(job_id: int, signal: str) -> None:
+    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects)."""
+    from controlplane import tasks
+
+    transaction.on_commit(lambda: tasks.plan_job.delay(job_id, signal), robust=True)

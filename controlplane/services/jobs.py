@@ -10,7 +10,8 @@ from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionErr
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
-from controlplane.services.common import assert_invariants, lock_job
+from controlplane.selectors.jobs import override_summary
+from controlplane.services.common import assert_invariants, enqueue_plan, lock_job
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
@@ -79,13 +80,6 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     return job
 
 
-def enqueue_plan(job_id: int, signal: str) -> None:
-    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects)."""
-    from controlplane import tasks
-
-    transaction.on_commit(lambda: tasks.plan_job.delay(job_id, signal), robust=True)
-
-
 def stop_job(*, job_id: int, actor: str) -> Job:
     """Stop every worker of the job and mark it stopped (409 if it already ended)."""
     with transaction.atomic():
@@ -106,7 +100,7 @@ def stop_job(*, job_id: int, actor: str) -> Job:
     return job
 
 
-OVERRIDE_FIELDS = ("force_mode", "force_n_prefill", "force_n_decode", "freeze", "borrowing", "elasticity")
+OVERRIDE_FIELDS = ("force_mode", "force_n_prefill", "force_n_decode", "force_exact", "freeze", "borrowing", "elasticity")
 
 
 def override_dict(o: Override) -> dict[str, Any]:
@@ -137,12 +131,16 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
                 field = "force_n_prefill" if "force_n_prefill" in changes else "force_n_decode"
                 raise InvalidInput(f"a forced {ratio[0]}:{ratio[1]} ratio needs {ratio[0] + ratio[1]} rollout workers; "  # type: ignore[operator]
                                    f"job {job.name} can have at most {most} (GPUs / tp={job.tp})", field=field)
+        elif changes.get("force_exact"):
+            raise InvalidInput("force_exact needs force_n_prefill and force_n_decode", field="force_exact")
+        else:
+            o.force_exact = False  # no P:D in force: nothing to be exact about
         o.updated_by = user if getattr(user, "is_authenticated", False) else None
         o.save()
         after = override_dict(o)
         emit(kind="override.set", message=f"{job.name}: overrides changed by {actor}", job=job, actor=actor,
              data={"before": before, "after": after})
-        push_delta_on_commit(kind="override", key=str(job.pk), data={"job": job.name, **after})
+        push_delta_on_commit(kind="override", key=str(job.pk), data={"job": job.name, **after, "summary": override_summary(after)})
         enqueue_plan(job.pk, "periodic")
     return o
 

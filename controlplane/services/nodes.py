@@ -394,3 +394,33 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
             push_node(node.pk)
             gone.append(node.name)
     return gone
+
+
+def undrain_node(*, node_id: int, actor: str) -> Node:
+    """Return a draining or preempted (gone) node to service: cancel its preemption notice and make it
+    ready again if its agent still holds a lease (else not_ready until the next heartbeat). The planner
+    re-plans every live job, so the node's GPUs are used again."""
+    from controlplane.models import Job
+    from controlplane.services.common import enqueue_plan
+
+    now = timezone.now()
+    with transaction.atomic():
+        node = locked(Node.objects.filter(pk=node_id)).first()
+        if node is None:
+            raise NotFound(f"node {node_id} does not exist", field="id")
+        if node.status not in (NodeStatus.DRAINING, NodeStatus.GONE):
+            hint = " (it returns by itself when its agent heartbeats)" if node.status == NodeStatus.NOT_READY else ""
+            raise Conflict(f"node {node.name} is {node.status}, not draining or gone{hint}", field="status")
+        before = node.status
+        leased = node.lease_expires is not None and node.lease_expires > now
+        node.status = NodeStatus.READY if leased else NodeStatus.NOT_READY
+        node.preemption_deadline = None
+        node.save(update_fields=["status", "preemption_deadline", "updated"])
+        GPU.objects.filter(node=node).update(present=True)
+        bump_generation(node)
+        emit(kind="node.returned", message=f"node {node.name} returned to service ({before} → {node.status})",
+             node=node, actor=actor, data={"before": before, "after": node.status})
+        push_node(node.pk)
+        for job_id in Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).values_list("id", flat=True):
+            enqueue_plan(job_id, "capacity_change")
+    return node

@@ -106,8 +106,8 @@ def job_overrides(job: Job) -> Overrides:
     if o is None:
         return Overrides()
     ratio = (o.force_n_prefill, o.force_n_decode) if o.force_n_prefill and o.force_n_decode else None
-    return Overrides(force_mode=o.force_mode or None, force_ratio=ratio, freeze=o.freeze, borrowing=o.borrowing,
-                     elasticity=o.elasticity)
+    return Overrides(force_mode=o.force_mode or None, force_ratio=ratio, exact_ratio=o.force_exact, freeze=o.freeze,
+                     borrowing=o.borrowing, elasticity=o.elasticity)
 
 
 def _candidates(decision: Any) -> list[dict[str, Any]]:

@@ -44,3 +44,9 @@ def node_principal(node: Node) -> Principal:
     job_ids = {j for _, j in rows}
     names = dict(Job.objects.filter(id__in=job_ids).values_list("name", "id"))
     return Principal(actor=f"agent:{node.name}", node_id=node.pk, jobs=names, workers=frozenset(w for w, _ in rows))
+
+
+def job_principal(job: Job) -> Principal:
+    """A job's rollout driver: it reports for its one job and may name any of that job's workers."""
+    workers = frozenset(Worker.objects.filter(job=job).values_list("id", flat=True))
+    return Principal(actor=f"driver:{job.name}", node_id=None, jobs={job.name: job.pk}, workers=workers)

@@ -5,12 +5,16 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.core.agent_link import Telemetry
-from controlplane.core.telemetry import TelemetryRecord
+from controlplane.core.telemetry import RecordKind, TelemetryRecord
 from controlplane.models import TelemetrySample
 from controlplane.services.errors import InvalidInput
+from controlplane.services.events import push_delta_on_commit
 from controlplane.services.principals import Principal
 
 RETAIN_PER_JOB = 20_000
+# One record per rollout or training step: the job page's history. Never pruned (a few per minute),
+# unlike the engine records (turns, iterations, prefills) that arrive by the thousand.
+HISTORY_KINDS = (RecordKind.STEP.value, RecordKind.TRAIN.value)
 
 
 def ingest(*, principal: Principal, message: Telemetry) -> int:
@@ -30,15 +34,22 @@ def ingest(*, principal: Principal, message: Telemetry) -> int:
             principal.check_worker(r.worker, f"{where}.worker")
         rows.append(TelemetrySample(job_id=job_id, node_id=principal.node_id, kind=r.kind, record=r.to_json()))
     with transaction.atomic():
-        TelemetrySample.objects.bulk_create(rows)
+        created = TelemetrySample.objects.bulk_create(rows)
+        for row in created:  # the job page's charts grow by one point per step, live
+            if row.kind in HISTORY_KINDS and row.job_id is not None:
+                push_delta_on_commit(kind="series", key=str(row.job_id), data={"job": row.job_id, "kind": row.kind,
+                                                                               "record": row.record})
     return len(rows)
 
 
 def prune(*, keep: int = RETAIN_PER_JOB) -> int:
-    """Drop the oldest samples beyond `keep` per job (called by the periodic sweep)."""
+    """Drop the oldest high-volume samples beyond `keep` per job (called by the periodic sweep); the
+    per-step history (HISTORY_KINDS) is kept whatever the flood of engine records."""
     removed = 0
-    for job_id in TelemetrySample.objects.values_list("job_id", flat=True).distinct():
-        cutoff = TelemetrySample.objects.filter(job_id=job_id).order_by("-id").values_list("id", flat=True)[keep : keep + 1]
+    bulk = TelemetrySample.objects.exclude(kind__in=HISTORY_KINDS)
+    for job_id in bulk.values_list("job_id", flat=True).distinct():
+        mine = bulk.filter(job_id=job_id)
+        cutoff = mine.order_by("-id").values_list("id", flat=True)[keep : keep + 1]
         if cutoff:
-            removed += TelemetrySample.objects.filter(job_id=job_id, id__lte=cutoff[0]).delete()[0]
+            removed += mine.filter(id__lte=cutoff[0]).delete()[0]
     return removed

@@ -316,7 +316,7 @@ class Simulation:
             borrowed_gpu_s=round(w.borrowed_gpu_s, 3), return_deadline_misses=loop.deadline_misses,
             lost_tokens=int(engine_tokens - w.traj_generated - inflight_tokens),
             predictor_mape=None if mape is None else round(mape, 3), wall_s=wall, events=self.events,
-            step_stats=list(self.steps), timeline=w.timeline, borrow_windows=w.borrow_windows,
+            step_stats=done, timeline=w.timeline, borrow_windows=w.borrow_windows,
             conservation={"started": loop.started_trajectories, "done": loop.finished_trajectories,
                           "in_flight": in_flight, "aborted": loop.stale_aborted, "engine_tokens": int(engine_tokens),
                           "trajectory_tokens": int(w.traj_generated), "inflight_tokens": int(inflight_tokens)},

@@ -9,6 +9,8 @@ import pytest
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # sync Playwright runs an event loop in the test thread
 
 CHROMIUM = next((p for p in (os.environ.get("PEARL_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +21,7 @@ def browser():
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
 
@@ -29,5 +30,8 @@ def browser():
 def page(browser):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.js_errors = errors  # a test may assert the page raised nothing
     yield pg
     context.close()

@@ -5,33 +5,14 @@ import pytest
 
 from controlplane.services import workers
 from tests.conftest import make_job, make_node
+from tests.e2e import helpers
+from tests.e2e.helpers import off_loop
 
 pytestmark = pytest.mark.e2e
 
 
-def off_loop(fn, *args, **kwargs):
-    """Run a service call in a plain thread: Playwright's sync API keeps an event loop in this thread,
-    where the after-commit websocket push (async_to_sync) may not run."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connections
-
-    def call():
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connections.close_all()
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(call).result()
-
-
 def login(page, base_url: str, username: str, password: str) -> None:
-    page.goto(base_url + "/")
-    assert "/accounts/login/" in page.url  # anonymous users are sent to the login page
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
+    helpers.login(page, base_url, username, password)
     page.wait_for_selector("#conn[data-state=live]", timeout=15000)
 
 
@@ -50,7 +31,9 @@ def test_dashboard_shows_nodes_live_without_reload(control_plane_server, page, d
     off_loop(make_node, "node-a", slots=3, pool="elastic")
     page.wait_for_selector("[data-node=node-a]", timeout=10000)
     names = page.eval_on_selector_all(".node", "els => els.map(e => e.dataset.node)")
-    assert names == ["node-a", "node-b"]
+    assert names == ["node-b", "node-a"]  # grouped by pool: reserved before elastic
+    page.uncheck("#f-group")  # ungrouped: plain name order
+    page.wait_for_function("[...document.querySelectorAll('.node')].map(e => e.dataset.node).join() === 'node-a,node-b'")
     assert page.evaluate("window.__marker") == 42  # same document: no reload happened
 
     # A worker starts on node-b GPU 1: that slot turns into an active colocated cell.
@@ -64,7 +47,7 @@ def test_dashboard_shows_nodes_live_without_reload(control_plane_server, page, d
     page.wait_for_function("document.querySelector(\"[data-node=node-b] .gpu[data-gpu='1']\").dataset.role === 'colocated'", timeout=10000)
     assert cell.get_attribute("data-activity") == "active"
     page.wait_for_selector("#jobs tr[data-job=job1]", timeout=10000)
-    page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+    helpers.shot(page, "dashboard-live")
 
 
 def test_dashboard_requires_login(control_plane_server, page):

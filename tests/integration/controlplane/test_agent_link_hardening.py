@@ -166,8 +166,8 @@ async def test_a_second_socket_supersedes_the_first_whatever_incarnation_it_clai
     await asyncio.sleep(0.3)
     after = await database_sync_to_async(lambda: Node.objects.get(name="gpu-a").last_heartbeat)()
     assert after > before
-    await ws2.disconnect()
-    await ws3.disconnect()
+    for ws in (ws1, ws2, ws3):
+        await ws.disconnect()  # ws1's consumer is closed already; this lets its task end
 
 
 async def test_stale_epoch_faults_and_telemetry_are_not_stored():

@@ -200,6 +200,7 @@ async def test_dashboard_refuses_anonymous_foreign_origin_and_missing_origin():
     for ws in (dashboard_socket(None), dashboard_socket(cookie, b"http://evil.example"), dashboard_socket(cookie, None)):
         connected, _ = await ws.connect()
         assert not connected
+        await ws.wait()  # let the refused application instance finish (else the loop's teardown waits on it)
 
 
 async def test_dashboard_snapshot_then_deltas_after_commit():

@@ -1,0 +1,54 @@
+"""A SWE-like task for the emulated engine: long and growing contexts, many turns, heavy-tailed tool
+latency — the simulator's workload distributions (`controlplane.sim.workload`), one definition for
+both, so a live emulated run and a simulated run of the same job draw the same kind of trajectories.
+
+Tokens are synthetic (the emulated engine's are too); what matters is their number per turn, the
+tool time between turns and the context that keeps growing up to the job's maximum length. The tool
+call sleeps on the event loop (scaled by the run's time factor), as a real sandbox call awaits I/O.
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from agents.dataplane import MAX_PROMPT_TOKENS
+from agents.envs import Environment, Turn, register
+from agents.tokenizer import TOKENIZER
+from controlplane.sim.workload import WorkloadSpec, draw_batch
+
+
+def _synthetic(n: int, salt: int) -> list[int]:
+    """`n` printable bytes, deterministic in `salt` (their values carry no meaning)."""
+    return [32 + (salt * 131 + i * 7) % 95 for i in range(n)]
+
+
+class SweLike(Environment):
+    temperature = 1.0
+
+    def __init__(self, *, task: int, member: int = 0, seed: int = 0, time_factor: float = 1.0,
+                 max_tokens: int = 32768, group_size: int = 16, **_: object) -> None:
+        spec = WorkloadSpec(batch_size=group_size, group_size=group_size,
+                            max_length=min(max_tokens, MAX_PROMPT_TOKENS))
+        traj = draw_batch(spec, seed=seed, step=task)[member % group_size]
+        self.turns = traj.turns
+        self.k = 0
+        self.time_factor = time_factor
+        self.salt = zlib.crc32(f"{seed}-{task}-{member}".encode())
+        # whether the "tests pass" at the end: a fixed fraction of the group's tasks, by member
+        self.passes = (self.salt % 100) < 40
+
+    async def reset(self) -> Turn:
+        t = self.turns[0]
+        return Turn([TOKENIZER.bos_id, *_synthetic(t.new_prompt_tokens - 1, self.salt)], max_tokens=t.generated_tokens)
+
+    async def step(self, response: list[int]) -> Turn:
+        spent = self.turns[self.k]
+        self.k += 1
+        if self.k >= len(self.turns):
+            return Turn([], done=True, reward=1.0 if self.passes else 0.0, info={"correct": float(self.passes)})
+        await asyncio.sleep(spent.env_latency_s * self.time_factor)  # the tool runs
+        nxt = self.turns[self.k]
+        return Turn(_synthetic(nxt.new_prompt_tokens, self.salt + self.k), max_tokens=nxt.generated_tokens)
+
+
+register("swe-like", SweLike)

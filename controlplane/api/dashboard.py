@@ -1,0 +1,105 @@
+"""Read models and actions the dashboard and the `pearl` CLI need beyond the core resources: a job's
+status and per-step history, returning a node to service, and simulator comparisons. Thin, as the rest."""
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.plumbing import build_array_type, build_basic_type
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.api import serializers as s
+from controlplane.api.views import IsOperator, WriteThrottle, actor_of, parse_id
+from controlplane.models import SimulationRun
+from controlplane.selectors.jobs import job_series, job_status
+from controlplane.services import nodes, simulations
+from controlplane.services.errors import NotFound
+
+OBJECT_LIST = build_array_type(build_basic_type(OpenApiTypes.OBJECT))  # a JSON array of objects (the schema said object)
+
+
+class JobStatusView(APIView):
+    """The job with its live configuration, the override in force, the latest decision (every candidate),
+    recent decisions, transitions with their steps, staleness and recent events."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, pk: str) -> Response:
+        data = job_status(parse_id(pk))
+        if data is None:
+            raise NotFound(f"job {pk} does not exist", field="id")
+        return Response(data)
+
+
+class JobSeriesView(APIView):
+    """Per-step history (STEP and TRAIN records): makespan predicted vs observed, throughput, reward,
+    borrowed GPU-seconds, training steps."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, pk: str) -> Response:
+        job_id = parse_id(pk)
+        if job_status(job_id, decisions=0, transitions=0, events=0) is None:
+            raise NotFound(f"job {pk} does not exist", field="id")
+        return Response(job_series(job_id))
+
+
+class NodeUndrainView(APIView):
+    """Return a draining or preempted node to service (cancels a pending preemption notice)."""
+
+    permission_classes = [IsOperator]
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "writes"
+
+    @extend_schema(request=None, responses={200: s.NodeSerializer})
+    def post(self, request: Request, pk: str) -> Response:
+        node = nodes.undrain_node(node_id=parse_id(pk), actor=actor_of(request))
+        return Response(s.NodeSerializer(node).data)
+
+
+class SimulationRequestSerializer(serializers.Serializer):
+    scenario = serializers.CharField(max_length=64)
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
+    policies = serializers.ListField(child=serializers.CharField(max_length=32), required=False, max_length=10)
+
+
+class ScenarioListView(APIView):
+    """The shipped simulator scenarios (name, description, policies)."""
+
+    @extend_schema(responses={200: OBJECT_LIST})
+    def get(self, request: Request) -> Response:
+        return Response(simulations.scenarios())
+
+
+class SimulationListView(APIView):
+    """Simulator comparisons: list (newest first, without results) or ask for one (a Celery worker runs it)."""
+
+    permission_classes = [IsOperator]
+    throttle_classes = [WriteThrottle]
+    throttle_scope = "writes"
+
+    @extend_schema(responses={200: OBJECT_LIST})
+    def get(self, request: Request) -> Response:
+        return Response([simulations.run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]])
+
+    @extend_schema(request=SimulationRequestSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        body = SimulationRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        v: dict[str, Any] = body.validated_data
+        run = simulations.request_run(scenario=v["scenario"], seed=v.get("seed"), policies=v.get("policies") or [],
+                                      user=request.user)
+        return Response(simulations.run_dict(run), status=status.HTTP_201_CREATED)
+
+
+class SimulationDetailView(APIView):
+    """One comparison with its result: `compare --json` plus per-policy series for the charts."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, pk: str) -> Response:
+        run = SimulationRun.objects.select_related("created_by").filter(pk=parse_id(pk)).first()
+        if run is None:
+            raise NotFound(f"simulation {pk} does not exist", field="id")
+        return Response(simulations.run_dict(run))

@@ -1,0 +1,219 @@
+// The job page: status and failure reason, configuration and the override in force, plotly charts of
+// the per-step history, the latest decision, transitions and events; live over /ws/dashboard/?view=job.
+(function () {
+  "use strict";
+  const { $, el, api, confirmAction, toast, live, fmt, canOperate, chartLayout } = window.PEARL;
+  const initial = JSON.parse($("initial").textContent);
+  let S = initial.status; // the job_status read model
+  const series = initial.series; // {steps: [...], train: [...]}
+  const jobId = S.job.id;
+  let evFilter = "";
+
+  // ---- header and cards --------------------------------------------------------------------------
+  function renderHeader() {
+    const j = S.job;
+    const st = $("job-status"); st.textContent = j.status; st.className = `pill st-${j.status}`; st.dataset.status = j.status;
+    const f = $("failure"); f.hidden = !j.failure_reason; f.textContent = j.failure_reason ? `Failed: ${j.failure_reason}` : "";
+    const stop = $("stop"); if (stop) stop.disabled = j.status === "stopped" || j.status === "failed";
+    const d = S.latest_decision, st8 = S.staleness;
+    const cards = [
+      ["Configuration", `${fmt.config(j)} ${j.mode}`, "config"],
+      ["Policy", j.policy + (S.override_summary ? " (override)" : ""), "policy"],
+      ["Step", String(j.step), "step"],
+      ["Predicted makespan", d ? fmt.s(d.predicted_makespan_s) : "–", "predicted"],
+      ["Weights", `v${j.weight_version}` + (st8.workers_min !== null ? ` · workers v${st8.workers_min}–v${st8.workers_max}` : ""), "weights"],
+      ["Staleness", st8.lag === null ? "–" : `lag ${st8.lag} / bound ${st8.max_staleness}${st8.within_bound ? "" : " (over!)"}` +
+        (st8.stale_aborted_last_step ? ` · ${st8.stale_aborted_last_step} aborted` : ""), "staleness"],
+      ["Trainer", j.training_active ? "computing (borrowed GPUs returned)" : "idle (training GPUs may be lent)", "training"],
+      ["Spec", `${j.model} · ${j.engine} · ${j.hardware} · TP${j.tp} · B=${j.batch_size} · G=${j.group_size} · ${j.rollout_gpus}+${j.training_gpus} GPUs`, "spec"],
+      ["Submitted", `${j.created_by || "?"} at ${fmt.time(j.created)}`, "submitted"],
+    ];
+    const box = $("cards"); box.replaceChildren();
+    for (const [k, v, id] of cards) { const c = el("div", "card"); c.dataset.card = id; c.append(el("div", "k", k), el("div", "v", v)); box.appendChild(c); }
+    $("override-summary").textContent = S.override_summary || "none — the policy decides";
+  }
+
+  // ---- overrides ---------------------------------------------------------------------------------
+  function fillOverrides() {
+    const o = S.override || {};
+    const mode = o.force_n_prefill && o.force_n_decode ? "disaggregated" : (o.force_mode || "auto");
+    for (const r of document.querySelectorAll("input[name=mode]")) r.checked = r.value === mode;
+    $("ov-p").value = o.force_n_prefill || ""; $("ov-d").value = o.force_n_decode || "";
+    for (const r of document.querySelectorAll("input[name=pd_kind]")) r.checked = r.value === (o.force_n_prefill && !o.force_exact ? "ratio" : "exact");
+    $("ov-freeze").checked = !!o.freeze; $("ov-borrowing").checked = o.borrowing !== false; $("ov-elasticity").checked = o.elasticity !== false;
+    pdEnabled();
+    if (!canOperate()) for (const i of $("overrides").querySelectorAll("input")) i.disabled = true;
+  }
+  function pdEnabled() {
+    const dis = document.querySelector("input[name=mode]:checked")?.value === "disaggregated";
+    for (const i of $("pd-fields").querySelectorAll("input")) i.disabled = !dis || !canOperate();
+  }
+  function overrideBody() {
+    const mode = document.querySelector("input[name=mode]:checked")?.value || "auto";
+    const p = $("ov-p").value, d = $("ov-d").value, pd = mode === "disaggregated" && (p !== "" || d !== "");
+    return {
+      force_mode: mode === "auto" ? "" : mode,
+      force_n_prefill: pd && p !== "" ? Number(p) : null, force_n_decode: pd && d !== "" ? Number(d) : null,
+      force_exact: pd && document.querySelector("input[name=pd_kind]:checked")?.value === "exact",
+      freeze: $("ov-freeze").checked, borrowing: $("ov-borrowing").checked, elasticity: $("ov-elasticity").checked,
+    };
+  }
+  function describe(o) {
+    const parts = [];
+    if (o.force_n_prefill || o.force_n_decode) parts.push(o.force_exact ? `exactly ${o.force_n_prefill}P${o.force_n_decode}D` : `P:D ratio ${o.force_n_prefill}:${o.force_n_decode} scaled to the budget`);
+    else parts.push(o.force_mode ? `force ${o.force_mode}` : "auto mode");
+    parts.push(o.freeze ? "frozen" : "not frozen", o.borrowing ? "borrowing on" : "borrowing off", o.elasticity ? "elasticity on" : "elasticity off");
+    return parts.join(", ");
+  }
+  $("overrides").addEventListener("change", (ev) => { if (ev.target.name === "mode") pdEnabled(); });
+  $("overrides").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    for (const e of $("overrides").querySelectorAll(".field-error")) e.textContent = "";
+    $("ov-error").textContent = "";
+    const body = overrideBody();
+    if (!(await confirmAction(`Set the overrides of ${S.job.name} to: ${describe(body)}? The planner re-plans the job at once.`, { ok: "Apply" }))) return;
+    const res = await api("PUT", `/api/jobs/${jobId}/overrides/`, body);
+    if (res.ok) { toast("overrides applied; re-planning"); return; }
+    const slot = res.data.field && $("err_" + res.data.field);
+    if (slot) slot.textContent = res.data.detail; else $("ov-error").textContent = res.data.detail || `error ${res.status}`;
+  });
+  const stop = $("stop");
+  if (stop) stop.addEventListener("click", async () => {
+    if (!(await confirmAction(`Stop ${S.job.name}? Every worker of the job is released; this cannot be undone.`, { ok: "Stop job", danger: true }))) return;
+    const res = await api("POST", `/api/jobs/${jobId}/stop/`);
+    if (!res.ok) toast(res.data.detail || `error ${res.status}`, true); else toast("job stopped");
+  });
+
+  // ---- decision, transitions, events ---------------------------------------------------------------
+  function renderDecision() {
+    const d = S.latest_decision, box = $("decision");
+    if (!d) { box.innerHTML = '<p class="empty">No decision yet.</p>'; return; }
+    const head = el("div");
+    head.append(el("p", null, `${fmt.time(d.created)} · signal ${d.signal} · budget ${d.budget.dedicated_workers ?? "?"} dedicated + ${d.borrow} borrowed worker(s)` +
+      (d.confidence !== null ? ` · predictor confidence ${(100 * d.confidence).toFixed(0)}%` : "")));
+    const verdict = el("p"); verdict.id = "decision-verdict";
+    verdict.append(el("strong", null, `Chose ${d.label}`), document.createTextNode(` (predicted ${fmt.s(d.predicted_makespan_s)}), expected gain ${fmt.pct(d.expected_gain)} — `),
+      el("span", d.admitted ? "pill pill-ok" : "pill pill-wait", d.admitted ? "admitted" : "suppressed"));
+    const reason = el("p", null, d.reason); reason.id = "decision-reason";
+    if (d.budget && d.budget.training_active !== undefined) reason.title = JSON.stringify(d.profile.gate || "");
+    const gate = d.profile && d.profile.gate ? el("p", "muted", `Borrowing: ${d.profile.gate}`) : null;
+    const cands = [...d.candidates];
+    const shown = cands.length > 200 ? cands.filter((c) => c.feasible).sort((a, b) => a.makespan_s - b.makespan_s).slice(0, 199) : cands;
+    if (shown.length < cands.length && !shown.some((c) => c.label === d.label)) { const c = cands.find((x) => x.label === d.label); if (c) shown.push(c); }
+    const t = el("table"); t.id = "candidates";
+    t.innerHTML = "<thead><tr><th>candidate</th><th>predicted makespan</th><th>prefill</th><th>decode</th><th>KV transfer</th><th>env</th><th>feasible</th></tr></thead>";
+    const tb = el("tbody");
+    for (const c of shown) {
+      const tr = el("tr", (c.label === d.label ? "chosen" : "") + (c.feasible ? "" : " infeasible")); tr.dataset.label = c.label;
+      tr.append(el("td", null, c.label + (c.label === d.label ? " ◀ chosen" : "")), el("td", null, fmt.s(c.makespan_s)), el("td", null, fmt.s(c.prefill_s)),
+        el("td", null, fmt.s(c.decode_s)), el("td", null, fmt.s(c.kv_transfer_s)), el("td", null, fmt.s(c.env_s)), el("td", null, c.feasible ? "yes" : `no: ${c.why_infeasible}`));
+      tb.appendChild(tr);
+    }
+    t.appendChild(tb);
+    const wrap = el("div", "scroll"); wrap.appendChild(t);
+    const total = d.candidates_total || cands.length;
+    const note = shown.length < total ? el("p", "muted", `showing the ${shown.length} best of ${total} candidates (colocation and the choice always)`) : null;
+    box.replaceChildren(head, verdict, reason, ...(gate ? [gate] : []), wrap, ...(note ? [note] : []));
+  }
+
+  function renderTransitions() {
+    const box = $("transitions"); box.replaceChildren();
+    if (!S.transitions.length) { box.appendChild(el("p", "empty", "No transition yet.")); return; }
+    for (const t of S.transitions) {
+      const d = el("div", "card"); d.dataset.transition = t.id; d.dataset.status = t.status;
+      d.append(el("div", null, `#${t.id} → ${t.plan.target || "?"} · ${t.status} · ${fmt.time(t.created)}` +
+        ` · +${Object.keys(t.plan.add || {}).length} −${(t.plan.remove || []).length} re-role ${Object.keys(t.plan.reassign || {}).length}` + (t.error ? ` · ${t.error}` : "")));
+      const steps = el("div", "steps");
+      for (const s of t.steps) { const c = el("span", `step ${s.status}`, `${s.index}. ${s.kind}${s.worker_slot !== null ? " w" + s.worker_slot : ""}`); c.title = `${s.status}, ${s.attempts} attempt(s)${s.error ? ": " + s.error : ""}`; steps.appendChild(c); }
+      d.appendChild(steps); box.appendChild(d);
+    }
+  }
+
+  function renderEvents() {
+    const list = $("events"); list.replaceChildren();
+    for (const e of S.events.filter((e) => !evFilter || (evFilter.endsWith(".") ? e.kind.startsWith(evFilter) : e.kind === evFilter))) {
+      const li = el("li"); li.append(el("time", "muted", fmt.time(e.created)), el("code", null, e.kind), document.createTextNode(" " + e.message));
+      if (e.actor) li.append(el("span", "muted", ` — ${e.actor}`)); list.appendChild(li);
+    }
+    const audit = $("audit"); audit.replaceChildren();
+    for (const e of S.events.filter((e) => e.kind === "override.set")) {
+      const li = el("li"); li.append(el("time", "muted", fmt.time(e.created)), document.createTextNode(` ${e.actor}: ${describe(e.data.before || {})} → ${describe(e.data.after || {})}`));
+      audit.appendChild(li);
+    }
+    if (!audit.children.length) audit.appendChild(el("li", "muted", "No override changes yet."));
+  }
+  $("ev-filter").addEventListener("change", (ev) => { evFilter = ev.target.value; renderEvents(); });
+
+  // ---- charts (plotly, served locally) -------------------------------------------------------------
+  const EMPTY = { annotations: [{ text: "no step has finished yet: points appear as the rollout driver reports them", showarrow: false, font: { color: "#8792a2" } }] };
+  function charts() {
+    if (!window.Plotly) return;
+    const st = series.steps, tr = series.train, steps = st.map((s) => s.step);
+    const cfg = { displaylogo: false, responsive: true };
+    Plotly.react("chart-makespan", [
+      { x: steps, y: st.map((s) => s.makespan_s), name: "observed", mode: "lines+markers" },
+      { x: steps, y: st.map((s) => s.predicted_makespan_s || null), name: "predicted (configuration used)", mode: "lines+markers" },
+      { x: steps, y: st.map((s) => s.predicted_at_start_s || null), name: "predicted at step start", mode: "lines", line: { dash: "dot" } },
+      { x: steps, y: st.map((s) => s.confidence), name: "predictor confidence", yaxis: "y2", mode: "lines", line: { dash: "dash", color: "#8792a2" } },
+    ], chartLayout("Rollout makespan per step: predicted vs observed", Object.assign({ xaxis: { title: "step", gridcolor: "#2a323d" }, yaxis: { title: "s", gridcolor: "#2a323d" },
+      yaxis2: { title: "confidence", overlaying: "y", side: "right", range: [0, 1] } }, st.length ? {} : EMPTY)), cfg);
+    Plotly.react("chart-throughput", [{ x: steps, y: st.map((s) => s.throughput_tok_s), type: "bar", name: "tokens/s",
+      hovertext: st.map((s) => `${s.mode} ${s.mode === "disaggregated" ? s.n_prefill + "P" + s.n_decode + "D" : s.n_colocated + "C"}`) }],
+      chartLayout("Throughput per step ((generated + training tokens) / step time)", Object.assign({ xaxis: { title: "step" }, yaxis: { title: "tokens/s" } }, st.length ? {} : EMPTY)), cfg);
+    Plotly.react("chart-reward", [{ x: steps, y: st.map((s) => s.reward_mean), mode: "lines+markers", name: "mean reward" }],
+      chartLayout("Reward per step", Object.assign({ xaxis: { title: "step" }, yaxis: { title: "mean reward" } }, st.length ? {} : EMPTY)), cfg);
+    const t0 = Math.min(...st.map((s) => s.time_s).concat(tr.map((t) => t.time_s - t.duration_s)).filter((x) => x > 0), Infinity);
+    const rel = (x) => (isFinite(t0) ? x - t0 : x);
+    const shapes = tr.map((t) => ({ type: "rect", xref: "x", yref: "paper", x0: rel(t.time_s - t.duration_s), x1: rel(t.time_s), y0: 0, y1: 1, fillcolor: "#e3a008", opacity: 0.18, line: { width: 0 } }));
+    Plotly.react("chart-borrow", [
+      { x: st.map((s) => rel(s.time_s)), y: st.map((s) => s.borrowed_gpu_s), type: "bar", name: "borrowed GPU-s in the step", marker: { color: "#b072f5" } },
+      { x: tr.map((t) => rel(t.time_s)), y: tr.map((t) => t.return_latency_s), mode: "markers", name: "return latency (s)", yaxis: "y2", marker: { color: "#f85149", symbol: "x" },
+        hovertext: tr.map((t) => `training step ${t.step}: ${fmt.s(t.duration_s)}, return ${fmt.s(t.return_latency_s)} (deadline ${fmt.s(t.return_deadline_s)})`) },
+    ], chartLayout("Borrowed training GPUs vs training steps (shaded)", Object.assign({ shapes, xaxis: { title: "time (s)" }, yaxis: { title: "GPU-seconds" },
+      yaxis2: { title: "return latency (s)", overlaying: "y", side: "right" } }, st.length || tr.length ? {} : EMPTY)), cfg);
+    const ds = S.decisions;
+    Plotly.react("chart-decisions", [{ x: ds.map((d) => d.created), y: ds.map((d) => d.predicted_makespan_s), mode: "lines+markers+text", name: "chosen configuration",
+      text: ds.map((d) => d.label), textposition: "top center", line: { shape: "hv" },
+      marker: { size: 9, color: ds.map((d) => (d.admitted ? "#3fb950" : "#8792a2")) },
+      hovertext: ds.map((d) => `${d.label} (${d.admitted ? "admitted" : "suppressed"}, ${d.signal}): ${d.reason}`), hoverinfo: "text" }],
+      chartLayout("Decisions over time (predicted makespan of the choice; grey = suppressed)", { yaxis: { title: "s" } }), cfg);
+  }
+
+  function addSeriesRecord(kind, rec) {
+    if (kind === "train") { series.train.push(rec); charts(); return; }
+    const prev = series.steps[series.steps.length - 1];
+    const dur = prev && rec.time_s > prev.time_s ? rec.time_s - prev.time_s : rec.makespan_s || 0;
+    const tokens = (rec.generated_tokens_total || 0) + (rec.train_tokens || 0);
+    series.steps.push(Object.assign({ confidence: S.latest_decision ? S.latest_decision.confidence : null }, rec, { duration_s: dur, throughput_tok_s: dur > 0 ? tokens / dur : null }));
+    charts();
+  }
+
+  // ---- live ----------------------------------------------------------------------------------------
+  let refreshTimer = null;
+  function refreshSoon() { // decisions and transitions carry tables: fetch the read model once, after a burst
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(async () => { const r = await api("GET", `/api/jobs/${jobId}/status/`); if (r.ok) { S = r.data; renderAll(false); } }, 150);
+  }
+  function renderAll(resetForm) { renderHeader(); if (resetForm) fillOverrides(); renderDecision(); renderTransitions(); renderEvents(); charts(); }
+
+  function apply(msg) {
+    if (msg.type === "snapshot") {
+      S = msg.status; series.steps = msg.series.steps; series.train = msg.series.train; renderAll(true); return;
+    }
+    if (msg.type !== "delta") return;
+    const d = msg.data;
+    if (msg.kind === "job") { Object.assign(S.job, d); renderHeader(); }
+    else if (msg.kind === "override") { S.override = d; S.override_summary = d.summary || ""; renderHeader(); fillOverrides(); }
+    else if (msg.kind === "decision") {
+      $("decision").dataset.pending = String(d.id);
+      const r = $("decision-reason"); if (r) r.textContent = d.reason; // at once; the table follows
+      refreshSoon();
+    }
+    else if (msg.kind === "event") { S.events.unshift(d); S.events.length = Math.min(S.events.length, 200); renderEvents(); if (d.kind.startsWith("transition.")) refreshSoon(); }
+    else if (msg.kind === "transition") refreshSoon();
+    else if (msg.kind === "series") addSeriesRecord(d.kind, d.record);
+  }
+
+  renderAll(true);
+  live({ view: "job", job: jobId }, apply);
+})();

@@ -1,0 +1,3 @@
+from pearl_cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Helpers for the browser tests: service calls off Playwright's event loop, login, a real agent
+registering over /ws/agent/, screenshots kept as artifacts under var/artifacts/e2e/."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "var" / "artifacts" / "e2e"
+
+
+def off_loop(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """Run a service call in a plain thread: Playwright's sync API keeps an event loop in this thread,
+    where the after-commit websocket push (async_to_sync) may not run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def call():  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
+def login(page, base_url: str, username: str, password: str, path: str = "/") -> None:  # type: ignore[no-untyped-def]
+    page.goto(base_url + path)
+    assert "/accounts/login/" in page.url  # anonymous users are sent to the login page
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+
+
+def shot(page, name: str) -> Path:  # type: ignore[no-untyped-def]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / (re.sub(r"[^a-z0-9_-]+", "-", name.lower()) + ".png")
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def operator_user(username: str = "ops", password: str = "ops-password-123"):  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import Group, User
+
+    user = User.objects.create_user(username=username, password=password)
+    user.groups.add(Group.objects.get_or_create(name="operators")[0])
+    return user
+
+
+class Agent:
+    """A node agent as far as the control plane can tell: it registers over the real agent link."""
+
+    def __init__(self, ws_url: str, name: str, *, pool: str = "reserved", slots: int = 4) -> None:
+        from websockets.sync.client import ClientConnection, connect
+
+        from controlplane.core.agent_link import Register, SlotSpec, dump
+        from controlplane.services.credentials import issue_agent_token
+
+        token = off_loop(issue_agent_token, node_name=name)
+        self.ws: ClientConnection = connect(ws_url + "/ws/agent/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10)
+        msg = Register(node=name, pool=pool, hardware="cpu", incarnation=f"{name}-1",
+                       slots=[SlotSpec(index=i, hardware="cpu", memory_mb=1024) for i in range(slots)])
+        self.ws.send(json.dumps(dump(msg)))
+        self.registered: dict[str, Any] = json.loads(self.ws.recv(timeout=10))
+        assert self.registered["type"] == "registered", self.registered
+
+    def close(self) -> None:
+        self.ws.close()

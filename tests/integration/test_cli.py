@@ -1,0 +1,141 @@
+"""The `pearl` CLI against a live server (a real Daphne on the test database): submit from a ROLL-style
+spec, status with the live configuration and the decision, override (exact and ratio), events, stop,
+drain/undrain, a bad spec rejected with the user's own key named, and actionable connection errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, make_node
+
+SPEC = """\
+name: grpo-cli
+model: qwen3-8b
+engine: emulated
+hardware: h800
+rollout_batch_size: 64
+num_return_sequences_in_group: 16
+max_staleness: 1
+sequence_length: 16384
+policy: pearl
+tensor_parallel_size: 1
+gpus: {rollout: 4, training: 2}
+"""
+
+
+def pearl(cp, *args: str, token: str | None = None, env: dict[str, str] | None = None, check: bool = True):  # type: ignore[no-untyped-def]
+    """Run `python -m pearl_cli` as a user would run `pearl` (its console script calls the same main)."""
+    e = dict(os.environ, PEARL_URL=cp.base_url, PEARL_TOKEN=token or "", PEARL_CONFIG=str(Path(cp.tmp) / "none.toml"))
+    e.update(env or {})
+    r = subprocess.run([sys.executable, "-m", "pearl_cli", *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.fixture
+def cp(control_plane_server, tmp_path):
+    control_plane_server.tmp = tmp_path
+    make_node("res-a", slots=4)
+    make_node("spot-a", pool="elastic", slots=2)
+    make_node("train-a", pool="training", slots=2)
+    return control_plane_server
+
+
+def test_submit_status_override_events_stop(cp, tmp_path):
+    from controlplane.models import Job, Override
+    from controlplane.services import executor, planner
+
+    token = cp.user_token("alice")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC)
+    out = pearl(cp, "submit", str(spec), "--json", token=token)
+    job = json.loads(out.stdout)
+    assert job["name"] == "grpo-cli" and job["batch_size"] == 64 and job["group_size"] == 16
+    assert job["max_trajectory_tokens"] == 16384 and job["rollout_gpus"] == 4 and job["training_gpus"] == 2
+    assert job["created_by"] == "alice"
+
+    def replan(signal: str) -> None:  # what the Celery worker does on each signal
+        tr = planner.plan_job(job_id=job["id"], signal=signal)
+        if tr is not None:
+            executor.execute_transition(transition_id=tr.pk)
+
+    replan("step_start")
+    text = pearl(cp, "status", "grpo-cli", token=token).stdout
+    assert "job grpo-cli (#%d) running" % job["id"] in text
+    db = Job.objects.get(pk=job["id"])
+    label = f"{db.n_prefill}P{db.n_decode}D" if db.mode == "disaggregated" else f"{db.n_colocated}C"
+    assert f"configuration: {label} {db.mode}" in text
+    assert "latest decision" in text and "why: " in text and "override: none" in text
+
+    # Exact counts by default; --ratio for a ratio scaled to the budget. Both say which.
+    assert "forced 1P3D exactly" in pearl(cp, "override", "grpo-cli", "--pd", "1:3", token=token).stdout
+    o = Override.objects.get(job_id=job["id"])
+    assert (o.force_mode, o.force_n_prefill, o.force_n_decode, o.force_exact) == ("disaggregated", 1, 3, True)
+    replan("periodic")
+    status = json.loads(pearl(cp, "status", str(job["id"]), "--json", token=token).stdout)
+    assert "Override: exact 1P3D on" in status["latest_decision"]["reason"]
+    assert status["job"]["configuration"] == "1P3D"
+    ratio = pearl(cp, "override", "grpo-cli", "--pd", "1:3", "--ratio", "--borrowing", "off", token=token).stdout
+    assert "forced P:D ratio 1:3 (scaled to the budget), borrowing off" in ratio
+    assert "override: none" in pearl(cp, "override", "grpo-cli", "--clear", token=token).stdout.replace("overrides of grpo-cli: none", "override: none")
+    o.refresh_from_db()
+    assert (o.force_mode, o.force_n_prefill, o.force_exact, o.borrowing) == ("", None, False, True)
+
+    events = pearl(cp, "events", "grpo-cli", "--kind", "override.", token=token).stdout.splitlines()
+    assert len(events) == 3 and all("override.set" in line and "[alice]" in line for line in events)
+    listed = json.loads(pearl(cp, "list", "--json", token=token).stdout)
+    assert [j["name"] for j in listed] == ["grpo-cli"]
+
+    assert "job grpo-cli stopped" in pearl(cp, "stop", "grpo-cli", token=token).stdout
+    again = pearl(cp, "stop", "grpo-cli", token=token, check=False)
+    assert again.returncode == 1 and "already stopped" in again.stderr
+
+
+def test_bad_spec_names_the_users_key_and_creates_nothing(cp, tmp_path):
+    from controlplane.models import Job
+
+    token = cp.user_token("alice")
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(SPEC.replace("rollout_batch_size: 64", "rollout_batch_size: 60").replace("name: grpo-cli", "name: bad"))
+    r = pearl(cp, "submit", str(spec), token=token, check=False)
+    assert r.returncode == 1 and "rollout_batch_size: batch_size must be a multiple of group_size" in r.stderr
+    spec.write_text(SPEC.replace("gpus: {rollout: 4, training: 2}", "gpus: {rollout: 400, training: 2}"))
+    r = pearl(cp, "submit", str(spec), token=token, check=False)
+    assert r.returncode == 1 and "gpus.rollout: rollout_gpus=400 is above the cluster's 6 rollout GPUs" in r.stderr
+    spec.write_text(SPEC + "rollout_batch: 3\n")
+    r = pearl(cp, "submit", str(spec), token=token, check=False)
+    assert r.returncode == 2 and "unknown key 'rollout_batch'" in r.stderr
+    assert not Job.objects.exists()
+
+
+def test_nodes_drain_undrain_and_errors_a_person_can_act_on(cp, tmp_path):
+    token = cp.user_token("alice")
+    nodes = json.loads(pearl(cp, "nodes", "--json", token=token).stdout)
+    assert [n["name"] for n in nodes] == ["res-a", "spot-a", "train-a"]
+    assert "node spot-a: draining" in pearl(cp, "drain", "spot-a", token=token).stdout
+    assert "node spot-a: returned to service (status ready)" in pearl(cp, "undrain", "spot-a", token=token).stdout
+    assert "preemption notice sent (status draining)" in pearl(cp, "preempt", "spot-a", "--deadline", "600", token=token).stdout
+    assert "returned to service" in pearl(cp, "undrain", "spot-a", token=token).stdout
+    r = pearl(cp, "undrain", "res-a", token=token, check=False)
+    assert r.returncode == 1 and "not draining or gone" in r.stderr
+
+    viewer = cp.user_token("bob", operator=False)
+    r = pearl(cp, "drain", "res-a", token=viewer, check=False)
+    assert r.returncode == 1 and "changes need an operator" in r.stderr
+    r = pearl(cp, "list", token="not-a-token", check=False)
+    assert r.returncode == 1 and "PEARL_TOKEN" in r.stderr
+    r = pearl(cp, "list", token=token, env={"PEARL_URL": "http://127.0.0.1:1"}, check=False)
+    assert r.returncode == 3 and "cannot reach the control plane" in r.stderr
+
+    # A config file instead of the environment (`pearl configure` writes it, mode 0600).
+    cfg = tmp_path / "pearl.toml"
+    pearl(cp, "configure", "--url", cp.base_url, "--token", token, env={"PEARL_CONFIG": str(cfg)})
+    assert oct(cfg.stat().st_mode & 0o777) == "0o600"
+    r = pearl(cp, "list", env={"PEARL_CONFIG": str(cfg), "PEARL_URL": "", "PEARL_TOKEN": ""})
+    assert "no jobs" in r.stdout
