@@ -95,6 +95,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
 @login_required
 def launch_page(request: HttpRequest) -> HttpResponse:
     """The launch form, built from the API's own request serializer (one list of fields and bounds)."""
+    from rest_framework import fields as drf_fields
+
     from controlplane.api.serializers import JobCreateSerializer
     from controlplane.services.jobs import available_gpus
 
@@ -104,7 +106,7 @@ def launch_page(request: HttpRequest) -> HttpResponse:
         fields.append({
             "name": name, "label": name.replace("_", " "), "help": HELP.get(name, ""),
             "choices": list(getattr(f, "choices", {}) or {}),
-            "numeric": f.__class__.__name__ == "IntegerField", "json": f.__class__.__name__ == "DictField",
+            "numeric": isinstance(f, drf_fields.IntegerField), "json": isinstance(f, drf_fields.DictField),
             "required": f.required,
             "default": "" if default is None or callable(default) or repr(default).startswith("<class") else default,
             "min": getattr(f, "min_value", None), "max": getattr(f, "max_value", None),

@@ -80,7 +80,7 @@ class SimulationListView(APIView):
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
-    @extend_schema(responses={200: OBJECT_LIST})
+    @extend_schema(responses={200: OBJECT_LIST}, operation_id="simulations_list")  # not simulations_retrieve (the detail's)
     def get(self, request: Request) -> Response:
         return Response([simulations.run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]])
 
