@@ -178,6 +178,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     with transaction.atomic():
         node = _holder(node_id, channel, message.epoch)
         recovered = node.status == NodeStatus.NOT_READY
+        checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
         node.last_heartbeat = now
         node.lease_expires = now + _lease()
         node.applied_generation = min(message.generation, node.generation)
@@ -214,7 +215,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 Worker.objects.filter(pk=w.pk).update(endpoint=endpoint, weight_version=version, inflight=o.inflight)
                 if w.role == Role.TRAINING and (version > w.weight_version or endpoint != w.endpoint):
                     _publish_weights(w.job_id, version, node)
-            if o.devices and o.state == "running":
+            if o.devices and o.state == "running" and checked.get(o.worker_id) != o.devices:  # G_w is fixed for life: once per report change
                 if bindings is None:  # one query for the whole heartbeat, only when a worker reports devices
                     bindings = defaultdict(list)
                     for wid, index in WorkerGPU.objects.filter(worker_id__in=list(mine), alive=True).values_list("worker_id", "gpu__index"):

@@ -251,3 +251,16 @@ async def test_malformed_frames_get_an_error_and_the_link_stays_up():
     node = await database_sync_to_async(Node.objects.get)(name="gpu-a")
     assert node.applied_generation >= 0 and node.status == "ready"
     await ws.disconnect()
+
+
+async def test_a_worker_on_other_devices_than_its_slots_is_reported():
+    ws, reg, _, _ = await connect("gpu-a")
+    job = await database_sync_to_async(make_job)("j2", rollout_gpus=1, training_gpus=0)
+    w = await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[1], role="colocated")
+    await receive_until(ws, "desired_state")
+    await ws.send_json_to(hb(reg["epoch"], [observed(w.pk, "colocated", devices=[1])]))
+    await ws.send_json_to(hb(reg["epoch"], [observed(w.pk, "colocated", devices=[0])]))
+    err = await receive_until(ws, "error")
+    assert err["code"] == "refused" and "runs on devices [0], bound to slots [1]" in err["message"]
+    assert await database_sync_to_async(Event.objects.filter(kind="agent.refused").count)() == 1
+    await ws.disconnect()
