@@ -170,7 +170,9 @@ async def run_step(ports: list[int], nodes: list[tuple[str, str, list[int]]], m:
         elapsed = time.perf_counter() - t0
         stop.set()
         await asyncio.gather(*agents, *dash, return_exceptions=True)
-    lost = await sync_to_async(lambda: Event.objects.filter(kind="node.lease_expired", created__gte=_dt(started_at)).count())()
+    names = [name for name, _, _ in nodes]  # only this step's nodes (a previous, larger step's agents have stopped)
+    lost = await sync_to_async(lambda: Event.objects.filter(kind="node.lease_expired", node__name__in=names,
+                                                             created__gte=_dt(started_at)).count())()
     return {"agents": len(nodes), "dashboards": m, "samples": len(measured),
             "p50_ms": round(1000 * statistics.median(measured), 1) if measured else None,
             "p95_ms": round(1000 * pct(measured, 0.95), 1) if measured else None,
@@ -233,7 +235,11 @@ def main() -> None:
             finally:
                 for w in web:
                     w.terminate()
-                    w.wait(timeout=30)
+                    try:
+                        w.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        w.kill()
+                        w.wait()
     finally:
         for pr in procs:
             pr.terminate()
