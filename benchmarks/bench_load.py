@@ -202,7 +202,11 @@ def main() -> None:
     wait_port(rport)
     redis_url = f"redis://127.0.0.1:{rport}"
     db_url = os.environ.get("DATABASE_URL") or f"sqlite:///{tmp / 'load.sqlite3'}"
-    setup(db_url, redis_url, tmp)
+    try:
+        setup(db_url, redis_url, tmp)
+    except BaseException:
+        redis.terminate()
+        raise
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     every, _ = IntervalSchedule.objects.get_or_create(every=5, period=IntervalSchedule.SECONDS)
