@@ -3,7 +3,7 @@
 
 demo:
 	@scripts/setup.sh
-	@DEBUG=1 .venv/bin/python manage.py launch
+	@.venv/bin/python manage.py launch
 
 test:
 	@scripts/setup.sh --test

@@ -183,6 +183,7 @@ class Health:
     state: str
     weight_version: int
     pid: int
+    devices: list[int] = field(default_factory=list)  # the GPUs it runs on (its CUDA_VISIBLE_DEVICES)
 
 
 # ------------------------------------------------------------------ (de)serialisation

@@ -9,9 +9,13 @@ recomputes what to do from (desired, observed) every time and again periodically
 repeated message changes nothing. Fencing: a desired state with a generation lower than the last
 applied one, or an epoch lower than the node's current epoch, is refused (ignored and reported).
 Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on loopback
-ports with per-worker secrets; the agent restarts a crashed worker and reports the crash with the
-partial outputs of the requests it had in flight (from the worker's journal). SIGTERM or a
-preemption notice drains the workers gracefully before the deadline.
+ports with per-worker secrets, each pinned to its slots' devices (CUDA_VISIBLE_DEVICES = the slot
+indexes of its GPU set G_w) and in its own process group; the agent restarts a crashed worker and
+reports the crash with the partial outputs of the requests it had in flight (from the worker's
+journal). A restarted agent first kills whatever its previous incarnation left running (lease files,
+see agents.process) and reports their journals. SIGTERM or a preemption notice drains the workers
+gracefully before the deadline. Weights are pulled with the scoped token of the desired state; the
+agent holds no cluster-wide weights secret.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, WSMsgType, WSServerHandshakeError, web
 
-from agents.process import WorkerProcess, spawn_worker
+from agents.process import WorkerProcess, kill_leftovers, spawn_worker
 from agents.router import WorkerCallError, WorkerClient
 from controlplane.core import agent_link as link
 from controlplane.core import telemetry as tm
@@ -45,6 +49,14 @@ HW_MEMORY_MB = {"h800": 81920, "h100": 81920, "h200": 144384, "h20": 98304, "cpu
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 RECONNECT_BACKOFF_MAX_S = 30.0
 RECONCILE_PERIOD_S = 2.0
+CLOSE_GIVE_WAY = (4401, 4403, link.CLOSE_SUPERSEDED)  # refused or superseded: reconnect only after the longest backoff
+
+
+def partials(entries: list[dict[str, Any]], worker_id: int) -> list[dict[str, Any]]:
+    """Aborted requests as a fault reports them: tokens and log-probs (the output itself), without the
+    decoded text (any bytes a model produced, NUL included, which no database stores; the tokens say it)."""
+    return [{k: v for k, v in r.items() if k != "text"} | {"finish_reason": "abort", "worker_id": worker_id}
+            for r in entries[: link.MAX_ABORTED]]
 
 
 @dataclass
@@ -66,13 +78,14 @@ class Managed:
     engine_state: str = ""  # running | draining | sleeping (as the worker reports it)
     pulled_for: int = -1  # desired generation at which the latest weights were last pulled
     activation_s: float | None = None  # how long the last wake took (for the toggle record)
+    devices: list[int] = field(default_factory=list)  # what the worker process says it is pinned to
 
     def observed(self) -> link.ObservedWorker:
         return link.ObservedWorker(
             worker_id=self.desired.worker_id, role=Role(self.role or self.desired.role),
             activity=Activity(self.activity), state=self.state, weight_version=self.weight_version,
             endpoint=self.proc.endpoint if self.proc and self.state != "stopped" else "",
-            inflight=self.inflight, generation=self.generation,
+            inflight=self.inflight, generation=self.generation, devices=self.devices if self.proc else [],
         )
 
 
@@ -87,7 +100,6 @@ class AgentConfig:
     engine: str = "emulated"
     time_factor: float = 1.0
     state_dir: Path = field(default_factory=lambda: Path("./.pearl-agent"))
-    weights_token: str = ""
     dataplane_secret: str = ""
     dataplane_port: int = 0
     drain_timeout_s: float = 10.0
@@ -103,7 +115,9 @@ class NodeAgent:
         self.desired: link.DesiredState | None = None
         self.workers: dict[int, Managed] = {}
         self.heartbeat_s = 5.0
+        self.weights_rotate_s = 300.0
         self.node_id: int | None = None
+        self.leftovers: list[dict[str, Any]] = []  # workers a previous incarnation left running, killed at start
         self.rejected: list[str] = []  # why desired states were refused (for tests and logs)
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.pending_telemetry: list[dict[str, Any]] = []  # the agent's own records (toggles)
@@ -142,6 +156,8 @@ class NodeAgent:
                 return
             self.epoch, self.node_id = msg.epoch, msg.node_id
             self.heartbeat_s = max(0.05, msg.heartbeat_s)
+            self.weights_rotate_s = msg.weights_rotate_s
+            self._report_leftovers()
         elif isinstance(msg, link.DesiredState):
             self.apply(msg)
         elif isinstance(msg, link.ErrorMessage):
@@ -161,6 +177,20 @@ class NodeAgent:
         self._kick.set()
         return True
 
+    def _report_leftovers(self) -> None:
+        """Once registered: report the workers the previous incarnation left, with their journaled partials."""
+        for x in self.leftovers:
+            aborted = partials(x["aborted"], x["worker_id"])
+            self.send(link.Fault(epoch=self.epoch, worker_id=x["worker_id"], kind="orphan_killed" if x["was_running"] else "orphan_gone",
+                                 detail=f"pid {x['pid']} of a previous agent incarnation", aborted=aborted))
+        self.leftovers = []
+
+    async def _kill_leftovers(self) -> None:
+        self.leftovers = await asyncio.to_thread(kill_leftovers, self.cfg.state_dir)
+        if self.leftovers:
+            log.warning("found %d worker(s) of a previous agent incarnation; killed the %d still running",
+                        len(self.leftovers), sum(x["was_running"] for x in self.leftovers))
+
     def _refuse(self, why: str) -> None:
         log.warning("refused: %s", why)
         self.rejected.append(why)
@@ -177,14 +207,17 @@ class NodeAgent:
     async def run(self) -> None:
         """Connect, serve, reconnect with jittered exponential backoff until stopped."""
         self._http = ClientSession(timeout=ClientTimeout(total=600))
+        await self._kill_leftovers()
         await self._start_dataplane()
         tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
         delay = 0.2
         try:
             while not self.stopping.is_set():
                 try:
-                    await self._connect_once()
-                    delay = 0.2
+                    code = await self._connect_once()
+                    delay = RECONNECT_BACKOFF_MAX_S / 2 if code in CLOSE_GIVE_WAY else 0.2
+                    if code in CLOSE_GIVE_WAY:
+                        log.error("the control plane closed the link with %s (token refused, or another agent holds this node)", code)
                 except (OSError, WSServerHandshakeError, asyncio.TimeoutError) as exc:
                     log.warning("agent link down: %s", exc)
                 if self.stopping.is_set():
@@ -205,7 +238,8 @@ class NodeAgent:
             await self._dp_runner.cleanup()
         await self._http.close()
 
-    async def _connect_once(self) -> None:
+    async def _connect_once(self) -> int | None:
+        """One connection, until it closes; returns the close code."""
         assert self._http is not None
         headers = {"Authorization": f"Bearer {self.cfg.token}"}
         async with self._http.ws_connect(self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES) as ws:
@@ -244,6 +278,7 @@ class NodeAgent:
                 for t in (sender, beat, stop):
                     t.cancel()
                 await asyncio.gather(sender, beat, stop, return_exceptions=True)
+        return ws.close_code
 
     async def _send_loop(self, ws: Any) -> None:
         while True:
@@ -361,7 +396,8 @@ class NodeAgent:
                 m.engine_state = "sleeping"
                 if res.get("aborted"):
                     self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
-                                         detail=f"{len(res['aborted'])} requests aborted by deactivation", aborted=res["aborted"][:4096]))
+                                         detail=f"{len(res['aborted'])} requests aborted by deactivation",
+                                         aborted=partials(res["aborted"], spec.worker_id)))
                 if m.activation_s is not None:  # one borrow + return observed: T_toggle sample
                     self.pending_telemetry.append(tm.toggle(time_s=time.time(), job=spec.job, worker=spec.worker_id,
                                                             activation_s=m.activation_s, return_s=time.perf_counter() - t0).to_json())
@@ -379,7 +415,7 @@ class NodeAgent:
                 # the worker reaches the job's min_weight_version
                 m.pulled_for = ds.generation
                 try:
-                    h = await m.client.call("weights", {"url": spec.weights_url, "version": 0, "token": self.cfg.weights_token}, epoch=epoch)
+                    h = await m.client.call("weights", {"url": spec.weights_url, "version": 0, "token": spec.weights_token}, epoch=epoch)
                     m.weight_version = h["weight_version"]
                 except WorkerCallError as exc:
                     log.warning("worker %s: weight pull failed: %s", spec.worker_id, exc)
@@ -397,15 +433,15 @@ class NodeAgent:
     async def _start(self, m: Managed) -> bool:
         spec = m.desired
         assert self._http is not None
-        state_dir = self.cfg.state_dir / f"worker-{spec.worker_id}"
+        # per job: a trainer resumes from its own job's checkpoints only, never another job's that reused a worker id
+        state_dir = self.cfg.state_dir / "jobs" / (spec.job or "-") / f"worker-{spec.worker_id}"
         training = spec.role == Role.TRAINING
         engine = spec.engine or self.cfg.engine
         extra: list[str] = ["--tp", str(max(1, len(spec.gpus)))]  # G_w's size is the TP degree
-        env: dict[str, str] = {}
+        env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)}  # slot i is GPU i
         if training:
             extra = ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
-            if self.cfg.weights_token:  # workers pull this trainer's snapshots with the shared weights token
-                env["PEARL_TRAINER_TOKEN"] = self.cfg.weights_token
+            env |= {"PEARL_WEIGHTS_KEY": spec.weights_key, "PEARL_WEIGHTS_ROTATE_S": str(self.weights_rotate_s)}
         m.state = "starting"
         try:
             m.proc = await spawn_worker(
@@ -413,10 +449,13 @@ class NodeAgent:
                 role="colocated" if training else spec.role.value, state_dir=state_dir, model=spec.model, job=spec.job,
                 hardware=self.cfg.hardware, time_factor=self.cfg.time_factor,
                 module="agents.trainer" if training else "agents.worker", extra=extra, env_extra=env,
-                # a trainer authenticates with the shared weights token (rollout workers pull its snapshots
-                # with it), so the agent's own client must use that token too
-                secret=(self.cfg.weights_token if training and self.cfg.weights_token else self.cfg.dataplane_secret) or None,
+                secret=self.cfg.dataplane_secret or None,
             )
+            health = await WorkerClient(m.proc.endpoint, m.proc.secret, self._http).get("health")
+            if sorted(health.get("devices", [])) != sorted(spec.gpus):  # the binding holds in the process, not only in the database
+                await m.proc.stop(2.0)
+                raise RuntimeError(f"worker runs on devices {health.get('devices')}, not its slots {spec.gpus}")
+            m.devices = sorted(health["devices"])
         except Exception as exc:
             m.state = "failed"
             m.restarts += 1
@@ -443,7 +482,7 @@ class NodeAgent:
         m.state = "stopped"
         if aborted:
             self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="drained",
-                                 detail=f"{len(aborted)} requests aborted by the drain", aborted=aborted[:4096]))
+                                 detail=f"{len(aborted)} requests aborted by the drain", aborted=partials(aborted, m.desired.worker_id)))
         return aborted
 
     async def shutdown_workers(self, timeout_s: float) -> None:
@@ -467,12 +506,12 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             data = json.loads(journal.read_text())
             if data.get("pid") == m.proc.pid:
-                aborted = [{**r, "finish_reason": "abort", "worker_id": m.desired.worker_id} for r in data["inflight"]]
+                aborted = partials(data["inflight"], m.desired.worker_id)
             journal.unlink()
         await m.proc.reap()
         log.warning("worker %s (pid %s) exited with %s; %d requests aborted", m.desired.worker_id, m.proc.pid, rc, len(aborted))
         self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="crashed",
-                             detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted[:4096]))
+                             detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted))
         m.restarts += 1
         m.proc, m.client, m.state = None, None, "failed"
         m.next_start = time.monotonic() + RESTART_BACKOFF_S[min(m.restarts - 1, len(RESTART_BACKOFF_S) - 1)]
@@ -488,6 +527,7 @@ class NodeAgent:
         """No control plane (demo/lightweight mode): one active colocated worker per slot, serving
         until SIGTERM; endpoints and secrets go to <state-dir>/workers.json (mode 0600)."""
         self._http = ClientSession(timeout=ClientTimeout(total=600))
+        await self._kill_leftovers()
         await self._start_dataplane()
         workers = [link.DesiredWorker(worker_id=i + 1, gpus=[i], role=Role.COLOCATED, activity=Activity.ACTIVE,
                                       engine=self.cfg.engine, model=model) for i in range(self.cfg.slots)]
@@ -559,7 +599,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = AgentConfig(
         control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware, slots=args.slots,
         engine=args.engine, time_factor=args.time_factor,
-        state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"), weights_token=os.environ.get("PEARL_WEIGHTS_TOKEN", ""),
+        state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"),
         dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
         drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,
     )

@@ -1,18 +1,108 @@
-"""Spawning and stopping worker processes (used by the node agent and by tests)."""
+"""Spawning and stopping worker processes (used by the node agent and by tests).
+
+Every worker runs in its own process group (so stopping it also stops anything it started) and
+leaves a lease file, `<state-dir>/process.json` (pid, process group, kernel start time): a restarted
+agent finds the workers its previous incarnation left behind (`kill_leftovers`) and kills them
+before it starts anything on their devices. Workers also ask the kernel for SIGTERM when their agent
+dies (`die_with_parent`), so none outlives it even if the agent never comes back.
+"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import json
 import os
 import secrets
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 READY = "PEARL_WORKER_READY "
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LEASE_FILE = "process.json"
+PARENT_ENV = "PEARL_PARENT_PID"
+PR_SET_PDEATHSIG = 1
+
+
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot): tells a process from a later one that
+    reused its pid. None if there is no such live process (a zombie counts as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+_parent_gone = False
+
+
+def die_with_parent() -> None:
+    """In a worker: get SIGHUP when the agent that spawned us dies (Linux), and exit now if it already
+    has (the race between fork and this call). SIGHUP, not SIGTERM: the kernel sends it when the
+    spawning *thread* exits, which may be before the agent's pid stops being our parent, so the signal
+    itself has to say "your agent is gone" (SIGTERM stays the agent's graceful stop)."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if not parent:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
+    if os.getppid() != parent:
+        sys.exit("the agent that started this worker is gone")
+
+
+def visible_devices() -> list[int]:
+    """The device indexes this process was pinned to (CUDA_VISIBLE_DEVICES), [] if unpinned."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [int(x) for x in raw.split(",") if x.strip().isdigit()]
+
+
+def orphaned() -> bool:
+    """True once the spawning agent is gone (its death signal came, or we were re-parented)."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    return _parent_gone or (bool(parent) and os.getppid() != parent)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_leftovers(root: Path, *, grace_s: float = 5.0) -> list[dict[str, Any]]:
+    """Kill every worker a previous agent incarnation left under `root` (by lease file, checking the
+    pid's start time so a reused pid is never hit); returns one record per worker found, with the
+    partial outputs its journal kept, so they can be reported instead of lost."""
+    found: list[dict[str, Any]] = []
+    for lease in sorted(Path(root).rglob(LEASE_FILE)) if Path(root).exists() else []:
+        try:
+            info = json.loads(lease.read_text())
+            pid, pgid, started = int(info["pid"]), int(info["pgid"]), int(info["start_time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            lease.unlink(missing_ok=True)
+            continue
+        alive = start_time(pid) == started
+        if alive:
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while start_time(pid) == started and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _signal_group(pgid, signal.SIGKILL)
+            while start_time(pid) == started and time.monotonic() < deadline + grace_s:
+                time.sleep(0.05)
+        aborted: list[dict[str, Any]] = []
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            journal = json.loads((lease.parent / "inflight.json").read_text())
+            if journal.get("pid") == pid:
+                aborted = list(journal["inflight"])
+        for stale in (lease, lease.parent / "inflight.json"):
+            stale.unlink(missing_ok=True)
+        found.append({"worker_id": int(info.get("worker_id", 0)), "pid": pid, "was_running": alive,
+                      "state_dir": str(lease.parent), "aborted": aborted})
+    return found
 
 
 @dataclass
@@ -33,20 +123,24 @@ class WorkerProcess:
         return self.proc.pid
 
     async def stop(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM (the worker drains and journals its aborted requests), then SIGKILL."""
+        """SIGTERM to the worker's process group (the worker drains and journals its aborted requests),
+        then SIGKILL to the group."""
         if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
+            _signal_group(self.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout_s)
             except asyncio.TimeoutError:
-                self.proc.kill()
+                _signal_group(self.pid, signal.SIGKILL)
                 await self.proc.wait()
+        _signal_group(self.pid, signal.SIGKILL)  # anything the worker started and left behind
         await self.reap()
         return self.proc.returncode or 0
 
     async def reap(self) -> None:
-        """After exit: read the pipe to EOF so the transport closes (no leaked file descriptors)."""
+        """After exit: read the pipe to EOF so the transport closes (no leaked file descriptors), and
+        drop the lease file (nothing is left to kill)."""
         await self.proc.wait()
+        (self.state_dir / LEASE_FILE).unlink(missing_ok=True)
         if self.proc.stdout is not None:
             try:
                 await asyncio.wait_for(self.proc.stdout.read(), 5)
@@ -58,7 +152,7 @@ class WorkerProcess:
 
     def kill(self) -> None:
         if self.proc.returncode is None:
-            self.proc.kill()
+            _signal_group(self.pid, signal.SIGKILL)
 
 
 async def spawn_worker(
@@ -74,14 +168,17 @@ async def spawn_worker(
         "--model", model, "--job", job, "--hardware", hardware, "--time-factor", str(time_factor),
         "--state-dir", str(state_dir), *(extra or []),
     ]
-    env = dict(os.environ, PEARL_WORKER_SECRET=secret, **(env_extra or {}))  # env, not argv: not visible in `ps`
+    env = dict(os.environ, PEARL_WORKER_SECRET=secret, **{PARENT_ENV: str(os.getpid())}, **(env_extra or {}))  # env, not argv: not visible in `ps`
     for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):  # a worker never needs the agent's secrets
         env.pop(leak, None)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(state_dir / "stderr.log", "ab") as errors:  # the child keeps its own descriptor
         proc = await asyncio.create_subprocess_exec(
             *args, env=env, cwd=str(REPO_ROOT), stdout=asyncio.subprocess.PIPE, stderr=errors,
+            start_new_session=True,  # its own process group: stopping it stops everything it started
         )
+    lease = {"pid": proc.pid, "pgid": proc.pid, "start_time": start_time(proc.pid), "worker_id": worker_id, "agent_pid": os.getpid()}
+    (state_dir / LEASE_FILE).write_text(json.dumps(lease))
     assert proc.stdout is not None
     try:
         while True:
@@ -95,7 +192,7 @@ async def spawn_worker(
                 break
     except BaseException:
         if proc.returncode is None:
-            proc.kill()
+            _signal_group(proc.pid, signal.SIGKILL)
         raise
     return WorkerProcess(worker_id, proc, port, secret, state_dir, args)
 
@@ -114,4 +211,11 @@ async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def hangup() -> None:  # the agent died (die_with_parent)
+        global _parent_gone
+        _parent_gone = True
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     return runner, bound, stop

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from agents import dataplane as dp
-from agents.process import serve_until_signal
+from agents.process import die_with_parent, serve_until_signal, visible_devices
 from agents import models
 from agents.weights import WeightStore, atomic_write
 
@@ -72,7 +72,7 @@ def group_advantages(rewards: list[float], groups: list[str]) -> torch.Tensor:
 
 class GRPOTrainer:
     def __init__(self, model: str = "tiny", config: GRPOConfig | None = None, *, ckpt_dir: Path | None = None,
-                 store: WeightStore | None = None, threads: int | None = None) -> None:
+                 store: WeightStore | None = None, threads: int | None = None, job: str = "") -> None:
         self.config = config or GRPOConfig()
         models.set_threads(threads)
         torch.manual_seed(self.config.seed)
@@ -84,12 +84,27 @@ class GRPOTrainer:
         self.steps = 0
         self.stale_rejected = 0
         self.consumed = 0
+        self.job = job
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
         self.store = store
-        if self.ckpt_dir and self.resume():
-            pass
-        elif self.store and self.store.latest() == 0:
-            self.publish()  # version 0 = the initial weights, so workers can pull something
+        if self.ckpt_dir:
+            self.resume()
+        if self.store:
+            self._reconcile_store()
+
+    def _reconcile_store(self) -> None:
+        """After a (re)start: the store holds exactly what workers may have pulled. Publish the current
+        version if the store lacks it (first start: version 0, the initial weights; or a kill between
+        checkpoint and publish); if the store is ahead of the checkpoint, continue from its snapshot."""
+        assert self.store is not None
+        versions = self.store.versions()
+        if not versions or versions[-1] < self.version:
+            self.publish()
+        elif versions[-1] > self.version:
+            from safetensors.torch import load as st_load
+
+            models.load_wire_state(self.model, st_load(self.store.read(versions[-1])))
+            self.version = versions[-1]
 
     # ---- staleness
     def admit(self, samples: list[dp.TrainSample]) -> list[dp.TrainSample]:
@@ -145,10 +160,10 @@ class GRPOTrainer:
         self.steps += 1
         self.version += 1
         self.consumed += len(fresh)
+        if self.ckpt_dir:  # checkpoint first: a published version always has a checkpoint to resume from
+            self.save_checkpoint()
         if self.store:
             self.publish()
-        if self.ckpt_dir:
-            self.save_checkpoint()
         return StepStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
                          rejected, float(kl_val.detach()), time.perf_counter() - t0)
 
@@ -176,7 +191,7 @@ class GRPOTrainer:
                 opt_tensors[f"state.{index[id(p)]}.{k}"] = v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optim.param_groups]
-        meta = {"version": self.version, "steps": self.steps, "stale_rejected": self.stale_rejected,
+        meta = {"job": self.job, "version": self.version, "steps": self.steps, "stale_rejected": self.stale_rejected,
                 "consumed": self.consumed, "param_groups": groups, "config": asdict(self.config)}
         (tmp / "trainer.json").write_text(json.dumps(meta))
         for f in tmp.iterdir():
@@ -197,8 +212,10 @@ class GRPOTrainer:
         if not pointer.exists():
             return False
         path = self.ckpt_dir / pointer.read_text().strip()
-        models.load_wire_state(self.model, load_file(str(path / "model.safetensors")))
         meta = json.loads((path / "trainer.json").read_text())
+        if meta.get("job", "") != self.job:  # another job's checkpoint (a reused directory): never resume from it
+            return False
+        models.load_wire_state(self.model, load_file(str(path / "model.safetensors")))
         opt = load_file(str(path / "optimizer.safetensors"))
         torch.set_rng_state(opt.pop("rng"))
         state: dict[int, dict[str, Any]] = {}
@@ -219,15 +236,24 @@ class GRPOTrainer:
 
 # ------------------------------------------------------------------ HTTP service
 class TrainerServer:
-    def __init__(self, trainer: GRPOTrainer, token: str) -> None:
+    """`token` is the trainer's own secret (its agent and the job's driver use it); weights are also
+    served to holders of a scoped weights token of this trainer's job (`weights_key`, see agent_link)."""
+
+    def __init__(self, trainer: GRPOTrainer, token: str, *, weights_key: str = "", rotate_s: float = 300.0) -> None:
         from aiohttp import web
 
         from agents.weights import weight_routes
+        from controlplane.core.agent_link import verify_weights_token
 
         if not token:
             raise ValueError("a trainer token is required (fail closed)")
         self.trainer = trainer
         self.token = token
+
+        def may_pull(presented: str) -> bool:
+            return secrets.compare_digest(presented.encode(), token.encode()) or (
+                bool(weights_key) and verify_weights_token(weights_key, trainer.job, presented, rotate_s))
+
         self.queue: list[dp.TrainSample] = []
         self.history: list[StepStats] = []
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
@@ -242,7 +268,7 @@ class TrainerServer:
         app.router.add_get("/stats", self.stats)
         app.router.add_get("/health", self.health)
         if trainer.store is not None:
-            app.add_subapp("/weights/", weight_routes(trainer.store, token))
+            app.add_subapp("/weights/", weight_routes(trainer.store, may_pull))
         self.app = app
 
     async def _auth_mw(self, request: Any, handler: Any) -> Any:
@@ -296,15 +322,17 @@ class TrainerServer:
         from aiohttp import web
 
         return web.json_response({"ok": True, "role": "training", "state": "running", "worker_id": 0,
-                                  "weight_version": self.trainer.version, "pid": os.getpid()})
+                                  "weight_version": self.trainer.version, "pid": os.getpid(), "devices": visible_devices()})
 
 
 async def serve(args: argparse.Namespace, token: str) -> None:
 
     cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
     store = WeightStore(Path(args.weights_dir))
-    trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store, threads=args.threads)
-    server = TrainerServer(trainer, token)
+    trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store,
+                          threads=args.threads, job=args.job or "")
+    server = TrainerServer(trainer, token, weights_key=os.environ.get("PEARL_WEIGHTS_KEY", ""),
+                           rotate_s=float(os.environ.get("PEARL_WEIGHTS_ROTATE_S", "300")))
     runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
     print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True)
     await stop.wait()
@@ -329,11 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     for extra in ("--role", "--worker-id", "--engine", "--job", "--hardware", "--time-factor", "--state-dir"):
         p.add_argument(extra, default=None)
     args = p.parse_args(argv)
-    token = os.environ.get("PEARL_TRAINER_TOKEN") or os.environ.get("PEARL_WORKER_SECRET", "")
+    token = os.environ.get("PEARL_WORKER_SECRET") or os.environ.get("PEARL_TRAINER_TOKEN", "")
     if not token:
         sys.exit("PEARL_TRAINER_TOKEN is not set: refusing to serve without auth")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit(f"refusing to bind {args.host}: the trainer port stays node-local")
+    die_with_parent()
     asyncio.run(serve(args, token))
 
 

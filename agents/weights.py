@@ -11,7 +11,7 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -92,13 +92,14 @@ class WeightStore:
         return path.read_bytes()
 
 
-def weight_routes(store: WeightStore, token: str) -> web.Application:
-    """A sub-app: GET /latest -> {"version"}, GET /{version} -> safetensors bytes. Bearer-token auth."""
+def weight_routes(store: WeightStore, may_pull: Callable[[str], bool]) -> web.Application:
+    """A sub-app: GET /latest -> {"version"}, GET /{version} -> safetensors bytes. Bearer auth:
+    `may_pull(token)` decides (the trainer: its own secret, or a scoped token of its job)."""
 
     @web.middleware
     async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
         header = request.headers.get(dp.AUTH_HEADER, "")
-        if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), token.encode())):
+        if not (header.startswith("Bearer ") and may_pull(header[7:])):
             return web.json_response({"error": "missing or bad weights token"}, status=401)
         return await handler(request)
 

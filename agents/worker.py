@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agents import dataplane as dp
-from agents.process import serve_until_signal
+from agents.process import die_with_parent, orphaned, serve_until_signal, visible_devices
 from agents.engines.base import Engine, EngineError, NotFound
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
@@ -252,7 +252,8 @@ class WorkerServer:
 
     async def health(self, request: web.Request) -> web.Response:
         e = self.engine
-        return web.json_response(dp.dump(dp.Health(ok=True, worker_id=e.worker_id, role=e.role, state=e.state, weight_version=e.weight_version, pid=os.getpid())))
+        return web.json_response(dp.dump(dp.Health(ok=True, worker_id=e.worker_id, role=e.role, state=e.state,
+                                                    weight_version=e.weight_version, pid=os.getpid(), devices=visible_devices())))
 
     async def telemetry(self, request: web.Request) -> web.Response:
         return web.json_response({"records": self.engine.take_telemetry()})
@@ -271,8 +272,9 @@ class WorkerServer:
             # keep journaling under ~5% of the loop even with thousands of long sequences
             period = max(JOURNAL_PERIOD_S, 20 * (time.perf_counter() - t0))
 
-    def write_journal(self, path: Path) -> None:
-        text = json.dumps({"pid": os.getpid(), "time": time.time(), "inflight": self.engine.inflight()})
+    def write_journal(self, path: Path, inflight: list[dict[str, Any]] | None = None) -> None:
+        entries = self.engine.inflight() if inflight is None else inflight
+        text = json.dumps({"pid": os.getpid(), "time": time.time(), "inflight": entries})
         if text == self._last_journal:
             return
         tmp = path.with_suffix(".tmp")
@@ -297,12 +299,17 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
         (state_dir / "endpoint.json").write_text(json.dumps({"port": port, "pid": os.getpid()}))
     print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid()}), flush=True)
     await stop.wait()
-    # graceful: stop admitting, let in-flight work finish briefly, abort the rest with partials
-    aborted, _ = await engine.drain("wait", args.drain_timeout)
+    # graceful: stop admitting, let in-flight work finish briefly, abort the rest with partials; an
+    # orphan (its agent died) aborts at once: nobody will route to it again, the journal keeps the partials
+    alone = orphaned()
+    aborted, _ = await engine.drain("abort" if alone else "wait", args.drain_timeout)
     if state_dir:
+        if server._journal_task:  # the periodic journal must not overwrite the final one
+            server._journal_task.cancel()
         (state_dir / "aborted.json").write_text(json.dumps([dp.dump(a) for a in aborted]))
         server._last_journal = ""
-        server.write_journal(state_dir / "inflight.json")
+        # an orphan's drain answer reached no agent: its journal keeps the partials for the next one
+        server.write_journal(state_dir / "inflight.json", [dp.dump(a) for a in aborted] if alone else None)
     await runner.cleanup()
 
 
@@ -328,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("PEARL_WORKER_SECRET is not set: refusing to serve without auth")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.insecure_public:
         sys.exit(f"refusing to bind {args.host}: engine ports stay node-local (use --insecure-public to override)")
+    die_with_parent()
     asyncio.run(serve(args, secret))
 
 

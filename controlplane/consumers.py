@@ -2,7 +2,6 @@
 service, answer. All state lives in the database; a socket only ever mirrors it."""
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 from urllib.parse import parse_qs
@@ -15,9 +14,9 @@ from controlplane.core import agent_link as link
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
-from controlplane.services import credentials, nodes, telemetry
-from controlplane.services.errors import ServiceError
-from controlplane.services.events import DASHBOARD_GROUP, agent_group, emit
+from controlplane.services import credentials, nodes
+from controlplane.services.errors import PermissionDenied, ServiceError, StaleEpoch, Superseded
+from controlplane.services.events import DASHBOARD_GROUP, agent_group
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +142,20 @@ def _bearer(scope: dict[str, Any]) -> str:
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     """The agent link: register -> registered + desired_state; heartbeats renew the lease; every change
-    of the node's desired state is pushed in full (level-triggered)."""
+    of the node's desired state is pushed in full (level-triggered).
+
+    Fencing: a registration makes this socket the node's only lease holder (a previous socket is told
+    and closed); every later message must come from the holder with the node's current epoch. A
+    malformed frame or a refused message gets an `error` reply and the link stays up; only a wrong or
+    revoked token closes it.
+    """
 
     credential_id: int | None = None
     node_name: str = ""
     node_id: int | None = None
+    address: str = ""
+    sent_bucket: int = -1  # rotation period of the weights tokens in the last desired state sent
+    sent_generation: int = -1  # generation of the last desired state sent on this socket
 
     async def connect(self) -> None:
         cred = await database_sync_to_async(credentials.authenticate_agent)(_bearer(self.scope))
@@ -155,6 +163,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.credential_id, self.node_name = cred.pk, cred.node_name
+        client = self.scope.get("client") or ("", 0)
+        self.address = str(client[0] or "")
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
@@ -162,13 +172,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        if text_data is None or len(text_data) > link.MAX_MESSAGE_BYTES:
-            await self._error("bad_message", f"messages are JSON text of at most {link.MAX_MESSAGE_BYTES} bytes")
+        if text_data is None:
+            await self._error("bad_message", "messages are JSON text frames")
             return
         try:
-            content = json.loads(text_data)
-        except json.JSONDecodeError as exc:
-            await self._error("bad_json", f"malformed JSON: {exc}")
+            content = link.decode_frame(text_data)
+        except link.LinkError as exc:
+            await self._error("bad_message", str(exc))
             return
         await self.receive_json(content)
 
@@ -183,60 +193,88 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._error("bad_message", str(exc))
             return
         try:
-            if isinstance(message, link.Register):
-                await self._register(message)
-            elif self.node_id is None:
-                await self._error("not_registered", "send a register message first")
-            elif isinstance(message, link.Heartbeat):
-                fresh = await database_sync_to_async(nodes.record_heartbeat)(node_id=self.node_id, message=message)
-                if not fresh:
-                    await self._error("stale_epoch", "heartbeat carries an old epoch; apply the desired state below")
-                    await self._send_desired()
-            elif isinstance(message, link.Telemetry):
-                await database_sync_to_async(telemetry.ingest)(node_id=self.node_id, message=message)
-            elif isinstance(message, link.Fault):
-                await database_sync_to_async(_record_fault)(self.node_id, message)
+            await self._handle(message)
+        except StaleEpoch as exc:
+            await self._error(exc.code, exc.message)
+            await self._send_desired()  # this socket holds the lease: it resyncs to the current epoch
+        except Superseded as exc:
+            await self._superseded(exc.message)
+        except PermissionDenied as exc:
+            await self._error(exc.code, exc.message)
+            await self.close(code=CLOSE_FORBIDDEN)
         except ServiceError as exc:
             await self._error(exc.code, exc.message)
-            if exc.status == 403:
-                await self.close(code=CLOSE_FORBIDDEN)
+        except Exception:  # a bug must not close the link with 1011: log it, answer, keep serving
+            log.exception("agent message from %s failed", self.node_name)
+            await self._error("internal_error", "the control plane could not process this message")
+
+    async def _handle(self, message: Any) -> None:
+        if isinstance(message, link.Register):
+            await self._register(message)
+            return
+        if self.node_id is None:
+            await self._error("not_registered", "send a register message first")
+            return
+        if isinstance(message, link.Heartbeat):
+            result = await database_sync_to_async(nodes.record_heartbeat)(
+                node_id=self.node_id, message=message, channel=self.channel_name)
+            for why in result.refused:
+                await self._error("refused", why)
+            rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
+            # level-triggered: a push lost on the way (e.g. Redis restarted and forgot the group) is
+            # repaired by the next heartbeat of an agent still behind the node's generation
+            behind = message.generation < result.generation and result.generation > self.sent_generation
+            if rotated or behind:
+                await self._send_desired()
+            try:
+                await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)  # re-join after a Redis restart
+            except Exception as exc:  # Redis down: pushes wait; the heartbeats above still renewed the lease
+                log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
+        elif isinstance(message, link.Telemetry):
+            await database_sync_to_async(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
+        elif isinstance(message, link.Fault):
+            await database_sync_to_async(nodes.record_fault)(node_id=self.node_id, message=message, channel=self.channel_name)
 
     async def _register(self, message: link.Register) -> None:
-        node = await database_sync_to_async(nodes.register_node)(credential_id=self.credential_id, message=message)
+        node, superseded = await database_sync_to_async(nodes.register_agent)(
+            credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address)
+        if superseded:
+            await self.channel_layer.send(superseded, {"type": "agent.superseded"})
         if self.node_id is not None and self.node_id != node.pk:
             await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
         self.node_id = node.pk
         await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
         await self.send_json(link.dump(link.Registered(
             node_id=node.pk, epoch=node.epoch, lease_s=settings.PEARL["LEASE_S"], heartbeat_s=settings.PEARL["HEARTBEAT_S"],
+            weights_rotate_s=settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"],
         )))
         await self._send_desired()
 
     async def _send_desired(self) -> None:
-        state = await database_sync_to_async(_desired)(self.node_id)
+        self.sent_bucket = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"])
+        state = await database_sync_to_async(_desired)(self.node_id, self.channel_name)
         if state is not None:
+            self.sent_generation = state.generation
             await self.send_json(link.dump(state))
 
     async def desired_changed(self, event: dict[str, Any]) -> None:
         await self._send_desired()
 
+    async def agent_superseded(self, event: dict[str, Any]) -> None:
+        await self._superseded("another agent socket registered for this node")
+
+    async def _superseded(self, why: str) -> None:
+        if self.node_id is not None:
+            await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+        self.node_id = None
+        await self._error("superseded", why)
+        await self.close(code=link.CLOSE_SUPERSEDED)
+
     async def _error(self, code: str, message: str) -> None:
         await self.send_json(link.dump(link.ErrorMessage(code=code, message=message)))
 
 
-def _desired(node_id: int | None) -> link.DesiredState | None:
-    node = Node.objects.filter(pk=node_id).first()
+def _desired(node_id: int | None, channel: str) -> link.DesiredState | None:
+    """The node's desired state, for the socket holding its lease only."""
+    node = Node.objects.filter(pk=node_id, agent_channel=channel).first()
     return desired_state(node) if node else None
-
-
-def _record_fault(node_id: int, message: link.Fault) -> None:
-    node = Node.objects.get(pk=node_id)
-    emit(
-        kind="worker.fault",
-        message=f"node {node.name}: worker {message.worker_id} {message.kind}"
-        + (f" ({len(message.aborted)} aborted request(s) kept)" if message.aborted else ""),
-        node=node,
-        actor=f"agent:{node.name}",
-        data={"worker_id": message.worker_id, "kind": message.kind, "detail": message.detail[:2000], "aborted": message.aborted},
-    )
-

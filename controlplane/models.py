@@ -30,6 +30,8 @@ class Node(models.Model):
     engine = models.CharField(max_length=16, choices=choices(EngineKind), default=EngineKind.EMULATED)
     data_plane = models.CharField(max_length=200, blank=True)
     incarnation = models.CharField(max_length=64, blank=True)
+    address = models.CharField(max_length=64, blank=True)  # the agent's peer address, as the control plane saw it
+    agent_channel = models.CharField(max_length=128, blank=True)  # the one socket that holds the lease (fencing)
     epoch = models.PositiveBigIntegerField(default=1)
     generation = models.PositiveBigIntegerField(default=0)  # desired-state generation
     applied_generation = models.PositiveBigIntegerField(default=0)  # last generation the agent applied

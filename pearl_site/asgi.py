@@ -12,6 +12,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from django.conf import settings  # noqa: E402
+
+from controlplane.api.limits import BodyLimit  # noqa: E402
 from controlplane.consumers import AgentConsumer, DashboardConsumer  # noqa: E402
 
 dashboard_routes = AllowedHostsOriginValidator(
@@ -27,4 +30,7 @@ async def websocket_router(scope, receive, send):  # type: ignore[no-untyped-def
     return await dashboard_routes(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})
+application = ProtocolTypeRouter({
+    "http": BodyLimit(django_asgi_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),  # JSON 413 before Django reads a byte
+    "websocket": websocket_router,
+})

@@ -3,7 +3,7 @@
 DATABASE_URL  default: SQLite in WAL mode under ./var/ ; postgres://... for production
 REDIS_URL     default: redis://127.0.0.1:6390 (the launcher's own Redis)
 SECRET_KEY    from the environment; else generated once into $PEARL_VAR_DIR/secret_key (mode 0600)
-DEBUG         off unless set (the dev launcher sets it)
+DEBUG         off unless set (`manage.py launch --debug` sets it for development)
 ALLOWED_HOSTS comma-separated; default localhost names
 """
 from __future__ import annotations
@@ -156,11 +156,17 @@ CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SAMESITE = "Lax"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Production behind TLS (`PEARL_HTTPS=1`; README "Production settings"): secure cookies, HTTPS redirect,
+# HSTS. With these, `manage.py check --deploy --fail-level WARNING` is clean (a test holds it to that).
 if not DEBUG and not TESTING and env_bool("PEARL_HTTPS", False):
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
-    SECURE_HSTS_SECONDS = 3600
+    SECURE_HSTS_SECONDS = int(os.environ.get("PEARL_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("PEARL_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("PEARL_HSTS_PRELOAD", True)
+    if env_bool("PEARL_BEHIND_PROXY", False):  # a TLS-terminating proxy in front says so in X-Forwarded-Proto
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # ---------------------------------------------------------------- Redis, Channels, Celery
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6390")
@@ -205,8 +211,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.PearlAutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.params.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
@@ -236,6 +242,8 @@ PEARL = {
     "SWEEP_S": float(os.environ.get("PEARL_SWEEP_S", "5")),
     "REPLAN_S": float(os.environ.get("PEARL_REPLAN_S", "10")),
     "MAX_JSON_DEPTH": 16,
+    # weights tokens rotate every period (a leaked one opens one job's weights for <= 3 periods)
+    "WEIGHTS_TOKEN_ROTATE_S": float(os.environ.get("PEARL_WEIGHTS_TOKEN_ROTATE_S", "300")),
     # per-user limit on state-changing API calls (jobs, overrides, drains, preemptions); per process
     "WRITE_RATE": os.environ.get("PEARL_WRITE_RATE", "120/min"),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.plumbing import build_array_type, build_basic_type
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -17,6 +18,8 @@ from controlplane.models import SimulationRun
 from controlplane.selectors.jobs import job_series, job_status
 from controlplane.services import nodes, simulations
 from controlplane.services.errors import NotFound
+
+OBJECT_LIST = build_array_type(build_basic_type(OpenApiTypes.OBJECT))  # a JSON array of objects (the schema said object)
 
 
 class JobStatusView(APIView):
@@ -65,7 +68,7 @@ class SimulationRequestSerializer(serializers.Serializer):
 class ScenarioListView(APIView):
     """The shipped simulator scenarios (name, description, policies)."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: OBJECT_LIST})
     def get(self, request: Request) -> Response:
         return Response(simulations.scenarios())
 
@@ -77,7 +80,7 @@ class SimulationListView(APIView):
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: OBJECT_LIST}, operation_id="simulations_list")  # not simulations_retrieve (the detail's)
     def get(self, request: Request) -> Response:
         return Response([simulations.run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]])
 

@@ -11,21 +11,57 @@ from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Tran
 MAX_GPUS = 65536
 
 
+# JSON types are part of the contract: DRF's fields also take "5" for 5, 1 for true and 5 for "5".
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if not isinstance(data, str):
+            raise serializers.ValidationError("must be a JSON string")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError("must be a JSON integer")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise serializers.ValidationError("must be a JSON number")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if not isinstance(data, bool):
+            raise serializers.ValidationError("must be true or false")
+        return data
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if not isinstance(data, str):
+            raise serializers.ValidationError("must be a JSON string")
+        return super().to_internal_value(data)
+
+
 class JobCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=63, validators=[NAME_VALIDATOR])
-    model = serializers.ChoiceField(choices=list(known_models()), default="tiny")
-    engine = serializers.ChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
-    hardware = serializers.CharField(max_length=32, default="cpu")
-    environment = serializers.CharField(max_length=64, default="swe-like")
-    policy = serializers.ChoiceField(choices=list(PRODUCT_POLICIES), default="pearl")
+    name = StrictCharField(max_length=63, validators=[NAME_VALIDATOR])
+    model = StrictChoiceField(choices=list(known_models()), default="tiny")
+    engine = StrictChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
+    hardware = StrictCharField(max_length=32, default="cpu")
+    environment = StrictCharField(max_length=64, default="swe-like")
+    policy = StrictChoiceField(choices=list(PRODUCT_POLICIES), default="pearl")
     policy_options = serializers.DictField(required=False, help_text="options of the policy (GET /api/catalog/ lists them)")
-    tp = serializers.IntegerField(min_value=1, max_value=16, default=1)
-    batch_size = serializers.IntegerField(min_value=1, max_value=1 << 20, default=64)
-    group_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
-    max_staleness = serializers.IntegerField(min_value=0, max_value=64, default=1)
-    max_trajectory_tokens = serializers.IntegerField(min_value=1, max_value=1 << 21, default=32768)
-    rollout_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
-    training_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS)
+    tp = StrictIntegerField(min_value=1, max_value=16, default=1)
+    batch_size = StrictIntegerField(min_value=1, max_value=1 << 20, default=64)
+    group_size = StrictIntegerField(min_value=1, max_value=1024, default=16)
+    max_staleness = StrictIntegerField(min_value=0, max_value=64, default=1)
+    max_trajectory_tokens = StrictIntegerField(min_value=1, max_value=1 << 21, default=32768)
+    rollout_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    training_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
 
     def validate(self, attrs: dict) -> dict:
         if attrs["batch_size"] % attrs["group_size"]:
@@ -34,7 +70,7 @@ class JobCreateSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = Job
@@ -48,15 +84,16 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class OverrideSerializer(serializers.Serializer):
-    force_mode = serializers.ChoiceField(choices=[m.value for m in Mode], allow_blank=True, allow_null=True, required=False)
-    force_n_prefill = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
-    force_n_decode = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
-    force_exact = serializers.BooleanField(
+    force_mode = StrictChoiceField(choices=[m.value for m in Mode], allow_blank=True, allow_null=True, required=False)
+    force_n_prefill = StrictIntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
+    force_n_decode = StrictIntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
+    force_exact = StrictBooleanField(
         required=False, help_text="true: force_n_prefill/force_n_decode are exact worker counts (spare workers stay "
         "unused); false (default): a P:D ratio scaled to the job's worker budget")
-    freeze = serializers.BooleanField(required=False)
-    borrowing = serializers.BooleanField(required=False)
-    elasticity = serializers.BooleanField(required=False)
+    freeze = StrictBooleanField(required=False)
+    borrowing = StrictBooleanField(required=False)
+    elasticity = StrictBooleanField(required=False)
+    updated = serializers.DateTimeField(read_only=True, allow_null=True)
 
     def to_internal_value(self, data):  # type: ignore[override]
         if isinstance(data, dict):
@@ -80,15 +117,15 @@ class NodeSerializer(serializers.ModelSerializer):
 
 
 class PreemptionSerializer(serializers.Serializer):
-    deadline_s = serializers.FloatField(min_value=1.0, max_value=24 * 3600, help_text="seconds from now")
+    deadline_s = StrictFloatField(min_value=1.0, max_value=24 * 3600, help_text="seconds from now")
 
 
 class TrainingSerializer(serializers.Serializer):
-    active = serializers.BooleanField()
+    active = StrictBooleanField()
 
 
 class AgentTokenSerializer(serializers.Serializer):
-    node = serializers.CharField(max_length=63, validators=[NAME_VALIDATOR])
+    node = StrictCharField(max_length=63, validators=[NAME_VALIDATOR])
 
 
 class DecisionSerializer(serializers.ModelSerializer):
@@ -119,8 +156,8 @@ class TransitionSerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    job = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = Event

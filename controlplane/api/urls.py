@@ -4,6 +4,7 @@ from rest_framework.routers import DefaultRouter
 from controlplane.api import dashboard, views
 
 router = DefaultRouter()
+router.include_format_suffixes = False  # one URL per resource: `?format=` still works; `/stop.json` was a 500
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("decisions", views.DecisionViewSet, basename="decision")

@@ -1,11 +1,10 @@
 """Thin REST adapters: parse, call one service or selector, answer."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, permissions, serializers, status, viewsets
@@ -16,21 +15,11 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
+from controlplane.api.params import JOB_PATTERN, KIND_PATTERN, NAME_PATTERN, job_filter, name_param, parse_id, pattern_param, time_param
 from controlplane.models import Decision, Event, Job, Node, Transition
 from controlplane.selectors.catalog import catalog
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import credentials, jobs, nodes
-from controlplane.services.errors import InvalidInput
-
-MAX_ID = 2**63 - 1
-
-
-def parse_id(value: Any, field: str = "id") -> int:
-    """Ids are positive integers; anything else is a 400 that names the field."""
-    text = str(value)
-    if not text.isdigit() or len(text) > 19 or int(text) < 1 or int(text) > MAX_ID:
-        raise InvalidInput(f"{field} must be a positive integer, got {text[:40]!r}", field=field)
-    return int(text)
 
 
 def actor_of(request: Request) -> str:
@@ -184,24 +173,7 @@ class CatalogView(APIView):
         return Response(catalog())
 
 
-def _job_filter(request: Request, qs: Any) -> Any:
-    job = request.query_params.get("job")
-    if job:
-        qs = qs.filter(job_id=parse_id(job, "job")) if job.isdigit() else qs.filter(job__name=job)
-    return qs
-
-
-def _time_param(request: Request, name: str) -> datetime | None:
-    raw = request.query_params.get(name)
-    if not raw:
-        return None
-    value = parse_datetime(raw)
-    if value is None:
-        raise InvalidInput(f"{name} must be an ISO 8601 time, got {raw[:40]!r}", field=name)
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
-JOB_PARAM = OpenApiParameter("job", str, description="job id or name")
+JOB_PARAM = OpenApiParameter("job", {"type": "string", "pattern": JOB_PATTERN}, description="job id or name")
 
 
 @extend_schema(parameters=[JOB_PARAM])
@@ -209,7 +181,7 @@ class DecisionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.DecisionSerializer
 
     def get_queryset(self):  # type: ignore[override]
-        return _job_filter(self.request, Decision.objects.select_related("job"))
+        return job_filter(self.request, Decision.objects.select_related("job"))
 
 
 @extend_schema(parameters=[JOB_PARAM])
@@ -217,27 +189,28 @@ class TransitionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.TransitionSerializer
 
     def get_queryset(self):  # type: ignore[override]
-        return _job_filter(self.request, Transition.objects.select_related("job").prefetch_related("steps"))
+        return job_filter(self.request, Transition.objects.select_related("job").prefetch_related("steps"))
 
 
 @extend_schema(parameters=[
     JOB_PARAM,
-    OpenApiParameter("kind", str, description="event kind, or a prefix ending in '.' (e.g. 'node.')"),
-    OpenApiParameter("node", str, description="node name"),
+    OpenApiParameter("kind", {"type": "string", "pattern": KIND_PATTERN},
+                     description="event kind, or a prefix ending in '.' (e.g. 'node.')"),
+    OpenApiParameter("node", {"type": "string", "pattern": NAME_PATTERN}, description="node name"),
     OpenApiParameter("since", OpenApiTypes.DATETIME), OpenApiParameter("until", OpenApiTypes.DATETIME),
 ])
 class EventViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.EventSerializer
 
     def get_queryset(self):  # type: ignore[override]
-        qs = _job_filter(self.request, Event.objects.select_related("job", "node"))
-        kind = self.request.query_params.get("kind")
+        qs = job_filter(self.request, Event.objects.select_related("job", "node"))
+        kind = pattern_param(self.request, "kind", KIND_PATTERN)
         if kind:
             qs = qs.filter(kind__startswith=kind) if kind.endswith(".") else qs.filter(kind=kind)
-        node = self.request.query_params.get("node")
+        node = name_param(self.request, "node")
         if node:
             qs = qs.filter(node__name=node)
-        since, until = _time_param(self.request, "since"), _time_param(self.request, "until")
+        since, until = time_param(self.request, "since"), time_param(self.request, "until")
         if since:
             qs = qs.filter(created__gte=since)
         if until:

@@ -5,22 +5,36 @@ increasing `generation`; a reconnecting agent just receives the current desired 
 `epoch` is the node's fencing token: it is bumped when a lease expires, and an agent (and its
 workers) must refuse any command that carries an older epoch.
 
-Every message is a JSON object with a `type`. `parse_agent_message` / `parse_control_message` are
-strict: unknown types, unknown fields or wrong types raise `LinkError` with a message naming the
-field, and the consumer answers with an `error` message instead of changing anything.
+Every message is a JSON object with a `type`. `decode_frame` + `parse_agent_message` /
+`parse_control_message` are strict: malformed or non-finite JSON, nesting deeper than
+`MAX_DEPTH`, strings no database stores (NUL, lone surrogates), unknown types, unknown fields or
+wrong types raise `LinkError` with a message naming the field, and the consumer answers with an
+`error` message instead of changing anything; the link stays up.
+
+Weights are pulled with scoped, rotating tokens (`weights_token`): an HMAC of (job, time bucket)
+under a per-job key. The control plane gives the key only to the job's trainer, which verifies;
+rollout workers get a token that opens that job's weights for at most three rotation periods.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from controlplane.core.state import Activity, Pool, Role
-from controlplane.core.wire import bounded, parse_dataclass
+from controlplane.core.wire import bounded, loads, parse_dataclass
 
 MAX_MESSAGE_BYTES = 1 << 20
+MAX_DEPTH = 16
 MAX_SLOTS = 64
 MAX_WORKERS = 64
 MAX_TELEMETRY_RECORDS = 2048
+MAX_ABORTED = 4096
+MAX_VERSION = 2**31 - 1  # what the database's weight-version columns hold
+WEIGHTS_TOKEN_PREFIX = "pwt_"
+CLOSE_SUPERSEDED = 4409  # another socket registered for this node: this one no longer holds the lease
 
 
 class LinkError(ValueError):
@@ -45,10 +59,11 @@ class ObservedWorker:
     role: Role
     activity: Activity
     state: str  # starting | running | draining | stopped | failed
-    weight_version: int = 0
-    endpoint: str = ""
-    inflight: int = 0
+    weight_version: int = field(default=0, metadata=bounded(0, MAX_VERSION))
+    endpoint: str = field(default="", metadata=bounded(max_len=200))
+    inflight: int = field(default=0, metadata=bounded(0, MAX_VERSION))
     generation: int = 0  # desired-state generation the worker was last reconciled to
+    devices: list[int] = field(default_factory=list, metadata=bounded(0, 1023, MAX_SLOTS))  # CUDA_VISIBLE_DEVICES it runs with
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +78,9 @@ class DesiredWorker:
     model: str = "tiny"
     job: str = ""
     min_weight_version: int = 0
-    weights_url: str = ""
+    weights_url: str = ""  # the job's trainer, as the control plane records it (never as an agent claims it)
+    weights_token: str = ""  # rollout workers: scoped, rotating token for the job's weights
+    weights_key: str = ""  # the training worker only: the per-job key it verifies weights tokens with
 
 
 WORKER_STATES = frozenset({"starting", "running", "draining", "stopped", "failed"})
@@ -104,7 +121,7 @@ class Fault:
     worker_id: int
     kind: str  # crashed | restarted | oom | timeout
     detail: str = ""
-    aborted: list[dict[str, Any]] = field(default_factory=list)  # partial outputs of aborted requests
+    aborted: list[dict[str, Any]] = field(default_factory=list, metadata=bounded(max_len=MAX_ABORTED))  # partial outputs of aborted requests
 
 
 # ---------------------------------------------------------------- control plane -> agent
@@ -115,6 +132,7 @@ class Registered:
     epoch: int
     lease_s: float
     heartbeat_s: float
+    weights_rotate_s: float = 300.0  # rotation period of weights tokens (a trainer verifies with it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +164,13 @@ def dump(message: Any) -> dict[str, Any]:
     return out
 
 
+def decode_frame(text: str) -> Any:
+    """One text frame -> JSON value, strictly (see the module docstring); LinkError otherwise."""
+    if len(text) > MAX_MESSAGE_BYTES:
+        raise LinkError(f"messages are JSON text of at most {MAX_MESSAGE_BYTES} bytes")
+    return loads(text, max_depth=MAX_DEPTH, error=LinkError, storable=True)
+
+
 def parse_agent_message(data: Any) -> Register | Heartbeat | Telemetry | Fault:
     return _parse_typed(data, AGENT_MESSAGES)
 
@@ -168,3 +193,32 @@ def _parse_typed(data: Any, table: dict[str, type]) -> Any:
 def _check(obj: Any, where: str) -> None:
     if isinstance(obj, ObservedWorker) and obj.state not in WORKER_STATES:
         raise LinkError(f"{where}.state: unknown worker state {obj.state!r}")
+
+
+# ---------------------------------------------------------------- scoped weights tokens
+def weights_token(key: str, job: str, bucket: int) -> str:
+    """The token that opens `job`'s weights during rotation period `bucket` (an HMAC under the job's key)."""
+    mac = hmac.new(bytes.fromhex(key), f"{job}|{bucket}".encode(), hashlib.sha256).hexdigest()
+    return f"{WEIGHTS_TOKEN_PREFIX}{bucket}.{mac}"
+
+
+def token_bucket(rotate_s: float, now: float | None = None) -> int:
+    return int((time.time() if now is None else now) // rotate_s)
+
+
+def verify_weights_token(key: str, job: str, token: str, rotate_s: float, now: float | None = None) -> bool:
+    """True for a token of this job's key from the current rotation period or either neighbour
+    (clock skew between nodes); constant-time."""
+    if not key or not token.startswith(WEIGHTS_TOKEN_PREFIX) or len(token) > 128:
+        return False
+    bucket_text, _, _ = token[len(WEIGHTS_TOKEN_PREFIX):].partition(".")
+    if not bucket_text.isascii() or not bucket_text.isdigit() or len(bucket_text) > 12:
+        return False
+    bucket = int(bucket_text)
+    if abs(bucket - token_bucket(rotate_s, now)) > 1:
+        return False
+    try:
+        expected = weights_token(key, job, bucket)
+    except ValueError:  # a key that is not hex opens nothing
+        return False
+    return hmac.compare_digest(token.encode(), expected.encode())

@@ -8,7 +8,9 @@ Bounds live on the dataclass fields: `field(metadata=bounded(lo=0, max_len=64))`
 from __future__ import annotations
 
 import enum
+import json
 import math
+import re
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
@@ -16,6 +18,52 @@ from typing import Any, Callable
 
 DEFAULT_MAX_STR = 4096
 DEFAULT_MAX_LIST = 4096
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL and lone surrogates: no database stores them
+
+
+DEFAULT_MAX_INT = 2**63 - 1  # what a database BIGINT holds
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (numbers must be finite)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is out of range (numbers must be finite)")
+    return value
+
+
+def loads(raw: str | bytes, *, max_depth: int, error: type[ValueError] = ValueError, storable: bool = False) -> Any:
+    """Decode one JSON document strictly: no NaN/Infinity, at most `max_depth` levels of nesting
+    (checked without recursion, and a decoder RecursionError is a refusal, not a crash), and with
+    `storable`, no string (key or value) holding NUL or a lone surrogate."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise error(f"JSON nested deeper than {max_depth} levels") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"body is not UTF-8: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError and the constants above
+        raise error(f"malformed JSON: {exc}") from None
+    stack: list[tuple[Any, int, str]] = [(data, 1, "$")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, dict):
+            if depth > max_depth:
+                raise error(f"JSON nested deeper than {max_depth} levels")
+            for k, v in value.items():
+                if storable and _UNSTORABLE.search(k):
+                    raise error(f"{where}: a key holds a NUL or lone surrogate character")
+                stack.append((v, depth + 1, f"{where}.{k[:40]}"))
+        elif isinstance(value, list):
+            if depth > max_depth:
+                raise error(f"JSON nested deeper than {max_depth} levels")
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(value))
+        elif storable and isinstance(value, str) and _UNSTORABLE.search(value):
+            raise error(f"{where}: strings may not hold NUL or lone surrogate characters")
+    return data
 
 
 def bounded(lo: float | None = None, hi: float | None = None, max_len: int | None = None) -> dict[str, Any]:
@@ -96,8 +144,9 @@ def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type
         low = lo if lo is not None else (int_min if hint is int else None)
         if low is not None and value < low:
             raise error(f"{where}: must be >= {low}")
-        if hi is not None and value > hi:
-            raise error(f"{where}: must be <= {hi}")
+        high = hi if hi is not None else (DEFAULT_MAX_INT if hint is int else None)
+        if high is not None and value > high:
+            raise error(f"{where}: must be <= {high}")
         return hint(value)
     if hint is str:
         if not isinstance(value, str):

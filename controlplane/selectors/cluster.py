@@ -96,7 +96,11 @@ def node_summary(node_id: int) -> dict[str, Any] | None:
 
 
 def desired_state(node: Node) -> DesiredState:
-    """The node's full desired state: every alive worker bound to its GPUs."""
+    """The node's full desired state: every alive worker bound to its GPUs. Rollout workers get the
+    job's weights URL (its trainer, as recorded here) and a scoped, rotating token for it; the job's
+    trainer gets the job's key to verify such tokens. No cluster-wide secret goes anywhere."""
+    from controlplane.services.credentials import job_weights_key, job_weights_token
+
     indexes: dict[int, list[int]] = defaultdict(list)
     for b in WorkerGPU.objects.filter(alive=True, gpu__node=node).values("worker_id", "gpu__index"):
         indexes[b["worker_id"]].append(b["gpu__index"])
@@ -105,6 +109,7 @@ def desired_state(node: Node) -> DesiredState:
     for w in Worker.objects.filter(node=node, alive=True).select_related("job").order_by("job_id", "slot"):
         if w.job_id not in weights_urls:
             weights_urls[w.job_id] = weights_url(w.job_id)
+        training = w.role == Role.TRAINING
         workers.append(
             DesiredWorker(
                 worker_id=w.id,
@@ -115,7 +120,9 @@ def desired_state(node: Node) -> DesiredState:
                 model=w.job.model,
                 job=w.job.name,
                 min_weight_version=max(0, w.job.weight_version - w.job.max_staleness),
-                weights_url="" if w.role == Role.TRAINING else weights_urls[w.job_id],
+                weights_url="" if training else weights_urls[w.job_id],
+                weights_token="" if training or not weights_urls[w.job_id] else job_weights_token(w.job),
+                weights_key=job_weights_key(w.job) if training else "",
             )
         )
     deadline = node.preemption_deadline.timestamp() if node.preemption_deadline else None
@@ -125,7 +132,8 @@ def desired_state(node: Node) -> DesiredState:
 
 
 def weights_url(job_id: int) -> str:
-    """Where the job's rollout workers pull weight snapshots: its trainer's endpoint (pull-based)."""
+    """Where the job's rollout workers pull weight snapshots: its trainer's endpoint, which the control
+    plane records on the trainer node's own address (an agent cannot point it elsewhere)."""
     endpoint = (Worker.objects.filter(job_id=job_id, alive=True, role=Role.TRAINING).exclude(endpoint="")
                 .order_by("slot").values_list("endpoint", flat=True).first())
     return endpoint or ""  # the weight-store base; workers pull <base>/weights/latest and <base>/weights/<v>

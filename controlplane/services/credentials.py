@@ -1,13 +1,17 @@
-"""Per-node agent tokens: random, shown once, stored as SHA-256, revocable, bound to one node name."""
+"""Per-node agent tokens: random, shown once, stored as SHA-256, revocable, bound to one node name.
+Per-job weights keys and the scoped, rotating tokens derived from them (see core.agent_link)."""
 from __future__ import annotations
 
 import hashlib
 import secrets
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
-from controlplane.models import NAME_VALIDATOR, AgentCredential
+from controlplane.core import agent_link as link
+from controlplane.models import NAME_VALIDATOR, AgentCredential, Job
 from controlplane.services.errors import InvalidInput, NotFound
 from controlplane.services.events import emit
 
@@ -53,3 +57,17 @@ def revoke_agent_tokens(*, node_name: str, actor: str = "system") -> int:
 def credential_is_valid(credential_id: int) -> bool:
     """Re-checked on every agent message so a revoked token stops working within one message."""
     return AgentCredential.objects.filter(pk=credential_id, revoked__isnull=True).exists()
+
+
+# ---------------------------------------------------------------- per-job weights keys and tokens
+def job_weights_key(job: Job) -> str:
+    """The job's weights key (hex): derived from SECRET_KEY and the job's identity, so nothing is stored
+    and a recreated job of the same name gets another key. Given only to the job's trainer."""
+    value = f"{job.pk}|{job.name}|{job.created.isoformat() if job.created else ''}"
+    return salted_hmac("pearl.weights-key", value, algorithm="sha256").hexdigest()
+
+
+def job_weights_token(job: Job, *, now: float | None = None) -> str:
+    """A token that opens this job's weights (and nothing else) for the current rotation period."""
+    rotate_s = settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]
+    return link.weights_token(job_weights_key(job), job.name, link.token_bucket(rotate_s, now))

@@ -36,3 +36,22 @@ class InvariantViolation(Conflict):
 class PermissionDenied(ServiceError):
     status = 403
     code = "forbidden"
+
+
+class NotOwned(ServiceError):
+    """A link principal spoke about a job or worker it does not run (refused; the link stays up)."""
+
+    status = 403
+    code = "not_owned"
+
+
+class Superseded(Conflict):
+    """Another socket registered for this node since: this one no longer holds the lease."""
+
+    code = "superseded"
+
+
+class StaleEpoch(Conflict):
+    """A message fenced by an older epoch than the node's current one."""
+
+    code = "stale_epoch"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, validate_options
@@ -67,7 +67,11 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     with transaction.atomic():
         if Job.objects.filter(name=spec["name"]).exists():
             raise Conflict(f"a job named {spec['name']!r} exists", field="name")
-        job = Job.objects.create(**spec, created_by=user if getattr(user, "is_authenticated", False) else None)
+        try:
+            with transaction.atomic():  # a concurrent create of the same name loses here, not with a 500
+                job = Job.objects.create(**spec, created_by=user if getattr(user, "is_authenticated", False) else None)
+        except IntegrityError:
+            raise Conflict(f"a job named {spec['name']!r} exists", field="name") from None
         Override.objects.create(job=job)
         emit(kind="job.created", message=f"job {job.name} created ({job.model}, {job.engine}, policy {job.policy})", job=job,
              actor=actor, data={"spec": {k: v for k, v in spec.items()}})
@@ -122,6 +126,11 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
                 raise InvalidInput("a forced ratio needs force_n_prefill >= 1 and force_n_decode >= 1", field="force_n_prefill")
             if o.force_mode == Mode.COLOCATED:
                 raise InvalidInput("a forced P:D ratio contradicts force_mode=colocated", field="force_mode")
+            most = (job.rollout_gpus + job.training_gpus) // max(1, job.tp)  # dedicated + every borrowable worker
+            if most and ratio[0] + ratio[1] > most:  # type: ignore[operator]
+                field = "force_n_prefill" if "force_n_prefill" in changes else "force_n_decode"
+                raise InvalidInput(f"a forced {ratio[0]}:{ratio[1]} ratio needs {ratio[0] + ratio[1]} rollout workers; "  # type: ignore[operator]
+                                   f"job {job.name} can have at most {most} (GPUs / tp={job.tp})", field=field)
         elif changes.get("force_exact"):
             raise InvalidInput("force_exact needs force_n_prefill and force_n_decode", field="force_exact")
         else:

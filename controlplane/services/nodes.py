@@ -1,22 +1,29 @@
 """Node lifecycle: registration, heartbeats (the lease), lease expiry with fencing, drain, preemption."""
 from __future__ import annotations
 
+import ipaddress
+from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import NamedTuple
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.core.agent_link import Heartbeat, Register
+from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
 from controlplane.services.common import locked
-from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from controlplane.services import telemetry
+from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import emit, notify_agent_on_commit, push_delta_on_commit, send_delta_now
+from controlplane.services.principals import node_principal
 
 MAX_PREEMPTION_NOTICE_S = 24 * 3600
+MAX_VERSION_STEP = 8  # a trainer's report may move its job's weight version at most this far at once
 
 
 def _lease() -> timedelta:
@@ -42,9 +49,18 @@ def bump_generation(node: Node) -> None:
 
 
 def register_node(*, credential_id: int, message: Register) -> Node:
-    """Register (or re-register) the node the credential belongs to and sync its GPU slots.
+    """Register the node the credential belongs to, outside any socket (tests, seeding, benchmarks)."""
+    return register_agent(credential_id=credential_id, message=message)[0]
 
-    A new agent incarnation bumps the epoch: anything the previous incarnation started is fenced.
+
+def register_agent(*, credential_id: int, message: Register, channel: str = "", address: str = "") -> tuple[Node, str]:
+    """Register (or re-register) the node the credential belongs to and sync its GPU slots; returns the
+    node and the channel of the socket it supersedes ("" if none).
+
+    Every registration is a new lease holder: the epoch is bumped (whatever incarnation the message
+    claims), so anything the previous socket or incarnation started is fenced, and `channel` becomes
+    the only socket whose messages count. `address` is the agent's peer address as the server saw it:
+    the control plane's own record of where the node's data plane lives.
     """
     credential = AgentCredential.objects.filter(pk=credential_id, revoked__isnull=True).first()
     if credential is None:
@@ -61,22 +77,24 @@ def register_node(*, credential_id: int, message: Register) -> Node:
         node = locked(Node.objects.filter(name=message.node)).first()
         created = node is None
         if node is None:
-            node = Node.objects.create(name=message.node, pool=message.pool, hardware=message.hardware, epoch=1)
+            node = Node.objects.create(name=message.node, pool=message.pool, hardware=message.hardware, epoch=0)
         elif node.pool != message.pool and Worker.objects.filter(node=node, alive=True).exists():
             raise Conflict(f"node {node.name} has live workers; it cannot move from pool {node.pool} to {message.pool}", field="pool")
         new_incarnation = not created and node.incarnation != message.incarnation
+        superseded = node.agent_channel if node.agent_channel != channel else ""
         node.pool = message.pool
         node.hardware = message.hardware
         node.engine = message.engine
         node.data_plane = message.data_plane
         node.incarnation = message.incarnation
+        node.address = address[:64]
+        node.agent_channel = channel
         node.last_heartbeat = now
         node.lease_expires = now + _lease()
         if node.status in (NodeStatus.NOT_READY, NodeStatus.GONE):
             node.status = NodeStatus.READY
             node.preemption_deadline = None
-        if new_incarnation:
-            node.epoch += 1
+        node.epoch += 1
         node.generation += 1
         node.save()
         zone = Zone.OVERLAP if message.pool == Pool.TRAINING else Zone.ROLLOUT
@@ -91,44 +109,123 @@ def register_node(*, credential_id: int, message: Register) -> Node:
             GPU.objects.filter(pk=g.pk).update(present=False)
         emit(
             kind="node.registered",
-            message=f"node {node.name} registered ({node.pool}, {len(message.slots)}× {message.hardware}, epoch {node.epoch})",
+            message=f"node {node.name} registered ({node.pool}, {len(message.slots)}× {message.hardware}, epoch {node.epoch})"
+            + (" superseding another socket" if superseded else ""),
             node=node,
             actor=f"agent:{node.name}",
-            data={"incarnation": message.incarnation, "new_incarnation": new_incarnation, "created": created},
+            data={"incarnation": message.incarnation, "new_incarnation": new_incarnation, "created": created,
+                  "superseded": bool(superseded), "address": node.address},
         )
         push_node(node.pk)
+    return node, superseded
+
+
+def _holder(node_id: int, channel: str, epoch: int) -> Node:
+    """The node row, locked, if `channel` holds its lease and `epoch` is current; else refuse."""
+    node = locked(Node.objects.filter(pk=node_id)).first()
+    if node is None:
+        raise NotFound("unknown node")
+    if node.agent_channel != channel:
+        raise Superseded(f"another agent socket registered for node {node.name}; this one no longer counts")
+    if epoch != node.epoch:
+        raise StaleEpoch(f"epoch {epoch} is not node {node.name}'s current epoch {node.epoch}; apply the desired state")
     return node
 
 
-def record_heartbeat(*, node_id: int, message: Heartbeat) -> bool:
-    """Renew the lease and store observed worker states. False = stale epoch (agent must resync)."""
+def _endpoint_on(node: Node, reported: str) -> str | None:
+    """A worker endpoint as the control plane records it: the node's own address (seen at registration)
+    and the port the agent reported; None if the report names any other host."""
+    try:
+        url = urlsplit(reported)
+        port = url.port
+    except ValueError:
+        return None
+    if url.scheme != "http" or not url.hostname or port is None or url.path not in ("", "/") or url.query or url.username:
+        return None
+    host = url.hostname
+    local = {node.address, "127.0.0.1", "localhost", "::1"} if _is_loopback(node.address) else {node.address}
+    if host not in local:
+        return None
+    return f"http://{_url_host(node.address or host)}:{port}"
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address in ("", "localhost")
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+class HeartbeatResult(NamedTuple):
+    refused: list[str]  # what of the report was refused, one sentence each
+    generation: int  # the node's current desired-state generation (the link resends it if the agent is behind)
+
+
+def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> HeartbeatResult:
+    """Renew the lease and store observed worker states.
+
+    Raises StaleEpoch (the agent must resync) or Superseded (another socket holds the lease). An agent
+    is trusted only for what it owns: workers bound to its node; endpoints on its own address; for a
+    rollout worker, no weight version the job has not published; for the job's trainer, a new version
+    at most MAX_VERSION_STEP ahead of the job's (a bigger jump is no real training progress).
+    """
     now = timezone.now()
+    refused: list[str] = []
     with transaction.atomic():
-        node = locked(Node.objects.filter(pk=node_id)).first()
-        if node is None:
-            raise NotFound("unknown node")
-        if message.epoch != node.epoch:
-            return False
+        node = _holder(node_id, channel, message.epoch)
         recovered = node.status == NodeStatus.NOT_READY
+        checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
         node.last_heartbeat = now
         node.lease_expires = now + _lease()
         node.applied_generation = min(message.generation, node.generation)
         node.observed = [
             {"worker_id": w.worker_id, "role": w.role, "activity": w.activity, "state": w.state,
              "weight_version": w.weight_version, "endpoint": w.endpoint, "inflight": w.inflight,
-             "generation": w.generation}
+             "generation": w.generation, "devices": w.devices}
             for w in message.workers
         ]
         if recovered:
             node.status = NodeStatus.READY
         node.save(update_fields=["last_heartbeat", "lease_expires", "applied_generation", "observed", "status", "updated"])
-        mine = {w.id: w for w in Worker.objects.filter(node=node, alive=True, id__in=[o.worker_id for o in message.workers])}
+        mine = {w.id: w for w in Worker.objects.filter(node=node, alive=True, id__in=[o.worker_id for o in message.workers])
+                .select_related("job")}
+        bindings: dict[int, list[int]] | None = None
         for o in message.workers:
             w = mine.get(o.worker_id)
-            if w is not None and (w.endpoint, w.weight_version, w.inflight) != (o.endpoint, o.weight_version, o.inflight):
-                Worker.objects.filter(pk=w.pk).update(endpoint=o.endpoint, weight_version=o.weight_version, inflight=o.inflight)
-                if w.role == Role.TRAINING and (o.weight_version > w.weight_version or o.endpoint != w.endpoint):
-                    _publish_weights(w.job_id, o.weight_version, node)
+            if w is None:
+                continue  # not (or no longer) bound to this node: nothing of it is stored
+            recorded = _endpoint_on(node, o.endpoint) if o.endpoint else ""
+            version = o.weight_version
+            why = ""
+            if recorded is None:
+                why = f"endpoint {o.endpoint[:80]!r} is not on this node's address {node.address!r}"
+            elif w.role == Role.TRAINING and version > w.job.weight_version + MAX_VERSION_STEP:
+                why = f"weight version {version} is more than {MAX_VERSION_STEP} ahead of job {w.job.name}'s {w.job.weight_version}"
+            elif w.role != Role.TRAINING and version > w.job.weight_version:
+                why = f"weight version {version} was never published for job {w.job.name}"
+            if why:  # a refused report changes nothing about its worker
+                refused.append(f"worker {w.pk}: {why}")
+                continue
+            endpoint: str = recorded or ""
+            if (w.endpoint, w.weight_version, w.inflight) != (endpoint, version, o.inflight):
+                Worker.objects.filter(pk=w.pk).update(endpoint=endpoint, weight_version=version, inflight=o.inflight)
+                if w.role == Role.TRAINING and (version > w.weight_version or endpoint != w.endpoint):
+                    _publish_weights(w.job_id, version, node)
+            if o.devices and o.state == "running" and checked.get(o.worker_id) != o.devices:  # G_w is fixed for life: once per report change
+                if bindings is None:  # one query for the whole heartbeat, only when a worker reports devices
+                    bindings = defaultdict(list)
+                    for wid, index in WorkerGPU.objects.filter(worker_id__in=list(mine), alive=True).values_list("worker_id", "gpu__index"):
+                        bindings[wid].append(index)
+                bound = sorted(bindings[w.pk])
+                if sorted(o.devices) != bound:
+                    refused.append(f"worker {w.pk}: runs on devices {o.devices}, bound to slots {bound}")
+        if refused:
+            emit(kind="agent.refused", message=f"node {node.name}: refused " + "; ".join(refused)[:1000], node=node,
+                 actor=f"agent:{node.name}", data={"refused": refused[:64]})
         if recovered:
             emit(kind="node.recovered", message=f"node {node.name} is heartbeating again", node=node, actor=f"agent:{node.name}")
         push_delta_on_commit(
@@ -138,7 +235,33 @@ def record_heartbeat(*, node_id: int, message: Heartbeat) -> bool:
         )
         if recovered:
             push_node(node.pk)
-    return True
+    return HeartbeatResult(refused, node.generation)
+
+
+def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
+    """A worker fault (crash, restart, drained requests with their partial outputs), fenced like a heartbeat;
+    `worker_id` 0 is the agent itself (e.g. a refused stale command)."""
+    with transaction.atomic():
+        node = _holder(node_id, channel, message.epoch)
+        principal = node_principal(node)
+        if message.worker_id:
+            principal.check_worker(message.worker_id, "fault.worker_id")
+        emit(
+            kind="worker.fault",
+            message=f"node {node.name}: worker {message.worker_id} {message.kind[:40]}"
+            + (f" ({len(message.aborted)} aborted request(s) kept)" if message.aborted else ""),
+            node=node,
+            actor=principal.actor,
+            data={"worker_id": message.worker_id, "kind": message.kind[:40], "detail": message.detail[:2000],
+                  "aborted": message.aborted},
+        )
+
+
+def record_telemetry(*, node_id: int, message: Telemetry, channel: str = "") -> int:
+    """Telemetry from a node's agent: fenced like a heartbeat, then checked against what the node runs."""
+    with transaction.atomic():
+        node = _holder(node_id, channel, message.epoch)
+        return telemetry.ingest(principal=node_principal(node), message=message)
 
 
 def _publish_weights(job_id: int, version: int, node: Node) -> None:

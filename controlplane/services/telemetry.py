@@ -1,13 +1,15 @@
-"""Telemetry intake: validate every record against the core schema, then store it for the tracker."""
+"""Telemetry intake: validate every record against the core schema and against what the sender owns,
+then store it for the tracker."""
 from __future__ import annotations
 
 from django.db import transaction
 
 from controlplane.core.agent_link import Telemetry
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
-from controlplane.models import Job, TelemetrySample
+from controlplane.models import TelemetrySample
 from controlplane.services.errors import InvalidInput
 from controlplane.services.events import push_delta_on_commit
+from controlplane.services.principals import Principal
 
 RETAIN_PER_JOB = 20_000
 # One record per rollout or training step: the job page's history. Never pruned (a few per minute),
@@ -15,25 +17,29 @@ RETAIN_PER_JOB = 20_000
 HISTORY_KINDS = (RecordKind.STEP.value, RecordKind.TRAIN.value)
 
 
-def ingest(*, node_id: int | None, message: Telemetry) -> int:
-    """All-or-nothing: one bad record rejects the message and stores nothing."""
-    records: list[TelemetryRecord] = []
+def ingest(*, principal: Principal, message: Telemetry) -> int:
+    """All-or-nothing: one bad record (malformed, or naming a job or worker the sender does not run)
+    rejects the message and stores nothing, so no one feeds another job's predictor."""
+    rows: list[TelemetrySample] = []
     for i, raw in enumerate(message.records):
+        where = f"records[{i}]"
         try:
-            records.append(TelemetryRecord.from_json(raw))
+            r = TelemetryRecord.from_json(raw)
         except ValueError as exc:
-            raise InvalidInput(f"records[{i}]: {exc}", field="records") from None
-    names = {r.job for r in records if r.job}
-    jobs = dict(Job.objects.filter(name__in=names).values_list("name", "id"))
+            raise InvalidInput(f"{where}: {exc}", field="records") from None
+        if not r.job:
+            raise InvalidInput(f"{where}.job: every record names its job", field="records")
+        job_id = principal.check_job(r.job, f"{where}.job")
+        if r.worker is not None:
+            principal.check_worker(r.worker, f"{where}.worker")
+        rows.append(TelemetrySample(job_id=job_id, node_id=principal.node_id, kind=r.kind, record=r.to_json()))
     with transaction.atomic():
-        rows = TelemetrySample.objects.bulk_create(
-            [TelemetrySample(job_id=jobs.get(r.job), node_id=node_id, kind=r.kind, record=r.to_json()) for r in records]
-        )
-        for row in rows:  # the job page's charts grow by one point per step, live
+        created = TelemetrySample.objects.bulk_create(rows)
+        for row in created:  # the job page's charts grow by one point per step, live
             if row.kind in HISTORY_KINDS and row.job_id is not None:
                 push_delta_on_commit(kind="series", key=str(row.job_id), data={"job": row.job_id, "kind": row.kind,
                                                                                "record": row.record})
-    return len(records)
+    return len(rows)
 
 
 def prune(*, keep: int = RETAIN_PER_JOB) -> int:

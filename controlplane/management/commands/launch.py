@@ -1,17 +1,21 @@
 """The one-command local launcher: migrate, Redis (unless REDIS_URL answers), Daphne, a Celery
-worker, Celery beat and a few demo node agents on logical slots, run by honcho from a generated
-Procfile. Prints the dashboard URL, the API docs URL and a token; Ctrl-C stops every child."""
+worker, Celery beat and a few demo node agents on logical slots, each supervised (a child that dies
+is restarted; the stack stays up). Production mode by default: DEBUG off, SECRET_KEY from the
+environment or generated once into the var directory; `--debug` for development. Prints the
+dashboard URL, the API docs URL and a token; Ctrl-C (or SIGTERM) stops every child and its workers."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
-import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,6 +23,8 @@ from typing import Any, Iterator
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.management.supervisor import Child, Supervisor
 
 DEMO_NODES = [
     # name, pool, slots
@@ -63,6 +69,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo job")
         parser.add_argument("--time-factor", type=float, default=0.05, help="emulated engine time scale")
         parser.add_argument("--ready-timeout", type=float, default=120.0)
+        parser.add_argument("--debug", action="store_true", help="development mode (DEBUG on); off by default")
 
     def step(self, text: str) -> None:
         self.stdout.write(self.style.HTTP_INFO(f"==> {text}"))
@@ -77,7 +84,7 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         call_command("setup_periodic_tasks", verbosity=0, stdout=open(os.devnull, "w"))
 
-        procs: list[str] = []
+        children: list[tuple[str, str]] = []  # (name, command line)
         env: dict[str, str] = {}
         redis_url = settings.REDIS_URL
         if os.environ.get("REDIS_URL") and _redis_ok(redis_url):
@@ -89,51 +96,56 @@ class Command(BaseCommand):
                 raise CommandError("redis-server is not installed and REDIS_URL does not answer; run scripts/setup.sh or set REDIS_URL")
             port = redis_url.rsplit(":", 1)[-1].split("/")[0]
             self.step(f"starting Redis on port {port} (no persistence)")
-            procs.append(f'redis: redis-server --port {port} --bind 127.0.0.1 --save "" --appendonly no --loglevel warning')
+            children.append(("redis", f"redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --loglevel warning"))
         env["REDIS_URL"] = redis_url
 
         self.step("creating the demo operator and tokens")
         with _no_dashboard_pushes():  # nothing listens yet, and the launcher's Redis may not be up
             password, token = self._demo_user(var)
-        procs.append(f"web: {py} -m daphne -b {opts['host']} -p {opts['port']} pearl_site.asgi:application")
-        procs.append(f"worker: {py} -m celery -A pearl_site worker --pool=threads --concurrency=4 -l warning --without-gossip --without-mingle -n pearl-worker@%h")
-        procs.append(f"beat: {py} -m celery -A pearl_site beat -l warning --schedule {var / 'celerybeat-schedule'}")
+        children.append(("web", f"{py} -m daphne -b {opts['host']} -p {opts['port']} pearl_site.asgi:application"))
+        children.append(("worker", f"{py} -m celery -A pearl_site worker --pool=threads --concurrency=4 -l warning "
+                                   "--without-gossip --without-mingle -n pearl-worker@%h"))
+        children.append(("beat", f"{py} -m celery -A pearl_site beat -l warning --schedule {var / 'celerybeat-schedule'}"))
         if not opts["no_agents"]:
             from controlplane.services.credentials import issue_agent_token
 
             control = f"http://127.0.0.1:{opts['port']}"
-            # one cluster: every agent's workers pull weights with the same token, and the rollout driver
-            # reaches every worker with the same data-plane secret (GET /workers on each agent)
-            env["PEARL_WEIGHTS_TOKEN"] = secrets.token_urlsafe(24)
+            # the job's rollout driver reaches every worker with one data-plane secret (GET /workers on each
+            # agent); weights need no shared secret: the control plane hands out scoped, per-job tokens
             env["PEARL_DATAPLANE_SECRET"] = secrets.token_urlsafe(24)
             for name, pool, slots in DEMO_NODES:
-                key = "TOKEN_" + name.upper().replace("-", "_")
                 with _no_dashboard_pushes():
-                    env[key] = issue_agent_token(node_name=name, actor="launcher")
-                procs.append(
-                    f"agent-{name}: env PEARL_AGENT_TOKEN=${key} PEARL_WEIGHTS_TOKEN=$PEARL_WEIGHTS_TOKEN "
-                    f"PEARL_DATAPLANE_SECRET=$PEARL_DATAPLANE_SECRET {py} -m agents.node --control-plane {control} --node {name} "
-                    f"--slots {slots} --pool {pool} --hardware H800 --engine emulated --time-factor {opts['time_factor']} "
-                    f"--state-dir {var / 'agents' / name}"
-                )
-        procfile = var / "Procfile.demo"
+                    env["TOKEN_" + name.upper().replace("-", "_")] = issue_agent_token(node_name=name, actor="launcher")
+                children.append((f"agent-{name}",
+                    f"{py} -m agents.node --control-plane {control} --node {name} --slots {slots} --pool {pool} "
+                    f"--hardware H800 --engine emulated --time-factor {opts['time_factor']} --state-dir {var / 'agents' / name}"))
         envfile = var / "demo.env"
-        procfile.write_text("\n".join(procs) + "\n")
         envfile.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         os.chmod(envfile, 0o600)
 
-        self.step(f"starting {len(procs)} processes with honcho ({procfile})")
-        child_env = dict(os.environ, DEBUG=os.environ.get("DEBUG", "1"), PYTHONUNBUFFERED="1", PYTHONPATH=str(root))
-        honcho = subprocess.Popen([py, "-m", "honcho", "start", "-f", str(procfile), "-e", str(envfile), "-d", str(root)],
-                                  env=child_env)
+        base_env = dict(os.environ, DEBUG="1" if opts["debug"] else "0", PYTHONUNBUFFERED="1", PYTHONPATH=str(root),
+                        PEARL_VAR_DIR=str(var), REDIS_URL=redis_url)
+        supervised = []
+        for name, line in children:
+            child_env = {k: v for k, v in base_env.items() if not k.startswith("TOKEN_")}
+            if name.startswith("agent-"):  # each agent gets its own token only
+                key = "TOKEN_" + name[len("agent-"):].upper().replace("-", "_")
+                child_env |= {"PEARL_AGENT_TOKEN": env[key], "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"]}
+            tier = 2 if name.startswith("agent-") else 0 if name == "redis" else 1
+            supervised.append(Child(name=name, argv=shlex.split(line), env=child_env, tier=tier))
+        self.step(f"starting {len(supervised)} supervised processes ({'debug' if opts['debug'] else 'production'} mode)")
+        sup = Supervisor(supervised, cwd=str(root), out=sys.stdout)
 
         def stop(*_: Any) -> None:
-            if honcho.poll() is None:
-                honcho.send_signal(signal.SIGINT)
+            sup.stopping.set()
 
         signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        sup.start_all()
+        watcher = threading.Thread(target=sup.run, daemon=True)
+        watcher.start()
         try:
-            self._wait_ready(opts, honcho, started)
+            self._wait_ready(opts, sup, started)
             if not opts["no_demo_job"] and not opts["no_agents"]:
                 self._demo_job(opts)
             url = f"http://{opts['host']}:{opts['port']}"
@@ -144,14 +156,14 @@ class Command(BaseCommand):
                 f"  API token   {token}          (curl -H 'Authorization: Token {token}' {url}/api/cluster/)\n"
                 f"  health      {url}/healthz    metrics: {url}/metrics\n"
                 f"  credentials {var / 'demo-credentials.json'}\n"
-                "Press Ctrl-C to stop everything.\n"))
-            honcho.wait()
-        except KeyboardInterrupt:
-            stop()
-            try:
-                honcho.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                honcho.kill()
+                "A process that dies is restarted. Press Ctrl-C to stop everything.\n"))
+            self.stdout.flush()
+            while not sup.stopping.wait(0.5):
+                pass
+        finally:
+            self.step("stopping every process")
+            sup.stop()
+            watcher.join(timeout=5)
 
     def _demo_user(self, var: Path) -> tuple[str, str]:
         from django.contrib.auth.models import Group, User
@@ -169,7 +181,7 @@ class Command(BaseCommand):
         os.chmod(creds, 0o600)
         return password, token
 
-    def _wait_ready(self, opts: dict[str, Any], honcho: subprocess.Popen, started: float) -> None:
+    def _wait_ready(self, opts: dict[str, Any], sup: Supervisor, started: float) -> None:
         url = f"http://127.0.0.1:{opts['port']}/healthz"
         deadline = time.monotonic() + opts["ready_timeout"]
         last = ""
@@ -177,8 +189,8 @@ class Command(BaseCommand):
         from controlplane.models import Node
 
         while time.monotonic() < deadline:
-            if honcho.poll() is not None:
-                raise CommandError("a process exited during start-up; see the log above")
+            if sup.stopping.is_set():
+                raise CommandError("stopped during start-up")
             status = "web starting"
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
@@ -188,7 +200,7 @@ class Command(BaseCommand):
             except Exception:
                 body = None
             if body:
-                failing = [k for k, v in body.get("checks", {}).items() if not v.get("ok")]
+                failing = [k for k, v in body.get("checks", {}).items() if v != "ok"]
                 status = "waiting for " + ", ".join(failing) if failing else "healthy"
             nodes = Node.objects.filter(status="ready").count()
             if status == "healthy":

@@ -21,12 +21,11 @@ from tests.integration.agents.test_control_plane_link import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.django_db(transaction=True)
-SECRET, WEIGHTS = "dp-secret-e2e", "weights-token-e2e"
+SECRET = "dp-secret-e2e"
 
 
 def start_agent(cp, name: str, pool: str, slots: int, engine: str, tmp_path: Path) -> subprocess.Popen:
-    env = dict(os.environ, PEARL_AGENT_TOKEN=cp.agent_token(name), PEARL_DATAPLANE_SECRET=SECRET,
-               PEARL_WEIGHTS_TOKEN=WEIGHTS, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PEARL_AGENT_TOKEN=cp.agent_token(name), PEARL_DATAPLANE_SECRET=SECRET, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
         [sys.executable, "-m", "agents.node", "--control-plane", cp.base_url, "--node", name, "--slots", str(slots),
          "--pool", pool, "--hardware", "cpu", "--engine", engine, "--time-factor", "0.05",
@@ -71,7 +70,7 @@ async def train_one_step(trainer_ep: str) -> int:
 
     s = session()
     try:
-        auth = {"Authorization": f"Bearer {WEIGHTS}"}
+        auth = {"Authorization": f"Bearer {SECRET}"}  # the trainer's own secret (the node's data-plane secret)
         async with s.post(f"{trainer_ep}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
                           headers=auth) as r:
             assert r.status == 200, await r.text()

@@ -51,7 +51,7 @@ async def cp():
 async def weight_store(tmp_path):
     store = WeightStore(tmp_path / "store")
     app = web.Application()
-    app.add_subapp("/weights/", weight_routes(store, "wtoken"))
+    app.add_subapp("/weights/", weight_routes(store, lambda token: token == "wtoken"))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -64,14 +64,14 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
     store, store_url = weight_store
     store.publish(1, {"w": torch.zeros(4)})
     agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n1", slots=4, state_dir=tmp_path / "agent",
-                                  time_factor=SLOW, weights_token="wtoken", drain_timeout_s=2.0))
+                                  time_factor=SLOW, drain_timeout_s=2.0))
     task = asyncio.create_task(agent.run())
     s = session()
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
         await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[
             worker(1, "colocated"), worker(2, "prefill"),
-            worker(3, "decode", min_weight_version=1, weights_url=store_url),
+            worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
         ]))
         ws = await cp.wait_for(lambda c: observed(c, 1))
         assert {w: (o["role"], o["state"]) for w, o in ws.items()} == {1: ("colocated", "running"), 2: ("prefill", "running"), 3: ("decode", "running")}
@@ -88,7 +88,7 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         # role change and sleep happen in place (same processes)
         await cp.push(link.DesiredState(generation=2, epoch=1, status="ready", workers=[
             worker(1, "colocated", "inactive"), worker(2, "decode"),
-            worker(3, "decode", min_weight_version=1, weights_url=store_url),
+            worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
         ]))
         ws = await cp.wait_for(lambda c: observed(c, 2))
         assert ws[2]["role"] == "decode" and ws[1]["activity"] == "inactive"
@@ -100,16 +100,16 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
 
         # a crash: kill -9 a worker mid-request -> fault with the partial output, then a restart
         await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[
-            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
+            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
         ]))
         await cp.wait_for(lambda c: observed(c, 3))
         await cp.push(link.DesiredState(generation=4, epoch=1, status="ready", workers=[
-            worker(1, "colocated", "inactive"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
+            worker(1, "colocated", "inactive"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
         ]))
         toggle = await cp.wait_for(lambda c: [r for t in c.of_type("telemetry") for r in t["records"] if r["kind"] == "toggle"])
         assert toggle[0]["worker"] == 1 and toggle[0]["activation_s"] > 0 and toggle[0]["return_s"] > 0
         await cp.push(link.DesiredState(generation=5, epoch=1, status="ready", workers=[
-            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url),
+            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
         ]))
         await cp.wait_for(lambda c: observed(c, 5))
         long = asyncio.create_task(clients[1].generate(dp.GenerateRequest(request_id="long", prompt="x" * 50, sampling=dp.SamplingParams(max_tokens=8000))))
@@ -210,31 +210,43 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
 
 
 async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_path):
-    """Role training runs the GRPO trainer process; its snapshots are what rollout workers pull."""
+    """Role training runs the GRPO trainer process; its snapshots are what rollout workers pull, with a
+    scoped token of the trainer's job (the agent holds no weights secret of its own)."""
+    import secrets as _secrets
+
+    key = _secrets.token_hex(32)
     agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n3", slots=2, state_dir=tmp_path / "agent",
-                                  time_factor=0.01, weights_token="shared-weights-token", hardware="cpu"))
+                                  time_factor=0.01, hardware="cpu"))
     task = asyncio.create_task(agent.run())
     s = session()
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
-        trainer = link.DesiredWorker(worker_id=10, gpus=[0], role="training", activity="active", engine="torch", model="tiny")
+        trainer = link.DesiredWorker(worker_id=10, gpus=[0], role="training", activity="active", engine="torch", model="tiny",
+                                     job="j", weights_key=key)
         await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[trainer]))
         ws = await cp.wait_for(lambda c: observed(c, 1))
-        assert ws[10]["role"] == "training" and ws[10]["state"] == "running"
+        assert ws[10]["role"] == "training" and ws[10]["state"] == "running" and ws[10]["devices"] == [0]
         turl = ws[10]["endpoint"]
+        secret = agent.workers[10].proc.secret  # the trainer's own secret: its agent (and the job's driver) hold it
         # train one step through the trainer's data plane -> weight version 1
         from tests.unit.agents.test_trainer import fixed_batch
 
         async with s.post(f"{turl}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
-                          headers={"Authorization": "Bearer shared-weights-token"}) as r:
+                          headers={"Authorization": f"Bearer {secret}"}) as r:
             assert r.status == 200
-        async with s.post(f"{turl}/step", headers={"Authorization": "Bearer shared-weights-token"}) as r:
+        async with s.post(f"{turl}/step", headers={"Authorization": f"Bearer {secret}"}) as r:
             assert (await r.json())["version"] == 1
+        rotate = agent.weights_rotate_s
+        now = link.token_bucket(rotate)
+        for bad in ("", "pwt_1.00", link.weights_token(key, "other-job", now), link.weights_token(key, "j", now - 5),
+                    link.weights_token(_secrets.token_hex(32), "j", now)):
+            async with s.get(f"{turl}/weights/latest", headers={"Authorization": f"Bearer {bad}"}) as r:
+                assert r.status == 401, bad  # another job's, an expired or a forged token opens nothing
         rollout = link.DesiredWorker(worker_id=11, gpus=[1], role="colocated", activity="active", engine="emulated", model="tiny",
-                                     min_weight_version=1, weights_url=turl)
+                                     job="j", min_weight_version=1, weights_url=turl, weights_token=link.weights_token(key, "j", now))
         await cp.push(link.DesiredState(generation=2, epoch=1, status="ready", workers=[trainer, rollout]))
         ws = await cp.wait_for(lambda c: observed(c, 2))
-        assert ws[11]["weight_version"] == 1 and ws[11]["state"] == "running"
+        assert ws[11]["weight_version"] == 1 and ws[11]["state"] == "running" and ws[11]["devices"] == [1]
     finally:
         await s.close()
         agent.stopping.set()

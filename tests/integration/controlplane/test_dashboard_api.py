@@ -11,6 +11,7 @@ from controlplane.core.agent_link import Telemetry
 from controlplane.core.telemetry import step, train, turn
 from controlplane.models import Event, Node, Override, SimulationRun, TelemetrySample
 from controlplane.services import nodes, planner, simulations, telemetry
+from controlplane.services.principals import job_principal
 from tests.conftest import make_job, make_node
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +54,7 @@ def test_status_and_series(api):
     make_node("t1", pool="training", slots=1)
     job = make_job("j", rollout_gpus=4, training_gpus=1, batch_size=16, group_size=4)
     planner.plan_job(job_id=job.pk, signal="step_start")
-    telemetry.ingest(node_id=None, message=Telemetry(epoch=1, records=[
+    telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=[
         step(job="j", step=1, makespan_s=10.0, predicted_makespan_s=9.0, generated_tokens_total=900, train_tokens=100,
              reward_mean=0.2, time_s=100.0, mode="colocated", n_colocated=4).to_json(),
         train(job="j", step=1, duration_s=4.0, return_latency_s=0.5, return_deadline_s=30.0, weight_version=1, time_s=104.0).to_json(),
@@ -78,7 +79,7 @@ def test_prune_keeps_the_per_step_history():
     job = Job.objects.create(name="j")
     history = [step(job="j", step=i, makespan_s=1.0).to_json() for i in range(5)] + [train(job="j", step=1).to_json()]
     noise = [turn(job="j", step=1, turn=i).to_json() for i in range(50)]
-    telemetry.ingest(node_id=None, message=Telemetry(epoch=1, records=history + noise))
+    telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=history + noise))
     removed = telemetry.prune(keep=10)
     assert removed == 40
     assert TelemetrySample.objects.filter(job=job, kind="step").count() == 5
@@ -89,7 +90,7 @@ def test_prune_keeps_the_per_step_history():
 def test_override_exact_needs_a_pd_and_clearing_the_pd_clears_exact(api):
     make_node("n1")
     make_node("t1", pool="training", slots=1)
-    job = make_job("j", rollout_gpus=1, training_gpus=1)
+    job = make_job("j", rollout_gpus=3, training_gpus=1)  # room for the 1 + 3 workers forced below
     r = api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_exact": True}, format="json")
     assert r.status_code == 400 and r.json()["field"] == "force_exact"
     r = api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": 1, "force_n_decode": 3, "force_exact": True}, format="json")

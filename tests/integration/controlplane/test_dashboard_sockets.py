@@ -10,6 +10,7 @@ from controlplane import consumers
 from controlplane.core.agent_link import Telemetry
 from controlplane.core.telemetry import step
 from controlplane.services import jobs, nodes, telemetry
+from controlplane.services.principals import job_principal
 from pearl_site.asgi import application
 from tests.conftest import make_job, make_node, redis_available
 from tests.integration.controlplane.test_sockets import _session_cookie
@@ -52,8 +53,9 @@ async def test_job_view_gets_its_job_only():
     node = await database_sync_to_async(make_node)("n2", slots=1)
     await database_sync_to_async(nodes.drain_node)(node_id=node.pk, actor="t")
     await database_sync_to_async(jobs.set_overrides)(job_id=mine.pk, changes={"borrowing": False}, actor="t")
-    await database_sync_to_async(telemetry.ingest)(node_id=None, message=Telemetry(epoch=1, records=[
-        step(job="mine", step=1, makespan_s=5.0).to_json(), step(job="other", step=1, makespan_s=6.0).to_json()]))
+    for job, makespan in ((mine, 5.0), (other, 6.0)):  # each job's driver reports its own steps
+        await database_sync_to_async(lambda j=job, m=makespan: telemetry.ingest(
+            principal=job_principal(j), message=Telemetry(epoch=1, records=[step(job=j.name, step=1, makespan_s=m).to_json()])))()
     got = []
     while len(got) < 3:
         got.append(await ws.receive_json_from(timeout=5))

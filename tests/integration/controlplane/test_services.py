@@ -158,9 +158,11 @@ def test_stop_job_twice_conflicts():
 def test_overrides_validated_and_audited():
     make_node("n1")
     make_node("t1", pool="training")
-    job = make_job()
+    job = make_job(rollout_gpus=4, training_gpus=1)  # at most 5 rollout workers
     with pytest.raises(InvalidInput):
         jobs.set_overrides(job_id=job.pk, changes={"force_mode": "colocated", "force_n_prefill": 2, "force_n_decode": 1}, actor="t")
+    with pytest.raises(InvalidInput, match="at most 5"):
+        jobs.set_overrides(job_id=job.pk, changes={"force_n_prefill": 2, "force_n_decode": 4}, actor="t")
     jobs.set_overrides(job_id=job.pk, changes={"force_n_prefill": 2, "force_n_decode": 3, "borrowing": False}, actor="alice")
     ev = Event.objects.filter(kind="override.set").latest("created")
     assert ev.actor == "alice" and ev.data["before"]["borrowing"] is True and ev.data["after"]["borrowing"] is False
@@ -237,7 +239,7 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     hb = Heartbeat(epoch=t.epoch, generation=0, workers=[ObservedWorker(
         worker_id=trainer.pk, role="training", activity="inactive", state="running", weight_version=3,
         endpoint="http://127.0.0.1:9999")])
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb)
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
     job.refresh_from_db()
     assert job.weight_version == 3
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
@@ -245,5 +247,5 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     assert r.generation > gen_before
     (w,) = desired_state(r).workers
     assert w.weights_url == "http://127.0.0.1:9999" and w.min_weight_version == 2
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb)  # same version again: nothing new
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []  # same version again: nothing new
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1

@@ -154,16 +154,19 @@ async def test_reconnect_gets_current_desired_state_again():
     token = await database_sync_to_async(credentials.issue_agent_token)(node_name="gpu-a")
     ws2 = agent_socket(token)
     assert (await ws2.connect())[0]
-    await ws2.send_json_to(REGISTER)  # same incarnation: same epoch, full state again
+    await ws2.send_json_to(REGISTER)  # same incarnation: a new lease holder all the same (new epoch), full state again
     reg2 = await ws2.receive_json_from(timeout=5)
     state = await ws2.receive_json_from(timeout=5)
-    assert reg2["epoch"] == reg["epoch"] and [w["gpus"] for w in state["workers"]] == [[2]]
+    assert reg2["epoch"] == reg["epoch"] + 1 and [w["gpus"] for w in state["workers"]] == [[2]]
     await ws2.disconnect()
 
 
 async def test_telemetry_validated_and_stored_all_or_nothing():
     ws, reg, _ = await registered_agent()
     job = await database_sync_to_async(make_job)()
+    await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0], role="colocated")
+    state = await ws.receive_json_from(timeout=5)
+    assert state["type"] == "desired_state"
     good = {"kind": "decode_iteration", "job": job.name, "running_batch": 8, "duration_s": 0.012}
     await ws.send_json_to({"type": "telemetry", "epoch": reg["epoch"], "records": [good, good | {"running_batch": 9}]})
     await ws.send_json_to({"type": "telemetry", "epoch": reg["epoch"], "records": [good, {"kind": "bogus"}]})

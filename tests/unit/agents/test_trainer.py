@@ -138,3 +138,57 @@ def test_kl_to_the_reference_is_zero_at_start_and_grows():
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
     later = [trainer.step(fixed_batch(s)).kl for s in range(1, 4)]
     assert later[-1] > 1e-6
+
+
+def test_restart_before_the_first_step_does_not_crash_loop(tmp_path):
+    """The audit: a killed trainer crash-looped on 'weight version 0 already published' on every restart."""
+    store = WeightStore(tmp_path / "w")
+    first = GRPOTrainer("tiny", ckpt_dir=tmp_path / "ck", store=store, job="j")
+    assert store.versions() == [0]
+    for _ in range(3):  # restarts in the same directories
+        again = GRPOTrainer("tiny", ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+        assert again.version == 0 and store.versions() == [0]
+    assert weights_hash(again.model) == weights_hash(first.model)
+
+
+def test_restart_resumes_checkpoint_and_published_version(tmp_path):
+    cfg = GRPOConfig(lr=1e-2, max_staleness=10)
+    reference = GRPOTrainer("tiny", cfg)
+    for s in range(3):
+        reference.step(fixed_batch(s))
+    first = GRPOTrainer("tiny", cfg, ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    first.step(fixed_batch(0))
+    first.step(fixed_batch(1))
+    resumed = GRPOTrainer("tiny", cfg, ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    assert resumed.version == 2 and resumed.store.latest() == 2
+    resumed.step(fixed_batch(2))  # publishes version 3 (no "already published")
+    assert resumed.store.latest() == 3 and weights_hash(resumed.model) == weights_hash(reference.model)
+
+
+def test_kill_between_checkpoint_and_publish_publishes_on_restart(tmp_path):
+    t = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    t.step(fixed_batch(0))
+    t.store.path(1).unlink()  # as if killed after the checkpoint, before the snapshot
+    resumed = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    assert resumed.version == 1 and resumed.store.latest() == 1
+    assert weights_hash(resumed.model) == weights_hash(t.model)
+
+
+def test_store_ahead_of_a_lost_checkpoint_continues_from_the_snapshot(tmp_path):
+    import shutil
+
+    t = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    t.step(fixed_batch(0))
+    t.step(fixed_batch(1))
+    shutil.rmtree(tmp_path / "ck")  # the checkpoints are gone; the published weights are not
+    resumed = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    assert resumed.version == 2 and weights_hash(resumed.model) == weights_hash(t.model)
+    resumed.step(fixed_batch(2))
+    assert resumed.store.latest() == 3
+
+
+def test_another_jobs_checkpoint_is_never_resumed(tmp_path):
+    old = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", job="old-job")
+    old.step(fixed_batch(0))
+    fresh = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", job="new-job")
+    assert fresh.version == 0 and weights_hash(fresh.model) != weights_hash(old.model)

@@ -1,0 +1,166 @@
+"""A real stack for fault injection: its own Redis (so it can be restarted), Daphne, a Celery worker
+with beat running the heartbeat sweeper every second, and node agents as processes, all on the test
+database with a short lease. Faults are real: kill -9, SIGSTOP, a Redis restart, a preemption.
+
+Timings are recorded, never asserted: with PEARL_FAULT_TIMINGS=<file>, every scenario appends its
+detection and recovery times (benchmarks/bench_faults.py runs the suite and reports them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tests.conftest import ROOT, child_env, free_port, wait_port
+
+LEASE_S, HEARTBEAT_S, SWEEP_S = 3.0, 0.5, 1.0
+SECRET = "fault-dp-secret"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 90.0, what: str = "") -> Any:
+    """Poll until truthy (a hang guard, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def record_timing(fault: str, **figures: float) -> None:
+    path = os.environ.get("PEARL_FAULT_TIMINGS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"fault": fault, **figures}) + "\n")
+
+
+def assert_invariants() -> None:
+    """DESIGN §4 over the whole cluster: no GPU bound to two active rollout workers, no GPU in two roles,
+    no overlap rollout worker active while its job trains; plus every worker process pinned as bound."""
+    from controlplane.core.invariants import check_invariants
+    from controlplane.models import WorkerGPU
+    from controlplane.selectors.cluster import training_flags, worker_views
+
+    views = worker_views()
+    assert check_invariants(views, training_flags({v.job for v in views})) == []
+    active = list(WorkerGPU.objects.filter(active=True).values_list("gpu_id", flat=True))
+    assert len(active) == len(set(active)), "a GPU has two active workers"
+
+
+def processes_under(path: Path) -> list[int]:
+    """Live processes whose command line mentions `path` (this test's agents and their workers)."""
+    out = []
+    needle = str(path).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmd and state not in ("Z", "X"):
+            out.append(int(entry.name))
+    return out
+
+
+@dataclass
+class Stack:
+    base_url: str
+    redis_port: int
+    tmp: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def start_redis(self) -> None:
+        self.procs["redis"] = subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=open(self.tmp / "redis.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_port(self.redis_port, proc=self.procs["redis"])
+
+    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env | env, stdout=open(self.tmp / f"{name}.log", "ab"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def agent(self, name: str, pool: str = "reserved", slots: int = 2, engine: str = "emulated",
+              time_factor: float = 0.5) -> subprocess.Popen:
+        """An agent process; emulated engines take H800 × model timings (qwen3-8b requests run for a while)."""
+        from controlplane.services.credentials import issue_agent_token
+
+        if name not in self.tokens:
+            self.tokens[name] = issue_agent_token(node_name=name)
+        return self.start(f"agent-{name}", [
+            sys.executable, "-m", "agents.node", "--control-plane", self.base_url, "--node", name, "--slots", str(slots),
+            "--pool", pool, "--hardware", "cpu" if engine == "torch" else "H800", "--engine", engine, "--time-factor", str(time_factor),
+            "--state-dir", str(self.tmp / "agents" / name), "--drain-timeout", "2", "-v"],
+            PEARL_AGENT_TOKEN=self.tokens[name], PEARL_DATAPLANE_SECRET=SECRET)
+
+    def kill9(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        order = [n for n in self.procs if n.startswith("agent-")] + ["celery", "daphne", "redis"]
+        for name in order:
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+
+@pytest.fixture
+def stack(transactional_db, tmp_path, settings) -> Iterator[Stack]:
+    """The stack on its own Redis; this test process sends its pushes through that Redis too."""
+    from channels.layers import channel_layers
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    redis_port, web_port = free_port(), free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}"
+    settings.REDIS_URL = redis_url
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [{"address": f"{redis_url}/1", "socket_timeout": 30}]}}}
+    settings.PEARL = {**settings.PEARL, "LEASE_S": LEASE_S, "HEARTBEAT_S": HEARTBEAT_S, "SWEEP_S": SWEEP_S}
+    channel_layers.backends.clear()
+    env = child_env(REDIS_URL=redis_url, PEARL_LEASE_S=str(LEASE_S), PEARL_HEARTBEAT_S=str(HEARTBEAT_S),
+                    PEARL_SWEEP_S=str(SWEEP_S))
+    env.pop("PEARL_AGENT_TOKEN", None)
+    s = Stack(base_url=f"http://127.0.0.1:{web_port}", redis_port=redis_port, tmp=tmp_path, env=env)
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(name="sweeper", task="controlplane.sweep", interval=every)  # only the sweeper:
+    # the planner stays out of these tests, which place workers themselves through the services
+    try:
+        s.start_redis()
+        s.start("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "pearl_site.asgi:application"])
+        s.start("celery", [sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "-B", "--pool=solo", "-l", "info",
+                           "--without-gossip", "--without-mingle", "-n", f"fault-{os.getpid()}@%h",
+                           "-s", str(tmp_path / "beat-schedule")])
+        wait_port(web_port, proc=s.procs["daphne"])
+        wait_for(lambda: "ready." in s.log("celery") or s.procs["celery"].poll() is not None, 60, "celery")
+        assert s.procs["celery"].poll() is None, s.log("celery")
+        yield s
+    finally:
+        s.stop()
+        leftover = processes_under(tmp_path / "agents")
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+        channel_layers.backends.clear()
+        assert not leftover, f"processes outlived the stack: {leftover}"
