@@ -227,9 +227,22 @@ class TrainSample:
     reward: float = field(metadata=bounded(-1e6, 1e6))
     weight_version: int = field(metadata=bounded(0))  # oldest version that produced the completion
     temperature: float = field(default=1.0, metadata=bounded(1e-3, 10.0))
+    trajectory: str = field(default="", metadata=bounded(max_len=MAX_ID_LEN))  # turns of one trajectory share its advantage
 
 
 @dataclass(slots=True)
 class SubmitSamples:
     samples: list[TrainSample] = field(metadata=bounded(max_len=4096))
     train: bool = True  # run a step once a full batch is queued
+
+
+@dataclass(slots=True)
+class StepRequest:
+    """Train now: on everything queued (`all`), or, for an emulated trainer, on a batch of this size
+    (the rollout driver sends the counts, not the tokens, of an emulated model's samples)."""
+
+    all: bool = False
+    tokens: int = field(default=0, metadata=bounded(0, 2**40))
+    samples: int = field(default=0, metadata=bounded(0, 2**31))
+    mean_reward: float = field(default=0.0, metadata=bounded(-1e6, 1e6))
+    training_gpus: int = field(default=0, metadata=bounded(0, 1 << 20))

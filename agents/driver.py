@@ -279,7 +279,9 @@ class RolloutDriver:
                 self._feed(lp.Prefilled(self._now(), ep.tid, wid, prefilled_tokens=prefilled))
                 return
             res = await self._call(w, "generate", body)
-        except WorkerUnavailable:
+        except WorkerUnavailable as exc:
+            log.info("turn of %s on worker %s interrupted: %s", ep.tid, wid, exc)
+            await asyncio.sleep(0.2)  # a worker that refuses (weights being pulled, draining) is asked again later
             self._feed(lp.TurnInterrupted(self._now(), ep.tid, wid))
             return
         await self._generated(ep, wid, res, prefilled)
@@ -298,7 +300,9 @@ class RolloutDriver:
                 "job": self.job.name}
         try:
             res = await self._call(w, "decode", body)
-        except WorkerUnavailable:
+        except WorkerUnavailable as exc:
+            log.info("decode of %s on worker %s interrupted: %s", ep.tid, cmd.worker, exc)
+            await asyncio.sleep(0.2)
             self._feed(lp.TurnInterrupted(self._now(), ep.tid, cmd.worker))
             return
         await self._generated(ep, cmd.worker, res, 0)
@@ -342,28 +346,45 @@ class RolloutDriver:
                 rewards.append(ep.reward)
                 correct.append(ep.info.get("correct", 0.0))
                 for s in ep.samples:
-                    samples.append({**s, "group": f"{cmd.step}-{gi}", "reward": ep.reward,
-                                    "weight_version": min(s["weight_version"], ep.version)})
-        stats = await self._trainer_step(samples)
+                    samples.append({**s, "group": f"{cmd.step}-{gi}", "reward": ep.reward, "trajectory": tid,
+                                    "temperature": ep.temperature, "weight_version": min(s["weight_version"], ep.version)})
+        if self.job.engine == "emulated" and self.job.model != "tiny":  # the emulated trainer times counts
+            summary = {"tokens": sum(len(s["prompt_tokens"]) + len(s["completion_tokens"]) for s in samples),
+                       "samples": len(samples), "mean_reward": sum(rewards) / max(1, len(rewards)),
+                       "training_gpus": self.job.training_gpus}
+            stats = await self._trainer_post("step", summary)
+        else:
+            stats = await self._trainer_step(samples)
         loss = float((stats or {}).get("loss", 0.0))
         self.trained.append({"step": cmd.step, "loss": loss, "reward": sum(rewards) / max(1, len(rewards)),
                              "correct": sum(correct) / max(1, len(correct)), "samples": len(samples)})
         self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss))
 
     async def _trainer_step(self, samples: list[dict[str, Any]]) -> dict[str, Any] | None:
-        trainer = self.cluster.trainer if self.cluster else ""
-        if not trainer:
-            raise RuntimeError("the job has no trainer endpoint")
-        headers = {"Authorization": f"Bearer {self.token}"}
         for i in range(0, len(samples), 1024):
-            async with self.http.post(f"{trainer}/samples", json={"samples": samples[i:i + 1024], "train": False},
-                                      headers=headers) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"trainer /samples: HTTP {resp.status}: {await resp.text()}")
-        async with self.http.post(f"{trainer}/step", json={"all": True}, headers=headers) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"trainer /step: HTTP {resp.status}: {await resp.text()}")
-            return (await resp.json()).get("step")
+            await self._trainer_post("samples", {"samples": samples[i:i + 1024], "train": False})
+        return await self._trainer_post("step", {"all": True})
+
+    async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """POST to the job's trainer, waiting for one (a restarted trainer comes back on a new endpoint,
+        which the next cluster view carries)."""
+        from aiohttp import ClientError
+
+        for attempt in range(600):
+            trainer = self.cluster.trainer if self.cluster else ""
+            if trainer:
+                try:
+                    async with self.http.post(f"{trainer}/{verb}", json=body,
+                                              headers={"Authorization": f"Bearer {self.token}"}) as resp:
+                        if resp.status == 200:
+                            return (await resp.json()).get("step")
+                        text = await resp.text()
+                    if resp.status not in (401, 502, 503):  # 401: a port reused by another process
+                        raise RuntimeError(f"trainer /{verb}: HTTP {resp.status}: {text[:500]}")
+                except (ClientError, OSError, asyncio.TimeoutError) as exc:
+                    log.warning("trainer /%s unreachable (%r); retrying", verb, exc)
+            await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
+        raise RuntimeError(f"trainer /{verb}: no trainer answered")
 
     # ------------------------------------------------------------------ reports
     async def _flush(self) -> None:
@@ -486,6 +507,9 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         sys.exit("PEARL_DRIVER_TOKEN is not set: the driver link needs the job's driver token")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s driver %(levelname)s %(message)s")
+    from agents.process import die_with_parent
+
+    die_with_parent()  # an agent's driver stops with its agent (the restarted agent starts it again)
     started = time.monotonic()
     asyncio.run(run_driver(args.control_plane, args.job, token, time_factor=args.time_factor))
     log.info("driver for %s stopped after %.0f s", args.job, time.monotonic() - started)

@@ -90,6 +90,51 @@ class Managed:
 
 
 @dataclass
+class DriverProcess:
+    """A job's rollout driver (`python -m agents.driver`) run by this agent, in its own process group,
+    dying with the agent (a restarted agent starts it again; the driver resumes from its checkpoint)."""
+
+    job: str
+    restarts: int = 0
+    next_start: float = 0.0
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    async def start(self, control_plane: str, token: str, time_factor: float, log_dir: Path) -> None:
+        from agents.process import PARENT_ENV, REPO_ROOT
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PEARL_DRIVER_TOKEN=token, **{PARENT_ENV: str(os.getpid())})
+        for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):
+            env.pop(leak, None)
+        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(log_dir / f"{self.job}.log", "ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agents.driver", "--control-plane", control_plane, "--job", self.job,
+                "--time-factor", str(time_factor), env=env, cwd=str(REPO_ROOT), stdout=out, stderr=out,
+                start_new_session=True)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+
+
+@dataclass
 class AgentConfig:
     control_plane: str
     token: str
@@ -124,6 +169,8 @@ class NodeAgent:
         self.connected = asyncio.Event()
         self.stopping = asyncio.Event()
         self._kick = asyncio.Event()
+        self._beat = asyncio.Event()
+        self.drivers: dict[str, DriverProcess] = {}  # job -> the rollout driver this agent runs for it
         self._http: ClientSession | None = None
         self._dp_runner: web.AppRunner | None = None
         self.dataplane_url = ""
@@ -299,7 +346,9 @@ class NodeAgent:
             records = await self._collect_telemetry()
             for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
                 self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
-            await asyncio.sleep(self.heartbeat_s)
+            self._beat.clear()
+            with contextlib.suppress(asyncio.TimeoutError):  # report as soon as a reconcile changed something
+                await asyncio.wait_for(self._beat.wait(), self.heartbeat_s)
 
     # ------------------------------------------------------------ observation
     async def _observe(self) -> None:
@@ -332,7 +381,10 @@ class NodeAgent:
                 await asyncio.wait_for(self._kick.wait(), RECONCILE_PERIOD_S)
             self._kick.clear()
             try:
+                before = [m.observed() for m in self.workers.values()]
                 await self.reconcile()
+                if before != [m.observed() for m in self.workers.values()]:
+                    self._beat.set()  # the control plane confirms transition steps by what we report
             except Exception:  # keep reconciling; the next pass recomputes from scratch
                 log.exception("reconcile failed")
 
@@ -349,6 +401,7 @@ class NodeAgent:
                 for m in self.workers.values():
                     m.generation = ds.generation
                 return
+            await self._reconcile_drivers(ds)
             wanted = {w.worker_id: w for w in ds.workers}
             for wid in [w for w in self.workers if w not in wanted]:
                 await self._retire(self.workers[wid], self.cfg.drain_timeout_s)
@@ -402,6 +455,15 @@ class NodeAgent:
                     self.pending_telemetry.append(tm.toggle(time_s=time.time(), job=spec.job, worker=spec.worker_id,
                                                             activation_s=m.activation_s, return_s=time.perf_counter() - t0).to_json())
                     m.activation_s = None
+            elif spec.activity == Activity.TRANSITIONING and m.activity == Activity.ACTIVE.value and m.engine_state == "running":
+                # drain (a role change or a removal is coming): stop admitting; running requests finish
+                # within the drain timeout or go back to their callers with their partial outputs
+                res = await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
+                m.engine_state, m.activity = "draining", Activity.TRANSITIONING.value
+                if res.get("aborted"):
+                    self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
+                                         detail=f"{len(res['aborted'])} requests aborted by the drain",
+                                         aborted=partials(res["aborted"], spec.worker_id)))
             elif spec.activity == Activity.ACTIVE and m.engine_state in ("sleeping", "draining", ""):
                 t0 = time.perf_counter()
                 was_asleep = m.engine_state == "sleeping"
@@ -438,9 +500,10 @@ class NodeAgent:
         training = spec.role == Role.TRAINING
         engine = spec.engine or self.cfg.engine
         extra: list[str] = ["--tp", str(max(1, len(spec.gpus)))]  # G_w's size is the TP degree
-        env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)}  # slot i is GPU i
+        env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus),  # slot i is GPU i
+                               "PEARL_JOB_TOKEN": spec.dataplane_token}  # the job's rollout driver calls it with this
         if training:
-            extra = ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
+            extra += ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
             env |= {"PEARL_WEIGHTS_KEY": spec.weights_key, "PEARL_WEIGHTS_ROTATE_S": str(self.weights_rotate_s)}
         m.state = "starting"
         try:
@@ -488,6 +551,28 @@ class NodeAgent:
     async def shutdown_workers(self, timeout_s: float) -> None:
         ms = list(self.workers.values())
         await asyncio.gather(*[self._retire(m, timeout_s) for m in ms if m.state != "stopped"], return_exceptions=True)
+        await asyncio.gather(*[d.stop() for d in self.drivers.values()], return_exceptions=True)
+        self.drivers.clear()
+
+    # ------------------------------------------------------------ rollout drivers
+    async def _reconcile_drivers(self, ds: link.DesiredState) -> None:
+        """Run the drivers the control plane placed here; restart one that died (with backoff)."""
+        wanted = {d.job: d for d in ds.drivers}
+        for job in [j for j in self.drivers if j not in wanted]:
+            await self.drivers.pop(job).stop()
+        for job, spec in wanted.items():
+            d = self.drivers.get(job)
+            if d is not None and d.running:
+                continue
+            if d is not None and time.monotonic() < d.next_start:
+                continue
+            if d is not None:
+                self.send(link.Fault(epoch=self.epoch, worker_id=0, kind="driver_restarted",
+                                     detail=f"the rollout driver of job {job} exited with {d.returncode}; restarting"))
+            restarts = d.restarts + 1 if d is not None else 0
+            d = self.drivers[job] = DriverProcess(job=job, restarts=restarts)
+            await d.start(self.cfg.control_plane, spec.token, self.cfg.time_factor, self.cfg.state_dir / "drivers")
+            d.next_start = time.monotonic() + RESTART_BACKOFF_S[min(restarts, len(RESTART_BACKOFF_S) - 1)]
 
     # ------------------------------------------------------------ crash supervision
     async def _monitor_loop(self) -> None:

@@ -58,15 +58,24 @@ class StepStats:
     duration_s: float = 0.0
 
 
-def group_advantages(rewards: list[float], groups: list[str]) -> torch.Tensor:
-    """A_i = (r_i - mean_g) / (std_g + eps) within each group (GRPO)."""
+def group_advantages(rewards: list[float], groups: list[str], trajectories: list[str] | None = None) -> torch.Tensor:
+    """A_i = (r_i - mean_g) / (std_g + eps) within each group (GRPO). With `trajectories`, the
+    statistics are over the group's trajectories (one reward each), and every turn of a multi-turn
+    trajectory gets its trajectory's advantage: a trajectory with more turns does not weigh more."""
     r = torch.tensor(rewards, dtype=torch.float32)
     adv = torch.zeros_like(r)
+    keys = [f"{g}\x00{t}" if t else f"{g}\x00#{i}" for i, (g, t) in
+            enumerate(zip(groups, trajectories or [""] * len(groups)))]
     for g in set(groups):
-        idx = torch.tensor([i for i, x in enumerate(groups) if x == g])
-        rg = r[idx]
-        std = rg.std(unbiased=False) if len(idx) > 1 else torch.tensor(0.0)
-        adv[idx] = (rg - rg.mean()) / (std + 1e-6)
+        idx = [i for i, x in enumerate(groups) if x == g]
+        first: dict[str, int] = {}
+        for i in idx:
+            first.setdefault(keys[i], i)
+        rg = r[torch.tensor(list(first.values()))]
+        std = rg.std(unbiased=False) if len(rg) > 1 else torch.tensor(0.0)
+        mean = rg.mean()
+        for i in idx:
+            adv[i] = (r[first[keys[i]]] - mean) / (std + 1e-6)
     return adv
 
 
@@ -120,7 +129,7 @@ class GRPOTrainer:
         rejected = len(samples) - len(fresh)
         if not fresh:
             return StepStats(self.version, 0.0, 0.0, 0.0, 0, rejected)
-        adv = group_advantages([s.reward for s in fresh], [s.group for s in fresh])
+        adv = group_advantages([s.reward for s in fresh], [s.group for s in fresh], [s.trajectory for s in fresh])
         seqs = [s.prompt_tokens + s.completion_tokens for s in fresh]
         width = max(len(x) for x in seqs)
         ids = torch.full((len(seqs), width), 258, dtype=torch.long)
@@ -239,7 +248,8 @@ class TrainerServer:
     """`token` is the trainer's own secret (its agent and the job's driver use it); weights are also
     served to holders of a scoped weights token of this trainer's job (`weights_key`, see agent_link)."""
 
-    def __init__(self, trainer: GRPOTrainer, token: str, *, weights_key: str = "", rotate_s: float = 300.0) -> None:
+    def __init__(self, trainer: "GRPOTrainer | EmulatedTrainer", token: str, *, weights_key: str = "",
+                 rotate_s: float = 300.0, job_token: str = "") -> None:
         from aiohttp import web
 
         from agents.weights import weight_routes
@@ -249,6 +259,7 @@ class TrainerServer:
             raise ValueError("a trainer token is required (fail closed)")
         self.trainer = trainer
         self.token = token
+        self.job_token = job_token  # the job's rollout driver posts samples and steps with it
 
         def may_pull(presented: str) -> bool:
             return secrets.compare_digest(presented.encode(), token.encode()) or (
@@ -277,7 +288,10 @@ class TrainerServer:
         if request.path.startswith("/weights/"):  # the weights sub-app checks the token itself
             return await handler(request)
         header = request.headers.get(dp.AUTH_HEADER, "")
-        if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), self.token.encode())):
+        presented = header[7:].encode() if header.startswith("Bearer ") else b""
+        ok = bool(presented) and (secrets.compare_digest(presented, self.token.encode()) or
+                                  (bool(self.job_token) and secrets.compare_digest(presented, self.job_token.encode())))
+        if not ok:
             return web.json_response({"error": "missing or bad trainer token"}, status=401)
         return await handler(request)
 
@@ -298,12 +312,22 @@ class TrainerServer:
     async def step(self, request: Any) -> Any:
         from aiohttp import web
 
-        stats = await self._train()
+        try:
+            body = dp.parse(dp.StepRequest, json.loads(await request.read() or b"{}"))
+        except (ValueError, dp.DataPlaneError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if isinstance(self.trainer, EmulatedTrainer):
+            async with self._lock:
+                stats = await self.trainer.step_counts(body.tokens, body.samples, body.mean_reward, body.training_gpus)
+                self.history.append(stats)
+        else:
+            stats = await self._train(everything=body.all)
         return web.json_response({"version": self.trainer.version, "step": asdict(stats) if stats else None})
 
-    async def _train(self) -> StepStats | None:
+    async def _train(self, everything: bool = False) -> StepStats | None:
         async with self._lock:
-            batch, self.queue = self.queue[: self.trainer.config.batch_size], self.queue[self.trainer.config.batch_size :]
+            n = len(self.queue) if everything else self.trainer.config.batch_size
+            batch, self.queue = self.queue[:n], self.queue[n:]
             if not batch:
                 return None
             stats = await asyncio.get_running_loop().run_in_executor(self._executor, self.trainer.step, batch)
@@ -325,14 +349,62 @@ class TrainerServer:
                                   "weight_version": self.trainer.version, "pid": os.getpid(), "devices": visible_devices()})
 
 
+class EmulatedTrainer:
+    """A trainer for models this machine cannot train (Qwen3-8B, Qwen3-30B-A3B on logical CPU slots):
+    an update takes the profile's training-step time for the batch's tokens on the job's training GPUs
+    (`Profile.train_step_s`, FSDP2-like, PROFILES.md), scaled by the run's time factor; each update
+    publishes a new (placeholder) weight version that emulated workers pull and time like real weights."""
+
+    def __init__(self, *, model: str, hardware: str, tp: int, time_factor: float, store: WeightStore,
+                 ckpt_dir: Path | None, job: str = "") -> None:
+        from controlplane.core.profiles import get_profile
+
+        self.profile = get_profile(hardware, model, tp=max(1, tp))
+        self.time_factor = time_factor
+        self.store = store
+        self.ckpt_dir = ckpt_dir
+        self.job = job
+        self.version = self.steps = self.stale_rejected = self.consumed = 0
+        if ckpt_dir is not None and (ckpt_dir / "emulated.json").exists():
+            meta = json.loads((ckpt_dir / "emulated.json").read_text())
+            self.version, self.steps, self.consumed = meta["version"], meta["steps"], meta["consumed"]
+        versions = store.versions()
+        self.version = max(self.version, versions[-1] if versions else 0)
+        if not versions or versions[-1] < self.version:
+            self.publish()
+
+    def publish(self) -> None:
+        self.store.publish(self.version, {"version": torch.tensor([self.version])})
+
+    async def step_counts(self, tokens: int, samples: int, mean_reward: float, training_gpus: int) -> StepStats:
+        t0 = time.perf_counter()
+        await asyncio.sleep(self.profile.train_step_s(tokens, max(1, training_gpus)) * self.time_factor)
+        self.version += 1
+        self.steps += 1
+        self.consumed += samples
+        if self.ckpt_dir is not None:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.ckpt_dir / "emulated.json", json.dumps(
+                {"version": self.version, "steps": self.steps, "consumed": self.consumed}).encode())
+        self.publish()
+        return StepStats(self.version, 0.0, 0.0, mean_reward, samples, 0, 0.0, time.perf_counter() - t0)
+
+
 async def serve(args: argparse.Namespace, token: str) -> None:
 
     cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
     store = WeightStore(Path(args.weights_dir))
-    trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store,
-                          threads=args.threads, job=args.job or "")
+    trainer: GRPOTrainer | EmulatedTrainer
+    if args.engine == "emulated" and args.model != "tiny" or args.emulated:
+        trainer = EmulatedTrainer(model=args.model, hardware=args.hardware or "H800", tp=int(args.tp or 1),
+                                  time_factor=float(args.time_factor or 1.0), store=store,
+                                  ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, job=args.job or "")
+    else:
+        trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store,
+                              threads=args.threads, job=args.job or "")
     server = TrainerServer(trainer, token, weights_key=os.environ.get("PEARL_WEIGHTS_KEY", ""),
-                           rotate_s=float(os.environ.get("PEARL_WEIGHTS_ROTATE_S", "300")))
+                           rotate_s=float(os.environ.get("PEARL_WEIGHTS_ROTATE_S", "300")),
+                           job_token=os.environ.get("PEARL_JOB_TOKEN", ""))
     runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
     print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True)
     await stop.wait()
@@ -354,7 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
     # accepted so the agent can spawn a trainer like any worker
-    for extra in ("--role", "--worker-id", "--engine", "--job", "--hardware", "--time-factor", "--state-dir"):
+    p.add_argument("--emulated", action="store_true", help="time updates by the profile instead of training")
+    for extra in ("--role", "--worker-id", "--engine", "--job", "--hardware", "--time-factor", "--state-dir", "--tp"):
         p.add_argument(extra, default=None)
     args = p.parse_args(argv)
     token = os.environ.get("PEARL_WORKER_SECRET") or os.environ.get("PEARL_TRAINER_TOKEN", "")

@@ -37,11 +37,15 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class WorkerServer:
-    def __init__(self, engine: Engine, secret: str, *, state_dir: Path | None = None) -> None:
+    # what the job's rollout driver may call with the job's data-plane token (the rest is the agent's)
+    DRIVER_VERBS = frozenset({"/generate", "/prefill", "/decode", "/abort", "/stats", "/health"})
+
+    def __init__(self, engine: Engine, secret: str, *, state_dir: Path | None = None, job_token: str = "") -> None:
         if not secret:
             raise ValueError("a worker secret is required (fail closed)")
         self.engine = engine
         self.secret = secret
+        self.job_token = job_token
         self.state_dir = state_dir
         self.epoch = 0
         self._session: ClientSession | None = None
@@ -97,7 +101,10 @@ class WorkerServer:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         header = request.headers.get(dp.AUTH_HEADER, "")
-        ok = header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), self.secret.encode())
+        presented = header[7:].encode() if header.startswith("Bearer ") else b""
+        ok = bool(presented) and secrets.compare_digest(presented, self.secret.encode())
+        if not ok and self.job_token and request.path in self.DRIVER_VERBS and secrets.compare_digest(presented, self.job_token.encode()):
+            ok = True
         if not ok and not (request.path.startswith("/kv/") and dp.KV_TOKEN_HEADER in request.headers):
             return _error(401, "missing or bad worker secret")
         request[AUTHENTICATED] = ok
@@ -293,7 +300,7 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
     state_dir = Path(args.state_dir) if args.state_dir else None
     if state_dir:
         state_dir.mkdir(parents=True, exist_ok=True)
-    server = WorkerServer(engine, secret, state_dir=state_dir)
+    server = WorkerServer(engine, secret, state_dir=state_dir, job_token=os.environ.get("PEARL_JOB_TOKEN", ""))
     runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
     if state_dir:
         (state_dir / "endpoint.json").write_text(json.dumps({"port": port, "pid": os.getpid()}))

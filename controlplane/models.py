@@ -107,6 +107,7 @@ class Job(models.Model):
     updated = models.DateTimeField(auto_now=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
+    status_reason = models.TextField(blank=True)  # why it is pending (what it waits for), for a person to act on
     remaining = models.PositiveIntegerField(null=True, blank=True)  # R from the rollout driver (None: no report yet)
     loop_state = models.JSONField(default=dict, blank=True)  # the rollout loop's checkpoint (core.loop)
 
@@ -222,6 +223,8 @@ class Transition(models.Model):
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
+    lease_owner = models.CharField(max_length=32, blank=True)  # the executor running it now
+    lease_until = models.DateTimeField(null=True, blank=True)  # a crashed executor's lease runs out
 
     class Meta:
         ordering = ["-created", "-id"]

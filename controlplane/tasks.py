@@ -22,32 +22,47 @@ def echo(payload: dict) -> dict:
 
 
 @shared_task(name="controlplane.plan_job")
-def plan_job(job_id: int, signal: str = "periodic") -> int | None:
-    """① budget → ② decide → ③ plan for one job; the transition is executed by `execute_transition`."""
+def plan_job(job_id: int, signal: str | None = None) -> list[int]:
+    """① budget → ② decide → ③ plan for one job, once per batch of queued signals (single flight);
+    each transition is executed by `execute_transition`."""
     from controlplane.services import planner
+    from controlplane.services.common import take_plan_signals
 
-    transition = planner.plan_job(job_id=job_id, signal=signal)
-    return transition.pk if transition else None
+    planned: list[int] = []
+    while (queued := take_plan_signals(job_id)) is not None or signal is not None:
+        sig, signal = queued or signal, None
+        t = planner.plan_job_isolated(job_id=job_id, signal=sig)
+        if t is not None:
+            planned.append(t.pk)
+    return planned
 
 
 @shared_task(name="controlplane.execute_transition")
-def execute_transition(transition_id: int) -> str:
+def execute_transition(transition_id: int, owner: str = "") -> str:
+    """Advance the transition; while it waits for the agents, look again shortly, keeping the lease
+    (state and lease live in the database: a killed worker's transition is resumed by `replan_all`
+    once its lease runs out, never run twice at once)."""
     from controlplane.services import executor
 
-    return executor.execute_transition(transition_id=transition_id).status
+    tr, outcome = executor.advance(transition_id=transition_id, owner=owner)
+    if outcome == "waiting":
+        execute_transition.apply_async((transition_id, tr.lease_owner), countdown=0.25)
+    return outcome
 
 
 @shared_task(name="controlplane.replan_all")
 def replan_all() -> list[int]:
-    """Periodic re-plan of every live job (also resumes transitions a killed executor left running)."""
+    """Periodic re-plan of every live job; resumes transitions whose executor died (its lease ran out)."""
     from controlplane.models import Job, Transition
     from controlplane.services import executor, planner
 
     for tr_id in Transition.objects.filter(status__in=[Transition.Status.PENDING, Transition.Status.RUNNING]).values_list("id", flat=True):
-        executor.execute_transition(transition_id=tr_id)
+        tr, outcome = executor.advance(transition_id=tr_id)
+        if outcome == "waiting":  # its executor died (the lease ran out): this one carries on
+            execute_transition.apply_async((tr_id, tr.lease_owner), countdown=0.25)
     planned = []
     for job_id in Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).values_list("id", flat=True):
-        t = planner.plan_job(job_id=job_id)
+        t = planner.plan_job_isolated(job_id=job_id, signal="periodic")  # one failing job never stops the others
         if t is not None:
             planned.append(t.pk)
     return planned

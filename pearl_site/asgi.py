@@ -1,5 +1,5 @@
 """ASGI entry point: HTTP through Django; websockets for the dashboard (session, origin-checked) and
-the agent link (per-node bearer token, no cookies)."""
+the agent and driver links (per-node / per-job bearer tokens, no cookies)."""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -15,18 +15,18 @@ from django.urls import path  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from controlplane.api.limits import BodyLimit  # noqa: E402
-from controlplane.consumers import AgentConsumer, DashboardConsumer  # noqa: E402
+from controlplane.consumers import AgentConsumer, DashboardConsumer, DriverConsumer  # noqa: E402
 
 dashboard_routes = AllowedHostsOriginValidator(
     AuthMiddlewareStack(URLRouter([path("ws/dashboard/", DashboardConsumer.as_asgi())]))
 )
-agent_routes = URLRouter([path("ws/agent/", AgentConsumer.as_asgi())])
+token_routes = URLRouter([path("ws/agent/", AgentConsumer.as_asgi()), path("ws/driver/", DriverConsumer.as_asgi())])
 
 
 async def websocket_router(scope, receive, send):  # type: ignore[no-untyped-def]
-    """Agents are not browsers: they authenticate by token, so they skip the origin/session stack."""
-    if scope["path"] == "/ws/agent/":
-        return await agent_routes(scope, receive, send)
+    """Agents and drivers are not browsers: they authenticate by token, so they skip the origin/session stack."""
+    if scope["path"] in ("/ws/agent/", "/ws/driver/"):
+        return await token_routes(scope, receive, send)
     return await dashboard_routes(scope, receive, send)
 
 

@@ -246,6 +246,10 @@ PEARL = {
     "WEIGHTS_TOKEN_ROTATE_S": float(os.environ.get("PEARL_WEIGHTS_TOKEN_ROTATE_S", "300")),
     # per-user limit on state-changing API calls (jobs, overrides, drains, preemptions); per process
     "WRITE_RATE": os.environ.get("PEARL_WRITE_RATE", "120/min"),
+    # a transition step the agents have not shown done in this long is issued again (then fails)
+    "STEP_TIMEOUT_S": float(os.environ.get("PEARL_STEP_TIMEOUT_S", "120")),
+    # borrowed workers must be back this long after Training Begin (the return deadline)
+    "RETURN_DEADLINE_S": float(os.environ.get("PEARL_RETURN_DEADLINE_S", "30")),
 }
 
 LOGGING = {

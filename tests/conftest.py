@@ -92,6 +92,41 @@ def make_node(name: str, *, pool: str = "reserved", slots: int = 4, hardware: st
     return register_node(credential_id=cred.pk, message=msg)
 
 
+def agents_converge() -> None:
+    """Every live node's agent reports its desired state as done, through the heartbeat service: each
+    worker running in its role and activity, holding the weights the job allows, idle, on an endpoint
+    of the node. What a real agent does after reconciling (agents/node.py), without processes."""
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+    from controlplane.core.state import Activity, NodeStatus, Role
+    from controlplane.models import Job, Node
+    from controlplane.selectors.cluster import desired_state
+    from controlplane.services.nodes import record_heartbeat
+
+    for node in Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING]):
+        ds = desired_state(node)
+        versions = dict(Job.objects.values_list("name", "weight_version"))
+        workers = [ObservedWorker(worker_id=w.worker_id, role=w.role, state="running", inflight=0,
+                                  activity=Activity.INACTIVE if w.role == Role.TRAINING and w.activity != Activity.ACTIVE
+                                  else w.activity,
+                                  weight_version=versions.get(w.job, 0), endpoint=f"http://127.0.0.1:{20000 + w.worker_id}",
+                                  generation=ds.generation, devices=list(w.gpus))
+                   for w in ds.workers]
+        record_heartbeat(node_id=node.pk, message=Heartbeat(epoch=node.epoch, generation=ds.generation, workers=workers),
+                         channel=node.agent_channel)
+
+
+def run_transition(transition, rounds: int = 20):
+    """Execute a transition to its end, the agents converging between executor passes."""
+    from controlplane.services import executor
+
+    for _ in range(rounds):
+        tr = executor.execute_transition(transition_id=transition.pk)
+        if tr.status != "running":
+            return tr
+        agents_converge()
+    raise AssertionError(f"transition {transition.pk} still running after {rounds} rounds")
+
+
 def make_job(name: str = "job1", **spec):
     from controlplane.services.jobs import create_job
 

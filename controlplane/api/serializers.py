@@ -78,7 +78,7 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "model", "engine", "hardware", "environment", "policy", "policy_options", "tp", "batch_size", "group_size",
             "max_staleness", "max_trajectory_tokens", "rollout_gpus", "training_gpus", "status", "mode", "n_prefill",
             "n_decode", "n_colocated", "step", "weight_version", "training_active", "created_by", "created", "updated",
-            "stopped_at", "failure_reason", "remaining",
+            "stopped_at", "failure_reason", "status_reason", "remaining",
         ]
         read_only_fields = fields
 

@@ -81,6 +81,15 @@ class DesiredWorker:
     weights_url: str = ""  # the job's trainer, as the control plane records it (never as an agent claims it)
     weights_token: str = ""  # rollout workers: scoped, rotating token for the job's weights
     weights_key: str = ""  # the training worker only: the per-job key it verifies weights tokens with
+    dataplane_token: str = ""  # the job's data-plane token: its rollout driver calls this worker with it
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredDriver:
+    """A job's rollout driver this node's agent runs and restarts (it lives beside the job's trainer)."""
+
+    job: str
+    token: str  # the driver link token of that job (PEARL_DRIVER_TOKEN)
 
 
 WORKER_STATES = frozenset({"starting", "running", "draining", "stopped", "failed"})
@@ -143,6 +152,7 @@ class DesiredState:
     status: str  # ready | draining | not_ready | gone
     workers: list[DesiredWorker] = field(metadata=bounded(max_len=MAX_WORKERS))
     preemption_deadline: float | None = None  # unix time by which the node must be empty
+    drivers: list[DesiredDriver] = field(default_factory=list, metadata=bounded(max_len=MAX_WORKERS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,7 @@ class JobView:
     max_trajectory_tokens: int = field(metadata=bounded(1, 1 << 22))
     return_deadline_s: float = field(metadata=bounded(0.0, 86400.0))
     seed: int = field(default=0, metadata=bounded(0, 2**62))
+    training_gpus: int = field(default=1, metadata=bounded(0, 1 << 20))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from django.utils import timezone
 
-from controlplane.core.agent_link import DesiredState, DesiredWorker
+from controlplane.core.agent_link import DesiredDriver, DesiredState, DesiredWorker
 from controlplane.core.invariants import WorkerView
 from controlplane.core.state import Activity, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
@@ -14,6 +14,9 @@ from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
+
+
+LIVE_JOBS = (Job.Status.PENDING, Job.Status.RUNNING)
 
 
 def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]:
@@ -98,8 +101,15 @@ def node_summary(node_id: int) -> dict[str, Any] | None:
 def desired_state(node: Node) -> DesiredState:
     """The node's full desired state: every alive worker bound to its GPUs. Rollout workers get the
     job's weights URL (its trainer, as recorded here) and a scoped, rotating token for it; the job's
-    trainer gets the job's key to verify such tokens. No cluster-wide secret goes anywhere."""
-    from controlplane.services.credentials import job_weights_key, job_weights_token
+    trainer gets the job's key to verify such tokens; every worker of a job gets the job's data-plane
+    token (its driver's). The node holding a live job's first training worker runs that job's
+    rollout driver. No cluster-wide secret goes anywhere."""
+    from controlplane.services.credentials import (
+        job_dataplane_token,
+        job_driver_token,
+        job_weights_key,
+        job_weights_token,
+    )
 
     indexes: dict[int, list[int]] = defaultdict(list)
     for b in WorkerGPU.objects.filter(alive=True, gpu__node=node).values("worker_id", "gpu__index"):
@@ -123,12 +133,26 @@ def desired_state(node: Node) -> DesiredState:
                 weights_url="" if training else weights_urls[w.job_id],
                 weights_token="" if training or not weights_urls[w.job_id] else job_weights_token(w.job),
                 weights_key=job_weights_key(w.job) if training else "",
+                dataplane_token=job_dataplane_token(w.job),
             )
         )
+    drivers = [DesiredDriver(job=j.name, token=job_driver_token(j)) for j in driver_jobs(node)]
     deadline = node.preemption_deadline.timestamp() if node.preemption_deadline else None
     return DesiredState(
-        generation=node.generation, epoch=node.epoch, status=node.status, workers=workers, preemption_deadline=deadline
+        generation=node.generation, epoch=node.epoch, status=node.status, workers=workers, preemption_deadline=deadline,
+        drivers=drivers,
     )
+
+
+def driver_jobs(node: Node) -> list[Job]:
+    """Live jobs whose rollout driver this node runs: those whose first training worker is here."""
+    first: dict[int, tuple[int, int]] = {}
+    for job_id, slot, node_id in (Worker.objects.filter(alive=True, role=Role.TRAINING, job__status__in=LIVE_JOBS)
+                                  .values_list("job_id", "slot", "node_id")):
+        if job_id not in first or slot < first[job_id][0]:
+            first[job_id] = (slot, node_id)
+    ids = [j for j, (_, n) in first.items() if n == node.pk]
+    return list(Job.objects.filter(pk__in=ids).order_by("name"))
 
 
 def weights_url(job_id: int) -> str:

@@ -46,7 +46,7 @@ def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:
     rows = list(
         Job.objects.order_by("-created").values(
             "id", "name", "status", "policy", "model", "engine", "mode", "n_prefill", "n_decode", "n_colocated", "step",
-            "weight_version", "training_active", "failure_reason",
+            "weight_version", "training_active", "failure_reason", "status_reason", "remaining",
         )[:limit]
     )
     overrides = _override_dicts([r["id"] for r in rows])
@@ -140,7 +140,7 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
     return {
         "job": {
             "id": job.pk, "name": job.name, "status": job.status, "failure_reason": job.failure_reason,
-            "model": job.model, "engine": job.engine, "hardware": job.hardware, "environment": job.environment,
+            "status_reason": job.status_reason, "remaining": job.remaining, "model": job.model, "engine": job.engine, "hardware": job.hardware, "environment": job.environment,
             "policy": job.policy, "tp": job.tp, "batch_size": job.batch_size, "group_size": job.group_size,
             "max_staleness": job.max_staleness, "max_trajectory_tokens": job.max_trajectory_tokens,
             "rollout_gpus": job.rollout_gpus, "training_gpus": job.training_gpus, "mode": job.mode,

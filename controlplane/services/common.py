@@ -1,7 +1,7 @@
 """Helpers every write use case shares: row locks and the invariant check."""
 from __future__ import annotations
 
-from typing import Iterable, TypeVar
+from typing import Any, Iterable, TypeVar
 
 from django.db import transaction
 from django.db.models import Model, QuerySet
@@ -41,8 +41,59 @@ def assert_invariants(*, job_ids: Iterable[int] = (), gpu_ids: Iterable[int] = (
         raise InvariantViolation("; ".join(problems))
 
 
+SIGNAL_PRIORITY = ("training_begin", "training_finished", "step_start", "capacity_change", "periodic")
+
+
 def enqueue_plan(job_id: int, signal: str) -> None:
-    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects)."""
+    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects).
+
+    Single flight per job: the signal joins the job's queue in Redis and a plan task is sent only if
+    none is queued or running; that task plans once for every signal queued meanwhile (one plan sees
+    the current state anyway; the decision records the weightiest signal). No signal is dropped."""
+    transaction.on_commit(lambda: _enqueue_now(job_id, signal), robust=True)
+
+
+def _redis() -> "Any":
+    import redis
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+
+
+def _enqueue_now(job_id: int, signal: str) -> None:
     from controlplane import tasks
 
-    transaction.on_commit(lambda: tasks.plan_job.delay(job_id, signal), robust=True)
+    r = _redis()
+    r.rpush(f"pearl:plan:{job_id}", signal)
+    r.expire(f"pearl:plan:{job_id}", 3600)
+    if r.set(f"pearl:plan:{job_id}:queued", "1", nx=True, ex=300):
+        tasks.plan_job.delay(job_id)
+
+
+def replan_live_jobs(signal: str, *, node_id: int | None = None) -> None:
+    """A capacity change: re-plan every live job (or, with `node_id`, those with a worker there)."""
+    from controlplane.models import Worker
+
+    jobs = Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING])
+    if node_id is not None:
+        jobs = jobs.filter(pk__in=Worker.objects.filter(node_id=node_id).values("job_id"))
+    for job_id in jobs.values_list("id", flat=True):
+        enqueue_plan(job_id, signal)
+
+
+def take_plan_signals(job_id: int) -> str | None:
+    """The weightiest signal queued for the job (all of them are taken), or None: then the job's plan
+    task is no longer queued (a signal arriving right after sends a new one)."""
+    r = _redis()
+    key = f"pearl:plan:{job_id}"
+    pipe = r.pipeline()
+    pipe.lrange(key, 0, -1)
+    pipe.delete(key)
+    raw, _ = pipe.execute()
+    signals = {x.decode() for x in raw}
+    if not signals:
+        r.delete(f"{key}:queued")
+        if r.llen(key) and r.set(f"{key}:queued", "1", nx=True, ex=300):
+            return take_plan_signals(job_id)  # one arrived between the two calls: this task takes it
+        return None
+    return min(signals, key=lambda s: SIGNAL_PRIORITY.index(s) if s in SIGNAL_PRIORITY else len(SIGNAL_PRIORITY))

@@ -1,8 +1,10 @@
 """Per-node agent tokens: random, shown once, stored as SHA-256, revocable, bound to one node name.
-Per-job weights keys and the scoped, rotating tokens derived from them (see core.agent_link)."""
+Per-job weights keys and the scoped, rotating tokens derived from them (see core.agent_link).
+Per-job driver and data-plane tokens: derived (nothing stored), valid while the job lives."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 
 from django.conf import settings
@@ -71,3 +73,35 @@ def job_weights_token(job: Job, *, now: float | None = None) -> str:
     """A token that opens this job's weights (and nothing else) for the current rotation period."""
     rotate_s = settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]
     return link.weights_token(job_weights_key(job), job.name, link.token_bucket(rotate_s, now))
+
+
+# ---------------------------------------------------------------- per-job driver and data-plane tokens
+DRIVER_TOKEN_PREFIX = "pdr_"  # "PEARL driver": the driver link (/ws/driver/) of one job
+
+
+def _job_identity(job: Job) -> str:
+    return f"{job.pk}|{job.name}|{job.created.isoformat() if job.created else ''}"
+
+
+def job_dataplane_token(job: Job) -> str:
+    """Opens this job's workers and trainer to its rollout driver (and nothing of any other job)."""
+    return "pdp_" + salted_hmac("pearl.dataplane", _job_identity(job), algorithm="sha256").hexdigest()
+
+
+def job_driver_token(job: Job) -> str:
+    """The job's driver link token: the job id and an HMAC over its identity."""
+    mac = salted_hmac("pearl.driver", _job_identity(job), algorithm="sha256").hexdigest()
+    return f"{DRIVER_TOKEN_PREFIX}{job.pk}.{mac}"
+
+
+def authenticate_driver(token: str) -> Job | None:
+    """The live job a driver token belongs to, else None (ended jobs take no driver)."""
+    if not token or not token.startswith(DRIVER_TOKEN_PREFIX) or len(token) > 200:
+        return None
+    job_id, _, _ = token[len(DRIVER_TOKEN_PREFIX):].partition(".")
+    if not job_id.isascii() or not job_id.isdigit() or len(job_id) > 18:
+        return None
+    job = Job.objects.filter(pk=int(job_id)).exclude(status__in=[Job.Status.STOPPED, Job.Status.FAILED]).first()
+    if job is None or not hmac.compare_digest(job_driver_token(job).encode(), token.encode()):
+        return None
+    return job

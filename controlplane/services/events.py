@@ -20,6 +20,10 @@ def agent_group(node_id: int) -> str:
     return f"agent.node.{node_id}"
 
 
+def driver_group(job_id: int) -> str:
+    return f"driver.job.{job_id}"
+
+
 def emit(
     *,
     kind: str,
@@ -58,6 +62,13 @@ def send_delta_now(*, kind: str, key: str, data: dict[str, Any]) -> None:
 def notify_agent_on_commit(node_id: int) -> None:
     """Tell the node's agent socket to resend the full desired state (level-triggered)."""
     transaction.on_commit(lambda: _group_send(agent_group(node_id), {"type": "desired.changed"}))
+
+
+def notify_drivers_on_commit(job_ids: Any) -> None:
+    """Tell these jobs' rollout drivers that what they route by may have changed (they get the new view)."""
+    ids = sorted({int(j) for j in job_ids})
+    if ids:
+        transaction.on_commit(lambda: [_group_send(driver_group(j), {"type": "driver.changed"}) for j in ids])
 
 
 def _group_send(group: str, message: dict[str, Any]) -> None:

@@ -10,10 +10,11 @@ from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionErr
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
+from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import override_summary
 from controlplane.services.common import assert_invariants, enqueue_plan, lock_job
 from controlplane.services.errors import Conflict, InvalidInput
-from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
 
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
@@ -23,7 +24,8 @@ def job_delta(job: Job) -> dict[str, Any]:
     return {
         "id": job.pk, "name": job.name, "status": job.status, "mode": job.mode, "n_prefill": job.n_prefill,
         "n_decode": job.n_decode, "n_colocated": job.n_colocated, "step": job.step, "weight_version": job.weight_version,
-        "training_active": job.training_active, "policy": job.policy,
+        "training_active": job.training_active, "policy": job.policy, "status_reason": job.status_reason,
+        "failure_reason": job.failure_reason, "remaining": job.remaining,
     }
 
 
@@ -82,20 +84,35 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
 
 def stop_job(*, job_id: int, actor: str) -> Job:
     """Stop every worker of the job and mark it stopped (409 if it already ended)."""
+    return _end_job(job_id=job_id, status=Job.Status.STOPPED, reason="", actor=actor)
+
+
+def fail_job(*, job_id: int, reason: str, actor: str = "system") -> Job:
+    """The job cannot go on: its workers are released and `reason` says why (shown on its page)."""
+    return _end_job(job_id=job_id, status=Job.Status.FAILED, reason=reason, actor=actor)
+
+
+def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
     with transaction.atomic():
         job = lock_job(job_id, live="it cannot be stopped again")
         now = timezone.now()
         workers = list(Worker.objects.filter(job=job, alive=True).select_related("node"))
         Worker.objects.filter(pk__in=[w.pk for w in workers]).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
         WorkerGPU.objects.filter(worker__in=workers).update(alive=False, active=False)
-        job.status = Job.Status.STOPPED
+        job.status = status
         job.stopped_at = now
         job.training_active = False
-        job.save(update_fields=["status", "stopped_at", "training_active", "updated"])
+        job.failure_reason = reason[:4000]
+        job.save(update_fields=["status", "stopped_at", "training_active", "failure_reason", "updated"])
         for node in {w.node for w in workers}:
             bump_generation(node)
             push_node(node.pk)
-        emit(kind="job.stopped", message=f"job {job.name} stopped ({len(workers)} worker(s) released)", job=job, actor=actor)
+        notify_drivers_on_commit([job.pk])
+        if status == Job.Status.FAILED:
+            emit(kind="job.failed", message=f"job {job.name} failed: {reason} ({len(workers)} worker(s) released)"[:4000],
+                 job=job, actor=actor)
+        else:
+            emit(kind="job.stopped", message=f"job {job.name} stopped ({len(workers)} worker(s) released)", job=job, actor=actor)
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
     return job
 
@@ -169,14 +186,9 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         emit(kind="training.begin" if active else "training.finished",
              message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}", job=job, actor=actor)
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, "training_begin" if active else "training_finished")
     return job
-
-
-def borrowed_workers(job: Job) -> list[Worker]:
-    """The job's overlap rollout workers that are not (yet) back on the trainer's side."""
-    return list(Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING)
-                .exclude(activity=Activity.INACTIVE))
 
 
 def start_update(*, job_id: int, actor: str = "system") -> Job:
@@ -186,7 +198,7 @@ def start_update(*, job_id: int, actor: str = "system") -> Job:
         job = lock_job(job_id, live="it cannot train")
         if not job.training_active:
             raise Conflict(f"job {job.name}: Training Begin comes before the update", field="training_active")
-        out = borrowed_workers(job)
+        out = not_returned(job)  # parked here and, where their agents are up, reported asleep
         if out:
             raise Conflict(f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out)} are not returned yet",
                            field="borrowed")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -16,10 +16,16 @@ from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
-from controlplane.services.common import locked
+from controlplane.services.common import locked, replan_live_jobs
 from controlplane.services import telemetry
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
-from controlplane.services.events import emit, notify_agent_on_commit, push_delta_on_commit, send_delta_now
+from controlplane.services.events import (
+    emit,
+    notify_agent_on_commit,
+    notify_drivers_on_commit,
+    push_delta_on_commit,
+    send_delta_now,
+)
 from controlplane.services.principals import node_principal
 
 MAX_PREEMPTION_NOTICE_S = 24 * 3600
@@ -42,15 +48,17 @@ def _push_node_now(node_id: int) -> None:
 
 
 def bump_generation(node: Node) -> None:
-    """A node's desired state changed: new generation, and its agent hears about it after commit."""
+    """A node's desired state changed: new generation; its agent, and the drivers of the jobs with
+    workers there, hear about it after commit."""
     Node.objects.filter(pk=node.pk).update(generation=F("generation") + 1)
     node.refresh_from_db(fields=["generation"])
     notify_agent_on_commit(node.pk)
+    notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
 
 
-def register_node(*, credential_id: int, message: Register) -> Node:
+def register_node(*, credential_id: int, message: Register, address: str = "127.0.0.1") -> Node:
     """Register the node the credential belongs to, outside any socket (tests, seeding, benchmarks)."""
-    return register_agent(credential_id=credential_id, message=message)[0]
+    return register_agent(credential_id=credential_id, message=message, address=address)[0]
 
 
 def register_agent(*, credential_id: int, message: Register, channel: str = "", address: str = "") -> tuple[Node, str]:
@@ -117,6 +125,7 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
                   "superseded": bool(superseded), "address": node.address},
         )
         push_node(node.pk)
+        replan_live_jobs("capacity_change")  # new (or returning) GPUs: every job may grow, pending ones start
     return node, superseded
 
 
@@ -179,6 +188,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         node = _holder(node_id, channel, message.epoch)
         recovered = node.status == NodeStatus.NOT_READY
         checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
+        before = {o.get("worker_id"): _routing_facts(o) for o in node.observed or []}
         node.last_heartbeat = now
         node.lease_expires = now + _lease()
         node.applied_generation = min(message.generation, node.generation)
@@ -223,6 +233,8 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 bound = sorted(bindings[w.pk])
                 if sorted(o.devices) != bound:
                     refused.append(f"worker {w.pk}: runs on devices {o.devices}, bound to slots {bound}")
+        if before != {o["worker_id"]: _routing_facts(o) for o in node.observed}:
+            notify_drivers_on_commit(w.job_id for w in mine.values())
         if refused:
             emit(kind="agent.refused", message=f"node {node.name}: refused " + "; ".join(refused)[:1000], node=node,
                  actor=f"agent:{node.name}", data={"refused": refused[:64]})
@@ -236,6 +248,12 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         if recovered:
             push_node(node.pk)
     return HeartbeatResult(refused, node.generation)
+
+
+def _routing_facts(o: dict[str, Any]) -> tuple[Any, ...]:
+    """What a driver routes by, of one observed worker (load changes do not count, idleness does)."""
+    return (o.get("state"), o.get("role"), o.get("activity"), o.get("weight_version"), o.get("endpoint"),
+            int(o.get("inflight", 0)) == 0)
 
 
 def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
@@ -315,6 +333,8 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
                 data={"epoch": node.epoch, "fenced_workers": fenced, "heartbeat_age_s": age},
             )
             push_node(node.pk)
+            notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
+            replan_live_jobs("capacity_change", node_id=node.pk)
             expired.append(node.name)
     return expired
 
@@ -333,6 +353,7 @@ def drain_node(*, node_id: int, actor: str) -> Node:
         bump_generation(node)
         emit(kind="node.draining", message=f"node {node.name} is draining", node=node, actor=actor)
         push_node(node.pk)
+        replan_live_jobs("capacity_change", node_id=node.pk)
     return node
 
 
@@ -370,6 +391,7 @@ def preemption_notice(*, node_id: int, deadline: datetime, actor: str) -> Node:
             data={"deadline": deadline.isoformat()},
         )
         push_node(node.pk)
+        replan_live_jobs("capacity_change", node_id=node.pk)
     return node
 
 
@@ -393,6 +415,8 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
             notify_agent_on_commit(node.pk)
             emit(kind="node.gone", message=f"node {node.name} was preempted; {len(ids)} worker(s) removed", node=node)
             push_node(node.pk)
+            notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
+            replan_live_jobs("capacity_change", node_id=node.pk)
             gone.append(node.name)
     return gone
 
@@ -401,9 +425,6 @@ def undrain_node(*, node_id: int, actor: str) -> Node:
     """Return a draining or preempted (gone) node to service: cancel its preemption notice and make it
     ready again if its agent still holds a lease (else not_ready until the next heartbeat). The planner
     re-plans every live job, so the node's GPUs are used again."""
-    from controlplane.models import Job
-    from controlplane.services.common import enqueue_plan
-
     now = timezone.now()
     with transaction.atomic():
         node = locked(Node.objects.filter(pk=node_id)).first()
@@ -422,6 +443,5 @@ def undrain_node(*, node_id: int, actor: str) -> Node:
         emit(kind="node.returned", message=f"node {node.name} returned to service ({before} → {node.status})",
              node=node, actor=actor, data={"before": before, "after": node.status})
         push_node(node.pk)
-        for job_id in Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).values_list("id", flat=True):
-            enqueue_plan(job_id, "capacity_change")
+        replan_live_jobs("capacity_change")
     return node

@@ -25,6 +25,7 @@ from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
 from controlplane.services.common import lock_job
+from controlplane.services.errors import NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, job_delta
 from controlplane.services.workers import start_worker
@@ -136,6 +137,13 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
                   batch_size=job.batch_size, remaining=remaining, overrides=job_overrides(job))
         job.policy_state = policy.state()
         target = p.target
+        waiting = _admission(job, p)
+        if waiting or job.status_reason:
+            job.status_reason = waiting
+            job.save(update_fields=["status_reason", "policy_state", "updated"])
+            push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        if waiting and (job.status == Job.Status.PENDING or target.total == 0):
+            return None  # admitted only once it can run: never "running" on nothing
         last = Decision.objects.filter(job=job).first()
         if (signal == Signal.PERIODIC and last is not None and last.budget == p.budget and last.borrow == p.borrow
                 and (last.mode, last.n_prefill, last.n_decode, last.n_colocated) == (
@@ -157,6 +165,48 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
 
         transaction.on_commit(lambda: tasks.execute_transition.delay(transition.pk), robust=True)
     return transition
+
+
+def _admission(job: Job, p: Placement) -> str:
+    """What the job still waits for before it can run ("" when nothing): its training GPUs bound,
+    and at least one rollout worker placed."""
+    reasons = []
+    want = job.training_gpus // job.tp
+    have = Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).count()
+    if have < want:
+        reasons.append(f"waiting for training GPUs: {have * job.tp} of {job.training_gpus} bound (no free {job.tp}-GPU "
+                       f"group on a ready training node; add or undrain one)")
+    if p.target.total == 0:
+        reasons.append(f"waiting for rollout GPUs: no free {job.tp}-GPU group on a ready reserved or elastic node "
+                       f"(other jobs hold them, or none is registered)")
+    return "; ".join(reasons)
+
+
+def plan_job_isolated(*, job_id: int, signal: str = Signal.PERIODIC) -> Transition | None:
+    """`plan_job` for the Celery tasks: one job's failure never stops the others. A job that cannot be
+    planned at all fails with a reason a person can act on; a conflict with something in progress is
+    retried by the next signal or tick."""
+    import logging
+
+    from controlplane.services.errors import InvalidInput, ServiceError
+    from controlplane.services.jobs import fail_job
+
+    try:
+        return plan_job(job_id=job_id, signal=signal)
+    except NotFound:
+        return None
+    except (InvalidInput, ValueError) as exc:
+        fail_job(job_id=job_id, reason=f"the job cannot be planned: {exc}", actor="planner")
+    except ServiceError as exc:
+        with transaction.atomic():
+            emit(kind="plan.deferred", job=Job.objects.filter(pk=job_id).first(), actor="planner",
+                 message=f"re-plan of job {job_id} deferred: {exc.message}")
+    except Exception as exc:  # a bug: recorded for a person, the other jobs go on
+        logging.getLogger(__name__).exception("planning job %s failed", job_id)
+        with transaction.atomic():
+            emit(kind="plan.error", job=Job.objects.filter(pk=job_id).first(), actor="planner",
+                 message=f"re-plan of job {job_id} failed: {type(exc).__name__}: {exc}"[:2000])
+    return None
 
 
 def _record_decision(job: Job, signal: str, p: Placement) -> Decision:

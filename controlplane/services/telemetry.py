@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.core.agent_link import Telemetry
+from controlplane.core.driver_link import TelemetryReport
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
 from controlplane.models import TelemetrySample
 from controlplane.services.errors import InvalidInput
@@ -17,7 +18,7 @@ RETAIN_PER_JOB = 20_000
 HISTORY_KINDS = (RecordKind.STEP.value, RecordKind.TRAIN.value)
 
 
-def ingest(*, principal: Principal, message: Telemetry) -> int:
+def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int:
     """All-or-nothing: one bad record (malformed, or naming a job or worker the sender does not run)
     rejects the message and stores nothing, so no one feeds another job's predictor."""
     rows: list[TelemetrySample] = []

@@ -216,7 +216,7 @@
     for (const j of jobs) {
       const tr = el("tr"); tr.dataset.job = j.name;
       const name = el("td"); const a = el("a", null, j.name); a.href = `/jobs/${j.id}/`; name.appendChild(a);
-      const st = el("td"); st.appendChild(el("span", `st-${j.status}`, j.status)); if (j.failure_reason) st.title = j.failure_reason;
+      const st = el("td"); st.appendChild(el("span", `st-${j.status}`, j.status)); if (j.failure_reason || j.status_reason) st.title = j.failure_reason || j.status_reason;
       const ov = el("td"); if (j.override) ov.appendChild(el("span", "pill pill-override", j.override)); else ov.appendChild(el("span", "muted", "none (policy decides)"));
       tr.append(name, st, el("td", null, j.policy), el("td", "config", fmt.config(j)), ov, el("td", null, String(j.step)),
         el("td", null, `v${j.weight_version}`), el("td", null, j.training_active ? "computing" : "idle"));

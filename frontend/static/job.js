@@ -13,7 +13,8 @@
   function renderHeader() {
     const j = S.job;
     const st = $("job-status"); st.textContent = j.status; st.className = `pill st-${j.status}`; st.dataset.status = j.status;
-    const f = $("failure"); f.hidden = !j.failure_reason; f.textContent = j.failure_reason ? `Failed: ${j.failure_reason}` : "";
+    const why = j.failure_reason ? `Failed: ${j.failure_reason}` : (j.status_reason ? `Waiting: ${j.status_reason}` : "");
+    const f = $("failure"); f.hidden = !why; f.textContent = why;
     const stop = $("stop"); if (stop) stop.disabled = j.status === "stopped" || j.status === "failed";
     const d = S.latest_decision, st8 = S.staleness;
     const cards = [

@@ -52,9 +52,13 @@ def operator_user(username: str = "ops", password: str = "ops-password-123"):  #
 
 
 class Agent:
-    """A node agent as far as the control plane can tell: it registers over the real agent link."""
+    """A node agent as far as the control plane can tell: it registers over the real agent link and,
+    like agents/node.py after each reconcile, reports every desired state as done (its workers running
+    in their roles, idle, holding the job's weights), so transitions complete; it runs no processes."""
 
     def __init__(self, ws_url: str, name: str, *, pool: str = "reserved", slots: int = 4) -> None:
+        import threading
+
         from websockets.sync.client import ClientConnection, connect
 
         from controlplane.core.agent_link import Register, SlotSpec, dump
@@ -67,6 +71,31 @@ class Agent:
         self.ws.send(json.dumps(dump(msg)))
         self.registered: dict[str, Any] = json.loads(self.ws.recv(timeout=10))
         assert self.registered["type"] == "registered", self.registered
+        self.epoch = self.registered["epoch"]
+        self._reader = threading.Thread(target=self._serve, daemon=True)
+        self._reader.start()
+
+    def _serve(self) -> None:
+        from controlplane.core.agent_link import Heartbeat, ObservedWorker, dump
+
+        while True:
+            try:
+                data = json.loads(self.ws.recv())
+            except Exception:  # closed
+                return
+            if data.get("type") != "desired_state":
+                continue
+            self.epoch = data["epoch"]
+            workers = [ObservedWorker(worker_id=w["worker_id"], role=w["role"], state="running", inflight=0,
+                                      activity="inactive" if w["role"] == "training" and w["activity"] != "active"
+                                      else w["activity"], weight_version=w.get("min_weight_version", 0),
+                                      endpoint=f"http://127.0.0.1:{20000 + w['worker_id']}", generation=data["generation"],
+                                      devices=list(w["gpus"]))
+                       for w in data["workers"]]
+            try:
+                self.ws.send(json.dumps(dump(Heartbeat(epoch=self.epoch, generation=data["generation"], workers=workers))))
+            except Exception:
+                return
 
     def close(self) -> None:
         self.ws.close()

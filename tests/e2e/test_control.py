@@ -108,7 +108,7 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
 
         # Lose the server: the page says the data is stale; a change made meanwhile shows after reconnect.
         daphne = cp.procs[0]
-        daphne.terminate()
+        daphne.kill()  # the server is gone at once (a graceful stop waits for the agents' sockets)
         daphne.wait(timeout=10)
         page.wait_for_selector("body.stale #stale-banner", state="visible")
         assert page.get_attribute("#conn", "data-state") == "reconnecting"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, make_node
+from tests.conftest import ROOT, make_node, run_transition
 
 SPEC = """\
 name: grpo-cli
@@ -49,7 +49,7 @@ def cp(control_plane_server, tmp_path):
 
 def test_submit_status_override_events_stop(cp, tmp_path):
     from controlplane.models import Job, Override
-    from controlplane.services import executor, planner
+    from controlplane.services import planner
 
     token = cp.user_token("alice")
     spec = tmp_path / "job.yaml"
@@ -63,7 +63,7 @@ def test_submit_status_override_events_stop(cp, tmp_path):
     def replan(signal: str) -> None:  # what the Celery worker does on each signal
         tr = planner.plan_job(job_id=job["id"], signal=signal)
         if tr is not None:
-            executor.execute_transition(transition_id=tr.pk)
+            run_transition(tr)
 
     replan("step_start")
     text = pearl(cp, "status", "grpo-cli", token=token).stdout

@@ -9,10 +9,10 @@ from django.utils import timezone
 
 from controlplane.core.context import Signal
 from controlplane.models import Decision, Node, Transition
-from controlplane.services import executor, jobs, nodes, planner
+from controlplane.services import jobs, nodes, planner
 from controlplane.sim.cluster import Simulation
 from controlplane.sim.scenario import scenario_from_dict
-from tests.conftest import make_job, make_node
+from tests.conftest import make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -97,7 +97,7 @@ def _run_live(policy: str, options: dict) -> list[dict]:
         plan = None
         if tr is not None:
             plan = _plan_view(tr.plan["add"], tr.plan["remove"], tr.plan["reassign"])
-            assert executor.execute_transition(transition_id=tr.pk).status == Transition.Status.SUCCEEDED
+            assert run_transition(tr).status == Transition.Status.SUCCEEDED
         label = f"{d.n_colocated}C" if d.mode == "colocated" else f"{d.n_prefill}P{d.n_decode}D"
         out.append({"signal": str(signal), "target": label, "borrow": d.borrow, "budget": d.budget,
                     "reason": d.reason, "plan": plan})

@@ -7,9 +7,9 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity
 from controlplane.models import Decision, Transition, TransitionStep, Worker
 from controlplane.selectors.cluster import training_flags, worker_views
-from controlplane.services import executor, jobs, nodes, planner
+from controlplane.services import jobs, nodes, planner
 from controlplane.services.errors import Conflict
-from tests.conftest import make_job, make_node
+from tests.conftest import make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,7 @@ def test_first_plan_places_training_and_rollout_workers_and_executes():
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
     d = Decision.objects.get(job=job)
     assert d.candidates and d.reason and tr.decision_id == d.pk
-    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded"
+    assert run_transition(tr).status == "succeeded"
     job.refresh_from_db()
     expected = job.n_prefill + job.n_decode + job.n_colocated
     assert len(_active_roles(job)) == expected == 4 + d.borrow
@@ -52,8 +52,8 @@ def test_execution_is_idempotent_after_a_crash_midway():
     Transition.objects.filter(pk=tr.pk).update(status="running")
     for st in first:
         TransitionStep.objects.filter(pk=st.pk).update(status="done")
-    executor.execute_transition(transition_id=tr.pk)  # steps already done are skipped
-    executor.execute_transition(transition_id=tr.pk)  # a second delivery is a no-op
+    run_transition(tr)  # steps already done are skipped
+    run_transition(tr)  # a second delivery is a no-op
     tr.refresh_from_db()
     assert tr.status == "succeeded"
     assert all(s.attempts <= 1 for s in tr.steps.all())
@@ -66,7 +66,7 @@ def test_training_begin_plans_the_return_first_and_the_update_waits_for_it():
     make_node("t1", pool="training", slots=4)
     job = make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16,
                    policy_options={"gate": False})  # ungated: borrow every idle training GPU
-    executor.execute_transition(transition_id=planner.plan_job(job_id=job.pk, signal="step_start").pk)
+    run_transition(planner.plan_job(job_id=job.pk, signal="step_start"))
     assert Decision.objects.get(job=job).borrow == 2
     assert len(_active_roles(job)) == 6
     jobs.set_training_active(job_id=job.pk, active=True)
@@ -76,7 +76,7 @@ def test_training_begin_plans_the_return_first_and_the_update_waits_for_it():
     overlap = set(Worker.objects.filter(job=job, zone="overlap").exclude(role="training").values_list("slot", flat=True))
     steps = list(tr.steps.order_by("index"))
     assert {s.worker_slot for s in steps[:2]} == overlap and all(s.kind == "deactivate_overlap" and s.args["forced"] for s in steps[:2])
-    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded"
+    assert run_transition(tr).status == "succeeded"
     jobs.start_update(job_id=job.pk)  # every borrowed worker is back
     job.refresh_from_db()
     latest = Decision.objects.filter(job=job).first()
@@ -93,12 +93,12 @@ def test_lease_expiry_shrinks_the_pool():
     from controlplane.models import Node
 
     job = _cluster()
-    executor.execute_transition(transition_id=planner.plan_job(job_id=job.pk).pk)
+    run_transition(planner.plan_job(job_id=job.pk))
     Node.objects.filter(name__in=["r1", "t1"]).update(lease_expires=timezone.now() + timedelta(hours=2))
     nodes.expire_leases(now=timezone.now() + timedelta(minutes=5))  # e1 is gone quiet
     tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
     assert tr is not None and tr.plan["remove"]
-    executor.execute_transition(transition_id=tr.pk)
+    run_transition(tr)
     assert not Worker.objects.filter(job=job, node__name="e1", alive=True).exists()
     _valid()
 
@@ -108,7 +108,7 @@ def test_forced_ratio_override_wins():
     jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 3,
                                                "borrowing": False}, actor="t")
     tr = planner.plan_job(job_id=job.pk)
-    executor.execute_transition(transition_id=tr.pk)
+    run_transition(tr)
     assert _active_roles(job) == ["decode", "decode", "decode", "prefill"]
 
 
@@ -122,12 +122,12 @@ def test_returning_the_only_borrowed_decode_worker_pauses_the_group_instead_of_f
     jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1},
                        actor="test")
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
-    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded"
+    assert run_transition(tr).status == "succeeded"
     roles = dict(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).values_list("zone", "role"))
     assert roles == {"rollout": "prefill", "overlap": "decode"}
     jobs.set_training_active(job_id=job.pk, active=True)
     tr = planner.plan_job(job_id=job.pk, signal="training_begin")
-    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded", tr.error
+    assert run_transition(tr).status == "succeeded", tr.error
     assert _active_roles(job) == ["colocated"]
     jobs.start_update(job_id=job.pk)
     _valid()

@@ -1,0 +1,75 @@
+"""What a job's rollout driver is told (the driver link's read models)."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count
+
+from controlplane.core import driver_link as dl
+from controlplane.core.state import Activity, NodeStatus, Role, Zone
+from controlplane.models import Job, Worker
+from controlplane.selectors.cluster import weights_url
+
+
+def observed(worker: Worker) -> dict[str, Any] | None:
+    """What the worker's agent last reported of it (None: not reported)."""
+    for o in worker.node.observed or []:
+        if o.get("worker_id") == worker.pk:
+            return o
+    return None
+
+
+def serving(worker: Worker, min_version: int) -> bool:
+    """Routable: active here, and its agent reports it awake, in its role, with weights the job allows."""
+    o = observed(worker)
+    return (worker.activity == Activity.ACTIVE and worker.node.status == NodeStatus.READY and bool(worker.endpoint)
+            and o is not None and o.get("state") == "running" and o.get("role") == worker.role
+            and o.get("activity") == Activity.ACTIVE and int(o.get("weight_version", 0)) >= min_version)
+
+
+def returned(worker: Worker) -> bool:
+    """A borrowed overlap worker is back on the trainer's side: parked here and, if its agent is up,
+    reported asleep with nothing in flight."""
+    if worker.activity != Activity.INACTIVE:
+        return False
+    if worker.node.status != NodeStatus.READY:
+        return True  # its agent is gone: the worker is fenced
+    o = observed(worker)
+    return o is None or (o.get("activity") == Activity.INACTIVE and int(o.get("inflight", 0)) == 0)
+
+
+def not_returned(job: Job) -> list[Worker]:
+    """The job's overlap rollout workers that are not (yet) back."""
+    ws = Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING).select_related("node")
+    return [w for w in ws if not returned(w)]
+
+
+def job_view(job: Job) -> dl.JobView:
+    return dl.JobView(name=job.name, environment=job.environment, model=job.model, engine=job.engine,
+                      batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
+                      max_trajectory_tokens=job.max_trajectory_tokens, training_gpus=job.training_gpus,
+                      return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)), seed=job.pk)
+
+
+def welcome(job: Job) -> dl.Welcome:
+    from controlplane.services.credentials import job_dataplane_token
+
+    return dl.Welcome(job=job_view(job), cluster=cluster_view(job), dataplane_token=job_dataplane_token(job),
+                      checkpoint=dict(job.loop_state or {}))
+
+
+def cluster_view(job: Job) -> dl.ClusterView:
+    # only workers holding the latest published weights get turns (RLBoost, PEARL: lazy pull, then
+    # admission): whatever step is in flight, its requests then never find a worker too far behind
+    min_version = job.weight_version
+    workers = [
+        dl.WorkerView(worker=w.slot, role=Role(w.role), endpoint=w.endpoint, overlap=w.zone == Zone.OVERLAP,
+                      gpus=max(1, w.gpu_count), weight_version=int((observed(w) or {}).get("weight_version", 0)))
+        for w in (Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role=Role.TRAINING)
+                  .select_related("node").annotate(gpu_count=Count("bindings")).order_by("slot"))
+        if serving(w, min_version)
+    ]
+    return dl.ClusterView(workers=workers, weight_version=job.weight_version, training_active=job.training_active,
+                          borrowed=len(not_returned(job)), trainer=weights_url(job.pk),
+                          stopped=job.status in (Job.Status.STOPPED, Job.Status.FAILED))
