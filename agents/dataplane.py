@@ -228,12 +228,14 @@ class TrainSample:
     weight_version: int = field(metadata=bounded(0))  # oldest version that produced the completion
     temperature: float = field(default=1.0, metadata=bounded(1e-3, 10.0))
     trajectory: str = field(default="", metadata=bounded(max_len=MAX_ID_LEN))  # turns of one trajectory share its advantage
+    token_count: int = field(default=0, metadata=bounded(0, 2**31))  # an emulated model's sample: its size, no tokens
 
 
 @dataclass(slots=True)
 class SubmitSamples:
     samples: list[TrainSample] = field(metadata=bounded(max_len=4096))
     train: bool = True  # run a step once a full batch is queued
+    step: int = field(default=-1, metadata=bounded(-1, 2**31))  # >= 0: keep them for that rollout step's update
 
 
 @dataclass(slots=True)
@@ -242,7 +244,6 @@ class StepRequest:
     (the rollout driver sends the counts, not the tokens, of an emulated model's samples)."""
 
     all: bool = False
-    tokens: int = field(default=0, metadata=bounded(0, 2**40))
-    samples: int = field(default=0, metadata=bounded(0, 2**31))
-    mean_reward: float = field(default=0.0, metadata=bounded(-1e6, 1e6))
+    step: int = field(default=-1, metadata=bounded(-1, 2**31))  # >= 0: train that rollout step, once
+    trajectories: list[str] = field(default_factory=list, metadata=bounded(max_len=1 << 20))  # its batch
     training_gpus: int = field(default=0, metadata=bounded(0, 1 << 20))

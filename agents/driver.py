@@ -36,14 +36,15 @@ log = logging.getLogger("pearl.driver")
 class AsyncLoopRunner:
     """Feeds a RolloutLoop from asyncio callbacks and tasks; commands go to `dispatch` in order."""
 
-    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None], *, t0: float | None = None) -> None:
+    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None], *, elapsed_s: float = 0.0) -> None:
         self.loop = loop
         self._feeder = Feeder(loop, dispatch)
         self._aio = asyncio.get_running_loop()
-        self._t0 = self._aio.time() if t0 is None else t0
+        self._t0 = self._aio.time() - elapsed_s
 
     def now(self) -> float:
-        """Seconds since the runner started, on the event loop's clock."""
+        """Seconds on the loop's clock: `elapsed_s` at start (a restored loop's clock goes on), then the
+        event loop's monotonic clock."""
         return self._aio.time() - self._t0
 
     def feed(self, event: Event) -> None:
@@ -96,6 +97,9 @@ class RolloutDriver:
         cfg = lp.LoopConfig(batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
                             return_deadline_s=job.return_deadline_s, job=job.name)
         self.loop = RolloutLoop.restore(cfg, checkpoint) if checkpoint else RolloutLoop(cfg)
+        # the loop's times (a step's start, a trajectory's turns) are seconds since the job's loop first
+        # started; a restarted driver goes on from the wall-clock epoch kept in the checkpoint
+        self.epoch = float((checkpoint or {}).get("clock_epoch", time.time()))
         self.runner: AsyncLoopRunner | None = None
         self.episodes: dict[str, Episode] = {}
         self.workers: dict[int, dl.WorkerView] = {}
@@ -112,7 +116,7 @@ class RolloutDriver:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        self.runner = AsyncLoopRunner(self.loop, self._dispatch)
+        self.runner = AsyncLoopRunner(self.loop, self._dispatch, elapsed_s=max(0.0, time.time() - self.epoch))
         flusher = asyncio.create_task(self._flush_forever())
         if self.cluster is not None:
             self.on_cluster(self.cluster)
@@ -155,6 +159,10 @@ class RolloutDriver:
             return
         now = self._now()
         new = {w.worker: w for w in view.workers}
+        if set(new) != set(self.workers) or view.weight_version != getattr(self, "_seen_version", -1):
+            self._seen_version = view.weight_version
+            log.info("cluster: workers %s, weights v%d, training %s, borrowed %d", sorted((w, str(v.role)) for w, v in new.items()),
+                     view.weight_version, view.training_active, view.borrowed)
         for wid, w in self.workers.items():
             if wid not in new or new[wid].role != w.role or new[wid].endpoint != w.endpoint:
                 self._feed(lp.WorkerGone(now, wid, "stop"))
@@ -191,8 +199,10 @@ class RolloutDriver:
         elif k is lp.Progress:
             self._checkpoint_due = True
         elif k is lp.EmitSignal:
+            log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
             self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
         elif k is lp.StartStep:
+            log.info("step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version, len(cmd.trajectories))
             for ref in cmd.trajectories:
                 self._start_episode(ref, cmd.step)
             self._checkpoint_due = True
@@ -201,6 +211,7 @@ class RolloutDriver:
             if self.cluster is not None:
                 self.on_cluster(self.cluster)
         elif k is lp.Train:
+            log.info("update for step %d requested", cmd.step)
             self.pending_train = cmd
             self._spawn(self.link.send(dl.UpdateRequest(cmd.step)), "update request")
         elif k is lp.PublishWeights:
@@ -243,13 +254,31 @@ class RolloutDriver:
                            "weight_version": version})
         t0 = self._now()
         turn = await ep.env.step(response)
+        env_s = self._now() - t0
         ep.context += response + list(turn.observation)
         ep.budget = max(1, turn.max_tokens)
         ep.new_tokens = len(turn.observation)
         if turn.done:
             ep.reward, ep.info = turn.reward, dict(turn.info)
-        self._feed(lp.EnvStepped(self._now(), ep.tid, self._now() - t0, turn.done, turn.reward,
+            # the samples reach the trainer before the loop counts the trajectory as finished: whatever
+            # restarts afterwards, a finished trajectory's samples are kept for its step's update
+            await self._trainer_post("samples", {"samples": self._samples(ep), "train": False, "step": ep.step})
+        self._feed(lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward,
                                  observation_tokens=len(turn.observation)))
+
+    def _samples(self, ep: Episode) -> list[dict[str, Any]]:
+        """One sample per turn, each with the trajectory's reward (its turns share one advantage). An
+        emulated model's samples carry their size instead of their synthetic tokens."""
+        counts_only = self.job.engine == "emulated" and self.job.model != "tiny"
+        out = []
+        for s in ep.samples:
+            sample = {**s, "group": f"{ep.step}-{ep.group}", "reward": ep.reward, "trajectory": ep.tid,
+                      "temperature": ep.temperature, "weight_version": min(s["weight_version"], ep.version)}
+            if counts_only:
+                sample |= {"token_count": len(s["prompt_tokens"]) + len(s["completion_tokens"]), "prompt_tokens": [],
+                           "completion_tokens": [], "logprobs": []}
+            out.append(sample)
+        return out
 
     # ------------------------------------------------------------------ engines
     def _sampling(self, ep: Episode, budget: int) -> dict[str, Any]:
@@ -336,34 +365,22 @@ class RolloutDriver:
 
     # ------------------------------------------------------------------ training
     async def _train(self, cmd: lp.Train) -> None:
-        """Send the batch's samples (one per turn, the trajectory's reward on each) and run the update."""
-        samples, rewards, correct = [], [], []
-        for gi, group in enumerate(cmd.groups):
-            for tid in group:
-                ep = self.episodes.pop(tid, None)
-                if ep is None:
-                    continue
-                rewards.append(ep.reward)
-                correct.append(ep.info.get("correct", 0.0))
-                for s in ep.samples:
-                    samples.append({**s, "group": f"{cmd.step}-{gi}", "reward": ep.reward, "trajectory": tid,
-                                    "temperature": ep.temperature, "weight_version": min(s["weight_version"], ep.version)})
-        if self.job.engine == "emulated" and self.job.model != "tiny":  # the emulated trainer times counts
-            summary = {"tokens": sum(len(s["prompt_tokens"]) + len(s["completion_tokens"]) for s in samples),
-                       "samples": len(samples), "mean_reward": sum(rewards) / max(1, len(rewards)),
-                       "training_gpus": self.job.training_gpus}
-            stats = await self._trainer_post("step", summary)
-        else:
-            stats = await self._trainer_step(samples)
-        loss = float((stats or {}).get("loss", 0.0))
-        self.trained.append({"step": cmd.step, "loss": loss, "reward": sum(rewards) / max(1, len(rewards)),
-                             "correct": sum(correct) / max(1, len(correct)), "samples": len(samples)})
+        """The update of the batch: its trajectories' samples are at the trainer already; training a
+        step is idempotent there (a restarted driver asking again gets the version it published)."""
+        tids = [t for g in cmd.groups for t in g]
+        res = await self._trainer_post("step", {"step": cmd.step, "trajectories": tids,
+                                                "training_gpus": self.job.training_gpus})
+        stats = (res or {}).get("step") or {}
+        if (res or {}).get("missing"):
+            log.error("the trainer lacked the samples of %d trajectories of step %d", len(res["missing"]), cmd.step)
+        for tid in tids:
+            self.episodes.pop(tid, None)
+        loss = float(stats.get("loss", 0.0))
+        self.trained.append({"step": cmd.step, "loss": loss, "reward": float(stats.get("mean_reward", 0.0)),
+                             "samples": int(stats.get("accepted", 0))})
+        log.info("step %d trained: version %s, loss %.4f, mean reward %.3f", cmd.step, (res or {}).get("version"), loss,
+                 float(stats.get("mean_reward", 0.0)))
         self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss))
-
-    async def _trainer_step(self, samples: list[dict[str, Any]]) -> dict[str, Any] | None:
-        for i in range(0, len(samples), 1024):
-            await self._trainer_post("samples", {"samples": samples[i:i + 1024], "train": False})
-        return await self._trainer_post("step", {"all": True})
 
     async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """POST to the job's trainer, waiting for one (a restarted trainer comes back on a new endpoint,
@@ -377,7 +394,7 @@ class RolloutDriver:
                     async with self.http.post(f"{trainer}/{verb}", json=body,
                                               headers={"Authorization": f"Bearer {self.token}"}) as resp:
                         if resp.status == 200:
-                            return (await resp.json()).get("step")
+                            return await resp.json()
                         text = await resp.text()
                     if resp.status not in (401, 502, 503):  # 401: a port reused by another process
                         raise RuntimeError(f"trainer /{verb}: HTTP {resp.status}: {text[:500]}")
@@ -399,7 +416,7 @@ class RolloutDriver:
             await self.link.send(dl.ProgressReport(*progress))
         if self._checkpoint_due:
             self._checkpoint_due = False
-            await self.link.send(dl.CheckpointReport(loop.checkpoint()))
+            await self.link.send(dl.CheckpointReport(loop.checkpoint() | {"clock_epoch": self.epoch}))
 
     async def _flush_forever(self, every_s: float = 0.5) -> None:
         while True:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import secrets
@@ -93,6 +94,7 @@ class GRPOTrainer:
         self.steps = 0
         self.stale_rejected = 0
         self.consumed = 0
+        self.trained_steps: dict[int, int] = {}  # rollout step -> the version its update published
         self.job = job
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
         self.store = store
@@ -123,11 +125,15 @@ class GRPOTrainer:
         return fresh
 
     # ---- one GRPO update
-    def step(self, samples: list[dp.TrainSample]) -> StepStats:
+    def step(self, samples: list[dp.TrainSample], rollout_step: int | None = None) -> StepStats:
+        """One GRPO update. With `rollout_step`, the update of that step of the RL loop: it publishes a
+        new version even if no sample survives the staleness check (one version per step)."""
         t0 = time.perf_counter()
         fresh = self.admit(samples)
         rejected = len(samples) - len(fresh)
         if not fresh:
+            if rollout_step is not None:
+                self._advance(rollout_step)
             return StepStats(self.version, 0.0, 0.0, 0.0, 0, rejected)
         adv = group_advantages([s.reward for s in fresh], [s.group for s in fresh], [s.trajectory for s in fresh])
         seqs = [s.prompt_tokens + s.completion_tokens for s in fresh]
@@ -166,15 +172,20 @@ class GRPOTrainer:
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         self.optim.step()
+        self.consumed += len(fresh)
+        self._advance(rollout_step)
+        return StepStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
+                         rejected, float(kl_val.detach()), time.perf_counter() - t0)
+
+    def _advance(self, rollout_step: int | None) -> None:
         self.steps += 1
         self.version += 1
-        self.consumed += len(fresh)
+        if rollout_step is not None:
+            self.trained_steps[rollout_step] = self.version
         if self.ckpt_dir:  # checkpoint first: a published version always has a checkpoint to resume from
             self.save_checkpoint()
         if self.store:
             self.publish()
-        return StepStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
-                         rejected, float(kl_val.detach()), time.perf_counter() - t0)
 
     # ---- weights
     def wire_state(self) -> dict[str, torch.Tensor]:
@@ -201,7 +212,8 @@ class GRPOTrainer:
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optim.param_groups]
         meta = {"job": self.job, "version": self.version, "steps": self.steps, "stale_rejected": self.stale_rejected,
-                "consumed": self.consumed, "param_groups": groups, "config": asdict(self.config)}
+                "consumed": self.consumed, "param_groups": groups, "config": asdict(self.config),
+                "trained_steps": {str(k): v for k, v in self.trained_steps.items()}}
         (tmp / "trainer.json").write_text(json.dumps(meta))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -240,6 +252,7 @@ class GRPOTrainer:
         self.optim.load_state_dict({"state": state, "param_groups": groups})
         self.version, self.steps = meta["version"], meta["steps"]
         self.stale_rejected, self.consumed = meta["stale_rejected"], meta["consumed"]
+        self.trained_steps = {int(k): int(v) for k, v in meta.get("trained_steps", {}).items()}
         return True
 
 
@@ -266,6 +279,7 @@ class TrainerServer:
                 bool(weights_key) and verify_weights_token(weights_key, trainer.job, presented, rotate_s))
 
         self.queue: list[dp.TrainSample] = []
+        self.buffer = StepBuffer(getattr(trainer, "ckpt_dir", None))
         self.history: list[StepStats] = []
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
         self._lock = asyncio.Lock()
@@ -302,6 +316,9 @@ class TrainerServer:
             body = dp.parse(dp.SubmitSamples, json.loads(await request.read() or b"{}"))
         except (ValueError, dp.DataPlaneError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
+            self.buffer.add(body.step, body.samples)
+            return web.json_response({"buffered": self.buffer.size(body.step), "version": self.trainer.version})
         self.queue.extend(body.samples)
         stats = None
         if body.train and len(self.queue) >= self.trainer.config.batch_size:
@@ -316,13 +333,26 @@ class TrainerServer:
             body = dp.parse(dp.StepRequest, json.loads(await request.read() or b"{}"))
         except (ValueError, dp.DataPlaneError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        if isinstance(self.trainer, EmulatedTrainer):
-            async with self._lock:
-                stats = await self.trainer.step_counts(body.tokens, body.samples, body.mean_reward, body.training_gpus)
-                self.history.append(stats)
-        else:
-            stats = await self._train(everything=body.all)
+        if body.step >= 0:
+            return web.json_response(await self._train_step(body))
+        stats = await self._train(everything=body.all)
         return web.json_response({"version": self.trainer.version, "step": asdict(stats) if stats else None})
+
+    async def _train_step(self, body: dp.StepRequest) -> dict[str, Any]:
+        """The update of rollout step `body.step`, exactly once: asked again (a restarted driver), it
+        answers with the version that update published."""
+        async with self._lock:
+            t = self.trainer
+            if body.step in t.trained_steps:
+                return {"version": t.trained_steps[body.step], "step": None, "already": True, "missing": []}
+            samples, missing = self.buffer.take(body.step, body.trajectories)
+            if isinstance(t, EmulatedTrainer):
+                stats = await t.step_samples(samples, body.step, body.training_gpus)
+            else:
+                stats = await asyncio.get_running_loop().run_in_executor(self._executor, t.step, samples, body.step)
+            self.buffer.drop_through(body.step)
+            self.history.append(stats)
+            return {"version": t.trained_steps[body.step], "step": asdict(stats), "already": False, "missing": missing}
 
     async def _train(self, everything: bool = False) -> StepStats | None:
         async with self._lock:
@@ -349,6 +379,52 @@ class TrainerServer:
                                   "weight_version": self.trainer.version, "pid": os.getpid(), "devices": visible_devices()})
 
 
+class StepBuffer:
+    """Samples of finished trajectories, per rollout step, until that step's update. On disk (JSON lines,
+    one file per step) when the trainer has a checkpoint directory: neither a driver nor a trainer
+    restart loses a trajectory the loop counted as finished (the driver posts before it counts)."""
+
+    def __init__(self, ckpt_dir: Path | None) -> None:
+        self.dir = Path(ckpt_dir) / "buffer" if ckpt_dir else None
+        self.steps: dict[int, dict[str, list[dp.TrainSample]]] = {}
+        if self.dir is not None and self.dir.exists():
+            for f in sorted(self.dir.glob("step_*.jsonl")):
+                step = int(f.stem.split("_")[1])
+                for line in f.read_text().splitlines():
+                    with contextlib.suppress(ValueError, dp.DataPlaneError):  # a torn last line: that post is resent
+                        rec = json.loads(line)
+                        self.steps.setdefault(step, {})[rec["trajectory"]] = [dp.parse(dp.TrainSample, x) for x in rec["samples"]]
+
+    def add(self, step: int, samples: list[dp.TrainSample]) -> None:
+        by_traj: dict[str, list[dp.TrainSample]] = {}
+        for s in samples:
+            by_traj.setdefault(s.trajectory, []).append(s)
+        self.steps.setdefault(step, {}).update(by_traj)  # a re-post of a trajectory replaces it
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / f"step_{step:08d}.jsonl", "a") as f:
+                for t, ss in by_traj.items():
+                    f.write(json.dumps({"trajectory": t, "samples": [dp.dump(x) for x in ss]}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def size(self, step: int) -> int:
+        return len(self.steps.get(step, {}))
+
+    def take(self, step: int, trajectories: list[str]) -> tuple[list[dp.TrainSample], list[str]]:
+        have = self.steps.get(step, {})
+        wanted = trajectories or list(have)
+        return [s for t in wanted for s in have.get(t, [])], [t for t in wanted if t not in have]
+
+    def drop_through(self, step: int) -> None:
+        for k in [k for k in self.steps if k <= step]:
+            del self.steps[k]
+        if self.dir is not None:
+            for f in self.dir.glob("step_*.jsonl"):
+                if int(f.stem.split("_")[1]) <= step:
+                    f.unlink(missing_ok=True)
+
+
 class EmulatedTrainer:
     """A trainer for models this machine cannot train (Qwen3-8B, Qwen3-30B-A3B on logical CPU slots):
     an update takes the profile's training-step time for the batch's tokens on the job's training GPUs
@@ -365,9 +441,11 @@ class EmulatedTrainer:
         self.ckpt_dir = ckpt_dir
         self.job = job
         self.version = self.steps = self.stale_rejected = self.consumed = 0
+        self.trained_steps: dict[int, int] = {}
         if ckpt_dir is not None and (ckpt_dir / "emulated.json").exists():
             meta = json.loads((ckpt_dir / "emulated.json").read_text())
             self.version, self.steps, self.consumed = meta["version"], meta["steps"], meta["consumed"]
+            self.trained_steps = {int(k): int(v) for k, v in meta.get("trained_steps", {}).items()}
         versions = store.versions()
         self.version = max(self.version, versions[-1] if versions else 0)
         if not versions or versions[-1] < self.version:
@@ -376,18 +454,23 @@ class EmulatedTrainer:
     def publish(self) -> None:
         self.store.publish(self.version, {"version": torch.tensor([self.version])})
 
-    async def step_counts(self, tokens: int, samples: int, mean_reward: float, training_gpus: int) -> StepStats:
+    async def step_samples(self, samples: list[dp.TrainSample], rollout_step: int, training_gpus: int) -> StepStats:
+        """The update's duration for the batch's tokens (token counts: the driver sends no tokens)."""
         t0 = time.perf_counter()
+        tokens = sum(s.token_count or len(s.prompt_tokens) + len(s.completion_tokens) for s in samples)
         await asyncio.sleep(self.profile.train_step_s(tokens, max(1, training_gpus)) * self.time_factor)
         self.version += 1
         self.steps += 1
-        self.consumed += samples
+        self.consumed += len(samples)
+        self.trained_steps[rollout_step] = self.version
         if self.ckpt_dir is not None:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.ckpt_dir / "emulated.json", json.dumps(
-                {"version": self.version, "steps": self.steps, "consumed": self.consumed}).encode())
+                {"version": self.version, "steps": self.steps, "consumed": self.consumed,
+                 "trained_steps": {str(k): v for k, v in self.trained_steps.items()}}).encode())
         self.publish()
-        return StepStats(self.version, 0.0, 0.0, mean_reward, samples, 0, 0.0, time.perf_counter() - t0)
+        mean_reward = sum(s.reward for s in samples) / max(1, len(samples))
+        return StepStats(self.version, 0.0, 0.0, mean_reward, len(samples), 0, 0.0, time.perf_counter() - t0)
 
 
 async def serve(args: argparse.Namespace, token: str) -> None:

@@ -136,10 +136,17 @@ def make_job(name: str = "job1", **spec):
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle_counters():
-    """API rate-limit counters live in the (per-process) cache: no test inherits another's."""
+    """API rate-limit counters live in the (per-process) cache, queued re-plan signals in Redis (keyed by
+    job id, which tests reuse): no test inherits another's."""
     from django.core.cache import cache
 
     cache.clear()
+    if redis_available():
+        import redis
+
+        r = redis.Redis.from_url(redis_url())
+        for key in r.scan_iter("pearl:plan:*"):
+            r.delete(key)
     yield
 
 

@@ -81,6 +81,28 @@ def replan_live_jobs(signal: str, *, node_id: int | None = None) -> None:
         enqueue_plan(job_id, signal)
 
 
+def defer_plan(job_id: int, signal: str) -> None:
+    """The job has a transition in flight: keep the signal until it ends (`resume_deferred_plans`)."""
+    r = _redis()
+    r.rpush(f"pearl:plan:{job_id}:deferred", signal)
+    r.expire(f"pearl:plan:{job_id}:deferred", 3600)
+
+
+def resume_deferred_plans(job_id: int) -> None:
+    """A transition of the job ended: the signals that came meanwhile are planned now (after commit)."""
+    def resume() -> None:
+        r = _redis()
+        key = f"pearl:plan:{job_id}:deferred"
+        pipe = r.pipeline()
+        pipe.lrange(key, 0, -1)
+        pipe.delete(key)
+        raw, _ = pipe.execute()
+        for signal in {x.decode() for x in raw}:
+            _enqueue_now(job_id, signal)
+
+    transaction.on_commit(resume, robust=True)
+
+
 def take_plan_signals(job_id: int) -> str | None:
     """The weightiest signal queued for the job (all of them are taken), or None: then the job's plan
     task is no longer queued (a signal arriving right after sends a new one)."""

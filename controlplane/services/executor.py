@@ -24,7 +24,7 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
-from controlplane.services.common import locked
+from controlplane.services.common import locked, resume_deferred_plans
 from controlplane.services.errors import Conflict, InvariantViolation, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
@@ -85,6 +85,8 @@ def advance(*, transition_id: int, owner: str = "", actor: str = "executor") -> 
             Transition.objects.filter(pk=tr.pk, lease_owner=owner).update(lease_until=timezone.now() + timedelta(seconds=LEASE_S))
         else:
             Transition.objects.filter(pk=tr.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
+    if outcome in ("done", "failed"):
+        resume_deferred_plans(tr.job_id)
     if outcome == "done":
         with transaction.atomic():
             Transition.objects.filter(pk=tr.pk).update(status=Transition.Status.SUCCEEDED, finished=timezone.now())

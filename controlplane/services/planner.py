@@ -24,7 +24,7 @@ from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
-from controlplane.services.common import lock_job
+from controlplane.services.common import defer_plan, lock_job
 from controlplane.services.errors import NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, job_delta
@@ -128,7 +128,9 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
         if job.status in TERMINAL:
             return None
         if Transition.objects.filter(job=job, status__in=ACTIVE_TRANSITION).exists():
-            return None  # one transition at a time; the next periodic plan runs after it
+            if signal != Signal.PERIODIC:
+                defer_plan(job.pk, str(signal))  # one transition at a time: this signal is planned when it ends
+            return None
         ensure_training_workers(job)
         policy = job_policy(job)
         inv = job_inventory(job)
