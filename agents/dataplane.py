@@ -207,7 +207,10 @@ def _check(obj: Any, where: str) -> None:
         if obj.prompt and obj.prompt_tokens:
             raise DataPlaneError(f"{where}: give prompt or prompt_tokens, not both")
     if isinstance(obj, TrainSample):
-        if not obj.completion_tokens or len(obj.logprobs) != len(obj.completion_tokens):
+        if obj.token_count:  # an emulated model's sample: its size only
+            if obj.prompt_tokens or obj.completion_tokens or obj.logprobs:
+                raise DataPlaneError(f"{where}: give the tokens or token_count, not both")
+        elif not obj.completion_tokens or len(obj.logprobs) != len(obj.completion_tokens):
             raise DataPlaneError(f"{where}: one log-prob per completion token, at least one token")
     if isinstance(obj, (DecodeRequest, LoadWeightsRequest)):
         url = obj.kv_url if isinstance(obj, DecodeRequest) else obj.url

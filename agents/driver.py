@@ -28,24 +28,30 @@ from typing import Any, Awaitable, Callable
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.loop import Command, Event, Feeder, RolloutLoop
-from controlplane.core.state import Role
+from controlplane.core.context import Signal
+from controlplane.core.state import Configuration, Mode, Role
 
 log = logging.getLogger("pearl.driver")
+# How often the loop's checkpoint may be written to the control plane's database at most: a restarted
+# driver redoes at most this much of its trajectories' progress (turns resume from kept prefixes).
+CHECKPOINT_EVERY_S = 2.0
 
 
 class AsyncLoopRunner:
     """Feeds a RolloutLoop from asyncio callbacks and tasks; commands go to `dispatch` in order."""
 
-    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None], *, elapsed_s: float = 0.0) -> None:
+    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None], *, elapsed_s: float = 0.0,
+                 scale: float = 1.0) -> None:
         self.loop = loop
         self._feeder = Feeder(loop, dispatch)
         self._aio = asyncio.get_running_loop()
-        self._t0 = self._aio.time() - elapsed_s
+        self.scale = scale  # wall seconds per loop second (an emulated job runs `time_factor` times real time)
+        self._t0 = self._aio.time() - elapsed_s * scale
 
     def now(self) -> float:
         """Seconds on the loop's clock: `elapsed_s` at start (a restored loop's clock goes on), then the
-        event loop's monotonic clock."""
-        return self._aio.time() - self._t0
+        event loop's monotonic clock, in the job's time (model seconds for an emulated job)."""
+        return (self._aio.time() - self._t0) / self.scale
 
     def feed(self, event: Event) -> None:
         self._feeder.feed(event)
@@ -57,7 +63,7 @@ class AsyncLoopRunner:
             if ev is not None:
                 self.feed(ev)
 
-        return self._aio.call_later(max(0.0, delay_s), fire)
+        return self._aio.call_later(max(0.0, delay_s * self.scale), fire)
 
 
 # ============================================================================ the driver
@@ -110,13 +116,19 @@ class RolloutDriver:
         self.waiting_version: int | None = None
         self.pending_train: lp.Train | None = None
         self.done = asyncio.Event()
-        self._checkpoint_due = False
+        self._checkpointed: dict[str, Any] | None = None
+        self._decision_seen = -1
+        self._checkpoint_sent_at = float("-inf")
         self._last_progress: tuple[int, int] | None = None
         self.trained: list[dict[str, Any]] = []  # per update: step, loss, reward, correct (for tests / logs)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        self.runner = AsyncLoopRunner(self.loop, self._dispatch, elapsed_s=max(0.0, time.time() - self.epoch))
+        # an emulated job's engines, environments and trainer run `time_factor` times real time: its loop
+        # clock (turn and step times, telemetry) is in model seconds, as the profile and the simulator are
+        scale = self.time_factor if self.job.engine == "emulated" else 1.0
+        self.runner = AsyncLoopRunner(self.loop, self._dispatch, elapsed_s=max(0.0, time.time() - self.epoch) / scale,
+                                      scale=scale)
         flusher = asyncio.create_task(self._flush_forever())
         if self.cluster is not None:
             self.on_cluster(self.cluster)
@@ -177,6 +189,16 @@ class RolloutDriver:
         if self.waiting_version is not None and view.weight_version >= self.waiting_version:
             v, self.waiting_version = self.waiting_version, None
             self._feed(lp.WeightsPublished(now, v))
+        d = view.decision
+        if d is not None and d.id != self._decision_seen:
+            self._decision_seen = d.id
+            try:
+                config: Configuration | None = Configuration(Mode(d.mode), d.n_prefill, d.n_decode, d.n_colocated)
+            except ValueError:
+                config = None
+            signal = Signal(d.signal) if d.signal in Signal._value2member_map_ else Signal.PERIODIC
+            self._feed(lp.Decided(now, signal, config if config is not None and config.total > 0 else None,
+                                  d.predicted_makespan_s or None, d.reconfigured))
         if view.stopped:
             self.stop()
 
@@ -197,7 +219,7 @@ class RolloutDriver:
         elif k is lp.Telemetry:
             self.telemetry.append(cmd.record.to_json())
         elif k is lp.Progress:
-            self._checkpoint_due = True
+            pass  # progress and the checkpoint are reported by the flusher, from the loop's state
         elif k is lp.EmitSignal:
             log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
             self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
@@ -205,7 +227,6 @@ class RolloutDriver:
             log.info("step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version, len(cmd.trajectories))
             for ref in cmd.trajectories:
                 self._start_episode(ref, cmd.step)
-            self._checkpoint_due = True
         elif k is lp.ReturnOverlap:
             self.waiting_return = True
             if self.cluster is not None:
@@ -275,7 +296,7 @@ class RolloutDriver:
             sample = {**s, "group": f"{ep.step}-{ep.group}", "reward": ep.reward, "trajectory": ep.tid,
                       "temperature": ep.temperature, "weight_version": min(s["weight_version"], ep.version)}
             if counts_only:
-                sample |= {"token_count": len(s["prompt_tokens"]) + len(s["completion_tokens"]), "prompt_tokens": [],
+                sample |= {"token_count": max(1, len(s["prompt_tokens"]) + len(s["completion_tokens"])), "prompt_tokens": [],
                            "completion_tokens": [], "logprobs": []}
             out.append(sample)
         return out
@@ -380,7 +401,7 @@ class RolloutDriver:
                              "samples": int(stats.get("accepted", 0))})
         log.info("step %d trained: version %s, loss %.4f, mean reward %.3f", cmd.step, (res or {}).get("version"), loss,
                  float(stats.get("mean_reward", 0.0)))
-        self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss))
+        self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss, missing=len((res or {}).get("missing") or [])))
 
     async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """POST to the job's trainer, waiting for one (a restarted trainer comes back on a new endpoint,
@@ -414,9 +435,11 @@ class RolloutDriver:
         if progress != self._last_progress and loop.step >= 0:
             self._last_progress = progress
             await self.link.send(dl.ProgressReport(*progress))
-        if self._checkpoint_due:
-            self._checkpoint_due = False
-            await self.link.send(dl.CheckpointReport(loop.checkpoint() | {"clock_epoch": self.epoch}))
+        if time.monotonic() - self._checkpoint_sent_at >= CHECKPOINT_EVERY_S:
+            state = loop.checkpoint() | {"clock_epoch": self.epoch}
+            if state != self._checkpointed:  # level-triggered: whatever changed since the last one that was sent
+                await self.link.send(dl.CheckpointReport(state))
+                self._checkpointed, self._checkpoint_sent_at = state, time.monotonic()
 
     async def _flush_forever(self, every_s: float = 0.5) -> None:
         while True:

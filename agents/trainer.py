@@ -316,6 +316,9 @@ class TrainerServer:
             body = dp.parse(dp.SubmitSamples, json.loads(await request.read() or b"{}"))
         except (ValueError, dp.DataPlaneError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        if not isinstance(self.trainer, EmulatedTrainer) and any(s.token_count for s in body.samples):
+            return web.json_response({"error": "SubmitSamples.samples: this trainer trains on tokens; "
+                                               "token_count-only samples are for the emulated trainer"}, status=400)
         if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
             self.buffer.add(body.step, body.samples)
             return web.json_response({"buffered": self.buffer.size(body.step), "version": self.trainer.version})

@@ -21,9 +21,14 @@ from agents.dataplane import (
     PrefillResult,
     WorkerStats,
 )
+from controlplane.core import telemetry as tm
 from controlplane.core.telemetry import TelemetryRecord
 
 TELEMETRY_BUFFER = 4096
+# One decode-iteration sample per this many wall seconds per engine: the tracker fits iteration time
+# against batch size from a bounded window, and an engine iterating every few milliseconds would
+# otherwise write hundreds of rows a second to the control plane's database.
+DECODE_SAMPLE_S = 1.0
 KV_LEASE_S = 60.0  # an unpulled KV handle is freed after this (vLLM's kv_lease_duration is 30 s)
 
 
@@ -139,6 +144,17 @@ class Engine(ABC):
         self.kv = KVStore()
         self.counters = Counters()
         self.telemetry: collections.deque[TelemetryRecord] = collections.deque(maxlen=TELEMETRY_BUFFER)
+        self._decode_sampled = float("-inf")
+        self.decode_sample_s = DECODE_SAMPLE_S
+
+    def record_decode_iteration(self, batch: int, duration_s: float) -> None:
+        """Keep one decode iteration (batch size, model-time duration) every `decode_sample_s`: a
+        systematic sample, unbiased for the tracker's fit of iteration time against batch size."""
+        now = time.monotonic()
+        if now - self._decode_sampled >= self.decode_sample_s:
+            self._decode_sampled = now
+            self.telemetry.append(tm.decode_iteration(time_s=time.time(), job=self.job, worker=self.worker_id,
+                                                      running_batch=batch, duration_s=duration_s))
 
     # ---- lifecycle
     async def start(self) -> None:

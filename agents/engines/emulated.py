@@ -265,8 +265,7 @@ class EmulatedEngine(LoopEngine):
                 c.iteration_s.append(observed)
                 c.token_times.append((time.monotonic(), batch))
                 share = t_decode / (t_prefill + t_decode)
-                self.telemetry.append(tm.decode_iteration(time_s=time.time(), job=self.job, worker=self.worker_id,
-                                                          running_batch=batch, duration_s=observed * share / self.time_factor))
+                self.record_decode_iteration(batch, observed * share / self.time_factor)
                 self.timing_log.append((batch, predicted, observed))
                 if len(self.timing_log) > 4096:
                     del self.timing_log[:2048]

@@ -592,7 +592,7 @@ class TorchEngine(LoopEngine):
             c.generated_tokens += batch
             c.iteration_s.append(dt)
             c.token_times.append((time.monotonic(), batch))
-            self.telemetry.append(tm.decode_iteration(time_s=time.time(), job=self.job, worker=self.worker_id, running_batch=batch, duration_s=dt))
+            self.record_decode_iteration(batch, dt)
             keep = []
             for i, s in enumerate(self.runner.rows):
                 if self._finished(s):

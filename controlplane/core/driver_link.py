@@ -103,6 +103,21 @@ class JobView:
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionView:
+    """The scheduler's latest decision for the job: the loop records its prediction against the step
+    (predicted vs observed makespan, in the job's clock) and the configuration the step ran with."""
+
+    id: int = field(metadata=bounded(0))
+    signal: str = field(metadata=bounded(max_len=32))
+    mode: str = field(metadata=bounded(max_len=16))
+    n_prefill: int = field(default=0, metadata=bounded(0, 1 << 20))
+    n_decode: int = field(default=0, metadata=bounded(0, 1 << 20))
+    n_colocated: int = field(default=0, metadata=bounded(0, 1 << 20))
+    predicted_makespan_s: float = field(default=0.0, metadata=bounded(0.0, 1e12))  # 0: none
+    reconfigured: bool = False  # the decision changed the configuration (a transition carries it out)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterView:
     """Everything the driver routes by, in full every time (level-triggered)."""
 
@@ -113,6 +128,7 @@ class ClusterView:
     borrowed: int = field(metadata=bounded(0))  # overlap workers not yet back (active or in transition)
     trainer: str = field(default="", metadata=bounded(max_len=2048))  # the trainer's endpoint ("" until known)
     stopped: bool = False  # the job ended: finish nothing new, exit
+    decision: DecisionView | None = None  # the latest decision (None before the first)
 
 
 @dataclass(frozen=True, slots=True)

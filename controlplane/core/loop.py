@@ -159,6 +159,7 @@ class TrainingDone:
     now_s: float
     step: int
     loss: float = 0.0
+    missing: int = 0  # trajectories of the step whose samples the trainer did not have (lost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +379,7 @@ class RolloutLoop:
         self.train_start_s = 0.0
         self.return_latency_s = 0.0
         self.loss = 0.0
+        self.missing = 0
         self.resumed = False  # restored from a checkpoint: unfinished trajectories restart on Start
         self.waiting: deque[str] = deque()  # trajectories with a turn to route and no worker yet
         self.admission_open = True
@@ -503,7 +505,7 @@ class RolloutLoop:
         if self.trainer is not Trainer.TRAINING or not self.ready or ev.step != self.ready[0]:
             return
         self.trainer = Trainer.PUBLISHING
-        self.loss = ev.loss
+        self.loss, self.missing = ev.loss, ev.missing
         self._emit(PublishWeights(ev.step + 1))
 
     def _on_weights_published(self, ev: WeightsPublished) -> None:
@@ -517,7 +519,8 @@ class RolloutLoop:
         self._emit(Telemetry(tm.train(
             time_s=ev.now_s, job=self.cfg.job, step=j, duration_s=ev.now_s - self.train_start_s,
             return_latency_s=self.return_latency_s, return_deadline_s=self.cfg.return_deadline_s,
-            loss=self.loss, weight_version=ev.version)))
+            loss=self.loss, weight_version=ev.version, trajectories=len(self.steps[j].trajectories),
+            missing_trajectories=self.missing)))
         for tid in self.steps[j].trajectories:  # trained: the step's books are closed
             self.trajs.pop(tid, None)
         if self.ready and self.ready[0] == self.trained_next:
@@ -702,8 +705,10 @@ class RolloutLoop:
         pred = ev.predicted_makespan_s
         if pred is None or not math.isfinite(pred) or pred <= 0:
             return
-        if ev.signal is Signal.STEP_START or ev.reconfigured:
-            # elapsed time plus the remaining fraction R/B of the prediction (Eq. 7's fluid view)
+        if ev.signal is Signal.STEP_START or ev.reconfigured or st.predicted_makespan_s <= 0:
+            # elapsed time plus the remaining fraction R/B of the prediction (Eq. 7's fluid view); live,
+            # a step's first decision may come under another signal (several queued at once are planned
+            # as the weightiest)
             st.predicted_makespan_s = (ev.now_s - st.start_s) + st.remaining / self.cfg.batch_size * pred
             if ev.signal is Signal.STEP_START:
                 st.predicted_at_start_s = pred
@@ -761,7 +766,7 @@ class RolloutLoop:
             "version": self.version, "step": self.step, "rollout_active": self.rollout_active,
             "trained_next": self.trained_next, "ready": list(self.ready), "trainer": str(self.trainer),
             "training_active": self.training_active, "tb_s": self.tb_s, "train_start_s": self.train_start_s,
-            "return_latency_s": self.return_latency_s, "loss": self.loss, "deadline_misses": self.deadline_misses,
+            "return_latency_s": self.return_latency_s, "loss": self.loss, "missing": self.missing, "deadline_misses": self.deadline_misses,
             "stale_aborted": self.stale_aborted, "started_trajectories": self.started_trajectories,
             "finished_trajectories": self.finished_trajectories, "replacements": {str(k): v for k, v in self._replacements.items()},
             "steps": [asdict(s) for s in self.steps.values()],
@@ -792,6 +797,7 @@ class RolloutLoop:
             tr = Traj(**{**t, "state": TrajState(t["state"])})
             loop.trajs[tr.tid] = tr
         loop.loss = float(data.get("loss", 0.0))
+        loop.missing = int(data.get("missing", 0))
         loop.resumed = True
         label = data.get("configuration") or ""
         loop.configuration = _parse_label(label)

@@ -64,6 +64,8 @@ class TelemetryRecord:
     return_deadline_s: float = 0.0
     loss: float = 0.0
     weight_version: int = 0  # published by this training step
+    trajectories: int = 0  # the step's batch, as the loop counted it
+    missing_trajectories: int = 0  # of those, the ones the trainer had no samples of (lost)
     # DECODE_ITERATION / PREFILL
     running_batch: int = 0  # sequences in the decode iteration
     tokens: int = 0  # prefill tokens in the pass

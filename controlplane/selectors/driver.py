@@ -1,6 +1,7 @@
 """What a job's rollout driver is told (the driver link's read models)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -8,7 +9,7 @@ from django.db.models import Count
 
 from controlplane.core import driver_link as dl
 from controlplane.core.state import Activity, NodeStatus, Role, Zone
-from controlplane.models import Job, Worker
+from controlplane.models import Decision, Job, Worker
 from controlplane.selectors.cluster import weights_url
 
 
@@ -72,4 +73,15 @@ def cluster_view(job: Job) -> dl.ClusterView:
     ]
     return dl.ClusterView(workers=workers, weight_version=job.weight_version, training_active=job.training_active,
                           borrowed=len(not_returned(job)), trainer=weights_url(job.pk),
-                          stopped=job.status in (Job.Status.STOPPED, Job.Status.FAILED))
+                          stopped=job.status in (Job.Status.STOPPED, Job.Status.FAILED), decision=decision_view(job))
+
+
+def decision_view(job: Job) -> dl.DecisionView | None:
+    d = Decision.objects.filter(job=job).first()
+    if d is None:
+        return None
+    pred = d.predicted_makespan_s
+    return dl.DecisionView(id=d.pk, signal=d.signal, mode=d.mode, n_prefill=d.n_prefill, n_decode=d.n_decode,
+                           n_colocated=d.n_colocated,
+                           predicted_makespan_s=pred if pred is not None and math.isfinite(pred) and pred > 0 else 0.0,
+                           reconfigured=d.transitions.exists())

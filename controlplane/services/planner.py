@@ -26,7 +26,7 @@ from controlplane.core.transitions import StepKind
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
 from controlplane.services.common import defer_plan, lock_job
 from controlplane.services.errors import NotFound
-from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, job_delta
 from controlplane.services.workers import start_worker
 
@@ -34,12 +34,14 @@ TELEMETRY_WINDOW = 5000
 ACTIVE_TRANSITION = (Transition.Status.PENDING, Transition.Status.RUNNING)
 
 
-def _free_units(tp: int) -> list[Unit]:
-    """Free `tp`-GPU groups on ready reserved/elastic nodes, in stable (node name, index) order."""
+def _free_units(tp: int, hardware: str) -> list[Unit]:
+    """Free `tp`-GPU groups of the job's hardware on ready reserved/elastic nodes, in stable (node
+    name, index) order."""
     bound = set(WorkerGPU.objects.filter(alive=True, kind="rollout").values_list("gpu_id", flat=True))
     groups: dict[tuple[int, str], list[int]] = {}
     for gid, node_id, pool, index in (
-        GPU.objects.filter(present=True, node__status=NodeStatus.READY, node__pool__in=[Pool.RESERVED, Pool.ELASTIC])
+        GPU.objects.filter(present=True, hardware__iexact=hardware, node__status=NodeStatus.READY,
+                           node__pool__in=[Pool.RESERVED, Pool.ELASTIC])
         .order_by("node__name", "index").values_list("id", "node_id", "node__pool", "index")
     ):
         if gid not in bound:
@@ -58,7 +60,8 @@ def ensure_training_workers(job: Job) -> int:
     want = job.training_gpus // job.tp
     bound = set(WorkerGPU.objects.filter(alive=True, kind="training").values_list("gpu_id", flat=True))
     groups: dict[int, list[int]] = {}
-    for gid, node_id, index in (GPU.objects.filter(present=True, node__status=NodeStatus.READY, node__pool=Pool.TRAINING)
+    for gid, node_id, index in (GPU.objects.filter(present=True, hardware__iexact=job.hardware,
+                                                   node__status=NodeStatus.READY, node__pool=Pool.TRAINING)
                                 .order_by("node__name", "index").values_list("id", "node_id", "index")):
         if gid not in bound:
             groups.setdefault(node_id, []).append(index)
@@ -84,7 +87,7 @@ def job_inventory(job: Job) -> Inventory:
         role = Role(w.role) if (w.zone == Zone.ROLLOUT or w.activity != Activity.INACTIVE) else None
         units.append(Unit(("w", w.slot), Pool(w.node.pool), w.slot, role, leaving=not ready,
                           busy=w.activity == Activity.TRANSITIONING, inflight=w.inflight))
-    units += _free_units(job.tp)
+    units += _free_units(job.tp, job.hardware)
     cap = job.rollout_gpus // job.tp if job.rollout_gpus else None
     return Inventory(tuple(units), frozenset(taken), cap, job.training_active)
 
@@ -177,9 +180,9 @@ def _admission(job: Job, p: Placement) -> str:
     have = Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).count()
     if have < want:
         reasons.append(f"waiting for training GPUs: {have * job.tp} of {job.training_gpus} bound (no free {job.tp}-GPU "
-                       f"group on a ready training node; add or undrain one)")
+                       f"{job.hardware} group on a ready training node; add or undrain one)")
     if p.target.total == 0:
-        reasons.append(f"waiting for rollout GPUs: no free {job.tp}-GPU group on a ready reserved or elastic node "
+        reasons.append(f"waiting for rollout GPUs: no free {job.tp}-GPU {job.hardware} group on a ready reserved or elastic node "
                        f"(other jobs hold them, or none is registered)")
     return "; ".join(reasons)
 
@@ -224,6 +227,7 @@ def _record_decision(job: Job, signal: str, p: Placement) -> Decision:
     push_delta_on_commit(kind="decision", key=str(decision.pk), data={
         "id": decision.pk, "job": job.name, "label": target.label(), "admitted": decision.admitted,
         "reason": decision.reason, "predicted_makespan_s": decision.predicted_makespan_s, "borrow": p.borrow})
+    notify_drivers_on_commit([job.pk])  # the loop records the prediction against its step
     return decision
 
 

@@ -41,9 +41,9 @@ def pearl(cp, *args: str, token: str | None = None, env: dict[str, str] | None =
 @pytest.fixture
 def cp(control_plane_server, tmp_path):
     control_plane_server.tmp = tmp_path
-    make_node("res-a", slots=4)
-    make_node("spot-a", pool="elastic", slots=2)
-    make_node("train-a", pool="training", slots=2)
+    make_node("res-a", slots=4, hardware="H800")
+    make_node("spot-a", pool="elastic", slots=2, hardware="H800")
+    make_node("train-a", pool="training", slots=2, hardware="H800")
     return control_plane_server
 
 

@@ -27,12 +27,16 @@ from django.core.management.base import BaseCommand, CommandError
 from controlplane.management.supervisor import Child, Supervisor
 
 DEMO_NODES = [
-    # name, pool, slots
-    ("rollout-0", "reserved", 4),
-    ("spot-0", "elastic", 4),
-    ("spot-1", "elastic", 4),
-    ("train-0", "training", 4),
+    # name, pool, slots, hardware: logical slots; H800 slots host the emulated Qwen3-8B job, cpu slots
+    # the tiny torch model that really trains here
+    ("rollout-0", "reserved", 4, "H800"),
+    ("spot-0", "elastic", 4, "H800"),
+    ("spot-1", "elastic", 4, "H800"),
+    ("train-0", "training", 4, "H800"),
+    ("cpu-roll", "reserved", 2, "cpu"),
+    ("cpu-train", "training", 1, "cpu"),
 ]
+DEMO_TRACE = "controlplane/sim/traces/bamboo-seg1.csv"  # replayed on the elastic nodes (spot-0, spot-1)
 
 
 @contextlib.contextmanager
@@ -66,7 +70,10 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PEARL_PORT", "8000")))
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-agents", action="store_true", help="start no demo agents")
-        parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo job")
+        parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo jobs")
+        parser.add_argument("--trace", default=DEMO_TRACE, help="availability trace replayed on the elastic nodes ('' for none)")
+        parser.add_argument("--trace-speedup", type=float, default=None,
+                            help="trace seconds per wall second (default: 1 / --time-factor, the emulated job's clock)")
         parser.add_argument("--time-factor", type=float, default=0.05, help="emulated engine time scale")
         parser.add_argument("--ready-timeout", type=float, default=120.0)
         parser.add_argument("--debug", action="store_true", help="development mode (DEBUG on); off by default")
@@ -113,12 +120,16 @@ class Command(BaseCommand):
             # the job's rollout driver reaches every worker with one data-plane secret (GET /workers on each
             # agent); weights need no shared secret: the control plane hands out scoped, per-job tokens
             env["PEARL_DATAPLANE_SECRET"] = secrets.token_urlsafe(24)
-            for name, pool, slots in DEMO_NODES:
+            for name, pool, slots, hardware in DEMO_NODES:
                 with _no_dashboard_pushes():
                     env["TOKEN_" + name.upper().replace("-", "_")] = issue_agent_token(node_name=name, actor="launcher")
+                engine = "torch" if hardware == "cpu" else "emulated"
                 children.append((f"agent-{name}",
                     f"{py} -m agents.node --control-plane {control} --node {name} --slots {slots} --pool {pool} "
-                    f"--hardware H800 --engine emulated --time-factor {opts['time_factor']} --state-dir {var / 'agents' / name}"))
+                    f"--hardware {hardware} --engine {engine} --time-factor {opts['time_factor']} --state-dir {var / 'agents' / name}"))
+            if opts["trace"]:
+                children.append(("trace", f"{py} manage.py replay_availability --trace {shlex.quote(opts['trace'])} "
+                                          f"--speedup {opts['trace_speedup'] or 1.0 / opts['time_factor']}"))
         envfile = var / "demo.env"
         envfile.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         os.chmod(envfile, 0o600)
@@ -131,7 +142,7 @@ class Command(BaseCommand):
             if name.startswith("agent-"):  # each agent gets its own token only
                 key = "TOKEN_" + name[len("agent-"):].upper().replace("-", "_")
                 child_env |= {"PEARL_AGENT_TOKEN": env[key], "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"]}
-            tier = 2 if name.startswith("agent-") else 0 if name == "redis" else 1
+            tier = 2 if name.startswith("agent-") or name == "trace" else 0 if name == "redis" else 1
             supervised.append(Child(name=name, argv=shlex.split(line), env=child_env, tier=tier))
         self.step(f"starting {len(supervised)} supervised processes ({'debug' if opts['debug'] else 'production'} mode)")
         sup = Supervisor(supervised, cwd=str(root), out=sys.stdout)
@@ -215,12 +226,21 @@ class Command(BaseCommand):
         raise CommandError("the stack did not become ready in time")
 
     def _demo_job(self, opts: dict[str, Any]) -> None:
+        """Two jobs: the tiny torch model learning the calculator task on the cpu nodes, and an
+        emulated Qwen3-8B/H800 SWE-like job on the training, reserved and elastic H800 nodes."""
         from controlplane.models import Job
         from controlplane.services.jobs import create_job
 
         if Job.objects.filter(status__in=["pending", "running"]).exists():
             return
-        name = f"demo-{int(time.time()) % 100000}"
-        create_job(spec={"name": name, "model": "tiny", "hardware": "h800", "engine": "emulated", "tp": 2,
-                         "batch_size": 64, "group_size": 16, "rollout_gpus": 12, "training_gpus": 4}, actor="launcher")
-        self.step(f"demo job {name} submitted (policy pearl)")
+        n = int(time.time()) % 100000
+        jobs = [
+            {"name": f"calc-{n}", "model": "tiny", "hardware": "cpu", "engine": "torch", "environment": "calculator",
+             "tp": 1, "batch_size": 16, "group_size": 8, "rollout_gpus": 2, "training_gpus": 1, "max_staleness": 1},
+            {"name": f"swe-{n}", "model": "qwen3-8b", "hardware": "h800", "engine": "emulated", "environment": "swe-like",
+             "tp": 2, "batch_size": 32, "group_size": 8, "rollout_gpus": 12, "training_gpus": 4, "max_staleness": 1},
+        ]
+        for spec in jobs:
+            create_job(spec=spec, actor="launcher")
+            self.step(f"demo job {spec['name']} submitted ({spec['model']} on {spec['hardware']}, {spec['engine']} engine, "
+                      f"{spec['environment']}, policy pearl)")

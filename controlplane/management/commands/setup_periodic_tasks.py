@@ -17,5 +17,7 @@ class Command(BaseCommand):
         for name, task, seconds in PERIODIC:
             every = max(1, int(round(seconds())))
             schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
-            PeriodicTask.objects.update_or_create(name=name, defaults={"task": task, "interval": schedule, "enabled": True})
+            # a run that could not start within its own period is dropped, not queued behind the next one
+            PeriodicTask.objects.update_or_create(name=name, defaults={"task": task, "interval": schedule, "enabled": True,
+                                                                      "expire_seconds": every})
             self.stdout.write(f"{name}: {task} every {every}s")

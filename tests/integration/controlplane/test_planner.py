@@ -15,9 +15,9 @@ pytestmark = pytest.mark.django_db
 
 
 def _cluster():
-    make_node("r1", slots=4)
-    make_node("e1", pool="elastic", slots=4)
-    make_node("t1", pool="training", slots=4)
+    make_node("r1", slots=4, hardware="H800")
+    make_node("e1", pool="elastic", slots=4, hardware="H800")
+    make_node("t1", pool="training", slots=4, hardware="H800")
     return make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16)
 
 
@@ -61,9 +61,9 @@ def test_execution_is_idempotent_after_a_crash_midway():
 
 
 def test_training_begin_plans_the_return_first_and_the_update_waits_for_it():
-    make_node("r1", slots=4)
-    make_node("e1", pool="elastic", slots=4)
-    make_node("t1", pool="training", slots=4)
+    make_node("r1", slots=4, hardware="H800")
+    make_node("e1", pool="elastic", slots=4, hardware="H800")
+    make_node("t1", pool="training", slots=4, hardware="H800")
     job = make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16,
                    policy_options={"gate": False})  # ungated: borrow every idle training GPU
     run_transition(planner.plan_job(job_id=job.pk, signal="step_start"))
@@ -115,8 +115,8 @@ def test_forced_ratio_override_wins():
 def test_returning_the_only_borrowed_decode_worker_pauses_the_group_instead_of_failing():
     """1P1D with the decode worker on a borrowed training GPU; Training Begin returns it: the prefill
     worker alone is no valid configuration, so the group pauses and comes back as planned."""
-    make_node("r1", slots=2)
-    make_node("t1", pool="training", slots=2)
+    make_node("r1", slots=2, hardware="H800")
+    make_node("t1", pool="training", slots=2, hardware="H800")
     job = make_job(rollout_gpus=2, training_gpus=2, tp=2, model="qwen3-8b", hardware="h800", batch_size=64,
                    group_size=16, policy_options={"gate": False})
     jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1},

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.django_db
 
 
 def _job(**kw):
-    make_node("r1", slots=4)
-    make_node("t1", pool="training", slots=4)
+    make_node("r1", slots=4, hardware="H800")
+    make_node("t1", pool="training", slots=4, hardware="H800")
     return make_job(**({"rollout_gpus": 4, "training_gpus": 4, "tp": 2, "model": "qwen3-8b", "hardware": "h800",
                         "batch_size": 64, "group_size": 16} | kw))
 

@@ -39,6 +39,7 @@ async def test_tokens_are_deterministic_and_pd_equals_colocated(engine):
 
 
 async def test_hundreds_of_concurrent_sequences_and_telemetry(engine):
+    engine.decode_sample_s = 0.0  # every iteration's record
     outs = await asyncio.gather(*[engine.generate(req(i, 16), [1] * 64) for i in range(300)])
     assert all(len(o.tokens) == 16 and o.finish_reason == "length" for o in outs)
     records = engine.take_telemetry()
@@ -107,3 +108,10 @@ async def test_a_caller_that_goes_away_aborts_its_request(engine):
         await task
     assert engine.running() == 0 and engine.inflight() == []
     assert len((await engine.generate(req(9, 3), [1])).tokens) == 3
+
+
+async def test_decode_iterations_are_sampled_not_all_sent(engine):
+    """An engine iterating every few milliseconds sends about one decode record per `decode_sample_s`."""
+    await asyncio.gather(*[engine.generate(req(i, 64), [1] * 16) for i in range(8)])
+    decode = [r for r in engine.take_telemetry() if r["kind"] == RecordKind.DECODE_ITERATION]
+    assert 1 <= len(decode) < engine.stats().decode_iterations

@@ -54,6 +54,7 @@ def test_batched_decode_matches_full_forward_with_joins_and_leaves(runner):
 
 async def test_continuous_batching_gives_each_request_its_solo_output():
     e = TorchEngine()
+    e.decode_sample_s = 0.0  # every iteration's record, to see the batch grow
     await e.start()
     try:
         prompts = ["a", "hello there", "PEARL", "continuous batching joins between iterations"]
