@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.management.commands.launch import DEMO_NODES
 from tests.conftest import ROOT, free_port
 from tests.fault.conftest import processes_under, record_timing, wait_for
 
@@ -46,7 +47,8 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
     env |= {"PEARL_VAR_DIR": str(var), "PEARL_PORT": str(port), "REDIS_URL": f"redis://127.0.0.1:{redis_port}",
             "PEARL_LEASE_S": "4", "PEARL_HEARTBEAT_S": "0.5", "PYTHONPATH": str(ROOT)}
     log = open(tmp_path / "launch.log", "wb")
-    launcher = subprocess.Popen([sys.executable, "manage.py", "launch", "--no-demo-job", "--time-factor", "0.01"],
+    launcher = subprocess.Popen([sys.executable, "manage.py", "launch", "--no-demo-job", "--time-factor", "0.01",
+                                 "--trace", ""],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -58,7 +60,7 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
         # production mode: an unknown page is the JSON 404 of handler404 (DEBUG would show its HTML page)
         assert get(f"{base}/no-such-page") == (404, {"error": "not_found", "field": None, "detail": "no such URL: /no-such-page"})
         nodes = {n["name"]: n for n in get(f"{base}/api/nodes/", token)[1]["results"]}
-        assert len(nodes) == 4 and all(n["status"] == "ready" for n in nodes.values())
+        assert len(nodes) == len(DEMO_NODES) and all(n["status"] == "ready" for n in nodes.values())
 
         victim = agent_pid(var, "spot-0")
         assert victim

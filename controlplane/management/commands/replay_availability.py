@@ -44,13 +44,11 @@ class Command(BaseCommand):
         peak = max(trace.gpus)
         t0 = time.monotonic()
         last: tuple[int, int] | None = None
-        while not stop.wait(POLL_S):
+        while True:
             # the level is held, not only set at change points: nodes that register late, or come back,
             # are noticed or returned on the next poll
             t = (time.monotonic() - t0) * opts["speedup"]
-            if opts["once"] and t > trace.times[-1]:
-                return
-            gpus = trace.at(t % period)
+            gpus = trace.at(t if opts["once"] else t % period)
             reserved = GPU.objects.filter(present=True, node__pool=Pool.RESERVED).count()
             elastic = GPU.objects.filter(node__pool=Pool.ELASTIC).count()
             target = elastic_target(gpus, peak, reserved=reserved, elastic=elastic)
@@ -62,3 +60,5 @@ class Command(BaseCommand):
                                   + (f", notice to {', '.join(change.preempted)}" if change.preempted else "")
                                   + (f", returned {', '.join(change.returned)}" if change.returned else ""))
                 self.stdout.flush()
+            if (opts["once"] and t >= trace.times[-1]) or stop.wait(POLL_S):
+                return

@@ -87,8 +87,8 @@ def test_job_lifecycle(api):
 
 
 def test_every_policy_and_its_options_can_be_set_per_job(api):
-    make_node("n1", slots=4)
-    make_node("t1", pool="training", slots=4)
+    make_node("n1", slots=4, hardware="H800")
+    make_node("t1", pool="training", slots=4, hardware="H800")
     catalog = api.get("/api/catalog/").json()
     names = {p["name"]: p for p in catalog["policies"]}
     assert set(names) == {"pearl", "fixed", "fixed-large", "elastic", "oracle"} and not names["oracle"]["product"]
