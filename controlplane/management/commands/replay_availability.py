@@ -51,7 +51,10 @@ class Command(BaseCommand):
             if opts["once"] and t > trace.times[-1]:
                 return
             gpus = trace.at(t % period)
-            reserved = GPU.objects.filter(present=True, node__pool=Pool.RESERVED).count()
+            # the reserved GPUs of the elastic pool's hardware only: the cpu slots of another job's
+            # reserved node are no part of the trace's H800 pool
+            hardware = set(GPU.objects.filter(node__pool=Pool.ELASTIC).values_list("hardware", flat=True))
+            reserved = GPU.objects.filter(present=True, node__pool=Pool.RESERVED, hardware__in=hardware).count()
             elastic = GPU.objects.filter(node__pool=Pool.ELASTIC).count()
             target = elastic_target(gpus, peak, reserved=reserved, elastic=elastic)
             change = set_elastic_capacity(gpus=target, notice_s=opts["notice_s"], actor="trace")
