@@ -283,17 +283,20 @@ def _f(x: Any, fmt: str = "{:,.0f}") -> str:
 
 def table(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) -> str:
     base = live.get("fixed", {}).get("throughput_tok_s")
-    rows = [("policy", "live tok/s", "vs fixed", "sim tok/s", "sim-live err", "steps (meas.)", "rollout med s",
-             "train med s", "transitions ok/all", "borrowed GPU-s", "return med/max s (deadline)", "misses",
+    rows = [("policy", "live tok/s", "vs fixed", "sim tok/s", "sim vs fixed", "sim-live err", "steps (meas.)",
+             "rollout s live med/sim mean", "train s live med/sim mean", "transitions ok/all", "borrowed GPU-s", "return med/max s (deadline)", "misses",
              "lost", "MAPE start/decision %")]
     for p, f in live.items():
         thr = f["throughput_tok_s"]
         s = sim.get(p, {})
         err = (s["throughput_tok_s"] - thr) / thr if thr and s.get("throughput_tok_s") else None
         tr = f["transitions"]
+        sbase = sim.get("fixed", {}).get("throughput_tok_s")
         rows.append((p, _f(thr), _f(thr / base if thr and base else None, "{:.2f}x"), _f(s.get("throughput_tok_s")),
+                     _f(s["throughput_tok_s"] / sbase if s.get("throughput_tok_s") and sbase else None, "{:.2f}x"),
                      _f(100 * err if err is not None else None, "{:+.1f}%"), f"{f['steps_trained']} ({f['steps_measured']})",
-                     _f(f["rollout_s_median"], "{:.0f}"), _f(f["train_s_median"], "{:.0f}"),
+                     f"{_f(f['rollout_s_median'], '{:.0f}')}/{_f(s.get('rollout_s_mean'), '{:.0f}')}",
+                     f"{_f(f['train_s_median'], '{:.0f}')}/{_f(s.get('train_s_mean'), '{:.0f}')}",
                      f"{tr.get('succeeded', 0)}/{sum(tr.values())}", _f(f["borrowed_gpu_s"]),
                      f"{_f(f['return_latency_median_s'], '{:.1f}')}/{_f(f['return_latency_max_s'], '{:.1f}')} ({f['return_deadline_s']:.0f})",
                      str(f["deadline_misses"]), str(f["lost_trajectories"]),
@@ -307,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=6.0, help="wall minutes per policy after submission (default 6)")
     ap.add_argument("--policies", default="fixed,elastic,pearl")
     ap.add_argument("--time-factor", type=float, default=0.05, help="wall seconds per model second (default 0.05)")
+    ap.add_argument("--report", help="print the table of a saved result JSON (benchmarks/out/bench_live-*.json) and exit")
     args = ap.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        print(table(saved["live"], saved["sim"]))
+        return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     OUT.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
