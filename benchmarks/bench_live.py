@@ -317,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         print(table(saved["live"], saved["sim"]))
         return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+
+    def stop(signum: int, _frame: Any) -> None:  # SIGTERM (or SIGINT in the background): stop the stack in `finally`
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     OUT.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(tempfile.mkdtemp(prefix=f"bench_live-{stamp}-"))
