@@ -76,7 +76,6 @@ def live_figures(run: dict[str, Any]) -> dict[str, Any]:
     steps, trains = run["steps"], run["train"]
     lat = [float(t.get("return_latency_s", 0.0)) for t in trains]
     deadline = max((float(t.get("return_deadline_s", 0.0)) for t in trains), default=0.0)
-    borrowed_trains = [t for t in trains if float(t.get("return_latency_s", 0.0)) > 0]
     out = throughput(steps, trains)
     makespans = [float(s["makespan_s"]) for s in steps if int(s.get("step", 0)) >= WARMUP]
     train_s = [float(t["duration_s"]) for t in trains]
@@ -90,8 +89,6 @@ def live_figures(run: dict[str, Any]) -> dict[str, Any]:
         "return_deadline_s": deadline,
         "return_latency_median_s": statistics.median(lat) if lat else None,
         "return_latency_max_s": max(lat) if lat else None,
-        "returns_with_borrowed_workers": len(borrowed_trains),
-        "return_latency_median_borrowed_s": statistics.median(float(t["return_latency_s"]) for t in borrowed_trains) if borrowed_trains else None,
         "deadline_misses": sum(1 for x in lat if x > deadline + 1e-9),
         "lost_trajectories": sum(int(t.get("missing_trajectories", 0)) for t in trains),
         "trained_trajectories": sum(int(t.get("trajectories", 0)) for t in trains),
@@ -99,7 +96,7 @@ def live_figures(run: dict[str, Any]) -> dict[str, Any]:
         "over_full_batches": sum(1 for t in trains if int(t.get("trajectories", 0)) > JOB["batch_size"]),
         "interruptions": sum(int(s.get("interruptions", 0)) for s in steps),
         "stale_aborted": sum(int(s.get("stale_aborted", 0)) for s in steps),
-        "modes": sorted({f"{s.get('mode')} P{s.get('n_prefill')}D{s.get('n_decode')}C{s.get('n_colocated')}" for s in steps}),
+        "configurations": sorted({f"{s.get('n_prefill') or 0}P{s.get('n_decode') or 0}D{s.get('n_colocated') or 0}C" for s in steps}),
         "predictor_at_start": mape(steps, "predicted_at_start_s"),
         "predictor_decision": mape(steps, "predicted_makespan_s"),
     }
@@ -314,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report:
         saved = json.loads(Path(args.report).read_text())
-        print(table(saved["live"], saved["sim"]))
+        live = {p: live_figures(r) for p, r in saved["raw"].items()} if saved.get("raw") else saved["live"]
+        print(table(live, saved["sim"]))
         return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
 
