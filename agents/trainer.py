@@ -458,9 +458,17 @@ class EmulatedTrainer:
         self.store.publish(self.version, {"version": torch.tensor([self.version])})
 
     async def step_samples(self, samples: list[dp.TrainSample], rollout_step: int, training_gpus: int) -> StepStats:
-        """The update's duration for the batch's tokens (token counts: the driver sends no tokens)."""
+        """The update's duration for the batch's tokens (token counts: the driver sends no tokens).
+        A multi-turn trajectory comes as one sample per turn, each carrying the whole context so far;
+        its tokens are counted once (its largest sample: the full trajectory), as the loop's STEP
+        `train_tokens` and the simulator count them, not once per turn."""
         t0 = time.perf_counter()
-        tokens = sum(s.token_count or len(s.prompt_tokens) + len(s.completion_tokens) for s in samples)
+        per_trajectory: dict[str, int] = {}
+        for i, s in enumerate(samples):
+            key = s.trajectory or f"#{i}"
+            n = s.token_count or len(s.prompt_tokens) + len(s.completion_tokens)
+            per_trajectory[key] = max(per_trajectory.get(key, 0), n)
+        tokens = sum(per_trajectory.values())
         await asyncio.sleep(self.profile.train_step_s(tokens, max(1, training_gpus)) * self.time_factor)
         self.version += 1
         self.steps += 1

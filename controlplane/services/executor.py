@@ -116,6 +116,10 @@ def _advance(tr: Transition, actor: str) -> str:
                 TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.DONE, finished=timezone.now())
                 continue
             waiting = True
+            leaving = _node_leaving(job, step)
+            if leaving:  # what the step waits for cannot happen there: fail now, so the re-plan runs
+                return _fail(tr, step, f"node {leaving} is leaving (draining, preemption notice or gone) before "
+                                       "the agent confirmed the step", actor)
             if step.started is not None and timezone.now() - step.started > _timeout():
                 if step.attempts >= MAX_ATTEMPTS:
                     return _fail(tr, step, f"not confirmed by the agent within {_timeout().total_seconds():.0f} s "
@@ -151,6 +155,23 @@ def _issue(job: Job, step: TransitionStep, actor: str) -> None:
             _finalize(job, step.args["result"], actor)
         TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.RUNNING, started=timezone.now(),
                                                          attempts=step.attempts + 1)
+
+
+# steps that need their worker up and serving on its node: they cannot complete on a node that is leaving
+_NEEDS_NODE = (StepKind.START_WORKER, StepKind.SYNC_WEIGHTS, StepKind.SET_ROLE, StepKind.ACTIVATE_OVERLAP)
+
+
+def _node_leaving(job: Job, step: TransitionStep) -> str:
+    """The name of the step's worker's node if that node is draining (an operator's drain or a
+    preemption notice that arrived after the plan) or gone, for a step that needs the worker serving
+    there; "" otherwise. Waiting for such a step would hold the job's single-flight re-plan for
+    MAX_ATTEMPTS step timeouts while the capacity it counts on leaves."""
+    if step.kind not in _NEEDS_NODE or step.worker_slot is None:
+        return ""
+    w = Worker.objects.filter(job=job, slot=step.worker_slot).order_by("-id").select_related("node").first()
+    if w is None or w.node.status not in (NodeStatus.DRAINING, NodeStatus.GONE):
+        return ""
+    return w.node.name
 
 
 def _reissue(job: Job, step: TransitionStep) -> None:

@@ -49,7 +49,10 @@ class Command(BaseCommand):
             # are noticed or returned on the next poll
             t = (time.monotonic() - t0) * opts["speedup"]
             gpus = trace.at(t if opts["once"] else t % period)
-            reserved = GPU.objects.filter(present=True, node__pool=Pool.RESERVED).count()
+            # the reserved GPUs of the elastic pool's hardware only: the cpu slots of another job's
+            # reserved node are no part of the trace's H800 pool
+            hardware = set(GPU.objects.filter(node__pool=Pool.ELASTIC).values_list("hardware", flat=True))
+            reserved = GPU.objects.filter(present=True, node__pool=Pool.RESERVED, hardware__in=hardware).count()
             elastic = GPU.objects.filter(node__pool=Pool.ELASTIC).count()
             target = elastic_target(gpus, peak, reserved=reserved, elastic=elastic)
             change = set_elastic_capacity(gpus=target, notice_s=opts["notice_s"], actor="trace")

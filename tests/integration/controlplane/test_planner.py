@@ -131,3 +131,28 @@ def test_returning_the_only_borrowed_decode_worker_pauses_the_group_instead_of_f
     assert _active_roles(job) == ["colocated"]
     jobs.start_update(job_id=job.pk)
     _valid()
+
+
+def test_a_preemption_notice_mid_transition_fails_it_at_once_and_the_replan_runs():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.models import Node
+    from controlplane.services import executor
+    from tests.conftest import agents_converge
+
+    job = _cluster()
+    tr = planner.plan_job(job_id=job.pk, signal="step_start")
+    assert TransitionStep.objects.filter(transition=tr, kind="start_worker", args__node=Node.objects.get(name="e1").pk).exists()
+    executor.execute_transition(transition_id=tr.pk)  # workers asked for; no agent has confirmed them yet
+    e1 = Node.objects.get(name="e1")
+    nodes.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
+    tr = executor.execute_transition(transition_id=tr.pk)  # not after MAX_ATTEMPTS step timeouts
+    assert tr.status == "failed" and "node e1 is leaving" in tr.error
+    assert not Worker.objects.filter(job=job, node=e1, alive=True, activity=Activity.ACTIVE).exists()
+    agents_converge()
+    again = planner.plan_job(job_id=job.pk, signal="capacity_change")
+    assert again is not None and run_transition(again).status == "succeeded"
+    assert not Worker.objects.filter(job=job, node=e1, alive=True).exclude(activity=Activity.INACTIVE).exists()
+    _valid()
