@@ -163,18 +163,42 @@ class PearlPolicy(_TrackedPolicy):
                    "hysteresis: minimum predicted gain to change the P:D ratio", 0.0, 1.0),
         OptionSpec("mode_switch", float, _TH.mode_switch,
                    "hysteresis: minimum predicted gain to switch colocated <-> disaggregated", 0.0, 1.0),
+        OptionSpec("mode_trial", bool, True,
+                   "enter a mode never run yet only as a trial at a step start, once the workload is fitted "
+                   "(false: switch whenever the closed form says so)"),
     )
 
     def __init__(self, *, gate: bool = True, ratio_change: float = _TH.ratio_change,
-                 mode_switch: float = _TH.mode_switch, **kw: Any) -> None:
+                 mode_switch: float = _TH.mode_switch, mode_trial: bool = True, **kw: Any) -> None:
         super().__init__(**kw)
         self.gated = gate
         self.thresholds = Thresholds(ratio_change, mode_switch)
+        self.mode_trial = mode_trial
+
+    def _thresholds(self, ctx: PolicyContext, fp: FittedProfile) -> tuple[Thresholds, str]:
+        """The safeguard for a mode never run: its closed form has no measured correction yet, so it
+        may be entered only as a bounded trial — at a step start (the whole step then scores it at
+        constant resources, and the tracker learns the mode's own correction from that one step) and
+        once the workload is fitted. At any other signal a switch into it is held back, and ratio
+        changes within the running mode are still allowed. The worst case is one step in the worse
+        mode per mode, ever."""
+        th = self.thresholds
+        cur, ov = ctx.current, ctx.overrides
+        if not self.mode_trial or cur is None or cur.total <= 0 or ov.force_mode or ov.force_ratio is not None:
+            return th, ""
+        other = "colocated" if str(cur.mode) == "disaggregated" else "disaggregated"
+        if self.tracker.mode_tried(other):
+            return th, ""
+        fitted = all(fp.estimates[k].fitted for k in ("S", "r", "delta_L") if k in fp.estimates)
+        if ctx.signal is Signal.STEP_START and fitted:
+            return th, f"{other} never run: a switch to it would be a one-step trial"
+        return Thresholds(th.ratio_change, math.inf), f"{other} never run: no switch to it before a fitted step start"
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, fp = self.fitted(ctx)
         dedicated = self._dedicated(ctx)
         ov = ctx.overrides
+        thresholds, trial_note = self._thresholds(ctx, fp)
         borrow, g = 0, None
         can_borrow = ov.borrowing and not ctx.training_active and ctx.overlap_workers > 0 \
             and ctx.signal is not Signal.TRAINING_BEGIN
@@ -193,9 +217,11 @@ class PearlPolicy(_TrackedPolicy):
         if ov.force_ratio is not None and ov.exact_ratio:
             borrow = min(borrow, max(0, sum(ov.force_ratio) - dedicated))  # borrow no GPU it would leave unused
         budget = dedicated + borrow
-        d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=self.thresholds)
+        d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=thresholds)
         d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
                   confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
+        if trial_note:
+            d = _with(d, mode_trial=trial_note)
         d = replace(d, gate=g)
         return self._act(d.configuration, borrow, d)
 

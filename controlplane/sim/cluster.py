@@ -41,6 +41,10 @@ class StepStats:
     predicted_makespan_s: float | None = None
     predicted_at_start_s: float | None = None
     config_label: str = ""
+    mode: str = ""  # of the configuration the step started in
+    # the step-start forecast of the best configuration of the *other* mode, same budget (its label)
+    other_label: str = ""
+    predicted_other_s: float | None = None
     stable: bool = True  # no transition and no borrow change while the batch was in flight
     train_start_s: float = 0.0
     train_end_s: float = 0.0
@@ -64,6 +68,10 @@ class RunResult:
     return_deadline_misses: int
     lost_tokens: int
     predictor_mape: float | None
+    # Step-start forecast at constant resources, per mode: |T̂(start) − T| / T over steps with no
+    # transition or borrow change in flight, after warm-up (None: no such step in that mode)
+    predictor_mape_start: dict[str, float | None] = field(default_factory=dict)
+    stable_steps: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     events: int = 0
     step_stats: list[StepStats] = field(default_factory=list)
@@ -82,6 +90,7 @@ class RunResult:
             "return_deadline_misses": self.return_deadline_misses,
             "lost_tokens": self.lost_tokens,
             "predictor_mape": self.predictor_mape,
+            "predictor_mape_start": self.predictor_mape_start,
         }
 
 
@@ -204,7 +213,13 @@ class Simulation:
         if changed and signal is not Signal.STEP_START:  # the step's own starting transition is not a change
             self.unstable()
         if signal is Signal.STEP_START:
-            self.steps[-1].config_label = (p.target if p.target.total > 0 else p.current or p.target).label()
+            st = self.steps[-1]
+            cfg = p.target if p.target.total > 0 else p.current or p.target
+            st.config_label = cfg.label()
+            st.mode = str(cfg.mode)
+            other = _best_other(p.action.decision.candidates, cfg)
+            if other is not None:
+                st.other_label, st.predicted_other_s = other
         pred = p.action.decision.predicted_makespan_s
         self.feed(lp.Decided(t, signal, p.target if p.target.total > 0 else None,
                              pred if math.isfinite(pred) else None, changed))
@@ -305,6 +320,7 @@ class Simulation:
         errs = [abs(s.predicted_makespan_s - s.makespan_s) / s.makespan_s
                 for s in done[warm:] if s.predicted_makespan_s and s.makespan_s > 0]
         mape = 100.0 * sum(errs) / len(errs) if errs else None
+        start_mape, stable_n = step_start_mape(done[warm:])
         engine_tokens = sum(s.worker.tokens_out for s in w.slots.values())
         inflight_tokens = sum(s.worker.inflight_tokens() for s in w.slots.values())
         loop = self.loop
@@ -315,12 +331,41 @@ class Simulation:
             train_s_mean=round(sum(tr) / len(tr), 3) if tr else 0.0, transitions=w.transitions,
             borrowed_gpu_s=round(w.borrowed_gpu_s, 3), return_deadline_misses=loop.deadline_misses,
             lost_tokens=int(engine_tokens - w.traj_generated - inflight_tokens),
-            predictor_mape=None if mape is None else round(mape, 3), wall_s=wall, events=self.events,
+            predictor_mape=None if mape is None else round(mape, 3), predictor_mape_start=start_mape,
+            stable_steps=stable_n, wall_s=wall, events=self.events,
             step_stats=done, timeline=w.timeline, borrow_windows=w.borrow_windows,
             conservation={"started": loop.started_trajectories, "done": loop.finished_trajectories,
                           "in_flight": in_flight, "aborted": loop.stale_aborted, "engine_tokens": int(engine_tokens),
                           "trajectory_tokens": int(w.traj_generated), "inflight_tokens": int(inflight_tokens)},
         )
+
+
+def _best_other(table: Any, cfg: Any) -> tuple[str, float] | None:
+    """The best feasible candidate of the mode `cfg` is not in, from a decision's candidate table."""
+    from controlplane.core.state import Mode
+
+    if table is None or cfg.total <= 0:
+        return None
+    if cfg.mode is Mode.COLOCATED:
+        c = table.best_disaggregated()
+    else:
+        c = table.colocated if table.colocated is not None and table.colocated.feasible else None
+    if c is None or not math.isfinite(c.makespan_s):
+        return None
+    return c.label, c.makespan_s
+
+
+def step_start_mape(steps: list[StepStats]) -> tuple[dict[str, float | None], dict[str, int]]:
+    """Per mode: MAPE of the step-start forecast of the configuration that ran, over constant-resource
+    steps only (no transition or borrow change while the batch was in flight)."""
+    out: dict[str, float | None] = {}
+    counts: dict[str, int] = {}
+    for mode in ("colocated", "disaggregated"):
+        errs = [abs(s.predicted_at_start_s - s.makespan_s) / s.makespan_s for s in steps
+                if s.stable and s.mode == mode and s.predicted_at_start_s and s.makespan_s > 0]
+        counts[mode] = len(errs)
+        out[mode] = round(100.0 * sum(errs) / len(errs), 3) if errs else None
+    return out, counts
 
 
 def run_policy(scenario: Scenario, policy: str, *, seed: int | None = None, record_timeline: bool = False) -> RunResult:

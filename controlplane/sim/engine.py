@@ -76,6 +76,7 @@ class Request:
     join_it: int = 0
     end_it: int = 0
     seq: int = 0
+    join_s: float = -1.0  # when it joined the decode batch (-1: not decoding yet)
 
 
 @dataclass(slots=True)
@@ -145,7 +146,8 @@ class Worker:
     def submit_decode(self, req: Request) -> None:
         self.joinq.append(req)
 
-    def _join(self, req: Request) -> None:
+    def _join(self, req: Request, t: float) -> None:
+        req.join_s = t
         self._seq += 1
         req.seq = self._seq
         req.join_it = self.it
@@ -162,7 +164,7 @@ class Worker:
     def plan(self, t: float) -> float | None:
         """Start the next segment at `t`; return its end time (None: nothing to do)."""
         while self.joinq and self._fits(self.joinq[0]):
-            self._join(self.joinq.popleft())
+            self._join(self.joinq.popleft(), t)
         n = len(self.running)
         if self.pq and self.role is not Role.DECODE and (self.role is Role.PREFILL or self._fits(self.pq[0])):
             batch: list[Request] = []
@@ -246,7 +248,7 @@ class Worker:
                 done.append(req)
         if seg.kind == "prefill" and self.role is Role.COLOCATED:
             for r in prefilled:
-                self._join(r)
+                self._join(r, seg.end_s)
             prefilled = []
         return prefilled, done, seg
 

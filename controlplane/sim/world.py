@@ -535,11 +535,13 @@ class World:
         traj.where = None
         wid = slot.wid if slot.wid is not None else -1
         prefilled = 0 if slot.role is Role.DECODE else req.compute  # a decode request's prefill was counted
+        dec = max(0.0, t - req.join_s) if req.join_s >= 0 else 0.0
+        req.join_s = -1.0
         if traj.generated_in_turn >= traj.turns[traj.turn].generated_tokens:
-            self.feed(lp.TurnGenerated(t, traj.tid, wid, generated, prefilled))
+            self.feed(lp.TurnGenerated(t, traj.tid, wid, generated, prefilled, decode_s=dec))
             self.complete_turn(traj, t)
         else:
-            self.feed(lp.TurnInterrupted(t, traj.tid, wid, generated, prefilled))
+            self.feed(lp.TurnInterrupted(t, traj.tid, wid, generated, prefilled, decode_s=dec))
 
     def evict(self, slot: Slot, t: float, keep_cache: bool) -> None:
         w = slot.worker
@@ -556,8 +558,9 @@ class World:
             traj.cached_gen = slot.worker.gen
             traj.cached_len = traj.context
         traj.where = None
+        dec = max(0.0, t - req.join_s) if req.join_s >= 0 else 0.0
         self.feed(lp.TurnGenerated(t, traj.tid, slot.wid if slot.wid is not None else -1, req.remaining,
-                                   req.compute if slot.role is Role.COLOCATED else 0))
+                                   req.compute if slot.role is Role.COLOCATED else 0, decode_s=dec))
         self.complete_turn(traj, t)
 
     def complete_turn(self, traj: Trajectory, t: float) -> None:
