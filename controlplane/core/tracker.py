@@ -362,6 +362,10 @@ class RuntimeTracker:
             env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=ctx, prefix_tokens=pre,
             scale_colocated=scales["colocated"], scale_disaggregated=scales["disaggregated"],
             new_prompt_tokens_disaggregated=dl_dis,
+            # T_over (colocated P/D switching per turn) is a prior-only guess: no telemetry measures it and
+            # the simulator has no such cost, so once the workload is fitted the per-mode correction
+            # (observed / predicted makespan) carries whatever per-turn overhead really exists
+            overhead_s=0.0 if est["S"].fitted else p.overhead_s,
             # the expected, not worst-case, decode concurrency once f is measured
             kv_concurrency=b.value * (1.0 / (1.0 + theta)) if est["f"].fitted else p.kv_concurrency,
         )

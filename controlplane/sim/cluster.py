@@ -283,6 +283,7 @@ class Simulation:
                 st = self._by_step.get(a - 1)
                 if st is not None:
                     st.train_end_s = t
+                w.on_weights_published(t)
                 self.feed(lp.WeightsPublished(t, a))
             elif kind == EV_TICK:
                 if self.loop.rollout_active and self.loop.step == a:

@@ -153,3 +153,11 @@ def test_f_counts_decode_time_only():
     # ...and the whole service time on a colocated one (all the loop knows)
     assert _one_turn_step(None, "colocated").active_decode_fraction == pytest.approx(0.75)
 
+
+
+def test_t_over_is_prior_only():
+    tr = RuntimeTracker(PROFILE, batch_size=64)
+    assert tr.workload()[0].overhead_s > 0
+    for i in range(4):
+        tr.observe(_step(i, mode="colocated"))
+    assert tr.workload()[0].overhead_s == 0.0

@@ -5,12 +5,10 @@ from __future__ import annotations
 from controlplane.core import telemetry as tm
 from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.policies import make_policy
-from controlplane.core.predictor import swe_bench_workload
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode
 
 PROFILE = get_profile("h800", "qwen3-8b", tp=2)
-W0 = swe_bench_workload(64, 32768, model="qwen3-8b")  # its closed form prefers 3P5D on 8 workers
 
 
 def _ctx(signal: Signal, current: Configuration) -> PolicyContext:
@@ -19,12 +17,13 @@ def _ctx(signal: Signal, current: Configuration) -> PolicyContext:
 
 
 def _policy(**options):
+    # a workload (ΔL 1000, r 60, f 0.9) whose closed form rates a split slightly above 8C; no hysteresis
+    options.setdefault("mode_switch", 0.0)
     pol = make_policy("pearl", profile=PROFILE, batch_size=64, max_trajectory_tokens=32768, **options)
     for i in range(4):  # colocated steps, scored exactly as predicted
-        pol.observe(tm.step(step=i, batch_size=64, turns_max=25, generated_tokens_mean=W0.generated_tokens,
-                            new_prompt_tokens_mean=W0.new_prompt_tokens - W0.generated_tokens,
-                            env_time_total_s=50.0, active_decode_fraction=0.74, mode="colocated", n_colocated=8,
-                            makespan_s=600.0, predicted_makespan_s=600.0))
+        pol.observe(tm.step(step=i, batch_size=64, turns_max=25, generated_tokens_mean=60.0,
+                            new_prompt_tokens_mean=1000.0, env_time_total_s=50.0, active_decode_fraction=0.9,
+                            mode="colocated", n_colocated=8, makespan_s=600.0, predicted_makespan_s=600.0))
     return pol
 
 
@@ -46,9 +45,9 @@ def test_a_failed_trial_sends_the_policy_back_and_keeps_it_there():
     trial = pol.on_event(_ctx(Signal.STEP_START, Configuration.colocated(8))).target
     predicted = pol.last_action.decision.predicted_makespan_s
     # the trial step ran 40% slower than its forecast
-    pol.observe(tm.step(step=4, batch_size=64, turns_max=25, generated_tokens_mean=W0.generated_tokens,
-                        new_prompt_tokens_mean=W0.new_prompt_tokens, env_time_total_s=50.0,
-                        active_decode_fraction=0.74, mode="disaggregated", n_prefill=trial.n_prefill,
+    pol.observe(tm.step(step=4, batch_size=64, turns_max=25, generated_tokens_mean=60.0,
+                        new_prompt_tokens_mean=1060.0, env_time_total_s=50.0,
+                        active_decode_fraction=0.9, mode="disaggregated", n_prefill=trial.n_prefill,
                         n_decode=trial.n_decode, makespan_s=1.4 * predicted, predicted_makespan_s=predicted))
     assert pol.tracker.mode_tried("disaggregated")
     back = pol.on_event(_ctx(Signal.STEP_START, trial))
