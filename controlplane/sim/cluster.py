@@ -28,7 +28,7 @@ from controlplane.sim.traces import AvailabilityTrace
 from controlplane.sim.workload import draw_batch
 
 # heap events of the driver (the world's kinds are 0..7)
-EV_TRACE, EV_TRAIN_DONE, EV_PUBLISHED, EV_TICK, EV_STOP = range(8, 13)
+EV_TRACE, EV_TRAIN_DONE, EV_PUBLISHED, EV_TICK, EV_STOP, EV_SIGNAL = range(8, 14)
 
 
 @dataclass(slots=True)
@@ -112,6 +112,17 @@ class Simulation:
         self.base_policy = variant.base
         self.overrides = Overrides(**variant.overrides)
         self.free = variant.base == "oracle"
+        # The oracle chooses by simulated outcome (sim/oracle.py): at each signal it forks this
+        # simulation, tries every candidate configuration × borrow choice on the real future, and keeps
+        # the one whose step finishes first. Inside a fork the candidate's overrides stay in force.
+        self.fork_oracle = variant.base == "oracle"
+        self.in_fork = False
+        self.oracle_forks = 0
+        self.oracle_overrides: Overrides | None = None  # the oracle's last choice, in force until the next
+        if self.fork_oracle:
+            from controlplane.sim.oracle import oracle_executor_policy
+
+            self.policy = oracle_executor_policy(scenario, self.profile)
         if trace is not None:
             self.trace = trace
         elif variant.base == "fixed-large":
@@ -161,7 +172,12 @@ class Simulation:
         elif kind is lp.Progress:
             pass
         elif kind is lp.EmitSignal:
-            self.signal(cmd.signal, cmd.remaining)
+            if self.fork_oracle:
+                # handled from the event loop, after the loop's other commands of this event: a fork
+                # taken then carries no half-dispatched command list
+                self.push(t, EV_SIGNAL, cmd.signal, cmd.remaining)
+            else:
+                self.signal(cmd.signal, cmd.remaining)
         elif kind is lp.StartStep:
             w.start_batch(cmd, draw_batch(self.sc.workload, seed=self.seed, step=cmd.step), t)
             if self.loop.cfg.periodic_s:
@@ -206,8 +222,16 @@ class Simulation:
             self.training_active = True
         elif signal is Signal.TRAINING_FINISHED:
             self.training_active = False
+        ov = self.overrides
+        if self.fork_oracle and not self.in_fork:
+            from controlplane.sim.oracle import choose
+
+            picked = choose(self, signal, remaining)
+            if picked is not None:
+                self.oracle_overrides = picked
+            ov = self.oracle_overrides or ov
         p = place(self.world.inventory(self.training_active), self.policy, signal=signal, now_s=t,
-                  batch_size=self.sc.workload.batch_size, remaining=remaining, overrides=self.overrides,
+                  batch_size=self.sc.workload.batch_size, remaining=remaining, overrides=ov,
                   future=self._future(t))
         changed = self.world.execute(p, t, self.free or p.action.free_reconfiguration) if p.target.total > 0 else False
         if changed and signal is not Signal.STEP_START:  # the step's own starting transition is not a change
@@ -297,6 +321,8 @@ class Simulation:
                 w.on_drain_timeout(a, b, t)
             elif kind == EV_STOP:
                 self.feed(lp.Stop(t))
+            elif kind == EV_SIGNAL:
+                self.signal(a, b)
         self.t = max(self.t, min(end, sc.duration_s))
 
     def _result(self, wall: float) -> RunResult:
