@@ -1,7 +1,6 @@
 """Regenerates the shipped scenario and trace files: `python -m controlplane.sim.generate_data` (seeded)."""
 import yaml
 from pathlib import Path
-from controlplane.core.policies import POLICY_NAMES
 from controlplane.sim.traces import PAPER_SEGMENTS, generate_bamboo_like
 D = Path(__file__).resolve().parent
 # No engine fudge: the engine is core's roofline profile as is (its per-component terms — per-iteration
@@ -55,7 +54,9 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             "duration_s": 7200,
             "seed": 0,
             "fixed_large_gpus": large[seg],
-            "policies": list(POLICY_NAMES),
+            # RLBoost+ = rlboost+ (RLBoost Algorithm 1, sim baseline); elastic = today's ungated borrowing for
+            # the whole idle window on every preemptible GPU (PEARL's component B without A and C), an ablation
+            "policies": ["pearl", "fixed", "fixed-large", "rlboost+", "elastic", "oracle"],
             "paper": {"pearl_over_roll": paper[model]["vs_roll"], "pearl_over_rlboost": paper[model]["vs_rlboost"][seg],
                       "segment": seg},
         }
@@ -97,7 +98,7 @@ for b in (32, 64, 96, 128):
            "model": "qwen3-8b",
            "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
            "workload": {"batch_size": b, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": ["pearl", "elastic"],
+           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": ["pearl", "rlboost+", "elastic"],
            "paper": {"pearl_over_rlboost_range": [0.053, 0.637]}}
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 for L in (8192, 16384, 24576, 32768):
@@ -106,6 +107,6 @@ for L in (8192, 16384, 24576, 32768):
            "model": "qwen3-8b",
            "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
            "workload": {"batch_size": 64, "group_size": 16, "max_length": L, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": ["pearl", "elastic"],
+           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": ["pearl", "rlboost+", "elastic"],
            "paper": {"pearl_over_rlboost_range": [0.098, 0.265]}}
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
