@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane.core.context import Overrides, Signal
 from controlplane.core.decision import evaluate
 from controlplane.core.policies import make_policy
 
-if TYPE_CHECKING:  # pragma: no cover
-    from controlplane.sim.cluster import Simulation
+Simulation = Any  # sim.cluster.Simulation (not imported: cluster imports this module)
 
 SPLITS = 1  # best disaggregated splits tried per budget (by the predictor's ranking)
 FORK_SIGNALS = (Signal.STEP_START, Signal.TRAINING_FINISHED, Signal.CAPACITY_CHANGE)
