@@ -47,9 +47,8 @@ def test_correction_converges_to_the_observed_bias_and_is_per_mode():
     w, est = tr.workload()
     assert w.scale_colocated == pytest.approx(0.8, rel=0.02)
     assert est["scale_colocated"].fitted
-    # a mode never observed gets the conservative prior max(pooled, 1): the pooled 0.8 would make an
-    # unmeasured closed form look better than the raw model
-    assert w.scale_disaggregated == 1.0
+    # a mode never observed borrows the pooled correction rather than staying raw
+    assert w.scale_disaggregated == pytest.approx(0.8, rel=0.02)
     c, _ = tr.coefficients(w)
     raw_w = replace(w, scale_colocated=1.0)
     assert predict_colocated(w, c, 8).makespan_s == pytest.approx(0.8 * predict_colocated(raw_w, c, 8).makespan_s)
