@@ -80,7 +80,9 @@ MAPE on constant pools.
    is little interference for disaggregation to remove; and the rollout is close to its critical path (one slow
    trajectory: turns × (decode + tool call)), which no split shortens. RLBoost+ and B-only are within 0.5% of
    each other on every paper scenario: with staleness 1 both borrow the training GPUs for nearly the whole idle
-   window, which is where the throughput is.
+   window, which is where the throughput is. Targets this leaves missed: Table 2's selected split is within one
+   worker of the paper's in 0 of 6 rows (PEARL selects colocation, the replay's best splits are 2P6D / 3P10D /
+   3P11D / 3P13D, each ≤ 1.3% ahead of colocation), and the crossover has the paper's sign only at batch 96.
 2. *Calibration misses.* The prefill time share (12.9%) stays below the band with prefix reuse 0.5; lowering reuse
    further would be fitting a scaffold we cannot source. Fig. 2a's DP scaling is 7.1% / 1.9% (paper 10.3% / 8.9%):
    the decode iteration is dominated by weight reads (A) at 2–4 decoding sequences per worker, so a sequence decodes
