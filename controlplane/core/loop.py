@@ -94,6 +94,9 @@ class TurnGenerated:
     generated_tokens: int
     prefilled_tokens: int = 0
     weight_version: int | None = None  # the weights the engine generated with, if it says
+    # seconds this request spent in decode iterations (engine-reported; None: the loop estimates it,
+    # from the KV hand-off on a decode worker, or the whole service time on a colocated one)
+    decode_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class TurnInterrupted:
     worker: int
     generated_tokens: int = 0
     prefilled_tokens: int = 0
+    decode_s: float | None = None  # as TurnGenerated.decode_s, for the interrupted part
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +339,9 @@ class Traj:
     prefilled: int = 0  # prompt tokens engines prefilled (cache misses)
     gen_time_s: float = 0.0  # being served (queue + prefill + decode)
     env_time_s: float = 0.0
+    decode_time_s: float = 0.0  # decoding only (no queueing, no prefill): the numerator of f
+    decode_in_turn_s: float = 0.0
+    decode_since_s: float = -1.0  # when the KV hand-off put the turn on a decode worker
     end_s: float = 0.0
     reward: float = 0.0
     interruptions: int = 0
@@ -610,15 +617,33 @@ class RolloutLoop:
             return
         t.state = TrajState.DECODE
         t.worker = d
+        t.decode_since_s = ev.now_s
         self._emit(RouteDecode(t.tid, d, ev.worker, self.min_weight_version(t)))
 
     def _took_tokens(self, t: Traj, ev: TurnGenerated | TurnInterrupted) -> None:
+        self._decode_time(t, ev)
         if t.state is TrajState.DECODE and t.worker is not None:
             self.router.decode_done(t.worker)
         t.gen_in_turn += ev.generated_tokens
         t.generated += ev.generated_tokens
         t.pre_in_turn += ev.prefilled_tokens
         self.steps[t.step].generated_tokens += ev.generated_tokens
+
+    def _decode_time(self, t: Traj, ev: TurnGenerated | TurnInterrupted) -> None:
+        """Decode-active time of the turn (f excludes queueing and prefill): the engine's figure when
+        it reports one; else, on a decode worker, the time since the KV hand-off; else (colocated,
+        no report) the turn's whole service time, the only figure the loop has."""
+        if ev.decode_s is not None:
+            piece = max(0.0, ev.decode_s)
+        elif t.state is TrajState.DECODE and t.decode_since_s >= 0:
+            piece = max(0.0, ev.now_s - t.decode_since_s)
+        elif isinstance(ev, TurnGenerated):
+            piece = max(0.0, ev.now_s - t.turn_start_s - t.decode_in_turn_s)
+        else:
+            piece = 0.0
+        t.decode_since_s = -1.0
+        t.decode_time_s += piece
+        t.decode_in_turn_s += piece
 
     def _on_turn_generated(self, ev: TurnGenerated) -> None:
         t = self._on_worker(ev.trajectory, ev.worker)
@@ -653,6 +678,7 @@ class RolloutLoop:
                                      env_time_s=ev.env_time_s)))
         t.turn += 1
         t.gen_in_turn = t.pre_in_turn = 0
+        t.decode_in_turn_s = 0.0
         if not ev.done:
             t.prompt += ev.observation_tokens
             t.turn_start_s = ev.now_s
@@ -743,12 +769,13 @@ class RolloutLoop:
         last = max(trajs, key=lambda t: t.end_s)
         gen = sum(t.gen_time_s for t in trajs)
         env = sum(t.env_time_s for t in trajs)
+        dec = sum(min(t.decode_time_s, t.gen_time_s) for t in trajs)
         cfg = self.configuration
         return tm.step(
             time_s=now, job=self.cfg.job, step=st.step, batch_size=n, turns_max=max(turns), turns_mean=sum(turns) / n,
             new_prompt_tokens_mean=sum(t.prefilled for t in trajs) / n_turns,
             generated_tokens_mean=sum(t.generated for t in trajs) / n_turns,
-            env_time_total_s=last.env_time_s, active_decode_fraction=gen / (gen + env) if gen + env > 0 else 1.0,
+            env_time_total_s=last.env_time_s, active_decode_fraction=dec / (gen + env) if gen + env > 0 and dec > 0 else 1.0,
             makespan_s=now - st.start_s, predicted_makespan_s=st.predicted_makespan_s,
             predicted_at_start_s=st.predicted_at_start_s,
             mode=str(cfg.mode) if cfg else "", n_prefill=cfg.n_prefill if cfg else 0,

@@ -163,18 +163,42 @@ class PearlPolicy(_TrackedPolicy):
                    "hysteresis: minimum predicted gain to change the P:D ratio", 0.0, 1.0),
         OptionSpec("mode_switch", float, _TH.mode_switch,
                    "hysteresis: minimum predicted gain to switch colocated <-> disaggregated", 0.0, 1.0),
+        OptionSpec("mode_trial", bool, True,
+                   "enter a mode never run yet only as a trial at a step start, once the workload is fitted "
+                   "(false: switch whenever the closed form says so)"),
     )
 
     def __init__(self, *, gate: bool = True, ratio_change: float = _TH.ratio_change,
-                 mode_switch: float = _TH.mode_switch, **kw: Any) -> None:
+                 mode_switch: float = _TH.mode_switch, mode_trial: bool = True, **kw: Any) -> None:
         super().__init__(**kw)
         self.gated = gate
         self.thresholds = Thresholds(ratio_change, mode_switch)
+        self.mode_trial = mode_trial
+
+    def _thresholds(self, ctx: PolicyContext, fp: FittedProfile) -> tuple[Thresholds, str]:
+        """The safeguard for a mode never run: its closed form has no measured correction yet, so it
+        may be entered only as a bounded trial — at a step start (the whole step then scores it at
+        constant resources, and the tracker learns the mode's own correction from that one step) and
+        once the workload is fitted. At any other signal a switch into it is held back, and ratio
+        changes within the running mode are still allowed. The worst case is one step in the worse
+        mode per mode, ever."""
+        th = self.thresholds
+        cur, ov = ctx.current, ctx.overrides
+        if not self.mode_trial or cur is None or cur.total <= 0 or ov.force_mode or ov.force_ratio is not None:
+            return th, ""
+        other = "colocated" if str(cur.mode) == "disaggregated" else "disaggregated"
+        if self.tracker.mode_tried(other):
+            return th, ""
+        fitted = all(fp.estimates[k].fitted for k in ("S", "r", "delta_L") if k in fp.estimates)
+        if ctx.signal is Signal.STEP_START and fitted:
+            return th, f"{other} never run: a switch to it would be a one-step trial"
+        return Thresholds(th.ratio_change, math.inf), f"{other} never run: no switch to it before a fitted step start"
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, fp = self.fitted(ctx)
         dedicated = self._dedicated(ctx)
         ov = ctx.overrides
+        thresholds, trial_note = self._thresholds(ctx, fp)
         borrow, g = 0, None
         can_borrow = ov.borrowing and not ctx.training_active and ctx.overlap_workers > 0 \
             and ctx.signal is not Signal.TRAINING_BEGIN
@@ -193,9 +217,11 @@ class PearlPolicy(_TrackedPolicy):
         if ov.force_ratio is not None and ov.exact_ratio:
             borrow = min(borrow, max(0, sum(ov.force_ratio) - dedicated))  # borrow no GPU it would leave unused
         budget = dedicated + borrow
-        d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=self.thresholds)
+        d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=thresholds)
         d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
                   confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
+        if trial_note:
+            d = _with(d, mode_trial=trial_note)
         d = replace(d, gate=g)
         return self._act(d.configuration, borrow, d)
 
@@ -371,6 +397,103 @@ class ElasticPolicy(_TrackedPolicy):
         self._count_stable = True
         self._finished_at = None
         self._returned_at = None
+
+
+class RLBoostPolicy(ElasticPolicy):
+    """RLBoost+ as close to RLBoost (NSDI'26) Algorithm 1 and its code (Terra-Flux/PolyRL rollout-manager)
+    as asynchronous agentic RL allows. A reference baseline for reports, not in the registry (the live
+    job API pins its policy list); the simulator builds it under the name `rlboost+`.
+
+    Algorithm 1 (adaptive seeding), as in `balance.rs::adjust_local_instances_gen_s`:
+    * seeding = the training GPUs serve rollout for T_seed after Training Finished (ungated);
+    * at the end of each step T_seed ← max(5, T_seed + η·(t_train_wait − t_remote_wait)), η = 1/3;
+      t_train_wait = trainer idle after seeding stopped, until Training Begin; t_remote_wait = what seeding
+      cost the trainer: the return (deactivation) when seeding ran into Training Begin;
+    * memo table M[n_remote] = T_seed, fed by step throughput: same count and throughput rose → the
+      current T_seed is the peak; else M ← 0.8·peak + 0.2·M (α = 0.8); count changed → M[old] ←
+      0.2·peak + 0.8·M[old] (β = 0.2), and T_seed jumps to M[new] when there is one;
+    * cap on remote instances (paper): N_remote ≤ ⌈(t_remote·n_remote + T_seed·N_seed)/t_train⌉, the
+      instances needed for rollout to take no longer than training (never below the reserved pool).
+    Algorithm 2 (load balancing) is the shared router's join-shortest-queue over live trajectories (see
+    core.router; a turn waits in the engine's queue, not in the router, so there is no delayed dispatch
+    to add); token-level migration on preemption is the loop's (partial trajectories resume elsewhere
+    after one re-prefill). Colocated only: no PD adaptation.
+    """
+
+    name = "rlboost+"
+    summary = "RLBoost+: RLBoost Algorithm 1 (adaptive seeding, memo, remote cap) adapted to asynchronous RL"
+    product = False
+    ETA = 1.0 / 3.0
+    FLOOR_S = 5.0
+    ALPHA, BETA = 0.8, 0.2
+
+    def __init__(self, *, eta: float = ETA, t_seed_s: float = 150.0, cap: bool = True, **kw: Any) -> None:
+        super().__init__(eta=eta, t_seed_s=t_seed_s, **kw)
+        self.cap = cap
+        self._peak: tuple[float, float] | None = None  # (T_seed, throughput) best at the current count
+        self._last_thr = 0.0
+        self._memo_count: int | None = None
+        self._t_remote = 0.0  # last rollout makespan
+        self._t_train = 0.0  # last training step
+        self._last_train_end: float | None = None
+        self._step_tokens: dict[int, int] = {}
+
+    _STATE = ElasticPolicy._STATE + ("_last_thr", "_memo_count", "_t_remote", "_t_train", "_last_train_end")
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "peak": list(self._peak) if self._peak else None}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        pk = state.get("peak")
+        self._peak = (float(pk[0]), float(pk[1])) if pk else None
+
+    def observe(self, record: TelemetryRecord) -> None:
+        super().observe(record)
+        kind = str(record.kind)
+        if kind == "step" and record.makespan_s > 0:
+            self._t_remote = record.makespan_s
+            self._step_tokens[record.step] = record.generated_tokens_total + record.train_tokens
+        elif kind == "train" and record.duration_s > 0:
+            self._t_train = record.duration_s
+            end = record.time_s
+            tokens = self._step_tokens.pop(record.step, 0)
+            if self._last_train_end is not None and end > self._last_train_end and tokens:
+                self._memo_update(tokens / (end - self._last_train_end))
+            self._last_train_end = end
+
+    def _memo_update(self, thr: float) -> None:
+        """The code's memo rule on one step's throughput (balance.rs)."""
+        n = self._count_at_start
+        if n is None:
+            return
+        if self._memo_count is not None and self._memo_count != n:  # count changed since the last step
+            if self._peak is not None:
+                old = self.memo.get(self._memo_count, self._peak[0])
+                self.memo[self._memo_count] = self.BETA * self._peak[0] + (1 - self.BETA) * old
+            self._peak = None
+            self._last_thr = 0.0
+        self._memo_count = n
+        if thr > self._last_thr or self._peak is None:
+            self._peak = (self.t_seed_s, thr)
+        else:
+            old = self.memo.get(n, self._peak[0])
+            self.memo[n] = self.ALPHA * self._peak[0] + (1 - self.ALPHA) * old
+        self._last_thr = thr
+
+    def _adapt(self, ctx: PolicyContext, dedicated: int) -> None:
+        memo_before = dict(self.memo)
+        super()._adapt(ctx, dedicated)
+        self.memo = memo_before  # the memo is written by throughput (_memo_update), not at every step
+        self.t_seed_s = max(self.FLOOR_S, self.t_seed_s)
+
+    def _dedicated(self, ctx: PolicyContext) -> int:
+        n = super()._dedicated(ctx)
+        if not self.cap or self._t_train <= 0 or self._t_remote <= 0:
+            return n
+        seeding = ctx.overlap_workers if ctx.overlap_workers > 0 else ctx.borrowed
+        need = math.ceil((self._t_remote * n + self.t_seed_s * seeding) / self._t_train - 1e-9)
+        return max(min(n, ctx.reserved_workers), min(n, need))
 
 
 def rlboost_rebalance(pending: Mapping[int, int], executing: Mapping[int, int], plateau_batch: int) -> list[tuple[int, int, int]]:

@@ -40,15 +40,38 @@ class WorkloadProfile:
     # draining to the tail) without changing the shape of the model.
     scale_colocated: float = 1.0
     scale_disaggregated: float = 1.0
+    # ΔL under disaggregation. A prefill worker never saw the previous turn's response (a decode
+    # worker generated it), so every turn re-prefills it: ΔL_dis ≈ ΔL_coloc + r. None: the same ΔL for
+    # both modes (a prior whose ΔL already counts the re-sent response, as `swe_bench_workload`'s does).
+    new_prompt_tokens_disaggregated: float | None = None
+    # Trajectories whose KV the decode pool holds at once. None: all B (the paper's literal, worst-case
+    # B·K_seq ≤ N_D·H_max); the runtime tracker sets the expected concurrency B·f once f is measured
+    # (a turn's KV leaves the decode worker when the turn ends: environment, queueing and prefill
+    # time hold none there).
+    kv_concurrency: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 0 or self.turns < 0 or self.theta < 0:
             raise ValueError("batch_size, turns and theta must be >= 0")
+        if self.kv_concurrency is not None and self.kv_concurrency < 0:
+            raise ValueError("kv_concurrency must be >= 0")
 
     @property
     def f(self) -> float:
         """Active-decode fraction f = 1/(1+θ)."""
         return 1.0 / (1.0 + self.theta)
+
+    @property
+    def delta_l_disaggregated(self) -> float:
+        """ΔL per turn on a prefill worker (see `new_prompt_tokens_disaggregated`)."""
+        d = self.new_prompt_tokens_disaggregated
+        return self.new_prompt_tokens if d is None else d
+
+    @property
+    def decode_kv_sequences(self) -> float:
+        """How many trajectories' KV (K_seq each) the decode-holding workers must fit at once."""
+        c = self.kv_concurrency
+        return float(self.batch_size) if c is None else min(float(self.batch_size), c)
 
 
 # ΔL : r per model for the SWE-bench-like workload. 30B-A3B: the paper's own measurement (prefill
@@ -116,13 +139,18 @@ class Prediction:
         return self.configuration.label()
 
 
+def kv_need_bytes(workload: WorkloadProfile, coeffs: EngineCoefficients) -> float:
+    """Decode KV the pool must hold: (B, or the expected concurrency B·f once measured)·K_seq."""
+    return workload.decode_kv_sequences * workload.kv_seq_tokens * coeffs.kv_bytes_per_token
+
+
 def kv_fits(workload: WorkloadProfile, coeffs: EngineCoefficients, workers: int) -> bool:
-    """B·K_seq ≤ N·H_max over the workers that hold the decode KV."""
-    return workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token <= workers * coeffs.hbm_kv_capacity
+    """B·K_seq ≤ N·H_max over the workers that hold the decode KV (B → B·f: `kv_concurrency`)."""
+    return kv_need_bytes(workload, coeffs) <= workers * coeffs.hbm_kv_capacity
 
 
 def min_workers_for_kv(workload: WorkloadProfile, coeffs: EngineCoefficients) -> int:
-    need = workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token
+    need = kv_need_bytes(workload, coeffs)
     return max(1, int(np.ceil(need / coeffs.hbm_kv_capacity - 1e-9)))
 
 
@@ -143,7 +171,7 @@ def predict_colocated(workload: WorkloadProfile, coeffs: EngineCoefficients, n: 
 
 def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: np.ndarray, n_decode: np.ndarray):
     w = workload
-    tokens = w.turns * w.batch_size * w.new_prompt_tokens  # λ_P = B·S·ΔL
+    tokens = w.turns * w.batch_size * w.delta_l_disaggregated  # λ_P = B·S·ΔL (ΔL as a prefill worker sees it)
     prefill = tokens * coeffs.t_prefill / n_prefill  # Eq. 3 compute part
     # Eq. 3 transfer part (lower bound). Default: every prefill worker sends its own KV over its own NICs,
     # so the inter-pool bandwidth is min(N_P, N_D) worker links; `shared_kv_fabric` takes BW as one fixed
@@ -206,8 +234,7 @@ def disaggregated_table(
     kv = np.array(kv, dtype=float)
     t_pre = p + kv
     makespan = (np.maximum(t_pre, d) + workload.env_time_s) * workload.scale_disaggregated
-    need = workload.batch_size * workload.kv_seq_tokens * coeffs.kv_bytes_per_token
-    kv_ok = n_d * coeffs.hbm_kv_capacity >= need
+    kv_ok = n_d * coeffs.hbm_kv_capacity >= kv_need_bytes(workload, coeffs)
     keepup_ok = t_pre <= rule.prefill_keepup * d
     return DisaggregatedTable(n_p.astype(np.int64), n_d.astype(np.int64), p, kv, d, makespan, kv_ok, keepup_ok)
 
@@ -226,6 +253,7 @@ __all__ = [
     "WorkloadProfile",
     "disaggregated_table",
     "kv_fits",
+    "kv_need_bytes",
     "min_workers_for_kv",
     "predict",
     "predict_colocated",

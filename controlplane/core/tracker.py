@@ -173,6 +173,9 @@ class RuntimeTracker:
         self.min_engine_samples = min_engine_samples
         self._turns = _Series(window)
         self._dl = _Series(window)
+        # ΔL as measured under each mode (prompt tokens engines prefilled per turn): disaggregation
+        # re-prefills the previous response on the prefill worker, colocation serves it from cache
+        self._dl_mode = {"colocated": _Series(window), "disaggregated": _Series(window)}
         self._r = _Series(window)
         self._env = _Series(window)
         self._f = _Series(window)
@@ -229,6 +232,8 @@ class RuntimeTracker:
             self._turns.add(rec.turns_max)
         if rec.new_prompt_tokens_mean > 0:
             self._dl.add(rec.new_prompt_tokens_mean)
+            if rec.mode in self._dl_mode:
+                self._dl_mode[rec.mode].add(rec.new_prompt_tokens_mean)
         if rec.generated_tokens_mean > 0:
             self._r.add(rec.generated_tokens_mean)
         if rec.env_time_total_s > 0:
@@ -278,8 +283,18 @@ class RuntimeTracker:
         self._cache = None
 
     # -- outputs ------------------------------------------------------------------------------
+    def mode_tried(self, mode: str) -> bool:
+        """Whether a step in `mode` has been scored against its prediction (its correction is measured)."""
+        series = self._scale.get(str(mode))
+        return series is not None and len(series.values) > 0
+
     def _scales(self) -> dict[str, float]:
-        """Per-mode makespan correction; a mode never run yet borrows the pooled figure (else 1)."""
+        """Per-mode makespan correction; a mode never run yet borrows the pooled figure (else 1).
+
+        (A conservative prior max(pooled, 1) was tried for the untried mode and removed: against a running
+        mode corrected to < 1 it handicaps the other mode by the whole correction, which locked PEARL into
+        whichever mode the unfitted prior picked first — −2.8% vs RLBoost+ on paper-qwen3-30b-a3b-seg1. The
+        safeguard for a never-run mode is the bounded trial in `PearlPolicy`.)"""
         hl = self.half_life
         pooled = self._scale_all.estimate(1.0, hl, SCALE_MIN_SAMPLES, 8)
         out = {}
@@ -287,6 +302,23 @@ class RuntimeTracker:
             est = series.estimate(pooled.value, hl, SCALE_MIN_SAMPLES, 8)
             out[mode] = min(max(est.value, SCALE_MIN), SCALE_MAX)
         return out
+
+    def _delta_l_per_mode(self, dl: float, r: float) -> tuple[float, float | None]:
+        """(ΔL colocated, ΔL disaggregated or None) from the steps measured in each mode.
+
+        A prefill worker re-prefills the previous response every turn, a colocated worker serves it
+        from its prefix cache: ΔL_dis ≈ ΔL_coloc + r. The mode never run is derived from the other;
+        with no per-mode data (TURN-only telemetry) both are the pooled ΔL, as before."""
+        hl, ms = self.half_life, self.min_steps
+        col = self._dl_mode["colocated"].estimate(dl, hl, ms, 8)
+        dis = self._dl_mode["disaggregated"].estimate(dl, hl, ms, 8)
+        if col.fitted and dis.fitted:
+            return col.value, dis.value
+        if col.fitted:
+            return col.value, col.value + r
+        if dis.fitted:
+            return max(dis.value - r, 0.1 * dis.value), dis.value
+        return dl, None
 
     def workload(self) -> tuple[WorkloadProfile, dict[str, Estimate]]:
         p = self.prior
@@ -306,6 +338,12 @@ class RuntimeTracker:
             theta = p.theta
         est["theta"] = Estimate(theta, est["f"].confidence, est["f"].samples, est["f"].fitted)
         turns, dl, r = est["S"].value, est["delta_L"].value, est["r"].value
+        dl_dis: float | None = None
+        if est["delta_L"].fitted:
+            dl, dl_dis = self._delta_l_per_mode(dl, r)
+            est["delta_L_colocated"] = Estimate(dl, est["delta_L"].confidence, est["delta_L"].samples, True)
+            if dl_dis is not None:
+                est["delta_L_disaggregated"] = Estimate(dl_dis, est["delta_L"].confidence, est["delta_L"].samples, True)
         peak, ctx, pre = p.kv_seq_tokens, p.mean_context, p.prefix_tokens
         if est["S"].fitted or est["delta_L"].fitted or est["r"].fitted:
             # keep the prior's initial prompt and its context-to-peak ratios; regrow the per-turn part
@@ -325,6 +363,13 @@ class RuntimeTracker:
             p, batch_size=int(round(b.value)), turns=turns, new_prompt_tokens=dl, generated_tokens=r,
             env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=ctx, prefix_tokens=pre,
             scale_colocated=scales["colocated"], scale_disaggregated=scales["disaggregated"],
+            new_prompt_tokens_disaggregated=dl_dis,
+            # T_over (colocated P/D switching per turn) is a prior-only guess: no telemetry measures it and
+            # the simulator has no such cost, so once the workload is fitted the per-mode correction
+            # (observed / predicted makespan) carries whatever per-turn overhead really exists
+            overhead_s=0.0 if est["S"].fitted else p.overhead_s,
+            # the expected, not worst-case, decode concurrency once f is measured
+            kv_concurrency=b.value * (1.0 / (1.0 + theta)) if est["f"].fitted else p.kv_concurrency,
         )
         return w, est
 

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from controlplane.core.context import Overrides
-from controlplane.core.policies import POLICY_NAMES, make_policy
+from controlplane.core.policies import POLICY_NAMES, RLBoostPolicy, make_policy
+
+# Report baselines that are not in core's policy registry (the live job API pins that list):
+# `rlboost+` = RLBoost's Algorithm 1 adapted to async RL (core.policies.RLBoostPolicy).
+SIM_POLICIES: dict[str, type] = {"rlboost+": RLBoostPolicy}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +51,9 @@ def resolve_policy(name: str, variants: Mapping[str, Any]) -> Variant:
         v = parse_variant(name, variants[name])
     else:
         v = Variant(name)
-    if v.base not in POLICY_NAMES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES + tuple(variants))}")
+    if v.base not in POLICY_NAMES and v.base not in SIM_POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: "
+                         f"{', '.join(POLICY_NAMES + tuple(SIM_POLICIES) + tuple(variants))}")
     return v
 
 
@@ -65,4 +70,6 @@ def make_sim_policy(name: str, scenario: Any, profile: Any) -> tuple[Any, Varian
     opts.setdefault("max_trajectory_tokens", scenario.workload.max_length)
     if v.base == "pearl" and not v.gate:
         opts["gate"] = False
+    if v.base in SIM_POLICIES:
+        return SIM_POLICIES[v.base](profile=profile, batch_size=scenario.workload.batch_size, **opts), v
     return make_policy(v.base, profile=profile, batch_size=scenario.workload.batch_size, **opts), v

@@ -1,4 +1,4 @@
-"""`python -m controlplane.sim list | run | compare` (see README.md)."""
+"""`python -m controlplane.sim list | run | compare | calibrate` (see README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -75,8 +75,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--policies", help="comma-separated subset (default: the scenario's list)")
     c.add_argument("--json", action="store_true", help="print exactly one JSON object")
     c.add_argument("--html", help="write an HTML report (plotly inlined) to this path")
+    k = sub.add_parser("calibrate", help="the paper's §1 motivation statistics at a scenario's workload and engine")
+    k.add_argument("--scenario", default="paper-qwen3-8b-seg1")
+    k.add_argument("--scenario-file")
+    k.add_argument("--seed", type=int)
+    k.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "calibrate":
+            from controlplane.sim.calibration import motivation
+
+            base = load_scenario_file(args.scenario_file) if args.scenario_file else get_scenario(args.scenario)
+            m = motivation(base, seed=args.seed)
+            if args.json:
+                print(json.dumps(m))
+            else:
+                for key, v in m["stats"].items():
+                    paper = m["paper"].get(key)
+                    ok = m["within"].get(key)
+                    print(f"{key:32s} sim {v:10.4f}" + (f"   paper {paper:g}   in band: {ok}" if paper is not None else ""))
+            return 0
         if args.cmd == "list":
             for name in list_scenarios():
                 sc = get_scenario(name)

@@ -28,7 +28,7 @@ from controlplane.sim.traces import AvailabilityTrace
 from controlplane.sim.workload import draw_batch
 
 # heap events of the driver (the world's kinds are 0..7)
-EV_TRACE, EV_TRAIN_DONE, EV_PUBLISHED, EV_TICK, EV_STOP = range(8, 13)
+EV_TRACE, EV_TRAIN_DONE, EV_PUBLISHED, EV_TICK, EV_STOP, EV_SIGNAL = range(8, 14)
 
 
 @dataclass(slots=True)
@@ -41,6 +41,10 @@ class StepStats:
     predicted_makespan_s: float | None = None
     predicted_at_start_s: float | None = None
     config_label: str = ""
+    mode: str = ""  # of the configuration the step started in
+    # the step-start forecast of the best configuration of the *other* mode, same budget (its label)
+    other_label: str = ""
+    predicted_other_s: float | None = None
     stable: bool = True  # no transition and no borrow change while the batch was in flight
     train_start_s: float = 0.0
     train_end_s: float = 0.0
@@ -64,6 +68,10 @@ class RunResult:
     return_deadline_misses: int
     lost_tokens: int
     predictor_mape: float | None
+    # Step-start forecast at constant resources, per mode: |T̂(start) − T| / T over steps with no
+    # transition or borrow change in flight, after warm-up (None: no such step in that mode)
+    predictor_mape_start: dict[str, float | None] = field(default_factory=dict)
+    stable_steps: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     events: int = 0
     step_stats: list[StepStats] = field(default_factory=list)
@@ -82,6 +90,7 @@ class RunResult:
             "return_deadline_misses": self.return_deadline_misses,
             "lost_tokens": self.lost_tokens,
             "predictor_mape": self.predictor_mape,
+            "predictor_mape_start": self.predictor_mape_start,
         }
 
 
@@ -103,6 +112,17 @@ class Simulation:
         self.base_policy = variant.base
         self.overrides = Overrides(**variant.overrides)
         self.free = variant.base == "oracle"
+        # The oracle chooses by simulated outcome (sim/oracle.py): at each signal it forks this
+        # simulation, tries every candidate configuration × borrow choice on the real future, and keeps
+        # the one whose step finishes first. Inside a fork the candidate's overrides stay in force.
+        self.fork_oracle = variant.base == "oracle"
+        self.in_fork = False
+        self.oracle_forks = 0
+        self.oracle_overrides: Overrides | None = None  # the oracle's last choice, in force until the next
+        if self.fork_oracle:
+            from controlplane.sim.oracle import oracle_executor_policy
+
+            self.policy = oracle_executor_policy(scenario, self.profile)
         if trace is not None:
             self.trace = trace
         elif variant.base == "fixed-large":
@@ -152,7 +172,12 @@ class Simulation:
         elif kind is lp.Progress:
             pass
         elif kind is lp.EmitSignal:
-            self.signal(cmd.signal, cmd.remaining)
+            if self.fork_oracle:
+                # handled from the event loop, after the loop's other commands of this event: a fork
+                # taken then carries no half-dispatched command list
+                self.push(t, EV_SIGNAL, cmd.signal, cmd.remaining)
+            else:
+                self.signal(cmd.signal, cmd.remaining)
         elif kind is lp.StartStep:
             w.start_batch(cmd, draw_batch(self.sc.workload, seed=self.seed, step=cmd.step), t)
             if self.loop.cfg.periodic_s:
@@ -197,14 +222,28 @@ class Simulation:
             self.training_active = True
         elif signal is Signal.TRAINING_FINISHED:
             self.training_active = False
+        ov = self.overrides
+        if self.fork_oracle and not self.in_fork:
+            from controlplane.sim.oracle import choose
+
+            picked = choose(self, signal, remaining)
+            if picked is not None:
+                self.oracle_overrides = picked
+            ov = self.oracle_overrides or ov
         p = place(self.world.inventory(self.training_active), self.policy, signal=signal, now_s=t,
-                  batch_size=self.sc.workload.batch_size, remaining=remaining, overrides=self.overrides,
+                  batch_size=self.sc.workload.batch_size, remaining=remaining, overrides=ov,
                   future=self._future(t))
         changed = self.world.execute(p, t, self.free or p.action.free_reconfiguration) if p.target.total > 0 else False
         if changed and signal is not Signal.STEP_START:  # the step's own starting transition is not a change
             self.unstable()
         if signal is Signal.STEP_START:
-            self.steps[-1].config_label = (p.target if p.target.total > 0 else p.current or p.target).label()
+            st = self.steps[-1]
+            cfg = p.target if p.target.total > 0 else p.current or p.target
+            st.config_label = cfg.label()
+            st.mode = str(cfg.mode)
+            other = _best_other(p.action.decision.candidates, cfg)
+            if other is not None:
+                st.other_label, st.predicted_other_s = other
         pred = p.action.decision.predicted_makespan_s
         self.feed(lp.Decided(t, signal, p.target if p.target.total > 0 else None,
                              pred if math.isfinite(pred) else None, changed))
@@ -268,6 +307,7 @@ class Simulation:
                 st = self._by_step.get(a - 1)
                 if st is not None:
                     st.train_end_s = t
+                w.on_weights_published(t)
                 self.feed(lp.WeightsPublished(t, a))
             elif kind == EV_TICK:
                 if self.loop.rollout_active and self.loop.step == a:
@@ -281,6 +321,8 @@ class Simulation:
                 w.on_drain_timeout(a, b, t)
             elif kind == EV_STOP:
                 self.feed(lp.Stop(t))
+            elif kind == EV_SIGNAL:
+                self.signal(a, b)
         self.t = max(self.t, min(end, sc.duration_s))
 
     def _result(self, wall: float) -> RunResult:
@@ -305,6 +347,7 @@ class Simulation:
         errs = [abs(s.predicted_makespan_s - s.makespan_s) / s.makespan_s
                 for s in done[warm:] if s.predicted_makespan_s and s.makespan_s > 0]
         mape = 100.0 * sum(errs) / len(errs) if errs else None
+        start_mape, stable_n = step_start_mape(done[warm:])
         engine_tokens = sum(s.worker.tokens_out for s in w.slots.values())
         inflight_tokens = sum(s.worker.inflight_tokens() for s in w.slots.values())
         loop = self.loop
@@ -315,12 +358,41 @@ class Simulation:
             train_s_mean=round(sum(tr) / len(tr), 3) if tr else 0.0, transitions=w.transitions,
             borrowed_gpu_s=round(w.borrowed_gpu_s, 3), return_deadline_misses=loop.deadline_misses,
             lost_tokens=int(engine_tokens - w.traj_generated - inflight_tokens),
-            predictor_mape=None if mape is None else round(mape, 3), wall_s=wall, events=self.events,
+            predictor_mape=None if mape is None else round(mape, 3), predictor_mape_start=start_mape,
+            stable_steps=stable_n, wall_s=wall, events=self.events,
             step_stats=done, timeline=w.timeline, borrow_windows=w.borrow_windows,
             conservation={"started": loop.started_trajectories, "done": loop.finished_trajectories,
                           "in_flight": in_flight, "aborted": loop.stale_aborted, "engine_tokens": int(engine_tokens),
                           "trajectory_tokens": int(w.traj_generated), "inflight_tokens": int(inflight_tokens)},
         )
+
+
+def _best_other(table: Any, cfg: Any) -> tuple[str, float] | None:
+    """The best feasible candidate of the mode `cfg` is not in, from a decision's candidate table."""
+    from controlplane.core.state import Mode
+
+    if table is None or cfg.total <= 0:
+        return None
+    if cfg.mode is Mode.COLOCATED:
+        c = table.best_disaggregated()
+    else:
+        c = table.colocated if table.colocated is not None and table.colocated.feasible else None
+    if c is None or not math.isfinite(c.makespan_s):
+        return None
+    return c.label, c.makespan_s
+
+
+def step_start_mape(steps: list[StepStats]) -> tuple[dict[str, float | None], dict[str, int]]:
+    """Per mode: MAPE of the step-start forecast of the configuration that ran, over constant-resource
+    steps only (no transition or borrow change while the batch was in flight)."""
+    out: dict[str, float | None] = {}
+    counts: dict[str, int] = {}
+    for mode in ("colocated", "disaggregated"):
+        errs = [abs(s.predicted_at_start_s - s.makespan_s) / s.makespan_s for s in steps
+                if s.stable and s.mode == mode and s.predicted_at_start_s and s.makespan_s > 0]
+        counts[mode] = len(errs)
+        out[mode] = round(100.0 * sum(errs) / len(errs), 3) if errs else None
+    return out, counts
 
 
 def run_policy(scenario: Scenario, policy: str, *, seed: int | None = None, record_timeline: bool = False) -> RunResult:

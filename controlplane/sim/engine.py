@@ -76,6 +76,7 @@ class Request:
     join_it: int = 0
     end_it: int = 0
     seq: int = 0
+    join_s: float = -1.0  # when it joined the decode batch (-1: not decoding yet)
 
 
 @dataclass(slots=True)
@@ -97,7 +98,7 @@ class Worker:
     __slots__ = (
         "slot", "pool", "gen", "role", "costs", "chunk_tokens", "kv_capacity", "it", "running", "heap", "s0",
         "kv_used", "pq", "joinq", "seg", "version", "homed", "busy_s", "iters", "tokens_out", "serving",
-        "link_free_s", "_seq", "homed_ctx",
+        "link_free_s", "_seq", "homed_ctx", "stats",
     )
 
     def __init__(self, slot: int, pool: str, role: Role, costs: EngineCosts, *, chunk_tokens: int,
@@ -126,6 +127,11 @@ class Worker:
         self.serving = False  # active in the serving set W
         self.link_free_s = 0.0  # prefill worker's KV link
         self._seq = 0
+        # motivation statistics (sim/calibration.py): prefill tokens computed / served from the prefix
+        # cache, GPU time in prefill passes and in decode iterations, and the pure-decode segments
+        # ("between prefill insertions") on their own
+        self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
+                      "decode_tokens": 0, "pure_decode_s": 0.0, "pure_decode_tokens": 0}
 
     # ------------------------------------------------------------------ queries
     def inflight_tokens(self) -> int:
@@ -145,7 +151,8 @@ class Worker:
     def submit_decode(self, req: Request) -> None:
         self.joinq.append(req)
 
-    def _join(self, req: Request) -> None:
+    def _join(self, req: Request, t: float) -> None:
+        req.join_s = t
         self._seq += 1
         req.seq = self._seq
         req.join_it = self.it
@@ -162,7 +169,7 @@ class Worker:
     def plan(self, t: float) -> float | None:
         """Start the next segment at `t`; return its end time (None: nothing to do)."""
         while self.joinq and self._fits(self.joinq[0]):
-            self._join(self.joinq.popleft())
+            self._join(self.joinq.popleft(), t)
         n = len(self.running)
         if self.pq and self.role is not Role.DECODE and (self.role is Role.PREFILL or self._fits(self.pq[0])):
             batch: list[Request] = []
@@ -232,7 +239,18 @@ class Worker:
         else:
             k = seg.k
         done: list[Request] = []
+        st = self.stats
+        if seg.kind == "prefill":
+            st["prefill_tokens"] += seg.prefill_tokens
+            st["cached_tokens"] += sum(r.prefix for r in seg.batch)
+            st["prefill_s"] += seg.prefill_s
+            if k:
+                st["decode_s"] += seg.end_s - seg.t0 - seg.prefill_s
+        elif k:
+            st["decode_s"] += seg.end_s - seg.t0
+            st["pure_decode_s"] += seg.end_s - seg.t0
         if k:
+            tok0 = self.tokens_out
             self.it += k
             self.iters += k
             self.tokens_out += k * n
@@ -244,9 +262,12 @@ class Worker:
                 self.s0 -= req.ctx0 - req.join_it
                 self.kv_used -= req.ctx0 + req.remaining
                 done.append(req)
+            st["decode_tokens"] += self.tokens_out - tok0
+            if seg.kind == "decode":
+                st["pure_decode_tokens"] += self.tokens_out - tok0
         if seg.kind == "prefill" and self.role is Role.COLOCATED:
             for r in prefilled:
-                self._join(r)
+                self._join(r, seg.end_s)
             prefilled = []
         return prefilled, done, seg
 

@@ -53,6 +53,8 @@ class EngineSpec:
     # Multiplier on every simulated iteration and prefill-pass time over the roofline profile
     # (serving-stack overheads the roofline omits). 1.0 = the core profile as is.
     engine_slowdown: float = 1.0
+    # Prefix caches flushed at every weight update (SGLang's update_weights; RLBoost flush_cache=True)
+    flush_cache_on_weight_update: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ class Trajectory:
     cached_on: int | None = None  # worker slot holding this trajectory's prefix (KV) cache
     cached_gen: int = -1  # that worker's generation (a re-created slot has an empty cache)
     cached_len: int = 0  # tokens of this trajectory's context in that cache
+    cached_epoch: int = 0  # weight epoch of that cache (a weight update flushes it)
     where: int | None = None  # worker slot holding this trajectory's request now (-1: on a KV link)
     turn_start_s: float = 0.0
     prefilled_total: int = 0  # prompt tokens engines actually prefilled (not served from a cache)

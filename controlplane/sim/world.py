@@ -112,6 +112,10 @@ class World:
         self.traj_generated = 0
         self.timeline: list[dict[str, Any]] = []
         self._iter_sample = 0
+        # Prefix caches are flushed when workers load new weights (SGLang flushes its radix cache in
+        # update_weights; RLBoost's patch flush_cache=True): every cached prefix of an older epoch is gone
+        self.cache_epoch = 0
+        self.flush_on_update = sc.engine.flush_cache_on_weight_update
 
     # ================================================================== units and capacity
     def new_unit(self, pool: str, state: str) -> Slot:
@@ -373,6 +377,10 @@ class World:
             self.returning = False
             self.feed(lp.ReturnConfirmed(t))
 
+    def on_weights_published(self, t: float) -> None:
+        if self.flush_on_update:
+            self.cache_epoch += 1
+
     def on_unpause(self, t: float) -> None:
         if t >= self.paused_until - 1e-9:
             self.feed(lp.Admission(t, True))
@@ -419,7 +427,8 @@ class World:
             self.unhome(traj)
             traj.home = slot.sid
             w.homed_ctx += traj.context
-        cached = traj.cached_len if (traj.cached_on == slot.sid and traj.cached_gen == w.gen) else 0
+        cached = traj.cached_len if (traj.cached_on == slot.sid and traj.cached_gen == w.gen
+                                     and traj.cached_epoch == self.cache_epoch) else 0
         if cached:
             # Prefix cache under KV pressure: running requests pin their KV; the cached prefixes of
             # the trajectories homed here share what is left (LRU over many waiting trajectories
@@ -493,6 +502,7 @@ class World:
             w.link_free_s = start + dur
             req.traj.cached_on = slot.sid
             req.traj.cached_gen = w.gen
+            req.traj.cached_epoch = self.cache_epoch
             req.traj.cached_len = req.ctx0
             req.traj.where = -1
             self.push(start + dur, EV_KV, req, (slot.sid, w.gen, slot.wid))
@@ -535,11 +545,13 @@ class World:
         traj.where = None
         wid = slot.wid if slot.wid is not None else -1
         prefilled = 0 if slot.role is Role.DECODE else req.compute  # a decode request's prefill was counted
+        dec = max(0.0, t - req.join_s) if req.join_s >= 0 else 0.0
+        req.join_s = -1.0
         if traj.generated_in_turn >= traj.turns[traj.turn].generated_tokens:
-            self.feed(lp.TurnGenerated(t, traj.tid, wid, generated, prefilled))
+            self.feed(lp.TurnGenerated(t, traj.tid, wid, generated, prefilled, decode_s=dec))
             self.complete_turn(traj, t)
         else:
-            self.feed(lp.TurnInterrupted(t, traj.tid, wid, generated, prefilled))
+            self.feed(lp.TurnInterrupted(t, traj.tid, wid, generated, prefilled, decode_s=dec))
 
     def evict(self, slot: Slot, t: float, keep_cache: bool) -> None:
         w = slot.worker
@@ -554,10 +566,12 @@ class World:
         if slot.role is Role.COLOCATED:
             traj.cached_on = slot.sid
             traj.cached_gen = slot.worker.gen
+            traj.cached_epoch = self.cache_epoch
             traj.cached_len = traj.context
         traj.where = None
+        dec = max(0.0, t - req.join_s) if req.join_s >= 0 else 0.0
         self.feed(lp.TurnGenerated(t, traj.tid, slot.wid if slot.wid is not None else -1, req.remaining,
-                                   req.compute if slot.role is Role.COLOCATED else 0))
+                                   req.compute if slot.role is Role.COLOCATED else 0, decode_s=dec))
         self.complete_turn(traj, t)
 
     def complete_turn(self, traj: Trajectory, t: float) -> None:

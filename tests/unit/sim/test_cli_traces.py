@@ -12,7 +12,7 @@ from controlplane.sim.scenario import get_scenario, list_scenarios
 from controlplane.sim.traces import PAPER_SEGMENTS, TraceError, generate_bamboo_like, load_trace, parse_trace_csv
 
 KEYS = {"throughput_tok_s", "steps", "rollout_s_mean", "train_s_mean", "transitions", "borrowed_gpu_s",
-        "return_deadline_misses", "lost_tokens", "predictor_mape"}
+        "return_deadline_misses", "lost_tokens", "predictor_mape", "predictor_mape_start"}
 
 
 def test_list_names_the_paper_scenarios(capsys):
@@ -35,6 +35,8 @@ def test_compare_json_has_exactly_the_contract_keys(small_file, capsys):
         assert set(row) == KEYS
         assert isinstance(row["throughput_tok_s"], float) and isinstance(row["steps"], int)
         assert row["predictor_mape"] is None or isinstance(row["predictor_mape"], float)
+        assert set(row["predictor_mape_start"]) == {"colocated", "disaggregated"}
+        assert all(v is None or isinstance(v, float) for v in row["predictor_mape_start"].values())
 
 
 def test_run_subprocess_and_html(small_file, tmp_path):
