@@ -18,10 +18,17 @@ RETAIN_PER_JOB = 20_000
 HISTORY_KINDS = (RecordKind.STEP.value, RecordKind.TRAIN.value)
 
 
+def _has_history(job_id: int, kind: str, step: int) -> bool:
+    same = TelemetrySample.objects.filter(job_id=job_id, kind=kind)
+    # the stored form omits fields at their default: step 0 has no "step" key
+    return (same.filter(record__step=step) if step else same.exclude(record__has_key="step")).exists()
+
+
 def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int:
     """All-or-nothing: one bad record (malformed, or naming a job or worker the sender does not run)
     rejects the message and stores nothing, so no one feeds another job's predictor."""
     rows: list[TelemetrySample] = []
+    history: set[tuple[int, str, int]] = set()
     for i, raw in enumerate(message.records):
         where = f"records[{i}]"
         try:
@@ -33,6 +40,11 @@ def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int
         job_id = principal.check_job(r.job, f"{where}.job")
         if r.worker is not None:
             principal.check_worker(r.worker, f"{where}.worker")
+        if r.kind.value in HISTORY_KINDS:
+            key = (job_id, r.kind.value, r.step)
+            if key in history or _has_history(*key):
+                continue  # a restarted driver may report a step again: the history keeps one record per step
+            history.add(key)
         rows.append(TelemetrySample(job_id=job_id, node_id=principal.node_id, kind=r.kind, record=r.to_json()))
     with transaction.atomic():
         created = TelemetrySample.objects.bulk_create(rows)
