@@ -88,16 +88,19 @@ def defer_plan(job_id: int, signal: str) -> None:
     r.expire(f"pearl:plan:{job_id}:deferred", 3600)
 
 
+def _take_all(r: Any, key: str) -> set[str]:
+    """Every distinct signal in a Redis list, taking the list (read and delete in one transaction)."""
+    pipe = r.pipeline()
+    pipe.lrange(key, 0, -1)
+    pipe.delete(key)
+    raw, _ = pipe.execute()
+    return {x.decode() for x in raw}
+
+
 def resume_deferred_plans(job_id: int) -> None:
     """A transition of the job ended: the signals that came meanwhile are planned now (after commit)."""
     def resume() -> None:
-        r = _redis()
-        key = f"pearl:plan:{job_id}:deferred"
-        pipe = r.pipeline()
-        pipe.lrange(key, 0, -1)
-        pipe.delete(key)
-        raw, _ = pipe.execute()
-        for signal in {x.decode() for x in raw}:
+        for signal in _take_all(_redis(), f"pearl:plan:{job_id}:deferred"):
             _enqueue_now(job_id, signal)
 
     transaction.on_commit(resume, robust=True)
@@ -108,11 +111,7 @@ def take_plan_signals(job_id: int) -> str | None:
     task is no longer queued (a signal arriving right after sends a new one)."""
     r = _redis()
     key = f"pearl:plan:{job_id}"
-    pipe = r.pipeline()
-    pipe.lrange(key, 0, -1)
-    pipe.delete(key)
-    raw, _ = pipe.execute()
-    signals = {x.decode() for x in raw}
+    signals = _take_all(r, key)
     if not signals:
         r.delete(f"{key}:queued")
         if r.llen(key) and r.set(f"{key}:queued", "1", nx=True, ex=300):
