@@ -36,6 +36,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 90.0, what: str = ""
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def preempt_via_api(node_id: int, deadline_s: float, operator: str) -> float:
+    """An operator sends the node a preemption notice through the REST API; returns when (time.time())."""
+    from django.contrib.auth.models import User
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(User.objects.create_user(operator, is_staff=True))
+    t_notice = time.time()
+    r = api.post(f"/api/nodes/{node_id}/preemption/", {"deadline_s": deadline_s}, format="json")
+    assert r.status_code == 200, r.content
+    return t_notice
+
+
 def record_timing(fault: str, **figures: float) -> None:
     path = os.environ.get("PEARL_FAULT_TIMINGS")
     if path:

@@ -16,7 +16,7 @@ import pytest
 from agents import dataplane as dp
 from agents.router import WorkerClient, session
 from tests.conftest import make_job
-from tests.fault.conftest import SECRET, assert_invariants, processes_under, record_timing, wait_for
+from tests.fault.conftest import SECRET, assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -309,8 +309,6 @@ def test_paused_agent_is_fenced_then_resyncs(stack):
 
 # ------------------------------------------------------------------ preemption
 def test_preemption_drains_reports_partials_and_removes_the_node(stack):
-    from rest_framework.test import APIClient
-
     from controlplane.models import GPU, Node, Worker
     from controlplane.services.workers import start_worker
 
@@ -323,14 +321,7 @@ def test_preemption_drains_reports_partials_and_removes_the_node(stack):
     busy = long_request(obs[w.pk]["endpoint"], "preempted")
     wait_for(lambda: journaled_tokens(worker_dir(stack, "spot-x", job.name, w.pk)), what="tokens in the journal")
 
-    from django.contrib.auth.models import User
-
-    op = User.objects.create_user("op-fault", is_staff=True)
-    api = APIClient()
-    api.force_authenticate(op)
-    t_notice = time.time()
-    r = api.post(f"/api/nodes/{node.pk}/preemption/", {"deadline_s": 4}, format="json")
-    assert r.status_code == 200, r.content
+    t_notice = preempt_via_api(node.pk, 4, "op-fault")
     result = wait_for(lambda: busy.get("result") or busy.get("error"), what="the drained request")
     assert isinstance(result, dp.GenerationResult) and result.finish_reason == "abort" and result.tokens  # partial back to its caller
     drained = wait_for(lambda: fault_with("spot-x", ("drained",), "preempted"), what="the drained partial reported")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.fault.conftest import assert_invariants, processes_under, record_timing, wait_for
+from tests.fault.conftest import assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 from tests.fault.test_faults import registered
 
 pytestmark = [pytest.mark.slow]
@@ -98,10 +98,6 @@ def test_agent_killed_mid_generation_its_trajectories_finish_elsewhere(stack):
 
 
 def test_elastic_node_preempted_mid_generation_partials_finish_elsewhere(stack):
-    from rest_framework.test import APIClient
-
-    from django.contrib.auth.models import User
-
     from controlplane.models import Event, Job, Node
 
     _periodic_replan()
@@ -115,12 +111,7 @@ def test_elastic_node_preempted_mid_generation_partials_finish_elsewhere(stack):
     wait_for(lambda: _busy_worker_on("spot-p"), 120, "generation on spot-p")
 
     node = Node.objects.get(name="spot-p")
-    op = User.objects.create_user("op-live", is_staff=True)
-    api = APIClient()
-    api.force_authenticate(op)
-    t_notice = time.time()
-    r = api.post(f"/api/nodes/{node.pk}/preemption/", {"deadline_s": 20}, format="json")
-    assert r.status_code == 200, r.content
+    t_notice = preempt_via_api(node.pk, 20, "op-live")
     deadline = t_notice + 20
     agent_pid = stack.procs["agent-spot-p"].pid
     # the node's workers are gone (drained, partials handed back, processes stopped) before the deadline
