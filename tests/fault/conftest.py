@@ -141,8 +141,10 @@ class Stack:
 
 
 @pytest.fixture
-def stack(transactional_db, tmp_path, settings) -> Iterator[Stack]:
-    """The stack on its own Redis; this test process sends its pushes through that Redis too."""
+def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
+    """The stack on its own Redis; this test process sends its pushes through that Redis too. A test marked
+    `replan_every(seconds)` also gets the periodic re-plan, created before beat starts: django-celery-beat
+    misses a task created between its first read of the schedule and its first change check."""
     from channels.layers import channel_layers
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -158,8 +160,13 @@ def stack(transactional_db, tmp_path, settings) -> Iterator[Stack]:
     env.pop("PEARL_AGENT_TOKEN", None)
     s = Stack(base_url=f"http://127.0.0.1:{web_port}", redis_port=redis_port, tmp=tmp_path, env=env)
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.create(name="sweeper", task="controlplane.sweep", interval=every)  # only the sweeper:
-    # the planner stays out of these tests, which place workers themselves through the services
+    PeriodicTask.objects.create(name="sweeper", task="controlplane.sweep", interval=every)
+    replan = request.node.get_closest_marker("replan_every")
+    if replan:  # otherwise the planner stays out: those tests place workers themselves through the services
+        seconds = int(replan.args[0])
+        every_r, _ = IntervalSchedule.objects.get_or_create(every=seconds, period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.create(name="replan", task="controlplane.replan_all", interval=every_r,
+                                    expire_seconds=seconds)
     try:
         s.start_redis()
         s.start("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "pearl_site.asgi:application"])

@@ -12,17 +12,10 @@ import pytest
 from tests.fault.conftest import assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 from tests.fault.test_faults import registered
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.replan_every(2)]
 
 BATCH = 8
 TIME_FACTOR = "0.05"  # emulated H800 time ×0.05: a SWE-like step takes seconds of wall time
-
-
-def _periodic_replan() -> None:
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-
-    every, _ = IntervalSchedule.objects.get_or_create(every=2, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.create(name="replan", task="controlplane.replan_all", interval=every, expire_seconds=2)
 
 
 def _live_job(name: str, rollout_gpus: int):
@@ -69,7 +62,6 @@ def _assert_whole_accounting(job) -> None:
 def test_agent_killed_mid_generation_its_trajectories_finish_elsewhere(stack):
     from controlplane.models import Job, Node, Worker
 
-    _periodic_replan()
     stack.agent("train-l", pool="training", slots=1, time_factor=float(TIME_FACTOR))
     stack.agent("roll-a", slots=2, time_factor=float(TIME_FACTOR))
     stack.agent("roll-b", slots=2, time_factor=float(TIME_FACTOR))
@@ -100,7 +92,6 @@ def test_agent_killed_mid_generation_its_trajectories_finish_elsewhere(stack):
 def test_elastic_node_preempted_mid_generation_partials_finish_elsewhere(stack):
     from controlplane.models import Event, Job, Node
 
-    _periodic_replan()
     stack.agent("train-p", pool="training", slots=1, time_factor=float(TIME_FACTOR))
     stack.agent("res-p", slots=2, time_factor=float(TIME_FACTOR))
     stack.agent("spot-p", pool="elastic", slots=2, time_factor=float(TIME_FACTOR))
