@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import secrets
 import time
 from abc import ABC, abstractmethod
@@ -277,6 +278,12 @@ class LoopEngine(Engine):
     async def start(self) -> None:
         self._work = asyncio.Event()
         self._task = asyncio.create_task(self._loop())
+        self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """A crashed scheduling loop would hang every request quietly: say so in the worker's log."""
+        if not task.cancelled() and task.exception() is not None:
+            logging.getLogger(__name__).error("engine loop crashed", exc_info=task.exception())
 
     async def shutdown(self) -> None:
         self._closed = True

@@ -1,18 +1,24 @@
 """emulated backend: the worker protocol and roles with time taken from a hardware x model profile.
 
 Dynamo-mocker style. Every prefill pass, decode iteration, KV transfer, sleep/wake and weight load
-waits the time `controlplane.core.profiles.get_profile(hardware, model, tp)` predicts for it,
+takes the time `controlplane.core.profiles.get_profile(hardware, model, tp)` predicts for it,
 multiplied by `time_factor` (so 10.0 runs ten times slower than the emulated GPU, 0.1 ten times
-faster). One asyncio loop per worker runs the running batch; a sequence costs a few microseconds
-per iteration, so one worker holds hundreds of sequences. Tokens are synthetic and deterministic: a
-hash of (seed, position), so colocated and disaggregated runs of a request give the same tokens.
-Telemetry durations are in emulated-GPU seconds (wall time / time_factor), comparable to the profile.
+faster). The continuous batching is the simulator's (`controlplane.sim.engine.Worker`: chunked
+prefill riding on the running decodes, KV admission against H_max, segments of iterations over
+which the batch does not change), run on the wall clock: the loop sleeps once per segment, not once
+per iteration, so the engine keeps the profile's pace at small time factors on a busy CPU, and an
+arrival or an abort cuts the segment at the next iteration boundary. Prompts hit an automatic prefix
+cache (vLLM's: chained hashes of full blocks, LRU over the KV the running batch leaves free), so a
+multi-turn trajectory prefills only its new tokens on its sticky worker. Tokens are synthetic and
+deterministic: a hash of (seed, position), so colocated and disaggregated runs of a request give the
+same tokens. Telemetry durations are in emulated-GPU seconds (wall time / time_factor).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +31,15 @@ from agents.engines.base import Conflict, EngineError, LoopEngine
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 from controlplane.core.profiles import Profile, get_profile
+from controlplane.core.state import Role
+from controlplane.sim.engine import Request, ScaledCosts, Worker
+from controlplane.sim.scenario import EngineSpec
 
-PREFILL_TOKEN_BUDGET = 16384
+PREFILL_TOKEN_BUDGET = EngineSpec().chunk_tokens  # the simulator's chunked-prefill budget per iteration
+PREFIX_BLOCK = 16  # tokens per prefix-cache block (vLLM's default block size)
+LATE_S = 0.05  # wall seconds behind schedule after which the segment clock restarts at "now"
+# the engine's role -> the batching role: a decode worker finishes the prompts queued before it switched
+BATCHING_ROLE = {"colocated": Role.COLOCATED, "decode": Role.COLOCATED, "prefill": Role.PREFILL}
 MASK64 = (1 << 64) - 1
 
 
@@ -56,10 +69,55 @@ class ESeq:
     finish_reason: str = ""
     prompt: list[int] = field(default_factory=list)
 
-    def emit(self) -> None:
-        tok = synthetic_token(self.params.seed, len(self.tokens))
-        self.tokens.append(tok)
-        self.logprobs.append(synthetic_logprob(tok))
+    def emit(self, upto: int | None = None) -> None:
+        """Append the next token (or every token up to a total of `upto`)."""
+        for _ in range(1 if upto is None else max(0, upto - len(self.tokens))):
+            tok = synthetic_token(self.params.seed, len(self.tokens))
+            self.tokens.append(tok)
+            self.logprobs.append(synthetic_logprob(tok))
+
+
+class PrefixCache:
+    """Automatic prefix caching as vLLM does it: a prompt's full blocks are keyed by a hash chained over
+    every token before them, so a block matches only under the same prefix; blocks the running batch
+    does not pin are evicted least recently used first."""
+
+    def __init__(self, block: int = PREFIX_BLOCK) -> None:
+        self.block = block
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def _hashes(self, prompt: list[int]) -> list[int]:
+        out, h = [], 0
+        for i in range(0, len(prompt) - self.block + 1, self.block):
+            h = hash((h, tuple(prompt[i : i + self.block])))
+            out.append(h)
+        return out
+
+    def match(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` already cached (whole blocks, at most all but the last token)."""
+        n = 0
+        for h in self._hashes(prompt[:-1]):
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            n += self.block
+        return n
+
+    def insert(self, prompt: list[int], free_tokens: float) -> None:
+        for h in self._hashes(prompt):
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        self.fit(free_tokens)
+
+    def fit(self, free_tokens: float) -> None:
+        while self._blocks and len(self._blocks) * self.block > free_tokens:
+            self._blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+    def __len__(self) -> int:
+        return len(self._blocks) * self.block
 
 
 class EmulatedEngine(LoopEngine):
@@ -73,27 +131,50 @@ class EmulatedEngine(LoopEngine):
             raise ValueError("time_factor must be > 0")
         self.time_factor = time_factor
         self.vocab_size = TOKENIZER.vocab_size
-        self._pending: list[ESeq] = []
-        self._running: list[ESeq] = []
+        self.batching = Worker(worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile),
+                               chunk_tokens=PREFILL_TOKEN_BUDGET,
+                               kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token))
+        self.prefix_cache = PrefixCache()
         self._by_id: dict[str, ESeq] = {}
+        self._reqs: dict[str, Request] = {}
         self._asleep_level = 0
-        self._deadline: float | None = None
-        self._last_end = 0.0
-        # (predicted, observed) wall seconds of the last iterations: the fidelity check of the benchmark
+        self._origin = 0.0  # wall time (event-loop clock) of model time 0
+        self._next_t: float | None = None  # model time the next segment starts (the last one's end)
+        # (running batch, predicted, observed) wall seconds of the last segments: the benchmark's fidelity check
         self.timing_log: list[tuple[int, float, float]] = []
 
+    async def start(self) -> None:
+        self._origin = asyncio.get_running_loop().time()
+        await super().start()
+
+    def _now(self) -> float:
+        """Model seconds since the engine started."""
+        return (asyncio.get_running_loop().time() - self._origin) / self.time_factor
 
     async def _wait_s(self, seconds: float) -> None:
         await asyncio.sleep(seconds * self.time_factor)
 
     # ---- data plane
-    def _submit(self, req_id: str, kind: str, prompt: list[int], params: SamplingParams, version: int | None = None) -> ESeq:
+    def _submit(self, req_id: str, kind: str, prompt: list[int], params: SamplingParams, version: int | None = None,
+                prompt_len: int | None = None) -> ESeq:
         if req_id in self._by_id:
             raise Conflict(f"request {req_id!r} is already in flight on this worker")
-        seq = ESeq(req_id, kind, len(prompt), params, self.weight_version if version is None else version,
+        n = len(prompt) if prompt_len is None else prompt_len
+        seq = ESeq(req_id, kind, n, params, self.weight_version if version is None else version,
                    asyncio.get_running_loop().create_future(), prompt=prompt)
         self._by_id[req_id] = seq
-        self._pending.append(seq)
+        w, t = self.batching, self._now()
+        if kind == "decode":  # the first token came with the KV cache
+            r = Request(seq, 0, 0, n + 1, max(0, params.max_tokens - 1), arrive_s=t)
+            w.submit_decode(r)
+        else:
+            self.prefix_cache.fit(w.kv_capacity - w.kv_used)
+            cached = self.prefix_cache.match(prompt)
+            r = Request(seq, len(prompt) - cached, cached, len(prompt),
+                        0 if kind == "prefill" else max(0, params.max_tokens - 1), arrive_s=t)
+            w.submit_prompt(r)
+        self._reqs[req_id] = r
+        w.interrupt(t)  # admitted at the next iteration boundary
         self._wake()
         return seq
 
@@ -141,8 +222,8 @@ class EmulatedEngine(LoopEngine):
         self.counters.kv_bytes_in += modeled
         self.telemetry.append(tm.kv_transfer(time_s=time.time(), job=self.job, worker=self.worker_id, kv_bytes=modeled,
                                              duration_s=(time.perf_counter() - t0) / self.time_factor))
-        seq = self._submit(req.request_id, "decode", [], req.sampling, version=min(version, self.weight_version))
-        seq.prompt_len = prompt_len
+        seq = self._submit(req.request_id, "decode", [], req.sampling, version=min(version, self.weight_version),
+                           prompt_len=prompt_len)
         seq.tokens.append(first)
         seq.logprobs.append(synthetic_logprob(first))
         return self._result(await self._wait(seq))
@@ -163,28 +244,41 @@ class EmulatedEngine(LoopEngine):
     def _finish(self, s: ESeq, reason: str) -> None:
         if s.future.done():
             return
+        r = self._reqs.pop(s.request_id, None)
+        if r is not None and reason == "abort":
+            g = self.batching.remove(r, self._now())  # cuts the segment: the batch changed
+            if g:
+                s.emit(upto=1 + g)
+            if self._work is not None:
+                self._wake()
         s.finish_reason = reason
-        if s in self._pending:
-            self._pending.remove(s)
-        if s in self._running:
-            self._running.remove(s)
         self._by_id.pop(s.request_id, None)
         s.future.set_result(s)
 
     def inflight(self) -> list[dict[str, Any]]:
-        return [{"request_id": s.request_id, "kind": s.kind, "prompt_len": s.prompt_len, "tokens": list(s.tokens),
-                 "logprobs": list(s.logprobs), "weight_version": s.weight_version} for s in list(self._by_id.values())]
+        t = self._now()
+        out = []
+        for s in list(self._by_id.values()):
+            r = self._reqs.get(s.request_id)
+            g = self.batching.generated(r, t) if r is not None else 0
+            if g:
+                s.emit(upto=1 + g)
+            out.append({"request_id": s.request_id, "kind": s.kind, "prompt_len": s.prompt_len, "tokens": list(s.tokens),
+                        "logprobs": list(s.logprobs), "weight_version": s.weight_version})
+        return out
 
     def running(self) -> int:
-        return len(self._running)
+        return len(self.batching.running)
 
     def waiting(self) -> int:
-        return len(self._pending)
+        w = self.batching
+        return len(w.pq) + len(w.joinq) + (len(w.seg.batch) if w.seg is not None else 0)
 
     async def sleep(self, level: int) -> None:
         if self._by_id:
             raise Conflict("drain the worker before putting it to sleep")
         self.kv.clear()
+        self.prefix_cache.clear()
         await self._wait_s(self.profile.reconfig.intra_scale_deactivation_s)
         self._asleep_level = max(level, 1)
         self.state = "sleeping"
@@ -206,83 +300,82 @@ class EmulatedEngine(LoopEngine):
         except Exception as exc:
             raise EngineError(f"weights are not valid safetensors: {exc}") from exc
         await self._wait_s(self.profile.weight_bytes / self.profile.bandwidth)
+        self.prefix_cache.clear()  # KV computed under the old weights is not reused (vLLM resets it too)
         self.weight_version = version
 
-    # ---- the iteration loop
-    def _kv_in_use(self) -> float:
-        """KV bytes reserved by the running batch: each sequence up to its max_tokens (no preemption)."""
-        return sum(s.prompt_len + s.params.max_tokens for s in self._running) * self.profile.kv_bytes_per_token
-
+    # ---- the batching loop
     async def _loop(self) -> None:
         assert self._work is not None
         loop = asyncio.get_running_loop()
+        w = self.batching
         while not self._closed:
-            if not self._pending and not self._running:
-                self._deadline = None
-                self._work.clear()
-                await self._work.wait()
-                continue
-            # Drift-free clock: each iteration starts at the previous one's deadline, so the
-            # event loop's sleep overshoot is paid back by the next iteration instead of piling up
-            # (unless the worker fell far behind, e.g. a starved CPU: then restart the clock).
-            now = loop.time()
-            if self._deadline is None or now - self._deadline > 0.05:
-                self._deadline = self._last_end = now
-            t_start = self._deadline
-            # admit: prefill new prompts within the token budget and the KV capacity (H_max)
-            budget, admitted, rest = PREFILL_TOKEN_BUDGET, [], []
-            kv_used = self._kv_in_use()
-            for s in self._pending:
-                need = (s.prompt_len + s.params.max_tokens) * self.profile.kv_bytes_per_token
-                fits = s.kind == "prefill" or kv_used + need <= self.profile.hbm_kv_capacity or not self._running
-                if fits and (budget > 0 or not admitted):
-                    admitted.append(s)
-                    budget -= s.prompt_len if s.kind != "decode" else 0
-                    kv_used += need if s.kind != "prefill" else 0
-                else:
-                    rest.append(s)
-            self._pending = rest
-            prefill_tokens = sum(s.prompt_len for s in admitted if s.kind != "decode")
-            t_prefill = self.profile.prefill_s(prefill_tokens) if prefill_tokens else 0.0
-            batch = len(self._running)
-            mean_ctx = (sum(s.prompt_len + len(s.tokens) for s in self._running) / batch) if batch else 0.0
-            t_decode = float(self.profile.decode_iteration_s(batch, mean_ctx)) if batch else 0.0
-            predicted = (t_prefill + t_decode) * self.time_factor
-            self._deadline = t_start + predicted
-            await asyncio.sleep(max(0.0, self._deadline - loop.time()))
-            end = loop.time()
-            observed, self._last_end = end - self._last_end, end  # iteration end to iteration end
-            # decode: every running sequence gets one token
-            finished: list[ESeq] = []
-            for s in self._running:
-                s.emit()
-                if len(s.tokens) >= s.params.max_tokens:
-                    finished.append(s)
-            if batch:
-                c = self.counters
-                c.decode_iterations += 1
-                c.generated_tokens += batch
-                c.iteration_s.append(observed)
-                c.token_times.append((time.monotonic(), batch))
-                share = t_decode / (t_prefill + t_decode)
-                self.record_decode_iteration(batch, observed * share / self.time_factor)
-                self.timing_log.append((batch, predicted, observed))
-                if len(self.timing_log) > 4096:
-                    del self.timing_log[:2048]
-            if prefill_tokens:
-                self.counters.prefill_tokens += prefill_tokens
-                self.counters.prefill_s_total += t_prefill
-                self.telemetry.append(tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id,
-                                                 tokens=prefill_tokens, duration_s=t_prefill))
-            for s in finished:
-                self._finish(s, "length")
-            for s in admitted:
-                if s.future.done():  # aborted while its prefill ran
+            w.role = BATCHING_ROLE.get(self.role, Role.COLOCATED)
+            if w.seg is None:
+                now = self._now()
+                # drift-free: a segment starts where the previous one ended, unless the loop fell far behind
+                t = self._next_t if self._next_t is not None and now - self._next_t <= LATE_S / self.time_factor else now
+                if w.plan(t) is None:
+                    self._next_t = None
+                    self._work.clear()
+                    await self._work.wait()
                     continue
-                if s.kind != "decode":
-                    s.emit()  # prefill produces the first token
-                    self.counters.generated_tokens += 1
-                if s.kind == "prefill" or len(s.tokens) >= s.params.max_tokens:
+            seg = w.seg
+            assert seg is not None
+            self._work.clear()
+            delay = seg.end_s * self.time_factor + self._origin - loop.time()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._work.wait(), delay)
+                    continue  # new work or an abort: the segment may have been cut, sleep to its new end
+                except TimeoutError:
+                    pass
+            if w.seg is not seg or self._closed:
+                continue
+            self._end_segment(loop.time())
+
+    def _end_segment(self, wall_end: float) -> None:
+        """Apply the finished segment: first tokens of the prefilled prompts, finished turns, telemetry."""
+        w = self.batching
+        n = len(w.running)
+        tokens_before = w.tokens_out
+        prefilled, done, seg = w.finish()
+        self._next_t = t = seg.end_s
+        carried = seg.kind == "decode" or (w.role is Role.COLOCATED and n > 0)  # iterations that decoded
+        first_tokens = 0
+        if seg.kind == "prefill":
+            self.counters.prefill_tokens += seg.prefill_tokens
+            self.counters.prefill_s_total += seg.prefill_s
+            self.telemetry.append(tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id,
+                                             tokens=seg.prefill_tokens, duration_s=seg.prefill_s))
+            free = w.kv_capacity - w.kv_used
+            for r in seg.batch:
+                s: ESeq = r.traj
+                if s.future.done():  # aborted while its prefill ran
+                    w.remove(r, t)
+                    continue
+                self.prefix_cache.insert(s.prompt, free)
+                s.emit()  # the prefill pass produces the first token
+                first_tokens += 1
+                if s.kind == "prefill" or r.remaining == 0:
+                    w.remove(r, t)
                     self._finish(s, "length")
-                else:
-                    self._running.append(s)
+                elif r in prefilled:  # a prompt queued before the worker became prefill-only: decode it here
+                    w.submit_decode(r)
+        for r in done:
+            s = r.traj
+            s.emit(upto=1 + r.remaining)
+            self._finish(s, "length")
+        decoded = w.tokens_out - tokens_before
+        c = self.counters
+        c.generated_tokens += decoded + first_tokens
+        predicted = (seg.end_s - seg.t0) * self.time_factor
+        observed = wall_end - (seg.t0 * self.time_factor + self._origin)
+        if carried and n and seg.k:
+            c.decode_iterations += seg.k
+            c.iteration_s.append(observed / seg.k)
+            c.token_times.append((time.monotonic(), decoded))
+            share = 1.0 - (seg.prefill_s / (seg.end_s - seg.t0) if seg.kind == "prefill" and seg.end_s > seg.t0 else 0.0)
+            self.record_decode_iteration(n, observed * share / seg.k / self.time_factor)
+            self.timing_log.append((n, predicted, observed))
+            if len(self.timing_log) > 4096:
+                del self.timing_log[:2048]

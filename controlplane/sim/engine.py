@@ -16,7 +16,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from controlplane.core.state import Role
 from controlplane.sim.workload import Trajectory
@@ -65,9 +65,10 @@ class ScaledCosts:
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """One turn of one trajectory being served (possibly the resumed remainder of a turn)."""
+    """One turn of one trajectory being served (possibly the resumed remainder of a turn). `traj` is the
+    caller's handle: the simulator's Trajectory, the emulated engine's sequence."""
 
-    traj: Trajectory
+    traj: Trajectory | Any
     compute: int  # prompt tokens to prefill (not in this worker's prefix cache)
     prefix: int  # prompt tokens already cached on the prefill worker
     ctx0: int  # context when decoding starts (prompt incl. partial response)
@@ -200,6 +201,8 @@ class Worker:
             self.seg = Segment("prefill", t, self.it, k, dt, t + total, tuple(batch), pf, tokens)
             return self.seg.end_s
         if n:
+            while self.heap[0][1] not in self.running:  # a removed request's entry
+                heapq.heappop(self.heap)
             k = self.heap[0][0] - self.it
             mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
             dt = self.costs.decode_iteration_s(n, mean_ctx)
@@ -257,7 +260,9 @@ class Worker:
             heap = self.heap
             while heap and heap[0][0] <= self.it:
                 _, sq = heapq.heappop(heap)
-                req = self.running.pop(sq)
+                req = self.running.pop(sq, None)
+                if req is None:  # removed earlier
+                    continue
                 self.tokens_out -= (self.it - req.end_it)  # overshoot inside a prefill segment
                 self.s0 -= req.ctx0 - req.join_it
                 self.kv_used -= req.ctx0 + req.remaining
@@ -271,19 +276,50 @@ class Worker:
             prefilled = []
         return prefilled, done, seg
 
+    def _elapsed(self, t: float) -> int:
+        """Iterations of the current segment that carried the running decodes and were done by `t`."""
+        seg = self.seg
+        if seg is None or seg.dt <= 0 or not (seg.kind == "decode" or self.role is Role.COLOCATED):
+            return 0
+        return max(0, min(seg.k, int((t - seg.t0) / seg.dt)))
+
+    def generated(self, req: Request, t: float) -> int:
+        """Tokens `req` has generated on this worker by `t` (mid-segment included)."""
+        if self.running.get(req.seq) is not req:
+            return 0
+        return min(req.remaining, max(0, self.it + self._elapsed(t) - req.join_it))
+
+    def remove(self, req: Request, t: float) -> int:
+        """Take one request off this worker at `t` (an abort): returns the tokens it generated here.
+        A running decode segment is cut at the next iteration boundary, so the batch it was costed
+        for changes only between iterations."""
+        seg = self.seg
+        if seg is not None and seg.kind == "prefill" and req in seg.batch:
+            seg.batch = tuple(r for r in seg.batch if r is not req)  # its prefill time is spent anyway
+            return 0
+        for q in (self.pq, self.joinq):
+            if req in q:
+                q.remove(req)
+                return 0
+        if self.running.get(req.seq) is not req:
+            return 0
+        g = self.generated(req, t)
+        del self.running[req.seq]  # its heap entry is skipped when it comes up
+        self.s0 -= req.ctx0 - req.join_it
+        self.kv_used -= req.ctx0 + req.remaining
+        self.interrupt(t)
+        return g
+
     def evict(self, t: float) -> list[tuple[Request, int]]:
         """Take every request off this worker at `t` (drain, role change, preemption): returns
         (request, tokens generated in this service so far). Partial progress is kept by the caller."""
         out: list[tuple[Request, int]] = []
         seg = self.seg
-        j = 0
         if seg is not None:
             self.busy_s += max(0.0, t - seg.t0)
-            if seg.dt > 0 and (seg.kind == "decode" or self.role is Role.COLOCATED):
-                j = min(seg.k, int((t - seg.t0) / seg.dt))
             if seg.kind == "prefill":
                 out.extend((r, 0) for r in seg.batch)
-        it = self.it + j
+        it = self.it + self._elapsed(t)
         for req in self.running.values():
             g = min(req.remaining, max(0, it - req.join_it))
             self.tokens_out += g - min(req.remaining, max(0, self.it - req.join_it))  # the cut segment's part

@@ -40,7 +40,7 @@ async def test_tokens_are_deterministic_and_pd_equals_colocated(engine):
 
 async def test_hundreds_of_concurrent_sequences_and_telemetry(engine):
     engine.decode_sample_s = 0.0  # every iteration's record
-    outs = await asyncio.gather(*[engine.generate(req(i, 16), [1] * 64) for i in range(300)])
+    outs = await asyncio.gather(*[engine.generate(req(i, 16), [i] * 64) for i in range(300)])
     assert all(len(o.tokens) == 16 and o.finish_reason == "length" for o in outs)
     records = engine.take_telemetry()
     decode = [r for r in records if r["kind"] == RecordKind.DECODE_ITERATION]
@@ -89,9 +89,9 @@ async def test_kv_capacity_limits_the_running_batch():
     e = EmulatedEngine(profile=profile, time_factor=FAST)
     await e.start()
     try:
-        per_seq = (4000 + 8) * profile.kv_bytes_per_token
+        per_seq = (4000 + 7) * profile.kv_bytes_per_token  # prompt + the tokens decoded after the first
         fit = int(profile.hbm_kv_capacity // per_seq)
-        outs = await asyncio.gather(*[e.generate(req(i, 8), [1] * 4000) for i in range(fit + 20)])
+        outs = await asyncio.gather(*[e.generate(req(i, 8), [i] * 4000) for i in range(fit + 20)])
         assert all(len(o.tokens) == 8 for o in outs)
         peak = max(r["running_batch"] for r in e.take_telemetry() if r["kind"] == RecordKind.DECODE_ITERATION)
         assert peak <= fit
@@ -115,3 +115,35 @@ async def test_decode_iterations_are_sampled_not_all_sent(engine):
     await asyncio.gather(*[engine.generate(req(i, 64), [1] * 16) for i in range(8)])
     decode = [r for r in engine.take_telemetry() if r["kind"] == RecordKind.DECODE_ITERATION]
     assert 1 <= len(decode) < engine.stats().decode_iterations
+
+
+async def test_next_turn_prefills_only_its_new_tokens_until_the_weights_change(engine):
+    """The prefix cache: a trajectory's next turn (its context + response + observation) reuses the
+    cached blocks of its earlier context; new weights invalidate them."""
+    prompt = list(range(1000))
+    first = await engine.generate(req(1, 40), prompt)
+    before = engine.counters.prefill_tokens
+    turn2 = prompt + first.tokens + [7] * 300
+    await engine.generate(req(2, 8), turn2)
+    computed = engine.counters.prefill_tokens - before
+    assert computed < 300 + 40 + 16 and computed >= 300  # the 1000-token prefix came from the cache
+    await engine.load_weights(1, _weights())
+    before = engine.counters.prefill_tokens
+    await engine.generate(req(3, 8), turn2)
+    assert engine.counters.prefill_tokens - before == len(turn2)
+
+
+async def test_a_long_generation_sleeps_per_segment_not_per_iteration(engine):
+    """Iterations over which the batch does not change are one wall-clock wait: the engine keeps the
+    profile's pace however short an iteration is after time scaling."""
+    outs = await asyncio.gather(*[engine.generate(req(i, 200 + 100 * i), [i] * 32) for i in range(4)])
+    assert [len(o.tokens) for o in outs] == [200, 300, 400, 500]
+    assert engine.stats().decode_iterations >= 499
+    assert len(engine.timing_log) <= 8  # one record per segment: the prefill pass, then up to each finish
+
+
+def _weights() -> bytes:
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({"w": np.zeros(4, dtype=np.float32)})

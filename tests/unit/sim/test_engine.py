@@ -76,3 +76,31 @@ def test_colocated_prefill_slows_the_running_decodes():
     assert seg.dt > 10 * pure  # each chunk iteration carries the decode and the prefill chunk
     w.finish()
     assert w.it == 2 and len(w.running) == 2  # the decode advanced 2 tokens; the prompt joined decoding
+
+
+def test_remove_mid_segment_counts_the_tokens_generated_by_then_and_the_rest_finish():
+    """An abort takes one request off at t: it keeps the tokens of the iterations done by t; the decode
+    segment is cut at the next boundary and the others still finish their turns."""
+    from controlplane.core.state import Role
+    from controlplane.sim.engine import Request, Worker
+
+    class Flat:
+        def decode_iteration_s(self, batch: int, mean_context: float) -> float:
+            return 0.01
+
+        def prefill_s(self, tokens: int, prefix: int) -> float:
+            return 0.0
+
+    w = Worker(0, "", Role.COLOCATED, Flat(), chunk_tokens=8192, kv_capacity=10**9)
+    a, b = Request("a", 0, 0, 10, 100), Request("b", 0, 0, 10, 50)
+    w.submit_decode(a)
+    w.submit_decode(b)
+    assert w.plan(0.0) == 0.5  # until b finishes
+    assert w.generated(a, 0.255) == 25
+    assert w.remove(b, 0.255) == 25
+    assert w.seg.end_s == 0.26  # cut at the next iteration boundary
+    _, done, _ = w.finish()
+    assert done == []
+    assert w.plan(0.26) == 0.26 + 0.01 * 74
+    _, done, _ = w.finish()
+    assert done == [a] and w.running == {}
