@@ -9,6 +9,9 @@
    over HTTP): bytes per token, pull latency, request latency vs colocated.
 3. emulated engine: concurrent sequences one worker holds while its decode iterations keep the
    profile's timing (Qwen3-8B, H800, TP2, time factor 1) within 5%.
+4. emulated engine, the live benchmark's regime (few long decodes per worker, time scaled down):
+   wall makespan / time factor against the same requests replayed on `sim.engine.Worker` in pure model
+   time (`--only emulated_decode`).
 """
 from __future__ import annotations
 
@@ -151,29 +154,66 @@ async def bench_kv(prompt_lens: list[int], new: int, repeats: int) -> list[dict]
 # ---------------------------------------------------------------- 3. emulated timing fidelity
 async def bench_emulated(ns: list[int], prompt_len: int, factors: list[float]) -> list[dict]:
     """N sequences arrive at once; each generates long enough that all N are admitted (prefill
-    budget 16k tokens per iteration) before the first finishes. Error = observed / predicted wall
-    time over all iterations (aggregate) and per iteration (p50 |error|)."""
+    budget 8k tokens per iteration) before the first finishes. The engine sleeps once per segment
+    (iterations with an unchanged batch). Error = observed / predicted wall time over all segments
+    (aggregate) and per segment (p50 |error|)."""
     from agents.engines.emulated import EmulatedEngine
 
     rows = []
     for factor in factors:
         for n in ns:
-            new = n * prompt_len // 16384 + 48
+            new = n * prompt_len // 8192 + 48
             e = EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=factor)
             await e.start()
             t0 = time.perf_counter()
             await asyncio.gather(*[e.generate(dp.GenerateRequest(request_id=f"e{i}", sampling=dp.SamplingParams(max_tokens=new, seed=i)),
-                                              [1] * prompt_len) for i in range(n)])
+                                              [i % 256] * prompt_len) for i in range(n)])
             wall = time.perf_counter() - t0
             log = list(e.timing_log)
             await e.shutdown()
-            agg = sum(o for _, _, o in log) / sum(p for _, p, _ in log) - 1
-            per = sorted(abs(o / p - 1) for _, p, o in log)
-            peak = max(b for b, _, _ in log)
-            at_peak = [p for b, p, _ in log if b == peak]
-            rows.append({"concurrent": n, "time_factor": factor, "peak_running_batch": peak, "iterations": len(log),
+            agg = sum(o for _, _, _, o in log) / sum(p for _, _, p, _ in log) - 1
+            per = sorted(abs(o / p - 1) for _, _, p, o in log)
+            peak = max(b for b, _, _, _ in log)
+            at_peak = [p / k for b, k, p, _ in log if b == peak]
+            rows.append({"concurrent": n, "time_factor": factor, "peak_running_batch": peak, "segments": len(log),
+                         "iterations": sum(k for _, k, _, _ in log),
                          "profile_iteration_ms_at_peak": 1e3 * at_peak[0] / factor,
-                         "aggregate_error_pct": 100 * agg, "p50_iteration_error_pct": 100 * per[len(per) // 2], "wall_s": wall})
+                         "aggregate_error_pct": 100 * agg, "p50_segment_error_pct": 100 * per[len(per) // 2], "wall_s": wall})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+async def bench_emulated_decode(ns: list[int], factors: list[float], prompt_len: int = 2048) -> list[dict]:
+    """N sequences with distinct prompts and staggered lengths (400 + 25·i tokens) arrive at once on one
+    worker. Expected makespan: the same requests on `sim.engine.Worker` with a virtual clock."""
+    from agents.engines.emulated import PREFILL_TOKEN_BUDGET, EmulatedEngine
+    from controlplane.core.profiles import get_profile
+    from controlplane.core.state import Role
+    from controlplane.sim.engine import Request, ScaledCosts, Worker
+
+    prof = get_profile("H800", "qwen3-8b", 2)
+    rows = []
+    for n in ns:
+        lengths = [400 + 25 * i for i in range(n)]
+        ref = Worker(0, "", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=PREFILL_TOKEN_BUDGET,
+                     kv_capacity=int(prof.hbm_kv_capacity // prof.kv_bytes_per_token))
+        for m in lengths:
+            ref.submit_prompt(Request(None, prompt_len, 0, prompt_len, m - 1))
+        t, expected = 0.0, 0.0
+        while (end := ref.plan(t)) is not None:
+            ref.finish()
+            t = expected = end
+        for factor in factors:
+            e = EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=factor)
+            await e.start()
+            t0 = time.perf_counter()
+            await asyncio.gather(*[e.generate(dp.GenerateRequest(request_id=f"d{i}", sampling=dp.SamplingParams(max_tokens=m, seed=i)),
+                                              [i] * prompt_len) for i, m in enumerate(lengths)])
+            model_s = (time.perf_counter() - t0) / factor
+            await e.shutdown()
+            rows.append({"concurrent": n, "time_factor": factor, "expected_model_s": expected, "observed_model_s": model_s,
+                         "error_pct": 100 * (model_s / expected - 1), "segments": len(e.timing_log),
+                         "iterations": e.counters.decode_iterations})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -182,7 +222,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="")
-    ap.add_argument("--only", default="torch,kv,emulated")
+    ap.add_argument("--only", default="torch,kv,emulated,emulated_decode")
     a = ap.parse_args()
     out: dict = {"machine": "see BENCHMARKS.md header", "torch_threads": 1}
     only = a.only.split(",")
@@ -191,7 +231,9 @@ def main() -> None:
     if "kv" in only:
         out["kv_handoff"] = asyncio.run(bench_kv([64, 512] if a.quick else [64, 256, 1024], 16, 3 if a.quick else 5))
     if "emulated" in only:
-        out["emulated"] = asyncio.run(bench_emulated([64, 512] if a.quick else [1, 64, 256, 1024, 2048, 4096], 128, [1.0] if a.quick else [1.0, 0.1]))
+        out["emulated"] = asyncio.run(bench_emulated([64, 512] if a.quick else [1, 64, 256, 1024, 2048, 4096], 128, [1.0] if a.quick else [1.0, 0.1, 0.01]))
+    if "emulated_decode" in only:
+        out["emulated_decode"] = asyncio.run(bench_emulated_decode([4, 16] if a.quick else [2, 8, 32], [1.0, 0.05] if a.quick else [1.0, 0.2, 0.05, 0.01]))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

@@ -140,8 +140,9 @@ class EmulatedEngine(LoopEngine):
         self._asleep_level = 0
         self._origin = 0.0  # wall time (event-loop clock) of model time 0
         self._next_t: float | None = None  # model time the next segment starts (the last one's end)
-        # (running batch, predicted, observed) wall seconds of the last segments: the benchmark's fidelity check
-        self.timing_log: list[tuple[int, float, float]] = []
+        # (running batch, iterations, predicted, observed wall seconds) of the last segments: the benchmark's
+        # fidelity check
+        self.timing_log: list[tuple[int, int, float, float]] = []
 
     async def start(self) -> None:
         self._origin = asyncio.get_running_loop().time()
@@ -376,6 +377,6 @@ class EmulatedEngine(LoopEngine):
             c.token_times.append((time.monotonic(), decoded))
             share = 1.0 - (seg.prefill_s / (seg.end_s - seg.t0) if seg.kind == "prefill" and seg.end_s > seg.t0 else 0.0)
             self.record_decode_iteration(n, observed * share / seg.k / self.time_factor)
-            self.timing_log.append((n, predicted, observed))
+            self.timing_log.append((n, seg.k, predicted, observed))
             if len(self.timing_log) > 4096:
                 del self.timing_log[:2048]
