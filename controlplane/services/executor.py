@@ -176,13 +176,26 @@ def _node_leaving(job: Job, step: TransitionStep) -> str:
 
 def _reissue(job: Job, step: TransitionStep) -> None:
     """The agent has not shown the step done in time: send the desired state again."""
-    w = Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).select_related("node").first() \
-        if step.worker_slot is not None else None
+    if step.kind == FINALIZE:  # every worker it waits for
+        workers = _not_serving_yet(job)
+    else:
+        w = Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).select_related("node").first() \
+            if step.worker_slot is not None else None
+        workers = [w] if w is not None else []
     with transaction.atomic():
-        if w is not None:
-            bump_generation(w.node)
-            push_node(w.node_id)
+        for node in {w.node_id: w.node for w in workers}.values():
+            bump_generation(node)
+            push_node(node.pk)
         TransitionStep.objects.filter(pk=step.pk).update(started=timezone.now(), attempts=step.attempts + 1)
+
+
+def _not_serving_yet(job: Job) -> list[Worker]:
+    """The job's active rollout workers on ready nodes that do not serve yet at the staleness floor. A
+    worker on a node that is leaving (draining, lease expired, gone) is not waited for: it cannot come
+    to serve, and taking it out is the next re-plan's work, which this transition holds back."""
+    floor = max(0, job.weight_version - job.max_staleness)
+    return [w for w in Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
+            .exclude(role=Role.TRAINING).select_related("node") if not serving(w, floor)]
 
 
 def _confirmed(job: Job, step: TransitionStep) -> bool:
@@ -190,9 +203,7 @@ def _confirmed(job: Job, step: TransitionStep) -> bool:
     if step.status in (TransitionStep.Status.PENDING,):
         return False
     if step.kind == FINALIZE:
-        floor = max(0, job.weight_version - job.max_staleness)
-        return all(serving(w, floor) for w in Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE)
-                   .exclude(role=Role.TRAINING).select_related("node"))
+        return not _not_serving_yet(job)
     stopped = Worker.objects.filter(job=job, slot=step.worker_slot).order_by("-id").select_related("node").first()
     if stopped is None:
         return step.kind in (StepKind.STOP_WORKER, StepKind.DRAIN)
@@ -262,10 +273,13 @@ def _take_out(job: Job, actor: str, change: Callable[[], object]) -> None:
 
 
 def _finalize(job: Job, result: dict[str, str], actor: str) -> None:
-    """Atomic finalisation: every worker of the target map becomes active at once (role as planned)."""
+    """Atomic finalisation: every worker of the target map becomes active at once (role as planned),
+    except those on a node that began leaving since the plan: they stay out, for the next re-plan."""
     changes = []
     for slot, role in result.items():
-        w = Worker.objects.filter(job=job, slot=int(slot), alive=True).first()
+        w = Worker.objects.filter(job=job, slot=int(slot), alive=True).select_related("node").first()
+        if w is not None and w.node.status != NodeStatus.READY:
+            continue
         if w is not None and w.zone == Zone.OVERLAP and Job.objects.filter(pk=job.pk, training_active=True).exists():
             raise Conflict("training began meanwhile; overlap workers must not be activated")
         if w is not None and (w.role != role or w.activity != Activity.ACTIVE):

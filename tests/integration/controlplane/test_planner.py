@@ -156,3 +156,31 @@ def test_a_preemption_notice_mid_transition_fails_it_at_once_and_the_replan_runs
     assert again is not None and run_transition(again).status == "succeeded"
     assert not Worker.objects.filter(job=job, node=e1, alive=True).exclude(activity=Activity.INACTIVE).exists()
     _valid()
+
+
+def test_a_notice_after_the_workers_started_leaves_them_out_of_the_finalize():
+    """The notice lands once the elastic node's workers were started but before the group is admitted:
+    the finalize admits the rest at once instead of activating workers that can never serve there (and
+    waiting for them for MAX_ATTEMPTS step timeouts); the re-plan takes them out."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.models import Node
+    from controlplane.services import executor
+    from tests.conftest import agents_converge
+
+    job = _cluster()
+    tr = planner.plan_job(job_id=job.pk, signal="step_start")
+    e1 = Node.objects.get(name="e1")
+    assert TransitionStep.objects.filter(transition=tr, kind="start_worker", args__node=e1.pk).exists()
+    executor.execute_transition(transition_id=tr.pk)
+    agents_converge()  # the agents started every worker, e1's included
+    nodes.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
+    assert run_transition(tr).status == "succeeded"
+    assert not Worker.objects.filter(job=job, node=e1, alive=True, activity=Activity.ACTIVE).exists()
+    assert Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role="training").exists()
+    again = planner.plan_job(job_id=job.pk, signal="capacity_change")
+    assert again is not None and run_transition(again).status == "succeeded"
+    assert not Worker.objects.filter(job=job, node=e1, alive=True).exclude(activity=Activity.INACTIVE).exists()
+    _valid()
