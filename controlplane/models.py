@@ -309,7 +309,8 @@ class TelemetrySample(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
-        indexes = [models.Index(fields=["job", "kind", "-created"], name="telemetry_job_kind")]
+        indexes = [models.Index(fields=["job", "kind", "-created"], name="telemetry_job_kind"),
+                   models.Index(fields=["job", "kind", "-id"], name="telemetry_job_kind_id")]
 
 
 class SimulationRun(models.Model):

@@ -11,7 +11,7 @@ def sweep() -> dict[str, list[str] | int]:
     """Heartbeat sweeper: expire leases (fence before reassignment), remove preempted nodes, prune telemetry."""
     expired = nodes.expire_leases()
     gone = nodes.remove_preempted()
-    pruned = telemetry.prune()
+    pruned = telemetry.prune_if_due()
     return {"expired": expired, "gone": gone, "pruned": pruned}
 
 

@@ -12,7 +12,8 @@ from controlplane.services.errors import InvalidInput
 from controlplane.services.events import push_delta_on_commit
 from controlplane.services.principals import Principal
 
-RETAIN_PER_JOB = 20_000
+RETAIN_PER_JOB = 20_000  # per job and kind
+PRUNE_EVERY_S = 30.0  # the sweep runs every second; pruning that often would be most of its work
 # One record per rollout or training step: the job page's history. Never pruned (a few per minute),
 # unlike the engine records (turns, iterations, prefills) that arrive by the thousand.
 HISTORY_KINDS = (RecordKind.STEP.value, RecordKind.TRAIN.value)
@@ -55,14 +56,25 @@ def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int
     return len(rows)
 
 
+def prune_if_due() -> int:
+    """`prune` at most once per PRUNE_EVERY_S in this process (the sweep's share of it)."""
+    from django.core.cache import cache
+
+    return prune() if cache.add("pearl:telemetry-prune", 1, timeout=PRUNE_EVERY_S) else 0
+
+
 def prune(*, keep: int = RETAIN_PER_JOB) -> int:
-    """Drop the oldest high-volume samples beyond `keep` per job (called by the periodic sweep); the
-    per-step history (HISTORY_KINDS) is kept whatever the flood of engine records."""
+    """Drop the oldest engine records beyond `keep` per job and kind (called by the periodic sweep); the
+    per-step history (HISTORY_KINDS) is kept whatever the flood of engine records. Each cut is one walk
+    down the (job, kind, -id) index, not a scan and sort of the table."""
+    from controlplane.models import Job
+
     removed = 0
-    bulk = TelemetrySample.objects.exclude(kind__in=HISTORY_KINDS)
-    for job_id in bulk.values_list("job_id", flat=True).distinct():
-        mine = bulk.filter(job_id=job_id)
-        cutoff = mine.order_by("-id").values_list("id", flat=True)[keep : keep + 1]
-        if cutoff:
-            removed += mine.filter(id__lte=cutoff[0]).delete()[0]
+    kinds = [k.value for k in RecordKind if k.value not in HISTORY_KINDS]
+    for job_id in [*Job.objects.values_list("pk", flat=True), None]:
+        for kind in kinds:
+            mine = TelemetrySample.objects.filter(job_id=job_id, kind=kind)
+            cutoff = mine.order_by("-id").values_list("id", flat=True)[keep : keep + 1]
+            if cutoff:
+                removed += mine.filter(id__lte=cutoff[0]).delete()[0]
     return removed
