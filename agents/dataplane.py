@@ -22,7 +22,7 @@ WEIGHT_VERSION_HEADER = "X-PEARL-Weight-Version"
 MAX_REQUEST_BYTES = 1 << 20  # JSON bodies
 MAX_KV_BYTES = 1 << 30  # one pulled KV cache
 MAX_WEIGHT_BYTES = 8 << 30
-MAX_PROMPT_TOKENS = 16384
+MAX_PROMPT_TOKENS = 32768  # Qwen3's native context, the simulator's default max_length
 MAX_NEW_TOKENS = 8192
 MAX_ID_LEN = 128
 

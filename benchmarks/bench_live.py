@@ -4,17 +4,21 @@
 beat, the demo node agents, the job's rollout driver and trainer), then the simulator on the same
 scenario for the same model-time duration, and the live predictor's error.
 
-    .venv/bin/python benchmarks/bench_live.py [--minutes N] [--policies fixed,elastic,pearl]
+    .venv/bin/python benchmarks/bench_live.py [--cluster live16|paper32] [--minutes N] [--policies fixed,elastic,pearl]
 
 Prints a table and writes `benchmarks/out/bench_live-<stamp>.json`.
 
-The cluster is launch's DEMO_NODES (H800 logical slots: train-0 4 training, rollout-0 4 reserved, spot-0
-and spot-1 4 elastic each; the cpu nodes idle). The trace is `benchmarks/bamboo-seg1-live16.csv`: Bamboo
-seg1 pre-scaled to this cluster exactly as the live replay holds it (whole 4-GPU elastic nodes; values are
-reserved + elastic GPUs, 4..12), so the live replay (peak 12 -> reserved + elastic) and the simulator
-(available - reserved = preemptible) read the same levels. The replay starts when the job is submitted;
-the simulator's copy of the trace is shifted by the measured delay between that moment and the driver's
-loop-clock zero.
+Clusters (CLUSTERS below; H800 logical slots, emulated engines and trainer):
+- `live16` (default): launch's DEMO_NODES (train-0 4 training, rollout-0 4 reserved, spot-0 and spot-1 4
+  elastic each; the cpu nodes idle), B = 32, G = 8, 16K contexts. The trace is
+  `benchmarks/bamboo-seg1-live16.csv`: Bamboo seg1 pre-scaled to this cluster exactly as the live replay
+  holds it (whole 4-GPU elastic nodes; values are reserved + elastic GPUs, 4..12).
+- `paper32`: the paper's Qwen3-8B cluster (PEARL §7: 16 training, 4 reserved, <= 12 preemptible GPUs) from
+  `benchmarks/nodes-paper32.yaml` (the elastic GPUs as six 2-GPU nodes, so the replay holds Bamboo seg1's
+  levels exactly), B = 64, G = 16, 32K contexts, the trace `controlplane/sim/traces/bamboo-seg1.csv`.
+In both the live replay (peak -> reserved + elastic) and the simulator (available - reserved =
+preemptible) read the same levels. The replay starts when the job is submitted; the simulator's copy of
+the trace is shifted by the measured delay between that moment and the driver's loop-clock zero.
 
 Throughput is the simulator's definition (controlplane/sim/cluster.py `_result`): over the trained steps
 after the warm-up (the first `warmup + 1` trained steps are excluded), (generated tokens + training tokens)
@@ -38,12 +42,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = str(ROOT / ".venv" / "bin" / "python")
-SCENARIO = ROOT / "benchmarks" / "live-qwen3-8b-h800-16gpu.yaml"
-TRACE = ROOT / "benchmarks" / "bamboo-seg1-live16.csv"
 OUT = ROOT / "benchmarks" / "out"
-WARMUP = 2  # the scenario's engine.warmup_steps: steps excluded from throughput and predictor MAPE
-JOB = {"model": "qwen3-8b", "hardware": "h800", "engine": "emulated", "environment": "swe-like", "tp": 2,
-       "batch_size": 32, "group_size": 8, "rollout_gpus": 12, "training_gpus": 4, "max_staleness": 1}
+WARMUP = 2  # the scenarios' engine.warmup_steps: steps excluded from throughput and predictor MAPE
+_JOB = {"model": "qwen3-8b", "hardware": "h800", "engine": "emulated", "environment": "swe-like", "tp": 2, "max_staleness": 1}
+CLUSTERS: dict[str, dict[str, Any]] = {
+    "live16": {"scenario": ROOT / "benchmarks" / "live-qwen3-8b-h800-16gpu.yaml",
+               "trace": ROOT / "benchmarks" / "bamboo-seg1-live16.csv", "nodes": None,
+               "job": _JOB | {"batch_size": 32, "group_size": 8, "rollout_gpus": 12, "training_gpus": 4,
+                              "max_trajectory_tokens": 16384}},
+    "paper32": {"scenario": ROOT / "benchmarks" / "live-paper-qwen3-8b-h800-32gpu.yaml",
+                "trace": ROOT / "controlplane" / "sim" / "traces" / "bamboo-seg1.csv",
+                "nodes": ROOT / "benchmarks" / "nodes-paper32.yaml",
+                "job": _JOB | {"batch_size": 64, "group_size": 16, "rollout_gpus": 16, "training_gpus": 16,
+                               "max_trajectory_tokens": 32768}},
+}
 
 
 # ============================================================================ pure figures
@@ -76,6 +88,7 @@ def live_figures(run: dict[str, Any]) -> dict[str, Any]:
     steps, trains = run["steps"], run["train"]
     lat = [float(t.get("return_latency_s", 0.0)) for t in trains]
     deadline = max((float(t.get("return_deadline_s", 0.0)) for t in trains), default=0.0)
+    batch = max((int(s.get("batch_size", 0)) for s in steps), default=0)
     out = throughput(steps, trains)
     makespans = [float(s["makespan_s"]) for s in steps if int(s.get("step", 0)) >= WARMUP]
     train_s = [float(t["duration_s"]) for t in trains]
@@ -93,7 +106,7 @@ def live_figures(run: dict[str, Any]) -> dict[str, Any]:
         "lost_trajectories": sum(int(t.get("missing_trajectories", 0)) for t in trains),
         "trained_trajectories": sum(int(t.get("trajectories", 0)) for t in trains),
         "expected_trajectories": sum(int(by.get("batch_size", 0)) for by in steps if any(int(t.get("step", 0)) == int(by.get("step", 0)) for t in trains)),
-        "over_full_batches": sum(1 for t in trains if int(t.get("trajectories", 0)) > JOB["batch_size"]),
+        "over_full_batches": sum(1 for t in trains if int(t.get("trajectories", 0)) > batch),
         "interruptions": sum(int(s.get("interruptions", 0)) for s in steps),
         "stale_aborted": sum(int(s.get("stale_aborted", 0)) for s in steps),
         "configurations": sorted({f"{s.get('n_prefill') or 0}P{s.get('n_decode') or 0}D{s.get('n_colocated') or 0}C" for s in steps}),
@@ -142,8 +155,8 @@ print("@@COLLECT@@" + json.dumps({
 
 
 class Stack:
-    def __init__(self, var: Path, *, port: int, redis_port: int, time_factor: float) -> None:
-        self.var, self.port, self.tf = var, port, time_factor
+    def __init__(self, var: Path, *, port: int, redis_port: int, time_factor: float, nodes: Path | None = None) -> None:
+        self.var, self.port, self.tf, self.nodes = var, port, time_factor, nodes
         self.env = dict(os.environ, PEARL_VAR_DIR=str(var), PEARL_PORT=str(port),
                         REDIS_URL=f"redis://127.0.0.1:{redis_port}", PYTHONUNBUFFERED="1")
         self.env.pop("DATABASE_URL", None)  # SQLite in the fresh var dir
@@ -158,7 +171,8 @@ class Stack:
     def start(self, timeout_s: float = 240.0) -> None:
         self.var.mkdir(parents=True, exist_ok=True)
         self.launcher = self._spawn(["manage.py", "launch", "--no-demo-job", "--trace", "", "--time-factor", str(self.tf),
-                                     "--port", str(self.port)], "launch.log")
+                                     "--port", str(self.port), *(["--nodes", str(self.nodes)] if self.nodes else [])],
+                                    "launch.log")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if "PEARL is up" in (self.var / "launch.log").read_text(errors="replace"):
@@ -221,17 +235,17 @@ def own_leftovers(var: str) -> list[int]:
     return mine
 
 
-def run_live(policy: str, *, idx: int, minutes: float, time_factor: float, base: Path) -> dict[str, Any]:
+def run_live(policy: str, *, idx: int, minutes: float, time_factor: float, base: Path, cluster: dict[str, Any]) -> dict[str, Any]:
     var = base / policy
-    stack = Stack(var, port=8200 + idx, redis_port=6420 + idx, time_factor=time_factor)
+    stack = Stack(var, port=8200 + idx, redis_port=6420 + idx, time_factor=time_factor, nodes=cluster["nodes"])
     load0 = os.getloadavg()
     t_start = time.time()
     try:
         stack.start()
         up_s = time.time() - t_start
-        job = stack.api("POST", "jobs/", {"name": f"bench-{policy}", "policy": policy, **JOB})
+        job = stack.api("POST", "jobs/", {"name": f"bench-{policy}", "policy": policy, **cluster["job"]})
         t_submit = time.time()
-        stack.replay(TRACE)
+        stack.replay(cluster["trace"])
         print(f"  [{policy}] stack up in {up_s:.0f} s, job {job['id']} submitted; running {minutes:g} min", flush=True)
         end = t_submit + minutes * 60
         while time.time() < end:
@@ -258,14 +272,17 @@ def run_live(policy: str, *, idx: int, minutes: float, time_factor: float, base:
 
 
 # ============================================================================ the simulator
-def run_sim(policies: list[str], *, duration_s: float, offset_s: float, base: Path) -> dict[str, Any]:
-    pts = shift_trace(read_trace(TRACE), offset_s)
+def run_sim(policies: list[str], *, duration_s: float, offset_s: float, base: Path, cluster: dict[str, Any]) -> dict[str, Any]:
+    import yaml
+
+    pts = shift_trace(read_trace(cluster["trace"]), offset_s)
     trace = base / "sim-trace.csv"
     trace.write_text("time_s,available_gpus\n" + "".join(f"{t},{g}\n" for t, g in pts))
-    text = SCENARIO.read_text().replace("file: bamboo-seg1-live16.csv", f"file: {trace}")
-    text = text.replace("duration_s: 7200", f"duration_s: {duration_s:.0f}")
+    sc = yaml.safe_load(cluster["scenario"].read_text())
+    sc["trace"]["file"] = str(trace)
+    sc["duration_s"] = round(duration_s)
     scen = base / "scenario.yaml"
-    scen.write_text(text)
+    scen.write_text(yaml.safe_dump(sc, sort_keys=False))
     out = subprocess.run(["nice", "-n", "5", PY, "-m", "controlplane.sim", "compare", "--scenario-file", str(scen),
                           "--policies", ",".join(policies), "--json"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     if out.returncode:
@@ -306,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=6.0, help="wall minutes per policy after submission (default 6)")
     ap.add_argument("--policies", default="fixed,elastic,pearl")
+    ap.add_argument("--cluster", choices=sorted(CLUSTERS), default="live16", help="cluster, trace and job (default live16)")
     ap.add_argument("--time-factor", type=float, default=0.05, help="wall seconds per model second (default 0.05)")
     ap.add_argument("--report", help="print the table of a saved result JSON (benchmarks/out/bench_live-*.json) and exit")
     args = ap.parse_args(argv)
@@ -324,20 +342,23 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(tempfile.mkdtemp(prefix=f"bench_live-{stamp}-"))
-    print(f"bench_live: {policies}, {args.minutes:g} wall min each, time factor {args.time_factor}, var dirs under {base}", flush=True)
+    cluster = CLUSTERS[args.cluster]
+    print(f"bench_live: {args.cluster}, {policies}, {args.minutes:g} wall min each, time factor {args.time_factor}, "
+          f"var dirs under {base}", flush=True)
     raw: dict[str, dict[str, Any]] = {}
     for i, p in enumerate(policies):
-        raw[p] = run_live(p, idx=i, minutes=args.minutes, time_factor=args.time_factor, base=base)
+        raw[p] = run_live(p, idx=i, minutes=args.minutes, time_factor=args.time_factor, base=base, cluster=cluster)
         (OUT / f"bench_live-{stamp}-raw-{p}.json").write_text(json.dumps(raw[p], default=str))
     live = {p: live_figures(r) for p, r in raw.items()}
     covered = statistics.fmean(r["model_s_covered"] for r in raw.values())
     offset = statistics.fmean(r["trace_offset_model_s"] for r in raw.values())
     print(f"simulating {covered:.0f} model s (trace shifted by {offset:.0f} s) ...", flush=True)
-    sim = run_sim(policies, duration_s=covered, offset_s=offset, base=base)
+    sim = run_sim(policies, duration_s=covered, offset_s=offset, base=base, cluster=cluster)
     print()
     print(table(live, sim))
     result = {"when": stamp, "args": vars(args), "machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
-              "scenario": str(SCENARIO.relative_to(ROOT)), "trace": str(TRACE.relative_to(ROOT)),
+              "cluster": args.cluster, "scenario": str(cluster["scenario"].relative_to(ROOT)),
+              "trace": str(cluster["trace"].relative_to(ROOT)),
               "sim_duration_s": covered, "sim_trace_offset_s": offset, "live": live, "sim": sim,
               "sim_vs_live_err": {p: ((sim[p]["throughput_tok_s"] - live[p]["throughput_tok_s"]) / live[p]["throughput_tok_s"])
                                   if live[p]["throughput_tok_s"] and p in sim else None for p in live},

@@ -37,6 +37,33 @@ DEMO_NODES = [
     ("cpu-train", "training", 1, "cpu"),
 ]
 DEMO_TRACE = "controlplane/sim/traces/bamboo-seg1.csv"  # replayed on the elastic nodes (spot-0, spot-1)
+POOLS = ("reserved", "elastic", "training")
+
+
+def read_nodes(path: str) -> list[tuple[str, str, int, str]]:
+    """A cluster of logical nodes from a YAML or JSON file: a list of {name, pool, slots, hardware}."""
+    import yaml
+
+    try:
+        items = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CommandError(f"--nodes {path}: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise CommandError(f"--nodes {path}: expected a list of {{name, pool, slots, hardware}}")
+    nodes, seen = [], set()
+    for i, n in enumerate(items):
+        if not isinstance(n, dict) or set(n) - {"name", "pool", "slots", "hardware"}:
+            raise CommandError(f"--nodes {path}: item {i} must have exactly name, pool, slots, hardware")
+        name, pool, slots, hardware = n.get("name"), n.get("pool"), n.get("slots"), n.get("hardware", "H800")
+        if not isinstance(name, str) or not name or name in seen:
+            raise CommandError(f"--nodes {path}: item {i}: name must be a unique non-empty string")
+        if pool not in POOLS:
+            raise CommandError(f"--nodes {path}: {name}: pool must be one of {', '.join(POOLS)}")
+        if not isinstance(slots, int) or not 1 <= slots <= 64:
+            raise CommandError(f"--nodes {path}: {name}: slots must be an integer in 1..64")
+        seen.add(name)
+        nodes.append((name, pool, slots, str(hardware)))
+    return nodes
 
 
 @contextlib.contextmanager
@@ -71,6 +98,8 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-agents", action="store_true", help="start no demo agents")
         parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo jobs")
+        parser.add_argument("--nodes", default="", help="YAML/JSON list of {name, pool, slots, hardware}: the logical "
+                                                        "nodes to start agents for, instead of the demo's")
         parser.add_argument("--trace", default=DEMO_TRACE, help="availability trace replayed on the elastic nodes ('' for none)")
         parser.add_argument("--trace-speedup", type=float, default=None,
                             help="trace seconds per wall second (default: 1 / --time-factor, the emulated job's clock)")
@@ -84,6 +113,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         started = time.monotonic()
+        opts["cluster"] = read_nodes(opts["nodes"]) if opts["nodes"] else DEMO_NODES
         var = Path(settings.VAR_DIR)
         root = Path(settings.BASE_DIR)
         py = sys.executable
@@ -120,7 +150,7 @@ class Command(BaseCommand):
             # the job's rollout driver reaches every worker with one data-plane secret (GET /workers on each
             # agent); weights need no shared secret: the control plane hands out scoped, per-job tokens
             env["PEARL_DATAPLANE_SECRET"] = secrets.token_urlsafe(24)
-            for name, pool, slots, hardware in DEMO_NODES:
+            for name, pool, slots, hardware in opts["cluster"]:
                 with _no_dashboard_pushes():
                     env["TOKEN_" + name.upper().replace("-", "_")] = issue_agent_token(node_name=name, actor="launcher")
                 engine = "torch" if hardware == "cpu" else "emulated"
@@ -196,7 +226,7 @@ class Command(BaseCommand):
         url = f"http://127.0.0.1:{opts['port']}/healthz"
         deadline = time.monotonic() + opts["ready_timeout"]
         last = ""
-        want_nodes = 0 if opts["no_agents"] else len(DEMO_NODES)
+        want_nodes = 0 if opts["no_agents"] else len(opts["cluster"])
         from controlplane.models import Node
 
         while time.monotonic() < deadline:
