@@ -49,6 +49,7 @@ HW_MEMORY_MB = {"h800": 81920, "h100": 81920, "h200": 144384, "h20": 98304, "cpu
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 RECONNECT_BACKOFF_MAX_S = 30.0
 RECONCILE_PERIOD_S = 2.0
+WEIGHTS_WATCH_S = 0.25  # how often a node with trainers checks them for newly published weights
 CLOSE_GIVE_WAY = (4401, 4403, link.CLOSE_SUPERSEDED)  # refused or superseded: reconnect only after the longest backoff
 
 
@@ -347,10 +348,27 @@ class NodeAgent:
             for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
                 self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
             self._beat.clear()
-            with contextlib.suppress(asyncio.TimeoutError):  # report as soon as a reconcile changed something
-                await asyncio.wait_for(self._beat.wait(), self.heartbeat_s)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + self.heartbeat_s
+            while (left := until - loop.time()) > 0:  # report as soon as a reconcile changed something, or
+                with contextlib.suppress(asyncio.TimeoutError):  # a trainer here published new weights
+                    await asyncio.wait_for(self._beat.wait(), min(left, WEIGHTS_WATCH_S))
+                if self._beat.is_set() or await self._trainer_published():
+                    break
 
     # ------------------------------------------------------------ observation
+    async def _trainer_published(self) -> bool:
+        """A trainer on this node holds a newer weight version than last reported: the rollout driver
+        and the workers that pull wait for the control plane to hear of it, so it is not left to the
+        next periodic heartbeat (seconds of idle rollout per update)."""
+        for m in list(self.workers.values()):
+            if m.client is None or m.state in ("stopped", "failed") or m.desired.role != Role.TRAINING:
+                continue
+            with contextlib.suppress(Exception):
+                if (await m.client.get("health"))["weight_version"] > m.weight_version:
+                    return True
+        return False
+
     async def _observe(self) -> None:
         for m in list(self.workers.values()):
             if m.client is None or m.state in ("stopped", "failed"):

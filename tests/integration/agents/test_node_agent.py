@@ -234,8 +234,14 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
         async with s.post(f"{turl}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
                           headers={"Authorization": f"Bearer {secret}"}) as r:
             assert r.status == 200
+        agent.heartbeat_s = 3600.0  # from now on only an event makes the agent report
+        await asyncio.sleep(0.5)  # past the heartbeat loop's current wait
         async with s.post(f"{turl}/step", headers={"Authorization": f"Bearer {secret}"}) as r:
             assert (await r.json())["version"] == 1
+        # the new version is reported when the trainer publishes it, not at the next periodic heartbeat
+        await cp.wait_for(lambda c: any(w["worker_id"] == 10 and w["weight_version"] == 1
+                                        for hb in c.of_type("heartbeat") for w in hb["workers"]))
+        agent.heartbeat_s = cp.heartbeat_s
         rotate = agent.weights_rotate_s
         now = link.token_bucket(rotate)
         for bad in ("", "pwt_1.00", link.weights_token(key, "other-job", now), link.weights_token(key, "j", now - 5),
