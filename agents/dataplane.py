@@ -23,7 +23,7 @@ MAX_REQUEST_BYTES = 1 << 20  # JSON bodies
 MAX_KV_BYTES = 1 << 30  # one pulled KV cache
 MAX_WEIGHT_BYTES = 8 << 30
 MAX_PROMPT_TOKENS = 32768  # Qwen3's native context, the simulator's default max_length
-MAX_NEW_TOKENS = 8192
+MAX_NEW_TOKENS = MAX_PROMPT_TOKENS  # a turn's response may fill what the context leaves
 MAX_ID_LEN = 128
 
 ROLES = ("prefill", "decode", "colocated", "training")

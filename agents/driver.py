@@ -25,6 +25,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from agents.dataplane import MAX_NEW_TOKENS
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.loop import Command, Event, Feeder, RolloutLoop
@@ -305,7 +306,9 @@ class RolloutDriver:
     def _sampling(self, ep: Episode, budget: int) -> dict[str, Any]:
         ep.attempt += 1
         seed = zlib.crc32(f"{self.job.seed}-{ep.tid}-{len(ep.samples)}-{ep.attempt}".encode())
-        return {"max_tokens": max(1, budget), "temperature": ep.temperature, "seed": seed, "stop_at_eos": False}
+        # within the data plane's bound: a request over it is refused (400) however often it is resent
+        return {"max_tokens": max(1, min(budget, MAX_NEW_TOKENS)), "temperature": ep.temperature, "seed": seed,
+                "stop_at_eos": False}
 
     def _start_turn(self, tid: str, wid: int, min_version: int) -> None:
         ep = self.episodes.get(tid)
