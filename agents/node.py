@@ -426,8 +426,10 @@ class NodeAgent:
                 del self.workers[wid]
             for wid, spec in wanted.items():
                 m = self.workers.get(wid)
-                if m is None or self._identity_changed(m.desired, spec):
-                    if m is not None:
+                # a worker retired by a drain that was taken back (a preemption notice cancelled, the node
+                # returned to service) is wanted again: it starts afresh on its slot
+                if m is None or m.state == "stopped" or self._identity_changed(m.desired, spec):
+                    if m is not None and m.state != "stopped":
                         await self._retire(m, self.cfg.drain_timeout_s)
                     m = self.workers[wid] = Managed(desired=spec)
                 m.desired = spec

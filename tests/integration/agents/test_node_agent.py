@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -255,5 +256,29 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
         assert ws[11]["weight_version"] == 1 and ws[11]["state"] == "running" and ws[11]["devices"] == [1]
     finally:
         await s.close()
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, tmp_path):
+    """A preemption notice drains the node's workers; the notice is cancelled (the node returns to service)
+    while the control plane still wants the worker: it runs again, a new process on its slot, instead of
+    staying stopped while a transition waits for it."""
+    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n4", slots=1, state_dir=tmp_path / "agent",
+                                  time_factor=SLOW, drain_timeout_s=1.0))
+    task = asyncio.create_task(agent.run())
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        assert ws[1]["state"] == "running"
+        first = agent.workers[1].proc.pid
+        await cp.push(link.DesiredState(generation=2, epoch=1, status="draining", preemption_deadline=time.time() + 30,
+                                        workers=[worker(1, "colocated", "transitioning")]))
+        await cp.wait_for(lambda c: (o := observed(c, 2)) and o[1]["state"] == "stopped")
+        await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: (o := observed(c, 3)) and o[1]["state"] == "running" and o)
+        assert agent.workers[1].proc.pid != first
+    finally:
         agent.stopping.set()
         await asyncio.wait_for(task, 60)
