@@ -433,7 +433,12 @@ class NodeAgent:
                         await self._retire(m, self.cfg.drain_timeout_s)
                     m = self.workers[wid] = Managed(desired=spec)
                 m.desired = spec
-                await self._converge(m, ds)
+            # the node's workers converge side by side: returning eight borrowed workers at Training Begin
+            # takes one worker's time, not eight
+            results = await asyncio.gather(*(self._converge(self.workers[wid], ds) for wid in wanted), return_exceptions=True)
+            for wid, r in zip(wanted, results):
+                if isinstance(r, Exception):
+                    log.error("worker %s did not converge: %r", wid, r)
 
     @staticmethod
     def _identity_changed(old: link.DesiredWorker, new: link.DesiredWorker) -> bool:
@@ -461,10 +466,12 @@ class NodeAgent:
                 await m.client.call("role", {"role": spec.role.value}, epoch=epoch)
                 m.role = spec.role.value
             if spec.activity == Activity.INACTIVE and m.engine_state != "sleeping":
-                # deactivate (return): finish or abort in-flight work, then sleep. The partial
-                # outputs go back to their callers and are reported here as well.
+                # deactivate (return to the trainer, against its deadline): abort in-flight work at once,
+                # then sleep. The partial outputs go back to their callers, which resume them elsewhere
+                # from their prefixes, and are reported here as well; waiting for long decodes to finish
+                # would spend the return deadline on turns another worker can carry on.
                 t0 = time.perf_counter()
-                res = await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
+                res = await m.client.call("drain", {"mode": "abort", "timeout_s": 0}, epoch=epoch)
                 await m.client.call("sleep", {"level": 1}, epoch=epoch)
                 m.engine_state = "sleeping"
                 if res.get("aborted"):

@@ -101,11 +101,12 @@ def _advance(tr: Transition, actor: str) -> str:
     """'done', 'waiting' or 'failed'."""
     job = tr.job
     steps = list(TransitionStep.objects.filter(transition=tr).order_by("index"))
-    # A transition that lends overlap workers cannot finish once Training Begin has come (its finalize
-    # refuses them); waiting for its other steps would only hold the Training Begin plan, and with it the
-    # return deadline, behind this job's single-flight re-plan: end it now.
+    # A transition that lends overlap workers and has not admitted them yet cannot finish once Training
+    # Begin has come (its finalize refuses them); waiting for its other steps would only hold the Training
+    # Begin plan, and with it the return deadline, behind this job's single-flight re-plan: end it now.
     lending = [s for s in steps if s.kind == StepKind.ACTIVATE_OVERLAP]
-    if lending and job.training_active:
+    admitted = any(s.kind == FINALIZE and s.status != TransitionStep.Status.PENDING for s in steps)
+    if lending and not admitted and job.training_active:
         return _fail(tr, lending[0], "Training Begin arrived before the borrowed workers were admitted: they stay "
                                      "with the trainer and the job is re-planned", actor)
     for phase in sorted({_phase(s) for s in steps}):
