@@ -116,9 +116,6 @@ class PrefixCache:
     def clear(self) -> None:
         self._blocks.clear()
 
-    def __len__(self) -> int:
-        return len(self._blocks) * self.block
-
 
 class EmulatedEngine(LoopEngine):
     kind = "emulated"

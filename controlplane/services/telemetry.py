@@ -7,7 +7,7 @@ from django.db import transaction
 from controlplane.core.agent_link import Telemetry
 from controlplane.core.driver_link import TelemetryReport
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
-from controlplane.models import TelemetrySample
+from controlplane.models import Job, TelemetrySample
 from controlplane.services.errors import InvalidInput
 from controlplane.services.events import push_delta_on_commit
 from controlplane.services.principals import Principal
@@ -67,8 +67,6 @@ def prune(*, keep: int = RETAIN_PER_JOB) -> int:
     """Drop the oldest engine records beyond `keep` per job and kind (called by the periodic sweep); the
     per-step history (HISTORY_KINDS) is kept whatever the flood of engine records. Each cut is one walk
     down the (job, kind, -id) index, not a scan and sort of the table."""
-    from controlplane.models import Job
-
     removed = 0
     kinds = [k.value for k in RecordKind if k.value not in HISTORY_KINDS]
     for job_id in [*Job.objects.values_list("pk", flat=True), None]:

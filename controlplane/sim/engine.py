@@ -319,9 +319,8 @@ class Worker:
             self.busy_s += max(0.0, t - seg.t0)
             if seg.kind == "prefill":
                 out.extend((r, 0) for r in seg.batch)
-        it = self.it + self._elapsed(t)
         for req in self.running.values():
-            g = min(req.remaining, max(0, it - req.join_it))
+            g = self.generated(req, t)
             self.tokens_out += g - min(req.remaining, max(0, self.it - req.join_it))  # the cut segment's part
             out.append((req, g))
         out.extend((r, 0) for r in self.pq)
