@@ -204,7 +204,10 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         mine = {w.id: w for w in Worker.objects.filter(node=node, alive=True, id__in=[o.worker_id for o in message.workers])
                 .select_related("job")}
         bindings: dict[int, list[int]] | None = None
-        for o in message.workers:
+        # trainers first: a rollout worker on the same node may already hold the version its trainer
+        # publishes in this very heartbeat
+        published: dict[int, int] = {}  # job id -> version a trainer published in this heartbeat
+        for o in sorted(message.workers, key=lambda o: o.role != Role.TRAINING):
             w = mine.get(o.worker_id)
             if w is None:
                 continue  # not (or no longer) bound to this node: nothing of it is stored
@@ -215,7 +218,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 why = f"endpoint {o.endpoint[:80]!r} is not on this node's address {node.address!r}"
             elif w.role == Role.TRAINING and version > w.job.weight_version + MAX_VERSION_STEP:
                 why = f"weight version {version} is more than {MAX_VERSION_STEP} ahead of job {w.job.name}'s {w.job.weight_version}"
-            elif w.role != Role.TRAINING and version > w.job.weight_version:
+            elif w.role != Role.TRAINING and version > max(w.job.weight_version, published.get(w.job_id, 0)):
                 why = f"weight version {version} was never published for job {w.job.name}"
             if why:  # a refused report changes nothing about its worker
                 refused.append(f"worker {w.pk}: {why}")
@@ -225,6 +228,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 Worker.objects.filter(pk=w.pk).update(endpoint=endpoint, weight_version=version, inflight=o.inflight)
                 if w.role == Role.TRAINING and (version > w.weight_version or endpoint != w.endpoint):
                     _publish_weights(w.job_id, version, node)
+                    published[w.job_id] = max(published.get(w.job_id, 0), version)
             if o.devices and o.state == "running" and checked.get(o.worker_id) != o.devices:  # G_w is fixed for life: once per report change
                 if bindings is None:  # one query for the whole heartbeat, only when a worker reports devices
                     bindings = defaultdict(list)

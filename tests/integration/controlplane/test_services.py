@@ -249,3 +249,21 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     assert w.weights_url == "http://127.0.0.1:9999" and w.min_weight_version == 2
     assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []  # same version again: nothing new
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
+
+
+def test_a_rollout_worker_reported_before_its_trainer_in_one_heartbeat_is_not_refused():
+    """An overlap rollout worker beside its trainer pulled the version the trainer publishes in the same
+    heartbeat: the trainer's report is taken first, so the worker's is not refused as never published."""
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+
+    t = make_node("t1", pool="training", slots=2)
+    job = make_job(training_gpus=2, rollout_gpus=0)
+    trainer = workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
+    rollout = workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="colocated", activity="inactive")
+    hb = Heartbeat(epoch=t.epoch, generation=0, workers=[
+        ObservedWorker(worker_id=rollout.pk, role="colocated", activity="inactive", state="running", weight_version=1,
+                       endpoint="http://127.0.0.1:9998"),
+        ObservedWorker(worker_id=trainer.pk, role="training", activity="inactive", state="running", weight_version=1,
+                       endpoint="http://127.0.0.1:9999")])
+    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
+    assert Worker.objects.get(pk=rollout.pk).weight_version == 1
