@@ -102,6 +102,8 @@ class Job(models.Model):
     step = models.PositiveIntegerField(default=0)
     weight_version = models.PositiveIntegerField(default=0)
     training_active = models.BooleanField(default=False)  # the trainer is computing an update
+    # borrowed workers the last Training Begin took back before its re-plan (the policy learns of them there)
+    returned_at_training_begin = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)

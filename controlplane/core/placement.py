@@ -52,6 +52,9 @@ class Inventory:
     taken_slots: frozenset[int] = frozenset()  # worker slots held by others (training workers)
     rollout_cap: int | None = None  # at most this many dedicated workers (None: every unit)
     training_active: bool = False  # the trainer is computing: nothing may be borrowed
+    # overlap workers that Training Begin took back just before this plan (the return does not wait for
+    # a plan: it is due by the deadline); the policy still learns that borrowing ran into Training Begin
+    returned: int = 0
 
     def current(self) -> Configuration | None:
         """The configuration served once in-flight transitions complete (leaving units excluded)."""
@@ -134,7 +137,7 @@ def place(inv: Inventory, policy: Policy, *, signal: Signal, now_s: float, batch
         now_s=now_s, signal=signal, dedicated_workers=len(cand),
         reserved_workers=sum(1 for u in cand if u.pool is Pool.RESERVED),
         overlap_workers=0 if inv.training_active else len(ovl), training_active=inv.training_active,
-        current=current, borrowed=len(borrowed), batch_size=batch_size, remaining=remaining,
+        current=current, borrowed=len(borrowed) + inv.returned, batch_size=batch_size, remaining=remaining,
         overrides=overrides, future=tuple(future),
     )
     # ② decide
@@ -160,7 +163,7 @@ def place(inv: Inventory, policy: Policy, *, signal: Signal, now_s: float, batch
         joining=joining, leaving=going, inflight={u.worker: u.inflight for u in in_service},  # type: ignore[misc]
         overlap=[u.worker for u in overlap if u.worker is not None],
     )
-    budget = {"dedicated_workers": len(cand), "overlap_workers": ctx.overlap_workers, "borrowed": len(borrowed),
+    budget = {"dedicated_workers": len(cand), "overlap_workers": ctx.overlap_workers, "borrowed": ctx.borrowed,
               "training_active": inv.training_active, "leaving": sorted(u.worker for u in leaving if u.worker is not None)}
     return Placement(ctx, action, current, target, borrow, plan, new_workers, budget)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -24,12 +24,12 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
-from controlplane.services.common import locked, resume_deferred_plans
-from controlplane.services.errors import Conflict, InvariantViolation, NotFound
+from controlplane.services.common import lock_job, locked, resume_deferred_plans
+from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
 from controlplane.services.planner import ACTIVE_TRANSITION
-from controlplane.services.workers import WorkerChange, change_workers, start_worker, stop_worker
+from controlplane.services.workers import WorkerChange, change_workers, start_worker, stop_worker, take_out
 
 FINALIZE = "finalize"
 MAX_ATTEMPTS = 3
@@ -148,16 +148,18 @@ def _issue(job: Job, step: TransitionStep, actor: str) -> None:
                 start_worker(job_id=job.pk, node_id=step.args["node"], gpu_indexes=step.args["gpus"], role=role,
                              activity=Activity.TRANSITIONING, slot=step.worker_slot, actor=actor)
         elif step.kind == StepKind.DRAIN and alive and alive.activity == Activity.ACTIVE:
-            _take_out(job, actor, lambda: change_workers(job_id=job.pk, changes=[
+            take_out(job.pk, actor, lambda: change_workers(job_id=job.pk, changes=[
                 WorkerChange(step.worker_slot, activity=Activity.TRANSITIONING)], actor=actor))
         elif step.kind == StepKind.SET_ROLE and alive and alive.role != role:
             change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)], actor=actor)
         elif step.kind == StepKind.STOP_WORKER and alive:
-            _take_out(job, actor, lambda: stop_worker(job_id=job.pk, slot=step.worker_slot, actor=actor))
+            take_out(job.pk, actor, lambda: stop_worker(job_id=job.pk, slot=step.worker_slot, actor=actor))
         elif step.kind == StepKind.DEACTIVATE_OVERLAP and alive and alive.activity != Activity.INACTIVE:
-            _take_out(job, actor, lambda: change_workers(job_id=job.pk, changes=[
+            take_out(job.pk, actor, lambda: change_workers(job_id=job.pk, changes=[
                 WorkerChange(step.worker_slot, activity=Activity.INACTIVE)], actor=actor))
         elif step.kind == StepKind.ACTIVATE_OVERLAP and alive and (alive.role != role or alive.activity == Activity.INACTIVE):
+            if lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing (it returned them)
+                raise Conflict("Training Begin arrived before the borrowed workers were lent: they stay with the trainer")
             change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)], actor=actor)
         elif step.kind == FINALIZE:
             _finalize(job, step.args["result"], actor)
@@ -263,21 +265,6 @@ def _rollback(tr: Transition, actor: str) -> list[int]:
             stop_worker(job_id=tr.job.pk, slot=slot, actor=actor)
             out.append(slot)
     return out
-
-
-def _take_out(job: Job, actor: str, change: Callable[[], object]) -> None:
-    """Take one worker out of service (drain, deactivate, stop). If the workers left serving would no
-    longer form a valid configuration (the last prefill or decode worker goes: a mode switch, a return
-    of a borrowed decode worker, a preempted one), the whole serving group pauses first: admission
-    stops until the finalize step admits the new group at once."""
-    try:
-        with transaction.atomic():
-            change()
-    except InvariantViolation:
-        group = list(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role=Role.TRAINING)
-                     .values_list("slot", flat=True))
-        change_workers(job_id=job.pk, changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group], actor=actor)
-        change()
 
 
 def _finalize(job: Job, result: dict[str, str], actor: str) -> None:

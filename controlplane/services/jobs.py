@@ -16,6 +16,7 @@ from controlplane.services.common import assert_invariants, enqueue_plan, lock_j
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
+from controlplane.services.workers import return_borrowed
 
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
 
@@ -165,21 +166,26 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
 def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> Job:
     """Training Begin / Training Finished (the rollout driver's signals).
 
-    Begin: nothing may be borrowed any more; the TRAINING_BEGIN plan returns every borrowed overlap
-    worker first (forced steps), and the trainer computes only once they are back (`start_update`).
+    Begin: nothing may be borrowed any more; every borrowed overlap worker is sent back at once (the
+    agents abort, park and confirm: the return is due by a deadline and does not wait for the
+    TRAINING_BEGIN re-plan), and the trainer computes only once they are back (`start_update`).
     Finished: the trainer stops computing; training GPUs may be borrowed again."""
     with transaction.atomic():
         job = lock_job(job_id, live="training cannot begin or finish")
         if job.training_active == active:
             raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
         nodes = set()
+        if active:
+            job.training_active = True  # a transition still lending workers sees it and ends (executor)
+            job.save(update_fields=["training_active", "updated"])
+            job.returned_at_training_begin = len(return_borrowed(job, actor=actor))
         if not active:
             trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
             Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.INACTIVE)
             WorkerGPU.objects.filter(worker__in=trainers).update(active=False)
             nodes |= {w.node for w in trainers}
         job.training_active = active
-        job.save(update_fields=["training_active", "updated"])
+        job.save(update_fields=["training_active", "returned_at_training_begin", "updated"])
         for node in nodes:
             bump_generation(node)
             push_node(node.pk)

@@ -11,6 +11,7 @@ inactive) overlap rollout worker share the GPUs.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Hashable
 
 from django.db import transaction
@@ -137,6 +138,8 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
         ensure_training_workers(job)
         policy = job_policy(job)
         inv = job_inventory(job)
+        if signal == Signal.TRAINING_BEGIN:  # what this Training Begin already took back (jobs.set_training_active)
+            inv = replace(inv, returned=job.returned_at_training_begin)
         remaining = job.remaining if job.remaining is not None else job.batch_size
         p = place(inv, policy, signal=Signal(signal), now_s=timezone.now().timestamp() if now_s is None else now_s,
                   batch_size=job.batch_size, remaining=remaining, overrides=job_overrides(job))

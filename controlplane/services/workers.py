@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -158,6 +159,34 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
                 job=job, actor=actor, data={"changes": [{"slot": w.slot, "role": w.role, "activity": w.activity} for w in touched]},
             )
     return touched
+
+
+def take_out(job_id: int, actor: str, change: Callable[[], object]) -> None:
+    """Take workers out of service (drain, deactivate, stop) with `change`. If the workers left serving
+    would no longer form a valid configuration (the last prefill or decode worker goes: a mode switch, a
+    return of a borrowed decode worker, a preempted one), the whole serving group pauses first: admission
+    stops until a finalize step admits the new group at once."""
+    try:
+        with transaction.atomic():
+            change()
+    except InvariantViolation:
+        group = list(Worker.objects.filter(job_id=job_id, alive=True, activity=Activity.ACTIVE).exclude(role=Role.TRAINING)
+                     .values_list("slot", flat=True))
+        change_workers(job_id=job_id, changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group], actor=actor)
+        change()
+
+
+def return_borrowed(job: Job, actor: str = "system") -> list[int]:
+    """Training Begin: every borrowed overlap worker (serving or still being lent) goes back to the
+    trainer now, in the caller's transaction: its agent aborts in-flight turns (their callers resume
+    them elsewhere from their prefixes) and puts it to sleep. The return is due by a deadline, so it
+    does not wait for a re-plan; the plan that follows sees the workers parked. Returns their slots."""
+    lent = sorted(Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING)
+                  .exclude(activity=Activity.INACTIVE).values_list("slot", flat=True))
+    if lent:
+        take_out(job.pk, actor, lambda: change_workers(
+            job_id=job.pk, changes=[WorkerChange(s, activity=Activity.INACTIVE) for s in lent], actor=actor))
+    return lent
 
 
 def stop_worker(*, job_id: int, slot: int, actor: str = "system") -> Worker:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 import time as _time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controlplane.core import loop as lp
@@ -220,6 +220,7 @@ class Simulation:
             self._by_step[st.step] = st
         elif signal is Signal.TRAINING_BEGIN:
             self.training_active = True
+            returned = self.world.return_borrowed(t)
         elif signal is Signal.TRAINING_FINISHED:
             self.training_active = False
         ov = self.overrides
@@ -230,7 +231,10 @@ class Simulation:
             if picked is not None:
                 self.oracle_overrides = picked
             ov = self.oracle_overrides or ov
-        p = place(self.world.inventory(self.training_active), self.policy, signal=signal, now_s=t,
+        inv = self.world.inventory(self.training_active)
+        if signal is Signal.TRAINING_BEGIN:
+            inv = replace(inv, returned=returned)
+        p = place(inv, self.policy, signal=signal, now_s=t,
                   batch_size=self.sc.workload.batch_size, remaining=remaining, overrides=ov,
                   future=self._future(t))
         changed = self.world.execute(p, t, self.free or p.action.free_reconfiguration) if p.target.total > 0 else False

@@ -355,12 +355,20 @@ class World:
         self.observe(tm.toggle(time_s=t, worker=slot.wid, activation_s=0.0 if free else self.reconf.intra_scale_activation_s,
                                return_s=delay, duration_s=(0.0 if free else self.reconf.toggle_s)))
 
-    def return_all_overlap(self, t: float) -> None:
-        """ReturnOverlap: every borrowed (or activating) overlap worker goes back; confirm when all are inactive."""
+    def return_borrowed(self, t: float) -> int:
+        """Training Begin: every borrowed (or activating) overlap worker goes back at once, before the
+        re-plan (as the live control plane parks them in the Training Begin transaction). Returns how many."""
+        n = 0
         for s in list(self.slots.values()):
             if s.pool == "overlap" and (s.state in (SERVING, PENDING) or (s.state == DRAINING and s.after_drain is not None)):
                 s.after_drain = None
                 self.return_overlap(s, t, self.free)
+                n += 1
+        return n
+
+    def return_all_overlap(self, t: float) -> None:
+        """ReturnOverlap: every borrowed (or activating) overlap worker goes back; confirm when all are inactive."""
+        self.return_borrowed(t)
         self.returning = True
         self.confirm_return(t)
 

@@ -193,7 +193,7 @@ def test_trainer_kill9_resumes_version_and_borrowed_gpus_return_before_training(
     from controlplane.selectors.cluster import desired_state
     from controlplane.services.errors import Conflict
     from controlplane.services.jobs import set_training_active, start_update
-    from controlplane.services.workers import WorkerChange, change_workers, start_worker
+    from controlplane.services.workers import start_worker
 
     stack.agent("train-t", pool="training", slots=1, engine="torch")
     stack.agent("roll-t", slots=1)
@@ -205,13 +205,14 @@ def test_trainer_kill9_resumes_version_and_borrowed_gpus_return_before_training(
     t_obs = wait_for(lambda: converged(t_node.pk, [trainer.pk, borrowed.pk]), 120, "trainer and borrowed worker")
     wait_for(lambda: converged(r_node.pk, [rollout.pk]), what="rollout worker")
 
-    # Training Begin: the trainer may not compute while a borrowed worker is still out
+    # Training Begin returns the borrowed worker at once; the trainer may not compute until its agent
+    # has parked it (no plan or transition in between: the return is due by a deadline)
+    t_begin = time.time()
     set_training_active(job_id=job.pk, active=True, actor="test")
+    assert Worker.objects.get(pk=borrowed.pk).activity == "inactive"
     with pytest.raises(Conflict, match="not returned"):
         start_update(job_id=job.pk, actor="test")
     assert Worker.objects.get(pk=trainer.pk).activity == "inactive"
-    t_begin = time.time()  # the return (the forced step a TRAINING_BEGIN plan runs), then the agent parks it
-    change_workers(job_id=job.pk, changes=[WorkerChange(borrowed.slot, activity="inactive")])
     wait_for(lambda: converged(t_node.pk, [borrowed.pk], activity="inactive"), what="the borrowed worker to return")
     return_s = time.time() - t_begin
     assert call(t_obs[borrowed.pk]["endpoint"], lambda c: c.get("health"))["state"] == "sleeping"

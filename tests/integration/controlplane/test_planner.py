@@ -60,7 +60,12 @@ def test_execution_is_idempotent_after_a_crash_midway():
     _valid()
 
 
-def test_training_begin_plans_the_return_first_and_the_update_waits_for_it():
+def test_training_begin_returns_the_borrowed_workers_at_once_and_the_update_waits_for_the_agents():
+    """The return is due by a deadline: Training Begin parks every borrowed worker in its own transaction
+    (no re-plan, no transition in between); the update waits until the agents report them asleep; the
+    re-plan that follows still learns that borrowing ran into Training Begin."""
+    from tests.conftest import agents_converge
+
     make_node("r1", slots=4, hardware="H800")
     make_node("e1", pool="elastic", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=4, hardware="H800")
@@ -69,18 +74,19 @@ def test_training_begin_plans_the_return_first_and_the_update_waits_for_it():
     run_transition(planner.plan_job(job_id=job.pk, signal="step_start"))
     assert Decision.objects.get(job=job).borrow == 2
     assert len(_active_roles(job)) == 6
+    transitions = Transition.objects.filter(job=job).count()
     jobs.set_training_active(job_id=job.pk, active=True)
+    overlap = Worker.objects.filter(job=job, zone="overlap", alive=True).exclude(role="training")
+    assert {w.activity for w in overlap} == {Activity.INACTIVE} and len(overlap) == 2
+    assert len(_active_roles(job)) == 4 and Transition.objects.filter(job=job).count() == transitions
     with pytest.raises(Conflict, match="not returned"):
-        jobs.start_update(job_id=job.pk)
-    tr = planner.plan_job(job_id=job.pk, signal="training_begin")
-    overlap = set(Worker.objects.filter(job=job, zone="overlap").exclude(role="training").values_list("slot", flat=True))
-    steps = list(tr.steps.order_by("index"))
-    assert {s.worker_slot for s in steps[:2]} == overlap and all(s.kind == "deactivate_overlap" and s.args["forced"] for s in steps[:2])
-    assert run_transition(tr).status == "succeeded"
+        jobs.start_update(job_id=job.pk)  # parked here; their agents have not confirmed yet
+    agents_converge()
     jobs.start_update(job_id=job.pk)  # every borrowed worker is back
-    job.refresh_from_db()
+    tr = planner.plan_job(job_id=job.pk, signal="training_begin")
+    assert tr is None or not tr.steps.filter(kind="deactivate_overlap").exists()
     latest = Decision.objects.filter(job=job).first()
-    assert latest.borrow == 0 and latest.budget["training_active"] is True
+    assert latest.borrow == 0 and latest.budget["training_active"] is True and latest.budget["borrowed"] == 2
     assert len(_active_roles(job)) == 4
     _valid()
 

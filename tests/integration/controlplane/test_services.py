@@ -14,7 +14,7 @@ from controlplane.selectors.cluster import desired_state, training_flags, worker
 from controlplane.services import jobs, nodes, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
-from tests.conftest import make_job, make_node
+from tests.conftest import agents_converge, make_job, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -89,13 +89,14 @@ def test_the_update_waits_until_borrowed_workers_are_back():
     job = make_job(training_gpus=2)
     workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
     workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="colocated", activity="active")
+    agents_converge()  # the agent reports the borrowed worker serving
     with pytest.raises(Conflict):  # no update before Training Begin
         jobs.start_update(job_id=job.pk)
-    jobs.set_training_active(job_id=job.pk, active=True)
+    jobs.set_training_active(job_id=job.pk, active=True)  # parks it at once
+    assert dict(Worker.objects.filter(alive=True).values_list("role", "activity")) == {"training": "inactive", "colocated": "inactive"}
     with pytest.raises(Conflict, match=r"borrowed worker\(s\) \[1\] are not returned"):
-        jobs.start_update(job_id=job.pk)
-    assert dict(Worker.objects.filter(alive=True).values_list("role", "activity")) == {"training": "inactive", "colocated": "active"}
-    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, activity="inactive")])  # the return
+        jobs.start_update(job_id=job.pk)  # its agent has not confirmed the return yet
+    agents_converge()  # the return, reported
     jobs.start_update(job_id=job.pk)
     states = dict(Worker.objects.filter(alive=True).values_list("role", "activity"))
     assert states == {"training": "active", "colocated": "inactive"}
