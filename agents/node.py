@@ -357,39 +357,47 @@ class NodeAgent:
                     break
 
     # ------------------------------------------------------------ observation
+    def _reachable(self) -> list[Managed]:
+        return [m for m in self.workers.values() if m.client is not None and m.state not in ("stopped", "failed")]
+
     async def _trainer_published(self) -> bool:
         """A trainer on this node holds a newer weight version than last reported: the rollout driver
         and the workers that pull wait for the control plane to hear of it, so it is not left to the
         next periodic heartbeat (seconds of idle rollout per update)."""
-        for m in list(self.workers.values()):
-            if m.client is None or m.state in ("stopped", "failed") or m.desired.role != Role.TRAINING:
-                continue
+        async def newer(m: Managed) -> bool:
             with contextlib.suppress(Exception):
-                if (await m.client.get("health"))["weight_version"] > m.weight_version:
-                    return True
-        return False
+                return bool((await m.client.get("health"))["weight_version"] > m.weight_version)  # type: ignore[union-attr]
+            return False
+
+        trainers = [m for m in self._reachable() if m.desired.role == Role.TRAINING]
+        return any(await asyncio.gather(*(newer(m) for m in trainers)))
 
     async def _observe(self) -> None:
-        for m in list(self.workers.values()):
-            if m.client is None or m.state in ("stopped", "failed"):
-                continue
+        """Every worker's state, asked side by side: on a busy node the heartbeat (which confirms a
+        return against its deadline) waits for the slowest answer, not for the sum of them."""
+        async def one(m: Managed) -> None:
+            assert m.client is not None
             with contextlib.suppress(Exception):
                 if m.desired.role == Role.TRAINING:
-                    h = await m.client.get("health")
-                    m.weight_version = h["weight_version"]
-                    continue
+                    m.weight_version = (await m.client.get("health"))["weight_version"]
+                    return
                 s = await m.client.get("stats")
                 m.role, m.weight_version, m.engine_state = s["role"], s["weight_version"], s["state"]
                 m.inflight = s["running_batch"] + s["waiting"]
                 m.activity = "inactive" if s["state"] == "sleeping" else m.activity
 
+        await asyncio.gather(*(one(m) for m in self._reachable()))
+
     async def _collect_telemetry(self) -> list[dict[str, Any]]:
-        out, self.pending_telemetry = self.pending_telemetry, []
-        for m in list(self.workers.values()):
-            if m.client is None or m.state not in ("running", "draining") or m.desired.role == Role.TRAINING:
-                continue
+        async def records(m: Managed) -> list[dict[str, Any]]:
             with contextlib.suppress(Exception):
-                out.extend((await m.client.get("telemetry"))["records"])
+                return list((await m.client.get("telemetry"))["records"])  # type: ignore[union-attr]
+            return []
+
+        out, self.pending_telemetry = self.pending_telemetry, []
+        rollout = [m for m in self._reachable() if m.state in ("running", "draining") and m.desired.role != Role.TRAINING]
+        for recs in await asyncio.gather(*(records(m) for m in rollout)):
+            out.extend(recs)
         return out
 
     # ------------------------------------------------------------ reconciliation
@@ -479,8 +487,11 @@ class NodeAgent:
                                          detail=f"{len(res['aborted'])} requests aborted by deactivation",
                                          aborted=partials(res["aborted"], spec.worker_id)))
                 if m.activation_s is not None:  # one borrow + return observed: T_toggle sample
+                    # in the job's clock, as every other record: an emulated engine runs `time_factor` times real time
+                    scale = self.cfg.time_factor if spec.engine == "emulated" else 1.0
                     self.pending_telemetry.append(tm.toggle(time_s=time.time(), job=spec.job, worker=spec.worker_id,
-                                                            activation_s=m.activation_s, return_s=time.perf_counter() - t0).to_json())
+                                                            activation_s=m.activation_s / scale,
+                                                            return_s=(time.perf_counter() - t0) / scale).to_json())
                     m.activation_s = None
             elif spec.activity == Activity.TRANSITIONING and m.activity == Activity.ACTIVE.value and m.engine_state == "running":
                 # drain (a role change or a removal is coming): stop admitting; running requests finish

@@ -109,6 +109,10 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         ]))
         toggle = await cp.wait_for(lambda c: [r for t in c.of_type("telemetry") for r in t["records"] if r["kind"] == "toggle"])
         assert toggle[0]["worker"] == 1 and toggle[0]["activation_s"] > 0 and toggle[0]["return_s"] > 0
+        # in the job's clock: the emulated sleep waits the profile's deactivation time at SLOW x real time
+        from controlplane.core.profiles import get_profile
+
+        assert toggle[0]["return_s"] >= get_profile("h800", "qwen3-8b", tp=1).reconfig.intra_scale_deactivation_s
         await cp.push(link.DesiredState(generation=5, epoch=1, status="ready", workers=[
             worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
         ]))
