@@ -102,6 +102,28 @@ def parse_dataclass(
     return obj
 
 
+def _numbers(kind: type, value: list[Any], lo: Any, hi: Any, int_min: int | None) -> list[Any] | None:
+    """A list of numbers checked in whole-list passes (the same rules as `_coerce` item by item), or
+    None if some item breaks them."""
+    if not value:
+        return []
+    if kind is int:
+        if not all(type(v) is int for v in value):
+            return None
+        low = lo if lo is not None else int_min
+        high = hi if hi is not None else DEFAULT_MAX_INT
+    else:
+        try:
+            if not all(type(v) is float or type(v) is int for v in value) or not all(map(math.isfinite, value)):
+                return None
+        except OverflowError:  # an integer beyond any float
+            return None
+        low, high = lo, hi
+    if (low is not None and min(value) < low) or (high is not None and max(value) > high):
+        return None
+    return list(value) if kind is int else [float(v) for v in value]
+
+
 def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type[ValueError], int_min: int | None,
             check: Callable[[Any, str], None] | None) -> Any:
     lo, hi, max_len = meta.get("lo"), meta.get("hi"), meta.get("max_len")
@@ -119,6 +141,10 @@ def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type
         if len(value) > limit:
             raise error(f"{where}: at most {limit} items")
         (item,) = typing.get_args(hint)
+        if item is int or item is float:  # token ids and logprobs: tens of thousands per request
+            numbers = _numbers(item, value, lo, hi, int_min)
+            if numbers is not None:
+                return numbers  # else the item-by-item pass below names the first bad item
         item_meta = {"lo": lo, "hi": hi}
         return [_coerce(item, v, f"{where}[{i}]", item_meta, error, int_min, check) for i, v in enumerate(value)]
     if origin is dict:
@@ -147,7 +173,10 @@ def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type
         high = hi if hi is not None else (DEFAULT_MAX_INT if hint is int else None)
         if high is not None and value > high:
             raise error(f"{where}: must be <= {high}")
-        return hint(value)
+        try:
+            return hint(value)
+        except OverflowError:
+            raise error(f"{where}: must be finite") from None
     if hint is str:
         if not isinstance(value, str):
             raise error(f"{where}: must be a string")
