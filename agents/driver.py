@@ -25,6 +25,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+import orjson
+
 from agents.dataplane import MAX_NEW_TOKENS
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
@@ -377,14 +379,15 @@ class RolloutDriver:
     async def _call(self, w: dl.WorkerView, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         from aiohttp import ClientError
 
-        try:
-            async with self.http.post(f"{w.endpoint}/{verb}", json=body,
-                                      headers={"Authorization": f"Bearer {self.token}"}) as resp:
-                data = await resp.json(content_type=None)
+        try:  # orjson: a turn's body carries its whole context as token ids (tens of thousands)
+            async with self.http.post(f"{w.endpoint}/{verb}", data=orjson.dumps(body),
+                                      headers={"Authorization": f"Bearer {self.token}",
+                                               "Content-Type": "application/json"}) as resp:
+                data = orjson.loads(await resp.read())
                 if resp.status != 200:
                     raise WorkerUnavailable(f"{w.endpoint}/{verb}: HTTP {resp.status}: {str(data)[:200]}")
                 return data
-        except (ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (ClientError, asyncio.TimeoutError, OSError, orjson.JSONDecodeError) as exc:
             raise WorkerUnavailable(f"{w.endpoint}/{verb}: {exc!r}") from None
 
     # ------------------------------------------------------------------ training

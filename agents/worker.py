@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agents import dataplane as dp
@@ -33,7 +34,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    return _json({"error": message}, status=status)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    """A JSON response, encoded with orjson: token lists of tens of thousands of ids, every turn."""
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 class WorkerServer:
@@ -115,8 +121,8 @@ class WorkerServer:
             return _error(413, f"body larger than {dp.MAX_REQUEST_BYTES} bytes")
         raw = await request.read()  # aiohttp enforces client_max_size (413) even with a lying Content-Length
         try:
-            data = json.loads(raw or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = orjson.loads(raw or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
             raise dp.DataPlaneError(f"body is not JSON: {exc}") from exc
         return dp.parse(cls, data)
 
@@ -150,14 +156,14 @@ class WorkerServer:
         if isinstance(req, web.Response):
             return req
         self.engine.admit("generate", req.min_weight_version)
-        return web.json_response(dp.dump(await self.engine.generate(req, self._prompt(req))))
+        return _json(dp.dump(await self.engine.generate(req, self._prompt(req))))
 
     async def prefill(self, request: web.Request) -> web.Response:
         req = await self._body(request, dp.GenerateRequest)
         if isinstance(req, web.Response):
             return req
         self.engine.admit("prefill", req.min_weight_version)
-        return web.json_response(dp.dump(await self.engine.prefill(req, self._prompt(req))))
+        return _json(dp.dump(await self.engine.prefill(req, self._prompt(req))))
 
     async def decode(self, request: web.Request) -> web.Response:
         req = await self._body(request, dp.DecodeRequest)
@@ -168,7 +174,7 @@ class WorkerServer:
         data = await self._pull_kv(req)
         dt = time.perf_counter() - t0
         self.engine.telemetry.append(tm.kv_transfer(time_s=time.time(), job=req.job or self.engine.job, worker=self.engine.worker_id, kv_bytes=len(data), duration_s=dt))
-        return web.json_response(dp.dump(await self.engine.decode(req, data)))
+        return _json(dp.dump(await self.engine.decode(req, data)))
 
     async def _pull_kv(self, req: dp.DecodeRequest) -> bytes:
         """The decode worker PULLS the cache from the prefill worker (as vLLM's NIXL path does)."""
@@ -201,7 +207,7 @@ class WorkerServer:
         result = await self.engine.abort(req.request_id)
         if result is None:
             raise NotFound(f"no in-flight request {req.request_id!r}")
-        return web.json_response(dp.dump(result))
+        return _json(dp.dump(result))
 
     # ---- control verbs (from the agent)
     async def drain(self, request: web.Request) -> web.Response:
@@ -210,7 +216,7 @@ class WorkerServer:
         if isinstance(req, web.Response):
             return req
         aborted, in_time = await self.engine.drain(req.mode, req.timeout_s)
-        return web.json_response(dp.dump(dp.DrainResult(aborted=aborted, finished_in_time=in_time)))
+        return _json(dp.dump(dp.DrainResult(aborted=aborted, finished_in_time=in_time)))
 
     async def resume(self, request: web.Request) -> web.Response:
         self._fence(request)
@@ -255,18 +261,18 @@ class WorkerServer:
 
     # ---- observation
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response(dp.dump(self.engine.stats(self.epoch)))
+        return _json(dp.dump(self.engine.stats(self.epoch)))
 
     async def health(self, request: web.Request) -> web.Response:
         e = self.engine
-        return web.json_response(dp.dump(dp.Health(ok=True, worker_id=e.worker_id, role=e.role, state=e.state,
+        return _json(dp.dump(dp.Health(ok=True, worker_id=e.worker_id, role=e.role, state=e.state,
                                                     weight_version=e.weight_version, pid=os.getpid(), devices=visible_devices())))
 
     async def telemetry(self, request: web.Request) -> web.Response:
-        return web.json_response({"records": self.engine.take_telemetry()})
+        return _json({"records": self.engine.take_telemetry()})
 
     async def inflight(self, request: web.Request) -> web.Response:
-        return web.json_response({"inflight": self.engine.inflight()})
+        return _json({"inflight": self.engine.inflight()})
 
     async def _journal_loop(self) -> None:
         assert self.state_dir is not None
