@@ -1,6 +1,8 @@
 """Thin Celery wrappers over services. Tasks take ids, never objects; all are idempotent (acks_late)."""
 from __future__ import annotations
 
+import time
+
 from celery import shared_task
 
 from controlplane.services import nodes, telemetry
@@ -37,17 +39,31 @@ def plan_job(job_id: int, signal: str | None = None) -> list[int]:
     return planned
 
 
+# While a transition waits for its agents, its task advances it again as soon as one of them reports
+# a change to the job's workers (or every POLL_S), for HOLD_S, then hands over to a fresh task so the
+# worker's threads are not held by one long wait.
+POLL_S = 0.25
+HOLD_S = 2.0
+
+
 @shared_task(name="controlplane.execute_transition")
 def execute_transition(transition_id: int, owner: str = "") -> str:
-    """Advance the transition; while it waits for the agents, look again shortly, keeping the lease
-    (state and lease live in the database: a killed worker's transition is resumed by `replan_all`
-    once its lease runs out, never run twice at once)."""
+    """Advance the transition; while it waits for the agents, look again when they report, keeping the
+    lease (state and lease live in the database: a killed worker's transition is resumed by
+    `replan_all` once its lease runs out, never run twice at once)."""
     from controlplane.services import executor
+    from controlplane.services.common import wait_for_report
 
-    tr, outcome = executor.advance(transition_id=transition_id, owner=owner)
-    if outcome == "waiting":
-        execute_transition.apply_async((transition_id, tr.lease_owner), countdown=0.25)
-    return outcome
+    until = time.monotonic() + HOLD_S
+    while True:
+        tr, outcome = executor.advance(transition_id=transition_id, owner=owner)
+        if outcome != "waiting":
+            return outcome
+        owner = tr.lease_owner
+        if time.monotonic() >= until:
+            execute_transition.apply_async((transition_id, owner), countdown=0)
+            return outcome
+        wait_for_report(tr.job_id, POLL_S)
 
 
 @shared_task(name="controlplane.replan_all")

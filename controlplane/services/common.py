@@ -70,6 +70,32 @@ def _enqueue_now(job_id: int, signal: str) -> None:
         tasks.plan_job.delay(job_id)
 
 
+def _observed_key(job_id: int) -> str:
+    return f"pearl:observed:{job_id}"
+
+
+def kick_executor_on_commit(job_ids: Iterable[int]) -> None:
+    """An agent reported a change to these jobs' workers: wake the executor waiting on them at once
+    (`wait_for_report`) instead of at its next poll. At most one kick is kept per job."""
+    ids = sorted({int(j) for j in job_ids})
+
+    def kick() -> None:
+        pipe = _redis().pipeline()
+        for j in ids:
+            pipe.rpush(_observed_key(j), "1")
+            pipe.ltrim(_observed_key(j), -1, -1)
+            pipe.expire(_observed_key(j), 60)
+        pipe.execute()
+
+    if ids:
+        transaction.on_commit(kick, robust=True)
+
+
+def wait_for_report(job_id: int, timeout_s: float) -> bool:
+    """Block until an agent reports a change to the job's workers or `timeout_s` passes."""
+    return _redis().blpop([_observed_key(job_id)], timeout=timeout_s) is not None
+
+
 def replan_live_jobs(signal: str, *, node_id: int | None = None) -> None:
     """A capacity change: re-plan every live job (or, with `node_id`, those with a worker there)."""
     from controlplane.models import Worker

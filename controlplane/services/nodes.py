@@ -16,7 +16,7 @@ from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
-from controlplane.services.common import locked, replan_live_jobs
+from controlplane.services.common import kick_executor_on_commit, locked, replan_live_jobs
 from controlplane.services import telemetry
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import (
@@ -239,6 +239,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                     refused.append(f"worker {w.pk}: runs on devices {o.devices}, bound to slots {bound}")
         if before != {o["worker_id"]: _routing_facts(o) for o in node.observed}:
             notify_drivers_on_commit(w.job_id for w in mine.values())
+            kick_executor_on_commit(w.job_id for w in mine.values())  # transition steps are confirmed by these facts
         if refused:
             emit(kind="agent.refused", message=f"node {node.name}: refused " + "; ".join(refused)[:1000], node=node,
                  actor=f"agent:{node.name}", data={"refused": refused[:64]})

@@ -84,3 +84,49 @@ def test_two_processes_race_for_the_same_gpu_exactly_one_wins():
         from controlplane.models import WorkerGPU
 
         WorkerGPU.objects.update(alive=False, active=False)
+
+
+def _drain_kicks(job_id: int) -> None:
+    from controlplane.services.common import wait_for_report
+
+    while wait_for_report(job_id, 0.01):
+        pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_report_wakes_the_executor_waiting_on_the_job():
+    """The executor is woken by the agents' report of a change to the job's workers, not by its poll;
+    a report that changes nothing a step is confirmed by wakes nobody; a kick is consumed once."""
+    from controlplane.services import executor, planner
+    from controlplane.services.common import wait_for_report
+    from tests.conftest import agents_converge
+
+    make_node("r1", slots=2)
+    job = make_job(rollout_gpus=2)
+    tr = planner.plan_job(job_id=job.pk, signal="step_start")
+    assert executor.execute_transition(transition_id=tr.pk).status == "running"  # workers asked for
+    _drain_kicks(job.pk)
+    assert not wait_for_report(job.pk, 0.05)
+    agents_converge()  # the agent reports the workers running
+    assert wait_for_report(job.pk, 10.0)
+    assert not wait_for_report(job.pk, 0.05)
+    agents_converge()  # the same report again: nothing changed
+    assert not wait_for_report(job.pk, 0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_executor_task_carries_a_transition_to_its_end_as_agents_report(celery_worker_process):
+    import time
+
+    from controlplane.models import Transition
+    from controlplane.services import planner
+    from tests.conftest import agents_converge
+
+    make_node("r1", slots=2)
+    job = make_job(rollout_gpus=2)
+    tr = planner.plan_job(job_id=job.pk, signal="step_start")  # its task is sent on commit
+    deadline = time.monotonic() + 60
+    while Transition.objects.get(pk=tr.pk).status in ("pending", "running") and time.monotonic() < deadline:
+        agents_converge()
+        time.sleep(0.2)
+    assert Transition.objects.get(pk=tr.pk).status == "succeeded"
