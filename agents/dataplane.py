@@ -9,10 +9,10 @@ token returned by `prefill`, so a decode peer needs no other secret.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.core.wire import bounded, parse_dataclass
+from controlplane.core.wire import bounded, parse_dataclass, to_json
 
 AUTH_HEADER = "Authorization"
 KV_TOKEN_HEADER = "X-PEARL-KV-Token"
@@ -188,7 +188,7 @@ class Health:
 
 # ------------------------------------------------------------------ (de)serialisation
 def dump(obj: Any) -> dict[str, Any]:
-    return asdict(obj)
+    return to_json(obj)
 
 
 def parse(cls: type, data: Any, where: str | None = None) -> Any:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from controlplane.core.state import Activity, Pool, Role
-from controlplane.core.wire import bounded, loads, parse_dataclass
+from controlplane.core.wire import bounded, loads, parse_dataclass, to_json
 
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_DEPTH = 16
@@ -169,7 +169,7 @@ CONTROL_MESSAGES: dict[str, type] = {m.type: m for m in (Registered, DesiredStat
 # ---------------------------------------------------------------- (de)serialisation
 def dump(message: Any) -> dict[str, Any]:
     """Message dataclass -> JSON-ready dict with its `type`."""
-    out = asdict(message)
+    out = to_json(message)
     out["type"] = message.type
     return out
 

@@ -12,12 +12,12 @@ out-of-range values raise `LinkError` naming the field).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from controlplane.core.context import Signal
 from controlplane.core.state import Role
-from controlplane.core.wire import bounded, parse_dataclass
+from controlplane.core.wire import bounded, parse_dataclass, to_json
 
 MAX_RECORDS = 2048
 MAX_WORKERS = 65536
@@ -161,7 +161,7 @@ CONTROL_MESSAGES: dict[str, type] = {c.type: c for c in (Welcome, ClusterView, U
 
 # ---------------------------------------------------------------- (de)serialisation
 def dump(msg: Any) -> dict[str, Any]:
-    return {"type": msg.type, **asdict(msg)}
+    return {"type": msg.type, **to_json(msg)}
 
 
 def _parse(data: Any, table: dict[str, type], side: str) -> Any:

@@ -8,6 +8,7 @@ Bounds live on the dataclass fields: `field(metadata=bounded(lo=0, max_len=64))`
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 import re
@@ -84,7 +85,7 @@ def parse_dataclass(
     fields without their own; `check(obj, where)` runs on every dataclass built (cross-field rules)."""
     if not isinstance(data, dict):
         raise error(f"{where}: must be a JSON object")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
@@ -99,6 +100,26 @@ def parse_dataclass(
     obj = cls(**kwargs)
     if check is not None:
         check(obj, where)
+    return obj
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def to_json(obj: Any) -> Any:
+    """A message dataclass as JSON-ready dicts and lists: `dataclasses.asdict` without copying lists of
+    scalars item by item (token ids, logprobs; the result is encoded at once, never mutated)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_json(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        # message lists are homogeneous (list[X]): the first item tells whether there is anything to convert
+        if obj and (is_dataclass(obj[0]) or isinstance(obj[0], (list, tuple, dict))):
+            return [to_json(v) for v in obj]
+        return obj if isinstance(obj, list) else list(obj)
+    if isinstance(obj, dict):
+        return {k: to_json(v) for k, v in obj.items()}
     return obj
 
 

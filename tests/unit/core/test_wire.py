@@ -40,3 +40,21 @@ def test_well_formed_lists_pass_unchanged_and_ints_become_floats_where_floats_ar
 def test_a_bad_item_is_refused_with_its_index(data, message):
     with pytest.raises(ValueError, match=message):
         parse(data)
+
+
+def test_to_json_is_asdict_without_copying_scalar_lists():
+    from dataclasses import asdict
+
+    from controlplane.core.wire import to_json
+
+    @dataclass(frozen=True)
+    class Outer:
+        bodies: list[Body]
+        meta: dict
+        pair: tuple[int, int] = (1, 2)
+
+    tokens = [1, 2, 3]
+    o = Outer([Body(tokens, [0.5]), Body([4], [])], {"a": [Body([7])], "b": 1})
+    out = to_json(o)
+    assert out == {**asdict(o), "pair": [1, 2], "meta": {"a": [{"tokens": [7], "logprobs": []}], "b": 1}}
+    assert out["bodies"][0]["tokens"] is tokens  # not copied item by item
