@@ -342,12 +342,14 @@ class NodeAgent:
             if self.epoch == 0:  # not registered yet: a heartbeat without an epoch would be refused as stale
                 await asyncio.sleep(0.05)
                 continue
-            await self._observe()
+            reconciled = self._beat.is_set()
+            self._beat.clear()  # a reconcile that finishes from here on is reported by the next beat
+            if not reconciled:  # a reconcile recorded what it changed: its report (a return against
+                await self._observe()  # its deadline) does not wait for every worker's answer
             self.send(self.heartbeat_message())
             records = await self._collect_telemetry()
             for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
                 self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
-            self._beat.clear()
             loop = asyncio.get_running_loop()
             until = loop.time() + self.heartbeat_s
             while (left := until - loop.time()) > 0:  # report as soon as a reconcile changed something, or
@@ -481,7 +483,7 @@ class NodeAgent:
                 t0 = time.perf_counter()
                 res = await m.client.call("drain", {"mode": "abort", "timeout_s": 0}, epoch=epoch)
                 await m.client.call("sleep", {"level": 1}, epoch=epoch)
-                m.engine_state = "sleeping"
+                m.engine_state, m.inflight = "sleeping", 0
                 if res.get("aborted"):
                     self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
                                          detail=f"{len(res['aborted'])} requests aborted by deactivation",
@@ -497,7 +499,7 @@ class NodeAgent:
                 # drain (a role change or a removal is coming): stop admitting; running requests finish
                 # within the drain timeout or go back to their callers with their partial outputs
                 res = await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
-                m.engine_state, m.activity = "draining", Activity.TRANSITIONING.value
+                m.engine_state, m.activity, m.inflight = "draining", Activity.TRANSITIONING.value, 0
                 if res.get("aborted"):
                     self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
                                          detail=f"{len(res['aborted'])} requests aborted by the drain",
@@ -510,6 +512,12 @@ class NodeAgent:
                 m.engine_state = "running"
                 if was_asleep:
                     m.activation_s = time.perf_counter() - t0
+            if spec.activity == Activity.INACTIVE:
+                # asleep (a returned or never-borrowed overlap worker): it pulls weights when it is lent
+                # again, not on every change to its node, which would hold up a return's report
+                m.state, m.generation = "running", ds.generation
+                m.activity = Activity.INACTIVE.value
+                return
             if spec.weights_url and (m.weight_version < spec.min_weight_version or m.pulled_for < ds.generation):
                 # pull-based and lazy: the latest version, once per desired generation, or until
                 # the worker reaches the job's min_weight_version

@@ -56,7 +56,7 @@ class WorkerServer:
         self.epoch = 0
         self._session: ClientSession | None = None
         self._journal_task: asyncio.Task | None = None
-        self._last_journal = ""
+        self._last_journal = b""
         self.app = web.Application(client_max_size=dp.MAX_REQUEST_BYTES, middlewares=[self._errors, self._auth])
         r = self.app.router
         r.add_post("/generate", self.generate)
@@ -286,14 +286,13 @@ class WorkerServer:
             period = max(JOURNAL_PERIOD_S, 20 * (time.perf_counter() - t0))
 
     def write_journal(self, path: Path, inflight: list[dict[str, Any]] | None = None) -> None:
-        entries = self.engine.inflight() if inflight is None else inflight
-        text = json.dumps({"pid": os.getpid(), "time": time.time(), "inflight": entries})
-        if text == self._last_journal:
+        entries = orjson.dumps(self.engine.inflight() if inflight is None else inflight)
+        if entries == self._last_journal:  # nothing progressed: the file on disk says the same
             return
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
+        tmp.write_bytes(b'{"pid": %d, "time": %r, "inflight": %b}' % (os.getpid(), time.time(), entries))
         os.replace(tmp, path)
-        self._last_journal = text
+        self._last_journal = entries
 
 
 async def serve(args: argparse.Namespace, secret: str) -> None:
@@ -320,7 +319,7 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
         if server._journal_task:  # the periodic journal must not overwrite the final one
             server._journal_task.cancel()
         (state_dir / "aborted.json").write_text(json.dumps([dp.dump(a) for a in aborted]))
-        server._last_journal = ""
+        server._last_journal = b""
         # an orphan's drain answer reached no agent: its journal keeps the partials for the next one
         server.write_journal(state_dir / "inflight.json", [dp.dump(a) for a in aborted] if alone else None)
     await runner.cleanup()

@@ -2,6 +2,7 @@
 real subprocesses against the test database and the test Redis), and helpers."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -244,3 +245,12 @@ def celery_worker_process(transactional_db, tmp_path) -> Iterator[subprocess.Pop
         time.sleep(0.2)
     yield proc
     _stop([proc])
+
+
+def journaled_tokens(state_dir: Path) -> bool:
+    """The worker's in-flight journal holds requests, each with some generated tokens."""
+    try:
+        entries = json.loads((state_dir / "inflight.json").read_text())["inflight"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return bool(entries) and all(e.get("tokens") for e in entries)

@@ -15,7 +15,7 @@ import pytest
 
 from agents import dataplane as dp
 from agents.router import WorkerClient, session
-from tests.conftest import make_job
+from tests.conftest import journaled_tokens, make_job
 from tests.fault.conftest import SECRET, assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -77,14 +77,6 @@ def long_request(endpoint: str, request_id: str) -> dict:
 
     threading.Thread(target=run, daemon=True).start()
     return out
-
-
-def journaled_tokens(state_dir: Path) -> bool:
-    try:
-        text = (state_dir / "inflight.json").read_text()
-    except OSError:
-        return False
-    return '"tokens": [' in text and '"tokens": []' not in text
 
 
 def worker_dir(stack, node: str, job: str, worker_id: int) -> Path:

@@ -12,6 +12,7 @@ from agents import dataplane as dp
 from agents.process import REPO_ROOT, kill_leftovers, spawn_worker, start_time
 from agents.router import WorkerClient, session
 from controlplane.core import agent_link as link
+from tests.conftest import journaled_tokens
 from tests.integration.agents.test_node_agent import cp, observed  # noqa: F401  (the fake link server fixture)
 
 
@@ -45,8 +46,7 @@ async def test_killed_agent_takes_its_workers_along_and_the_next_one_reports_the
         assert b"CUDA_VISIBLE_DEVICES=1" in env and b"PEARL_AGENT_TOKEN" not in b" ".join(env)
         busy = asyncio.create_task(client.generate(dp.GenerateRequest(request_id="left", prompt="x" * 20,
                                                                       sampling=dp.SamplingParams(max_tokens=8000))))
-        journal = tmp_path / "agent" / "jobs" / "j" / "worker-1" / "inflight.json"
-        await cp.wait_for(lambda c: journal.exists() and '"tokens": [' in journal.read_text() and '"tokens": []' not in journal.read_text())
+        await cp.wait_for(lambda c: journaled_tokens(tmp_path / "agent" / "jobs" / "j" / "worker-1"))
         agent.send_signal(signal.SIGKILL)
         await agent.wait()
         partial = await busy  # the orphan aborts at once; its caller still gets the partial output

@@ -21,6 +21,7 @@ from agents.process import REPO_ROOT
 from agents.router import PDRouter, WorkerClient, session
 from agents.weights import WeightStore, weight_routes
 from controlplane.core import agent_link as link
+from tests.conftest import journaled_tokens
 from tests.unit.agents.fake_control_plane import FakeControlPlane
 
 SLOW = 0.5  # emulated time factor: slow enough that a long request is still running when we kill it
@@ -118,8 +119,7 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         ]))
         await cp.wait_for(lambda c: observed(c, 5))
         long = asyncio.create_task(clients[1].generate(dp.GenerateRequest(request_id="long", prompt="x" * 50, sampling=dp.SamplingParams(max_tokens=8000))))
-        journal = agent.workers[1].proc.state_dir / "inflight.json"
-        await cp.wait_for(lambda c: journal.exists() and '"tokens": [' in journal.read_text() and '"tokens": []' not in journal.read_text())
+        await cp.wait_for(lambda c: journaled_tokens(agent.workers[1].proc.state_dir))
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(Exception):
             await long  # the caller sees the connection drop ...
