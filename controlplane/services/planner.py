@@ -140,6 +140,7 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
         inv = job_inventory(job)
         if signal == Signal.TRAINING_BEGIN:  # what this Training Begin already took back (jobs.set_training_active)
             inv = replace(inv, returned=job.returned_at_training_begin)
+            Job.objects.filter(pk=job.pk).update(returned_at_training_begin=0)  # told once (a driver may repeat TB)
         remaining = job.remaining if job.remaining is not None else job.batch_size
         p = place(inv, policy, signal=Signal(signal), now_s=timezone.now().timestamp() if now_s is None else now_s,
                   batch_size=job.batch_size, remaining=remaining, overrides=job_overrides(job))

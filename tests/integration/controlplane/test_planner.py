@@ -79,6 +79,8 @@ def test_training_begin_returns_the_borrowed_workers_at_once_and_the_update_wait
     overlap = Worker.objects.filter(job=job, zone="overlap", alive=True).exclude(role="training")
     assert {w.activity for w in overlap} == {Activity.INACTIVE} and len(overlap) == 2
     assert len(_active_roles(job)) == 4 and Transition.objects.filter(job=job).count() == transitions
+    job.refresh_from_db()
+    assert job.returned_at_training_begin == 2
     with pytest.raises(Conflict, match="not returned"):
         jobs.start_update(job_id=job.pk)  # parked here; their agents have not confirmed yet
     agents_converge()
@@ -87,6 +89,8 @@ def test_training_begin_returns_the_borrowed_workers_at_once_and_the_update_wait
     assert tr is None or not tr.steps.filter(kind="deactivate_overlap").exists()
     latest = Decision.objects.filter(job=job).first()
     assert latest.borrow == 0 and latest.budget["training_active"] is True and latest.budget["borrowed"] == 2
+    job.refresh_from_db()
+    assert job.returned_at_training_begin == 0  # told once: a repeated Training Begin plan is not told again
     assert len(_active_roles(job)) == 4
     _valid()
 
