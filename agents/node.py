@@ -362,27 +362,31 @@ class NodeAgent:
     def _reachable(self) -> list[Managed]:
         return [m for m in self.workers.values() if m.client is not None and m.state not in ("stopped", "failed")]
 
+    @staticmethod
+    async def _trainer_version(m: Managed) -> int | None:
+        """The weight version a trainer holds now (None: it did not answer)."""
+        with contextlib.suppress(Exception):
+            return int((await m.client.get("health"))["weight_version"])  # type: ignore[union-attr]
+        return None
+
     async def _trainer_published(self) -> bool:
         """A trainer on this node holds a newer weight version than last reported: the rollout driver
         and the workers that pull wait for the control plane to hear of it, so it is not left to the
         next periodic heartbeat (seconds of idle rollout per update)."""
-        async def newer(m: Managed) -> bool:
-            with contextlib.suppress(Exception):
-                return bool((await m.client.get("health"))["weight_version"] > m.weight_version)  # type: ignore[union-attr]
-            return False
-
         trainers = [m for m in self._reachable() if m.desired.role == Role.TRAINING]
-        return any(await asyncio.gather(*(newer(m) for m in trainers)))
+        versions = await asyncio.gather(*(self._trainer_version(m) for m in trainers))
+        return any(v is not None and v > m.weight_version for m, v in zip(trainers, versions))
 
     async def _observe(self) -> None:
         """Every worker's state, asked side by side: on a busy node the heartbeat (which confirms a
         return against its deadline) waits for the slowest answer, not for the sum of them."""
         async def one(m: Managed) -> None:
             assert m.client is not None
+            if m.desired.role == Role.TRAINING:
+                v = await self._trainer_version(m)
+                m.weight_version = m.weight_version if v is None else v
+                return
             with contextlib.suppress(Exception):
-                if m.desired.role == Role.TRAINING:
-                    m.weight_version = (await m.client.get("health"))["weight_version"]
-                    return
                 s = await m.client.get("stats")
                 m.role, m.weight_version, m.engine_state = s["role"], s["weight_version"], s["state"]
                 m.inflight = s["running_batch"] + s["waiting"]

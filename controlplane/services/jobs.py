@@ -176,10 +176,8 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
             raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
         nodes = set()
         if active:
-            job.training_active = True  # a transition still lending workers sees it and ends (executor)
-            job.save(update_fields=["training_active", "updated"])
             job.returned_at_training_begin = len(return_borrowed(job, actor=actor))
-        if not active:
+        else:
             trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
             Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.INACTIVE)
             WorkerGPU.objects.filter(worker__in=trainers).update(active=False)
