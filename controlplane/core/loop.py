@@ -42,12 +42,19 @@ class LoopConfig:
     periodic_s: float | None = None  # PERIODIC signal interval while a batch is in flight
     max_steps: int | None = None  # start no step beyond this many
     job: str = ""  # stamped on telemetry records
+    # How a turn's first worker is chosen: "sticky" (PEARL's router: the trajectory's home unless it is
+    # overloaded) or "jsq" (RLBoost's Algorithm 2: join-shortest-queue on turns in flight, ties to the
+    # home, delayed dispatch while every worker has `dispatch_cap` turns in flight; 0 = no cap)
+    dispatch: str = "sticky"
+    dispatch_cap: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.group_size < 1:
             raise ValueError("batch_size and group_size must be >= 1")
         if self.max_staleness < 0 or self.return_deadline_s < 0:
             raise ValueError("max_staleness and return_deadline_s must be >= 0")
+        if self.dispatch not in ("sticky", "jsq") or self.dispatch_cap < 0:
+            raise ValueError("dispatch must be 'sticky' or 'jsq' and dispatch_cap >= 0")
 
 
 # ==================================================================================== events
@@ -572,7 +579,10 @@ class RolloutLoop:
         if not self.admission_open:
             self.waiting.append(t.tid)
             return
-        w = self.router.pick_first(t.tid)
+        if self.cfg.dispatch == "jsq":
+            w = self.router.pick_first(t.tid, self._first_load(), self.cfg.dispatch_cap)
+        else:
+            w = self.router.pick_first(t.tid)
         if w is None:
             self.waiting.append(t.tid)
             return
@@ -583,6 +593,19 @@ class RolloutLoop:
             self._emit(Resubmit(t.tid, w, t.turn, t.gen_in_turn, mv))
         else:
             self._emit(RouteTurn(t.tid, w, t.turn, mv))
+
+    def _first_load(self) -> dict[int, int]:
+        """Turns in flight on each colocated or prefill worker (routed there, not yet back)."""
+        load: dict[int, int] = {}
+        for t in self.trajs.values():
+            if t.state is TrajState.FIRST and t.worker is not None:
+                load[t.worker] = load.get(t.worker, 0) + 1
+        return load
+
+    def _turn_left(self, now: float) -> None:
+        """A worker has one turn fewer in flight: a turn held by delayed dispatch may go now."""
+        if self.cfg.dispatch_cap and self.waiting:
+            self._flush(now)
 
     # ------------------------------------------------------------------ trajectories
     def _live(self, tid: str) -> Traj | None:
@@ -619,6 +642,7 @@ class RolloutLoop:
         t.worker = d
         t.decode_since_s = ev.now_s
         self._emit(RouteDecode(t.tid, d, ev.worker, self.min_weight_version(t)))
+        self._turn_left(ev.now_s)
 
     def _took_tokens(self, t: Traj, ev: TurnGenerated | TurnInterrupted) -> None:
         self._decode_time(t, ev)
@@ -653,6 +677,7 @@ class RolloutLoop:
         t.gen_time_s += ev.now_s - t.turn_start_s
         t.state = TrajState.ENV
         t.worker = None
+        self._turn_left(ev.now_s)
         if ev.weight_version is not None and ev.weight_version < t.min_version:
             t.min_version = ev.weight_version
             if self._stale(t):

@@ -414,10 +414,15 @@ class RLBoostPolicy(ElasticPolicy):
       0.2·peak + 0.8·M[old] (β = 0.2), and T_seed jumps to M[new] when there is one;
     * cap on remote instances (paper): N_remote ≤ ⌈(t_remote·n_remote + T_seed·N_seed)/t_train⌉, the
       instances needed for rollout to take no longer than training (never below the reserved pool).
-    Algorithm 2 (load balancing) is the shared router's join-shortest-queue over live trajectories (see
-    core.router; a turn waits in the engine's queue, not in the router, so there is no delayed dispatch
-    to add); token-level migration on preemption is the loop's (partial trajectories resume elsewhere
-    after one re-prefill). Colocated only: no PD adaptation.
+    Algorithm 2 (load balancing) is the loop's `jsq` dispatch (`LoopConfig.dispatch`, core.router): each
+    turn is a request, sent to the worker with the fewest turns in flight (ties: the trajectory's home,
+    which holds its prefix cache; RLBoost round-robins, having no multi-turn cache to keep), and held
+    centrally while every worker has the throughput-plateau batch B in flight (delayed dispatch,
+    `profiles.plateau_batch`); a held turn goes to the first worker below B, a worker that joins
+    included (CONTINUOUSLB's pending migration). CONTINUOUSLB's move of r = max(m_exec − B, 0)
+    executing requests to an idle worker never fires: dispatch never puts more than B on a worker.
+    Token-level migration on preemption is the loop's (partial trajectories resume elsewhere after one
+    re-prefill). Colocated only: no PD adaptation.
     """
 
     name = "rlboost+"

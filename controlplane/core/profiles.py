@@ -168,6 +168,17 @@ class EngineCoefficients:
         return t
 
 
+def plateau_batch(coeffs: EngineCoefficients, mean_context: float, *, frac: float = 0.9) -> int:
+    """RLBoost's throughput-plateau batch B (Algorithm 2): the smallest running batch whose decode
+    throughput n/t(n) is within `frac` of the best a worker reaches, the batch being bounded by how
+    many sequences of `mean_context` tokens its KV cache holds. RLBoost profiles it online; this is
+    the same figure from the engine's coefficients."""
+    n_max = max(1, int(coeffs.hbm_kv_capacity // max(1.0, coeffs.kv_bytes_per_token * mean_context)))
+    n = np.arange(1, n_max + 1, dtype=float)
+    thr = n / coeffs.decode_iteration_s(n)
+    return int(np.argmax(thr >= frac * thr.max())) + 1
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """Static coefficients for one (hardware, model, TP) worker.
@@ -378,5 +389,6 @@ __all__ = [
     "get_profile",
     "get_reconfig_costs",
     "known_hardware",
+    "plateau_batch",
     "known_models",
 ]

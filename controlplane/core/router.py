@@ -6,6 +6,11 @@ trajectories. Disaggregated: the prefill worker is chosen the same way (it holds
 prefix cache); after the prefill, the KV cache goes to the decode worker with the shortest queue
 (join-shortest-queue on in-flight decodes). Pure bookkeeping, no I/O: the simulator and the live
 rollout driver route through the same object inside `core.loop.RolloutLoop`.
+
+A second dispatch rule, `jsq`, is RLBoost's Algorithm 2 for the RLBoost+ baseline (`pick_first` with
+`load`): join-shortest-queue on the turns each worker has in flight, the home worker winning ties (its
+prefix cache), and delayed dispatch: while every worker has `cap` turns in flight the turn is held
+(None) and the loop routes it when one finishes.
 """
 from __future__ import annotations
 
@@ -51,12 +56,16 @@ class Router:
         return None
 
     # ------------------------------------------------------------------ routing
-    def pick_first(self, trajectory: str) -> int | None:
-        """The worker that takes a turn's prompt: colocated worker, or prefill worker."""
+    def pick_first(self, trajectory: str, load: dict[int, int] | None = None, cap: int = 0) -> int | None:
+        """The worker that takes a turn's prompt: colocated worker, or prefill worker. With `load`
+        (turns in flight per worker): RLBoost's join-shortest-queue, None while every worker has `cap`
+        (> 0) turns in flight (delayed dispatch)."""
         mode = self.mode
         if mode is None:
             return None
         pool = self.serving[Role.COLOCATED] if mode is Mode.COLOCATED else self.serving[Role.PREFILL]
+        if load is not None:
+            return self._pick_jsq(trajectory, pool, load, cap)
         homed = self.homed
         best = min(pool, key=lambda w: (homed.get(w, 0), w))
         cur = self.home.get(trajectory)
@@ -66,6 +75,19 @@ class Router:
         self.unhome(trajectory)
         self.home[trajectory] = best
         homed[best] = homed.get(best, 0) + 1
+        return best
+
+    def _pick_jsq(self, trajectory: str, pool: list[int], load: dict[int, int], cap: int) -> int | None:
+        least = min(load.get(w, 0) for w in pool)
+        if cap > 0 and least >= cap:
+            return None
+        cur = self.home.get(trajectory)
+        if cur is not None and cur in pool and load.get(cur, 0) == least:
+            return cur
+        best = min(w for w in pool if load.get(w, 0) == least)
+        self.unhome(trajectory)
+        self.home[trajectory] = best
+        self.homed[best] = self.homed.get(best, 0) + 1
         return best
 
     def pick_decode(self) -> int | None:

@@ -99,7 +99,7 @@ class Simulation:
 
     def __init__(self, scenario: Scenario, policy: str, *, seed: int | None = None,
                  record_timeline: bool = False, trace: AvailabilityTrace | None = None) -> None:
-        from controlplane.core.profiles import get_profile
+        from controlplane.core.profiles import get_profile, plateau_batch
 
         self.sc = scenario
         self.policy_name = policy
@@ -131,10 +131,16 @@ class Simulation:
             self.trace = scenario.trace
         self.record_timeline = record_timeline
         static = variant.base in ("fixed", "fixed-large")  # static pools have nothing to re-plan
+        wl = scenario.workload
+        dispatch, cap = "sticky", 0
+        if variant.base == "rlboost+":  # RLBoost's Algorithm 2: JSQ with delayed dispatch at the plateau batch
+            ctx = wl.max_length / 2  # a trajectory's context grows about linearly to the cap
+            dispatch, cap = "jsq", plateau_batch(self.profile.coefficients(mean_context=ctx), ctx)
         self.loop = lp.RolloutLoop(lp.LoopConfig(
-            batch_size=scenario.workload.batch_size, group_size=scenario.workload.group_size, max_staleness=1,
+            batch_size=wl.batch_size, group_size=wl.group_size, max_staleness=1,
             return_deadline_s=scenario.engine.return_deadline_s,
-            periodic_s=None if static else scenario.engine.periodic_s, job=scenario.name))
+            periodic_s=None if static else scenario.engine.periodic_s, job=scenario.name,
+            dispatch=dispatch, dispatch_cap=cap))
         self.t = 0.0
         self.heap: list[tuple[float, int, int, Any, Any]] = []
         self._eseq = 0

@@ -232,3 +232,44 @@ def test_no_trajectory_lost_or_twice_returns_before_training_staleness_and_R(mod
         per_traj[r.trajectory] += r.generated_tokens
     for tid in trained:
         assert per_traj[tid] == sum(world._tokens(tid, k) for k in range(world._task_turns(tid))), tid
+
+
+def test_jsq_dispatch_holds_turns_while_every_worker_is_at_its_cap_and_loses_none() -> None:
+    """RLBoost's Algorithm 2 (the RLBoost+ baseline): join-shortest-queue on turns in flight, delayed
+    dispatch at the cap; held turns go out as turns finish, and the batch still completes exactly."""
+    world = ToyWorld({0: C, 1: C}, train_s=1.0)
+    react, peak = world.react, defaultdict(int)
+
+    def watched(cmd, now):  # the world's own books: turns in flight on each worker, never above the cap
+        out = react(cmd, now)
+        for r in world.inflight.values():
+            peak[r.worker] = max(peak[r.worker], sum(1 for q in world.inflight.values() if q.worker == r.worker))
+        return out
+
+    world.react = watched
+    loop, cmds = run_heap(world, cfg(batch_size=8, group_size=4, dispatch="jsq", dispatch_cap=2), [], until=60.0)
+    assert peak and max(peak.values()) == 2
+    trains = kinds(cmds, lp.Train)
+    assert len(trains) >= 2 and all(sum(len(g) for g in c.groups) == 8 for _, c in trains)
+    step0 = records(cmds, RecordKind.STEP)[0]
+    expected = sum(world._tokens(f"s0-t{i}", k) for i in range(8) for k in range(world._task_turns(f"s0-t{i}")))
+    assert step0.generated_tokens_total == expected
+    # without the cap the same batch puts 4 turns on each worker at once: the cap is what held them
+    _, free = run_heap(ToyWorld({0: C, 1: C}, train_s=1.0), cfg(batch_size=8, group_size=4, dispatch="jsq"), [], until=1.0)
+    assert max(sum(1 for _, c in kinds(free, lp.RouteTurn) if c.worker == w and c.turn == 0) for w in (0, 1)) == 4
+
+
+def test_jsq_dispatch_keeps_the_home_on_ties_and_fills_a_new_worker_first() -> None:
+    from controlplane.core.router import Router
+
+    r = Router()
+    r.add(0, C)
+    r.add(1, C)
+    assert r.pick_first("a", {}, 0) == 0  # all equal: lowest id
+    assert r.pick_first("a", {0: 1, 1: 1}, 0) == 0  # tie: stays home (its prefix cache)
+    assert r.pick_first("a", {0: 2, 1: 1}, 0) == 1  # home busier: shortest queue wins
+    r.add(2, C)  # a worker joins idle
+    assert r.pick_first("b", {0: 1, 1: 1}, 0) == 2
+    assert r.pick_first("c", {0: 3, 1: 3, 2: 3}, 3) is None  # every worker at the cap: held
+    with pytest.raises(ValueError):
+        lp.LoopConfig(batch_size=4, dispatch="random")

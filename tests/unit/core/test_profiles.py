@@ -128,3 +128,17 @@ def test_every_hardware_model_pair_that_fits_has_positive_coefficients() -> None
                 assert v > 0, (hw, model)
     cpu = get_profile("cpu", "tiny")
     assert 2e-3 < cpu.decode_iteration_s(8, 300) < 8e-3  # platform_notes §5: ~3–4 ms per step at B=8
+
+
+def test_plateau_batch_is_where_decode_throughput_levels_off_within_the_kv_cache() -> None:
+    from controlplane.core.profiles import plateau_batch
+
+    p = get_profile("H800", "qwen3-8b", 2)
+    c = p.coefficients(mean_context=16384)
+    n = plateau_batch(c, 16384)
+    kv_bound = int(c.hbm_kv_capacity // (c.kv_bytes_per_token * 16384))
+    assert 1 < n < kv_bound
+    thr = lambda b: b / c.decode_iteration_s(b)  # noqa: E731
+    assert thr(n) >= 0.9 * thr(kv_bound) > thr(n - 1)
+    assert plateau_batch(c, 16384, frac=0.95) > n  # a stricter plateau needs a bigger batch
+    assert plateau_batch(c, 4096) > n  # shorter contexts: more sequences fit and b is smaller

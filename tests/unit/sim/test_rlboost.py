@@ -56,3 +56,15 @@ def test_the_simulator_runs_it_by_name(small):
     assert resolve_policy("rlboost+", {}).base == "rlboost+"
     r = Simulation(small, "rlboost+").run()
     assert r.steps > 0 and r.lost_tokens == 0 and r.return_deadline_misses == 0
+
+
+def test_the_simulator_dispatches_its_turns_by_algorithm_2(small):
+    """RLBoost+ routes by join-shortest-queue with delayed dispatch at the plateau batch; every other
+    policy keeps PEARL's sticky router."""
+    from controlplane.core.profiles import plateau_batch
+
+    sim = Simulation(small, "rlboost+")
+    ctx = small.workload.max_length / 2
+    assert sim.loop.cfg.dispatch == "jsq"
+    assert sim.loop.cfg.dispatch_cap == plateau_batch(sim.profile.coefficients(mean_context=ctx), ctx) > 1
+    assert Simulation(small, "pearl").loop.cfg.dispatch == "sticky"
