@@ -194,6 +194,12 @@ class PearlPolicy(_TrackedPolicy):
             return th, f"{other} never run: a switch to it would be a one-step trial"
         return Thresholds(th.ratio_change, math.inf), f"{other} never run: no switch to it before a fitted step start"
 
+    def _first_mode_is_the_baselines(self, ctx: PolicyContext, budget: int) -> bool:
+        cur, ov = ctx.current, ctx.overrides
+        return (self.mode_trial and budget > 0 and (cur is None or cur.total <= 0) and not ov.force_mode
+                and ov.force_ratio is None and not self.tracker.mode_tried("colocated")
+                and not self.tracker.mode_tried("disaggregated"))
+
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, fp = self.fitted(ctx)
         dedicated = self._dedicated(ctx)
@@ -217,7 +223,14 @@ class PearlPolicy(_TrackedPolicy):
         if ov.force_ratio is not None and ov.exact_ratio:
             borrow = min(borrow, max(0, sum(ov.force_ratio) - dedicated))  # borrow no GPU it would leave unused
         budget = dedicated + borrow
-        d = decide(w, c, budget, current=ctx.current, overrides=ov, thresholds=thresholds)
+        current = ctx.current
+        if self._first_mode_is_the_baselines(ctx, budget):
+            # No mode has run yet, so neither closed form has a measured correction: start as the baseline
+            # PEARL extends (colocated) and leave disaggregation to the bounded trial at a fitted step start.
+            current = Configuration.colocated(budget)
+            thresholds = Thresholds(thresholds.ratio_change, math.inf)
+            trial_note = "no mode run yet: starting colocated, the baseline's mode; disaggregation only as a trial"
+        d = decide(w, c, budget, current=current, overrides=ov, thresholds=thresholds)
         d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
                   confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
         if trial_note:

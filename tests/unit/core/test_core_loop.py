@@ -40,7 +40,8 @@ def _apply(roles: dict[int, Role], target: Configuration, *, leaving=(), joining
 
 
 def test_a_training_step_borrows_returns_and_follows_preemption() -> None:
-    pearl = make_policy("pearl", profile=get_profile("H800", "qwen3-8b"), batch_size=64)
+    # mode_trial off: the unfitted closed form picks disaggregation at once, so the plan walks both modes
+    pearl = make_policy("pearl", profile=get_profile("H800", "qwen3-8b"), batch_size=64, mode_trial=False)
     base = dict(reserved_workers=2, batch_size=64, training_active=False)
     dedicated = list(range(5))  # slots 0-4 dedicated (reserved + preemptible), 100-107 overlap
     overlap = list(range(100, 108))

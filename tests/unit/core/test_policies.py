@@ -67,7 +67,7 @@ def test_fixed_large_rounds_the_trace_mean_up_to_tp(mean: float, gpus: int) -> N
 def test_pearl_borrows_through_the_gate_and_returns_at_training_begin() -> None:
     p = policy("pearl")
     a = p.on_event(ctx())
-    assert a.borrow == 8 and a.target.total == 13 and a.target.mode is Mode.DISAGGREGATED
+    assert a.borrow == 8 and a.target.total == 13 and a.target.mode is Mode.COLOCATED  # no mode run yet: the baseline's
     assert a.decision.gate.admit
     few = policy("pearl").on_event(ctx(remaining=3))
     assert few.borrow == 0 and few.target.total == 5 and not few.decision.gate.admit

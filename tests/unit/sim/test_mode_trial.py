@@ -64,3 +64,18 @@ def test_the_option_is_validated():
     assert validate_options("pearl", {"mode_trial": False}) == {"mode_trial": False}
     with pytest.raises(OptionError):
         validate_options("pearl", {"mode_trial": 1})
+
+
+def test_with_no_mode_run_yet_pearl_starts_colocated_as_the_baseline_it_extends():
+    """Neither closed form is measured at the first placement: PEARL starts in the baseline's mode
+    and leaves disaggregation to the trial, where the unfitted prior alone would start disaggregated."""
+    ctx = PolicyContext(now_s=0.0, signal=Signal.STEP_START, dedicated_workers=5, reserved_workers=2, overlap_workers=0,
+                        training_active=False, current=None, borrowed=0, batch_size=64, remaining=64)
+    fresh = make_policy("pearl", profile=PROFILE, batch_size=64)
+    first = fresh.on_event(ctx)
+    assert first.target == Configuration.colocated(5)
+    assert "starting colocated" in first.decision.inputs["mode_trial"]
+    prior_only = make_policy("pearl", profile=PROFILE, batch_size=64, mode_trial=False).on_event(ctx)
+    assert prior_only.target.mode is Mode.DISAGGREGATED
+    # once a mode has been scored the rule no longer applies: the trial decides
+    assert "starting colocated" not in _policy().on_event(ctx).decision.inputs.get("mode_trial", "")
