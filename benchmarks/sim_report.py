@@ -162,6 +162,23 @@ def paper_section(md: list[str], html_sections: list, timings: dict[str, float])
     return all_res
 
 
+def paired_ratio(a: RunResult, b: RunResult, warm: int = 1) -> float:
+    """a's throughput over b's on the training steps both completed (the same batches: the window of
+    each run's own figure ends at its last trained step, so one extra step can move it by a step's
+    share; the bound is checked on the common steps)."""
+    ta = [s for s in a.step_stats if s.train_end_s > 0]
+    tb = [s for s in b.step_stats if s.train_end_s > 0]
+    k = min(len(ta), len(tb)) - 1
+    if k <= warm:
+        return a.throughput_tok_s / b.throughput_tok_s if b.throughput_tok_s else float("nan")
+
+    def thr(steps: list) -> float:
+        body = steps[warm + 1:k + 1]
+        return sum(s.generated_tokens + s.train_tokens for s in body) / (steps[k].train_end_s - steps[warm].train_end_s)
+
+    return thr(ta) / thr(tb)
+
+
 def _checks_row(name: str, res: dict[str, RunResult], roll: tuple[float, float] | None) -> str:
     th = {p: r.throughput_tok_s for p, r in res.items()}
     p = res["pearl"]
@@ -171,16 +188,20 @@ def _checks_row(name: str, res: dict[str, RunResult], roll: tuple[float, float] 
         cells.append(within(th["pearl"] / th["fixed"], *roll))
     cells += [f"{th['pearl'] / base:.3f} {'yes' if th['pearl'] >= 0.98 * base else 'no'}"]
     if "oracle" in th:
-        cells.append(f"{th['pearl'] / th['oracle']:.3f} {'yes' if 0.9 * th['oracle'] <= th['pearl'] <= th['oracle'] else 'no'}")
+        po = paired_ratio(p, res["oracle"])
+        cells.append(f"{th['pearl'] / th['oracle']:.3f} / {po:.3f} {'yes' if 0.9 <= po <= 1.0 else 'no'}")
     cells.append("yes" if p.return_deadline_misses == 0 and p.lost_tokens == 0 else "no")
     return "| " + " | ".join(cells) + " |"
 
 
 def ratio_checks(md: list[str], all_res: dict[str, dict[str, RunResult]]) -> None:
     md.append("Targets (issue 11): PEARL/ROLL within ±25% of the paper's; PEARL ≥ 0.98 × max(RLBoost+, ROLL-Large); "
-              "0.9 × oracle ≤ PEARL ≤ oracle; zero misses and zero lost tokens for PEARL.\n")
+              "0.9 × oracle ≤ PEARL ≤ oracle; zero misses and zero lost tokens for PEARL. PEARL/oracle is given as each "
+              "run's own figure / on the training steps both completed (same batches), and checked on the latter: "
+              "each run's window ends at its last trained step, so a run that fits one more step in 2 h can gain or "
+              "lose a fraction of a percent from where its window ends.\n")
     md.append("| scenario | PEARL/ROLL within ±25% | PEARL / max(RLBoost+, ROLL-Large) ≥ 0.98 | 0.9 ≤ PEARL/oracle ≤ 1 "
-              "| PEARL misses/lost = 0 |")
+              "(own / same steps) | PEARL misses/lost = 0 |")
     md.append("|---|---|---|---|---|")
     for name, res in all_res.items():
         sc = get_scenario(name)
@@ -192,7 +213,7 @@ def varied_section(md: list[str]) -> None:
     """Scenarios outside the shipped set: other seeds, rotated traces, other batch and group sizes."""
     md.append("### Varied scenarios (not in the paper): seeds, trace rotations, batch and group sizes\n")
     md.append("| scenario | variation | PEARL tok/s | RLBoost+ | ROLL-Large | oracle | PEARL / max(RLBoost+, ROLL-Large) ≥ 0.98 "
-              "| 0.9 ≤ PEARL/oracle ≤ 1 | misses/lost = 0 |")
+              "| 0.9 ≤ PEARL/oracle ≤ 1 (own / same steps) | misses/lost = 0 |")
     md.append("|---|---|---|---|---|---|---|---|---|")
     cases = [("paper-qwen3-8b-seg1", "seed 7", {"seed": 7}),
              ("paper-qwen3-30b-a3b-seg2", "seed 11", {"seed": 11}),
