@@ -110,8 +110,8 @@ staleness 1 both borrow the training GPUs for nearly the whole idle window, whic
 4. *The predictor*: the step-start forecast at constant resources is 11.9–13.4% MAPE for the running mode and
    12.1–16.0% for the mode not running (ablation pools); over every configuration of the Table 2 replay 20.7%
    (median 14.1%). On the paper scenarios no step runs at constant resources, so only the elastic figure
-   (10.2–13.4%) is shown. With PEARL starting colocated, the 8-GPU Qwen3-30B-A3B pool never tries disaggregation
-   (the fitted closed form never rates a split 3% ahead there), so its other-mode column is empty.
+   (10.2–13.4%) is shown. On the 8-GPU Qwen3-30B-A3B pool the closed form rates no split feasible (1P3D: prefill
+   cannot keep up; 2P2D, 3P1D: decode KV does not fit), so there is no other-mode forecast to score.
 5. *Ablation A at 8–16 GPUs is +0.0%* (paper +8–15%): PEARL runs colocation there, the same as ROLL (reason 1).
    At 4 GPUs the forced 1P1D costs less than in the paper: with shorter responses a dedicated prefill worker has
    more to do.
