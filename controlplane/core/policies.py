@@ -234,9 +234,9 @@ class PearlPolicy(_TrackedPolicy):
         if current is not ctx.current:
             split = d.candidates.best_disaggregated() if d.candidates is not None else None
             rated = f"; the unmeasured closed form rates {split.label} at {split.makespan_s:.1f} s" if split else ""
-            d = replace(d, reason=f"First configuration: {d.configuration.label()} ({d.predicted_makespan_s:.1f} s). No "
-                                  f"mode has run yet, so PEARL starts in the baseline's mode (colocated){rated}; disaggregation is "
-                                  f"tried only for one step, at a fitted step start.")
+            d = replace(d, reason=f"First configuration: {d.configuration.label()} ({d.predicted_makespan_s:.1f} s). "
+                                  f"No mode has run yet, so PEARL starts in the baseline's mode (colocated){rated}; "
+                                  f"disaggregation is tried only for one step, at a fitted step start.")
         d = _with(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
                   confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
         if trial_note:

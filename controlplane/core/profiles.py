@@ -389,6 +389,6 @@ __all__ = [
     "get_profile",
     "get_reconfig_costs",
     "known_hardware",
-    "plateau_batch",
     "known_models",
+    "plateau_batch",
 ]
