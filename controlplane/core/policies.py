@@ -164,8 +164,8 @@ class PearlPolicy(_TrackedPolicy):
         OptionSpec("mode_switch", float, _TH.mode_switch,
                    "hysteresis: minimum predicted gain to switch colocated <-> disaggregated", 0.0, 1.0),
         OptionSpec("mode_trial", bool, True,
-                   "enter a mode never run yet only as a trial at a step start, once the workload is fitted "
-                   "(false: switch whenever the closed form says so)"),
+                   "start colocated and enter a mode never run yet only as a one-step trial at a step start, once "
+                   "the workload is fitted (false: follow the closed form from the first decision)"),
     )
 
     def __init__(self, *, gate: bool = True, ratio_change: float = _TH.ratio_change,
