@@ -94,7 +94,14 @@ staleness 1 both borrow the training GPUs for nearly the whole idle window, whic
    while the prefill it takes off them is 17% of colocated time and 2 prefill workers then queue it; the two
    cancel. The paper's +9.7% needs more interference than an additive roofline gives, and the one aggregated
    anchor we have (vLLM, Qwen3-30B-A3B-FP8 on H200: TPOT 84 ms aggregated vs 16 ms pure decode at ISL 32K) fits the
-   additive model once its FP8 prefill is counted, so we add no term we cannot source. Targets this leaves missed:
+   additive model once its FP8 prefill is counted, so we add no term we cannot source. A what-if with twice the
+   interference (`mixed_prefill_penalty` 2, unsourced, in the crossover and mechanism tables) shows two things:
+   disaggregation then wins at every batch (+3.9% / +9.1% / +11.1% at 32 / 64 / 96), the opposite of the paper's
+   trend, so interference strength alone does not give the paper's crossover (that needs decode concentration to
+   cost more at large batch than the roofline's KV and expert reads); and PEARL still runs colocated on the paper
+   scenarios (+0.6% / +1.4% vs RLBoost+ on 30B / 8B Seg2), because its closed form carries the roofline's
+   interference and a mode never run borrows the running mode's measured correction, so a larger real
+   interference does not make the untried mode look better. Targets this leaves missed:
    Table 2's selected split is within one worker of the paper's in 0 of 6 rows (PEARL selects colocation, as does
    the replay at 5, 8, 14 and 16 workers), and the crossover has the paper's sign only at batch 96.
 2. *Fig. 2a's DP scaling is 4.3% / 2.0% (paper 10.3% / 8.9%).* The rollout makespan is the slowest trajectory's,
@@ -107,7 +114,8 @@ staleness 1 both borrow the training GPUs for nearly the whole idle window, whic
    Seg2 has the fewest preemptible GPUs (mean 9.0), and with a tool-bound rollout extra GPUs buy less, while ROLL's
    4 GPUs (2 workers × 32 trajectories) lose less than in the paper. With 900-token responses (the last round) the
    rollout was more decode-bound and both were in band (1.74×, 1.99×): the ratio follows how GPU-bound the rollout
-   is, which reason 2 sets.
+   is, which reason 2 sets. With twice the interference (what-if) both are in band (1.89×, 2.17×): ROLL's two
+   workers with 32 trajectories each suffer most from it.
 4. *The predictor*: the step-start forecast at constant resources is 11.9–13.4% MAPE for the running mode and
    12.1–16.0% for the mode not running (ablation pools); over every configuration of the Table 2 replay 20.7%
    (median 14.1%). On the paper scenarios no step runs at constant resources, so only the elastic figure
@@ -346,8 +354,11 @@ def whatif_section(md: list[str]) -> None:
     md.append("Throughput vs RLBoost+ on the same scenario: `pearl` as shipped; `no-gate` = Eq. 7 off (borrow every idle "
               "window); `coloc` = PD adaptation off (mode forced colocated); `no-trial` = the untried-mode safeguard off; "
               "B-only = `elastic`.\n")
-    md.append("| scenario | PEARL | no-gate | coloc | no-trial | B-only |")
-    md.append("|---|---|---|---|---|---|")
+    md.append("The last column re-runs PEARL and RLBoost+ with twice the prefill-decode interference "
+              "(`mixed_prefill_penalty` 2, a what-if with no source: a prefill chunk next to running decodes costs 2× "
+              "its roofline time); PEARL/ROLL there in brackets.\n")
+    md.append("| scenario | PEARL | no-gate | coloc | no-trial | B-only | PEARL, interference ×2 (PEARL/ROLL) |")
+    md.append("|---|---|---|---|---|---|---|")
     variants = {"no-gate": {"base": "pearl", "gate": False},
                 "coloc": {"base": "pearl", "overrides": {"force_mode": "colocated"}},
                 "no-trial": {"base": "pearl", "options": {"mode_trial": False}}}
@@ -356,8 +367,11 @@ def whatif_section(md: list[str]) -> None:
         sc = replace(sc, variants={**sc.variants, **variants})
         res = compare(sc, ["rlboost+", "pearl", "no-gate", "coloc", "no-trial", "elastic"])
         base = res["rlboost+"].throughput_tok_s
+        hot = compare(replace(sc, engine=replace(sc.engine, mixed_prefill_penalty=2.0)), ["rlboost+", "pearl", "fixed"])
+        th = {k: r.throughput_tok_s for k, r in hot.items()}
         md.append(f"| {name} | " + " | ".join(pct(res[v].throughput_tok_s / base - 1)
-                                             for v in ("pearl", "no-gate", "coloc", "no-trial", "elastic")) + " |")
+                                             for v in ("pearl", "no-gate", "coloc", "no-trial", "elastic"))
+                  + f" | {pct(th['pearl'] / th['rlboost+'] - 1)} ({th['pearl'] / th['fixed']:.2f}×) |")
     md.append("")
 
 
@@ -451,23 +465,33 @@ def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -
 def crossover_section(md: list[str]) -> None:
     """Paper §1: Qwen3-30B-A3B on 16 GPUs (8 TP2 workers): best disaggregation vs colocation by batch size."""
     md.append("### Mode crossover (paper §1): Qwen3-30B-A3B, 16 GPUs = 8 workers, constant resources\n")
-    md.append("| batch | 8C makespan s | best split | its makespan s | best disaggregated vs colocation | paper |")
-    md.append("|---|---|---|---|---|---|")
+    md.append("What-if column: the same replay with twice the prefill-decode interference (`mixed_prefill_penalty` 2, "
+              "no source; not the calibrated model).\n")
+    md.append("| batch | 8C makespan s | best split | its makespan s | best disaggregated vs colocation | paper "
+              "| interference ×2: best split, vs colocation |")
+    md.append("|---|---|---|---|---|---|---|")
     paper = {32: "+9.7%", 64: "(5P3D best split at BS64)", 96: "−6.1%"}
-    for b in (32, 64, 96):
+
+    def replay(b: int, penalty: float) -> tuple[dict[str, float], str]:
         variants: dict = {"8C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
         for p in range(1, 8):
             variants[f"{p}P{8 - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, 8 - p]}}
         sc = _replay_scenario("qwen3-30b-a3b", 8, variants)
-        sc = replace(sc, workload=replace(sc.workload, batch_size=b))
+        sc = replace(sc, workload=replace(sc.workload, batch_size=b),
+                     engine=replace(sc.engine, mixed_prefill_penalty=penalty))
         means = {}
         for v in variants:
             ms = [s.makespan_s for s in run_policy(sc, v).step_stats if 1 <= s.step <= 4]
             if ms:
                 means[v] = statistics.mean(ms)
         dis = {k: v for k, v in means.items() if k != "8C"}
-        best = min(dis, key=dis.get)
-        md.append(f"| {b} | {means['8C']:.0f} | {best} | {dis[best]:.0f} | {pct(means['8C'] / dis[best] - 1)} | {paper[b]} |")
+        return means, min(dis, key=dis.get)
+
+    for b in (32, 64, 96):
+        means, best = replay(b, 1.0)
+        hot, hot_best = replay(b, 2.0)
+        md.append(f"| {b} | {means['8C']:.0f} | {best} | {means[best]:.0f} | {pct(means['8C'] / means[best] - 1)} "
+                  f"| {paper[b]} | {hot_best} {pct(hot['8C'] / hot[hot_best] - 1)} |")
     md.append("")
 
 

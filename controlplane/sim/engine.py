@@ -99,12 +99,13 @@ class Worker:
     __slots__ = (
         "slot", "pool", "gen", "role", "costs", "chunk_tokens", "kv_capacity", "it", "running", "heap", "s0",
         "kv_used", "pq", "joinq", "seg", "version", "homed", "busy_s", "iters", "tokens_out", "serving",
-        "link_free_s", "_seq", "homed_ctx", "stats",
+        "link_free_s", "_seq", "homed_ctx", "stats", "mixed_penalty",
     )
 
     def __init__(self, slot: int, pool: str, role: Role, costs: EngineCosts, *, chunk_tokens: int,
-                 kv_capacity: int, gen: int = 0) -> None:
+                 kv_capacity: int, gen: int = 0, mixed_penalty: float = 1.0) -> None:
         self.slot = slot
+        self.mixed_penalty = mixed_penalty  # what-if: prefill next to running decodes costs this much more
         self.pool = pool
         self.gen = gen
         self.role = role
@@ -196,6 +197,7 @@ class Worker:
                 k = max(1, math.ceil(tokens / max(1, self.chunk_tokens - n)))
                 mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
                 d = self.costs.decode_iteration_s(n, mean_ctx)
+                pf *= self.mixed_penalty
                 total = k * d + pf
                 dt = total / k
             self.seg = Segment("prefill", t, self.it, k, dt, t + total, tuple(batch), pf, tokens)

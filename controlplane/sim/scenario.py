@@ -55,6 +55,9 @@ class EngineSpec:
     engine_slowdown: float = 1.0
     # Prefix caches flushed at every weight update (SGLang's update_weights; RLBoost flush_cache=True)
     flush_cache_on_weight_update: bool = True
+    # What-if only (no source; never set in a shipped scenario): multiplies the prefill time of a chunk
+    # that carries running decodes on a colocated worker. 1.0 = the additive roofline, the calibrated model.
+    mixed_prefill_penalty: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

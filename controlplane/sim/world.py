@@ -129,7 +129,7 @@ class World:
             return slot
         sid = len(self.slots)
         w = Worker(sid, pool, Role.COLOCATED, self.costs, chunk_tokens=self.sim.sc.engine.chunk_tokens,
-                   kv_capacity=self.kv_cap_tokens)
+                   kv_capacity=self.kv_cap_tokens, mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty)
         slot = Slot(sid, pool, state, w)
         self.slots[sid] = slot
         return slot

@@ -104,3 +104,31 @@ def test_remove_mid_segment_counts_the_tokens_generated_by_then_and_the_rest_fin
     assert w.plan(0.26) == 0.26 + 0.01 * 74
     _, done, _ = w.finish()
     assert done == [a] and w.running == {}
+
+
+def test_the_interference_what_if_stretches_only_prefill_next_to_running_decodes():
+    """`mixed_prefill_penalty` (a what-if, never shipped) multiplies the prefill time of a chunk that
+    carries running decodes; a prefill with nothing decoding, and a prefill worker's, cost the same."""
+    prof = get_profile("H800", "qwen3-8b", 2)
+    costs = ScaledCosts(prof)
+
+    def prefill_segment(penalty: float, role: Role, decoding: int):
+        w = Worker(0, "reserved", role, costs, chunk_tokens=8192, kv_capacity=10**7, mixed_penalty=penalty)
+        for i in range(decoding):
+            w.submit_decode(_req(4000 + i, 50 + 100 * i))  # the first finishes, the rest keep decoding
+        if decoding:
+            w.plan(0.0)
+            w.finish()  # the decodes are running now
+        tr = Trajectory(tid="new", step=0, group=0, turns=(TurnSpec(6000, 10, 0.0),))
+        w.submit_prompt(Request(tr, compute=6000, prefix=0, ctx0=6000, remaining=10))
+        w.seg = None
+        end = w.plan(1.0)
+        assert w.seg is not None and w.seg.kind == "prefill"
+        return end - 1.0, w.seg.prefill_s
+
+    pf = costs.prefill_s(6000, 0)
+    base, pf1 = prefill_segment(1.0, Role.COLOCATED, 4)
+    hot, pf2 = prefill_segment(2.0, Role.COLOCATED, 4)
+    assert abs(pf1 - pf) < 1e-12 and abs(pf2 - 2 * pf) < 1e-12 and abs((hot - base) - pf) < 1e-9
+    assert prefill_segment(2.0, Role.COLOCATED, 0) == prefill_segment(1.0, Role.COLOCATED, 0)
+    assert prefill_segment(2.0, Role.PREFILL, 0) == prefill_segment(1.0, Role.PREFILL, 0)
