@@ -127,7 +127,7 @@ staleness 1 both borrow the training GPUs for nearly the whole idle window, whic
 6. *Sensitivity*: PEARL vs RLBoost+ is −0.3% … +1.8% across batch 32–128 and length 8K–32K (paper +5.3 … +63.7%
    and +9.8 … +26.5%), for reason 1.
 7. *Cost*: `compare` of a paper scenario with the five non-oracle policies takes 12.6 s here (target 15 s); the
-   forking oracle brings it to 28–35 s.
+   forking oracle brings it to 26–33 s.
 """
 
 
