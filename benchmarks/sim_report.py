@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controlplane.sim.cli import compare  # noqa: E402
-from controlplane.sim.cluster import RunResult, run_policy  # noqa: E402
+from controlplane.sim.cluster import RunResult, run_policy, window_throughput  # noqa: E402
 from controlplane.sim.report import figures, render_html, summary_table  # noqa: E402
 from controlplane.sim.scenario import ClusterSpec, Scenario, get_scenario  # noqa: E402
 from controlplane.sim.traces import AvailabilityTrace  # noqa: E402
@@ -185,21 +185,14 @@ def paper_section(md: list[str], html_sections: list, timings: dict[str, float])
     return all_res
 
 
-def paired_ratio(a: RunResult, b: RunResult, warm: int = 1) -> float:
+def paired_ratio(a: RunResult, b: RunResult, warm: int) -> float:
     """a's throughput over b's on the training steps both completed (the same batches: the window of
     each run's own figure ends at its last trained step, so one extra step can move it by a step's
     share; the bound is checked on the common steps)."""
     ta = [s for s in a.step_stats if s.train_end_s > 0]
     tb = [s for s in b.step_stats if s.train_end_s > 0]
-    k = min(len(ta), len(tb)) - 1
-    if k <= warm:
-        return a.throughput_tok_s / b.throughput_tok_s if b.throughput_tok_s else float("nan")
-
-    def thr(steps: list) -> float:
-        body = steps[warm + 1:k + 1]
-        return sum(s.generated_tokens + s.train_tokens for s in body) / (steps[k].train_end_s - steps[warm].train_end_s)
-
-    return thr(ta) / thr(tb)
+    last = min(len(ta), len(tb)) - 1
+    return window_throughput(ta, warm, last) / window_throughput(tb, warm, last)
 
 
 def _checks_row(name: str, res: dict[str, RunResult], roll: tuple[float, float] | None) -> str:
@@ -211,7 +204,7 @@ def _checks_row(name: str, res: dict[str, RunResult], roll: tuple[float, float] 
         cells.append(within(th["pearl"] / th["fixed"], *roll))
     cells += [f"{th['pearl'] / base:.3f} {'yes' if th['pearl'] >= 0.98 * base else 'no'}"]
     if "oracle" in th:
-        po = paired_ratio(p, res["oracle"])
+        po = paired_ratio(p, res["oracle"], get_scenario(name).engine.warmup_steps)
         cells.append(f"{th['pearl'] / th['oracle']:.3f} / {po:.3f} {'yes' if 0.9 <= po <= 1.0 else 'no'}")
     cells.append("yes" if p.return_deadline_misses == 0 and p.lost_tokens == 0 else "no")
     return "| " + " | ".join(cells) + " |"

@@ -224,14 +224,15 @@ class PearlPolicy(_TrackedPolicy):
             borrow = min(borrow, max(0, sum(ov.force_ratio) - dedicated))  # borrow no GPU it would leave unused
         budget = dedicated + borrow
         current = ctx.current
-        if self._first_mode_is_the_baselines(ctx, budget):
+        first = self._first_mode_is_the_baselines(ctx, budget)
+        if first:
             # No mode has run yet, so neither closed form has a measured correction: start as the baseline
             # PEARL extends (colocated) and leave disaggregation to the bounded trial at a fitted step start.
             current = Configuration.colocated(budget)
             thresholds = Thresholds(thresholds.ratio_change, math.inf)
             trial_note = "no mode run yet: starting colocated, the baseline's mode; disaggregation only as a trial"
         d = decide(w, c, budget, current=current, overrides=ov, thresholds=thresholds)
-        if current is not ctx.current:
+        if first:
             split = d.candidates.best_disaggregated() if d.candidates is not None else None
             rated = f"; the unmeasured closed form rates {split.label} at {split.makespan_s:.1f} s" if split else ""
             d = replace(d, reason=f"First configuration: {d.configuration.label()} ({d.predicted_makespan_s:.1f} s). "

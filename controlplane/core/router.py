@@ -72,10 +72,7 @@ class Router:
         if cur is not None and cur in self.role_of and self.role_of[cur] is self.role_of[best] \
                 and homed.get(cur, 0) <= homed.get(best, 0) + STICKY_SLACK:
             return cur
-        self.unhome(trajectory)
-        self.home[trajectory] = best
-        homed[best] = homed.get(best, 0) + 1
-        return best
+        return self._rehome(trajectory, best)
 
     def _pick_jsq(self, trajectory: str, pool: list[int], load: dict[int, int], cap: int) -> int | None:
         least = min(load.get(w, 0) for w in pool)
@@ -84,11 +81,13 @@ class Router:
         cur = self.home.get(trajectory)
         if cur is not None and cur in pool and load.get(cur, 0) == least:
             return cur
-        best = min(w for w in pool if load.get(w, 0) == least)
+        return self._rehome(trajectory, min(w for w in pool if load.get(w, 0) == least))
+
+    def _rehome(self, trajectory: str, worker: int) -> int:
         self.unhome(trajectory)
-        self.home[trajectory] = best
-        self.homed[best] = self.homed.get(best, 0) + 1
-        return best
+        self.home[trajectory] = worker
+        self.homed[worker] = self.homed.get(worker, 0) + 1
+        return worker
 
     def pick_decode(self) -> int | None:
         """Join-shortest-queue over the decode workers (None: no decode worker serves)."""

@@ -341,16 +341,7 @@ class Simulation:
         w.close_borrows(end)
         trained = [s for s in self.steps if s.train_end_s > 0]
         warm = self.sc.engine.warmup_steps
-        if len(trained) > warm + 1:
-            body = trained[warm + 1:]
-            span = body[-1].train_end_s - trained[warm].train_end_s
-            tokens = sum(s.generated_tokens + s.train_tokens for s in body)
-            thr = tokens / span if span > 0 else 0.0
-        elif trained:
-            tokens = sum(s.generated_tokens + s.train_tokens for s in trained)
-            thr = tokens / trained[-1].train_end_s
-        else:
-            thr = 0.0
+        thr = window_throughput(trained, warm)
         done = [s for s in self.steps if s.end_s > 0]
         ro = [s.makespan_s for s in done]
         tr = [s.train_end_s - s.train_start_s - self.sc.engine.weight_sync_s for s in trained]
@@ -375,6 +366,19 @@ class Simulation:
                           "in_flight": in_flight, "aborted": loop.stale_aborted, "engine_tokens": int(engine_tokens),
                           "trajectory_tokens": int(w.traj_generated), "inflight_tokens": int(inflight_tokens)},
         )
+
+
+def window_throughput(trained: list[StepStats], warm: int, last: int | None = None) -> float:
+    """(Generated + trained tokens) / time over the trained steps after warm-up, up to step index
+    `last` (default: the last trained): from the end of warm-up training to the end of the last one."""
+    k = len(trained) - 1 if last is None else last
+    if k > warm:
+        body = trained[warm + 1:k + 1]
+        span = trained[k].train_end_s - trained[warm].train_end_s
+        return sum(s.generated_tokens + s.train_tokens for s in body) / span if span > 0 else 0.0
+    if trained:
+        return sum(s.generated_tokens + s.train_tokens for s in trained[:k + 1]) / trained[k].train_end_s
+    return 0.0
 
 
 def _best_other(table: Any, cfg: Any) -> tuple[str, float] | None:
