@@ -69,7 +69,7 @@ PEARL 0.1% above an oracle that is 1.1% ahead on the same steps.
 band 16.5–36.5%), decode 251 tok/s/GPU (~400; band 200–800). PEARL is ≥ 0.98 × max(RLBoost+, ROLL-Large) on all
 six paper scenarios (0.989–1.007) and on all six varied ones (0.993–1.009; the varied miss of the last round, 30B
 Seg2 seed 11 at 0.967, is 1.009 now: it came from the unfitted prior's disaggregated start). PEARL is between
-0.9 × oracle and the oracle on the common steps everywhere (0.968–0.989 on the paper scenarios, 0.964–0.986 on
+0.9 × oracle and the oracle on the common steps everywhere (0.967–0.989 on the paper scenarios, 0.964–0.986 on
 the varied ones). Zero return-deadline misses and zero lost tokens on
 every run. PEARL/ROLL is within ±25% of the paper on four of six scenarios (8B Seg1/Seg3 1.67×/1.63× vs
 2.17–2.37×; 30B Seg1/Seg3 1.90×/1.87× vs 2.43–2.79×; MoE above dense, as in the paper). Intra-scale borrowing
@@ -127,7 +127,7 @@ staleness 1 both borrow the training GPUs for nearly the whole idle window, whic
 6. *Sensitivity*: PEARL vs RLBoost+ is −0.3% … +1.8% across batch 32–128 and length 8K–32K (paper +5.3 … +63.7%
    and +9.8 … +26.5%), for reason 1.
 7. *Cost*: `compare` of a paper scenario with the five non-oracle policies takes 12.6 s here (target 15 s); the
-   forking oracle brings it to 26–33 s.
+   forking oracle brings it to 27–34 s.
 """
 
 
