@@ -32,7 +32,7 @@ from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 from controlplane.core.profiles import Profile, get_profile
 from controlplane.core.state import Role
-from controlplane.sim.engine import Request, ScaledCosts, Worker
+from controlplane.sim.engine import Request, ScaledCosts, Worker, prefill_records
 from controlplane.sim.scenario import EngineSpec
 
 PREFILL_TOKEN_BUDGET = EngineSpec().chunk_tokens  # the simulator's chunked-prefill budget per iteration
@@ -343,8 +343,7 @@ class EmulatedEngine(LoopEngine):
         if seg.kind == "prefill":
             self.counters.prefill_tokens += seg.prefill_tokens
             self.counters.prefill_s_total += seg.prefill_s
-            self.telemetry.append(tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id,
-                                             tokens=seg.prefill_tokens, duration_s=seg.prefill_s))
+            self.telemetry.extend(prefill_records(seg, time_s=time.time(), job=self.job, worker=self.worker_id))
             free = w.kv_capacity - w.kv_used
             for r in seg.batch:
                 s: ESeq = r.traj

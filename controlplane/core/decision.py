@@ -241,7 +241,8 @@ def decide(
     table = evaluate(workload, coeffs, budget, rule)
     inputs = {"budget": budget, "batch_size": workload.batch_size, "turns": workload.turns,
               "new_prompt_tokens": workload.new_prompt_tokens, "generated_tokens": workload.generated_tokens,
-              "theta": workload.theta, "env_time_s": workload.env_time_s}
+              "theta": workload.theta, "env_time_s": workload.env_time_s,
+              "prefill_interference": coeffs.prefill_interference}
 
     def make(cfg: Configuration, *, best: Candidate | None, cur_ms: float | None, admitted: bool, forced: bool,
              overridden: bool, reason: str) -> Decision:

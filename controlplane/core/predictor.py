@@ -155,12 +155,15 @@ def min_workers_for_kv(workload: WorkloadProfile, coeffs: EngineCoefficients) ->
 
 
 def predict_colocated(workload: WorkloadProfile, coeffs: EngineCoefficients, n: int) -> Prediction:
-    """Eq. 1: T_coloc = S·[(B·ΔL/N)·t_prefill + r·(A + b·B/N) + T_over] + T_env."""
+    """Eq. 1: T_coloc = S·[(B·ΔL/N)·t_prefill·I + r·(A + b·B/N) + T_over] + T_env.
+
+    I (`prefill_interference`) is what a prefill costs next to running decodes over what it costs
+    alone; the paper's Eq. 1 has I = 1 (the decodes wait out the prefill: additive interference)."""
     w = workload
     config = Configuration.colocated(n)
     if n <= 0:
         return Prediction(config, float("inf"), 0.0, 0.0, 0.0, w.env_time_s, 0.0, False, "no workers")
-    prefill = w.turns * w.batch_size * w.new_prompt_tokens / n * coeffs.t_prefill
+    prefill = w.turns * w.batch_size * w.new_prompt_tokens / n * coeffs.t_prefill * coeffs.prefill_interference
     decode = w.turns * w.generated_tokens * float(coeffs.decode_iteration_s(w.batch_size / n))
     overhead = w.turns * w.overhead_s
     makespan = (prefill + decode + overhead + w.env_time_s) * w.scale_colocated

@@ -159,6 +159,10 @@ class EngineCoefficients:
     moe_experts: int = 0
     moe_topk: int = 0
     shared_kv_fabric: bool = False  # True: BW is one fixed inter-pool bandwidth (paper's literal Eq. 3)
+    # Prefill next to running decodes (colocated) costs this × t_prefill; t_prefill itself is prefill
+    # alone, as a prefill worker runs it. 1 = the roofline's additive interference; the runtime tracker
+    # measures it from the two kinds of prefill pass.
+    prefill_interference: float = 1.0
 
     def decode_iteration_s(self, batch: np.ndarray | float) -> np.ndarray | float:
         t = self.decode_a + self.decode_b * batch

@@ -2,8 +2,9 @@
 
 The Runtime Tracker (`tracker.py`) refits the predictor's workload and engine coefficients from
 these records: S (turns), ΔL (new prompt tokens per turn), r (generated tokens per turn), T_env,
-f (active-decode fraction, θ = (1−f)/f), decode iteration time vs running batch (A, b) and
-prefill time vs tokens (t_prefill). Every record is a flat JSON object so it can cross the agent
+f (active-decode fraction, θ = (1−f)/f), decode iteration time vs running batch (A, b),
+prefill time vs tokens (t_prefill) and, from prefill next to running decodes against prefill alone,
+the PD interference. Every record is a flat JSON object so it can cross the agent
 link unchanged; `to_json`/`from_json` are the only (de)serialisers.
 """
 from __future__ import annotations
@@ -67,8 +68,9 @@ class TelemetryRecord:
     trajectories: int = 0  # the step's batch, as the loop counted it
     missing_trajectories: int = 0  # of those, the ones the trainer had no samples of (lost)
     # DECODE_ITERATION / PREFILL
-    running_batch: int = 0  # sequences in the decode iteration
+    running_batch: int = 0  # sequences in the decode iteration; PREFILL: decodes riding in the same pass (0: alone)
     tokens: int = 0  # prefill tokens in the pass
+    prefix_tokens: int = 0  # PREFILL: cached prefix the new tokens attend over
     duration_s: float = 0.0  # iteration, pass, transfer or toggle time
     # KV_TRANSFER
     kv_bytes: int = 0

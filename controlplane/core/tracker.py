@@ -109,26 +109,31 @@ class _Series:
 
 
 class _Pairs:
-    """A bounded window of (x, y) observations for a robust linear fit."""
+    """A bounded window of (x, y) observations for a robust linear fit; a tagged observation's y
+    can be rescaled at fit time (prefill next to decodes, brought to its cost alone)."""
 
     def __init__(self, window: int) -> None:
         self.x: deque[float] = deque(maxlen=window)
         self.y: deque[float] = deque(maxlen=window)
+        self.tag: deque[bool] = deque(maxlen=window)
         self.total = 0
 
-    def add(self, x: float, y: float) -> None:
+    def add(self, x: float, y: float, tag: bool = False) -> None:
         if np.isfinite(x) and np.isfinite(y) and y > 0:
             self.x.append(float(x))
             self.y.append(float(y))
+            self.tag.append(tag)
             self.total += 1
 
-    def fit(self, half_life: float, min_samples: int) -> tuple[float, float, float, float] | None:
+    def fit(self, half_life: float, min_samples: int, tagged_scale: float = 1.0) -> tuple[float, float, float, float] | None:
         """(intercept, slope, confidence, n) or None when too few points or no spread in x."""
         n = len(self.x)
         if n < min_samples:
             return None
         x = np.fromiter(self.x, dtype=float, count=n)
         y = np.fromiter(self.y, dtype=float, count=n)
+        if tagged_scale != 1.0:
+            y = np.where(np.fromiter(self.tag, dtype=bool, count=n), y * tagged_scale, y)
         if np.ptp(x) <= 0:
             return None
         w = _weights(n, half_life)
@@ -140,6 +145,7 @@ class _Pairs:
 
 
 SCALE_MIN, SCALE_MAX = 0.5, 2.0  # bounds of the online makespan correction
+INTERFERENCE_MIN, INTERFERENCE_MAX = 0.5, 4.0  # bounds of the measured prefill interference I
 SCALE_MIN_SAMPLES = 1  # bounded, so one step of a fitted workload is enough to start correcting
 
 
@@ -185,7 +191,11 @@ class RuntimeTracker:
         self._scale = {"colocated": _Series(window), "disaggregated": _Series(window)}
         self._scale_all = _Series(window)
         self._decode = _Pairs(engine_window)
-        self._prefill = _Pairs(engine_window)
+        self._prefill = _Pairs(engine_window)  # tagged: the prefill ran next to decodes (colocated)
+        # prefill time / the profile's roofline prefill time, alone and next to decodes: their ratio is
+        # the PD interference I (the roofline normalises the prompt and prefix sizes, which differ
+        # between the two kinds of pass; its own error cancels in the ratio)
+        self._prefill_rel = {False: _Series(engine_window), True: _Series(engine_window)}
         self._bw = _Series(engine_window)
         self.toggle = ToggleCostEstimator(profile.reconfig)
         # per-step aggregation of TURN records (used when no STEP record summarises the step)
@@ -207,7 +217,11 @@ class RuntimeTracker:
                 self._decode.add(record.running_batch, record.duration_s)
         elif k is RecordKind.PREFILL:
             if record.tokens > 0 and record.duration_s > 0:
-                self._prefill.add(record.tokens, record.duration_s)
+                mixed = record.running_batch > 0
+                self._prefill.add(record.tokens, record.duration_s, mixed)
+                roofline = self.profile.prefill_s(record.tokens, record.prefix_tokens)
+                if roofline > 0:
+                    self._prefill_rel[mixed].add(record.duration_s / roofline)
         elif k is RecordKind.KV_TRANSFER:
             if record.kv_bytes > 0 and record.duration_s > 0:
                 self._bw.add(record.kv_bytes / record.duration_s)
@@ -389,20 +403,36 @@ class RuntimeTracker:
         else:
             est["A"] = Estimate(prior.decode_a, 0.0, self._decode.total, False)
             est["b"] = Estimate(prior.decode_b, 0.0, self._decode.total, False)
-        pre = self._prefill.fit(self.iteration_half_life, self.min_engine_samples)
+        interference = self.interference()
+        est["I"] = interference
+        pre = self._prefill.fit(self.iteration_half_life, self.min_engine_samples, 1.0 / interference.value)
         if pre is not None and pre[1] > 0:
             t0, tp, conf, n = pre
-            # per-token cost at the workload's turn size, including the fixed pass overhead
+            # per-token cost (alone) at the workload's turn size, including the fixed pass overhead
             per_token = tp + max(t0, 0.0) / max(w.new_prompt_tokens, 1.0)
             coeffs = replace(coeffs, t_prefill=per_token)
             est["t_prefill"] = Estimate(per_token, conf, self._prefill.total, True)
         else:
             est["t_prefill"] = Estimate(prior.t_prefill, 0.0, self._prefill.total, False)
+        coeffs = replace(coeffs, prefill_interference=interference.value)
         bw = self._bw.estimate(prior.bandwidth, self.iteration_half_life, self.min_engine_samples, 60.0)
         if bw.fitted:
             coeffs = replace(coeffs, bandwidth=bw.value)
         est["BW"] = bw
         return coeffs, est
+
+    def interference(self) -> Estimate:
+        """I: prefill next to running decodes over prefill alone, each against the roofline (1 until
+        both kinds of pass have been seen, e.g. under disaggregation or a torch engine, which never
+        mixes them). What the closed forms cannot otherwise tell apart: a colocated correction > 1
+        from interference would be borrowed by a disaggregated split that has none."""
+        hl, ms = self.iteration_half_life, self.min_engine_samples
+        alone = self._prefill_rel[False].estimate(1.0, hl, ms, 60.0)
+        mixed = self._prefill_rel[True].estimate(1.0, hl, ms, 60.0)
+        if not (alone.fitted and mixed.fitted) or alone.value <= 0:
+            return Estimate(1.0, 0.0, min(alone.samples, mixed.samples), False)
+        value = min(max(mixed.value / alone.value, INTERFERENCE_MIN), INTERFERENCE_MAX)
+        return Estimate(value, min(alone.confidence, mixed.confidence), min(alone.samples, mixed.samples), True)
 
     def fitted(self) -> FittedProfile:
         """Current workload + engine coefficients for the predictor (memoised until the next record)."""

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from controlplane.core import telemetry as tm
 from controlplane.core.state import Role
 from controlplane.sim.workload import Trajectory
 
@@ -91,6 +92,18 @@ class Segment:
     batch: tuple[Request, ...] = ()  # prompts being prefilled
     prefill_s: float = 0.0
     prefill_tokens: int = 0
+    # (tokens, cached prefix, seconds) of each prompt in prefill_s: its PREFILL telemetry record, kept
+    # even when the prompt is aborted mid-pass (the pass did the work)
+    parts: tuple[tuple[int, int, float], ...] = ()
+    carried: int = 0  # decodes that ran in the same iterations (0: the prefill ran alone)
+
+
+def prefill_records(seg: Segment, **kw: Any) -> list[tm.TelemetryRecord]:
+    """One PREFILL record per prompt of a prefill segment, as an engine reports each prompt's prefill:
+    its tokens, the cached prefix it attended over, its time, and the decodes that rode in the same
+    iterations (the tracker compares those with prefill alone to measure the PD interference)."""
+    return [tm.prefill(tokens=n, prefix_tokens=p, duration_s=s, running_batch=seg.carried, **kw)
+            for n, p, s in seg.parts]
 
 
 class Worker:
@@ -175,8 +188,8 @@ class Worker:
         n = len(self.running)
         if self.pq and self.role is not Role.DECODE and (self.role is Role.PREFILL or self._fits(self.pq[0])):
             batch: list[Request] = []
+            parts: list[tuple[int, int, float]] = []
             tokens = 0
-            pf = 0.0
             kv_extra = 0
             while self.pq:
                 r = self.pq[0]
@@ -188,19 +201,24 @@ class Worker:
                 batch.append(r)
                 tokens += r.compute
                 kv_extra += r.ctx0 + r.remaining
-                pf += self.costs.prefill_s(r.compute, r.prefix)
+                parts.append((r.compute, r.prefix, self.costs.prefill_s(r.compute, r.prefix)))
             if self.role is Role.PREFILL or n == 0:
+                carried = 0
+                pf = sum(p[2] for p in parts)
                 k = 1
                 dt = pf
                 total = pf
             else:
+                carried = n
+                if self.mixed_penalty != 1.0:
+                    parts = [(a, b, c * self.mixed_penalty) for a, b, c in parts]
+                pf = sum(p[2] for p in parts)
                 k = max(1, math.ceil(tokens / max(1, self.chunk_tokens - n)))
                 mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
                 d = self.costs.decode_iteration_s(n, mean_ctx)
-                pf *= self.mixed_penalty
                 total = k * d + pf
                 dt = total / k
-            self.seg = Segment("prefill", t, self.it, k, dt, t + total, tuple(batch), pf, tokens)
+            self.seg = Segment("prefill", t, self.it, k, dt, t + total, tuple(batch), pf, tokens, tuple(parts), carried)
             return self.seg.end_s
         if n:
             while self.heap[0][1] not in self.running:  # a removed request's entry

@@ -27,7 +27,7 @@ from controlplane.core.placement import Inventory, Placement, Unit, lowest_free_
 from controlplane.core.state import Pool, Role
 from controlplane.core.profiles import Profile
 from controlplane.core.telemetry import TelemetryRecord
-from controlplane.sim.engine import EngineCosts, Request, Worker
+from controlplane.sim.engine import EngineCosts, Request, Worker, prefill_records
 from controlplane.sim.scenario import Scenario
 from controlplane.sim.workload import Trajectory
 
@@ -501,7 +501,8 @@ class World:
                 observe(tm.decode_iteration(time_s=t, worker=slot.wid, running_batch=n,
                                             duration_s=seg.dt if seg.kind == "decode" else (seg.end_s - seg.t0 - seg.prefill_s) / seg.k))
         if seg.kind == "prefill":
-            observe(tm.prefill(time_s=t, worker=slot.wid, tokens=seg.prefill_tokens, duration_s=seg.prefill_s))
+            for rec in prefill_records(seg, time_s=t, worker=slot.wid):
+                observe(rec)
         for req in done:
             self.turn_done(req, t, slot)
         for req in prefilled:  # prefill role: hand the KV to a decode worker

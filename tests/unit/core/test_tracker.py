@@ -106,6 +106,39 @@ def test_prefill_bandwidth_and_toggle_refits() -> None:
     assert tr.toggle.value < 2.0
 
 
+def test_prefill_interference_is_measured_against_prefill_alone() -> None:
+    """Prefill next to running decodes that costs twice its roofline, against prefill alone at the
+    roofline: I ≈ 2, the alone cost is t_prefill (what a prefill worker pays) and only the colocated
+    closed form carries I. The two kinds of pass differ in size and prefix (first turns run alone),
+    which the roofline normalises: with no real interference I stays 1."""
+    from controlplane.core.predictor import predict_colocated, predict_disaggregated
+
+    def feed(tr: RuntimeTracker, penalty: float, rng: np.random.Generator) -> None:
+        for _ in range(300):
+            alone = bool(rng.random() < 0.3)
+            n, p = (int(rng.integers(2000, 4000)), 0) if alone else (int(rng.integers(300, 2000)), int(rng.integers(4000, 24000)))
+            d = PROFILE.prefill_s(n, p) * (1.0 if alone else penalty) * (1 + 0.03 * rng.standard_normal())
+            tr.observe(prefill(tokens=n, prefix_tokens=p, duration_s=float(d), running_batch=0 if alone else 6))
+
+    plain, hot, never = (RuntimeTracker(PROFILE, batch_size=64) for _ in range(3))
+    feed(plain, 1.0, np.random.default_rng(5))
+    feed(hot, 2.0, np.random.default_rng(5))
+    assert plain.interference().fitted and plain.interference().value == pytest.approx(1.0, abs=0.03)
+    assert hot.interference().value == pytest.approx(2.0, rel=0.03)
+    c_plain, est = plain.coefficients()
+    c_hot, _ = hot.coefficients()
+    assert est["I"].fitted and c_hot.prefill_interference == pytest.approx(2.0, rel=0.03)
+    assert c_hot.t_prefill == pytest.approx(c_plain.t_prefill, rel=0.05)  # prefill alone, as measured
+    w = plain.workload()[0]
+    assert predict_colocated(w, c_hot, 8).prefill_s == pytest.approx(2 * predict_colocated(w, c_plain, 8).prefill_s, rel=0.06)
+    assert predict_disaggregated(w, c_hot, 3, 5).prefill_s == pytest.approx(predict_disaggregated(w, c_plain, 3, 5).prefill_s, rel=0.05)
+    # a pool that never mixes them (disaggregated, or a torch engine) measures no interference
+    rng = np.random.default_rng(6)
+    for _ in range(100):
+        never.observe(prefill(tokens=2048, prefix_tokens=8000, duration_s=float(PROFILE.prefill_s(2048, 8000) * 1.7)))
+    assert not never.interference().fitted and never.coefficients()[0].prefill_interference == 1.0
+
+
 def test_robust_helpers() -> None:
     v = np.array([1.0, 2.0, 3.0, 100.0])
     assert weighted_median(v, np.ones(4)) in (2.0, 3.0)

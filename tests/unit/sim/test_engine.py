@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Role
-from controlplane.sim.engine import Request, ScaledCosts, Worker
+from controlplane.sim.engine import Request, ScaledCosts, Worker, prefill_records
 from controlplane.sim.workload import Trajectory, TurnSpec
 
 
@@ -124,11 +124,15 @@ def test_the_interference_what_if_stretches_only_prefill_next_to_running_decodes
         w.seg = None
         end = w.plan(1.0)
         assert w.seg is not None and w.seg.kind == "prefill"
-        return end - 1.0, w.seg.prefill_s
+        return end - 1.0, w.seg.prefill_s, prefill_records(w.seg)
 
     pf = costs.prefill_s(6000, 0)
-    base, pf1 = prefill_segment(1.0, Role.COLOCATED, 4)
-    hot, pf2 = prefill_segment(2.0, Role.COLOCATED, 4)
+    records = prefill_segment(2.0, Role.COLOCATED, 4)[2]  # what the engine reports: the pass, mixed
+    assert [(r.tokens, r.prefix_tokens, r.running_batch) for r in records] == [(6000, 0, 3)]
+    assert abs(records[0].duration_s - 2 * pf) < 1e-12
+    assert prefill_segment(2.0, Role.PREFILL, 0)[2][0].running_batch == 0
+    base, pf1, _ = prefill_segment(1.0, Role.COLOCATED, 4)
+    hot, pf2, _ = prefill_segment(2.0, Role.COLOCATED, 4)
     assert abs(pf1 - pf) < 1e-12 and abs(pf2 - 2 * pf) < 1e-12 and abs((hot - base) - pf) < 1e-9
-    assert prefill_segment(2.0, Role.COLOCATED, 0) == prefill_segment(1.0, Role.COLOCATED, 0)
-    assert prefill_segment(2.0, Role.PREFILL, 0) == prefill_segment(1.0, Role.PREFILL, 0)
+    assert prefill_segment(2.0, Role.COLOCATED, 0)[:2] == prefill_segment(1.0, Role.COLOCATED, 0)[:2]
+    assert prefill_segment(2.0, Role.PREFILL, 0)[:2] == prefill_segment(1.0, Role.PREFILL, 0)[:2]
