@@ -419,35 +419,45 @@ def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -
     """Constant-resource replay of every configuration (paper Table 2) vs what PEARL selects."""
     md.append("### PD-ratio selection (paper Table 2): Qwen3-8B, constant resources, every configuration replayed\n")
     md.append("Empirical best = lowest mean simulated makespan over steps 1-4 (same batches for every configuration); "
-              "selected = PEARL's decision (borrowing off, resources held constant) at step 3.\n")
-    md.append("| dedicated GPUs | overlap | workers | selected (sim) | empirical best (sim) | gap | paper selected / best |")
-    md.append("|---|---|---|---|---|---|---|")
+              "selected = PEARL's decision (borrowing off, resources held constant) at step 3. What-if columns: the same "
+              "replay with twice the prefill-decode interference (`mixed_prefill_penalty` 2, no source; not the "
+              "calibrated model), which PEARL's tracker measures from the engines' prefill records.\n")
+    md.append("| dedicated GPUs | overlap | workers | selected (sim) | empirical best (sim) | gap | paper selected / best "
+              "| interference ×2: selected / best, gap |")
+    md.append("|---|---|---|---|---|---|---|---|")
     paper = {(10, False): "2P3D / 2P3D", (10, True): "4P9D / 5P8D", (12, False): "3P3D / 3P3D",
              (12, True): "4P10D / 4P10D", (16, False): "3P5D / 3P5D", (16, True): "4P12D / 4P12D"}
+
+    def replay(n: int, penalty: float, points: list[tuple[str, float, float]] | None) -> tuple[str, str, float]:
+        variants: dict = {"pearl-fixed-budget": {"base": "pearl", "overrides": {"borrowing": False}},
+                          f"{n}C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
+        for p in range(1, n):
+            variants[f"{p}P{n - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
+        sc = _replay_scenario("qwen3-8b", n, variants)
+        sc = replace(sc, engine=replace(sc.engine, mixed_prefill_penalty=penalty))
+        sel_run = run_policy(sc, "pearl-fixed-budget")
+        selected = next((s.config_label for s in sel_run.step_stats if s.step == 3), "?")
+        means: dict[str, float] = {}
+        for v in variants:
+            if v == "pearl-fixed-budget":
+                continue
+            r = run_policy(sc, v)
+            ms = [s.makespan_s for s in r.step_stats if 1 <= s.step <= 4]
+            if ms:
+                means[v] = statistics.mean(ms)
+            if points is not None:
+                points.extend((v, s.predicted_at_start_s, s.makespan_s) for s in r.step_stats
+                              if s.step >= 2 and s.predicted_at_start_s)
+        best = min(means, key=means.get)
+        return selected, best, means.get(selected, float("nan")) / means[best] - 1
+
     for ded in (10, 12, 16):
         for overlap in (False, True):
             n = ded // 2 + (8 if overlap else 0)
-            variants: dict = {"pearl-fixed-budget": {"base": "pearl", "overrides": {"borrowing": False}},
-                              f"{n}C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
-            for p in range(1, n):
-                variants[f"{p}P{n - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
-            sc = _replay_scenario("qwen3-8b", n, variants)
-            sel_run = run_policy(sc, "pearl-fixed-budget")
-            selected = next((s.config_label for s in sel_run.step_stats if s.step == 3), "?")
-            means: dict[str, float] = {}
-            for v in variants:
-                if v == "pearl-fixed-budget":
-                    continue
-                r = run_policy(sc, v)
-                ms = [s.makespan_s for s in r.step_stats if 1 <= s.step <= 4]
-                if ms:
-                    means[v] = statistics.mean(ms)
-                for s in r.step_stats:
-                    if s.step >= 2 and s.predicted_at_start_s:
-                        pred_points.append((v, s.predicted_at_start_s, s.makespan_s))
-            best = min(means, key=means.get)
-            gap = means.get(selected, float("nan")) / means[best] - 1
-            md.append(f"| {ded} | {'yes' if overlap else 'no'} | {n} | {selected} | {best} | {pct(gap)} | {paper[(ded, overlap)]} |")
+            selected, best, gap = replay(n, 1.0, pred_points)
+            hot_sel, hot_best, hot_gap = replay(n, 2.0, None)
+            md.append(f"| {ded} | {'yes' if overlap else 'no'} | {n} | {selected} | {best} | {pct(gap)} "
+                      f"| {paper[(ded, overlap)]} | {hot_sel} / {hot_best}, {pct(hot_gap)} |")
     errs = [abs(p - a) / a for _, p, a in pred_points]
     if errs:
         md.append(f"\nPredictor on these constant-resource replays (steps ≥ 2, {len(errs)} steps over every configuration): "
