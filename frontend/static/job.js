@@ -98,6 +98,10 @@
     const reason = el("p", null, d.reason); reason.id = "decision-reason";
     if (d.budget && d.budget.training_active !== undefined) reason.title = JSON.stringify(d.profile.gate || "");
     const gate = d.profile && d.profile.gate ? el("p", "muted", `Borrowing: ${d.profile.gate}`) : null;
+    const pi = d.profile ? d.profile.prefill_interference : undefined;
+    const interference = typeof pi === "number" ? el("p", "muted", `PD interference: prefill next to running decodes costs ${pi.toFixed(2)}× prefill alone ` +
+      `(measured from the engines' prefill records; 1.00 until both kinds are seen). Colocated candidates carry it, prefill workers do not.`) : null;
+    if (interference) interference.id = "decision-interference";
     const cands = [...d.candidates];
     const shown = cands.length > 200 ? cands.filter((c) => c.feasible).sort((a, b) => a.makespan_s - b.makespan_s).slice(0, 199) : cands;
     if (shown.length < cands.length && !shown.some((c) => c.label === d.label)) { const c = cands.find((x) => x.label === d.label); if (c) shown.push(c); }
@@ -114,7 +118,7 @@
     const wrap = el("div", "scroll"); wrap.appendChild(t);
     const total = d.candidates_total || cands.length;
     const note = shown.length < total ? el("p", "muted", `showing the ${shown.length} best of ${total} candidates (colocation and the choice always)`) : null;
-    box.replaceChildren(head, verdict, reason, ...(gate ? [gate] : []), wrap, ...(note ? [note] : []));
+    box.replaceChildren(head, verdict, reason, ...(gate ? [gate] : []), ...(interference ? [interference] : []), wrap, ...(note ? [note] : []));
   }
 
   function renderTransitions() {

@@ -67,6 +67,8 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         # The planner (a real Celery worker) decides and the transition runs: the decision table appears live.
         page.wait_for_selector("#candidates tr.chosen", timeout=30000)
         assert page.inner_text("#decision-reason")
+        # the measured PD interference the colocated candidates carry (1.00 before any mixed prefill is seen)
+        assert "× prefill alone" in page.inner_text("#decision-interference")
         page.wait_for_function("document.querySelector('[data-transition]') && document.querySelector('[data-transition]').dataset.status === 'succeeded'", timeout=30000)
         page.wait_for_function("window.Plotly && document.querySelector('#chart-makespan .main-svg') !== null")
         shot(page, "job-page-first-decision")
