@@ -337,7 +337,7 @@ def forecast_section(md: list[str]) -> None:
             return f"{v:.1f} ({n})" if v is not None else f"– ({n})"
 
         md.append(f"| {name} | {cell('own', 'colocated')} | {cell('own', 'disaggregated')} | {cell('other', 'colocated')} "
-                  f"| {cell('other', 'disaggregated')} | {r['elastic_mape']} |")
+                  f"| {cell('other', 'disaggregated')} | {'–' if r['elastic_mape'] is None else format(r['elastic_mape'], '.1f')} |")
     md.append("")
 
 
