@@ -74,27 +74,25 @@ class WorkloadProfile:
         return float(self.batch_size) if c is None else min(float(self.batch_size), c)
 
 
-# ΔL : r per model for the SWE-bench-like workload. 30B-A3B: the paper's own measurement (prefill
-# handles 96.68% of tokens, pearl_digest §1). 8B: no measurement in the paper; 20 : 1 is the value at
-# which the predictor reproduces Table 2 (PROFILES.md §5). The tracker refits both online.
-SWE_BENCH_PROMPT_TO_GENERATED: dict[str, float] = {"qwen3-8b": 20.0, "qwen3-30b-a3b": 96.68 / 3.32}
+# ΔL : r for the SWE-bench-like workload: the paper's own measurement (prefill handles 96.68% of
+# tokens, Qwen3-30B-A3B on SWE-bench, pearl_digest §1), the only one it gives, used for every model.
+# The tracker refits ΔL and r online.
+SWE_BENCH_PROMPT_TO_GENERATED = 96.68 / 3.32
 
 
 def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768, *,
-                       model: str | None = None, prompt_to_generated: float | None = None) -> WorkloadProfile:
-    """The SWE-bench-like workload of the paper's evaluation (values and reasons in PROFILES.md).
+                       prompt_to_generated: float = SWE_BENCH_PROMPT_TO_GENERATED) -> WorkloadProfile:
+    """The prior: the SWE-bench-like workload of the paper's evaluation (values and reasons in PROFILES.md).
 
     S = 25 turns for the slowest trajectory, which reaches ~96% of the trajectory cap; per turn
     ΔL : r new prompt tokens (tool output + re-sent response) to generated tokens (tool calls with
-    short reasoning), 20 : 1 by default and per `SWE_BENCH_PROMPT_TO_GENERATED[model]`; θ = 0.35
-    (f ≈ 0.74 of decode slots busy); 2 s of tool time per turn (T_env = 50 s; it shifts every
-    candidate equally, so it never changes the chosen split); T_over = 0.15 s per turn of colocated
-    P/D switching. K_seq is a full-length trajectory (the decode pool must hold any trajectory up to
-    the cap); decode and prefill see half the cap on average.
+    short reasoning), the paper's measured 29.1 : 1; θ = 0.35 (f ≈ 0.74 of decode slots busy); 2 s of
+    tool time per turn (T_env = 50 s; it shifts every candidate equally, so it never changes the chosen
+    split). T_over is 0: no telemetry measures a per-turn colocation overhead and no source gives one
+    (PROFILES.md §5), so the prior carries none. K_seq is a full-length trajectory (the decode pool must
+    hold any trajectory up to the cap); decode and prefill see half the cap on average.
     """
     ratio = prompt_to_generated
-    if ratio is None:
-        ratio = SWE_BENCH_PROMPT_TO_GENERATED.get(str(model).lower(), 20.0) if model else 20.0
     if ratio <= 0:
         raise ValueError("prompt_to_generated must be > 0")
     turns = 25.0
@@ -103,7 +101,7 @@ def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768,
         batch_size=batch_size, turns=turns, new_prompt_tokens=per_turn * ratio / (ratio + 1.0),
         generated_tokens=per_turn / (ratio + 1.0), env_time_s=2.0 * turns, theta=0.35,
         kv_seq_tokens=float(max_trajectory_tokens), mean_context=max_trajectory_tokens / 2.0,
-        prefix_tokens=max_trajectory_tokens / 2.0, overhead_s=0.15,
+        prefix_tokens=max_trajectory_tokens / 2.0, overhead_s=0.0,
     )
 
 

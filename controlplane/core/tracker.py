@@ -169,8 +169,7 @@ class RuntimeTracker:
         self.profile = profile
         # The job's trajectory length cap: no trajectory's KV outgrows it, whatever S·(ΔL + r) says.
         self.max_trajectory_tokens = max_trajectory_tokens if max_trajectory_tokens and max_trajectory_tokens > 0 else None
-        self.prior = workload_prior or swe_bench_workload(
-            batch_size or 64, self.max_trajectory_tokens or 32768, model=profile.model)
+        self.prior = workload_prior or swe_bench_workload(batch_size or 64, self.max_trajectory_tokens or 32768)
         if batch_size is not None and batch_size != self.prior.batch_size:
             self.prior = replace(self.prior, batch_size=batch_size)
         self.half_life = half_life
@@ -378,9 +377,10 @@ class RuntimeTracker:
             env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=ctx, prefix_tokens=pre,
             scale_colocated=scales["colocated"], scale_disaggregated=scales["disaggregated"],
             new_prompt_tokens_disaggregated=dl_dis,
-            # T_over (colocated P/D switching per turn) is a prior-only guess: no telemetry measures it and
-            # the simulator has no such cost, so once the workload is fitted the per-mode correction
-            # (observed / predicted makespan) carries whatever per-turn overhead really exists
+            # T_over (colocated P/D switching per turn) is at most a user's prior guess (the shipped prior
+            # has none): no telemetry measures it and the simulator has no such cost, so once the workload
+            # is fitted the per-mode correction (observed / predicted makespan) carries whatever per-turn
+            # overhead really exists
             overhead_s=0.0 if est["S"].fitted else p.overhead_s,
             # the expected, not worst-case, decode concurrency once f is measured
             kv_concurrency=b.value * (1.0 / (1.0 + theta)) if est["f"].fitted else p.kv_concurrency,

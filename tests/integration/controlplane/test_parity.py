@@ -32,12 +32,21 @@ SEQUENCE = [
 ]
 
 
-def _scenario(policy: str, options: dict):
+# A P:D ratio override (scaled to the budget): the plans then flip roles between prefill and decode as the
+# budget moves, through the simulator's and the live planner's paths alike.
+PD_RATIO = {"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 2}
+
+
+def _scenario(policy: str, options: dict, overrides: dict | None = None):
+    variant = {}
+    if overrides:
+        ratio = [overrides["force_n_prefill"], overrides["force_n_decode"]]
+        variant = {"variants": {"forced": {"base": policy, "overrides": {"force_ratio": ratio}}}}
     return scenario_from_dict({
         "name": "parity", "model": "qwen3-8b",
         "cluster": {"training_gpus": 4, "reserved_gpus": 4, "preemptible_gpus": 8, "hardware": "H800", "tp": 2},
         "workload": {"batch_size": 64, "group_size": 16}, "trace": {"constant_gpus": 12}, "duration_s": 10_000,
-        "policies": [policy], "policy_options": {policy: options},
+        "policies": ["forced" if overrides else policy], "policy_options": {policy: options}, **variant,
     })
 
 
@@ -46,8 +55,8 @@ def _plan_view(add, remove, reassign) -> dict:
             "reassign": {int(k): str(v) for k, v in reassign.items()}}
 
 
-def _run_sim(policy: str, options: dict) -> list[dict]:
-    sim = Simulation(_scenario(policy, options), policy)
+def _run_sim(policy: str, options: dict, overrides: dict | None = None) -> list[dict]:
+    sim = Simulation(_scenario(policy, options, overrides), "forced" if overrides else policy)
     sim.setup()
     w = sim.world
     out = []
@@ -70,13 +79,15 @@ def _run_sim(policy: str, options: dict) -> list[dict]:
     return out
 
 
-def _run_live(policy: str, options: dict) -> list[dict]:
+def _run_live(policy: str, options: dict, overrides: dict | None = None) -> list[dict]:
     make_node("a-res", slots=4, hardware="H800")
     make_node("b-ela", pool="elastic", slots=4, hardware="H800")
     c = make_node("c-ela", pool="elastic", slots=4, hardware="H800")
     make_node("t-train", pool="training", slots=4, hardware="H800")
     job = make_job("parity", model="qwen3-8b", hardware="h800", tp=2, batch_size=64, group_size=16, rollout_gpus=12,
                    training_gpus=4, policy=policy, policy_options=options)
+    if overrides:
+        jobs.set_overrides(job_id=job.pk, changes=overrides, actor="test")
     out = []
     for t, signal, remaining, change in SEQUENCE:
         if change == "lose c":
@@ -105,16 +116,16 @@ def _run_live(policy: str, options: dict) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("policy,options", [
-    ("pearl", {}),  # starts colocated (no mode run yet) and the gate keeps it from borrowing here
-    ("pearl", {"mode_trial": False}),  # the unfitted prior runs disaggregated: ratio changes and role flips
-    ("pearl", {"gate": False}),
-    ("elastic", {"t_seed_s": 200.0}),
-    ("fixed", {"workers": 3}),
+@pytest.mark.parametrize("policy,options,overrides", [
+    ("pearl", {}, None),  # starts colocated (no mode run yet) and the gate keeps it from borrowing here
+    ("pearl", {"mode_trial": False}, PD_RATIO),  # disaggregated at a forced ratio: ratio changes and role flips
+    ("pearl", {"gate": False}, None),
+    ("elastic", {"t_seed_s": 200.0}, None),
+    ("fixed", {"workers": 3}, None),
 ])
-def test_simulator_and_live_planner_decide_and_plan_alike(policy, options):
-    sim = _run_sim(policy, options)
-    live = _run_live(policy, options)
+def test_simulator_and_live_planner_decide_and_plan_alike(policy, options, overrides):
+    sim = _run_sim(policy, options, overrides)
+    live = _run_live(policy, options, overrides)
     for i, (s, l) in enumerate(zip(sim, live)):
         assert s == l, f"step {i} ({SEQUENCE[i][1]}): simulator {s} != live {l}"
     assert len(sim) == len(live) == len(SEQUENCE)
@@ -125,5 +136,5 @@ def test_simulator_and_live_planner_decide_and_plan_alike(policy, options):
     resized = len({x["target"] for x in sim}) > 1  # the budget moved the configuration (4C <-> 6C at least)
     assert any(p["add"] for p in plans) and (returned or resized or any(p["remove"] or p["reassign"] for p in plans)) \
         or policy == "fixed"
-    if options.get("mode_trial") is False:
+    if overrides:
         assert any(p["reassign"] for p in plans)  # role flips between prefill and decode went through both paths

@@ -19,6 +19,7 @@ from controlplane.core.predictor import (
     min_workers_for_kv,
     predict_colocated,
     predict_disaggregated,
+    swe_bench_workload,
 )
 from controlplane.core.profiles import EngineCoefficients, get_profile
 from controlplane.core.state import Role
@@ -144,8 +145,10 @@ def test_f_counts_decode_time_only():
 
 
 def test_t_over_is_prior_only():
-    tr = RuntimeTracker(PROFILE, batch_size=64)
-    assert tr.workload()[0].overhead_s > 0
+    """The shipped prior carries no T_over; one a user's prior sets holds only until the fit."""
+    assert RuntimeTracker(PROFILE, batch_size=64).workload()[0].overhead_s == 0.0
+    tr = RuntimeTracker(PROFILE, replace(swe_bench_workload(64), overhead_s=0.2), batch_size=64)
+    assert tr.workload()[0].overhead_s == 0.2
     for i in range(4):
         tr.observe(_step(i, mode="colocated"))
     assert tr.workload()[0].overhead_s == 0.0

@@ -2,9 +2,12 @@
 may only be tried for one step, at a step start, and the tried step's outcome then governs."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controlplane.core import telemetry as tm
 from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.policies import make_policy
+from controlplane.core.predictor import swe_bench_workload
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode
 
@@ -71,11 +74,13 @@ def test_with_no_mode_run_yet_pearl_starts_colocated_as_the_baseline_it_extends(
     and leaves disaggregation to the trial, where the unfitted prior alone would start disaggregated."""
     ctx = PolicyContext(now_s=0.0, signal=Signal.STEP_START, dedicated_workers=5, reserved_workers=2, overlap_workers=0,
                         training_active=False, current=None, borrowed=0, batch_size=64, remaining=64)
-    fresh = make_policy("pearl", profile=PROFILE, batch_size=64)
+    # a prior whose closed form rates a split first (the Table 2 operating point, PROFILES.md §5)
+    table2 = replace(swe_bench_workload(64, prompt_to_generated=20.0), overhead_s=0.15)
+    fresh = make_policy("pearl", profile=PROFILE, batch_size=64, workload=table2)
     first = fresh.on_event(ctx)
     assert first.target == Configuration.colocated(5)
     assert "starting colocated" in first.decision.inputs["mode_trial"]
-    prior_only = make_policy("pearl", profile=PROFILE, batch_size=64, mode_trial=False).on_event(ctx)
+    prior_only = make_policy("pearl", profile=PROFILE, batch_size=64, workload=table2, mode_trial=False).on_event(ctx)
     assert prior_only.target.mode is Mode.DISAGGREGATED
     # once a mode has been scored the rule no longer applies: the trial decides
     assert "starting colocated" not in _policy().on_event(ctx).decision.inputs.get("mode_trial", "")
