@@ -145,6 +145,7 @@ class AgentConfig:
     slots: int = 1
     engine: str = "emulated"
     time_factor: float = 1.0
+    interference: float = 1.0  # emulated engines: prefill next to running decodes costs this × its roofline time
     state_dir: Path = field(default_factory=lambda: Path("./.pearl-agent"))
     dataplane_secret: str = ""
     dataplane_port: int = 0
@@ -555,6 +556,8 @@ class NodeAgent:
         if training:
             extra += ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
             env |= {"PEARL_WEIGHTS_KEY": spec.weights_key, "PEARL_WEIGHTS_ROTATE_S": str(self.weights_rotate_s)}
+        elif self.cfg.interference != 1.0:
+            extra += ["--interference", str(self.cfg.interference)]
         m.state = "starting"
         try:
             m.proc = await spawn_worker(
@@ -721,19 +724,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory-mb", type=int, default=0)
     p.add_argument("--engine", choices=["torch", "emulated", "vllm"], default="emulated")
     p.add_argument("--time-factor", type=float, default=1.0)
+    p.add_argument("--interference", type=float, default=1.0,
+                   help="emulated engine: prefill next to running decodes costs this x its roofline time "
+                        "(1 = the additive roofline); PEARL measures it and the job page shows it")
     p.add_argument("--state-dir", default="")
     p.add_argument("--drain-timeout", type=float, default=10.0)
     p.add_argument("--dataplane-port", type=int, default=0)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not 0 < args.interference <= 10:
+        p.error("--interference must be in (0, 10]")
+    if args.interference != 1.0 and args.engine != "emulated":
+        p.error("--interference applies to the emulated engine only")
     token = args.token or os.environ.get("PEARL_AGENT_TOKEN", "")
     if args.control_plane and not token:
         sys.exit("no node token: set PEARL_AGENT_TOKEN (or --token)")
     node = args.node or f"{os.uname().nodename}-{os.getpid()}"
     cfg = AgentConfig(
         control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware, slots=args.slots,
-        engine=args.engine, time_factor=args.time_factor,
+        engine=args.engine, time_factor=args.time_factor, interference=args.interference,
         state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"),
         dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
         drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,

@@ -301,6 +301,7 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
     engine = build_engine(
         args.engine, model=args.model, worker_id=args.worker_id, role=args.role, job=args.job,
         hardware=args.hardware, time_factor=args.time_factor, tp=args.tp, threads=args.threads,
+        interference=args.interference,
     )
     state_dir = Path(args.state_dir) if args.state_dir else None
     if state_dir:
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hardware", default="H800")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--time-factor", type=float, default=1.0)
+    p.add_argument("--interference", type=float, default=1.0,
+                   help="emulated engine: prefill next to running decodes costs this x its roofline time")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)

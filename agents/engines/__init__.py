@@ -13,7 +13,7 @@ def build_engine(kind: str, **kw: Any) -> Any:
     if kind == "emulated":
         from agents.engines.emulated import EmulatedEngine
 
-        return EmulatedEngine(**{k: v for k, v in kw.items() if k in ("model", "worker_id", "role", "job", "hardware", "time_factor", "tp")})
+        return EmulatedEngine(**{k: v for k, v in kw.items() if k in ("model", "worker_id", "role", "job", "hardware", "time_factor", "tp", "interference")})
     if kind == "vllm":
         from agents.engines.vllm_engine import VLLMEngine
 

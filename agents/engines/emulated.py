@@ -121,16 +121,22 @@ class EmulatedEngine(LoopEngine):
     kind = "emulated"
 
     def __init__(self, *, model: str = "qwen3-8b", hardware: str = "H800", tp: int = 2, time_factor: float = 1.0,
-                 worker_id: int = 0, role: str = "colocated", job: str = "", profile: Profile | None = None) -> None:
+                 worker_id: int = 0, role: str = "colocated", job: str = "", profile: Profile | None = None,
+                 interference: float = 1.0) -> None:
+        """`interference`: a prefill next to running decodes costs this × its roofline time (1: the additive
+        roofline, the simulator's calibrated engine), to emulate an engine with more PD interference."""
         super().__init__(worker_id=worker_id, role=role, job=job)
         self.profile = profile or get_profile(hardware, model, tp)
         if time_factor <= 0:
             raise ValueError("time_factor must be > 0")
+        if not 0 < interference <= 10:
+            raise ValueError("interference must be in (0, 10]")
         self.time_factor = time_factor
         self.vocab_size = TOKENIZER.vocab_size
         self.batching = Worker(worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile),
                                chunk_tokens=PREFILL_TOKEN_BUDGET,
-                               kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token))
+                               kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token),
+                               mixed_penalty=interference)
         self.prefix_cache = PrefixCache()
         self._by_id: dict[str, ESeq] = {}
         self._reqs: dict[str, Request] = {}

@@ -286,3 +286,36 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
     finally:
         agent.stopping.set()
         await asyncio.wait_for(task, 60)
+
+
+async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_given(cp, tmp_path):
+    """`agents.node --interference 2`: the agent passes it to its emulated workers, whose prefill next to
+    running decodes then costs twice its roofline time, as their PREFILL records show the control plane."""
+    from controlplane.core.profiles import get_profile
+
+    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n-int", slots=1,
+                                  state_dir=tmp_path / "agent", time_factor=0.02, interference=2.0))
+    task = asyncio.create_task(agent.run())
+    s = session()
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        client = WorkerClient(ws[1]["endpoint"], agent.workers[1].proc.secret, s)
+
+        def gen(rid: str, n: int, prompt: str) -> dp.GenerateRequest:
+            return dp.GenerateRequest(request_id=rid, prompt=prompt, sampling=dp.SamplingParams(max_tokens=n, seed=1))
+
+        long = asyncio.create_task(client.generate(gen("long", 300, "x " * 200)))
+        await asyncio.sleep(0.3)  # it is decoding now: the next prefills ride next to it
+        await asyncio.gather(*[client.generate(gen(f"s{i}", 2, f"prompt {i} " * (50 + 10 * i))) for i in range(4)])
+        await long
+        prof = get_profile("H800", "qwen3-8b", 1)  # one slot: the worker's TP is 1
+        mixed = await cp.wait_for(lambda c: [r for t in c.of_type("telemetry") for r in t["records"]
+                                             if r["kind"] == "prefill" and r.get("running_batch", 0) > 0])
+        for r in mixed:
+            assert r["duration_s"] == pytest.approx(2.0 * prof.prefill_s(r["tokens"], r.get("prefix_tokens", 0)), rel=1e-6)
+    finally:
+        await s.close()
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)

@@ -147,3 +147,47 @@ def _weights() -> bytes:
     from safetensors.numpy import save
 
     return save({"w": np.zeros(4, dtype=np.float32)})
+
+
+async def test_an_engine_with_more_pd_interference_is_measured_by_the_tracker():
+    """`interference` (emulated engines only): a prefill that rides next to running decodes costs that much
+    more than its roofline time; the PREFILL records say which prefills did, and the runtime tracker turns
+    them into the PD interference I that the colocated closed form carries."""
+    from controlplane.core.telemetry import TelemetryRecord
+    from controlplane.core.tracker import RuntimeTracker
+
+    prof = get_profile("H800", "qwen3-8b", 2)
+    e = EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=FAST, interference=2.0)
+    await e.start()
+    try:
+        tracker = RuntimeTracker(prof, batch_size=64, min_engine_samples=5)
+        for wave in range(6):
+            first = asyncio.create_task(e.generate(req(100 + wave, 400), [wave] * 512))  # alone: nothing decodes yet
+            while e.running() == 0:
+                await asyncio.sleep(0.005)
+            await asyncio.gather(first, *[e.generate(req(10 * wave + i, 4), [7 + i] * (256 + 64 * i)) for i in range(6)])
+        records = [TelemetryRecord.from_json(r) for r in e.take_telemetry()]
+    finally:
+        await e.shutdown()
+    prefills = [r for r in records if r.kind is RecordKind.PREFILL]
+    mixed = [r for r in prefills if r.running_batch > 0]
+    alone = [r for r in prefills if r.running_batch == 0]
+    assert mixed and alone
+    for r in mixed:
+        assert r.duration_s == pytest.approx(2.0 * prof.prefill_s(r.tokens, r.prefix_tokens), rel=1e-6)
+    for r in alone:
+        assert r.duration_s == pytest.approx(prof.prefill_s(r.tokens, r.prefix_tokens), rel=1e-6)
+    for r in records:
+        tracker.observe(r)
+    assert tracker.interference().value == pytest.approx(2.0, rel=1e-3)
+    with pytest.raises(ValueError):
+        EmulatedEngine(interference=0.0)
+
+
+@pytest.mark.parametrize("argv", [["--interference", "0"], ["--interference", "2", "--engine", "torch"]])
+def test_the_node_refuses_an_interference_it_cannot_apply(argv, capsys):
+    from agents.node import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and "--interference" in capsys.readouterr().err
