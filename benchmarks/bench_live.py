@@ -110,6 +110,8 @@ def live_figures(run: dict[str, Any]) -> dict[str, Any]:
         "interruptions": sum(int(s.get("interruptions", 0)) for s in steps),
         "stale_aborted": sum(int(s.get("stale_aborted", 0)) for s in steps),
         "configurations": sorted({f"{s.get('n_prefill') or 0}P{s.get('n_decode') or 0}D{s.get('n_colocated') or 0}C" for s in steps}),
+        "steps_by_mode": {m: sum(1 for s in steps if s.get("mode") == m) for m in sorted({s.get("mode", "") for s in steps})},
+        "prefill_interference": run.get("prefill_interference"),
         "predictor_at_start": mape(steps, "predicted_at_start_s"),
         "predictor_decision": mape(steps, "predicted_makespan_s"),
     }
@@ -149,14 +151,17 @@ print("@@COLLECT@@" + json.dumps({
     "transition_steps": TransitionStep.objects.filter(transition__job=job).count(),
     "decisions": Decision.objects.filter(job=job).count(),
     "decisions_admitted": Decision.objects.filter(job=job, admitted=True).count(),
+    "prefill_interference": (Decision.objects.filter(job=job).order_by("-id").values_list("profile", flat=True).first()
+                             or {}).get("prefill_interference"),
     "events": {r["kind"]: r["n"] for r in Event.objects.values("kind").annotate(n=Count("id"))},
 }))
 """
 
 
 class Stack:
-    def __init__(self, var: Path, *, port: int, redis_port: int, time_factor: float, nodes: Path | None = None) -> None:
-        self.var, self.port, self.tf, self.nodes = var, port, time_factor, nodes
+    def __init__(self, var: Path, *, port: int, redis_port: int, time_factor: float, nodes: Path | None = None,
+                 interference: float = 1.0) -> None:
+        self.var, self.port, self.tf, self.nodes, self.interference = var, port, time_factor, nodes, interference
         self.env = dict(os.environ, PEARL_VAR_DIR=str(var), PEARL_PORT=str(port),
                         REDIS_URL=f"redis://127.0.0.1:{redis_port}", PYTHONUNBUFFERED="1")
         self.env.pop("DATABASE_URL", None)  # SQLite in the fresh var dir
@@ -171,7 +176,8 @@ class Stack:
     def start(self, timeout_s: float = 240.0) -> None:
         self.var.mkdir(parents=True, exist_ok=True)
         self.launcher = self._spawn(["manage.py", "launch", "--no-demo-job", "--trace", "", "--time-factor", str(self.tf),
-                                     "--port", str(self.port), *(["--nodes", str(self.nodes)] if self.nodes else [])],
+                                     "--port", str(self.port), *(["--nodes", str(self.nodes)] if self.nodes else []),
+                                     "--interference", str(self.interference)],
                                     "launch.log")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -235,9 +241,11 @@ def own_leftovers(var: str) -> list[int]:
     return mine
 
 
-def run_live(policy: str, *, idx: int, minutes: float, time_factor: float, base: Path, cluster: dict[str, Any]) -> dict[str, Any]:
+def run_live(policy: str, *, idx: int, minutes: float, time_factor: float, base: Path, cluster: dict[str, Any],
+             interference: float = 1.0) -> dict[str, Any]:
     var = base / policy
-    stack = Stack(var, port=8200 + idx, redis_port=6420 + idx, time_factor=time_factor, nodes=cluster["nodes"])
+    stack = Stack(var, port=8200 + idx, redis_port=6420 + idx, time_factor=time_factor, nodes=cluster["nodes"],
+                  interference=interference)
     load0 = os.getloadavg()
     t_start = time.time()
     try:
@@ -272,7 +280,8 @@ def run_live(policy: str, *, idx: int, minutes: float, time_factor: float, base:
 
 
 # ============================================================================ the simulator
-def run_sim(policies: list[str], *, duration_s: float, offset_s: float, base: Path, cluster: dict[str, Any]) -> dict[str, Any]:
+def run_sim(policies: list[str], *, duration_s: float, offset_s: float, base: Path, cluster: dict[str, Any],
+            interference: float = 1.0) -> dict[str, Any]:
     import yaml
 
     pts = shift_trace(read_trace(cluster["trace"]), offset_s)
@@ -281,6 +290,8 @@ def run_sim(policies: list[str], *, duration_s: float, offset_s: float, base: Pa
     sc = yaml.safe_load(cluster["scenario"].read_text())
     sc["trace"]["file"] = str(trace)
     sc["duration_s"] = round(duration_s)
+    if interference != 1.0:
+        sc.setdefault("engine", {})["mixed_prefill_penalty"] = interference
     scen = base / "scenario.yaml"
     scen.write_text(yaml.safe_dump(sc, sort_keys=False))
     out = subprocess.run(["nice", "-n", "5", PY, "-m", "controlplane.sim", "compare", "--scenario-file", str(scen),
@@ -325,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="fixed,elastic,pearl")
     ap.add_argument("--cluster", choices=sorted(CLUSTERS), default="live16", help="cluster, trace and job (default live16)")
     ap.add_argument("--time-factor", type=float, default=0.05, help="wall seconds per model second (default 0.05)")
+    ap.add_argument("--interference", type=float, default=1.0,
+                    help="a what-if: the emulated engines' (and the simulator's) prefill next to running decodes "
+                         "costs this x its roofline time (default 1, the calibrated engine)")
     ap.add_argument("--report", help="print the table of a saved result JSON (benchmarks/out/bench_live-*.json) and exit")
     args = ap.parse_args(argv)
     if args.report:
@@ -347,15 +361,18 @@ def main(argv: list[str] | None = None) -> int:
           f"var dirs under {base}", flush=True)
     raw: dict[str, dict[str, Any]] = {}
     for i, p in enumerate(policies):
-        raw[p] = run_live(p, idx=i, minutes=args.minutes, time_factor=args.time_factor, base=base, cluster=cluster)
+        raw[p] = run_live(p, idx=i, minutes=args.minutes, time_factor=args.time_factor, base=base, cluster=cluster,
+                          interference=args.interference)
         (OUT / f"bench_live-{stamp}-raw-{p}.json").write_text(json.dumps(raw[p], default=str))
     live = {p: live_figures(r) for p, r in raw.items()}
     covered = statistics.fmean(r["model_s_covered"] for r in raw.values())
     offset = statistics.fmean(r["trace_offset_model_s"] for r in raw.values())
     print(f"simulating {covered:.0f} model s (trace shifted by {offset:.0f} s) ...", flush=True)
-    sim = run_sim(policies, duration_s=covered, offset_s=offset, base=base, cluster=cluster)
+    sim = run_sim(policies, duration_s=covered, offset_s=offset, base=base, cluster=cluster, interference=args.interference)
     print()
     print(table(live, sim))
+    for p, f in live.items():
+        print(f"{p}: steps by mode {f['steps_by_mode']}, measured PD interference I = {f['prefill_interference']}")
     result = {"when": stamp, "args": vars(args), "machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
               "cluster": args.cluster, "scenario": str(cluster["scenario"].relative_to(ROOT)),
               "trace": str(cluster["trace"].relative_to(ROOT)),

@@ -104,6 +104,8 @@ class Command(BaseCommand):
         parser.add_argument("--trace-speedup", type=float, default=None,
                             help="trace seconds per wall second (default: 1 / --time-factor, the emulated job's clock)")
         parser.add_argument("--time-factor", type=float, default=0.05, help="emulated engine time scale")
+        parser.add_argument("--interference", type=float, default=1.0,
+                            help="emulated engines: prefill next to running decodes costs this x its roofline time")
         parser.add_argument("--ready-timeout", type=float, default=120.0)
         parser.add_argument("--debug", action="store_true", help="development mode (DEBUG on); off by default")
 
@@ -154,9 +156,11 @@ class Command(BaseCommand):
                 with _no_dashboard_pushes():
                     env["TOKEN_" + name.upper().replace("-", "_")] = issue_agent_token(node_name=name, actor="launcher")
                 engine = "torch" if hardware == "cpu" else "emulated"
+                interference = f" --interference {opts['interference']}" if engine == "emulated" and opts["interference"] != 1.0 else ""
                 children.append((f"agent-{name}",
                     f"{py} -m agents.node --control-plane {control} --node {name} --slots {slots} --pool {pool} "
-                    f"--hardware {hardware} --engine {engine} --time-factor {opts['time_factor']} --state-dir {var / 'agents' / name}"))
+                    f"--hardware {hardware} --engine {engine} --time-factor {opts['time_factor']}{interference} "
+                    f"--state-dir {var / 'agents' / name}"))
             if opts["trace"]:
                 children.append(("trace", f"{py} manage.py replay_availability --trace {shlex.quote(opts['trace'])} "
                                           f"--speedup {opts['trace_speedup'] or 1.0 / opts['time_factor']}"))
