@@ -90,12 +90,19 @@ class Segment:
     dt: float  # mean seconds per iteration
     end_s: float
     batch: tuple[Request, ...] = ()  # prompts being prefilled
-    prefill_s: float = 0.0
-    prefill_tokens: int = 0
-    # (tokens, cached prefix, seconds) of each prompt in prefill_s: its PREFILL telemetry record, kept
-    # even when the prompt is aborted mid-pass (the pass did the work)
+    # (tokens, cached prefix, seconds) of each prompt prefilled: its PREFILL telemetry record, kept even
+    # when the prompt is aborted mid-pass (the pass did the work)
     parts: tuple[tuple[int, int, float], ...] = ()
     carried: int = 0  # decodes that ran in the same iterations (0: the prefill ran alone)
+
+    @property
+    def prefill_s(self) -> float:
+        """Seconds of the segment spent prefilling (the rest carried the running decodes)."""
+        return sum(p[2] for p in self.parts)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(p[0] for p in self.parts)
 
 
 def prefill_records(seg: Segment, **kw: Any) -> list[tm.TelemetryRecord]:
@@ -202,24 +209,18 @@ class Worker:
                 tokens += r.compute
                 kv_extra += r.ctx0 + r.remaining
                 parts.append((r.compute, r.prefix, self.costs.prefill_s(r.compute, r.prefix)))
-            if self.role is Role.PREFILL or n == 0:
-                carried = 0
-                pf = sum(p[2] for p in parts)
-                k = 1
-                dt = pf
-                total = pf
-            else:
-                carried = n
-                if self.mixed_penalty != 1.0:
-                    parts = [(a, b, c * self.mixed_penalty) for a, b, c in parts]
-                pf = sum(p[2] for p in parts)
-                k = max(1, math.ceil(tokens / max(1, self.chunk_tokens - n)))
-                mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
-                d = self.costs.decode_iteration_s(n, mean_ctx)
-                total = k * d + pf
-                dt = total / k
-            self.seg = Segment("prefill", t, self.it, k, dt, t + total, tuple(batch), pf, tokens, tuple(parts), carried)
-            return self.seg.end_s
+            carried = 0 if self.role is Role.PREFILL else n
+            if carried and self.mixed_penalty != 1.0:
+                parts = [(a, b, c * self.mixed_penalty) for a, b, c in parts]
+            seg = Segment("prefill", t, self.it, 1, 0.0, t, tuple(batch), tuple(parts), carried)
+            total = seg.prefill_s
+            if carried:  # every chunk iteration also carries the running decodes
+                seg.k = max(1, math.ceil(tokens / max(1, self.chunk_tokens - n)))
+                mean_ctx = self.s0 / n + self.it + (seg.k - 1) * 0.5
+                total += seg.k * self.costs.decode_iteration_s(n, mean_ctx)
+            seg.dt, seg.end_s = total / seg.k, t + total
+            self.seg = seg
+            return seg.end_s
         if n:
             while self.heap[0][1] not in self.running:  # a removed request's entry
                 heapq.heappop(self.heap)
