@@ -420,6 +420,32 @@ def _replay_scenario(model: str, workers: int, variants: dict) -> Scenario:
                    trace=AvailabilityTrace((0.0,), (g,)), duration_s=2700.0, policies=tuple(variants), variants=variants)
 
 
+def replay_every_configuration(model: str, n: int, *, batch: int | None = None, penalty: float = 1.0,
+                               points: list[tuple[str, float, float]] | None = None) -> tuple[str, dict[str, float]]:
+    """n workers held constant, borrowing off: PEARL's configuration at step 3, and every configuration
+    (nC and each split) replayed on the same batches, as its mean makespan over steps 1-4. `points`
+    collects each configuration's step-start forecasts (steps ≥ 2) against its makespans."""
+    variants: dict = {"pearl-fixed-budget": {"base": "pearl", "overrides": {"borrowing": False}},
+                      f"{n}C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
+    for p in range(1, n):
+        variants[f"{p}P{n - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
+    sc = _replay_scenario(model, n, variants)
+    sc = replace(sc, workload=replace(sc.workload, batch_size=batch or sc.workload.batch_size),
+                 engine=replace(sc.engine, mixed_prefill_penalty=penalty))
+    selected = next((s.config_label for s in run_policy(sc, "pearl-fixed-budget").step_stats if s.step == 3), "?")
+    means: dict[str, float] = {}
+    for v in variants:
+        if v == "pearl-fixed-budget":
+            continue
+        stats = run_policy(sc, v).step_stats
+        ms = [s.makespan_s for s in stats if 1 <= s.step <= 4]
+        if ms:
+            means[v] = statistics.mean(ms)
+        if points is not None:
+            points.extend((v, s.predicted_at_start_s, s.makespan_s) for s in stats if s.step >= 2 and s.predicted_at_start_s)
+    return selected, means
+
+
 def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -> None:
     """Constant-resource replay of every configuration (paper Table 2) vs what PEARL selects."""
     md.append("### PD-ratio selection (paper Table 2): Qwen3-8B, constant resources, every configuration replayed\n")
@@ -434,25 +460,7 @@ def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -
              (12, True): "4P10D / 4P10D", (16, False): "3P5D / 3P5D", (16, True): "4P12D / 4P12D"}
 
     def replay(n: int, penalty: float, points: list[tuple[str, float, float]] | None) -> tuple[str, str, float]:
-        variants: dict = {"pearl-fixed-budget": {"base": "pearl", "overrides": {"borrowing": False}},
-                          f"{n}C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
-        for p in range(1, n):
-            variants[f"{p}P{n - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
-        sc = _replay_scenario("qwen3-8b", n, variants)
-        sc = replace(sc, engine=replace(sc.engine, mixed_prefill_penalty=penalty))
-        sel_run = run_policy(sc, "pearl-fixed-budget")
-        selected = next((s.config_label for s in sel_run.step_stats if s.step == 3), "?")
-        means: dict[str, float] = {}
-        for v in variants:
-            if v == "pearl-fixed-budget":
-                continue
-            r = run_policy(sc, v)
-            ms = [s.makespan_s for s in r.step_stats if 1 <= s.step <= 4]
-            if ms:
-                means[v] = statistics.mean(ms)
-            if points is not None:
-                points.extend((v, s.predicted_at_start_s, s.makespan_s) for s in r.step_stats
-                              if s.step >= 2 and s.predicted_at_start_s)
+        selected, means = replay_every_configuration("qwen3-8b", n, penalty=penalty, points=points)
         best = min(means, key=means.get)
         return selected, best, means.get(selected, float("nan")) / means[best] - 1
 
@@ -482,23 +490,7 @@ def crossover_section(md: list[str]) -> None:
     paper = {32: "+9.7%", 64: "(5P3D best split at BS64)", 96: "−6.1%"}
 
     def replay(b: int, penalty: float) -> tuple[dict[str, float], str, str]:
-        variants: dict = {"8C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}},
-                          "pearl-fixed-budget": {"base": "pearl", "overrides": {"borrowing": False}}}
-        for p in range(1, 8):
-            variants[f"{p}P{8 - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, 8 - p]}}
-        sc = _replay_scenario("qwen3-30b-a3b", 8, variants)
-        sc = replace(sc, workload=replace(sc.workload, batch_size=b),
-                     engine=replace(sc.engine, mixed_prefill_penalty=penalty))
-        means = {}
-        selected = "?"
-        for v in variants:
-            stats = run_policy(sc, v).step_stats
-            if v == "pearl-fixed-budget":
-                selected = next((s.config_label for s in stats if s.step == 3), "?")
-                continue
-            ms = [s.makespan_s for s in stats if 1 <= s.step <= 4]
-            if ms:
-                means[v] = statistics.mean(ms)
+        selected, means = replay_every_configuration("qwen3-30b-a3b", 8, batch=b, penalty=penalty)
         dis = {k: v for k, v in means.items() if k != "8C"}
         return means, min(dis, key=dis.get), selected
 
