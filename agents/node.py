@@ -733,8 +733,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not 0 < args.interference <= 10:
-        p.error("--interference must be in (0, 10]")
+    from agents.engines.emulated import check_interference
+
+    try:
+        check_interference(args.interference)
+    except ValueError as exc:
+        p.error(f"--interference: {exc}")
     if args.interference != 1.0 and args.engine != "emulated":
         p.error("--interference applies to the emulated engine only")
     token = args.token or os.environ.get("PEARL_AGENT_TOKEN", "")

@@ -35,6 +35,15 @@ from controlplane.core.state import Role
 from controlplane.sim.engine import Request, ScaledCosts, Worker, prefill_records
 from controlplane.sim.scenario import EngineSpec
 
+INTERFERENCE_MAX = 10.0  # bound of `EmulatedEngine(interference=...)`
+
+
+def check_interference(value: float) -> None:
+    """The one check of an emulated engine's interference factor (the engine's and the node CLI's)."""
+    if not 0 < value <= INTERFERENCE_MAX:
+        raise ValueError(f"interference must be in (0, {INTERFERENCE_MAX:g}]")
+
+
 PREFILL_TOKEN_BUDGET = EngineSpec().chunk_tokens  # the simulator's chunked-prefill budget per iteration
 PREFIX_BLOCK = 16  # tokens per prefix-cache block (vLLM's default block size)
 LATE_S = 0.05  # wall seconds behind schedule after which the segment clock restarts at "now"
@@ -129,8 +138,7 @@ class EmulatedEngine(LoopEngine):
         self.profile = profile or get_profile(hardware, model, tp)
         if time_factor <= 0:
             raise ValueError("time_factor must be > 0")
-        if not 0 < interference <= 10:
-            raise ValueError("interference must be in (0, 10]")
+        check_interference(interference)
         self.time_factor = time_factor
         self.vocab_size = TOKENIZER.vocab_size
         self.batching = Worker(worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile),
