@@ -3,7 +3,8 @@ service, answer. All state lives in the database; a socket only ever mirrors it.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from functools import partial
+from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -16,10 +17,12 @@ from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
 from controlplane.services import credentials, jobs, nodes, progress, telemetry
+from controlplane.services.common import retry_transient
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -109,6 +112,11 @@ def _chunks(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         out[-1].append(n)
         gpus += len(n["gpus"])
     return out
+
+
+def _service(fn: Callable[..., R]) -> Callable[..., Awaitable[R]]:
+    """A write use case called from a socket, in a worker thread; a deadlock victim runs again."""
+    return database_sync_to_async(partial(retry_transient, fn))
 
 
 def _job_name(raw: str) -> str:
@@ -217,7 +225,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._error("not_registered", "send a register message first")
             return
         if isinstance(message, link.Heartbeat):
-            result = await database_sync_to_async(nodes.record_heartbeat)(
+            result = await _service(nodes.record_heartbeat)(
                 node_id=self.node_id, message=message, channel=self.channel_name)
             for why in result.refused:
                 await self._error("refused", why)
@@ -232,12 +240,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             except Exception as exc:  # Redis down: pushes wait; the heartbeats above still renewed the lease
                 log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
         elif isinstance(message, link.Telemetry):
-            await database_sync_to_async(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
+            await _service(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
         elif isinstance(message, link.Fault):
-            await database_sync_to_async(nodes.record_fault)(node_id=self.node_id, message=message, channel=self.channel_name)
+            await _service(nodes.record_fault)(node_id=self.node_id, message=message, channel=self.channel_name)
 
     async def _register(self, message: link.Register) -> None:
-        node, superseded = await database_sync_to_async(nodes.register_agent)(
+        node, superseded = await _service(nodes.register_agent)(
             credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address)
         if superseded:
             await self.channel_layer.send(superseded, {"type": "agent.superseded"})
@@ -342,18 +350,18 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             return
         actor = f"driver:{self.job_name}"
         if isinstance(message, dl.ProgressReport):
-            await database_sync_to_async(progress.report_progress)(job_id=self.job_id, step=message.step,
+            await _service(progress.report_progress)(job_id=self.job_id, step=message.step,
                                                                     remaining=message.remaining)
         elif isinstance(message, dl.SignalReport):
-            await database_sync_to_async(progress.report_signal)(job_id=self.job_id, signal=message.signal,
+            await _service(progress.report_signal)(job_id=self.job_id, signal=message.signal,
                                                                   remaining=message.remaining, actor=actor)
         elif isinstance(message, dl.TelemetryReport):
-            await database_sync_to_async(_ingest)(self.job_id, message)
+            await _service(_ingest)(self.job_id, message)
         elif isinstance(message, dl.CheckpointReport):
-            await database_sync_to_async(progress.save_loop_checkpoint)(job_id=self.job_id, state=message.state)
+            await _service(progress.save_loop_checkpoint)(job_id=self.job_id, state=message.state)
         elif isinstance(message, dl.UpdateRequest):
             try:
-                await database_sync_to_async(jobs.start_update)(job_id=self.job_id, actor=actor)
+                await _service(jobs.start_update)(job_id=self.job_id, actor=actor)
             except Conflict as exc:
                 await self._error("not_returned" if exc.field == "borrowed" else exc.code, exc.message, exc.field or "")
                 return

@@ -52,11 +52,11 @@ def execute_transition(transition_id: int, owner: str = "") -> str:
     lease (state and lease live in the database: a killed worker's transition is resumed by
     `replan_all` once its lease runs out, never run twice at once)."""
     from controlplane.services import executor
-    from controlplane.services.common import wait_for_report
+    from controlplane.services.common import retry_transient, wait_for_report
 
     until = time.monotonic() + HOLD_S
     while True:
-        tr, outcome = executor.advance(transition_id=transition_id, owner=owner)
+        tr, outcome = retry_transient(executor.advance, transition_id=transition_id, owner=owner)
         if outcome != "waiting":
             return outcome
         owner = tr.lease_owner
@@ -71,9 +71,10 @@ def replan_all() -> list[int]:
     """Periodic re-plan of every live job; resumes transitions whose executor died (its lease ran out)."""
     from controlplane.models import Job, Transition
     from controlplane.services import executor, planner
+    from controlplane.services.common import retry_transient
 
     for tr_id in Transition.objects.filter(status__in=[Transition.Status.PENDING, Transition.Status.RUNNING]).values_list("id", flat=True):
-        tr, outcome = executor.advance(transition_id=tr_id)
+        tr, outcome = retry_transient(executor.advance, transition_id=tr_id)
         if outcome == "waiting":  # its executor died (the lease ran out): this one carries on
             execute_transition.apply_async((tr_id, tr.lease_owner), countdown=0.25)
     planned = []

@@ -16,6 +16,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from controlplane.services.common import is_transient
 from controlplane.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("invalid", detail, field) | {"errors": exc.detail}, status=400)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", str(exc) or "not found"), status=404)
+    if is_transient(exc):  # a deadlock victim (rare: see the lock order in services/common.py); rolled back
+        log.warning("a request lost a database deadlock: %s", str(exc).splitlines()[0])
+        return Response(error_body("conflict", "a concurrent change aborted this one; nothing was changed; send it again"),
+                        status=409)
     if isinstance(exc, DataError):  # a value the database cannot hold: bad input that slipped past parsing
         log.warning("database refused a value: %s", exc)
         return Response(error_body("invalid", "a value is out of range for the database"), status=400)

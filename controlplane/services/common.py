@@ -1,22 +1,38 @@
-"""Helpers every write use case shares: row locks and the invariant check."""
+"""Helpers every write use case shares: row locks and the invariant check.
+
+Lock order. Every transaction that locks or writes more than one of these rows takes them in the order
+job → node → worker (jobs by id, nodes by id): the hierarchy of the state model (a job's workers sit on
+nodes; a worker's GPUs are its node's). A transaction that took a worker row and then waited for its
+node, while a heartbeat held the node and waited for the worker, was a deadlock that PostgreSQL broke by
+aborting one of them: a lost heartbeat or a stopped executor. `lock_nodes` is how a use case that
+changes workers takes their nodes first. What is left (a cycle through rows outside this order) is
+retried by the entry points (`retry_transient`).
+"""
 from __future__ import annotations
 
-from typing import Any, Iterable, TypeVar
+import logging
+import time
+from typing import Any, Callable, Iterable, TypeVar
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Model, QuerySet
 
 from controlplane.core.invariants import check_invariants
-from controlplane.models import Job, WorkerGPU
+from controlplane.models import Job, Node, WorkerGPU
 from controlplane.selectors.cluster import training_flags, worker_views
 from controlplane.services.errors import Conflict, InvariantViolation, NotFound
 
 M = TypeVar("M", bound=Model)
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 
 def locked(qs: QuerySet[M]) -> QuerySet[M]:
-    """SELECT ... FOR UPDATE on PostgreSQL (SQLite serialises writers with IMMEDIATE transactions)."""
-    return qs.select_for_update()
+    """SELECT ... FOR UPDATE OF the queryset's own rows on PostgreSQL (rows joined by select_related stay
+    unlocked: each use case takes them itself, in the lock order). SQLite serialises writers with
+    IMMEDIATE transactions."""
+    return qs.select_for_update(of=("self",))
 
 
 def lock_job(job_id: int, *, field: str = "id", live: str = "") -> Job:
@@ -28,6 +44,38 @@ def lock_job(job_id: int, *, field: str = "id", live: str = "") -> Job:
     if live and job.status in (Job.Status.STOPPED, Job.Status.FAILED):
         raise Conflict(f"job {job.name} is already {job.status}; {live}", field="status")
     return job
+
+
+def lock_nodes(node_ids: Iterable[int]) -> dict[int, Node]:
+    """These nodes' rows, locked in id order (the lock order above), by id."""
+    ids = sorted({int(i) for i in node_ids})
+    return {n.pk: n for n in locked(Node.objects.filter(pk__in=ids)).order_by("pk")} if ids else {}
+
+
+# PostgreSQL's deadlock_detected and serialization_failure: the transaction was rolled back as a whole
+# and may simply run again (PostgreSQL manual, 13.2 and 13.3.4).
+TRANSIENT_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that rolled its transaction back and that a retry of the whole use case may pass."""
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(exc, DatabaseError) and getattr(cause, "sqlstate", None) in TRANSIENT_SQLSTATES
+
+
+def retry_transient(fn: Callable[..., R], *args: Any, attempts: int = 4, **kwargs: Any) -> R:
+    """Run a use case, running it again when the database aborted it as a deadlock victim or for a
+    serialization failure. Only at an entry point (a socket message, a task): inside a caller's
+    transaction nothing can be retried, and the error goes up to where it can."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn(*args, **kwargs)
+        except DatabaseError as exc:
+            if attempt == attempts or connection.in_atomic_block or not is_transient(exc):
+                raise
+            log.warning("%s: %s; retrying (%d of %d)", getattr(fn, "__name__", fn), str(exc).splitlines()[0], attempt, attempts - 1)
+            time.sleep(0.01 * 2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 def assert_invariants(*, job_ids: Iterable[int] = (), gpu_ids: Iterable[int] = ()) -> None:

@@ -24,7 +24,7 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
-from controlplane.services.common import lock_job, locked, resume_deferred_plans
+from controlplane.services.common import lock_job, lock_nodes, locked, resume_deferred_plans
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
@@ -193,7 +193,7 @@ def _reissue(job: Job, step: TransitionStep) -> None:
             if step.worker_slot is not None else None
         workers = [w] if w is not None else []
     with transaction.atomic():
-        for node in {w.node_id: w.node for w in workers}.values():
+        for node in lock_nodes(w.node_id for w in workers).values():
             bump_generation(node)
             push_node(node.pk)
         TransitionStep.objects.filter(pk=step.pk).update(started=timezone.now(), attempts=step.attempts + 1)

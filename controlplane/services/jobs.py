@@ -9,10 +9,10 @@ from django.utils import timezone
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, validate_options
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
-from controlplane.models import GPU, Job, Override, Worker, WorkerGPU
+from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
 from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import override_summary
-from controlplane.services.common import assert_invariants, enqueue_plan, lock_job
+from controlplane.services.common import assert_invariants, enqueue_plan, lock_job, lock_nodes
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node
@@ -97,7 +97,8 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
     with transaction.atomic():
         job = lock_job(job_id, live="it cannot be stopped again")
         now = timezone.now()
-        workers = list(Worker.objects.filter(job=job, alive=True).select_related("node"))
+        workers = list(Worker.objects.filter(job=job, alive=True))
+        held = lock_nodes(w.node_id for w in workers)  # the lock order: the nodes, then their workers
         Worker.objects.filter(pk__in=[w.pk for w in workers]).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
         WorkerGPU.objects.filter(worker__in=workers).update(alive=False, active=False)
         job.status = status
@@ -105,7 +106,7 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
         job.training_active = False
         job.failure_reason = reason[:4000]
         job.save(update_fields=["status", "stopped_at", "training_active", "failure_reason", "updated"])
-        for node in {w.node for w in workers}:
+        for node in held.values():
             bump_generation(node)
             push_node(node.pk)
         notify_drivers_on_commit([job.pk])
@@ -174,17 +175,17 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         job = lock_job(job_id, live="training cannot begin or finish")
         if job.training_active == active:
             raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
-        nodes = set()
+        held: dict[int, Node] = {}
         if active:
             job.returned_at_training_begin = len(return_borrowed(job, actor=actor))
         else:
-            trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
+            trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING))
+            held = lock_nodes(w.node_id for w in trainers)  # the lock order: the nodes, then their workers
             Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.INACTIVE)
             WorkerGPU.objects.filter(worker__in=trainers).update(active=False)
-            nodes |= {w.node for w in trainers}
         job.training_active = active
         job.save(update_fields=["training_active", "returned_at_training_begin", "updated"])
-        for node in nodes:
+        for node in held.values():
             bump_generation(node)
             push_node(node.pk)
         emit(kind="training.begin" if active else "training.finished",
@@ -206,11 +207,12 @@ def start_update(*, job_id: int, actor: str = "system") -> Job:
         if out:
             raise Conflict(f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out)} are not returned yet",
                            field="borrowed")
-        trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).select_related("node"))
+        trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING))
+        held = lock_nodes(w.node_id for w in trainers)  # the lock order: the nodes, then their workers
         Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.ACTIVE)
         assert_invariants(job_ids=[job.pk])
         WorkerGPU.objects.filter(worker__in=trainers).update(active=True)
-        for node in {w.node for w in trainers}:
+        for node in held.values():
             bump_generation(node)
             push_node(node.pk)
         emit(kind="training.update", message=f"{job.name}: the trainer computes the update", job=job, actor=actor)

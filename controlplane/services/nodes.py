@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
-from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
+from controlplane.models import GPU, AgentCredential, Job, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
-from controlplane.services.common import kick_executor_on_commit, locked, replan_live_jobs
+from controlplane.services.common import kick_executor_on_commit, lock_nodes, locked, replan_live_jobs
 from controlplane.services import telemetry
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import (
@@ -185,6 +185,12 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     now = timezone.now()
     refused: list[str] = []
     with transaction.atomic():
+        # The lock order (job → node → worker): a trainer publishing new weights raises its job's version
+        # and bumps every node of the job, so those rows are taken before this node's.
+        publishing = _publishing_jobs(node_id, message)
+        if publishing:
+            list(locked(Job.objects.filter(pk__in=publishing)).order_by("pk"))
+            lock_nodes([node_id, *Worker.objects.filter(job_id__in=publishing, alive=True).values_list("node_id", flat=True)])
         node = _holder(node_id, channel, message.epoch)
         recovered = node.status == NodeStatus.NOT_READY
         checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
@@ -255,6 +261,19 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     return HeartbeatResult(refused, node.generation)
 
 
+def _publishing_jobs(node_id: int, message: Heartbeat) -> set[int]:
+    """The jobs whose trainer on this node reports a new weight version or endpoint in this heartbeat.
+    Read before any lock, which is exact in practice: only this node's agent changes these fields, and its
+    heartbeats are taken one at a time."""
+    reported = {o.worker_id: o for o in message.workers}
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None or not reported:
+        return set()
+    return {w.job_id for w in Worker.objects.filter(node=node, alive=True, role=Role.TRAINING, id__in=list(reported))
+            if reported[w.pk].weight_version > w.weight_version
+            or ((_endpoint_on(node, reported[w.pk].endpoint) if reported[w.pk].endpoint else "") or "") != w.endpoint}
+
+
 def _routing_facts(o: dict[str, Any]) -> tuple[Any, ...]:
     """What a driver routes by, of one observed worker (load changes do not count, idleness does)."""
     return (o.get("state"), o.get("role"), o.get("activity"), o.get("weight_version"), o.get("endpoint"),
@@ -290,8 +309,6 @@ def record_telemetry(*, node_id: int, message: Telemetry, channel: str = "") -> 
 def _publish_weights(job_id: int, version: int, node: Node) -> None:
     """A trainer reported a new weight version (or a new endpoint): raise the job's version and send
     every node with a worker of the job its new desired state, so workers pull lazily."""
-    from controlplane.models import Job
-
     job = locked(Job.objects.filter(pk=job_id)).first()
     if job is None:
         return
@@ -300,7 +317,7 @@ def _publish_weights(job_id: int, version: int, node: Node) -> None:
         job.save(update_fields=["weight_version", "updated"])
         emit(kind="weights.published", message=f"{job.name}: weights v{version}", job=job, node=node,
              actor=f"agent:{node.name}", data={"version": version})
-    for other in Node.objects.filter(workers__job=job, workers__alive=True).distinct():
+    for other in Node.objects.filter(workers__job=job, workers__alive=True).distinct().order_by("pk"):
         bump_generation(other)
 
 

@@ -25,7 +25,7 @@ from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
-from controlplane.services.common import defer_plan, lock_job
+from controlplane.services.common import defer_plan, lock_job, retry_transient
 from controlplane.services.errors import NotFound
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, job_delta
@@ -201,7 +201,7 @@ def plan_job_isolated(*, job_id: int, signal: str = Signal.PERIODIC) -> Transiti
     from controlplane.services.jobs import fail_job
 
     try:
-        return plan_job(job_id=job_id, signal=signal)
+        return retry_transient(plan_job, job_id=job_id, signal=signal)
     except NotFound:
         return None
     except (InvalidInput, ValueError) as exc:

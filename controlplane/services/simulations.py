@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.models import SimulationRun
+from controlplane.services.common import locked
 from controlplane.services.errors import Conflict, InvalidInput, NotFound
 from controlplane.services.events import push_delta_on_commit
 
@@ -58,7 +59,7 @@ def run(*, run_id: int) -> SimulationRun:
     from controlplane.sim.scenario import get_scenario
 
     with transaction.atomic():
-        sim = SimulationRun.objects.select_for_update().filter(pk=run_id).first()
+        sim = locked(SimulationRun.objects.filter(pk=run_id)).first()
         if sim is None:
             raise NotFound(f"simulation {run_id} does not exist")
         if sim.status in (SimulationRun.Status.SUCCEEDED, SimulationRun.Status.FAILED):

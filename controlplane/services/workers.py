@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
-from controlplane.services.common import assert_invariants, lock_job, locked
+from controlplane.services.common import assert_invariants, lock_job, lock_nodes, locked
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit
 from controlplane.services.nodes import bump_generation, push_node
@@ -115,7 +115,9 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
         slots = [c.slot for c in changes]
         if len(set(slots)) != len(slots):
             raise InvalidInput("each worker may appear once", field="changes")
-        workers = {w.slot: w for w in locked(Worker.objects.filter(job=job, alive=True, slot__in=slots))}
+        live = Worker.objects.filter(job=job, alive=True, slot__in=slots)
+        held = lock_nodes(live.values_list("node_id", flat=True))  # the lock order: their nodes, then the workers
+        workers = {w.slot: w for w in locked(live).order_by("pk")}
         missing = sorted(set(slots) - set(workers))
         if missing:
             raise NotFound(f"job {job.name} has no live worker in slot(s) {missing}", field="slot")
@@ -149,9 +151,9 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
                     WorkerGPU.objects.filter(worker=w).update(active=w.activity == Activity.ACTIVE)
         except IntegrityError as exc:
             raise InvariantViolation(f"a GPU would get two active workers: {exc}") from None
-        for node in Node.objects.filter(pk__in=nodes):
-            bump_generation(node)
-            push_node(node.pk)
+        for node_id in sorted(nodes):
+            bump_generation(held[node_id])
+            push_node(node_id)
         if touched:
             emit(
                 kind="worker.changed",
@@ -192,7 +194,9 @@ def return_borrowed(job: Job, actor: str = "system") -> list[int]:
 def stop_worker(*, job_id: int, slot: int, actor: str = "system") -> Worker:
     """Stop a worker: it leaves the map (its row stays as history) and its slot becomes free."""
     with transaction.atomic():
-        worker = locked(Worker.objects.filter(job_id=job_id, slot=slot, alive=True)).select_related("job", "node").first()
+        live = Worker.objects.filter(job_id=job_id, slot=slot, alive=True)
+        lock_nodes(live.values_list("node_id", flat=True))  # the lock order: its node, then the worker
+        worker = locked(live.select_related("job", "node")).first()
         if worker is None:
             raise NotFound(f"job {job_id} has no live worker in slot {slot}", field="slot")
         worker.alive = False
