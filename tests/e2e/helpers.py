@@ -54,7 +54,9 @@ def operator_user(username: str = "ops", password: str = "ops-password-123"):  #
 class Agent:
     """A node agent as far as the control plane can tell: it registers over the real agent link and,
     like agents/node.py after each reconcile, reports every desired state as done (its workers running
-    in their roles, idle, holding the job's weights), so transitions complete; it runs no processes."""
+    in their roles, idle, holding the job's weights), so transitions complete; like it, it also
+    heartbeats every `heartbeat_s` the link asks for (a report the server lost is sent again, and the
+    lease holds). It runs no processes."""
 
     def __init__(self, ws_url: str, name: str, *, pool: str = "reserved", slots: int = 4) -> None:
         import threading
@@ -78,22 +80,27 @@ class Agent:
     def _serve(self) -> None:
         from controlplane.core.agent_link import Heartbeat, ObservedWorker, dump
 
+        report = Heartbeat(epoch=self.epoch, generation=0, workers=[])
         while True:
             try:
-                data = json.loads(self.ws.recv())
+                data = json.loads(self.ws.recv(timeout=float(self.registered["heartbeat_s"])))
+            except TimeoutError:  # the periodic heartbeat: the last report again
+                data = {}
             except Exception:  # closed
                 return
-            if data.get("type") != "desired_state":
+            if data.get("type") == "desired_state":
+                self.epoch = data["epoch"]
+                workers = [ObservedWorker(worker_id=w["worker_id"], role=w["role"], state="running", inflight=0,
+                                          activity="inactive" if w["role"] == "training" and w["activity"] != "active"
+                                          else w["activity"], weight_version=w.get("min_weight_version", 0),
+                                          endpoint=f"http://127.0.0.1:{20000 + w['worker_id']}", generation=data["generation"],
+                                          devices=list(w["gpus"]))
+                           for w in data["workers"]]
+                report = Heartbeat(epoch=self.epoch, generation=data["generation"], workers=workers)
+            elif data:
                 continue
-            self.epoch = data["epoch"]
-            workers = [ObservedWorker(worker_id=w["worker_id"], role=w["role"], state="running", inflight=0,
-                                      activity="inactive" if w["role"] == "training" and w["activity"] != "active"
-                                      else w["activity"], weight_version=w.get("min_weight_version", 0),
-                                      endpoint=f"http://127.0.0.1:{20000 + w['worker_id']}", generation=data["generation"],
-                                      devices=list(w["gpus"]))
-                       for w in data["workers"]]
             try:
-                self.ws.send(json.dumps(dump(Heartbeat(epoch=self.epoch, generation=data["generation"], workers=workers))))
+                self.ws.send(json.dumps(dump(report)))
             except Exception:
                 return
 
