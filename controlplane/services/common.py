@@ -29,10 +29,13 @@ log = logging.getLogger(__name__)
 
 
 def locked(qs: QuerySet[M]) -> QuerySet[M]:
-    """SELECT ... FOR UPDATE OF the queryset's own rows on PostgreSQL (rows joined by select_related stay
-    unlocked: each use case takes them itself, in the lock order). SQLite serialises writers with
-    IMMEDIATE transactions."""
-    return qs.select_for_update(of=("self",))
+    """SELECT ... FOR NO KEY UPDATE OF the queryset's own rows on PostgreSQL. Rows joined by select_related
+    stay unlocked: each use case takes them itself, in the lock order. NO KEY: no use case changes a key,
+    and a row inserted elsewhere that refers to a locked one (an event of a locked job, a telemetry sample
+    of a locked node) takes only a key-share lock, which this one does not block; FOR UPDATE would make
+    every such insert a hidden lock on the job or node, out of the lock order. SQLite serialises writers
+    with IMMEDIATE transactions."""
+    return qs.select_for_update(of=("self",), no_key=True)
 
 
 def lock_job(job_id: int, *, field: str = "id", live: str = "") -> Job:

@@ -19,7 +19,7 @@ from django.db import OperationalError, connection, connections, transaction
 from django.db.models import F
 
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
-from controlplane.models import Job, Node, Worker
+from controlplane.models import Event, Job, Node, Worker
 from controlplane.services import jobs, planner
 from controlplane.services.common import is_transient, lock_job, locked, retry_transient
 from controlplane.services.nodes import record_heartbeat
@@ -163,6 +163,17 @@ def test_a_heartbeat_that_publishes_nothing_takes_no_job_lock(running_job):
     with ThreadPoolExecutor(1) as pool, transaction.atomic():
         lock_job(running_job.pk)
         pool.submit(_in_thread(lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel))).result(timeout=10)
+
+
+def test_events_of_a_locked_job_are_written_without_waiting_for_its_lock(running_job):
+    """An event refers to its job: under FOR UPDATE its insert waited for the job's lock, so stopping a
+    worker (its node, then the event) waited on the job while a transition held the job and waited on
+    that node. Locks are FOR NO KEY UPDATE: the insert's key-share lock passes."""
+    w = _rollout(running_job)
+    with ThreadPoolExecutor(1) as pool, transaction.atomic():
+        lock_job(running_job.pk)
+        pool.submit(_in_thread(lambda: stop_worker(job_id=running_job.pk, slot=w.slot))).result(timeout=10)
+    assert Event.objects.filter(kind="worker.stopped", job=running_job).exists()
 
 
 def test_a_deadlock_victim_runs_again():
