@@ -15,6 +15,22 @@ from typing import Iterator
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NOTABLE = ("WARNING", "ERROR", "CRITICAL", "Traceback", "Error:", "deadlock")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """A failed test that ran servers (Daphne, Celery, agents) shows what they logged of note: on CI the
+    report is all there is, and the subprocesses' logs die with the runner's temporary directory."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if not report.failed or tmp is None:
+        return
+    for log in sorted(Path(tmp).rglob("*.log"))[:8]:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if any(k in ln for k in NOTABLE)]
+        if lines:
+            report.sections.append((f"notable lines of {log.relative_to(tmp)}", "\n".join(ln[:300] for ln in lines[-20:])))
 
 
 def redis_url() -> str:
