@@ -4,6 +4,9 @@ What maps to what:
 - generate / prefill / decode -> `AsyncLLM.generate(TokensPrompt, SamplingParams(logprobs=0), request_id)`,
   log-probs from `CompletionOutput.logprobs` (the sampled token's entry).
 - abort -> `AsyncLLM.abort(request_id)`; the partial output is what was streamed so far.
+- telemetry -> a PREFILL record per prompt at its first token (tokens after `num_cached_tokens`, vLLM's
+  prefill time from `RequestOutput.metrics`: first scheduled to first token, and the requests decoding
+  beside it), from which the tracker measures the PD interference; a TURN record per finished request.
 - sleep / wake -> `AsyncLLM.sleep(level)` / `wake_up()` (needs `enable_sleep_mode`, CUDA/ROCm only).
 - load weights (version) -> write the safetensors snapshot atomically into the worker's model
   directory, then `collective_rpc("reload_weights")` and `reset_prefix_cache()`.
@@ -20,6 +23,7 @@ import json
 import os
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,15 @@ from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, P
 from agents.engines.base import Conflict, Engine, EngineError
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
+
+
+def _prefill_span(out: Any, submitted: float) -> tuple[float, float]:
+    """When a prompt's prefill began and ended, on the host's monotonic clock: vLLM's own stats (first
+    scheduled, first token: its request_prefill_time, which leaves out queueing), else our submission and
+    the first output's arrival (an engine started without stats)."""
+    m = getattr(out, "metrics", None)
+    scheduled, first = float(getattr(m, "scheduled_ts", 0.0) or 0.0), float(getattr(m, "first_token_ts", 0.0) or 0.0)
+    return (scheduled, first) if first > scheduled > 0 else (submitted, time.monotonic())
 
 
 def import_vllm() -> Any:
@@ -57,6 +70,10 @@ class VLLMEngine(Engine):
         self.llm: Any = None
         self.vocab_size = 2**31
         self._inflight: dict[str, dict[str, Any]] = {}
+        # when each request began decoding (its first token), and the decode spans of recent finished ones:
+        # what ran in the same iterations as a prompt's prefill (the PD interference PEARL measures)
+        self._decoding: dict[str, float] = {}
+        self._decoded: deque[tuple[float, float]] = deque(maxlen=512)
 
     # ---- lifecycle
     async def start(self) -> None:
@@ -104,23 +121,42 @@ class VLLMEngine(Engine):
             raise Conflict(f"request {request_id!r} is already in flight on this worker")
         self._inflight[request_id] = state
         last = None
-        t0 = time.perf_counter()
+        submitted = time.monotonic()
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), sp, request_id):
                 last = out
                 c = out.outputs[0]
+                if not state["tokens"] and c.token_ids and kind != "decode":  # the prompt's prefill just ended
+                    scheduled, first = _prefill_span(out, submitted)
+                    self.telemetry.append(self._prefill_record(out, len(prompt), scheduled, first))
+                    if kind == "generate":
+                        self._decoding[request_id] = first
                 state["tokens"] = list(c.token_ids)
                 state["logprobs"] = [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])]
         finally:
             self._inflight.pop(request_id, None)
-        dt = time.perf_counter() - t0
+            began = self._decoding.pop(request_id, None)
+            if began is not None:
+                ended = float(getattr(getattr(last, "metrics", None), "last_token_ts", 0.0) or 0.0)
+                self._decoded.append((began, ended if ended >= began else time.monotonic()))
         self.counters.generated_tokens += len(state["tokens"])
-        self.telemetry.append(tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=len(prompt), duration_s=dt)
-                              if kind == "prefill" else tm.turn(time_s=time.time(), job=self.job, worker=self.worker_id,
-                                                                 new_prompt_tokens=len(prompt), generated_tokens=len(state["tokens"])))
+        if kind != "prefill":
+            self.telemetry.append(tm.turn(time_s=time.time(), job=self.job, worker=self.worker_id,
+                                          new_prompt_tokens=len(prompt), generated_tokens=len(state["tokens"])))
         if last is None:
             raise EngineError("vLLM returned no output", 500)
         return last, state
+
+    def _prefill_record(self, out: Any, prompt_len: int, scheduled: float, first: float) -> tm.TelemetryRecord:
+        """The PREFILL record of a prompt, at its first token: the tokens computed after the cached prefix
+        (`num_cached_tokens`), its prefill time, and how many requests were decoding at some point of it
+        (began before its first token, ended after it was scheduled; 0: it ran alone). Prompts prefilled in
+        the same step share the first-token time, so they do not count one another."""
+        cached = min(max(int(getattr(out, "num_cached_tokens", 0) or 0), 0), prompt_len)
+        carried = sum(1 for began in self._decoding.values() if began < first) \
+            + sum(1 for began, ended in self._decoded if began < first and ended > scheduled)
+        return tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=prompt_len - cached,
+                          prefix_tokens=cached, duration_s=max(first - scheduled, 1e-6), running_batch=carried)
 
     def _result(self, state: dict[str, Any], finish: str | None) -> GenerationResult:
         reason = finish if finish in ("stop", "length", "abort") else ("abort" if finish is None else "stop")

@@ -46,3 +46,43 @@ async def test_vllm_generates_with_logprobs_and_reloads_weights(tmp_path):
         assert engine.weight_version == 1
     finally:
         await engine.shutdown()
+
+
+@pytest.mark.vllm
+async def test_vllm_reports_each_prompts_prefill_with_its_cached_prefix_and_the_decodes_beside_it(tmp_path):
+    """What the runtime tracker measures the PD interference from (PREFILL records: tokens computed, the
+    cached prefix, vLLM's own prefill time, decodes in the same iterations), as the emulated engine and the
+    simulator report it."""
+    pytest.importorskip("vllm")
+    import asyncio
+
+    from agents import models
+    from agents.dataplane import GenerateRequest, SamplingParams
+    from controlplane.core.telemetry import RecordKind
+
+    models.load_model("tiny").save_pretrained(tmp_path / "m", safe_serialization=True)
+    engine = build_engine("vllm", model=str(tmp_path / "m"))
+    await engine.start()
+
+    def req(rid: str, n: int) -> GenerateRequest:
+        return GenerateRequest(request_id=rid, sampling=SamplingParams(max_tokens=n, stop_at_eos=False))
+
+    prompt, other = list(range(10, 210)), list(range(20, 220))
+    try:
+        await engine.generate(req("alone", 4), prompt)
+        await engine.generate(req("again", 4), prompt)  # the same prompt: its prefix is in vLLM's cache
+        long = asyncio.create_task(engine.generate(req("long", 3000), [256, 97]))
+        for _ in range(500):  # until it decodes
+            if "long" in engine._decoding:
+                break
+            await asyncio.sleep(0.01)
+        await engine.generate(req("beside", 4), other)
+        await engine.abort("long")
+        await long
+    finally:
+        await engine.shutdown()
+    alone, again, long_, beside = [r for r in engine.telemetry if r.kind is RecordKind.PREFILL]
+    assert (alone.tokens, alone.prefix_tokens, alone.running_batch) == (200, 0, 0)
+    assert again.prefix_tokens > 0 and again.tokens == 200 - again.prefix_tokens and again.running_batch == 0
+    assert long_.running_batch == 0 and beside.running_batch == 1 and beside.tokens + beside.prefix_tokens == 200
+    assert all(r.duration_s > 0 for r in (alone, again, long_, beside))
