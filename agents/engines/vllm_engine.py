@@ -20,6 +20,7 @@ What maps to what:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -74,6 +75,9 @@ class VLLMEngine(Engine):
         # what ran in the same iterations as a prompt's prefill (the PD interference PEARL measures)
         self._decoding: dict[str, float] = {}
         self._decoded: deque[tuple[float, float]] = deque(maxlen=512)
+        self._prefilling = 0  # prompts between submission and first token
+        self._iteration_s = 0.0  # the last decode-only iteration's time (no prompt being prefilled)
+        self._budget = 8192  # tokens per engine step (vLLM's max_num_batched_tokens, read at start)
 
     # ---- lifecycle
     async def start(self) -> None:
@@ -89,6 +93,8 @@ class VLLMEngine(Engine):
 
             kw["kv_transfer_config"] = KVTransferConfig(kv_connector=self.kv_connector, kv_role="kv_both")
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+        sched = getattr(getattr(self.llm, "vllm_config", None), "scheduler_config", None)
+        self._budget = int(getattr(sched, "max_num_batched_tokens", 0) or self._budget)
         cfg = getattr(self.llm, "model_config", None)
         if cfg is not None and hasattr(cfg, "get_vocab_size"):
             self.vocab_size = int(cfg.get_vocab_size())
@@ -122,18 +128,28 @@ class VLLMEngine(Engine):
         self._inflight[request_id] = state
         last = None
         submitted = time.monotonic()
+        prefilling = kind != "decode"
+        self._prefilling += prefilling
+        token_ts, clean = 0.0, False  # the previous token's time; no prompt was being prefilled then
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), sp, request_id):
                 last = out
                 c = out.outputs[0]
-                if not state["tokens"] and c.token_ids and kind != "decode":  # the prompt's prefill just ended
+                if prefilling and c.token_ids:  # the prompt's prefill just ended
+                    prefilling = False
+                    self._prefilling -= 1
                     scheduled, first = _prefill_span(out, submitted)
                     self.telemetry.append(self._prefill_record(out, len(prompt), scheduled, first))
                     if kind == "generate":
                         self._decoding[request_id] = first
+                ts = float(getattr(getattr(out, "metrics", None), "last_token_ts", 0.0) or 0.0)
+                if clean and self._prefilling == 0 and len(c.token_ids) == len(state["tokens"]) + 1 and ts > token_ts:
+                    self._iteration_s = ts - token_ts  # one decode-only engine step
+                token_ts, clean = ts, self._prefilling == 0
                 state["tokens"] = list(c.token_ids)
                 state["logprobs"] = [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])]
         finally:
+            self._prefilling -= prefilling
             self._inflight.pop(request_id, None)
             began = self._decoding.pop(request_id, None)
             if began is not None:
@@ -151,12 +167,19 @@ class VLLMEngine(Engine):
         """The PREFILL record of a prompt, at its first token: the tokens computed after the cached prefix
         (`num_cached_tokens`), its prefill time, and how many requests were decoding at some point of it
         (began before its first token, ended after it was scheduled; 0: it ran alone). Prompts prefilled in
-        the same step share the first-token time, so they do not count one another."""
-        cached = min(max(int(getattr(out, "num_cached_tokens", 0) or 0), 0), prompt_len)
+        the same step share the first-token time, so they do not count one another.
+
+        The steps that prefilled it also ran those decodes. Their own cost, as a decode-only step costs,
+        is taken out, so the record holds the prefill's time as the simulator's and the emulated engine's
+        do: what is left over the prefill alone is the interference, not the decodes' additive share."""
+        tokens = prompt_len - min(max(int(getattr(out, "num_cached_tokens", 0) or 0), 0), prompt_len)
         carried = sum(1 for began in self._decoding.values() if began < first) \
             + sum(1 for began, ended in self._decoded if began < first and ended > scheduled)
-        return tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=prompt_len - cached,
-                          prefix_tokens=cached, duration_s=max(first - scheduled, 1e-6), running_batch=carried)
+        elapsed = max(first - scheduled, 1e-6)
+        steps = math.ceil(max(tokens, 1) / max(1, self._budget - carried)) if carried else 0
+        own = max(elapsed - steps * self._iteration_s, 0.1 * elapsed)
+        return tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=tokens,
+                          prefix_tokens=prompt_len - tokens, duration_s=own, running_batch=carried)
 
     def _result(self, state: dict[str, Any], finish: str | None) -> GenerationResult:
         reason = finish if finish in ("stop", "length", "abort") else ("abort" if finish is None else "stop")
