@@ -303,11 +303,17 @@ async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_g
         ws = await cp.wait_for(lambda c: observed(c, 1))
         client = WorkerClient(ws[1]["endpoint"], agent.workers[1].proc.secret, s)
 
-        def gen(rid: str, n: int, prompt: str) -> dp.GenerateRequest:
-            return dp.GenerateRequest(request_id=rid, prompt=prompt, sampling=dp.SamplingParams(max_tokens=n, seed=1))
+        def gen(rid: str, n: int, prompt: str, stop_at_eos: bool = True) -> dp.GenerateRequest:
+            return dp.GenerateRequest(request_id=rid, prompt=prompt,
+                                      sampling=dp.SamplingParams(max_tokens=n, seed=1, stop_at_eos=stop_at_eos))
 
-        long = asyncio.create_task(client.generate(gen("long", 300, "x " * 200)))
-        await asyncio.sleep(0.3)  # it is decoding now: the next prefills ride next to it
+        # as long a turn as a worker takes (a few seconds at this time factor): still decoding when they come
+        long = asyncio.create_task(client.generate(gen("long", dp.MAX_NEW_TOKENS, "x " * 200, stop_at_eos=False)))
+        for _ in range(1000):  # until it decodes (not a fixed sleep: on a busy machine it may not have started)
+            st = await client.stats()
+            if st.running_batch >= 1 and st.decode_iterations > 0:
+                break
+            await asyncio.sleep(0.01)
         await asyncio.gather(*[client.generate(gen(f"s{i}", 2, f"prompt {i} " * (50 + 10 * i))) for i in range(4)])
         await long
         prof = get_profile("H800", "qwen3-8b", 1)  # one slot: the worker's TP is 1
