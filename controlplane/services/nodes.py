@@ -232,7 +232,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
             endpoint: str = recorded or ""
             if (w.endpoint, w.weight_version, w.inflight) != (endpoint, version, o.inflight):
                 Worker.objects.filter(pk=w.pk).update(endpoint=endpoint, weight_version=version, inflight=o.inflight)
-                if w.role == Role.TRAINING and (version > w.weight_version or endpoint != w.endpoint):
+                if _publishes(w, version, endpoint):
                     _publish_weights(w.job_id, version, node)
                     published[w.job_id] = max(published.get(w.job_id, 0), version)
             if o.devices and o.state == "running" and checked.get(o.worker_id) != o.devices:  # G_w is fixed for life: once per report change
@@ -261,17 +261,26 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     return HeartbeatResult(refused, node.generation)
 
 
+def _publishes(w: Worker, version: int, endpoint: str) -> bool:
+    """A trainer's report publishes weights: a new version, or the same weights served from a new endpoint."""
+    return w.role == Role.TRAINING and (version > w.weight_version or endpoint != w.endpoint)
+
+
 def _publishing_jobs(node_id: int, message: Heartbeat) -> set[int]:
-    """The jobs whose trainer on this node reports a new weight version or endpoint in this heartbeat.
-    Read before any lock, which is exact in practice: only this node's agent changes these fields, and its
-    heartbeats are taken one at a time."""
-    reported = {o.worker_id: o for o in message.workers}
-    node = Node.objects.filter(pk=node_id).first()
-    if node is None or not reported:
+    """The jobs whose trainer on this node publishes in this heartbeat (`_publishes`). Read before any lock,
+    which is exact in practice: only this node's agent changes these fields, and its heartbeats are taken
+    one at a time. A heartbeat that reports no trainer (most of them) costs no query here."""
+    trainers = {o.worker_id: o for o in message.workers if o.role == Role.TRAINING}
+    node = Node.objects.filter(pk=node_id).first() if trainers else None
+    if node is None:
         return set()
-    return {w.job_id for w in Worker.objects.filter(node=node, alive=True, role=Role.TRAINING, id__in=list(reported))
-            if reported[w.pk].weight_version > w.weight_version
-            or ((_endpoint_on(node, reported[w.pk].endpoint) if reported[w.pk].endpoint else "") or "") != w.endpoint}
+    jobs: set[int] = set()
+    for w in Worker.objects.filter(node=node, alive=True, id__in=list(trainers)):
+        o = trainers[w.pk]
+        recorded = _endpoint_on(node, o.endpoint) if o.endpoint else ""
+        if recorded is not None and _publishes(w, o.weight_version, recorded):
+            jobs.add(w.job_id)
+    return jobs
 
 
 def _routing_facts(o: dict[str, Any]) -> tuple[Any, ...]:
