@@ -34,12 +34,17 @@ from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 
 
+def _stat(out: Any, name: str) -> float:
+    """One of vLLM's per-request timestamps (`RequestOutput.metrics`, the host's monotonic clock; 0 when
+    the engine keeps no stats)."""
+    return float(getattr(getattr(out, "metrics", None), name, 0.0) or 0.0)
+
+
 def _prefill_span(out: Any, submitted: float) -> tuple[float, float]:
-    """When a prompt's prefill began and ended, on the host's monotonic clock: vLLM's own stats (first
-    scheduled, first token: its request_prefill_time, which leaves out queueing), else our submission and
-    the first output's arrival (an engine started without stats)."""
-    m = getattr(out, "metrics", None)
-    scheduled, first = float(getattr(m, "scheduled_ts", 0.0) or 0.0), float(getattr(m, "first_token_ts", 0.0) or 0.0)
+    """When a prompt's prefill began and ended: vLLM's own stats (first scheduled, first token: its
+    request_prefill_time, which leaves out queueing), else our submission and the first output's arrival
+    (an engine started without stats)."""
+    scheduled, first = _stat(out, "scheduled_ts"), _stat(out, "first_token_ts")
     return (scheduled, first) if first > scheduled > 0 else (submitted, time.monotonic())
 
 
@@ -142,7 +147,7 @@ class VLLMEngine(Engine):
                     self.telemetry.append(self._prefill_record(out, len(prompt), scheduled, first))
                     if kind == "generate":
                         self._decoding[request_id] = first
-                ts = float(getattr(getattr(out, "metrics", None), "last_token_ts", 0.0) or 0.0)
+                ts = _stat(out, "last_token_ts")
                 if clean and self._prefilling == 0 and len(c.token_ids) == len(state["tokens"]) + 1 and ts > token_ts:
                     self._iteration_s = ts - token_ts  # one decode-only engine step
                 token_ts, clean = ts, self._prefilling == 0
@@ -153,7 +158,7 @@ class VLLMEngine(Engine):
             self._inflight.pop(request_id, None)
             began = self._decoding.pop(request_id, None)
             if began is not None:
-                ended = float(getattr(getattr(last, "metrics", None), "last_token_ts", 0.0) or 0.0)
+                ended = _stat(last, "last_token_ts")
                 self._decoded.append((began, ended if ended >= began else time.monotonic()))
         self.counters.generated_tokens += len(state["tokens"])
         if kind != "prefill":
