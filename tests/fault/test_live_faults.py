@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.fault.conftest import assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
-from tests.fault.test_faults import registered
+from tests.fault.test_faults import call, registered
 
 pytestmark = [pytest.mark.slow, pytest.mark.replan_every(2)]
 
@@ -36,11 +36,20 @@ def _records(job, kind: str) -> list[dict]:
 
 
 def _busy_worker_on(node_name: str):
-    """One of the node's workers reports requests in flight (generation is under way there)."""
+    """One of the node's workers has requests in flight now (generation is under way there): its agent's
+    last heartbeat says so and the worker, asked just now, agrees. The heartbeat alone can be half a second
+    old, longer than a turn at this time factor, and a node taken away after its turns ended interrupts none."""
     from controlplane.models import Node
 
     n = Node.objects.get(name=node_name)
-    return next((o for o in n.observed if o.get("inflight", 0) > 0 and o.get("role") != "training"), None)
+    for o in n.observed:
+        if o.get("inflight", 0) > 0 and o.get("role") != "training":
+            try:
+                if call(o["endpoint"], lambda c: c.stats()).running_batch > 0:
+                    return o
+            except Exception:  # the worker went away meanwhile
+                continue
+    return None
 
 
 def _assert_whole_accounting(job) -> None:
