@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import secrets
 import signal
 import sys
@@ -35,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, WSMsgType, WSServerHandshakeError, web
+from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
 
 from agents.process import WorkerProcess, kill_leftovers, spawn_worker
+from agents.reconnect import reconnect_forever
 from agents.router import WorkerCallError, WorkerClient
 from controlplane.core import agent_link as link
 from controlplane.core import telemetry as tm
@@ -50,7 +50,6 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 RECONNECT_BACKOFF_MAX_S = 30.0
 RECONCILE_PERIOD_S = 2.0
 WEIGHTS_WATCH_S = 0.25  # how often a node with trainers checks them for newly published weights
-CLOSE_GIVE_WAY = (4401, 4403, link.CLOSE_SUPERSEDED)  # refused or superseded: reconnect only after the longest backoff
 
 
 def partials(entries: list[dict[str, Any]], worker_id: int) -> list[dict[str, Any]]:
@@ -259,21 +258,9 @@ class NodeAgent:
         await self._kill_leftovers()
         await self._start_dataplane()
         tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
-        delay = 0.2
         try:
-            while not self.stopping.is_set():
-                try:
-                    code = await self._connect_once()
-                    delay = RECONNECT_BACKOFF_MAX_S / 2 if code in CLOSE_GIVE_WAY else 0.2
-                    if code in CLOSE_GIVE_WAY:
-                        log.error("the control plane closed the link with %s (token refused, or another agent holds this node)", code)
-                except (OSError, WSServerHandshakeError, asyncio.TimeoutError) as exc:
-                    log.warning("agent link down: %s", exc)
-                if self.stopping.is_set():
-                    break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), delay * (0.5 + random.random()))
-                delay = min(RECONNECT_BACKOFF_MAX_S, delay * 2)
+            await reconnect_forever(self._connect_once, stop=self.stopping, max_s=RECONNECT_BACKOFF_MAX_S,
+                                    name="agent link")
         finally:
             await self._teardown(tasks)
 

@@ -1,0 +1,68 @@
+"""The agents' one reconnect loop: the waits it keeps between attempts, give-way closes and stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agents.reconnect import GIVE_WAY_CLOSE_CODES, reconnect_forever
+from controlplane.core import agent_link as link
+
+
+def run_attempts(outcomes: list[object], **kw: object) -> list[float]:
+    """Run the loop over `outcomes` (a close code, or an exception to raise) and return the waits seen
+    before each attempt after the first."""
+    starts: list[float] = []
+    stop = asyncio.Event()
+
+    async def connect_once() -> int | None:
+        starts.append(time.monotonic())
+        outcome = outcomes[len(starts) - 1]
+        if len(starts) == len(outcomes):
+            stop.set()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome  # type: ignore[return-value]
+
+    asyncio.run(reconnect_forever(connect_once, stop=stop, **kw))  # type: ignore[arg-type]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
+def test_failed_attempts_double_the_wait_and_a_close_resets_it():
+    waits = run_attempts([OSError("refused"), OSError("refused"), OSError("refused"), 1000, 1000],
+                         initial_s=0.05, max_s=10.0, jitter=False)
+    assert [round(w, 2) for w in waits] == [0.05, 0.1, 0.2, 0.05]
+
+
+def test_the_wait_is_capped_and_jittered():
+    waits = run_attempts([OSError()] * 6, initial_s=0.04, max_s=0.08, jitter=True)
+    assert all(0.04 * 0.5 - 0.005 <= w <= 0.08 * 1.5 + 0.05 for w in waits)
+    assert max(waits[2:]) >= 0.08 * 0.5 - 0.005  # capped at max_s, not at initial_s
+
+
+def test_a_give_way_close_waits_half_the_longest_backoff():
+    assert link.CLOSE_SUPERSEDED in GIVE_WAY_CLOSE_CODES and 4401 in GIVE_WAY_CLOSE_CODES
+    waits = run_attempts([link.CLOSE_SUPERSEDED, 1000], initial_s=0.01, max_s=0.6, jitter=False)
+    assert waits[0] == pytest.approx(0.3, abs=0.1)
+
+
+def test_an_error_outside_retry_on_ends_the_loop():
+    with pytest.raises(ValueError):
+        run_attempts([OSError(), ValueError("a bug, not a link that is down"), 1000], initial_s=0.01, jitter=False)
+
+
+def test_stop_ends_the_wait_at_once():
+    async def main() -> float:
+        stop = asyncio.Event()
+
+        async def connect_once() -> int | None:
+            asyncio.get_running_loop().call_later(0.05, stop.set)
+            return link.CLOSE_SUPERSEDED  # the next attempt would wait max_s / 2 = 30 s
+
+        t0 = time.monotonic()
+        await reconnect_forever(connect_once, stop=stop, max_s=60.0)
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 2.0
