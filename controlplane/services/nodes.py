@@ -338,6 +338,22 @@ def _fence_workers(node: Node) -> int:
     return len(ids)
 
 
+def _node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    """The epilogue of losing a node (its lease expired, or it was preempted), inside the caller's
+    transaction with the node locked: the new status, a new epoch (everything its agent started is fenced)
+    and generation, the event; after commit its agent, the dashboard and the drivers of its jobs hear of
+    it, and every live job is re-planned for the capacity it lost."""
+    node.status = status
+    node.epoch += 1
+    node.generation += 1
+    node.save(update_fields=["status", "epoch", "generation", "updated"])
+    notify_agent_on_commit(node.pk)
+    emit(kind=kind, message=message, node=node, data=data)
+    push_node(node.pk)
+    notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
+    replan_live_jobs("capacity_change", node_id=node.pk)
+
+
 def expire_leases(*, now: datetime | None = None) -> list[str]:
     """Mark nodes whose lease expired not_ready, bump their epoch and fence their workers."""
     now = now or timezone.now()
@@ -350,22 +366,16 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
             node = locked(Node.objects.filter(pk=node_id)).first()
             if node is None or node.status not in (NodeStatus.READY, NodeStatus.DRAINING) or not node.lease_expires or node.lease_expires >= now:
                 continue  # someone renewed it meanwhile
-            node.status = NodeStatus.NOT_READY
-            node.epoch += 1
-            node.generation += 1
-            node.save(update_fields=["status", "epoch", "generation", "updated"])
-            notify_agent_on_commit(node.pk)
             fenced = _fence_workers(node)
             age = (now - node.last_heartbeat).total_seconds() if node.last_heartbeat else None
-            emit(
+            epoch = node.epoch + 1
+            _node_lost(
+                node,
+                status=NodeStatus.NOT_READY,
                 kind="node.lease_expired",
-                message=f"node {node.name} missed its lease; epoch -> {node.epoch}, {fenced} worker(s) fenced",
-                node=node,
-                data={"epoch": node.epoch, "fenced_workers": fenced, "heartbeat_age_s": age},
+                message=f"node {node.name} missed its lease; epoch -> {epoch}, {fenced} worker(s) fenced",
+                data={"epoch": epoch, "fenced_workers": fenced, "heartbeat_age_s": age},
             )
-            push_node(node.pk)
-            notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
-            replan_live_jobs("capacity_change", node_id=node.pk)
             expired.append(node.name)
     return expired
 
@@ -439,15 +449,8 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
             Worker.objects.filter(id__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
             WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
             GPU.objects.filter(node=node).update(present=False)
-            node.status = NodeStatus.GONE
-            node.epoch += 1
-            node.generation += 1
-            node.save(update_fields=["status", "epoch", "generation", "updated"])
-            notify_agent_on_commit(node.pk)
-            emit(kind="node.gone", message=f"node {node.name} was preempted; {len(ids)} worker(s) removed", node=node)
-            push_node(node.pk)
-            notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
-            replan_live_jobs("capacity_change", node_id=node.pk)
+            _node_lost(node, status=NodeStatus.GONE, kind="node.gone",
+                       message=f"node {node.name} was preempted; {len(ids)} worker(s) removed")
             gone.append(node.name)
     return gone
 
