@@ -246,10 +246,15 @@ async def test_malformed_frames_get_an_error_and_the_link_stays_up():
     await ws.send_to(bytes_data=b"\x00\x01")
     assert (await ws.receive_json_from(timeout=5))["code"] == "bad_message"
     assert not await database_sync_to_async(Event.objects.filter(kind="worker.fault").exists)()
-    await ws.send_json_to(hb(reg["epoch"]))  # still registered, still the lease holder
-    await asyncio.sleep(0.3)
-    node = await database_sync_to_async(Node.objects.get)(name="gpu-a")
-    assert node.applied_generation >= 0 and node.status == "ready"
+    before = await database_sync_to_async(Node.objects.get)(name="gpu-a")
+    await ws.send_json_to(hb(reg["epoch"]))  # still registered, still the lease holder: the heartbeat renews it
+    for _ in range(50):
+        node = await database_sync_to_async(Node.objects.get)(name="gpu-a")
+        if node.last_heartbeat > before.last_heartbeat:
+            break
+        await asyncio.sleep(0.1)
+    assert node.last_heartbeat > before.last_heartbeat and node.lease_expires > before.lease_expires
+    assert node.status == "ready" and node.epoch == reg["epoch"]
     await ws.disconnect()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 import pytest
@@ -162,7 +162,11 @@ def test_a_heartbeat_that_publishes_nothing_takes_no_job_lock(running_job):
                      workers=[ObservedWorker(**{k: v for k, v in o.items()}) for o in t1.observed])
     with ThreadPoolExecutor(1) as pool, transaction.atomic():
         lock_job(running_job.pk)
-        pool.submit(_in_thread(lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel))).result(timeout=10)
+        beat_done = pool.submit(_in_thread(lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel)))
+        assert wait([beat_done], timeout=10).done, "the heartbeat waited for its job's lock"
+    assert beat_done.result().refused == []
+    renewed = Node.objects.get(pk=t1.pk)
+    assert renewed.last_heartbeat > t1.last_heartbeat and renewed.lease_expires > t1.lease_expires
 
 
 def test_events_of_a_locked_job_are_written_without_waiting_for_its_lock(running_job):

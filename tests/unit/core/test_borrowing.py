@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.borrowing import ToggleCostEstimator, gate, return_deadline
@@ -46,8 +46,8 @@ def test_zero_cost_toggles_always_pass_when_borrowing_helps(r: int, b: int, t_fu
 @settings(max_examples=100, deadline=None)
 @given(r=st.integers(0, 64), t_ded=st.floats(0, 1e3), t_full=st.floats(0, 1e3), toggle=st.floats(0, 100))
 def test_gate_never_admits_when_borrowing_does_not_help(r: int, t_ded: float, t_full: float, toggle: float) -> None:
-    if t_ded <= t_full:
-        assert not gate(remaining=r, batch_size=64, t_dedicated_s=t_ded, t_full_s=t_full, toggle_s=toggle).admit
+    assume(t_ded <= t_full)
+    assert not gate(remaining=r, batch_size=64, t_dedicated_s=t_ded, t_full_s=t_full, toggle_s=toggle).admit
 
 
 def test_toggle_cost_ema_is_seeded_from_table_3_and_tracks_observations() -> None:
