@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
 
-from agents.process import WorkerProcess, kill_leftovers, spawn_worker
+from agents.process import WorkerProcess, kill_leftovers, spawn_child, spawn_worker, stop_group
 from agents.reconnect import reconnect_forever
 from agents.router import WorkerCallError, WorkerClient
 from controlplane.core import agent_link as link
@@ -108,30 +108,16 @@ class DriverProcess:
         return self.proc.returncode if self.proc is not None else None
 
     async def start(self, control_plane: str, token: str, time_factor: float, log_dir: Path) -> None:
-        from agents.process import PARENT_ENV, REPO_ROOT
-
         log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PEARL_DRIVER_TOKEN=token, **{PARENT_ENV: str(os.getpid())})
-        for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):
-            env.pop(leak, None)
-        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        args = [sys.executable, "-m", "agents.driver", "--control-plane", control_plane, "--job", self.job,
+                "--time-factor", str(time_factor)]
         with open(log_dir / f"{self.job}.log", "ab") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agents.driver", "--control-plane", control_plane, "--job", self.job,
-                "--time-factor", str(time_factor), env=env, cwd=str(REPO_ROOT), stdout=out, stderr=out,
-                start_new_session=True)
+            self.proc = await spawn_child(args, {"PEARL_DRIVER_TOKEN": token}, stdout=out, stderr=out)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            await self.proc.wait()
+        await stop_group(self.proc, timeout_s)
 
 
 @dataclass

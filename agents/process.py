@@ -1,4 +1,5 @@
-"""Spawning and stopping worker processes (used by the node agent and by tests).
+"""Spawning and stopping the agent's child processes: workers, trainers, rollout drivers (used by the node
+agent and by tests).
 
 Every worker runs in its own process group (so stopping it also stops anything it started) and
 leaves a lease file, `<state-dir>/process.json` (pid, process group, kernel start time): a restarted
@@ -105,6 +106,39 @@ def kill_leftovers(root: Path, *, grace_s: float = 5.0) -> list[dict[str, Any]]:
     return found
 
 
+def child_env(env_extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process the agent starts: the agent's own, plus `env_extra` (secrets go there,
+    not in argv, which `ps` shows), plus the agent's pid (`die_with_parent`), without the agent's secrets
+    (no child needs them), with the repository on PYTHONPATH."""
+    env = dict(os.environ, **{PARENT_ENV: str(os.getpid())}, **(env_extra or {}))
+    for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):
+        env.pop(leak, None)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+async def spawn_child(args: list[str], env_extra: dict[str, str] | None = None, *, stdout: Any = None,
+                      stderr: Any = None) -> asyncio.subprocess.Process:
+    """Start `args` (a worker, a trainer, a rollout driver) from the repository root in its own process
+    group, so that stopping it (`stop_group`) also stops everything it started."""
+    return await asyncio.create_subprocess_exec(*args, env=child_env(env_extra), cwd=str(REPO_ROOT),
+                                                stdout=stdout, stderr=stderr, start_new_session=True)
+
+
+async def stop_group(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+    """SIGTERM to the process group of a child `spawn_child` started (it stops gracefully: a worker
+    drains and journals its aborted requests), SIGKILL to the group after `timeout_s`, and SIGKILL to the
+    group once the child has exited (anything it started and left behind)."""
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    _signal_group(proc.pid, signal.SIGKILL)
+
+
 @dataclass
 class WorkerProcess:
     worker_id: int
@@ -125,14 +159,7 @@ class WorkerProcess:
     async def stop(self, timeout_s: float = 15.0) -> int:
         """SIGTERM to the worker's process group (the worker drains and journals its aborted requests),
         then SIGKILL to the group."""
-        if self.proc.returncode is None:
-            _signal_group(self.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                _signal_group(self.pid, signal.SIGKILL)
-                await self.proc.wait()
-        _signal_group(self.pid, signal.SIGKILL)  # anything the worker started and left behind
+        await stop_group(self.proc, timeout_s)
         await self.reap()
         return self.proc.returncode or 0
 
@@ -168,15 +195,9 @@ async def spawn_worker(
         "--model", model, "--job", job, "--hardware", hardware, "--time-factor", str(time_factor),
         "--state-dir", str(state_dir), *(extra or []),
     ]
-    env = dict(os.environ, PEARL_WORKER_SECRET=secret, **{PARENT_ENV: str(os.getpid())}, **(env_extra or {}))  # env, not argv: not visible in `ps`
-    for leak in ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET"):  # a worker never needs the agent's secrets
-        env.pop(leak, None)
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(state_dir / "stderr.log", "ab") as errors:  # the child keeps its own descriptor
-        proc = await asyncio.create_subprocess_exec(
-            *args, env=env, cwd=str(REPO_ROOT), stdout=asyncio.subprocess.PIPE, stderr=errors,
-            start_new_session=True,  # its own process group: stopping it stops everything it started
-        )
+        proc = await spawn_child(args, {"PEARL_WORKER_SECRET": secret, **(env_extra or {})},
+                                 stdout=asyncio.subprocess.PIPE, stderr=errors)
     lease = {"pid": proc.pid, "pgid": proc.pid, "start_time": start_time(proc.pid), "worker_id": worker_id, "agent_pid": os.getpid()}
     (state_dir / LEASE_FILE).write_text(json.dumps(lease))
     assert proc.stdout is not None
