@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.management.supervisor import Child, Supervisor
+from controlplane.management.supervisor import AlreadyRunning, Child, Supervisor, hold_lock, port_free, port_holder
 
 DEMO_NODES = [
     # name, pool, slots, hardware: logical slots; H800 slots host the emulated Qwen3-8B job, cpu slots
@@ -119,9 +119,12 @@ class Command(BaseCommand):
         var = Path(settings.VAR_DIR)
         root = Path(settings.BASE_DIR)
         py = sys.executable
-        self.step("migrating the database")
-        call_command("migrate", verbosity=0)
-        call_command("setup_periodic_tasks", verbosity=0, stdout=open(os.devnull, "w"))
+        try:
+            lock = hold_lock(var)  # held until this process ends, however it ends
+        except AlreadyRunning as exc:
+            raise CommandError(f"PEARL is already running from {var}: launcher pid {exc.pid} holds {exc.path}; "
+                               f"stop it first (kill {exc.pid}) or use another PEARL_VAR_DIR") from None
+        self._check_port(opts["host"], opts["port"], "the web server (--port or PEARL_PORT)")
 
         children: list[tuple[str, str]] = []  # (name, command line)
         env: dict[str, str] = {}
@@ -134,9 +137,14 @@ class Command(BaseCommand):
             if not shutil.which("redis-server"):
                 raise CommandError("redis-server is not installed and REDIS_URL does not answer; run scripts/setup.sh or set REDIS_URL")
             port = redis_url.rsplit(":", 1)[-1].split("/")[0]
+            if port.isdigit():
+                self._check_port("127.0.0.1", int(port), "Redis (REDIS_URL)")
             self.step(f"starting Redis on port {port} (no persistence)")
             children.append(("redis", f"redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --loglevel warning"))
         env["REDIS_URL"] = redis_url
+        self.step("migrating the database")
+        call_command("migrate", verbosity=0)
+        call_command("setup_periodic_tasks", verbosity=0, stdout=open(os.devnull, "w"))
 
         self.step("creating the demo operator and tokens")
         with _no_dashboard_pushes():  # nothing listens yet, and the launcher's Redis may not be up
@@ -209,6 +217,15 @@ class Command(BaseCommand):
             self.step("stopping every process")
             sup.stop()
             watcher.join(timeout=5)
+            lock.close()
+
+    def _check_port(self, host: str, port: int, what: str) -> None:
+        """Refuse to start when a port we need is taken, saying which and by whom (a launcher that
+        started anyway would restart-loop its server, or wait on a health check someone else answers)."""
+        if not port_free(host, port):
+            holder = port_holder(port)
+            raise CommandError(f"port {port} on {host}, needed by {what}, is already in use"
+                               f"{' by ' + holder if holder else ''}; stop that process or choose another port")
 
     def _demo_user(self, var: Path) -> tuple[str, str]:
         from django.contrib.auth.models import Group, User
@@ -241,8 +258,13 @@ class Command(BaseCommand):
                 with urllib.request.urlopen(url, timeout=2) as r:
                     body = json.loads(r.read())
             except urllib.error.HTTPError as e:
-                body = json.loads(e.read() or b"{}")
-            except Exception:
+                try:
+                    body = json.loads(e.read() or b"{}")
+                except ValueError:
+                    body = None
+            except Exception:  # not up yet, or an answer that is not PEARL's health check
+                body = None
+            if not isinstance(body, dict):
                 body = None
             if body:
                 failing = [k for k, v in body.get("checks", {}).items() if v != "ok"]
