@@ -1,4 +1,4 @@
-"""The RL loop as a pure state machine (core/loop.py): step cycle, routing, interruptions, the
+"""The RL loop as a pure state machine (core/loop/): step cycle, routing, interruptions, the
 training handshake, staleness, checkpoint/restore, and the same commands on two clocks."""
 from __future__ import annotations
 

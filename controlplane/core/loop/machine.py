@@ -1,36 +1,22 @@
-"""The asynchronous RL loop as a pure state machine: events in, commands out (DESIGN §7).
-
-One rollout/training loop for one job, with no I/O and no clock of its own: every event carries
-the time it happened, and `handle(event)` returns the commands the driver must carry out (the
-etcd/raft `Ready` pattern). Two drivers run it: the simulator (`controlplane.sim`, virtual time)
-and the live rollout driver (`agents.driver`, asyncio). What it owns:
-
-- the step cycle: start batch j of B trajectories (GRPO groups of `group_size`) once the weights
-  are at most `max_staleness` versions behind it; when the last trajectory of a batch finishes,
-  hand the batch to the trainer in order: Training Begin → return every borrowed overlap worker
-  (with a deadline) → train only after the return is confirmed → publish weights → Training
-  Finished (or straight into the next update if the next batch is already collected);
-- routing every turn through the PD router (`core.router`), keeping interrupted trajectories'
-  partial progress and resubmitting them, queueing turns while nothing can serve them;
-- the staleness bound: a trajectory whose data comes from weights older than
-  `step − max_staleness` is aborted, counted and restarted on the same task;
-- the progress figure R, the elastic signals, and the TURN / STEP / TRAIN telemetry records.
-
-What happens to a command is the driver's business (the simulator's world, or real engines,
-environments and the control plane); what happened comes back as an event.
-"""
+"""The RL loop's state machine: `cmds = loop.handle(event)` (the etcd/raft `Ready` pattern, DESIGN §7)."""
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
-from typing import Any, Callable, Union
+from dataclasses import dataclass
+from typing import Any
 
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
+from controlplane.core.loop.messages import (
+    Abort, Admission, Command, Decided, EmitSignal, EnvStepped, Event, Prefilled, Progress, PublishWeights, Resubmit,
+    ReturnConfirmed, ReturnOverlap, RouteDecode, RouteTurn, Start, StartStep, Stop, Telemetry, Tick, Train,
+    TrainingDone, TrajectoryRef, TrajectoryStarted, TurnGenerated, TurnInterrupted, WeightsPublished, WorkerGone,
+    WorkerReady,
+)
+from controlplane.core.loop.state import StepState, Traj, Trainer, TrajState, decode_into, encode
 from controlplane.core.router import Router
-from controlplane.core.state import Configuration, Mode, Role
+from controlplane.core.state import Configuration
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,320 +41,6 @@ class LoopConfig:
             raise ValueError("max_staleness and return_deadline_s must be >= 0")
         if self.dispatch not in ("sticky", "jsq") or self.dispatch_cap < 0:
             raise ValueError("dispatch must be 'sticky' or 'jsq' and dispatch_cap >= 0")
-
-
-# ==================================================================================== events
-@dataclass(frozen=True, slots=True)
-class Start:
-    """Begin (or, after `restore`, resume) the loop."""
-
-    now_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """Start no new step; what is in flight finishes."""
-
-    now_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class TrajectoryStarted:
-    """The trajectory's first prompt is ready (its environment was reset)."""
-
-    now_s: float
-    trajectory: str
-    prompt_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Prefilled:
-    """Disaggregated: `worker` prefilled the turn's prompt and holds its KV cache."""
-
-    now_s: float
-    trajectory: str
-    worker: int
-    prefilled_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TurnGenerated:
-    """The turn's response is complete (colocated worker, or decode worker)."""
-
-    now_s: float
-    trajectory: str
-    worker: int
-    generated_tokens: int
-    prefilled_tokens: int = 0
-    weight_version: int | None = None  # the weights the engine generated with, if it says
-    # seconds this request spent in decode iterations (engine-reported; None: the loop estimates it,
-    # from the KV hand-off on a decode worker, or the whole service time on a colocated one)
-    decode_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TurnInterrupted:
-    """The request was taken off `worker` (drain, return, preemption); its generated prefix is kept."""
-
-    now_s: float
-    trajectory: str
-    worker: int
-    generated_tokens: int = 0
-    prefilled_tokens: int = 0
-    decode_s: float | None = None  # as TurnGenerated.decode_s, for the interrupted part
-
-
-@dataclass(frozen=True, slots=True)
-class EnvStepped:
-    """The environment ran the turn's tool call: the next prompt is ready, or the trajectory is done."""
-
-    now_s: float
-    trajectory: str
-    env_time_s: float
-    done: bool
-    reward: float = 0.0
-    observation_tokens: int = 0  # prompt tokens appended for the next turn
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerReady:
-    """`worker` serves `role` from now on (joined, re-roled, or borrowed overlap worker activated)."""
-
-    now_s: float
-    worker: int
-    role: Role
-    overlap: bool = False
-    gpus: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerGone:
-    """`worker` takes no new requests (draining, returned, preempted, stopped)."""
-
-    now_s: float
-    worker: int
-    reason: str = "stop"
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """New-request admission paused (atomic finalisation of a joining group) or resumed."""
-
-    now_s: float
-    open: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ReturnConfirmed:
-    """Every borrowed overlap worker is back (inactive); the trainer may use its GPUs."""
-
-    now_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingDone:
-    now_s: float
-    step: int
-    loss: float = 0.0
-    missing: int = 0  # trajectories of the step whose samples the trainer did not have (lost)
-
-
-@dataclass(frozen=True, slots=True)
-class WeightsPublished:
-    now_s: float
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Decided:
-    """The scheduler decided at a signal: the configuration it targets and its predicted makespan."""
-
-    now_s: float
-    signal: Signal
-    configuration: Configuration | None
-    predicted_makespan_s: float | None
-    reconfigured: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    now_s: float
-
-
-Event = Union[Start, Stop, TrajectoryStarted, Prefilled, TurnGenerated, TurnInterrupted, EnvStepped, WorkerReady,
-              WorkerGone, Admission, ReturnConfirmed, TrainingDone, WeightsPublished, Decided, Tick]
-
-
-# ==================================================================================== commands
-@dataclass(frozen=True, slots=True)
-class TrajectoryRef:
-    trajectory: str
-    group: int
-    index: int  # position in the batch (the task: replacements keep it)
-
-
-@dataclass(frozen=True, slots=True)
-class StartStep:
-    """Reset B environments (one task per GRPO group) and report TrajectoryStarted for each."""
-
-    step: int
-    weight_version: int
-    trajectories: tuple[TrajectoryRef, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RouteTurn:
-    """Send the turn's prompt to `worker` (colocated: the whole turn; prefill: then report Prefilled)."""
-
-    trajectory: str
-    worker: int
-    turn: int
-    min_weight_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Resubmit:
-    """Resume an interrupted turn on `worker`: prompt + the `kept_tokens` already generated."""
-
-    trajectory: str
-    worker: int
-    turn: int
-    kept_tokens: int
-    min_weight_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class RouteDecode:
-    """KV hand-off: `worker` pulls the prefilled KV cache from `source` and decodes the turn."""
-
-    trajectory: str
-    worker: int
-    source: int
-    min_weight_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """Drop the trajectory (its data is too stale); start `replacement` on the same task."""
-
-    trajectory: str
-    reason: str
-    replacement: TrajectoryRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EmitSignal:
-    """An elastic signal for the scheduler: budget → decide → plan → execute (report back `Decided`)."""
-
-    signal: Signal
-    remaining: int  # R
-
-
-@dataclass(frozen=True, slots=True)
-class ReturnOverlap:
-    """Return every borrowed overlap worker (drain, keep partial trajectories) by `deadline_s`;
-    report ReturnConfirmed once none is active."""
-
-    deadline_s: float
-    workers: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Train:
-    """Run the update for batch `step` on these GRPO groups (trajectory ids); report TrainingDone."""
-
-    step: int
-    weight_version: int
-    groups: tuple[tuple[str, ...], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PublishWeights:
-    """Publish weights `version` (workers pull them lazily); report WeightsPublished."""
-
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Telemetry:
-    record: tm.TelemetryRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """R changed: `remaining` of the step's `batch_size` trajectories are unfinished."""
-
-    step: int
-    remaining: int
-    batch_size: int
-
-
-Command = Union[StartStep, RouteTurn, Resubmit, RouteDecode, Abort, EmitSignal, ReturnOverlap, Train,
-                PublishWeights, Telemetry, Progress]
-
-
-# ==================================================================================== state
-class TrajState(StrEnum):
-    WAITING = "waiting"  # queued for a worker
-    FIRST = "first"  # on a colocated or prefill worker
-    DECODE = "decode"  # on a decode worker (after the KV hand-off)
-    ENV = "env"  # the environment is running its tool call
-    DONE = "done"
-    ABORTED = "aborted"
-
-
-class Trainer(StrEnum):
-    IDLE = "idle"
-    RETURNING = "returning"  # Training Begin sent, waiting for ReturnConfirmed
-    TRAINING = "training"
-    PUBLISHING = "publishing"
-
-
-@dataclass(slots=True)
-class Traj:
-    """One trajectory's progress and accounting (partial progress survives interruptions)."""
-
-    tid: str
-    step: int
-    group: int
-    index: int
-    version: int  # weights version when it started
-    min_version: int  # oldest weights that generated any of it
-    start_s: float = 0.0
-    state: TrajState = TrajState.WAITING
-    worker: int | None = None
-    turn: int = 0
-    turn_start_s: float = 0.0
-    gen_in_turn: int = 0
-    pre_in_turn: int = 0
-    generated: int = 0  # tokens generated into the sample
-    prompt: int = 0  # prompt tokens appended (first prompt + observations)
-    prefilled: int = 0  # prompt tokens engines prefilled (cache misses)
-    gen_time_s: float = 0.0  # being served (queue + prefill + decode)
-    env_time_s: float = 0.0
-    decode_time_s: float = 0.0  # decoding only (no queueing, no prefill): the numerator of f
-    decode_in_turn_s: float = 0.0
-    decode_since_s: float = -1.0  # when the KV hand-off put the turn on a decode worker
-    end_s: float = 0.0
-    reward: float = 0.0
-    interruptions: int = 0
-
-
-@dataclass(slots=True)
-class StepState:
-    step: int
-    start_s: float
-    version: int  # weights version when the step started
-    trajectories: list[str]
-    remaining: int
-    end_s: float = 0.0
-    predicted_makespan_s: float = 0.0
-    predicted_at_start_s: float = 0.0
-    configuration: str = ""
-    generated_tokens: int = 0  # every token generated for this step's trajectories (incl. aborted ones)
-    borrowed_gpu_s: float = 0.0
-    stale_aborted: int = 0
-    interruptions: int = 0
 
 
 # ==================================================================================== the loop
@@ -810,90 +482,17 @@ class RolloutLoop:
             stale_aborted=st.stale_aborted, interruptions=st.interruptions,
         )
 
-    # ------------------------------------------------------------------ durability
     def checkpoint(self) -> dict[str, Any]:
-        """What the loop must not lose, as JSON: the step, the weight version, the trainer's place in
-        the handshake and every live trajectory's accounting (turn boundaries and kept tokens)."""
-        return {
-            "version": self.version, "step": self.step, "rollout_active": self.rollout_active,
-            "trained_next": self.trained_next, "ready": list(self.ready), "trainer": str(self.trainer),
-            "training_active": self.training_active, "tb_s": self.tb_s, "train_start_s": self.train_start_s,
-            "return_latency_s": self.return_latency_s, "loss": self.loss, "missing": self.missing, "deadline_misses": self.deadline_misses,
-            "stale_aborted": self.stale_aborted, "started_trajectories": self.started_trajectories,
-            "finished_trajectories": self.finished_trajectories, "replacements": {str(k): v for k, v in self._replacements.items()},
-            "steps": [asdict(s) for s in self.steps.values()],
-            "trajectories": [{**asdict(t), "state": str(t.state)} for t in self.trajs.values()],
-            "configuration": self.configuration.label() if self.configuration else "",
-        }
+        """What the loop must not lose, as JSON (`state.encode`)."""
+        return encode(self)
 
     @classmethod
     def restore(cls, config: LoopConfig, data: dict[str, Any]) -> "RolloutLoop":
         """Rebuild a loop from `checkpoint()`. Workers are learnt again from WorkerReady events; on
         `Start`, unfinished turns are routed again from their kept progress."""
         loop = cls(config)
-        loop.version, loop.step = int(data["version"]), int(data["step"])
-        loop.rollout_active = bool(data["rollout_active"])
-        loop.trained_next = int(data["trained_next"])
-        loop.ready = deque(int(x) for x in data["ready"])
-        loop.trainer = Trainer(data["trainer"])
-        loop.training_active = bool(data["training_active"])
-        loop.tb_s, loop.train_start_s = float(data["tb_s"]), float(data["train_start_s"])
-        loop.return_latency_s = float(data["return_latency_s"])
-        loop.deadline_misses, loop.stale_aborted = int(data["deadline_misses"]), int(data["stale_aborted"])
-        loop.started_trajectories = int(data["started_trajectories"])
-        loop.finished_trajectories = int(data["finished_trajectories"])
-        loop._replacements = {int(k): int(v) for k, v in data.get("replacements", {}).items()}
-        for s in data["steps"]:
-            loop.steps[int(s["step"])] = StepState(**s)
-        for t in data["trajectories"]:
-            tr = Traj(**{**t, "state": TrajState(t["state"])})
-            loop.trajs[tr.tid] = tr
-        loop.loss = float(data.get("loss", 0.0))
-        loop.missing = int(data.get("missing", 0))
-        loop.resumed = True
-        label = data.get("configuration") or ""
-        loop.configuration = _parse_label(label)
+        decode_into(loop, data)
         return loop
-
-
-class Feeder:
-    """Feeds events to a loop and carries its commands out in order through `dispatch`.
-
-    Events raised while a command is being carried out are queued and handled after the current
-    batch, in arrival order: the loop never re-enters itself, and a driver on any clock (the
-    simulator's heap, asyncio) sees the same commands for the same events.
-    """
-
-    __slots__ = ("loop", "dispatch", "_queue", "_draining")
-
-    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None]) -> None:
-        self.loop = loop
-        self.dispatch = dispatch
-        self._queue: deque[Event] = deque()
-        self._draining = False
-
-    def feed(self, event: Event) -> None:
-        self._queue.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            q, handle, dispatch = self._queue, self.loop.handle, self.dispatch
-            while q:
-                for cmd in handle(q.popleft()):
-                    dispatch(cmd)
-        finally:
-            self._draining = False
-
-
-def _parse_label(label: str) -> Configuration | None:
-    """'3P5D' or '8C' back to a Configuration."""
-    if not label:
-        return None
-    if label.endswith("C"):
-        return Configuration.colocated(int(label[:-1]))
-    p, d = label[:-1].split("P")
-    return Configuration(Mode.DISAGGREGATED, n_prefill=int(p), n_decode=int(d))
 
 
 _HANDLERS: dict[type, Any] = {
@@ -905,11 +504,3 @@ _HANDLERS: dict[type, Any] = {
     TrainingDone: RolloutLoop._on_training_done, WeightsPublished: RolloutLoop._on_weights_published,
     Decided: RolloutLoop._on_decided, Tick: RolloutLoop._on_tick,
 }
-
-__all__ = [
-    "Abort", "Admission", "Command", "Decided", "EmitSignal", "EnvStepped", "Event", "Feeder", "LoopConfig", "Prefilled",
-    "Progress", "PublishWeights", "Resubmit", "ReturnConfirmed", "ReturnOverlap", "RolloutLoop", "RouteDecode",
-    "RouteTurn", "Start", "StartStep", "StepState", "Stop", "Telemetry", "Tick", "Train", "TrainingDone", "Traj",
-    "TrajState", "TrajectoryRef", "TrajectoryStarted", "TurnGenerated", "TurnInterrupted", "WeightsPublished",
-    "WorkerGone", "WorkerReady",
-]

@@ -1,0 +1,136 @@
+"""The loop's records (a trajectory's accounting, a step's) and their checkpoint codec.
+
+`encode` and `decode_into` are the JSON form of what a loop must not lose across a driver restart
+(`RolloutLoop.checkpoint` / `RolloutLoop.restore`): the step, the weight version, the trainer's place
+in the handshake and every live trajectory's accounting.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from controlplane.core.state import Configuration, Mode
+
+if TYPE_CHECKING:
+    from controlplane.core.loop.machine import RolloutLoop
+
+
+class TrajState(StrEnum):
+    WAITING = "waiting"  # queued for a worker
+    FIRST = "first"  # on a colocated or prefill worker
+    DECODE = "decode"  # on a decode worker (after the KV hand-off)
+    ENV = "env"  # the environment is running its tool call
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+class Trainer(StrEnum):
+    IDLE = "idle"
+    RETURNING = "returning"  # Training Begin sent, waiting for ReturnConfirmed
+    TRAINING = "training"
+    PUBLISHING = "publishing"
+
+
+@dataclass(slots=True)
+class Traj:
+    """One trajectory's progress and accounting (partial progress survives interruptions)."""
+
+    tid: str
+    step: int
+    group: int
+    index: int
+    version: int  # weights version when it started
+    min_version: int  # oldest weights that generated any of it
+    start_s: float = 0.0
+    state: TrajState = TrajState.WAITING
+    worker: int | None = None
+    turn: int = 0
+    turn_start_s: float = 0.0
+    gen_in_turn: int = 0
+    pre_in_turn: int = 0
+    generated: int = 0  # tokens generated into the sample
+    prompt: int = 0  # prompt tokens appended (first prompt + observations)
+    prefilled: int = 0  # prompt tokens engines prefilled (cache misses)
+    gen_time_s: float = 0.0  # being served (queue + prefill + decode)
+    env_time_s: float = 0.0
+    decode_time_s: float = 0.0  # decoding only (no queueing, no prefill): the numerator of f
+    decode_in_turn_s: float = 0.0
+    decode_since_s: float = -1.0  # when the KV hand-off put the turn on a decode worker
+    end_s: float = 0.0
+    reward: float = 0.0
+    interruptions: int = 0
+
+
+@dataclass(slots=True)
+class StepState:
+    step: int
+    start_s: float
+    version: int  # weights version when the step started
+    trajectories: list[str]
+    remaining: int
+    end_s: float = 0.0
+    predicted_makespan_s: float = 0.0
+    predicted_at_start_s: float = 0.0
+    configuration: str = ""
+    generated_tokens: int = 0  # every token generated for this step's trajectories (incl. aborted ones)
+    borrowed_gpu_s: float = 0.0
+    stale_aborted: int = 0
+    interruptions: int = 0
+
+
+# ==================================================================================== checkpoint codec
+def encode(loop: RolloutLoop) -> dict[str, Any]:
+    """What the loop must not lose, as JSON: the step, the weight version, the trainer's place in
+    the handshake and every live trajectory's accounting (turn boundaries and kept tokens)."""
+    return {
+        "version": loop.version, "step": loop.step, "rollout_active": loop.rollout_active,
+        "trained_next": loop.trained_next, "ready": list(loop.ready), "trainer": str(loop.trainer),
+        "training_active": loop.training_active, "tb_s": loop.tb_s, "train_start_s": loop.train_start_s,
+        "return_latency_s": loop.return_latency_s, "loss": loop.loss, "missing": loop.missing,
+        "deadline_misses": loop.deadline_misses,
+        "stale_aborted": loop.stale_aborted, "started_trajectories": loop.started_trajectories,
+        "finished_trajectories": loop.finished_trajectories,
+        "replacements": {str(k): v for k, v in loop._replacements.items()},
+        "steps": [asdict(s) for s in loop.steps.values()],
+        "trajectories": [{**asdict(t), "state": str(t.state)} for t in loop.trajs.values()],
+        "configuration": loop.configuration.label() if loop.configuration else "",
+    }
+
+
+def decode_into(loop: RolloutLoop, data: dict[str, Any]) -> None:
+    """Load `encode`'s JSON into a fresh loop (it is marked resumed: unfinished trajectories restart on Start)."""
+    loop.version, loop.step = int(data["version"]), int(data["step"])
+    loop.rollout_active = bool(data["rollout_active"])
+    loop.trained_next = int(data["trained_next"])
+    loop.ready = deque(int(x) for x in data["ready"])
+    loop.trainer = Trainer(data["trainer"])
+    loop.training_active = bool(data["training_active"])
+    loop.tb_s, loop.train_start_s = float(data["tb_s"]), float(data["train_start_s"])
+    loop.return_latency_s = float(data["return_latency_s"])
+    loop.deadline_misses, loop.stale_aborted = int(data["deadline_misses"]), int(data["stale_aborted"])
+    loop.started_trajectories = int(data["started_trajectories"])
+    loop.finished_trajectories = int(data["finished_trajectories"])
+    loop._replacements = {int(k): int(v) for k, v in data.get("replacements", {}).items()}
+    for s in data["steps"]:
+        loop.steps[int(s["step"])] = StepState(**s)
+    for t in data["trajectories"]:
+        tr = Traj(**{**t, "state": TrajState(t["state"])})
+        loop.trajs[tr.tid] = tr
+    loop.loss = float(data.get("loss", 0.0))
+    loop.missing = int(data.get("missing", 0))
+    loop.resumed = True
+    label = data.get("configuration") or ""
+    loop.configuration = _parse_label(label)
+
+
+def _parse_label(label: str) -> Configuration | None:
+    """'3P5D' or '8C' back to a Configuration."""
+    if not label:
+        return None
+    if label.endswith("C"):
+        return Configuration.colocated(int(label[:-1]))
+    p, d = label[:-1].split("P")
+    return Configuration(Mode.DISAGGREGATED, n_prefill=int(p), n_decode=int(d))
+
