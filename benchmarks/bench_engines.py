@@ -10,7 +10,7 @@
 3. emulated engine: concurrent sequences one worker holds while its decode iterations keep the
    profile's timing (Qwen3-8B, H800, TP2, time factor 1) within 5%.
 4. emulated engine, the live benchmark's regime (few long decodes per worker, time scaled down):
-   wall makespan / time factor against the same requests replayed on `sim.engine.Worker` in pure model
+   wall makespan / time factor against the same requests replayed on `core.batching.IterationScheduler` in pure model
    time (`--only emulated_decode`).
 """
 from __future__ import annotations
@@ -185,18 +185,18 @@ async def bench_emulated(ns: list[int], prompt_len: int, factors: list[float]) -
 
 async def bench_emulated_decode(ns: list[int], factors: list[float], prompt_len: int = 2048) -> list[dict]:
     """N sequences with distinct prompts and staggered lengths (400 + 25·i tokens) arrive at once on one
-    worker. Expected makespan: the same requests on `sim.engine.Worker` with a virtual clock."""
-    from agents.engines.emulated import PREFILL_TOKEN_BUDGET, EmulatedEngine
+    worker. Expected makespan: the same requests on `core.batching.IterationScheduler` with a virtual clock."""
+    from agents.engines.emulated import EmulatedEngine
+    from controlplane.core.batching import CHUNK_TOKENS, IterationScheduler, Request, ScaledCosts
     from controlplane.core.profiles import get_profile
     from controlplane.core.state import Role
-    from controlplane.sim.engine import Request, ScaledCosts, Worker
 
     prof = get_profile("H800", "qwen3-8b", 2)
     rows = []
     for n in ns:
         lengths = [400 + 25 * i for i in range(n)]
-        ref = Worker(0, "", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=PREFILL_TOKEN_BUDGET,
-                     kv_capacity=int(prof.hbm_kv_capacity // prof.kv_bytes_per_token))
+        ref = IterationScheduler(0, "", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=CHUNK_TOKENS,
+                                 kv_capacity=int(prof.hbm_kv_capacity // prof.kv_bytes_per_token))
         for m in lengths:
             ref.submit_prompt(Request(None, prompt_len, 0, prompt_len, m - 1))
         t, expected = 0.0, 0.0

@@ -48,7 +48,7 @@ the step).
 
 ANALYSIS = """
 **What changed for this regeneration (issue 11, fourth round).** *Component A measures the PD interference.*
-Engines (the simulator's and the live emulated engine, which share `sim.engine.Worker`) report each prompt's
+Engines (the simulator's and the live emulated engine, which share `core.batching.IterationScheduler`) report each prompt's
 prefill with its tokens, its cached prefix and the decodes that rode in the same iterations. The runtime tracker
 divides each by the roofline's prefill time for its own tokens and prefix (first turns run alone with no prefix, so
 raw per-token costs would mislead) and takes prefill next to decodes over prefill alone as I; Eq. 1's prefill term

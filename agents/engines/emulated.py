@@ -3,7 +3,7 @@
 Dynamo-mocker style. Every prefill pass, decode iteration, KV transfer, sleep/wake and weight load
 takes the time `controlplane.core.profiles.get_profile(hardware, model, tp)` predicts for it,
 multiplied by `time_factor` (so 10.0 runs ten times slower than the emulated GPU, 0.1 ten times
-faster). The continuous batching is the simulator's (`controlplane.sim.engine.Worker`: chunked
+faster). The continuous batching is the simulator's (`controlplane.core.batching.IterationScheduler`: chunked
 prefill riding on the running decodes, KV admission against H_max, segments of iterations over
 which the batch does not change), run on the wall clock: the loop sleeps once per segment, not once
 per iteration, so the engine keeps the profile's pace at small time factors on a busy CPU, and an
@@ -30,10 +30,9 @@ from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, P
 from agents.engines.base import Conflict, EngineError, LoopEngine
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
+from controlplane.core.batching import CHUNK_TOKENS, IterationScheduler, Request, ScaledCosts, prefill_records
 from controlplane.core.profiles import Profile, get_profile
 from controlplane.core.state import Role
-from controlplane.sim.engine import Request, ScaledCosts, Worker, prefill_records
-from controlplane.sim.scenario import EngineSpec
 
 INTERFERENCE_MAX = 10.0  # bound of `EmulatedEngine(interference=...)`
 
@@ -44,7 +43,6 @@ def check_interference(value: float) -> None:
         raise ValueError(f"interference must be in (0, {INTERFERENCE_MAX:g}]")
 
 
-PREFILL_TOKEN_BUDGET = EngineSpec().chunk_tokens  # the simulator's chunked-prefill budget per iteration
 PREFIX_BLOCK = 16  # tokens per prefix-cache block (vLLM's default block size)
 LATE_S = 0.05  # wall seconds behind schedule after which the segment clock restarts at "now"
 # the engine's role -> the batching role: a decode worker finishes the prompts queued before it switched
@@ -141,10 +139,9 @@ class EmulatedEngine(LoopEngine):
         check_interference(interference)
         self.time_factor = time_factor
         self.vocab_size = TOKENIZER.vocab_size
-        self.batching = Worker(worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile),
-                               chunk_tokens=PREFILL_TOKEN_BUDGET,
-                               kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token),
-                               mixed_penalty=interference)
+        self.batching = IterationScheduler(
+            worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile), chunk_tokens=CHUNK_TOKENS,
+            kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token), mixed_penalty=interference)
         self.prefix_cache = PrefixCache()
         self._by_id: dict[str, ESeq] = {}
         self._reqs: dict[str, Request] = {}

@@ -1,5 +1,5 @@
 """A SWE-like task for the emulated engine: long and growing contexts, many turns, heavy-tailed tool
-latency — the simulator's workload distributions (`controlplane.sim.workload`), one definition for
+latency — the simulator's workload distributions (`controlplane.core.workload`), one definition for
 both, so a live emulated run and a simulated run of the same job draw the same kind of trajectories.
 
 Tokens are synthetic (the emulated engine's are too); what matters is their number per turn, the
@@ -14,7 +14,7 @@ import zlib
 from agents.dataplane import MAX_PROMPT_TOKENS
 from agents.envs import Environment, Turn, register
 from agents.tokenizer import TOKENIZER
-from controlplane.sim.workload import WorkloadSpec, draw_batch
+from controlplane.core.workload import WorkloadSpec, draw_batch
 
 
 def _synthetic(n: int, salt: int) -> list[int]:

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controlplane.core import loop as lp
+from controlplane.core.batching import ScaledCosts
 from controlplane.core.context import AvailabilityPoint, Overrides, Signal
 from controlplane.core.placement import Placement, place
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
+from controlplane.core.workload import draw_batch
 from controlplane.sim import world as wd
 from controlplane.sim.adapters import make_sim_policy
-from controlplane.sim.engine import ScaledCosts
 from controlplane.sim.scenario import Scenario
 from controlplane.sim.traces import AvailabilityTrace
-from controlplane.sim.workload import draw_batch
 
 # heap events of the driver (the world's kinds are 0..7)
 EV_TRACE, EV_TRAIN_DONE, EV_PUBLISHED, EV_TICK, EV_STOP, EV_SIGNAL = range(8, 14)

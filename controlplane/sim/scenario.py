@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
+from controlplane.core.batching import CHUNK_TOKENS
 from controlplane.core.policies import POLICY_NAMES
 from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
-from controlplane.sim.workload import WorkloadSpec
+from controlplane.core.workload import WorkloadSpec
 
 SIM_DIR = Path(__file__).resolve().parent
 SCENARIO_DIR = SIM_DIR / "scenarios"
@@ -44,7 +45,7 @@ class ClusterSpec:
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    chunk_tokens: int = 8192  # chunked-prefill token budget per iteration
+    chunk_tokens: int = CHUNK_TOKENS  # chunked-prefill token budget per iteration
     weight_sync_s: float = 3.0  # trainer -> rollout weight publication after each update
     periodic_s: float = 60.0  # PERIODIC re-evaluation tick while a batch is in flight
     return_deadline_s: float = 30.0

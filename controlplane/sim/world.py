@@ -2,7 +2,7 @@
 the execution of transition plans in virtual time.
 
 What is modelled (finer than the predictor's closed forms):
-- every worker's continuous batching at iteration level (`engine.Worker`), chunked prefill
+- every worker's continuous batching at iteration level (`core.batching.IterationScheduler`), chunked prefill
   interfering with decode when colocated, serialised KV links and decode-pool KV limits;
 - prefix caches: a trajectory's next turn reuses its cached context on its home worker unless KV
   pressure evicted it (`submit_first`), or the worker's memory was re-partitioned;
@@ -23,13 +23,13 @@ from typing import Any, Protocol
 
 from controlplane.core import loop as lp
 from controlplane.core import telemetry as tm
+from controlplane.core.batching import EngineCosts, IterationScheduler, Request, prefill_records
 from controlplane.core.placement import Inventory, Placement, Unit, lowest_free_slots
 from controlplane.core.state import Pool, Role
 from controlplane.core.profiles import Profile
 from controlplane.core.telemetry import TelemetryRecord
-from controlplane.sim.engine import EngineCosts, Request, Worker, prefill_records
+from controlplane.core.workload import Trajectory
 from controlplane.sim.scenario import Scenario
-from controlplane.sim.workload import Trajectory
 
 
 class Host(Protocol):
@@ -64,7 +64,7 @@ class Slot:
     sid: int
     pool: str  # reserved | elastic | overlap
     state: str
-    worker: Worker
+    worker: IterationScheduler
     role: Role | None = None
     wid: int | None = None  # the rollout worker's slot id while one is bound to this unit
     ready_at: float = 0.0
@@ -128,7 +128,7 @@ class World:
             slot.role = None
             return slot
         sid = len(self.slots)
-        w = Worker(sid, pool, Role.COLOCATED, self.costs, chunk_tokens=self.sim.sc.engine.chunk_tokens,
+        w = IterationScheduler(sid, pool, Role.COLOCATED, self.costs, chunk_tokens=self.sim.sc.engine.chunk_tokens,
                    kv_capacity=self.kv_cap_tokens, mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty)
         slot = Slot(sid, pool, state, w)
         self.slots[sid] = slot

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from controlplane.sim.cli import compare, compare_json
 from controlplane.sim.cluster import Simulation, run_policy
-from controlplane.sim.workload import WorkloadSpec, draw_batch
+from controlplane.core.workload import WorkloadSpec, draw_batch
 
 
 def test_same_seed_gives_identical_json(small):

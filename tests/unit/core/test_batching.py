@@ -1,10 +1,10 @@
-"""The engine's closed-form segments equal the iteration-by-iteration sum they stand for."""
+"""The batching model's closed-form segments (core.batching) equal the iteration-by-iteration sum they stand for."""
 from __future__ import annotations
 
+from controlplane.core.batching import IterationScheduler, Request, ScaledCosts, prefill_records
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Role
-from controlplane.sim.engine import Request, ScaledCosts, Worker, prefill_records
-from controlplane.sim.workload import Trajectory, TurnSpec
+from controlplane.core.workload import Trajectory, TurnSpec
 
 
 def _req(ctx: int, gen: int) -> Request:
@@ -14,7 +14,7 @@ def _req(ctx: int, gen: int) -> Request:
 
 def test_decode_segments_match_brute_force_iterations():
     prof = get_profile("H800", "qwen3-30b-a3b", 2)  # MoE: the expert reads change with the batch
-    w = Worker(0, "reserved", Role.DECODE, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
+    w = IterationScheduler(0, "reserved", Role.DECODE, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
     specs = [(4000, 37), (12000, 5), (800, 120), (20000, 64)]
     for ctx, gen in specs:
         w.submit_decode(_req(ctx, gen))
@@ -48,7 +48,7 @@ def test_decode_segments_match_brute_force_iterations():
 
 def test_an_arrival_joins_at_the_next_iteration_boundary():
     prof = get_profile("H800", "qwen3-8b", 2)
-    w = Worker(0, "reserved", Role.DECODE, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
+    w = IterationScheduler(0, "reserved", Role.DECODE, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
     w.submit_decode(_req(1000, 500))
     end = w.plan(0.0)
     dt = w.seg.dt
@@ -64,7 +64,7 @@ def test_an_arrival_joins_at_the_next_iteration_boundary():
 
 def test_colocated_prefill_slows_the_running_decodes():
     prof = get_profile("H800", "qwen3-8b", 2)
-    w = Worker(0, "reserved", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
+    w = IterationScheduler(0, "reserved", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=8192, kv_capacity=10**7)
     pure = float(prof.decode_iteration_s(1, 8000))
     w.submit_decode(_req(8000, 400))
     r = _req(16000, 50)
@@ -82,7 +82,6 @@ def test_remove_mid_segment_counts_the_tokens_generated_by_then_and_the_rest_fin
     """An abort takes one request off at t: it keeps the tokens of the iterations done by t; the decode
     segment is cut at the next boundary and the others still finish their turns."""
     from controlplane.core.state import Role
-    from controlplane.sim.engine import Request, Worker
 
     class Flat:
         def decode_iteration_s(self, batch: int, mean_context: float) -> float:
@@ -91,7 +90,7 @@ def test_remove_mid_segment_counts_the_tokens_generated_by_then_and_the_rest_fin
         def prefill_s(self, tokens: int, prefix: int) -> float:
             return 0.0
 
-    w = Worker(0, "", Role.COLOCATED, Flat(), chunk_tokens=8192, kv_capacity=10**9)
+    w = IterationScheduler(0, "", Role.COLOCATED, Flat(), chunk_tokens=8192, kv_capacity=10**9)
     a, b = Request("a", 0, 0, 10, 100), Request("b", 0, 0, 10, 50)
     w.submit_decode(a)
     w.submit_decode(b)
@@ -113,7 +112,7 @@ def test_the_interference_what_if_stretches_only_prefill_next_to_running_decodes
     costs = ScaledCosts(prof)
 
     def prefill_segment(penalty: float, role: Role, decoding: int):
-        w = Worker(0, "reserved", role, costs, chunk_tokens=8192, kv_capacity=10**7, mixed_penalty=penalty)
+        w = IterationScheduler(0, "reserved", role, costs, chunk_tokens=8192, kv_capacity=10**7, mixed_penalty=penalty)
         for i in range(decoding):
             w.submit_decode(_req(4000 + i, 50 + 100 * i))  # the first finishes, the rest keep decoding
         if decoding:

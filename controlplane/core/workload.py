@@ -1,5 +1,7 @@
 """Agentic multi-turn workload: SWE-bench-like trajectories for one rollout batch.
 
+One definition for the simulator's batches and the live `swe-like` environment (`agents.envs.swe_like`).
+
 A trajectory is a sequence of turns. Each turn appends new prompt tokens (the first turn: system
 prompt + issue, shared by the trajectories of one GRPO group; later turns: the tool observation),
 then the policy model generates a response, then the environment runs the tool call for a

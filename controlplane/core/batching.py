@@ -1,6 +1,10 @@
-"""One simulated inference engine (a TP-group worker) with continuous batching, at iteration level.
+"""The iteration-level continuous-batching model of one inference engine (a TP-group worker).
 
-The engine is advanced in *segments*: runs of iterations over which its running batch does not
+Shared world logic, not simulator logic: the simulator's engines (`sim.world`) and the live
+emulated engine (`agents.engines.emulated`) both run `IterationScheduler`, one on a virtual clock, the
+other on the wall clock.
+
+The scheduler is advanced in *segments*: runs of iterations over which its running batch does not
 change. A decode segment lasts until the first running sequence finishes its turn; a prefill
 segment runs the chunked prefill of the queued prompts (colocated: every chunk iteration also
 carries the running decodes, which is the PD interference). Within a segment every iteration is
@@ -20,7 +24,7 @@ from typing import Any, Callable, Protocol
 
 from controlplane.core import telemetry as tm
 from controlplane.core.state import Role
-from controlplane.sim.workload import Trajectory
+from controlplane.core.workload import Trajectory
 
 
 class EngineCosts(Protocol):
@@ -29,8 +33,13 @@ class EngineCosts(Protocol):
     def prefill_s(self, tokens: int, prefix: int) -> float: ...
 
 
+CHUNK_TOKENS = 8192
+"""Chunked-prefill token budget per iteration: the simulator's default (`EngineSpec.chunk_tokens`) and the
+emulated engine's."""
+
+
 class ScaledCosts:
-    """The profile's engine costs times a constant factor (EngineSpec.engine_slowdown), memoised.
+    """The profile's engine costs times a constant factor (`EngineSpec.engine_slowdown`), memoised.
 
     Why memoised: the profile's roofline is numpy-backed (~10 µs a call) and the engine asks for
     the same (batch, context) many times; contexts are bucketed to CONTEXT_BUCKET tokens, which
@@ -67,7 +76,7 @@ class ScaledCosts:
 @dataclass(slots=True, eq=False)
 class Request:
     """One turn of one trajectory being served (possibly the resumed remainder of a turn). `traj` is the
-    caller's handle: the simulator's Trajectory, the emulated engine's sequence."""
+    caller's handle: a workload Trajectory (simulator), the emulated engine's sequence."""
 
     traj: Trajectory | Any
     compute: int  # prompt tokens to prefill (not in this worker's prefix cache)
@@ -113,8 +122,9 @@ def prefill_records(seg: Segment, **kw: Any) -> list[tm.TelemetryRecord]:
             for n, p, s in seg.parts]
 
 
-class Worker:
-    """A rollout worker: colocated (prefill+decode), prefill-only or decode-only."""
+class IterationScheduler:
+    """One engine's continuous-batching scheduler at iteration level: its prompt and join queues, running
+    batch and KV admission, for a colocated (prefill+decode), prefill-only or decode-only worker."""
 
     __slots__ = (
         "slot", "pool", "gen", "role", "costs", "chunk_tokens", "kv_capacity", "it", "running", "heap", "s0",
@@ -357,4 +367,4 @@ class Worker:
         return out
 
 
-OnDone = Callable[[Worker, list[Request], list[Request], Segment, float], None]
+OnDone = Callable[[IterationScheduler, list[Request], list[Request], Segment, float], None]
