@@ -32,3 +32,10 @@ class ByteTokenizer:
 
 
 TOKENIZER = ByteTokenizer()
+
+
+# Chat markers over the spare specials (agents.gateway.chat.ByteChatFormat): the start of a message and the
+# Hermes tool-call tags; EOS ends every message. 262..263 stay free.
+CHAT_START_ID = 259
+TOOL_CALL_ID = 260
+TOOL_CALL_END_ID = 261
