@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.conftest import _start, child_env, wait_port
+from tests.support.environment import child_env
+from tests.support.processes import start_process, wait_port
 from tests.e2e import helpers
 from tests.e2e.helpers import Agent, off_loop, shot
 
@@ -120,7 +121,7 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
 
         off_loop(drain_node, node_id=Node.objects.get(name="res-b").pk, actor="ops")
         port = int(cp.base_url.rsplit(":", 1)[1])
-        cp.procs.append(_start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+        cp.procs.append(start_process([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
                                child_env(), tmp_path / "daphne-2.log"))
         wait_port(port, proc=cp.procs[-1])
         page.wait_for_selector("#conn[data-state=live]", timeout=20000)
@@ -136,7 +137,7 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
 def test_api_docs_and_charts_render_with_the_network_blocked(control_plane_server, page):
     cp = control_plane_server
     off_loop(helpers.operator_user, "ops", "ops-password-123")
-    from tests.conftest import make_job, make_node
+    from tests.support.cluster import make_job, make_node
 
     off_loop(make_node, "n1", slots=2)
     off_loop(make_node, "t1", pool="training", slots=1)
@@ -165,7 +166,7 @@ def test_api_docs_and_charts_render_with_the_network_blocked(control_plane_serve
 def test_viewer_sees_no_controls_and_heatmap_view(control_plane_server, page, django_user_model):
     cp = control_plane_server
     django_user_model.objects.create_user(username="viewer", password="viewer-password-1")
-    from tests.conftest import make_node
+    from tests.support.cluster import make_node
 
     for i in range(3):
         off_loop(make_node, f"n{i}", slots=8)

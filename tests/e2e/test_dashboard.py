@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.services import workers
-from tests.conftest import make_job, make_node
+from tests.support.cluster import make_job, make_node
 from tests.e2e import helpers
 from tests.e2e.helpers import off_loop
 

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.conftest import ROOT, child_env, free_port, wait_port
+from tests.support.environment import ROOT, child_env
+from tests.support.processes import free_port, wait_port
 
 LEASE_S, HEARTBEAT_S, SWEEP_S = 3.0, 0.5, 1.0
 SECRET = "fault-dp-secret"

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _start, agents_converge, child_env, make_job, make_node, redis_available
+from tests.support.cluster import agents_converge, make_job, make_node
+from tests.support.environment import child_env, redis_available
+from tests.support.processes import start_process
 from tests.fault.conftest import assert_invariants, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -23,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def _celery(tmp_path: Path, n: int) -> subprocess.Popen:
     log = tmp_path / f"celery-{n}.log"
-    proc = _start([sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "--pool=solo", "-l", "info",
+    proc = start_process([sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "--pool=solo", "-l", "info",
                    "--without-gossip", "--without-mingle", "-n", f"kill-{os.getpid()}-{n}@%h"], child_env(), log)
     wait_for(lambda: "ready." in log.read_text(errors="ignore") or proc.poll() is not None, 60, "celery")
     assert proc.poll() is None, log.read_text()[-3000:]

@@ -8,7 +8,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import _start, _stop, child_env, free_port, make_job, make_node, redis_available, wait_port
+from tests.support.cluster import make_job, make_node
+from tests.support.environment import child_env, redis_available
+from tests.support.processes import free_port, start_process, stop_processes, wait_port
 
 
 @dataclass
@@ -41,10 +43,10 @@ def fuzz_target(transactional_db, tmp_path) -> Iterator[FuzzTarget]:
         pytest.skip("Redis is not reachable")
     tokens = seed_state()
     port = free_port()
-    proc = _start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+    proc = start_process([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
                   child_env(PEARL_WRITE_RATE="1000000/min"), tmp_path / "daphne.log")
     try:
         wait_port(port, proc=proc)
         yield FuzzTarget(base_url=f"http://127.0.0.1:{port}", tokens=tokens)
     finally:
-        _stop([proc])
+        stop_processes([proc])

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, make_node, run_transition
+from tests.support.cluster import make_node, run_transition
+from tests.support.environment import ROOT
 
 SPEC = """\
 name: grpo-cli

@@ -12,7 +12,7 @@ from agents import dataplane as dp
 from agents.process import REPO_ROOT, kill_leftovers, spawn_worker, start_time
 from agents.router import WorkerClient, session
 from controlplane.core import agent_link as link
-from tests.conftest import journaled_tokens
+from tests.support.processes import journaled_tokens
 from tests.integration.agents.test_node_agent import cp, observed  # noqa: F401  (the fake link server fixture)
 
 

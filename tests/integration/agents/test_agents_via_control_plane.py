@@ -84,7 +84,7 @@ async def train_one_step(trainer_ep: str) -> int:
 def test_agents_serve_pd_and_colocated_and_pull_trained_weights(control_plane_server, tmp_path, engine):
     from controlplane.models import Job, Node, Worker
     from controlplane.services.workers import WorkerChange, change_workers, start_worker
-    from tests.conftest import make_job
+    from tests.support.cluster import make_job
 
     cp = control_plane_server
     trainer_agent = start_agent(cp, "train-e2e", "training", 1, "torch", tmp_path)

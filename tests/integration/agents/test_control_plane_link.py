@@ -52,7 +52,7 @@ async def _health(endpoint: str, secret: str) -> dict:
 def test_agent_registers_starts_worker_and_follows_desired_state(control_plane_server, tmp_path):
     from controlplane.models import GPU, Node, Worker
     from controlplane.services.workers import WorkerChange, change_workers, start_worker
-    from tests.conftest import make_job
+    from tests.support.cluster import make_job
 
     cp = control_plane_server
     name = "agent-it-1"

@@ -21,7 +21,7 @@ from agents.process import REPO_ROOT
 from agents.router import PDRouter, WorkerClient, session
 from agents.weights import WeightStore, weight_routes
 from controlplane.core import agent_link as link
-from tests.conftest import journaled_tokens
+from tests.support.processes import journaled_tokens
 from tests.unit.agents.fake_control_plane import FakeControlPlane
 
 SLOW = 0.5  # emulated time factor: slow enough that a long request is still running when we kill it

@@ -12,9 +12,11 @@ from channels.testing import WebsocketCommunicator
 
 from controlplane.core import agent_link as link
 from controlplane.models import Event, Job, Node, TelemetrySample, Worker
+from controlplane.selectors import job_tokens
 from controlplane.services import credentials, workers
 from pearl_site.asgi import application
-from tests.conftest import make_job, redis_available
+from tests.support.cluster import make_job
+from tests.support.environment import redis_available
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -120,7 +122,7 @@ async def test_weights_tokens_are_scoped_per_job_and_the_key_goes_only_to_the_tr
     assert link.verify_weights_token(key, "victim", token, rotate)
     assert not link.verify_weights_token(key, "other-job", token, rotate)  # scoped to its job
     other = await database_sync_to_async(make_job)("other-job", rollout_gpus=2, training_gpus=2)
-    other_key = await database_sync_to_async(credentials.job_weights_key)(other)
+    other_key = await database_sync_to_async(job_tokens.job_weights_key)(other)
     assert other_key != key and not link.verify_weights_token(other_key, "victim", token, rotate)
     import time
 

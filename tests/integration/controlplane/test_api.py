@@ -8,7 +8,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from controlplane.models import Event, Job, Node, Override
-from tests.conftest import make_job, make_node
+from tests.support.cluster import make_job, make_node
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,8 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from controlplane.models import Event, Job, Override
-from tests.conftest import make_job, make_node, postgres_in_use
+from tests.support.cluster import make_job, make_node
+from tests.support.environment import postgres_in_use
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from django.core.management import call_command
 
 from controlplane.services.availability import elastic_target, set_elastic_capacity
 from controlplane.services.errors import InvalidInput
-from tests.conftest import make_node
+from tests.support.cluster import make_node
 
 pytestmark = pytest.mark.django_db
 

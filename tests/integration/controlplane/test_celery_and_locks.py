@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from controlplane.models import Node, Worker
-from tests.conftest import ROOT, child_env, make_job, make_node, postgres_in_use
+from tests.support.cluster import make_job, make_node
+from tests.support.environment import ROOT, child_env, postgres_in_use
 
 
 @pytest.mark.django_db(transaction=True)
@@ -87,7 +88,7 @@ def test_two_processes_race_for_the_same_gpu_exactly_one_wins():
 
 
 def _drain_kicks(job_id: int) -> None:
-    from controlplane.services.common import wait_for_report
+    from controlplane.services.dispatch import wait_for_report
 
     while wait_for_report(job_id, 0.01):
         pass
@@ -98,8 +99,8 @@ def test_an_agent_report_wakes_the_executor_waiting_on_the_job():
     """The executor is woken by the agents' report of a change to the job's workers, not by its poll;
     a report that changes nothing a step is confirmed by wakes nobody; a kick is consumed once."""
     from controlplane.services import executor, planner
-    from controlplane.services.common import wait_for_report
-    from tests.conftest import agents_converge
+    from controlplane.services.dispatch import wait_for_report
+    from tests.support.cluster import agents_converge
 
     make_node("r1", slots=2)
     job = make_job(rollout_gpus=2)
@@ -120,7 +121,7 @@ def test_the_executor_task_carries_a_transition_to_its_end_as_agents_report(cele
 
     from controlplane.models import Transition
     from controlplane.services import planner
-    from tests.conftest import agents_converge
+    from tests.support.cluster import agents_converge
 
     make_node("r1", slots=2)
     job = make_job(rollout_gpus=2)

@@ -12,7 +12,7 @@ from controlplane.core.telemetry import step, train, turn
 from controlplane.models import Event, Node, Override, SimulationRun, TelemetrySample
 from controlplane.services import nodes, planner, simulations, telemetry
 from controlplane.services.principals import job_principal
-from tests.conftest import make_job, make_node
+from tests.support.cluster import make_job, make_node
 
 pytestmark = pytest.mark.django_db
 

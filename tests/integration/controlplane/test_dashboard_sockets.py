@@ -12,7 +12,8 @@ from controlplane.core.telemetry import step
 from controlplane.services import jobs, nodes, telemetry
 from controlplane.services.principals import job_principal
 from pearl_site.asgi import application
-from tests.conftest import make_job, make_node, redis_available
+from tests.support.cluster import make_job, make_node
+from tests.support.environment import redis_available
 from tests.integration.controlplane.test_sockets import _session_cookie
 
 pytestmark = [

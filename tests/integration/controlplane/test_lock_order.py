@@ -21,10 +21,12 @@ from django.db.models import F
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.models import Event, Job, Node, Worker
 from controlplane.services import jobs, planner
-from controlplane.services.common import is_transient, lock_job, locked, retry_transient
+from controlplane.services.locks import lock_job, locked
+from controlplane.services.retry import is_transient, retry_transient
 from controlplane.services.nodes import record_heartbeat
 from controlplane.services.workers import WorkerChange, change_workers, stop_worker
-from tests.conftest import agents_converge, make_job, make_node, postgres_in_use, run_transition
+from tests.support.cluster import agents_converge, make_job, make_node, run_transition
+from tests.support.environment import postgres_in_use
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

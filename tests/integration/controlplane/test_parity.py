@@ -12,7 +12,7 @@ from controlplane.models import Decision, Node, Transition
 from controlplane.services import jobs, nodes, planner
 from controlplane.sim.cluster import Simulation
 from controlplane.sim.scenario import scenario_from_dict
-from tests.conftest import make_job, make_node, run_transition
+from tests.support.cluster import make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
 

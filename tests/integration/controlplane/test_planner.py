@@ -9,7 +9,7 @@ from controlplane.models import Decision, Transition, TransitionStep, Worker
 from controlplane.selectors.cluster import training_flags, worker_views
 from controlplane.services import jobs, nodes, planner
 from controlplane.services.errors import Conflict
-from tests.conftest import make_job, make_node, run_transition
+from tests.support.cluster import make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +64,7 @@ def test_training_begin_returns_the_borrowed_workers_at_once_and_the_update_wait
     """The return is due by a deadline: Training Begin parks every borrowed worker in its own transaction
     (no re-plan, no transition in between); the update waits until the agents report them asleep; the
     re-plan that follows still learns that borrowing ran into Training Begin."""
-    from tests.conftest import agents_converge
+    from tests.support.cluster import agents_converge
 
     make_node("r1", slots=4, hardware="H800")
     make_node("e1", pool="elastic", slots=4, hardware="H800")
@@ -150,7 +150,7 @@ def test_a_preemption_notice_mid_transition_fails_it_at_once_and_the_replan_runs
 
     from controlplane.models import Node
     from controlplane.services import executor
-    from tests.conftest import agents_converge
+    from tests.support.cluster import agents_converge
 
     job = _cluster()
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
@@ -178,7 +178,7 @@ def test_a_notice_after_the_workers_started_leaves_them_out_of_the_finalize():
 
     from controlplane.models import Node
     from controlplane.services import executor
-    from tests.conftest import agents_converge
+    from tests.support.cluster import agents_converge
 
     job = _cluster()
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
@@ -201,7 +201,7 @@ def test_training_begin_ends_a_transition_still_lending_workers_at_once():
     agents to start the other workers: the expansion ends at its next pass (its finalize would refuse the
     borrowed workers anyway) instead of holding the Training Begin plan behind it, and nothing stays lent."""
     from controlplane.services import executor
-    from tests.conftest import agents_converge
+    from tests.support.cluster import agents_converge
 
     make_node("r1", slots=4, hardware="H800")
     make_node("e1", pool="elastic", slots=4, hardware="H800")

@@ -10,7 +10,7 @@ from controlplane.core.state import Role
 from controlplane.models import Decision, Event, Job
 from controlplane.services import planner, progress
 from controlplane.services.errors import Conflict, InvalidInput
-from tests.conftest import make_job, make_node
+from tests.support.cluster import make_job, make_node
 from tests.unit.core.loop_world import ToyWorld, run_heap
 
 pytestmark = pytest.mark.django_db

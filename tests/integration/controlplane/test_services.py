@@ -14,7 +14,7 @@ from controlplane.selectors.cluster import desired_state, training_flags, worker
 from controlplane.services import jobs, nodes, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
-from tests.conftest import agents_converge, make_job, make_node
+from tests.support.cluster import agents_converge, make_job, make_node
 
 pytestmark = pytest.mark.django_db
 

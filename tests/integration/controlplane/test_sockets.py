@@ -17,7 +17,8 @@ from controlplane.core import agent_link as link
 from controlplane.models import Node, TelemetrySample
 from controlplane.services import credentials, nodes, workers
 from pearl_site.asgi import application
-from tests.conftest import make_job, redis_available
+from tests.support.cluster import make_job
+from tests.support.environment import redis_available
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -1,0 +1,69 @@
+"""A cluster made through the real services, without agent processes: nodes registered as their agents
+would, jobs created as the API would, and agents that report their desired state as done."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controlplane.models import Job, Node, Transition
+
+
+def make_node(name: str, *, pool: str = "reserved", slots: int = 4, hardware: str = "cpu",
+              incarnation: str = "i1") -> Node:
+    """Register a node the way its agent would (through the service, with its own token)."""
+    from controlplane.core.agent_link import Register, SlotSpec
+    from controlplane.models import AgentCredential
+    from controlplane.services.credentials import issue_agent_token
+    from controlplane.services.nodes import register_node
+
+    issue_agent_token(node_name=name)
+    cred = AgentCredential.objects.filter(node_name=name).latest("created")
+    msg = Register(node=name, pool=pool, hardware=hardware, incarnation=incarnation,
+                   slots=[SlotSpec(index=i, hardware=hardware, memory_mb=1024) for i in range(slots)])
+    return register_node(credential_id=cred.pk, message=msg)
+
+
+def make_job(name: str = "job1", **spec: Any) -> Job:
+    """Create a job through the service (one rollout GPU, no training GPU unless `spec` says otherwise)."""
+    from controlplane.services.jobs import create_job
+
+    full = {"name": name, "rollout_gpus": 1, "training_gpus": 0} | spec
+    return create_job(spec=full, actor="test")
+
+
+def agents_converge() -> None:
+    """Every live node's agent reports its desired state as done, through the heartbeat service: each
+    worker running in its role and activity, holding the weights the job allows, idle, on an endpoint
+    of the node. What a real agent does after reconciling (agents/node.py), without processes."""
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+    from controlplane.core.state import Activity, NodeStatus, Role
+    from controlplane.models import Job, Node
+    from controlplane.selectors.cluster import desired_state
+    from controlplane.services.nodes import record_heartbeat
+
+    for node in Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING]):
+        ds = desired_state(node)
+        versions = dict(Job.objects.values_list("name", "weight_version"))
+        workers = [
+            ObservedWorker(
+                worker_id=w.worker_id, role=w.role, state="running", inflight=0,
+                activity=Activity.INACTIVE if w.role == Role.TRAINING and w.activity != Activity.ACTIVE else w.activity,
+                weight_version=versions.get(w.job, 0), endpoint=f"http://127.0.0.1:{20000 + w.worker_id}",
+                generation=ds.generation, devices=list(w.gpus),
+            )
+            for w in ds.workers
+        ]
+        record_heartbeat(node_id=node.pk, message=Heartbeat(epoch=node.epoch, generation=ds.generation, workers=workers),
+                         channel=node.agent_channel)
+
+
+def run_transition(transition: Transition, rounds: int = 20) -> Transition:
+    """Execute a transition to its end, the agents converging between executor passes."""
+    from controlplane.services import executor
+
+    for _ in range(rounds):
+        tr = executor.execute_transition(transition_id=transition.pk)
+        if tr.status != "running":
+            return tr
+        agents_converge()
+    raise AssertionError(f"transition {transition.pk} still running after {rounds} rounds")
