@@ -1,55 +1,33 @@
-"""Node agent: one per machine. Registers with the control plane over the agent link and reconciles
-its worker processes to the desired state it receives.
+"""The node agent's reconciler: the workers (and rollout drivers) it supervises, converged to the desired
+state (level-triggered: recomputed from desired and observed on every desired state and every
+`RECONCILE_PERIOD_S`), what it observes of them, and crash supervision (a crashed worker is reported with
+the partial outputs its journal kept, then restarted with backoff)."""
 
-    python -m agents.node --control-plane http://127.0.0.1:8000 --slots 4 --pool elastic \
-        --hardware H800 --engine emulated          # token from env PEARL_AGENT_TOKEN (or --token)
-
-Level-triggered, like a kubelet: every `desired_state` is the node's full desired state; the agent
-recomputes what to do from (desired, observed) every time and again periodically, so a missed or
-repeated message changes nothing. Fencing: a desired state with a generation lower than the last
-applied one, or an epoch lower than the node's current epoch, is refused (ignored and reported).
-Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on loopback
-ports with per-worker secrets, each pinned to its slots' devices (CUDA_VISIBLE_DEVICES = the slot
-indexes of its GPU set G_w) and in its own process group; the agent restarts a crashed worker and
-reports the crash with the partial outputs of the requests it had in flight (from the worker's
-journal). A restarted agent first kills whatever its previous incarnation left running (lease files,
-see agents.process) and reports their journals. SIGTERM or a preemption notice drains the workers
-gracefully before the deadline. Weights are pulled with the scoped token of the desired state; the
-agent holds no cluster-wide weights secret.
-"""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
-import os
-import secrets
-import signal
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
+from aiohttp import ClientSession
 
-from agents.process import WorkerProcess, kill_leftovers, spawn_child, spawn_worker, stop_group
-from agents.reconnect import reconnect_forever
+from agents.node.config import AgentConfig
+from agents.process import WorkerProcess, spawn_child, spawn_worker, stop_group
 from agents.router import WorkerCallError, WorkerClient
 from controlplane.core import agent_link as link
 from controlplane.core import telemetry as tm
-from controlplane.core.state import Activity, Pool, Role
+from controlplane.core.state import Activity, Role
 
 log = logging.getLogger("pearl.agent")
 
-HW_MEMORY_MB = {"h800": 81920, "h100": 81920, "h200": 144384, "h20": 98304, "cpu": 4096}
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-RECONNECT_BACKOFF_MAX_S = 30.0
 RECONCILE_PERIOD_S = 2.0
-WEIGHTS_WATCH_S = 0.25  # how often a node with trainers checks them for newly published weights
 
 
 def partials(entries: list[dict[str, Any]], worker_id: int) -> list[dict[str, Any]]:
@@ -120,217 +98,25 @@ class DriverProcess:
         await stop_group(self.proc, timeout_s)
 
 
-@dataclass
-class AgentConfig:
-    control_plane: str
-    token: str
-    node: str
-    pool: str = "reserved"
-    hardware: str = "H800"
-    slots: int = 1
-    engine: str = "emulated"
-    time_factor: float = 1.0
-    interference: float = 1.0  # emulated engines: prefill next to running decodes costs this × its roofline time
-    state_dir: Path = field(default_factory=lambda: Path("./.pearl-agent"))
-    dataplane_secret: str = ""
-    dataplane_port: int = 0
-    drain_timeout_s: float = 10.0
-    memory_mb: int = 0
+class Reconciler:
+    """The reconciling half of `NodeAgent` (a mixin: the session holds the state it shares, set in
+    `NodeAgent.__init__`): reads `desired` and `epoch`, reports through `send`."""
 
-
-class NodeAgent:
-    def __init__(self, cfg: AgentConfig) -> None:
-        self.cfg = cfg
-        self.incarnation = uuid.uuid4().hex
-        self.epoch = 0
-        self.generation = -1  # last applied desired-state generation
-        self.desired: link.DesiredState | None = None
-        self.workers: dict[int, Managed] = {}
-        self.heartbeat_s = 5.0
-        self.weights_rotate_s = 300.0
-        self.node_id: int | None = None
-        self.leftovers: list[dict[str, Any]] = []  # workers a previous incarnation left running, killed at start
-        self.rejected: list[str] = []  # why desired states were refused (for tests and logs)
-        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.pending_telemetry: list[dict[str, Any]] = []  # the agent's own records (toggles)
-        self.connected = asyncio.Event()
-        self.stopping = asyncio.Event()
-        self._kick = asyncio.Event()
-        self._beat = asyncio.Event()
-        self.drivers: dict[str, DriverProcess] = {}  # job -> the rollout driver this agent runs for it
-        self._http: ClientSession | None = None
-        self._dp_runner: web.AppRunner | None = None
-        self.dataplane_url = ""
-        self._reconcile_lock = asyncio.Lock()
-
-    # ------------------------------------------------------------ link messages
-    def register_message(self) -> link.Register:
-        mem = self.cfg.memory_mb or HW_MEMORY_MB.get(self.cfg.hardware.lower(), 81920)
-        slots = [link.SlotSpec(index=i, hardware=self.cfg.hardware, memory_mb=mem) for i in range(self.cfg.slots)]
-        return link.Register(node=self.cfg.node, pool=Pool(self.cfg.pool), hardware=self.cfg.hardware, slots=slots,
-                             incarnation=self.incarnation, engine=self.cfg.engine, data_plane=self.dataplane_url)
-
-    def heartbeat_message(self) -> link.Heartbeat:
-        return link.Heartbeat(epoch=self.epoch, generation=max(self.generation, 0),
-                              workers=[m.observed() for m in sorted(self.workers.values(), key=lambda m: m.desired.worker_id)])
+    cfg: AgentConfig
+    epoch: int
+    desired: link.DesiredState | None
+    workers: dict[int, Managed]
+    drivers: dict[str, DriverProcess]
+    weights_rotate_s: float
+    pending_telemetry: list[dict[str, Any]]
+    stopping: asyncio.Event
+    _kick: asyncio.Event
+    _beat: asyncio.Event
+    _http: ClientSession | None
+    _reconcile_lock: asyncio.Lock
 
     def send(self, message: Any) -> None:
-        self.outbox.put_nowait(link.dump(message))
-
-    def on_control(self, data: Any) -> None:
-        """Handle one control-plane message (already JSON-decoded)."""
-        try:
-            msg = link.parse_control_message(data)
-        except link.LinkError as exc:
-            log.warning("bad message from the control plane: %s", exc)
-            return
-        if isinstance(msg, link.Registered):
-            if msg.epoch < self.epoch:
-                self._refuse(f"registered with epoch {msg.epoch} < current {self.epoch}")
-                return
-            self.epoch, self.node_id = msg.epoch, msg.node_id
-            self.heartbeat_s = max(0.05, msg.heartbeat_s)
-            self.weights_rotate_s = msg.weights_rotate_s
-            self._report_leftovers()
-        elif isinstance(msg, link.DesiredState):
-            self.apply(msg)
-        elif isinstance(msg, link.ErrorMessage):
-            log.warning("control plane error %s: %s", msg.code, msg.message)
-
-    def apply(self, msg: link.DesiredState) -> bool:
-        """Fence, then adopt the desired state (reconciliation runs asynchronously)."""
-        if msg.epoch < self.epoch:
-            self._refuse(f"desired state generation {msg.generation} has stale epoch {msg.epoch} < {self.epoch}")
-            return False
-        if msg.generation < self.generation:
-            self._refuse(f"desired state generation {msg.generation} < last applied {self.generation}")
-            return False
-        self.epoch = msg.epoch
-        self.generation = msg.generation
-        self.desired = msg
-        self._kick.set()
-        return True
-
-    def _report_leftovers(self) -> None:
-        """Once registered: report the workers the previous incarnation left, with their journaled partials."""
-        for x in self.leftovers:
-            aborted = partials(x["aborted"], x["worker_id"])
-            self.send(link.Fault(epoch=self.epoch, worker_id=x["worker_id"], kind="orphan_killed" if x["was_running"] else "orphan_gone",
-                                 detail=f"pid {x['pid']} of a previous agent incarnation", aborted=aborted))
-        self.leftovers = []
-
-    async def _kill_leftovers(self) -> None:
-        self.leftovers = await asyncio.to_thread(kill_leftovers, self.cfg.state_dir)
-        if self.leftovers:
-            log.warning("found %d worker(s) of a previous agent incarnation; killed the %d still running",
-                        len(self.leftovers), sum(x["was_running"] for x in self.leftovers))
-
-    def _refuse(self, why: str) -> None:
-        log.warning("refused: %s", why)
-        self.rejected.append(why)
-        self.send(link.Fault(epoch=self.epoch, worker_id=0, kind="stale_command", detail=why))
-
-    # ------------------------------------------------------------ the connection
-    @property
-    def ws_url(self) -> str:
-        base = self.cfg.control_plane.rstrip("/")
-        if base.startswith("http"):
-            base = "ws" + base[4:]
-        return base if base.endswith("/ws/agent") else base + "/ws/agent/"
-
-    async def run(self) -> None:
-        """Connect, serve, reconnect with jittered exponential backoff until stopped."""
-        self._http = ClientSession(timeout=ClientTimeout(total=600))
-        await self._kill_leftovers()
-        await self._start_dataplane()
-        tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
-        try:
-            await reconnect_forever(self._connect_once, stop=self.stopping, max_s=RECONNECT_BACKOFF_MAX_S,
-                                    name="agent link")
-        finally:
-            await self._teardown(tasks)
-
-    async def _teardown(self, tasks: list[asyncio.Task]) -> None:
-        """Stop the background tasks, drain and stop the workers, close the data plane and the client."""
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.shutdown_workers(self.cfg.drain_timeout_s)
-        if self._dp_runner:
-            await self._dp_runner.cleanup()
-        await self._http.close()
-
-    async def _connect_once(self) -> int | None:
-        """One connection, until it closes; returns the close code."""
-        assert self._http is not None
-        headers = {"Authorization": f"Bearer {self.cfg.token}"}
-        async with self._http.ws_connect(self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES) as ws:
-            await ws.send_json(link.dump(self.register_message()))
-            self.connected.set()
-            sender = asyncio.create_task(self._send_loop(ws))
-            beat = asyncio.create_task(self._heartbeat_loop())
-            stop = asyncio.create_task(self.stopping.wait())
-            try:
-                while True:
-                    recv = asyncio.create_task(ws.receive())
-                    done, _ = await asyncio.wait({recv, stop, sender}, return_when=asyncio.FIRST_COMPLETED)
-                    if recv not in done:
-                        recv.cancel()
-                        if stop in done:  # graceful: drain while still connected, report, then close
-                            sender.cancel()
-                            beat.cancel()
-                            await asyncio.gather(sender, beat, return_exceptions=True)
-                            await self.shutdown_workers(self.cfg.drain_timeout_s)
-                            while not self.outbox.empty():
-                                await ws.send_json(self.outbox.get_nowait())
-                            await ws.send_json(link.dump(self.heartbeat_message()))
-                        break
-                    msg = recv.result()
-                    if msg.type == WSMsgType.TEXT:
-                        try:
-                            data = json.loads(msg.data)
-                        except ValueError:
-                            log.warning("non-JSON message from the control plane")
-                            continue
-                        self.on_control(data)
-                    elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING, WSMsgType.ERROR):
-                        break
-            finally:
-                self.connected.clear()
-                for t in (sender, beat, stop):
-                    t.cancel()
-                await asyncio.gather(sender, beat, stop, return_exceptions=True)
-        return ws.close_code
-
-    async def _send_loop(self, ws: Any) -> None:
-        while True:
-            item = await self.outbox.get()
-            try:
-                await ws.send_json(item)
-            except Exception:
-                self.outbox.put_nowait(item)  # keep it for the next connection
-                raise
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            if self.epoch == 0:  # not registered yet: a heartbeat without an epoch would be refused as stale
-                await asyncio.sleep(0.05)
-                continue
-            reconciled = self._beat.is_set()
-            self._beat.clear()  # a reconcile that finishes from here on is reported by the next beat
-            if not reconciled:  # a reconcile recorded what it changed: its report (a return against
-                await self._observe()  # its deadline) does not wait for every worker's answer
-            self.send(self.heartbeat_message())
-            records = await self._collect_telemetry()
-            for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
-                self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
-            loop = asyncio.get_running_loop()
-            until = loop.time() + self.heartbeat_s
-            while (left := until - loop.time()) > 0:  # report as soon as a reconcile changed something, or
-                with contextlib.suppress(asyncio.TimeoutError):  # a trainer here published new weights
-                    await asyncio.wait_for(self._beat.wait(), min(left, WEIGHTS_WATCH_S))
-                if self._beat.is_set() or await self._trainer_published():
-                    break
+        raise NotImplementedError
 
     # ------------------------------------------------------------ observation
     def _reachable(self) -> list[Managed]:
@@ -633,111 +419,3 @@ class NodeAgent:
             if m.proc is not None:
                 self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="restarted",
                                      detail=f"restarted as pid {m.proc.pid} (restart #{m.restarts})"))
-
-    async def run_standalone(self, model: str) -> None:
-        """No control plane (demo/lightweight mode): one active colocated worker per slot, serving
-        until SIGTERM; endpoints and secrets go to <state-dir>/workers.json (mode 0600)."""
-        self._http = ClientSession(timeout=ClientTimeout(total=600))
-        await self._kill_leftovers()
-        await self._start_dataplane()
-        workers = [link.DesiredWorker(worker_id=i + 1, gpus=[i], role=Role.COLOCATED, activity=Activity.ACTIVE,
-                                      engine=self.cfg.engine, model=model) for i in range(self.cfg.slots)]
-        self.apply(link.DesiredState(generation=1, epoch=0, status="ready", workers=workers))
-        tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
-        try:
-            while not self.stopping.is_set() and not (len(self.workers) == len(workers) and all(m.state == "running" for m in self.workers.values())):
-                await asyncio.sleep(0.1)
-            listing = [{"worker_id": w, "endpoint": m.proc.endpoint, "secret": m.proc.secret}
-                       for w, m in self.workers.items() if m.proc is not None]
-            path = self.cfg.state_dir / "workers.json"
-            self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(listing, f)
-            print("PEARL_AGENT_READY " + json.dumps({"workers": [x["endpoint"] for x in listing], "secrets_file": str(path)}), flush=True)
-            await self.stopping.wait()
-        finally:
-            await self._teardown(tasks)
-
-    # ------------------------------------------------------------ the agent's own data plane
-    async def _start_dataplane(self) -> None:
-        """GET /workers: endpoints and secrets of this node's workers, for the job's rollout driver."""
-        if not self.cfg.dataplane_secret:
-            return
-        secret = self.cfg.dataplane_secret
-
-        async def workers(request: web.Request) -> web.Response:
-            header = request.headers.get("Authorization", "")
-            if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), secret.encode())):
-                return web.json_response({"error": "missing or bad data-plane secret"}, status=401)
-            return web.json_response({"workers": [
-                {**link.dump(m.observed()), "secret": m.proc.secret if m.proc else ""} for m in self.workers.values()
-            ]})
-
-        app = web.Application()
-        app.router.add_get("/workers", workers)
-        self._dp_runner = web.AppRunner(app, access_log=None)
-        await self._dp_runner.setup()
-        site = web.TCPSite(self._dp_runner, "127.0.0.1", self.cfg.dataplane_port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.dataplane_url = f"http://127.0.0.1:{port}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m agents.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--control-plane", default="", help="http(s)://host:port of the control plane (or its ws URL); "
-                   "without it the agent runs standalone: one colocated worker per slot")
-    p.add_argument("--model", default="tiny", help="standalone mode: the model the workers serve")
-    p.add_argument("--token", default="", help="node token (prefer env PEARL_AGENT_TOKEN: argv is visible in ps)")
-    p.add_argument("--node", default="", help="node name (default: hostname-pid)")
-    p.add_argument("--slots", type=int, default=1)
-    p.add_argument("--pool", choices=[x.value for x in Pool], default="reserved")
-    p.add_argument("--hardware", default="H800")
-    p.add_argument("--memory-mb", type=int, default=0)
-    p.add_argument("--engine", choices=["torch", "emulated", "vllm"], default="emulated")
-    p.add_argument("--time-factor", type=float, default=1.0)
-    p.add_argument("--interference", type=float, default=1.0,
-                   help="emulated engine: prefill next to running decodes costs this x its roofline time "
-                        "(1 = the additive roofline); PEARL measures it and the job page shows it")
-    p.add_argument("--state-dir", default="")
-    p.add_argument("--drain-timeout", type=float, default=10.0)
-    p.add_argument("--dataplane-port", type=int, default=0)
-    p.add_argument("-v", "--verbose", action="store_true")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from agents.engines.emulated import check_interference
-
-    try:
-        check_interference(args.interference)
-    except ValueError as exc:
-        p.error(f"--interference: {exc}")
-    if args.interference != 1.0 and args.engine != "emulated":
-        p.error("--interference applies to the emulated engine only")
-    token = args.token or os.environ.get("PEARL_AGENT_TOKEN", "")
-    if args.control_plane and not token:
-        sys.exit("no node token: set PEARL_AGENT_TOKEN (or --token)")
-    node = args.node or f"{os.uname().nodename}-{os.getpid()}"
-    cfg = AgentConfig(
-        control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware, slots=args.slots,
-        engine=args.engine, time_factor=args.time_factor, interference=args.interference,
-        state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"),
-        dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
-        drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,
-    )
-    agent = NodeAgent(cfg)
-
-    async def runner() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, agent.stopping.set)  # graceful: drain workers, final heartbeat
-        if args.control_plane:
-            await agent.run()
-        else:
-            await agent.run_standalone(args.model)
-
-    asyncio.run(runner())
-
-
-if __name__ == "__main__":
-    main()
