@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from controlplane.core.context import PolicyContext, Signal  # noqa: E402
 from controlplane.core.decision import decide  # noqa: E402
-from controlplane.core.policies import PolicyContext, Signal, make_policy  # noqa: E402
+from controlplane.core.policies import make_policy  # noqa: E402
 from controlplane.core.predictor import swe_bench_workload  # noqa: E402
 from controlplane.core.profiles import get_profile  # noqa: E402
 from controlplane.core.state import Role  # noqa: E402

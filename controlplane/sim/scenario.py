@@ -15,8 +15,8 @@ import yaml
 
 from controlplane.core.batching import CHUNK_TOKENS
 from controlplane.core.policies import POLICY_NAMES
-from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
 from controlplane.core.workload import WorkloadSpec
+from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
 
 SIM_DIR = Path(__file__).resolve().parent
 SCENARIO_DIR = SIM_DIR / "scenarios"

@@ -6,7 +6,8 @@ import ast
 from dataclasses import replace
 from pathlib import Path
 
-from controlplane.core.policies import PolicyContext, Signal, make_policy
+from controlplane.core.context import PolicyContext, Signal
+from controlplane.core.policies import make_policy
 from controlplane.core.predictor import swe_bench_workload
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode, Role
@@ -17,7 +18,7 @@ CORE = Path(__file__).resolve().parents[3] / "controlplane" / "core"
 
 def test_core_never_imports_django() -> None:
     offenders = []
-    for f in sorted(CORE.glob("*.py")):
+    for f in sorted(CORE.rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]

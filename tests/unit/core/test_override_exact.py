@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from controlplane.core.decision import decide
-from controlplane.core.policies import Overrides, PolicyContext, Signal, make_policy
+from controlplane.core.context import Overrides, PolicyContext, Signal
+from controlplane.core.policies import make_policy
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode
 from tests.unit.core.test_decision import paper_setup

@@ -3,17 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
 from controlplane.core.decision import Decision
-from controlplane.core.policies import (
-    POLICY_NAMES,
-    AvailabilityPoint,
-    ElasticPolicy,
-    Overrides,
-    PolicyContext,
-    Signal,
-    make_policy,
-    rlboost_rebalance,
-)
+from controlplane.core.policies import POLICY_NAMES, ElasticPolicy, make_policy, rlboost_rebalance
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode
 from controlplane.core.telemetry import step, toggle

@@ -1,0 +1,134 @@
+"""What every policy shares: the action it answers with, the interface, user-settable options and the
+tracked base class (a RuntimeTracker fed by `observe`), plus the predictor helpers the policies use."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Mapping, Protocol
+
+from controlplane.core.context import PolicyContext
+from controlplane.core.decision import Decision, decide
+from controlplane.core.predictor import WorkloadProfile
+from controlplane.core.profiles import EngineCoefficients, Profile
+from controlplane.core.state import Configuration
+from controlplane.core.telemetry import TelemetryRecord
+from controlplane.core.tracker import FittedProfile, RuntimeTracker
+
+@dataclass(frozen=True, slots=True)
+class PolicyAction:
+    target: Configuration  # over dedicated + borrowed workers
+    borrow: int  # overlap workers to use as rollout workers
+    decision: Decision  # explains the choice
+    free_reconfiguration: bool = False  # oracle only: the executor applies it at zero cost
+
+
+class Policy(Protocol):
+    name: str
+
+    def on_event(self, ctx: PolicyContext) -> PolicyAction: ...
+
+    def observe(self, record: TelemetryRecord) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+class OptionError(ValueError):
+    """A policy option is unknown or out of bounds; `option` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One user-settable policy option (per job in the live system, per variant in a scenario)."""
+
+    name: str
+    kind: type  # int | float | bool
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def parse(self, value: Any) -> Any:
+        """Strict: JSON types only, bounds checked; OptionError names the option and the problem."""
+        def bad(why: str) -> OptionError:
+            return OptionError(self.name, f"policy option {self.name} {why}")
+
+        if value is None:
+            if self.default is None:
+                return None
+            raise bad("may not be null")
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise bad("must be true or false")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("must be a number")
+        if not math.isfinite(float(value)):
+            raise bad("must be finite")
+        if self.kind is int and not float(value).is_integer():
+            raise bad("must be an integer")
+        v = self.kind(value)
+        if self.minimum is not None and v < self.minimum:
+            raise bad(f"must be >= {self.minimum:g}")
+        if self.maximum is not None and v > self.maximum:
+            raise bad(f"must be <= {self.maximum:g}")
+        return v
+
+
+class TrackedPolicy:
+    """Shared by every policy: a RuntimeTracker fed by observe()."""
+
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = ""
+    product: ClassVar[bool] = True  # False: a reference for reports, not runnable as a job's policy
+    options: ClassVar[tuple[OptionSpec, ...]] = ()
+
+    def __init__(self, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
+                 tracker: RuntimeTracker | None = None, max_trajectory_tokens: int | None = None) -> None:
+        if batch_size <= 0:
+            raise ValueError("batch_size must be > 0")
+        self.profile = profile
+        self.batch_size = batch_size
+        self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size,
+                                                 max_trajectory_tokens=max_trajectory_tokens)
+        self.last_action: PolicyAction | None = None
+
+    def observe(self, record: TelemetryRecord) -> None:
+        self.tracker.observe(record)
+
+    def state(self) -> dict[str, Any]:
+        """What the policy carries from one signal to the next beyond its telemetry (JSON). The live
+        planner rebuilds a policy per signal from stored telemetry and this; the simulator keeps one."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        return None
+
+    def fitted(self, ctx: PolicyContext) -> tuple[WorkloadProfile, EngineCoefficients, FittedProfile]:
+        fp = self.tracker.fitted()
+        w = fp.workload
+        if ctx.batch_size > 0 and ctx.batch_size != w.batch_size:
+            w = replace(w, batch_size=ctx.batch_size)
+        return w, fp.coefficients, fp
+
+    def _dedicated(self, ctx: PolicyContext) -> int:
+        return ctx.dedicated_workers if ctx.overrides.elasticity else min(ctx.reserved_workers, ctx.dedicated_workers)
+
+    def _act(self, target: Configuration, borrow: int, decision: Decision, free: bool = False) -> PolicyAction:
+        action = PolicyAction(target=target, borrow=borrow, decision=decision, free_reconfiguration=free)
+        self.last_action = action
+        return action
+
+
+def with_inputs(decision: Decision, **inputs: Any) -> Decision:
+    return replace(decision, inputs={**decision.inputs, **inputs})
+
+def best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
+    if n <= 0:
+        return math.inf
+    return decide(w, c, n).predicted_makespan_s
