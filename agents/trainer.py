@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -59,6 +59,40 @@ class StepStats:
     duration_s: float = 0.0
 
 
+class Trainer(Protocol):
+    """What the trainer server needs of a trainer: GRPO (`GRPOTrainer`, trains the model on its tokens) and
+    emulated (`EmulatedTrainer`, takes a profile's update time for the samples' token counts) alike."""
+
+    job: str
+    version: int  # the weight version of the latest update (each update publishes the next one)
+    steps: int  # updates done
+    stale_rejected: int
+    consumed: int
+    trained_steps: dict[int, int]  # rollout step -> the version its update published
+    trains_on_tokens: bool  # False: samples may carry a token_count instead of their tokens
+
+    @property
+    def store(self) -> WeightStore | None:
+        """Where its updates are published (workers pull them from the server's /weights/)."""
+        ...
+
+    @property
+    def ckpt_dir(self) -> Path | None:
+        """Its checkpoints (the server keeps its per-step sample buffer there too)."""
+        ...
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per update on the queue path (`POST /samples` without a rollout step)."""
+        ...
+
+    async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
+                     training_gpus: int = 1) -> StepStats:
+        """One update on `samples`. With `rollout_step`, the update of that step of the RL loop (recorded
+        in `trained_steps`); `training_gpus` is what an emulated update is timed on."""
+        ...
+
+
 def group_advantages(rewards: list[float], groups: list[str], trajectories: list[str] | None = None) -> torch.Tensor:
     """A_i = (r_i - mean_g) / (std_g + eps) within each group (GRPO). With `trajectories`, the
     statistics are over the group's trajectories (one reward each), and every turn of a multi-turn
@@ -81,6 +115,10 @@ def group_advantages(rewards: list[float], groups: list[str], trajectories: list
 
 
 class GRPOTrainer:
+    """The real trainer: GRPO on a torch model; its updates run on one thread of their own."""
+
+    trains_on_tokens = True
+
     def __init__(self, model: str = "tiny", config: GRPOConfig | None = None, *, ckpt_dir: Path | None = None,
                  store: WeightStore | None = None, threads: int | None = None, job: str = "") -> None:
         self.config = config or GRPOConfig()
@@ -102,6 +140,16 @@ class GRPOTrainer:
             self.resume()
         if self.store:
             self._reconcile_store()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
+                     training_gpus: int = 1) -> StepStats:
+        """`step` on the trainer's own thread: the server's event loop keeps answering meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.step, samples, rollout_step)
 
     def _reconcile_store(self) -> None:
         """After a (re)start: the store holds exactly what workers may have pulled. Publish the current
@@ -261,7 +309,7 @@ class TrainerServer:
     """`token` is the trainer's own secret (its agent and the job's driver use it); weights are also
     served to holders of a scoped weights token of this trainer's job (`weights_key`, see agent_link)."""
 
-    def __init__(self, trainer: "GRPOTrainer | EmulatedTrainer", token: str, *, weights_key: str = "",
+    def __init__(self, trainer: Trainer, token: str, *, weights_key: str = "",
                  rotate_s: float = 300.0, job_token: str = "") -> None:
         from aiohttp import web
 
@@ -279,9 +327,8 @@ class TrainerServer:
                 bool(weights_key) and verify_weights_token(weights_key, trainer.job, presented, rotate_s))
 
         self.queue: list[dp.TrainSample] = []
-        self.buffer = StepBuffer(getattr(trainer, "ckpt_dir", None))
+        self.buffer = StepBuffer(trainer.ckpt_dir)
         self.history: list[StepStats] = []
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
         self._lock = asyncio.Lock()
         @web.middleware
         async def auth(request: Any, handler: Any) -> Any:
@@ -316,7 +363,7 @@ class TrainerServer:
             body = dp.parse(dp.SubmitSamples, json.loads(await request.read() or b"{}"))
         except (ValueError, dp.DataPlaneError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        if not isinstance(self.trainer, EmulatedTrainer) and any(s.token_count for s in body.samples):
+        if self.trainer.trains_on_tokens and any(s.token_count for s in body.samples):
             return web.json_response({"error": "SubmitSamples.samples: this trainer trains on tokens; "
                                                "token_count-only samples are for the emulated trainer"}, status=400)
         if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
@@ -324,7 +371,7 @@ class TrainerServer:
             return web.json_response({"buffered": self.buffer.size(body.step), "version": self.trainer.version})
         self.queue.extend(body.samples)
         stats = None
-        if body.train and len(self.queue) >= self.trainer.config.batch_size:
+        if body.train and len(self.queue) >= self.trainer.batch_size:
             stats = await self._train()
         return web.json_response({"queued": len(self.queue), "version": self.trainer.version,
                                   "step": asdict(stats) if stats else None})
@@ -349,21 +396,18 @@ class TrainerServer:
             if body.step in t.trained_steps:
                 return {"version": t.trained_steps[body.step], "step": None, "already": True, "missing": []}
             samples, missing = self.buffer.take(body.step, body.trajectories)
-            if isinstance(t, EmulatedTrainer):
-                stats = await t.step_samples(samples, body.step, body.training_gpus)
-            else:
-                stats = await asyncio.get_running_loop().run_in_executor(self._executor, t.step, samples, body.step)
+            stats = await t.update(samples, body.step, body.training_gpus)
             self.buffer.drop_through(body.step)
             self.history.append(stats)
             return {"version": t.trained_steps[body.step], "step": asdict(stats), "already": False, "missing": missing}
 
     async def _train(self, everything: bool = False) -> StepStats | None:
         async with self._lock:
-            n = len(self.queue) if everything else self.trainer.config.batch_size
+            n = len(self.queue) if everything else self.trainer.batch_size
             batch, self.queue = self.queue[:n], self.queue[n:]
             if not batch:
                 return None
-            stats = await asyncio.get_running_loop().run_in_executor(self._executor, self.trainer.step, batch)
+            stats = await self.trainer.update(batch)
             self.history.append(stats)
             return stats
 
@@ -434,13 +478,16 @@ class EmulatedTrainer:
     (`Profile.train_step_s`, FSDP2-like, PROFILES.md), scaled by the run's time factor; each update
     publishes a new (placeholder) weight version that emulated workers pull and time like real weights."""
 
+    trains_on_tokens = False
+
     def __init__(self, *, model: str, hardware: str, tp: int, time_factor: float, store: WeightStore,
-                 ckpt_dir: Path | None, job: str = "") -> None:
+                 ckpt_dir: Path | None, job: str = "", batch_size: int = GRPOConfig.batch_size) -> None:
         from controlplane.core.profiles import get_profile
 
         self.profile = get_profile(hardware, model, tp=max(1, tp))
         self.time_factor = time_factor
-        self.store = store
+        self.store: WeightStore = store
+        self.batch_size = batch_size
         self.ckpt_dir = ckpt_dir
         self.job = job
         self.version = self.steps = self.stale_rejected = self.consumed = 0
@@ -457,7 +504,8 @@ class EmulatedTrainer:
     def publish(self) -> None:
         self.store.publish(self.version, {"version": torch.tensor([self.version])})
 
-    async def step_samples(self, samples: list[dp.TrainSample], rollout_step: int, training_gpus: int) -> StepStats:
+    async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
+                     training_gpus: int = 1) -> StepStats:
         """The update's duration for the batch's tokens (token counts: the driver sends no tokens).
         A multi-turn trajectory comes as one sample per turn, each carrying the whole context so far;
         its tokens are counted once (its largest sample: the full trajectory), as the loop's STEP
@@ -473,7 +521,8 @@ class EmulatedTrainer:
         self.version += 1
         self.steps += 1
         self.consumed += len(samples)
-        self.trained_steps[rollout_step] = self.version
+        if rollout_step is not None:
+            self.trained_steps[rollout_step] = self.version
         if self.ckpt_dir is not None:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.ckpt_dir / "emulated.json", json.dumps(
@@ -488,11 +537,12 @@ async def serve(args: argparse.Namespace, token: str) -> None:
 
     cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
     store = WeightStore(Path(args.weights_dir))
-    trainer: GRPOTrainer | EmulatedTrainer
+    trainer: Trainer
     if args.engine == "emulated" and args.model != "tiny" or args.emulated:
         trainer = EmulatedTrainer(model=args.model, hardware=args.hardware or "H800", tp=int(args.tp or 1),
                                   time_factor=float(args.time_factor or 1.0), store=store,
-                                  ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, job=args.job or "")
+                                  ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, job=args.job or "",
+                                  batch_size=args.batch_size)
     else:
         trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store,
                               threads=args.threads, job=args.job or "")

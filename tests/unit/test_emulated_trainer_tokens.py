@@ -24,5 +24,5 @@ def test_multi_turn_trajectory_counts_its_tokens_once(tmp_path):
                               weight_version=0, trajectory=traj, token_count=n)
 
     # trajectory a: turns with contexts 100, 250, 400 (400 = the whole trajectory); b: one turn of 80
-    asyncio.run(t.step_samples([sample("a", 100), sample("a", 250), sample("a", 400), sample("b", 80)], 0, 4))
+    asyncio.run(t.update([sample("a", 100), sample("a", 250), sample("a", 400), sample("b", 80)], 0, 4))
     assert seen == [480]
