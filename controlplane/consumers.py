@@ -17,9 +17,9 @@ from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
 from controlplane.services import credentials, jobs, nodes, progress, telemetry
-from controlplane.services.common import retry_transient
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
+from controlplane.services.retry import retry_transient
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")

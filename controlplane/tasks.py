@@ -1,14 +1,21 @@
-"""Thin Celery wrappers over services. Tasks take ids, never objects; all are idempotent (acks_late)."""
+"""Thin Celery wrappers over services. Tasks take ids, never objects; all are idempotent (acks_late).
+
+The services send these tasks by name (`services.dispatch.TaskName`), never by importing this module:
+the tasks are adapters on top of the services."""
 from __future__ import annotations
 
 import time
 
 from celery import shared_task
 
-from controlplane.services import nodes, telemetry
+from controlplane.models import Job, Transition
+from controlplane.services import dispatch, executor, nodes, planner, simulations, telemetry
+from controlplane.services.dispatch import TaskName
+from controlplane.services.plan_queue import take_plan_signals
+from controlplane.services.retry import retry_transient
 
 
-@shared_task(name="controlplane.sweep")
+@shared_task(name=TaskName.SWEEP)
 def sweep() -> dict[str, list[str] | int]:
     """Heartbeat sweeper: expire leases (fence before reassignment), remove preempted nodes, prune telemetry."""
     expired = nodes.expire_leases()
@@ -17,19 +24,16 @@ def sweep() -> dict[str, list[str] | int]:
     return {"expired": expired, "gone": gone, "pruned": pruned}
 
 
-@shared_task(name="controlplane.echo")
+@shared_task(name=TaskName.ECHO)
 def echo(payload: dict) -> dict:
     """Round-trip probe used by health checks and tests (proves JSON serialisation through the broker)."""
     return {"echo": payload}
 
 
-@shared_task(name="controlplane.plan_job")
+@shared_task(name=TaskName.PLAN_JOB)
 def plan_job(job_id: int, signal: str | None = None) -> list[int]:
     """① budget → ② decide → ③ plan for one job, once per batch of queued signals (single flight);
     each transition is executed by `execute_transition`."""
-    from controlplane.services import planner
-    from controlplane.services.common import take_plan_signals
-
     planned: list[int] = []
     while (queued := take_plan_signals(job_id)) is not None or signal is not None:
         sig, signal = queued or signal, None
@@ -46,14 +50,11 @@ POLL_S = 0.25
 HOLD_S = 2.0
 
 
-@shared_task(name="controlplane.execute_transition")
+@shared_task(name=TaskName.EXECUTE_TRANSITION)
 def execute_transition(transition_id: int, owner: str = "") -> str:
     """Advance the transition; while it waits for the agents, look again when they report, keeping the
     lease (state and lease live in the database: a killed worker's transition is resumed by
     `replan_all` once its lease runs out, never run twice at once)."""
-    from controlplane.services import executor
-    from controlplane.services.common import retry_transient, wait_for_report
-
     until = time.monotonic() + HOLD_S
     while True:
         tr, outcome = retry_transient(executor.advance, transition_id=transition_id, owner=owner)
@@ -61,22 +62,19 @@ def execute_transition(transition_id: int, owner: str = "") -> str:
             return outcome
         owner = tr.lease_owner
         if time.monotonic() >= until:
-            execute_transition.apply_async((transition_id, owner), countdown=0)
+            dispatch.execute_transition(transition_id, owner, countdown=0)
             return outcome
-        wait_for_report(tr.job_id, POLL_S)
+        dispatch.wait_for_report(tr.job_id, POLL_S)
 
 
-@shared_task(name="controlplane.replan_all")
+@shared_task(name=TaskName.REPLAN_ALL)
 def replan_all() -> list[int]:
     """Periodic re-plan of every live job; resumes transitions whose executor died (its lease ran out)."""
-    from controlplane.models import Job, Transition
-    from controlplane.services import executor, planner
-    from controlplane.services.common import retry_transient
-
-    for tr_id in Transition.objects.filter(status__in=[Transition.Status.PENDING, Transition.Status.RUNNING]).values_list("id", flat=True):
+    live = [Transition.Status.PENDING, Transition.Status.RUNNING]
+    for tr_id in Transition.objects.filter(status__in=live).values_list("id", flat=True):
         tr, outcome = retry_transient(executor.advance, transition_id=tr_id)
         if outcome == "waiting":  # its executor died (the lease ran out): this one carries on
-            execute_transition.apply_async((tr_id, tr.lease_owner), countdown=0.25)
+            dispatch.execute_transition(tr_id, tr.lease_owner, countdown=0.25)
     planned = []
     for job_id in Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).values_list("id", flat=True):
         t = planner.plan_job_isolated(job_id=job_id, signal="periodic")  # one failing job never stops the others
@@ -85,9 +83,7 @@ def replan_all() -> list[int]:
     return planned
 
 
-@shared_task(name="controlplane.run_simulation")
+@shared_task(name=TaskName.RUN_SIMULATION)
 def run_simulation(run_id: int) -> str:
     """A simulator comparison asked for from the dashboard (seconds to a minute of CPU)."""
-    from controlplane.services import simulations
-
     return simulations.run(run_id=run_id).status

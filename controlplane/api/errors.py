@@ -16,7 +16,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from controlplane.services.common import is_transient
+from controlplane.services.retry import is_transient
 from controlplane.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("invalid", detail, field) | {"errors": exc.detail}, status=400)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", str(exc) or "not found"), status=404)
-    if is_transient(exc):  # a deadlock victim (rare: see the lock order in services/common.py); rolled back
+    if is_transient(exc):  # a deadlock victim (rare: see the lock order in services/locks.py); rolled back
         log.warning("a request lost a database deadlock: %s", str(exc).splitlines()[0])
         return Response(error_body("conflict", "a concurrent change aborted this one; nothing was changed; send it again"),
                         status=409)

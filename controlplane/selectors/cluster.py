@@ -10,6 +10,7 @@ from controlplane.core.agent_link import DesiredDriver, DesiredState, DesiredWor
 from controlplane.core.invariants import WorkerView
 from controlplane.core.state import Activity, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
+from controlplane.selectors.job_tokens import job_dataplane_token, job_driver_token, job_weights_key, job_weights_token
 
 
 def _iso(value: Any) -> str | None:
@@ -104,13 +105,6 @@ def desired_state(node: Node) -> DesiredState:
     trainer gets the job's key to verify such tokens; every worker of a job gets the job's data-plane
     token (its driver's). The node holding a live job's first training worker runs that job's
     rollout driver. No cluster-wide secret goes anywhere."""
-    from controlplane.services.credentials import (
-        job_dataplane_token,
-        job_driver_token,
-        job_weights_key,
-        job_weights_token,
-    )
-
     indexes: dict[int, list[int]] = defaultdict(list)
     for b in WorkerGPU.objects.filter(alive=True, gpu__node=node).values("worker_id", "gpu__index"):
         indexes[b["worker_id"]].append(b["gpu__index"])

@@ -11,6 +11,7 @@ from controlplane.core import driver_link as dl
 from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.models import Decision, Job, Worker
 from controlplane.selectors.cluster import weights_url
+from controlplane.selectors.job_tokens import job_dataplane_token
 
 
 def observed(worker: Worker) -> dict[str, Any] | None:
@@ -54,8 +55,6 @@ def job_view(job: Job) -> dl.JobView:
 
 
 def welcome(job: Job) -> dl.Welcome:
-    from controlplane.services.credentials import job_dataplane_token
-
     return dl.Welcome(job=job_view(job), cluster=cluster_view(job), dataplane_token=job_dataplane_token(job),
                       checkpoint=dict(job.loop_state or {}))
 

@@ -1,19 +1,16 @@
 """Per-node agent tokens: random, shown once, stored as SHA-256, revocable, bound to one node name.
-Per-job weights keys and the scoped, rotating tokens derived from them (see core.agent_link).
-Per-job driver and data-plane tokens: derived (nothing stored), valid while the job lives."""
+Per-job driver tokens checked: derived (nothing stored, `selectors.job_tokens`), valid while the job lives."""
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from django.utils.crypto import salted_hmac
 
-from controlplane.core import agent_link as link
 from controlplane.models import NAME_VALIDATOR, AgentCredential, Job
+from controlplane.selectors.job_tokens import DRIVER_TOKEN_PREFIX, job_driver_token
 from controlplane.services.errors import InvalidInput, NotFound
 from controlplane.services.events import emit
 
@@ -61,39 +58,7 @@ def credential_is_valid(credential_id: int) -> bool:
     return AgentCredential.objects.filter(pk=credential_id, revoked__isnull=True).exists()
 
 
-# ---------------------------------------------------------------- per-job weights keys and tokens
-def job_weights_key(job: Job) -> str:
-    """The job's weights key (hex): derived from SECRET_KEY and the job's identity, so nothing is stored
-    and a recreated job of the same name gets another key. Given only to the job's trainer."""
-    value = f"{job.pk}|{job.name}|{job.created.isoformat() if job.created else ''}"
-    return salted_hmac("pearl.weights-key", value, algorithm="sha256").hexdigest()
-
-
-def job_weights_token(job: Job, *, now: float | None = None) -> str:
-    """A token that opens this job's weights (and nothing else) for the current rotation period."""
-    rotate_s = settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]
-    return link.weights_token(job_weights_key(job), job.name, link.token_bucket(rotate_s, now))
-
-
-# ---------------------------------------------------------------- per-job driver and data-plane tokens
-DRIVER_TOKEN_PREFIX = "pdr_"  # "PEARL driver": the driver link (/ws/driver/) of one job
-
-
-def _job_identity(job: Job) -> str:
-    return f"{job.pk}|{job.name}|{job.created.isoformat() if job.created else ''}"
-
-
-def job_dataplane_token(job: Job) -> str:
-    """Opens this job's workers and trainer to its rollout driver (and nothing of any other job)."""
-    return "pdp_" + salted_hmac("pearl.dataplane", _job_identity(job), algorithm="sha256").hexdigest()
-
-
-def job_driver_token(job: Job) -> str:
-    """The job's driver link token: the job id and an HMAC over its identity."""
-    mac = salted_hmac("pearl.driver", _job_identity(job), algorithm="sha256").hexdigest()
-    return f"{DRIVER_TOKEN_PREFIX}{job.pk}.{mac}"
-
-
+# ---------------------------------------------------------------- per-job driver tokens
 def authenticate_driver(token: str) -> Job | None:
     """The live job a driver token belongs to, else None (ended jobs take no driver)."""
     if not token or not token.startswith(DRIVER_TOKEN_PREFIX) or len(token) > 200:

@@ -24,7 +24,8 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
-from controlplane.services.common import lock_job, lock_nodes, locked, resume_deferred_plans
+from controlplane.services.locks import lock_job, lock_nodes, locked
+from controlplane.services.plan_queue import resume_deferred_plans
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node

@@ -12,7 +12,9 @@ from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
 from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import override_summary
-from controlplane.services.common import assert_invariants, enqueue_plan, lock_job, lock_nodes
+from controlplane.services.invariants import assert_invariants
+from controlplane.services.locks import lock_job, lock_nodes
+from controlplane.services.plan_queue import enqueue_plan
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.nodes import bump_generation, push_node

@@ -16,7 +16,9 @@ from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Job, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
-from controlplane.services.common import kick_executor_on_commit, lock_nodes, locked, replan_live_jobs
+from controlplane.services.dispatch import kick_executor_on_commit
+from controlplane.services.locks import lock_nodes, locked
+from controlplane.services.plan_queue import replan_live_jobs
 from controlplane.services import telemetry
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import (

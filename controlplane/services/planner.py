@@ -10,6 +10,7 @@ inactive) overlap rollout worker share the GPUs.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from typing import Any, Hashable
@@ -25,11 +26,16 @@ from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
-from controlplane.services.common import defer_plan, lock_job, retry_transient
-from controlplane.services.errors import NotFound
+from controlplane.services import dispatch
+from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
-from controlplane.services.jobs import TERMINAL, job_delta
+from controlplane.services.jobs import TERMINAL, fail_job, job_delta
+from controlplane.services.locks import lock_job
+from controlplane.services.plan_queue import defer_plan
+from controlplane.services.retry import retry_transient
 from controlplane.services.workers import start_worker
+
+log = logging.getLogger(__name__)
 
 TELEMETRY_WINDOW = 5000
 ACTIVE_TRANSITION = (Transition.Status.PENDING, Transition.Status.RUNNING)
@@ -170,9 +176,7 @@ def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planne
         if p.plan.empty and not activation_pending:
             return None
         transition = _record_transition(job, decision, p, actor)
-        from controlplane import tasks
-
-        transaction.on_commit(lambda: tasks.execute_transition.delay(transition.pk), robust=True)
+        dispatch.execute_transition_on_commit(transition.pk)
     return transition
 
 
@@ -195,11 +199,6 @@ def plan_job_isolated(*, job_id: int, signal: str = Signal.PERIODIC) -> Transiti
     """`plan_job` for the Celery tasks: one job's failure never stops the others. A job that cannot be
     planned at all fails with a reason a person can act on; a conflict with something in progress is
     retried by the next signal or tick."""
-    import logging
-
-    from controlplane.services.errors import InvalidInput, ServiceError
-    from controlplane.services.jobs import fail_job
-
     try:
         return retry_transient(plan_job, job_id=job_id, signal=signal)
     except NotFound:
@@ -211,7 +210,7 @@ def plan_job_isolated(*, job_id: int, signal: str = Signal.PERIODIC) -> Transiti
             emit(kind="plan.deferred", job=Job.objects.filter(pk=job_id).first(), actor="planner",
                  message=f"re-plan of job {job_id} deferred: {exc.message}")
     except Exception as exc:  # a bug: recorded for a person, the other jobs go on
-        logging.getLogger(__name__).exception("planning job %s failed", job_id)
+        log.exception("planning job %s failed", job_id)
         with transaction.atomic():
             emit(kind="plan.error", job=Job.objects.filter(pk=job_id).first(), actor="planner",
                  message=f"re-plan of job {job_id} failed: {type(exc).__name__}: {exc}"[:2000])

@@ -12,7 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.models import SimulationRun
-from controlplane.services.common import locked
+from controlplane.services import dispatch
+from controlplane.services.locks import locked
 from controlplane.services.errors import Conflict, InvalidInput, NotFound
 from controlplane.services.events import push_delta_on_commit
 
@@ -46,9 +47,7 @@ def request_run(*, scenario: str, seed: int | None, policies: list[str], user: A
             raise Conflict("four simulations are already queued or running; wait for one to finish", field="scenario")
         run = SimulationRun.objects.create(scenario=scenario, seed=sc.seed if seed is None else seed, policies=policies,
                                            created_by=user if getattr(user, "is_authenticated", False) else None)
-        from controlplane import tasks
-
-        transaction.on_commit(lambda: tasks.run_simulation.delay(run.pk), robust=True)
+        dispatch.run_simulation_on_commit(run.pk)
         _push(run)
     return run
 

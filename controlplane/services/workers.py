@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
-from controlplane.services.common import assert_invariants, lock_job, lock_nodes, locked
+from controlplane.services.invariants import assert_invariants
+from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit
 from controlplane.services.nodes import bump_generation, push_node

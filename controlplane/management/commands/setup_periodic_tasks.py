@@ -3,10 +3,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
+from controlplane.services.dispatch import TaskName
+
 PERIODIC = [
     # (name, task, seconds)
-    ("heartbeat sweeper", "controlplane.sweep", lambda: settings.PEARL["SWEEP_S"]),
-    ("re-plan running jobs", "controlplane.replan_all", lambda: settings.PEARL["REPLAN_S"]),
+    ("heartbeat sweeper", TaskName.SWEEP, lambda: settings.PEARL["SWEEP_S"]),
+    ("re-plan running jobs", TaskName.REPLAN_ALL, lambda: settings.PEARL["REPLAN_S"]),
 ]
 
 

@@ -1,0 +1,79 @@
+"""Hand-offs to the Celery workers: tasks are sent by name, so no service imports `controlplane.tasks`
+(the adapters sit on top of the services, never below them), and the wake-ups of an executor task that
+waits for its agents' reports.
+
+`TaskName` is the one spelling of each task's name: `tasks.py` registers its tasks under these names and
+the periodic schedule refers to them. Tasks take ids, never objects (JSON on the broker)."""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Iterable
+
+import redis
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+
+class TaskName(StrEnum):
+    SWEEP = "controlplane.sweep"
+    ECHO = "controlplane.echo"
+    PLAN_JOB = "controlplane.plan_job"
+    EXECUTE_TRANSITION = "controlplane.execute_transition"
+    REPLAN_ALL = "controlplane.replan_all"
+    RUN_SIMULATION = "controlplane.run_simulation"
+
+
+def _send(name: TaskName, *args: Any, countdown: float | None = None) -> None:
+    current_app.send_task(str(name), args=list(args), countdown=countdown)
+
+
+def plan_job(job_id: int) -> None:
+    """Send the job's plan task now (the plan queue's single flight decides when: `plan_queue`)."""
+    _send(TaskName.PLAN_JOB, job_id)
+
+
+def execute_transition(transition_id: int, owner: str = "", *, countdown: float | None = None) -> None:
+    """Send a task that advances the transition (taking over from `owner`, whose lease it holds)."""
+    _send(TaskName.EXECUTE_TRANSITION, transition_id, owner, countdown=countdown)
+
+
+def execute_transition_on_commit(transition_id: int) -> None:
+    """A transition was recorded: its executor starts once this transaction commits."""
+    transaction.on_commit(lambda: execute_transition(transition_id), robust=True)
+
+
+def run_simulation_on_commit(run_id: int) -> None:
+    """A simulator comparison was recorded: a Celery worker runs it once this transaction commits."""
+    transaction.on_commit(lambda: _send(TaskName.RUN_SIMULATION, run_id), robust=True)
+
+
+def redis_client() -> redis.Redis:
+    """The Redis that holds the plan queue and the executor wake-ups (nothing there is the only copy)."""
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+
+
+def _observed_key(job_id: int) -> str:
+    return f"pearl:observed:{job_id}"
+
+
+def kick_executor_on_commit(job_ids: Iterable[int]) -> None:
+    """An agent reported a change to these jobs' workers: wake the executor waiting on them at once
+    (`wait_for_report`) instead of at its next poll. At most one kick is kept per job."""
+    ids = sorted({int(j) for j in job_ids})
+
+    def kick() -> None:
+        pipe = redis_client().pipeline()
+        for j in ids:
+            pipe.rpush(_observed_key(j), "1")
+            pipe.ltrim(_observed_key(j), -1, -1)
+            pipe.expire(_observed_key(j), 60)
+        pipe.execute()
+
+    if ids:
+        transaction.on_commit(kick, robust=True)
+
+
+def wait_for_report(job_id: int, timeout_s: float) -> bool:
+    """Block until an agent reports a change to the job's workers or `timeout_s` passes."""
+    return redis_client().blpop([_observed_key(job_id)], timeout=timeout_s) is not None

@@ -1,0 +1,78 @@
+"""The plan queue: the signals that ask for a job's re-plan, kept in Redis per job, so that one plan task
+at a time (single flight) plans once for every signal queued meanwhile; a job with a transition in
+flight keeps its signals aside until the transition ends. No signal is dropped."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.models import Job, Worker
+from controlplane.services import dispatch
+
+SIGNAL_PRIORITY = ("training_begin", "training_finished", "step_start", "capacity_change", "periodic")
+
+
+def enqueue_plan(job_id: int, signal: str) -> None:
+    """Ask a Celery worker to re-plan the job once this transaction commits (ids, never objects).
+
+    Single flight per job: the signal joins the job's queue in Redis and a plan task is sent only if
+    none is queued or running; that task plans once for every signal queued meanwhile (one plan sees
+    the current state anyway; the decision records the weightiest signal). No signal is dropped."""
+    transaction.on_commit(lambda: _enqueue_now(job_id, signal), robust=True)
+
+
+def _enqueue_now(job_id: int, signal: str) -> None:
+    r = dispatch.redis_client()
+    r.rpush(f"pearl:plan:{job_id}", signal)
+    r.expire(f"pearl:plan:{job_id}", 3600)
+    if r.set(f"pearl:plan:{job_id}:queued", "1", nx=True, ex=300):
+        dispatch.plan_job(job_id)
+
+
+def replan_live_jobs(signal: str, *, node_id: int | None = None) -> None:
+    """A capacity change: re-plan every live job (or, with `node_id`, those with a worker there)."""
+    jobs = Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING])
+    if node_id is not None:
+        jobs = jobs.filter(pk__in=Worker.objects.filter(node_id=node_id).values("job_id"))
+    for job_id in jobs.values_list("id", flat=True):
+        enqueue_plan(job_id, signal)
+
+
+def defer_plan(job_id: int, signal: str) -> None:
+    """The job has a transition in flight: keep the signal until it ends (`resume_deferred_plans`)."""
+    r = dispatch.redis_client()
+    r.rpush(f"pearl:plan:{job_id}:deferred", signal)
+    r.expire(f"pearl:plan:{job_id}:deferred", 3600)
+
+
+def _take_all(r: Any, key: str) -> set[str]:
+    """Every distinct signal in a Redis list, taking the list (read and delete in one transaction)."""
+    pipe = r.pipeline()
+    pipe.lrange(key, 0, -1)
+    pipe.delete(key)
+    raw, _ = pipe.execute()
+    return {x.decode() for x in raw}
+
+
+def resume_deferred_plans(job_id: int) -> None:
+    """A transition of the job ended: the signals that came meanwhile are planned now (after commit)."""
+    def resume() -> None:
+        for signal in _take_all(dispatch.redis_client(), f"pearl:plan:{job_id}:deferred"):
+            _enqueue_now(job_id, signal)
+
+    transaction.on_commit(resume, robust=True)
+
+
+def take_plan_signals(job_id: int) -> str | None:
+    """The weightiest signal queued for the job (all of them are taken), or None: then the job's plan
+    task is no longer queued (a signal arriving right after sends a new one)."""
+    r = dispatch.redis_client()
+    key = f"pearl:plan:{job_id}"
+    signals = _take_all(r, key)
+    if not signals:
+        r.delete(f"{key}:queued")
+        if r.llen(key) and r.set(f"{key}:queued", "1", nx=True, ex=300):
+            return take_plan_signals(job_id)  # one arrived between the two calls: this task takes it
+        return None
+    return min(signals, key=lambda s: SIGNAL_PRIORITY.index(s) if s in SIGNAL_PRIORITY else len(SIGNAL_PRIORITY))
