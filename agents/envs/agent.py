@@ -1,0 +1,439 @@
+"""Bring your own agent: an external agent (a command, or an async Python function) as a PEARL environment.
+
+Each trajectory is one run of the agent against the job's OpenAI-compatible gateway (`agents.gateway`):
+the agent only sets `OPENAI_BASE_URL` / `OPENAI_API_KEY`, and its requests become the trajectory's turns.
+`reset()` starts the agent and waits for its first request (the first prompt); `step(response)` answers
+the pending request with the tokens the policy sampled and waits for the agent's next request (the new
+messages' template tokens are the observation) or its end (the reward). So the rollout loop, the PD
+router, borrowing, preemption resume and the staleness bound stay PEARL's: the driver samples every turn.
+
+The job spec (`environment: agent`):
+  agent_command: ["python", "my_agent.py"]  # argv, run in agent_workdir, in its own process group; or
+  agent_function: "module:function"          # async (client: openai.AsyncOpenAI, task: dict) -> reward
+  tasks: "tasks.jsonl" | [{...}, ...]         # one JSON object per task (GRPO runs group_size runs of each)
+  agent_timeout_s: 600                        # wall clock per trajectory
+  agent_concurrency: 64                       # agents running at once
+The agent's environment has OPENAI_BASE_URL, OPENAI_API_KEY, PEARL_TASK (the task's JSON) and
+PEARL_REWARD_URL. The reward is a POST of {"reward": r} to that URL or the agent's last stdout line
+{"reward": r}. An agent that exits non-zero, times out or ends without a reward is a *failed*
+trajectory (`AgentFailed`: counted, kept with its stderr tail, resampled by the driver), never a silent
+zero reward.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib
+import json
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.envs import Environment, Turn, register
+from agents.gateway.app import Gateway, serve
+from agents.gateway.backends import Generation, Sampling
+from agents.gateway.chat import ChatFormat, load_format
+from agents.gateway.sessions import Session, SessionStore
+
+log = logging.getLogger("pearl.agent_env")
+TAIL_BYTES = 4096
+MAX_TASKS = 1 << 20
+MAX_TASK_FILE_BYTES = 64 << 20
+SECRETS = ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET", "PEARL_DRIVER_TOKEN", "PEARL_WORKER_SECRET",
+           "PEARL_JOB_TOKEN")
+
+
+class SpecError(ValueError):
+    """A bad `environment: agent` job spec (→ 400 naming `field`)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+class AgentFailed(RuntimeError):
+    """The agent's run is a failed trajectory: the driver counts it and resamples (never a zero reward)."""
+
+    def __init__(self, reason: str, stderr_tail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.stderr_tail = stderr_tail
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    tasks: tuple[dict[str, Any], ...]
+    command: tuple[str, ...] = ()
+    function: str = ""
+    workdir: str = ""
+    timeout_s: float = 600.0
+    concurrency: int = 64
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+def load_tasks(tasks: Any, workdir: str = "") -> tuple[dict[str, Any], ...]:
+    """Inline list of JSON objects, or a JSONL file (relative to `workdir`)."""
+    if isinstance(tasks, str):
+        path = Path(tasks)
+        if not path.is_absolute() and workdir:
+            path = Path(workdir) / path
+        try:
+            if path.stat().st_size > MAX_TASK_FILE_BYTES:
+                raise SpecError("tasks", f"{tasks!r} is larger than {MAX_TASK_FILE_BYTES} bytes")
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError("tasks", f"cannot read {tasks!r}: {exc}") from None
+        out = []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError as exc:
+                raise SpecError("tasks", f"{tasks!r} line {i} is not JSON: {exc}") from None
+        tasks = out
+    if not isinstance(tasks, list) or not tasks:
+        raise SpecError("tasks", "must be a JSONL file path or a non-empty list of JSON objects")
+    if len(tasks) > MAX_TASKS or not all(isinstance(t, dict) for t in tasks):
+        raise SpecError("tasks", f"every task must be a JSON object (at most {MAX_TASKS})")
+    return tuple(tasks)
+
+
+def validate_spec(spec: dict[str, Any]) -> AgentSpec:
+    """The agent fields of a job spec, checked at submission (SpecError names the field)."""
+    command, function = spec.get("agent_command"), spec.get("agent_function")
+    if command is None and function is None:
+        raise SpecError("agent_command", "environment 'agent' needs agent_command (an argv list) or agent_function")
+    if command is not None and function is not None:
+        raise SpecError("agent_command", "give agent_command or agent_function, not both")
+    workdir = spec.get("agent_workdir") or ""
+    if not isinstance(workdir, str) or (workdir and not Path(workdir).is_dir()):
+        raise SpecError("agent_workdir", f"{workdir!r} is not a directory")
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(a, str) and a for a in command)):
+        raise SpecError("agent_command", "must be a non-empty list of strings (argv; no shell)")
+    if function is not None:
+        if not isinstance(function, str) or function.count(":") != 1 or not all(function.split(":")):
+            raise SpecError("agent_function", "must be 'module:function'")
+    timeout = spec.get("agent_timeout_s", 600.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400 \
+            or not math.isfinite(timeout):
+        raise SpecError("agent_timeout_s", "must be a number of seconds in (0, 86400]")
+    conc = spec.get("agent_concurrency", 64)
+    if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 65536:
+        raise SpecError("agent_concurrency", "must be an integer in [1, 65536]")
+    if "tasks" not in spec:
+        raise SpecError("tasks", "environment 'agent' needs tasks (a JSONL path or a list of JSON objects)")
+    return AgentSpec(tasks=load_tasks(spec["tasks"], workdir), command=tuple(command or ()), function=function or "",
+                     workdir=workdir, timeout_s=float(timeout), concurrency=conc, model=str(spec.get("model", "tiny")))
+
+
+# ------------------------------------------------------------------ the driver as the gateway's backend
+@dataclass
+class Pending:
+    """An agent's request waiting for the driver to sample its turn."""
+
+    prompt: list[int]
+    sampling: Sampling
+    answer: asyncio.Future[Generation]
+
+
+class DriverBackend:
+    """The gateway's backend inside a job: a request becomes the pending turn of its trajectory's
+    environment, which the rollout driver samples (`AgentEnvironment.step` answers it)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.version = 0
+
+    def weight_version(self) -> int:
+        return self.version
+
+    async def generate(self, session: Session, prompt: list[int], new: list[int], sampling: Sampling) -> Generation:
+        queue: asyncio.Queue[Pending] = session.backend_state
+        fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        queue.put_nowait(Pending(list(prompt), sampling, fut))
+        return await fut
+
+
+class AgentRunner:
+    """One per job: the gateway (served lazily on the driver's event loop), the tasks, the agents' bound."""
+
+    def __init__(self, spec: AgentSpec, fmt: ChatFormat | None = None) -> None:
+        self.spec = spec
+        self.fmt = fmt or load_format(spec.model)
+        self.backend = DriverBackend(spec.model)
+        self.gateway = Gateway(self.fmt, self.backend, sessions=SessionStore(max_sessions=1 << 20,
+                                                                            ttl_s=spec.timeout_s + 60))
+        self._serving: asyncio.Task[Any] | None = None
+        self._runner: Any = None
+        self._slots: asyncio.Semaphore | None = None
+        self.live: set[AgentEnvironment] = set()
+        self.records: dict[str, dict[str, Any]] = {}  # trajectory -> its record (status, reward, tokens, ...)
+        self.failed = 0
+        self.done = 0
+        self._function: Any = None
+
+    async def start(self) -> None:
+        if self._runner is None:
+            self._runner, _ = await serve(self.gateway, self.spec.host, self.spec.port)
+            self._slots = asyncio.Semaphore(self.spec.concurrency)
+            if self.spec.function:
+                mod, name = self.spec.function.split(":")
+                self._function = getattr(importlib.import_module(mod), name)
+
+    async def stop(self) -> None:
+        """The job stops: every running agent is ended, the gateway closed."""
+        for env in list(self.live):
+            await env.aclose("the job stopped")
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def env(self, *, task: int, member: int = 0, **_: Any) -> "AgentEnvironment":
+        return AgentEnvironment(self, self.spec.tasks[task % len(self.spec.tasks)], f"task{task}-m{member}")
+
+
+class AgentEnvironment(Environment):
+    """One run of the agent = one trajectory; see the module docstring."""
+
+    stop_at_eos = True  # a turn ends at the template's end of turn, as the agent's answer does
+    temperature = 1.0
+
+    def __init__(self, runner: AgentRunner, task: dict[str, Any], name: str) -> None:
+        self.runner = runner
+        self.task = task
+        self.trajectory = name
+        self.session: Session | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.agent: asyncio.Task[Any] | None = None
+        self.pending: Pending | None = None
+        self.context: list[int] = []  # what the driver holds for this trajectory
+        self._replace: list[int] | None = None
+        self._sampled: tuple[list[float], int, int] | None = None
+        self._deadline = 0.0
+        self._stdout: collections.deque[str] = collections.deque(maxlen=64)
+        self._stderr = bytearray()
+        self._holding_slot = False
+        self.status = "running"
+
+    # ---- the driver's side
+    async def reset(self) -> Turn:
+        r = self.runner
+        await r.start()
+        assert r._slots is not None
+        await r._slots.acquire()  # bounded concurrency: waits before the trajectory's session starts
+        self._holding_slot = True
+        r.live.add(self)
+        self.session = r.gateway.open(self.trajectory, self.task)
+        self.session.backend_state = asyncio.Queue()
+        self._deadline = time.monotonic() + r.spec.timeout_s
+        try:
+            await self._launch()
+            nxt = await self._next()
+        except BaseException:
+            await self.aclose("aborted")
+            raise
+        if nxt is None:
+            await self._fail("the agent ended before its first request")
+        assert nxt is not None
+        self.context = list(nxt.prompt)
+        return Turn(list(nxt.prompt), max_tokens=nxt.sampling.max_tokens)
+
+    def observe(self, logprobs: list[float], weight_version: int, worker: int = -1) -> None:
+        """The driver's sampled turn details (called before `step`)."""
+        self._sampled = (list(logprobs), weight_version, worker)
+
+    def take_context(self) -> list[int] | None:
+        """A context that replaces the driver's (the agent rewrote its history: a fork), once."""
+        ctx, self._replace = self._replace, None
+        return ctx
+
+    async def step(self, response: list[int]) -> Turn:
+        pending, self.pending = self.pending, None
+        if pending is None:
+            raise AgentFailed("a turn was sampled with no request pending")
+        lps, version, worker = self._sampled or ([0.0] * len(response), self.runner.backend.version, -1)
+        self._sampled = None
+        if len(lps) != len(response):
+            lps = (lps + [0.0] * len(response))[:len(response)]
+        finish = "stop" if response and response[-1] in self.runner.fmt.stop_ids else "length"
+        if not pending.answer.done():
+            pending.answer.set_result(Generation(list(response), lps, finish, version, [worker]))
+        self.context += list(response)
+        try:
+            nxt = await self._next()
+        except BaseException:
+            await self.aclose("aborted")
+            raise
+        if nxt is not None:
+            if nxt.prompt[:len(self.context)] == self.context and len(nxt.prompt) > len(self.context):
+                obs = nxt.prompt[len(self.context):]
+            else:  # history rewritten (or the answer cut at a stop string): the driver's context is replaced
+                self._replace, obs = list(nxt.prompt), []
+            self.context = list(nxt.prompt)
+            return Turn(obs, max_tokens=nxt.sampling.max_tokens)
+        reward = await self._reward()
+        s = self.session
+        assert s is not None
+        info = {"turns": float(len(s.turns)), "forks": float(s.tokens.forks)}
+        self._finish("done", reward=reward)
+        return Turn([], done=True, reward=reward, info=info)
+
+    # ---- the agent's side
+    def _env_vars(self) -> dict[str, str]:
+        s = self.session
+        assert s is not None
+        base = self.runner.gateway.base_url
+        env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+        return env | {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": s.key,
+                      "PEARL_TASK": json.dumps(self.task), "PEARL_REWARD_URL": f"{base}/sessions/{s.key}/reward"}
+
+    async def _launch(self) -> None:
+        spec = self.runner.spec
+        if spec.command:
+            self.proc = await asyncio.create_subprocess_exec(
+                *spec.command, cwd=spec.workdir or None, env=self._env_vars(), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            self.agent = asyncio.ensure_future(self._watch(self.proc))
+        else:
+            self.agent = asyncio.ensure_future(self._call_function())
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> int:
+        async def lines(stream: Any) -> None:
+            async for raw in stream:
+                self._stdout.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+        async def errs(stream: Any) -> None:
+            while chunk := await stream.read(1 << 14):
+                self._stderr += chunk
+                del self._stderr[:-TAIL_BYTES]
+
+        await asyncio.gather(lines(proc.stdout), errs(proc.stderr))
+        return await proc.wait()
+
+    async def _call_function(self) -> Any:
+        from openai import AsyncOpenAI
+
+        s = self.session
+        assert s is not None
+        client = AsyncOpenAI(base_url=f"{self.runner.gateway.base_url}/v1", api_key=s.key, max_retries=0)
+        try:
+            return await self.runner._function(client, self.task)
+        finally:
+            await client.close()
+
+    async def _next(self) -> Pending | None:
+        """The agent's next request, or None once it has ended (fails on the wall-clock limit)."""
+        s = self.session
+        assert s is not None and self.agent is not None
+        get = asyncio.ensure_future(s.backend_state.get())
+        try:
+            done, _ = await asyncio.wait({get, self.agent}, timeout=max(0.0, self._deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not get.done():
+                get.cancel()
+        if get in done:
+            self.pending = get.result()
+            return self.pending
+        if not done:
+            await self._fail(f"the agent ran past its wall-clock limit ({self.runner.spec.timeout_s:g} s)")
+        return None
+
+    async def _reward(self) -> float:
+        assert self.agent is not None and self.session is not None
+        try:
+            result = self.agent.result()
+        except Exception as exc:
+            await self._fail(f"the agent function raised {exc!r}")
+        if self.runner.spec.command:
+            if result != 0:
+                await self._fail(f"the agent exited with status {result}")
+            if self.session.reward is not None:
+                return self.session.reward
+            last = next((ln for ln in reversed(self._stdout) if ln.strip()), "")
+            try:
+                r = json.loads(last).get("reward")
+            except (ValueError, AttributeError):
+                r = None
+        else:
+            r = self.session.reward if result is None else result
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+            await self._fail("the agent ended without a reward (POST {\"reward\": r} to PEARL_REWARD_URL or print it"
+                             " as the last line of stdout)")
+        return float(r)
+
+    async def _fail(self, reason: str) -> None:
+        tail = self._stderr.decode("utf-8", "replace")
+        self._finish("failed", reason=reason, stderr=tail)
+        await self.aclose("failed")
+        raise AgentFailed(reason, tail)
+
+    def _finish(self, status: str, **extra: Any) -> None:
+        if self.status != "running":
+            return
+        self.status = status
+        r = self.runner
+        if status == "failed":
+            r.failed += 1
+        elif status == "done":
+            r.done += 1
+        rec = self.session.record() if self.session is not None else {}
+        r.records[self.trajectory] = rec | {"status": status, "task": self.task} | extra
+        if self.session is not None:
+            r.gateway.close(self.session)
+        if self._holding_slot and r._slots is not None:
+            r._slots.release()
+            self._holding_slot = False
+        r.live.discard(self)
+
+    async def aclose(self, why: str = "aborted") -> None:
+        """End the agent (its whole process group) and its session; its trajectory is over."""
+        if self.pending is not None and not self.pending.answer.done():
+            self.pending.answer.cancel()
+        if self.proc is not None and self.proc.returncode is None:
+            for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    await asyncio.wait_for(self.proc.wait(), wait)
+                    break
+                except asyncio.TimeoutError:
+                    continue
+        if self.agent is not None and not self.agent.done():
+            self.agent.cancel()
+        if self.status == "running":
+            self._finish("aborted", reason=why)
+
+
+_RUNNER: AgentRunner | None = None
+
+
+def configure(spec: AgentSpec | dict[str, Any], fmt: ChatFormat | None = None) -> AgentRunner:
+    """Set this process's agent job (the driver does, from the job spec) and return its runner."""
+    global _RUNNER
+    _RUNNER = AgentRunner(spec if isinstance(spec, AgentSpec) else validate_spec(spec), fmt)
+    return _RUNNER
+
+
+def runner() -> AgentRunner:
+    if _RUNNER is None:
+        raise RuntimeError("environment 'agent' is not configured (agents.envs.agent.configure(spec))")
+    return _RUNNER
+
+
+def _factory(*, task: int, member: int = 0, **kw: Any) -> AgentEnvironment:
+    return runner().env(task=task, member=member, **kw)
+
+
+register("agent", _factory)
