@@ -1,0 +1,248 @@
+"""The trainer process: a GRPO trainer (or an emulated one) behind the trainer's data plane.
+
+`python -m agents.trainer --port 0 --ckpt-dir D --weights-dir W` serves the trainer's data plane
+(bearer token in env `PEARL_TRAINER_TOKEN`): POST /samples queues rollout samples and trains once a
+batch is full; GET /weights/latest and /weights/{version} serve versioned safetensors snapshots that
+workers pull. Every update is a new weight version. Staleness is checked per sample when it is
+consumed (trainer version - sample version > max_staleness -> rejected and counted), which bounds
+what a run-ahead bound alone does not. Checkpoints are safetensors written to a temp directory and
+renamed, then a `latest` pointer is replaced atomically, so a kill at any point resumes from the
+last complete step (losing at most the step in progress).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from agents import dataplane as dp
+from agents.process import die_with_parent, serve_until_signal, visible_devices
+from agents.trainer.base import StepStats, Trainer
+from agents.trainer.emulated import EmulatedTrainer
+from agents.trainer.grpo import GRPOConfig, GRPOTrainer
+from agents.weights import WeightStore
+
+
+class TrainerServer:
+    """`token` is the trainer's own secret (its agent and the job's driver use it); weights are also
+    served to holders of a scoped weights token of this trainer's job (`weights_key`, see agent_link)."""
+
+    def __init__(self, trainer: Trainer, token: str, *, weights_key: str = "",
+                 rotate_s: float = 300.0, job_token: str = "") -> None:
+        from aiohttp import web
+
+        from agents.weights import weight_routes
+        from controlplane.core.agent_link import verify_weights_token
+
+        if not token:
+            raise ValueError("a trainer token is required (fail closed)")
+        self.trainer = trainer
+        self.token = token
+        self.job_token = job_token  # the job's rollout driver posts samples and steps with it
+
+        def may_pull(presented: str) -> bool:
+            return secrets.compare_digest(presented.encode(), token.encode()) or (
+                bool(weights_key) and verify_weights_token(weights_key, trainer.job, presented, rotate_s))
+
+        self.queue: list[dp.TrainSample] = []
+        self.buffer = StepBuffer(trainer.ckpt_dir)
+        self.history: list[StepStats] = []
+        self._lock = asyncio.Lock()
+        @web.middleware
+        async def auth(request: Any, handler: Any) -> Any:
+            return await self._auth_mw(request, handler)
+
+        app = web.Application(client_max_size=64 << 20, middlewares=[auth])
+        app.router.add_post("/samples", self.samples)
+        app.router.add_post("/step", self.step)
+        app.router.add_get("/stats", self.stats)
+        app.router.add_get("/health", self.health)
+        if trainer.store is not None:
+            app.add_subapp("/weights/", weight_routes(trainer.store, may_pull))
+        self.app = app
+
+    async def _auth_mw(self, request: Any, handler: Any) -> Any:
+        from aiohttp import web
+
+        if request.path.startswith("/weights/"):  # the weights sub-app checks the token itself
+            return await handler(request)
+        header = request.headers.get(dp.AUTH_HEADER, "")
+        presented = header[7:].encode() if header.startswith("Bearer ") else b""
+        ok = bool(presented) and (secrets.compare_digest(presented, self.token.encode()) or
+                                  (bool(self.job_token) and secrets.compare_digest(presented, self.job_token.encode())))
+        if not ok:
+            return web.json_response({"error": "missing or bad trainer token"}, status=401)
+        return await handler(request)
+
+    async def samples(self, request: Any) -> Any:
+        from aiohttp import web
+
+        try:
+            body = dp.parse(dp.SubmitSamples, json.loads(await request.read() or b"{}"))
+        except (ValueError, dp.DataPlaneError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if self.trainer.trains_on_tokens and any(s.token_count for s in body.samples):
+            return web.json_response({"error": "SubmitSamples.samples: this trainer trains on tokens; "
+                                               "token_count-only samples are for the emulated trainer"}, status=400)
+        if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
+            self.buffer.add(body.step, body.samples)
+            return web.json_response({"buffered": self.buffer.size(body.step), "version": self.trainer.version})
+        self.queue.extend(body.samples)
+        stats = None
+        if body.train and len(self.queue) >= self.trainer.batch_size:
+            stats = await self._train()
+        return web.json_response({"queued": len(self.queue), "version": self.trainer.version,
+                                  "step": asdict(stats) if stats else None})
+
+    async def step(self, request: Any) -> Any:
+        from aiohttp import web
+
+        try:
+            body = dp.parse(dp.StepRequest, json.loads(await request.read() or b"{}"))
+        except (ValueError, dp.DataPlaneError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if body.step >= 0:
+            return web.json_response(await self._train_step(body))
+        stats = await self._train(everything=body.all)
+        return web.json_response({"version": self.trainer.version, "step": asdict(stats) if stats else None})
+
+    async def _train_step(self, body: dp.StepRequest) -> dict[str, Any]:
+        """The update of rollout step `body.step`, exactly once: asked again (a restarted driver), it
+        answers with the version that update published."""
+        async with self._lock:
+            t = self.trainer
+            if body.step in t.trained_steps:
+                return {"version": t.trained_steps[body.step], "step": None, "already": True, "missing": []}
+            samples, missing = self.buffer.take(body.step, body.trajectories)
+            stats = await t.update(samples, body.step, body.training_gpus)
+            self.buffer.drop_through(body.step)
+            self.history.append(stats)
+            return {"version": t.trained_steps[body.step], "step": asdict(stats), "already": False, "missing": missing}
+
+    async def _train(self, everything: bool = False) -> StepStats | None:
+        async with self._lock:
+            n = len(self.queue) if everything else self.trainer.batch_size
+            batch, self.queue = self.queue[:n], self.queue[n:]
+            if not batch:
+                return None
+            stats = await self.trainer.update(batch)
+            self.history.append(stats)
+            return stats
+
+    async def stats(self, request: Any) -> Any:
+        from aiohttp import web
+
+        t = self.trainer
+        return web.json_response({"version": t.version, "steps": t.steps, "stale_rejected": t.stale_rejected,
+                                  "consumed": t.consumed, "queued": len(self.queue),
+                                  "last": asdict(self.history[-1]) if self.history else None})
+
+    async def health(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"ok": True, "role": "training", "state": "running", "worker_id": 0,
+                                  "weight_version": self.trainer.version, "pid": os.getpid(), "devices": visible_devices()})
+
+
+class StepBuffer:
+    """Samples of finished trajectories, per rollout step, until that step's update. On disk (JSON lines,
+    one file per step) when the trainer has a checkpoint directory: neither a driver nor a trainer
+    restart loses a trajectory the loop counted as finished (the driver posts before it counts)."""
+
+    def __init__(self, ckpt_dir: Path | None) -> None:
+        self.dir = Path(ckpt_dir) / "buffer" if ckpt_dir else None
+        self.steps: dict[int, dict[str, list[dp.TrainSample]]] = {}
+        if self.dir is not None and self.dir.exists():
+            for f in sorted(self.dir.glob("step_*.jsonl")):
+                step = int(f.stem.split("_")[1])
+                for line in f.read_text().splitlines():
+                    with contextlib.suppress(ValueError, dp.DataPlaneError):  # a torn last line: that post is resent
+                        rec = json.loads(line)
+                        self.steps.setdefault(step, {})[rec["trajectory"]] = [dp.parse(dp.TrainSample, x) for x in rec["samples"]]
+
+    def add(self, step: int, samples: list[dp.TrainSample]) -> None:
+        by_traj: dict[str, list[dp.TrainSample]] = {}
+        for s in samples:
+            by_traj.setdefault(s.trajectory, []).append(s)
+        self.steps.setdefault(step, {}).update(by_traj)  # a re-post of a trajectory replaces it
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / f"step_{step:08d}.jsonl", "a") as f:
+                for t, ss in by_traj.items():
+                    f.write(json.dumps({"trajectory": t, "samples": [dp.dump(x) for x in ss]}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def size(self, step: int) -> int:
+        return len(self.steps.get(step, {}))
+
+    def take(self, step: int, trajectories: list[str]) -> tuple[list[dp.TrainSample], list[str]]:
+        have = self.steps.get(step, {})
+        wanted = trajectories or list(have)
+        return [s for t in wanted for s in have.get(t, [])], [t for t in wanted if t not in have]
+
+    def drop_through(self, step: int) -> None:
+        for k in [k for k in self.steps if k <= step]:
+            del self.steps[k]
+        if self.dir is not None:
+            for f in self.dir.glob("step_*.jsonl"):
+                if int(f.stem.split("_")[1]) <= step:
+                    f.unlink(missing_ok=True)
+
+
+async def serve(args: argparse.Namespace, token: str) -> None:
+
+    cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
+    store = WeightStore(Path(args.weights_dir))
+    trainer: Trainer
+    if args.engine == "emulated" and args.model != "tiny" or args.emulated:
+        trainer = EmulatedTrainer(model=args.model, hardware=args.hardware or "H800", tp=int(args.tp or 1),
+                                  time_factor=float(args.time_factor or 1.0), store=store,
+                                  ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, job=args.job or "",
+                                  batch_size=args.batch_size)
+    else:
+        trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store,
+                              threads=args.threads, job=args.job or "")
+    server = TrainerServer(trainer, token, weights_key=os.environ.get("PEARL_WEIGHTS_KEY", ""),
+                           rotate_s=float(os.environ.get("PEARL_WEIGHTS_ROTATE_S", "300")),
+                           job_token=os.environ.get("PEARL_JOB_TOKEN", ""))
+    runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
+    print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True)
+    await stop.wait()
+    async with server._lock:  # let a running step finish (its checkpoint is atomic anyway)
+        pass
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m agents.trainer", description=__doc__)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--weights-dir", required=True)
+    p.add_argument("--ckpt-dir", default="")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--kl-beta", type=float, default=0.0)
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None)
+    # accepted so the agent can spawn a trainer like any worker
+    p.add_argument("--emulated", action="store_true", help="time updates by the profile instead of training")
+    for extra in ("--role", "--worker-id", "--engine", "--job", "--hardware", "--time-factor", "--state-dir", "--tp"):
+        p.add_argument(extra, default=None)
+    args = p.parse_args(argv)
+    token = os.environ.get("PEARL_WORKER_SECRET") or os.environ.get("PEARL_TRAINER_TOKEN", "")
+    if not token:
+        sys.exit("PEARL_TRAINER_TOKEN is not set: refusing to serve without auth")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"refusing to bind {args.host}: the trainer port stays node-local")
+    die_with_parent()
+    asyncio.run(serve(args, token))
