@@ -1,0 +1,199 @@
+"""The gateway's overhead per turn against calling the worker data plane directly (issue 19).
+
+    .venv/bin/python benchmarks/bench_gateway.py [--sessions 1,64,1024] [--turns 3] [--json out.json]
+
+Three processes: an engine worker (`python -m agents.worker`, emulated engine, so a turn costs little
+CPU), the gateway (this process, as in a rollout driver) and the load generator (its own process, so its
+client CPU is not the gateway's). For each concurrency level the load generator runs the same shape of
+trajectories twice, side by side in one run: straight to the worker's `/generate` with the context as
+token ids (what the driver does for a built-in environment), then as OpenAI chat sessions through the
+gateway (messages in, ChatML-templated, tokens accounted). Reported per turn, p50 / p95:
+  * client latency direct vs through the gateway, and their difference;
+  * the gateway's own time per turn, measured inside it: the handler's time minus the time awaiting the
+    worker (parsing, templating, token accounting, response encoding).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SECRET = "bench-secret"
+MAX_TOKENS = 16
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+# ---------------------------------------------------------------- the load generator (its own process)
+async def loadgen(args: argparse.Namespace) -> None:
+    import orjson
+    from aiohttp import ClientSession, ClientTimeout, TCPConnector
+
+    from agents.gateway.chat import ByteChatFormat
+
+    fmt = ByteChatFormat()
+    keys = json.loads(Path(args.keys).read_text()) if args.keys else []
+    lat: list[float] = []
+    async with ClientSession(timeout=ClientTimeout(total=600), connector=TCPConnector(limit=0)) as http:
+        async def direct(i: int) -> None:
+            msgs = [{"role": "user", "content": f"session {i}: what is 2+3?"}]
+            context = fmt.render(msgs, None)
+            for t in range(args.turns):
+                body = {"request_id": f"d{i}-{t}", "prompt_tokens": context,
+                        "sampling": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": i * 100 + t, "stop_at_eos": True}}
+                t0 = time.perf_counter()
+                async with http.post(f"{args.url}/generate", data=orjson.dumps(body),
+                                     headers={"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}) as r:
+                    res = orjson.loads(await r.read())
+                lat.append(time.perf_counter() - t0)
+                context = context + res["tokens"] + fmt.closing(res["tokens"]) + fmt.delta(
+                    [{"role": "user", "content": f"turn {t}: go on"}], None)
+
+        async def gateway(i: int) -> None:
+            msgs = [{"role": "user", "content": f"session {i}: what is 2+3?"}]
+            for t in range(args.turns):
+                body = {"model": "tiny", "messages": msgs, "max_tokens": MAX_TOKENS, "seed": i * 100 + t}
+                t0 = time.perf_counter()
+                async with http.post(f"{args.url}/v1/chat/completions", data=orjson.dumps(body),
+                                     headers={"Authorization": f"Bearer {keys[i]}", "Content-Type": "application/json"}) as r:
+                    res = orjson.loads(await r.read())
+                lat.append(time.perf_counter() - t0)
+                if r.status != 200:
+                    raise RuntimeError(res)
+                msgs = msgs + [res["choices"][0]["message"], {"role": "user", "content": f"turn {t}: go on"}]
+
+        run = direct if args.mode == "direct" else gateway
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run(i) for i in range(args.sessions)))
+        wall = time.perf_counter() - t0
+    print(json.dumps({"latencies": lat, "wall_s": wall}))
+
+
+# ---------------------------------------------------------------- the gateway process
+async def bench(args: argparse.Namespace) -> dict:
+    from aiohttp import ClientSession, ClientTimeout, TCPConnector
+
+    from agents.gateway.app import Gateway, serve
+    from agents.gateway.backends import WorkerBackend
+    from agents.gateway.chat import ByteChatFormat
+    from agents.gateway.sessions import SessionStore
+
+    env = dict(os.environ, PEARL_WORKER_SECRET=SECRET, PYTHONPATH=str(ROOT))
+    worker = subprocess.Popen([sys.executable, "-m", "agents.worker", "--engine", "emulated", "--model", "qwen3-8b",
+                               "--time-factor", str(args.time_factor), "--port", "0"], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("PEARL_WORKER_READY"):
+            line = worker.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                raise RuntimeError("the worker did not start")
+        wurl = f"http://127.0.0.1:{json.loads(line.split(' ', 1)[1])['port']}"
+        results = []
+        async with ClientSession(timeout=ClientTimeout(total=600), connector=TCPConnector(limit=0)) as http:
+            backend = WorkerBackend([wurl], SECRET, http)
+            waits: list[float] = []
+            handler: list[float] = []
+
+            class Timed:
+                model = "tiny"
+
+                def weight_version(self) -> int:
+                    return backend.weight_version()
+
+                async def generate(self, session, prompt, new, sampling):  # type: ignore[no-untyped-def]
+                    t0 = time.perf_counter()
+                    try:
+                        return await backend.generate(session, prompt, new, sampling)
+                    finally:
+                        waits.append(time.perf_counter() - t0)
+
+            class TimedGateway(Gateway):
+                async def chat(self, request):  # type: ignore[no-untyped-def]
+                    t0 = time.perf_counter()
+                    try:
+                        return await super().chat(request)
+                    finally:
+                        handler.append(time.perf_counter() - t0)
+
+            gw = TimedGateway(ByteChatFormat(), Timed(), sessions=SessionStore(max_sessions=1 << 16))
+            runner, gurl = await serve(gw)
+            try:
+                for n in args.sessions:
+                    row: dict = {"sessions": n, "turns": args.turns}
+                    for mode in ("direct", "gateway"):
+                        keys_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+                        sessions = [gw.open(f"b{n}-{i}") for i in range(n)] if mode == "gateway" else []
+                        json.dump([s.key for s in sessions], keys_file)
+                        keys_file.close()
+                        waits.clear()
+                        handler.clear()
+                        proc = await asyncio.create_subprocess_exec(
+                            sys.executable, __file__, "--loadgen", "--mode", mode, "--url", wurl if mode == "direct" else gurl,
+                            "--sessions", str(n), "--turns", str(args.turns), "--keys", keys_file.name,
+                            stdout=asyncio.subprocess.PIPE, cwd=str(ROOT), env=env)
+                        out, _ = await proc.communicate()
+                        os.unlink(keys_file.name)
+                        data = json.loads(out.decode().strip().splitlines()[-1])
+                        lat = data["latencies"]
+                        row[mode] = {"p50_ms": 1e3 * pct(lat, 0.5), "p95_ms": 1e3 * pct(lat, 0.95),
+                                     "turns_per_s": len(lat) / data["wall_s"]}
+                        if mode == "gateway":
+                            own = [h - w for h, w in zip(handler, waits)]
+                            row["gateway_own_ms"] = {"p50": 1e3 * pct(own, 0.5), "p95": 1e3 * pct(own, 0.95),
+                                                     "mean": 1e3 * statistics.fmean(own) if own else float("nan")}
+                            for s in sessions:
+                                gw.close(s)
+                    row["overhead_ms"] = {"p50": row["gateway"]["p50_ms"] - row["direct"]["p50_ms"],
+                                          "p95": row["gateway"]["p95_ms"] - row["direct"]["p95_ms"]}
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                await runner.cleanup()
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    return {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
+            "time_factor": args.time_factor, "max_tokens": MAX_TOKENS, "rows": results}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sessions", default="1,64,1024")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--time-factor", type=float, default=0.02, help="the emulated engine's time scale")
+    p.add_argument("--json", default="")
+    p.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="direct", help=argparse.SUPPRESS)
+    p.add_argument("--url", default="", help=argparse.SUPPRESS)
+    p.add_argument("--keys", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.loadgen:
+        args.sessions = int(args.sessions)
+        asyncio.run(loadgen(args))
+        return
+    args.sessions = [int(x) for x in args.sessions.split(",")]
+    out = asyncio.run(bench(args))
+    print(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
