@@ -32,7 +32,7 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || constraints.txt -nt $stamp ]];
     extra+=(--extra-index-url https://download.pytorch.org/whl/cpu)
   fi
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q "${extra[@]}" -c constraints.txt -e '.[test]'
+  .venv/bin/pip install -q "${extra[@]}" -c constraints.txt -e '.[test,lint]'
   touch "$stamp"
 fi
 

@@ -1,5 +1,6 @@
 """A cluster made through the real services, without agent processes: nodes registered as their agents
 would, jobs created as the API would, and agents that report their desired state as done."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -8,18 +9,25 @@ if TYPE_CHECKING:
     from controlplane.models import Job, Node, Transition
 
 
-def make_node(name: str, *, pool: str = "reserved", slots: int = 4, hardware: str = "cpu",
-              incarnation: str = "i1") -> Node:
+def make_node(
+    name: str, *, pool: str = "reserved", slots: int = 4, hardware: str = "cpu", incarnation: str = "i1"
+) -> Node:
     """Register a node the way its agent would (through the service, with its own token)."""
     from controlplane.core.agent_link import Register, SlotSpec
+    from controlplane.core.state import Pool
     from controlplane.models import AgentCredential
     from controlplane.services.credentials import issue_agent_token
     from controlplane.services.nodes import register_node
 
     issue_agent_token(node_name=name)
     cred = AgentCredential.objects.filter(node_name=name).latest("created")
-    msg = Register(node=name, pool=pool, hardware=hardware, incarnation=incarnation,
-                   slots=[SlotSpec(index=i, hardware=hardware, memory_mb=1024) for i in range(slots)])
+    msg = Register(
+        node=name,
+        pool=Pool(pool),
+        hardware=hardware,
+        incarnation=incarnation,
+        slots=[SlotSpec(index=i, hardware=hardware, memory_mb=1024) for i in range(slots)],
+    )
     return register_node(credential_id=cred.pk, message=msg)
 
 
@@ -46,15 +54,23 @@ def agents_converge() -> None:
         versions = dict(Job.objects.values_list("name", "weight_version"))
         workers = [
             ObservedWorker(
-                worker_id=w.worker_id, role=w.role, state="running", inflight=0,
+                worker_id=w.worker_id,
+                role=w.role,
+                state="running",
+                inflight=0,
                 activity=Activity.INACTIVE if w.role == Role.TRAINING and w.activity != Activity.ACTIVE else w.activity,
-                weight_version=versions.get(w.job, 0), endpoint=f"http://127.0.0.1:{20000 + w.worker_id}",
-                generation=ds.generation, devices=list(w.gpus),
+                weight_version=versions.get(w.job, 0),
+                endpoint=f"http://127.0.0.1:{20000 + w.worker_id}",
+                generation=ds.generation,
+                devices=list(w.gpus),
             )
             for w in ds.workers
         ]
-        record_heartbeat(node_id=node.pk, message=Heartbeat(epoch=node.epoch, generation=ds.generation, workers=workers),
-                         channel=node.agent_channel)
+        record_heartbeat(
+            node_id=node.pk,
+            message=Heartbeat(epoch=node.epoch, generation=ds.generation, workers=workers),
+            channel=node.agent_channel,
+        )
 
 
 def run_transition(transition: Transition, rounds: int = 20) -> Transition:

@@ -1,4 +1,5 @@
 """What the test process runs against (its database and Redis) and the environment its child servers get."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,12 @@ def child_env(**extra: str) -> dict[str, str]:
     """The environment of a server the test starts: the test's database and Redis, testing mode on."""
     env = dict(os.environ)
     env.update(
-        DATABASE_URL=database_url_for_children(), REDIS_URL=redis_url(), PEARL_TESTING="1", DEBUG="0",
-        PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
+        DATABASE_URL=database_url_for_children(),
+        REDIS_URL=redis_url(),
+        PEARL_TESTING="1",
+        DEBUG="0",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
     )
     env.update(extra)
     return env

@@ -1,5 +1,6 @@
 """Servers the tests start as real subprocesses (Daphne, Celery, agents): ports, start and stop, and what a
 worker left in its state directory."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | 
 
 def start_process(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """Start `cmd` from the repository root in its own session, its output in `log`."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
