@@ -9,7 +9,9 @@ import torch
 from agents import models
 from agents.dataplane import DecodeRequest, GenerateRequest, SamplingParams
 from agents.engines.base import EngineError
-from agents.engines.torch_engine import Seq, TorchEngine, TorchRunner
+from agents.engines.torch_engine import TorchEngine
+from agents.engines.torch_runner import TorchRunner
+from agents.engines.torch_scheduler import Seq
 from agents.tokenizer import TOKENIZER
 
 

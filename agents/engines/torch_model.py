@@ -1,0 +1,85 @@
+"""The torch engine's model: the decode forward of a Qwen3 model written against its parameters (the
+prefill is the `transformers` model's own forward, in the runner)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm, op for op (fp32)."""
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastDecoder:
+    """The decode step of a Qwen3 model written against its parameters directly.
+
+    Why: at small batch, `transformers`' per-call machinery (mask builders, cache objects, module
+    hooks, output dataclasses) costs more than the arithmetic, and `DynamicCache` concatenates the
+    whole cache every step. This path does the same operations (RMSNorm, q/k-norm, RoPE, GQA SDPA,
+    SwiGLU) over a preallocated KV buffer that each step writes one column of. It reads the live
+    parameters, so loading new weights into the model is seen at the next step.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        cfg = model.config
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm_w, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
+        self.lm_head = model.lm_head.weight.detach()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.layers = []
+        cat = lambda *ts: torch.cat([t.detach() for t in ts]) if all(t is not None for t in ts) else None  # noqa: E731
+        for layer in inner.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            if getattr(a, "sliding_window", None):
+                raise ValueError("sliding-window attention is not supported by the fast decode path")
+            # fused q|k|v and gate|up projections: fewer, larger GEMMs per step
+            self.layers.append((
+                layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon,
+                cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+                a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach(),
+                a.q_norm.weight.detach(), a.k_norm.weight.detach(), a.q_norm.variance_epsilon,
+                layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon,
+                cat(mlp.gate_proj.weight, mlp.up_proj.weight), mlp.down_proj.weight.detach(),
+            ))
+        self.inter = cfg.intermediate_size
+        rope = inner.rotary_emb
+        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = positions[:, None] * rope.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed.dtype
+        self.cos = (emb.cos() * rope.attention_scaling).to(dtype)
+        self.sin = (emb.sin() * rope.attention_scaling).to(dtype)
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, K: list[torch.Tensor], V: list[torch.Tensor], col: int,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        """ids/positions [B]; writes K/V column `col`; attends to columns [0, col]. Returns logits [B, V]."""
+        F = torch.nn.functional
+        B = ids.shape[0]
+        h = F.embedding(ids, self.embed).unsqueeze(1)  # [B, 1, H]
+        cos = self.cos[positions].view(B, 1, 1, -1)
+        sin = self.sin[positions].view(B, 1, 1, -1)
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        for li, (ln1, e1, wqkv, bqkv, wo, bo, qn, kn, eqk, ln2, e2, wgu, wd) in enumerate(self.layers):
+            qkv = F.linear(_rms(h, ln1, e1), wqkv, bqkv)
+            q = _rms(qkv[..., :nq].reshape(B, 1, self.nh, self.hd), qn, eqk).transpose(1, 2)
+            k = _rms(qkv[..., nq : nq + nk].reshape(B, 1, self.nkv, self.hd), kn, eqk).transpose(1, 2)
+            v = qkv[..., nq + nk :].reshape(B, 1, self.nkv, self.hd).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            K[li][:, :, col] = k[:, :, 0]
+            V[li][:, :, col] = v[:, :, 0]
+            att = F.scaled_dot_product_attention(q, K[li][:, :, : col + 1], V[li][:, :, : col + 1], attn_mask=mask, enable_gqa=True)
+            h = h + F.linear(att.transpose(1, 2).reshape(B, 1, self.nh * self.hd), wo, bo)
+            gu = F.linear(_rms(h, ln2, e2), wgu)
+            h = h + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], wd)
+        return F.linear(_rms(h[:, 0], self.norm_w, self.norm_eps), self.lm_head)
