@@ -114,7 +114,7 @@ class RolloutDriver:
         self.workers: dict[int, dl.WorkerView] = {}
         self.cluster: dl.ClusterView | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.telemetry: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []  # telemetry records not yet sent
         self.waiting_return = False
         self.waiting_version: int | None = None
         self.pending_train: lp.Train | None = None
@@ -130,7 +130,7 @@ class RolloutDriver:
         # an emulated job's engines, environments and trainer run `time_factor` times real time: its loop
         # clock (turn and step times, telemetry) is in model seconds, as the profile and the simulator are
         scale = self.time_factor if self.job.engine == "emulated" else 1.0
-        self.runner = AsyncLoopRunner(self.loop, self._dispatch, elapsed_s=max(0.0, time.time() - self.epoch) / scale,
+        self.runner = AsyncLoopRunner(self.loop, lp.Dispatcher(self), elapsed_s=max(0.0, time.time() - self.epoch) / scale,
                                       scale=scale)
         flusher = asyncio.create_task(self._flush_forever())
         if self.cluster is not None:
@@ -210,46 +210,54 @@ class RolloutDriver:
             cmd, self.pending_train = self.pending_train, None
             self._spawn(self._train(cmd), f"train {step}")
 
-    # ------------------------------------------------------------------ commands
-    def _dispatch(self, cmd: Command) -> None:
-        k = type(cmd)
-        if k is lp.RouteTurn or k is lp.Resubmit:
-            self._start_turn(cmd.trajectory, cmd.worker, cmd.min_weight_version)
-        elif k is lp.RouteDecode:
-            ep = self.episodes.get(cmd.trajectory)
-            if ep is not None:
-                ep.task = self._spawn(self._decode(ep, cmd), f"decode {cmd.trajectory}")
-        elif k is lp.Telemetry:
-            self.telemetry.append(cmd.record.to_json())
-        elif k is lp.Progress:
-            pass  # progress and the checkpoint are reported by the flusher, from the loop's state
-        elif k is lp.EmitSignal:
-            log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
-            self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
-        elif k is lp.StartStep:
-            log.info("step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version, len(cmd.trajectories))
-            for ref in cmd.trajectories:
-                self._start_episode(ref, cmd.step)
-        elif k is lp.ReturnOverlap:
-            self.waiting_return = True
-            if self.cluster is not None:
-                self.on_cluster(self.cluster)
-        elif k is lp.Train:
-            log.info("update for step %d requested", cmd.step)
-            self.pending_train = cmd
-            self._spawn(self.link.send(dl.UpdateRequest(cmd.step)), "update request")
-        elif k is lp.PublishWeights:
-            self.waiting_version = cmd.version
-            if self.cluster is not None:
-                self.on_cluster(self.cluster)
-        elif k is lp.Abort:
-            ep = self.episodes.pop(cmd.trajectory, None)
-            if ep is not None and ep.task is not None:
-                ep.task.cancel()
-            if cmd.replacement is not None:
-                self._start_episode(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
-        else:  # pragma: no cover - every command kind is handled above
-            raise TypeError(f"unhandled loop command {cmd!r}")
+    # ------------------------------------------------------------------ commands (lp.CommandSink)
+    def route_turn(self, cmd: lp.RouteTurn) -> None:
+        self._start_turn(cmd.trajectory, cmd.worker, cmd.min_weight_version)
+
+    def resubmit(self, cmd: lp.Resubmit) -> None:
+        self._start_turn(cmd.trajectory, cmd.worker, cmd.min_weight_version)
+
+    def route_decode(self, cmd: lp.RouteDecode) -> None:
+        ep = self.episodes.get(cmd.trajectory)
+        if ep is not None:
+            ep.task = self._spawn(self._decode(ep, cmd), f"decode {cmd.trajectory}")
+
+    def telemetry(self, cmd: lp.Telemetry) -> None:
+        self.records.append(cmd.record.to_json())
+
+    def progress(self, cmd: lp.Progress) -> None:
+        """Progress and the checkpoint are reported by the flusher, from the loop's state."""
+
+    def emit_signal(self, cmd: lp.EmitSignal) -> None:
+        log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
+        self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
+
+    def start_step(self, cmd: lp.StartStep) -> None:
+        log.info("step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version, len(cmd.trajectories))
+        for ref in cmd.trajectories:
+            self._start_episode(ref, cmd.step)
+
+    def return_overlap(self, cmd: lp.ReturnOverlap) -> None:
+        self.waiting_return = True
+        if self.cluster is not None:
+            self.on_cluster(self.cluster)
+
+    def train(self, cmd: lp.Train) -> None:
+        log.info("update for step %d requested", cmd.step)
+        self.pending_train = cmd
+        self._spawn(self.link.send(dl.UpdateRequest(cmd.step)), "update request")
+
+    def publish_weights(self, cmd: lp.PublishWeights) -> None:
+        self.waiting_version = cmd.version
+        if self.cluster is not None:
+            self.on_cluster(self.cluster)
+
+    def abort(self, cmd: lp.Abort) -> None:
+        ep = self.episodes.pop(cmd.trajectory, None)
+        if ep is not None and ep.task is not None:
+            ep.task.cancel()
+        if cmd.replacement is not None:
+            self._start_episode(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
 
     # ------------------------------------------------------------------ environments
     def _task_id(self, step: int, group: int) -> int:
@@ -432,8 +440,8 @@ class RolloutDriver:
 
     # ------------------------------------------------------------------ reports
     async def _flush(self) -> None:
-        if self.telemetry:
-            records, self.telemetry = self.telemetry, []
+        if self.records:
+            records, self.records = self.records, []
             for i in range(0, len(records), dl.MAX_RECORDS):
                 await self.link.send(dl.TelemetryReport(records[i:i + dl.MAX_RECORDS]))
         loop = self.loop

@@ -20,7 +20,7 @@ from controlplane.core import loop as lp
 from controlplane.core.batching import ScaledCosts
 from controlplane.core.context import AvailabilityPoint, Overrides, Signal
 from controlplane.core.placement import Placement, place
-from controlplane.core.telemetry import RecordKind, TelemetryRecord
+from controlplane.core.telemetry import RecordKind
 from controlplane.core.workload import draw_batch
 from controlplane.sim import world as wd
 from controlplane.sim.adapters import make_sim_policy
@@ -94,6 +94,68 @@ class RunResult:
         }
 
 
+class SimCommands:
+    """The simulator's command sink (`lp.CommandSink`): what the simulated world does with each command."""
+
+    __slots__ = ("sim",)
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def route_turn(self, cmd: lp.RouteTurn) -> None:
+        self.sim.world.submit_first(cmd.trajectory, cmd.worker, self.sim.t)
+
+    def resubmit(self, cmd: lp.Resubmit) -> None:
+        self.sim.world.submit_first(cmd.trajectory, cmd.worker, self.sim.t)
+
+    def route_decode(self, cmd: lp.RouteDecode) -> None:
+        self.sim.world.submit_decode(cmd, self.sim.t)
+
+    def telemetry(self, cmd: lp.Telemetry) -> None:
+        sim, rec = self.sim, cmd.record
+        if rec.kind is RecordKind.STEP:
+            st = sim._by_step[rec.step]
+            st.end_s = sim.t
+            st.generated_tokens = rec.generated_tokens_total
+            st.train_tokens = rec.train_tokens
+            st.predicted_makespan_s = rec.predicted_makespan_s or None
+            st.predicted_at_start_s = rec.predicted_at_start_s or None
+        sim.observe(rec)
+
+    def progress(self, cmd: lp.Progress) -> None:
+        """The simulator reads R from the loop when it needs it."""
+
+    def emit_signal(self, cmd: lp.EmitSignal) -> None:
+        sim = self.sim
+        if sim.fork_oracle:
+            # handled from the event loop, after the loop's other commands of this event: a fork
+            # taken then carries no half-dispatched command list
+            sim.push(sim.t, EV_SIGNAL, cmd.signal, cmd.remaining)
+        else:
+            sim.signal(cmd.signal, cmd.remaining)
+
+    def start_step(self, cmd: lp.StartStep) -> None:
+        sim, t = self.sim, self.sim.t
+        sim.world.start_batch(cmd, draw_batch(sim.sc.workload, seed=sim.seed, step=cmd.step), t)
+        if sim.loop.cfg.periodic_s:
+            sim.push(t + sim.loop.cfg.periodic_s, EV_TICK, cmd.step)
+
+    def return_overlap(self, cmd: lp.ReturnOverlap) -> None:
+        self.sim.world.return_all_overlap(self.sim.t)
+
+    def train(self, cmd: lp.Train) -> None:
+        sim, t = self.sim, self.sim.t
+        st = sim._by_step[cmd.step]
+        st.train_start_s = t
+        sim.push(t + sim.profile.train_step_s(st.train_tokens, sim.sc.cluster.training_gpus), EV_TRAIN_DONE, cmd.step)
+
+    def publish_weights(self, cmd: lp.PublishWeights) -> None:
+        self.sim.push(self.sim.t + self.sim.sc.engine.weight_sync_s, EV_PUBLISHED, cmd.version)
+
+    def abort(self, cmd: lp.Abort) -> None:
+        self.sim.world.abort(cmd, self.sim.t)
+
+
 class Simulation:
     """One run: `Simulation(scenario, "pearl").run()`."""
 
@@ -145,7 +207,7 @@ class Simulation:
         self.heap: list[tuple[float, int, int, Any, Any]] = []
         self._eseq = 0
         self.events = 0
-        self.feed = lp.Feeder(self.loop, self._dispatch).feed
+        self.feed = lp.Feeder(self.loop, lp.Dispatcher(SimCommands(self))).feed
         self.observe = self.policy.observe
         self.world = wd.World(self)
         self.steps: list[StepStats] = []
@@ -164,52 +226,6 @@ class Simulation:
     def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
         self._eseq += 1
         heapq.heappush(self.heap, (t, self._eseq, kind, a, b))
-
-    def _dispatch(self, cmd: Any) -> None:
-        t = self.t
-        w = self.world
-        kind = type(cmd)
-        if kind is lp.RouteTurn or kind is lp.Resubmit:
-            w.submit_first(cmd.trajectory, cmd.worker, t)
-        elif kind is lp.RouteDecode:
-            w.submit_decode(cmd, t)
-        elif kind is lp.Telemetry:
-            self._on_record(cmd.record)
-        elif kind is lp.Progress:
-            pass
-        elif kind is lp.EmitSignal:
-            if self.fork_oracle:
-                # handled from the event loop, after the loop's other commands of this event: a fork
-                # taken then carries no half-dispatched command list
-                self.push(t, EV_SIGNAL, cmd.signal, cmd.remaining)
-            else:
-                self.signal(cmd.signal, cmd.remaining)
-        elif kind is lp.StartStep:
-            w.start_batch(cmd, draw_batch(self.sc.workload, seed=self.seed, step=cmd.step), t)
-            if self.loop.cfg.periodic_s:
-                self.push(t + self.loop.cfg.periodic_s, EV_TICK, cmd.step)
-        elif kind is lp.ReturnOverlap:
-            w.return_all_overlap(t)
-        elif kind is lp.Train:
-            st = self._by_step[cmd.step]
-            st.train_start_s = t
-            self.push(t + self.profile.train_step_s(st.train_tokens, self.sc.cluster.training_gpus), EV_TRAIN_DONE, cmd.step)
-        elif kind is lp.PublishWeights:
-            self.push(t + self.sc.engine.weight_sync_s, EV_PUBLISHED, cmd.version)
-        elif kind is lp.Abort:
-            w.abort(cmd, t)
-        else:  # pragma: no cover - a new command kind must be handled here
-            raise TypeError(f"unhandled loop command {cmd!r}")
-
-    def _on_record(self, rec: TelemetryRecord) -> None:
-        if rec.kind is RecordKind.STEP:
-            st = self._by_step[rec.step]
-            st.end_s = self.t
-            st.generated_tokens = rec.generated_tokens_total
-            st.train_tokens = rec.train_tokens
-            st.predicted_makespan_s = rec.predicted_makespan_s or None
-            st.predicted_at_start_s = rec.predicted_at_start_s or None
-        self.observe(rec)
 
     def unstable(self) -> None:
         """Resources changed while a batch was in flight (the step is not a constant-resource one)."""

@@ -20,7 +20,8 @@ What happens to a command is the driver's business (the simulator's world, or re
 environments and the control plane); what happened comes back as an event.
 
 The package, by idea: `messages` (the events and commands), `state` (the loop's records and their
-checkpoint codec), `machine` (`LoopConfig`, `RolloutLoop`), `feeder` (`Feeder`: how a driver feeds it).
+checkpoint codec), `machine` (`LoopConfig`, `RolloutLoop`), `feeder` (`Feeder`: how a driver feeds it),
+`sink` (`CommandSink`, `dispatch`: how a driver carries every kind of command out, checked by the type checker).
 """
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ from controlplane.core.loop.messages import (
     TrainingDone, TrajectoryRef, TrajectoryStarted, TurnGenerated, TurnInterrupted, WeightsPublished, WorkerGone,
     WorkerReady,
 )
+from controlplane.core.loop.sink import CommandSink, Dispatcher, dispatch
 from controlplane.core.loop.state import StepState, Traj, Trainer, TrajState
 
 __all__ = [
-    "Abort", "Admission", "Command", "Decided", "EmitSignal", "EnvStepped", "Event", "Feeder", "LoopConfig", "Prefilled",
-    "Progress", "PublishWeights", "Resubmit", "ReturnConfirmed", "ReturnOverlap", "RolloutLoop", "RouteDecode",
-    "RouteTurn", "Start", "StartStep", "StepState", "Stop", "Telemetry", "Tick", "Train", "TrainingDone", "Traj",
-    "TrajState", "TrajectoryRef", "TrajectoryStarted", "TurnGenerated", "TurnInterrupted", "WeightsPublished",
-    "WorkerGone", "WorkerReady",
+    "Abort", "Admission", "Command", "CommandSink", "Decided", "Dispatcher", "EmitSignal", "EnvStepped", "Event",
+    "Feeder", "LoopConfig", "Prefilled", "Progress", "PublishWeights", "Resubmit", "ReturnConfirmed", "ReturnOverlap",
+    "RolloutLoop", "RouteDecode", "RouteTurn", "Start", "StartStep", "StepState", "Stop", "Telemetry", "Tick",
+    "Train", "TrainingDone", "Traj", "TrajState", "TrajectoryRef", "TrajectoryStarted", "TurnGenerated",
+    "TurnInterrupted", "WeightsPublished", "WorkerGone", "WorkerReady", "dispatch",
 ]

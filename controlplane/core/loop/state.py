@@ -9,12 +9,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane.core.state import Configuration, Mode
-
-if TYPE_CHECKING:
-    from controlplane.core.loop.machine import RolloutLoop
 
 
 class TrajState(StrEnum):
@@ -81,7 +78,7 @@ class StepState:
 
 
 # ==================================================================================== checkpoint codec
-def encode(loop: RolloutLoop) -> dict[str, Any]:
+def encode(loop: Any) -> dict[str, Any]:  # a RolloutLoop (machine imports this module, not the reverse)
     """What the loop must not lose, as JSON: the step, the weight version, the trainer's place in
     the handshake and every live trajectory's accounting (turn boundaries and kept tokens)."""
     return {
@@ -99,7 +96,7 @@ def encode(loop: RolloutLoop) -> dict[str, Any]:
     }
 
 
-def decode_into(loop: RolloutLoop, data: dict[str, Any]) -> None:
+def decode_into(loop: Any, data: dict[str, Any]) -> None:  # a fresh RolloutLoop
     """Load `encode`'s JSON into a fresh loop (it is marked resumed: unfinished trajectories restart on Start)."""
     loop.version, loop.step = int(data["version"]), int(data["step"])
     loop.rollout_active = bool(data["rollout_active"])
