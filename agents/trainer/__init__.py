@@ -1,10 +1,10 @@
 """The trainer (`python -m agents.trainer`): GRPO (`grpo`), the emulated trainer (`emulated`), both
 implementing `Trainer` (`base`), served over the trainer's data plane (`server`)."""
 
-from agents.trainer.base import StepStats, Trainer
+from agents.trainer.base import UpdateStats, Trainer
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer, group_advantages
 from agents.trainer.server import StepBuffer, TrainerServer, main, serve
 
-__all__ = ["EmulatedTrainer", "GRPOConfig", "GRPOTrainer", "StepBuffer", "StepStats", "Trainer", "TrainerServer",
+__all__ = ["EmulatedTrainer", "GRPOConfig", "GRPOTrainer", "StepBuffer", "UpdateStats", "Trainer", "TrainerServer",
            "group_advantages", "main", "serve"]

@@ -1,4 +1,4 @@
-"""What a trainer is to the trainer server (`Trainer`) and what one update reports (`StepStats`)."""
+"""What a trainer is to the trainer server (`Trainer`) and what one update reports (`UpdateStats`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from agents.weights import WeightStore
 
 
 @dataclass
-class StepStats:
+class UpdateStats:
     version: int
     loss: float
     grad_norm: float
@@ -50,7 +50,7 @@ class Trainer(Protocol):
         ...
 
     async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
-                     training_gpus: int = 1) -> StepStats:
+                     training_gpus: int = 1) -> UpdateStats:
         """One update on `samples`. With `rollout_step`, the update of that step of the RL loop (recorded
         in `trained_steps`); `training_gpus` is what an emulated update is timed on."""
         ...

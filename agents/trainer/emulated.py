@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from agents import dataplane as dp
-from agents.trainer.base import StepStats
+from agents.trainer.base import UpdateStats
 from agents.trainer.grpo import GRPOConfig
 from agents.weights import WeightStore, atomic_write
 
@@ -48,7 +48,7 @@ class EmulatedTrainer:
         self.store.publish(self.version, {"version": torch.tensor([self.version])})
 
     async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
-                     training_gpus: int = 1) -> StepStats:
+                     training_gpus: int = 1) -> UpdateStats:
         """The update's duration for the batch's tokens (token counts: the driver sends no tokens).
         A multi-turn trajectory comes as one sample per turn, each carrying the whole context so far;
         its tokens are counted once (its largest sample: the full trajectory), as the loop's STEP
@@ -73,4 +73,4 @@ class EmulatedTrainer:
                  "trained_steps": {str(k): v for k, v in self.trained_steps.items()}}).encode())
         self.publish()
         mean_reward = sum(s.reward for s in samples) / max(1, len(samples))
-        return StepStats(self.version, 0.0, 0.0, mean_reward, len(samples), 0, 0.0, time.perf_counter() - t0)
+        return UpdateStats(self.version, 0.0, 0.0, mean_reward, len(samples), 0, 0.0, time.perf_counter() - t0)

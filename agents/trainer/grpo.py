@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from agents import dataplane as dp
 from agents import models
-from agents.trainer.base import StepStats
+from agents.trainer.base import UpdateStats
 from agents.weights import WeightStore, atomic_write
 
 
@@ -90,9 +90,10 @@ class GRPOTrainer:
         return self.config.batch_size
 
     async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
-                     training_gpus: int = 1) -> StepStats:
-        """`step` on the trainer's own thread: the server's event loop keeps answering meanwhile."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.step, samples, rollout_step)
+                     training_gpus: int = 1) -> UpdateStats:
+        """`update_blocking` on the trainer's own thread: the server's event loop keeps answering meanwhile."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.update_blocking, samples, rollout_step)
 
     def _reconcile_store(self) -> None:
         """After a (re)start: the store holds exactly what workers may have pulled. Publish the current
@@ -116,8 +117,8 @@ class GRPOTrainer:
         return fresh
 
     # ---- one GRPO update
-    def step(self, samples: list[dp.TrainSample], rollout_step: int | None = None) -> StepStats:
-        """One GRPO update. With `rollout_step`, the update of that step of the RL loop: it publishes a
+    def update_blocking(self, samples: list[dp.TrainSample], rollout_step: int | None = None) -> UpdateStats:
+        """One GRPO update, on the calling thread. With `rollout_step`, the update of that step of the RL loop: it publishes a
         new version even if no sample survives the staleness check (one version per step)."""
         t0 = time.perf_counter()
         fresh = self.admit(samples)
@@ -125,7 +126,7 @@ class GRPOTrainer:
         if not fresh:
             if rollout_step is not None:
                 self._advance(rollout_step)
-            return StepStats(self.version, 0.0, 0.0, 0.0, 0, rejected)
+            return UpdateStats(self.version, 0.0, 0.0, 0.0, 0, rejected)
         adv = group_advantages([s.reward for s in fresh], [s.group for s in fresh], [s.trajectory for s in fresh])
         seqs = [s.prompt_tokens + s.completion_tokens for s in fresh]
         width = max(len(x) for x in seqs)
@@ -165,7 +166,7 @@ class GRPOTrainer:
         self.optim.step()
         self.consumed += len(fresh)
         self._advance(rollout_step)
-        return StepStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
+        return UpdateStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
                          rejected, float(kl_val.detach()), time.perf_counter() - t0)
 
     def _advance(self, rollout_step: int | None) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from agents import dataplane as dp
 from agents.process import die_with_parent, serve_until_signal, visible_devices
-from agents.trainer.base import StepStats, Trainer
+from agents.trainer.base import UpdateStats, Trainer
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.weights import WeightStore
@@ -54,7 +54,7 @@ class TrainerServer:
 
         self.queue: list[dp.TrainSample] = []
         self.buffer = StepBuffer(trainer.ckpt_dir)
-        self.history: list[StepStats] = []
+        self.history: list[UpdateStats] = []
         self._lock = asyncio.Lock()
         @web.middleware
         async def auth(request: Any, handler: Any) -> Any:
@@ -98,7 +98,7 @@ class TrainerServer:
         self.queue.extend(body.samples)
         stats = None
         if body.train and len(self.queue) >= self.trainer.batch_size:
-            stats = await self._train()
+            stats = await self._update_queued()
         return web.json_response({"queued": len(self.queue), "version": self.trainer.version,
                                   "step": asdict(stats) if stats else None})
 
@@ -110,11 +110,11 @@ class TrainerServer:
         except (ValueError, dp.DataPlaneError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         if body.step >= 0:
-            return web.json_response(await self._train_step(body))
-        stats = await self._train(everything=body.all)
+            return web.json_response(await self._update_step(body))
+        stats = await self._update_queued(everything=body.all)
         return web.json_response({"version": self.trainer.version, "step": asdict(stats) if stats else None})
 
-    async def _train_step(self, body: dp.StepRequest) -> dict[str, Any]:
+    async def _update_step(self, body: dp.StepRequest) -> dict[str, Any]:
         """The update of rollout step `body.step`, exactly once: asked again (a restarted driver), it
         answers with the version that update published."""
         async with self._lock:
@@ -127,7 +127,7 @@ class TrainerServer:
             self.history.append(stats)
             return {"version": t.trained_steps[body.step], "step": asdict(stats), "already": False, "missing": missing}
 
-    async def _train(self, everything: bool = False) -> StepStats | None:
+    async def _update_queued(self, everything: bool = False) -> UpdateStats | None:
         async with self._lock:
             n = len(self.queue) if everything else self.trainer.batch_size
             batch, self.queue = self.queue[:n], self.queue[n:]

@@ -63,7 +63,7 @@ async def test_mean_reward_rises_on_a_verifiable_task(tmp_path):
             outs = await asyncio.gather(*[r for _, r in reqs])
             samples = [TrainSample(group=p, prompt_tokens=TOKENIZER.encode(p), completion_tokens=o.tokens, logprobs=o.logprobs,
                                    reward=letter_reward(o.tokens), weight_version=o.weight_version) for (p, _), o in zip(reqs, outs)]
-            stats = trainer.step(samples)
+            stats = trainer.update_blocking(samples)
             assert stats.accepted == 32 and stats.rejected_stale == 0
             assert stats.grad_norm > 0 or len({x.reward for x in samples}) == 1 or step > 0
             rewards.append(stats.mean_reward)
@@ -78,26 +78,26 @@ async def test_mean_reward_rises_on_a_verifiable_task(tmp_path):
 
 def test_stale_samples_are_rejected_and_counted():
     trainer = GRPOTrainer("tiny", GRPOConfig(max_staleness=1))
-    trainer.step(fixed_batch(0))
-    trainer.step(fixed_batch(1))
+    trainer.update_blocking(fixed_batch(0))
+    trainer.update_blocking(fixed_batch(1))
     assert trainer.version == 2
     batch = fixed_batch(0)  # 2 versions behind: K + 1
     batch[:2] = fixed_batch(1)[:2]  # 1 version behind: still allowed
-    stats = trainer.step(batch)
+    stats = trainer.update_blocking(batch)
     assert stats.accepted == 2 and stats.rejected_stale == 6 and trainer.stale_rejected == 6
 
 
 def test_resume_continues_exactly(tmp_path):
     reference = GRPOTrainer("tiny", GRPOConfig(lr=1e-2))
     for s in range(4):
-        reference.step(fixed_batch(s))
+        reference.update_blocking(fixed_batch(s))
     first = GRPOTrainer("tiny", GRPOConfig(lr=1e-2, max_staleness=10), ckpt_dir=tmp_path)
-    first.step(fixed_batch(0))
-    first.step(fixed_batch(1))
+    first.update_blocking(fixed_batch(0))
+    first.update_blocking(fixed_batch(1))
     resumed = GRPOTrainer("tiny", GRPOConfig(lr=1e-2, max_staleness=10), ckpt_dir=tmp_path)
     assert resumed.version == 2
-    resumed.step(fixed_batch(2))
-    resumed.step(fixed_batch(3))
+    resumed.update_blocking(fixed_batch(2))
+    resumed.update_blocking(fixed_batch(3))
     assert weights_hash(resumed.model) == weights_hash(reference.model)
 
 
@@ -110,7 +110,7 @@ def test_kill_during_training_loses_at_most_one_step(tmp_path):
         from pathlib import Path
         t = GRPOTrainer("tiny", GRPOConfig(lr=1e-2, max_staleness=10**6), ckpt_dir=Path({str(tmp_path)!r}))
         for s in range(10**6):
-            t.step(fixed_batch(s))
+            t.update_blocking(fixed_batch(s))
             print(t.version, weights_hash(t.model), flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
@@ -134,9 +134,9 @@ def test_kill_during_training_loses_at_most_one_step(tmp_path):
 
 def test_kl_to_the_reference_is_zero_at_start_and_grows():
     trainer = GRPOTrainer("tiny", GRPOConfig(lr=1e-2, kl_beta=0.1, max_staleness=10))
-    first = trainer.step(fixed_batch(0))
+    first = trainer.update_blocking(fixed_batch(0))
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
-    later = [trainer.step(fixed_batch(s)).kl for s in range(1, 4)]
+    later = [trainer.update_blocking(fixed_batch(s)).kl for s in range(1, 4)]
     assert later[-1] > 1e-6
 
 
@@ -155,19 +155,19 @@ def test_restart_resumes_checkpoint_and_published_version(tmp_path):
     cfg = GRPOConfig(lr=1e-2, max_staleness=10)
     reference = GRPOTrainer("tiny", cfg)
     for s in range(3):
-        reference.step(fixed_batch(s))
+        reference.update_blocking(fixed_batch(s))
     first = GRPOTrainer("tiny", cfg, ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
-    first.step(fixed_batch(0))
-    first.step(fixed_batch(1))
+    first.update_blocking(fixed_batch(0))
+    first.update_blocking(fixed_batch(1))
     resumed = GRPOTrainer("tiny", cfg, ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
     assert resumed.version == 2 and resumed.store.latest() == 2
-    resumed.step(fixed_batch(2))  # publishes version 3 (no "already published")
+    resumed.update_blocking(fixed_batch(2))  # publishes version 3 (no "already published")
     assert resumed.store.latest() == 3 and weights_hash(resumed.model) == weights_hash(reference.model)
 
 
 def test_kill_between_checkpoint_and_publish_publishes_on_restart(tmp_path):
     t = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
-    t.step(fixed_batch(0))
+    t.update_blocking(fixed_batch(0))
     t.store.path(1).unlink()  # as if killed after the checkpoint, before the snapshot
     resumed = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
     assert resumed.version == 1 and resumed.store.latest() == 1
@@ -178,17 +178,17 @@ def test_store_ahead_of_a_lost_checkpoint_continues_from_the_snapshot(tmp_path):
     import shutil
 
     t = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
-    t.step(fixed_batch(0))
-    t.step(fixed_batch(1))
+    t.update_blocking(fixed_batch(0))
+    t.update_blocking(fixed_batch(1))
     shutil.rmtree(tmp_path / "ck")  # the checkpoints are gone; the published weights are not
     resumed = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
     assert resumed.version == 2 and weights_hash(resumed.model) == weights_hash(t.model)
-    resumed.step(fixed_batch(2))
+    resumed.update_blocking(fixed_batch(2))
     assert resumed.store.latest() == 3
 
 
 def test_another_jobs_checkpoint_is_never_resumed(tmp_path):
     old = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", job="old-job")
-    old.step(fixed_batch(0))
+    old.update_blocking(fixed_batch(0))
     fresh = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", job="new-job")
     assert fresh.version == 0 and weights_hash(fresh.model) != weights_hash(old.model)
