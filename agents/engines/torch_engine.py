@@ -209,7 +209,7 @@ class TorchEngine(LoopEngine):
                 return done
 
     def _iteration(self) -> list[tuple[Seq, Exception | None]]:
-        """One scheduler step in the engine thread: aborts, admit + prefill, one decode iteration."""
+        """One iteration in the engine thread: aborts, admit + prefill, one decode iteration."""
         scheduled = self.scheduler.schedule(len(self.runner.rows))
         admitted, aborts = scheduled.admitted, scheduled.aborts
         done: list[tuple[Seq, Exception | None]] = [(s, None) for s in scheduled.aborted]
@@ -270,7 +270,7 @@ class TorchEngine(LoopEngine):
         if self.runner.rows:
             t0 = time.perf_counter()
             batch = len(self.runner.rows)
-            logits = self.runner.decode_step()
+            logits = self.runner.decode_iteration()
             greedy = [i for i, s in enumerate(self.runner.rows) if s.params.temperature <= 0.0]
             if greedy:
                 sel = logits[greedy].float()

@@ -19,13 +19,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class FastDecoder:
-    """The decode step of a Qwen3 model written against its parameters directly.
+    """The decode forward (one iteration: one token per row) of a Qwen3 model, written against its parameters.
 
     Why: at small batch, `transformers`' per-call machinery (mask builders, cache objects, module
     hooks, output dataclasses) costs more than the arithmetic, and `DynamicCache` concatenates the
-    whole cache every step. This path does the same operations (RMSNorm, q/k-norm, RoPE, GQA SDPA,
-    SwiGLU) over a preallocated KV buffer that each step writes one column of. It reads the live
-    parameters, so loading new weights into the model is seen at the next step.
+    whole cache every iteration. This path does the same operations (RMSNorm, q/k-norm, RoPE, GQA SDPA,
+    SwiGLU) over a preallocated KV buffer that each iteration writes one column of. It reads the live
+    parameters, so loading new weights into the model is seen at the next iteration.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -41,7 +41,7 @@ class FastDecoder:
             a, mlp = layer.self_attn, layer.mlp
             if getattr(a, "sliding_window", None):
                 raise ValueError("sliding-window attention is not supported by the fast decode path")
-            # fused q|k|v and gate|up projections: fewer, larger GEMMs per step
+            # fused q|k|v and gate|up projections: fewer, larger GEMMs per iteration
             self.layers.append((
                 layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon,
                 cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
@@ -60,7 +60,7 @@ class FastDecoder:
         self.sin = (emb.sin() * rope.attention_scaling).to(dtype)
 
     @torch.no_grad()
-    def step(self, ids: torch.Tensor, positions: torch.Tensor, K: list[torch.Tensor], V: list[torch.Tensor], col: int,
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, K: list[torch.Tensor], V: list[torch.Tensor], col: int,
              mask: torch.Tensor | None) -> torch.Tensor:
         """ids/positions [B]; writes K/V column `col`; attends to columns [0, col]. Returns logits [B, V]."""
         F = torch.nn.functional

@@ -46,7 +46,7 @@ class TorchRunner:
     batched decode (FastDecoder) over one left-padded KV buffer per layer.
 
     Layout: row i's tokens sit in columns [pad_i, width); every row writes its next token at column
-    `width`, so a step is one slice write per layer. Rows are re-packed only when membership changes.
+    `width`, so an iteration is one slice write per layer. Rows are re-packed only when membership changes.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -184,7 +184,7 @@ class TorchRunner:
         self.width = new_w
 
     @torch.no_grad()
-    def decode_step(self) -> torch.Tensor:
+    def decode_iteration(self) -> torch.Tensor:
         """One iteration for every row: feed each row's last token, return next-token logits [B, V]."""
         if self.width + 1 > self.capacity:
             self._repack(list(range(len(self.rows))))  # grows the buffer (capacity follows width)
@@ -196,7 +196,7 @@ class TorchRunner:
         mask = None
         if any(self.pad):
             mask = (torch.arange(self.width + 1).unsqueeze(0) >= pad.unsqueeze(1)).view(len(self.rows), 1, 1, -1)
-        logits = self.decoder.step(ids, positions, self.K, self.V, self.width, mask)
+        logits = self.decoder.forward(ids, positions, self.K, self.V, self.width, mask)
         self.width += 1
         for s in self.rows:
             s.length += 1

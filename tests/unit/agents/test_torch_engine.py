@@ -45,7 +45,7 @@ def test_batched_decode_matches_full_forward_with_joins_and_leaves(runner):
             add(3)  # longer than every row: the batch widens on the left
         if step == 8:
             runner.remove([i for i, s in enumerate(runner.rows) if s.request_id != "1"])  # one leaves
-        logits = runner.decode_step()
+        logits = runner.decode_iteration()
         for row, s in enumerate(runner.rows):
             full = torch.tensor([s.prompt + s.out_tokens])
             with torch.no_grad():
