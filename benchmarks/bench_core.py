@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from controlplane.core.context import PolicyContext, Signal  # noqa: E402
 from controlplane.core.decision import decide  # noqa: E402
-from controlplane.core.policies import make_policy  # noqa: E402
+from controlplane.core.policies import make_policy, names  # noqa: E402
 from controlplane.core.predictor import swe_bench_workload  # noqa: E402
 from controlplane.core.profiles import get_profile  # noqa: E402
 from controlplane.core.state import Role  # noqa: E402
@@ -52,7 +52,7 @@ def one_signal(budget: int, *, model: str = "qwen3-8b") -> tuple[float, float, s
 def pearl_signal(budget: int) -> float:
     """Time one PEARL policy call: tracker refit + gate (two decides) + decide, 1/8 of it borrowable."""
     overlap = budget // 8
-    pol = make_policy("pearl", profile=get_profile("H800", "qwen3-8b"), batch_size=max(64, budget * 8))
+    pol = make_policy(names.PEARL, profile=get_profile("H800", "qwen3-8b"), batch_size=max(64, budget * 8))
     ctx = PolicyContext(now_s=0.0, signal=Signal.TRAINING_FINISHED, dedicated_workers=budget - overlap,
                         reserved_workers=budget // 4, overlap_workers=overlap, training_active=False, current=None,
                         borrowed=0, batch_size=max(64, budget * 8), remaining=max(64, budget * 8))

@@ -41,6 +41,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from controlplane.core.policies.names import FIXED  # noqa: E402
+
 PY = str(ROOT / ".venv" / "bin" / "python")
 OUT = ROOT / "benchmarks" / "out"
 WARMUP = 2  # the scenarios' engine.warmup_steps: steps excluded from throughput and predictor MAPE
@@ -307,7 +311,7 @@ def _f(x: Any, fmt: str = "{:,.0f}") -> str:
 
 
 def table(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) -> str:
-    base = live.get("fixed", {}).get("throughput_tok_s")
+    base = live.get(FIXED, {}).get("throughput_tok_s")
     rows = [("policy", "live tok/s", "vs fixed", "sim tok/s", "sim vs fixed", "sim-live err", "steps (meas.)",
              "rollout s live med/sim mean", "train s live med/sim mean", "transitions ok/all", "borrowed GPU-s", "return med/max s (deadline)", "misses",
              "lost", "MAPE start/decision %")]
@@ -316,7 +320,7 @@ def table(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) -> st
         s = sim.get(p, {})
         err = (s["throughput_tok_s"] - thr) / thr if thr and s.get("throughput_tok_s") else None
         tr = f["transitions"]
-        sbase = sim.get("fixed", {}).get("throughput_tok_s")
+        sbase = sim.get(FIXED, {}).get("throughput_tok_s")
         rows.append((p, _f(thr), _f(thr / base if thr and base else None, "{:.2f}x"), _f(s.get("throughput_tok_s")),
                      _f(s["throughput_tok_s"] / sbase if s.get("throughput_tok_s") and sbase else None, "{:.2f}x"),
                      _f(100 * err if err is not None else None, "{:+.1f}%"), f"{f['steps_trained']} ({f['steps_measured']})",

@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from controlplane.core.policies.names import ELASTIC, FIXED, FIXED_LARGE, ORACLE, PEARL, RLBOOST  # noqa: E402
 from controlplane.sim.cli import compare  # noqa: E402
 from controlplane.sim.cluster import RunResult, run_policy, window_throughput  # noqa: E402
 from controlplane.sim.report import figures, render_html, summary_table  # noqa: E402
@@ -38,13 +39,13 @@ Virtual time, seed 0, 2 h per paper scenario. The simulator is a driver of core:
 telemetry) and placement (`core.placement.place`) are the code the live control plane and rollout driver run;
 `sim/world.py` simulates only engines, KV links, environments, GPUs coming and going and transition timings.
 Policies are core's (`make_policy`), learning online from the loop's and engines' telemetry.
-ROLL = `fixed` (4 rollout GPUs), ROLL-Large = `fixed-large` (14/10/12 GPUs), RLBoost+ = `rlboost+` (RLBoost's
+ROLL = `{FIXED}` (4 rollout GPUs), ROLL-Large = `{FIXED_LARGE}` (14/10/12 GPUs), RLBoost+ = `{RLBOOST}` (RLBoost's
 Algorithms 1 and 2 adapted to asynchronous agentic RL: `core.policies.RLBoostPolicy` and the loop's `jsq` dispatch),
-B-only = `elastic` (adaptive borrowing of the training GPUs for nearly the whole idle window plus every preemptible
+B-only = `{ELASTIC}` (adaptive borrowing of the training GPUs for nearly the whole idle window plus every preemptible
 GPU, colocated: PEARL's component B without A and C), oracle = chooses by simulated outcome (`sim/oracle.py`: forks
 the simulation at every step start, Training Finished and capacity change and runs each candidate to the end of
 the step).
-"""
+""".format(FIXED=FIXED, FIXED_LARGE=FIXED_LARGE, RLBOOST=RLBOOST, ELASTIC=ELASTIC)
 
 ANALYSIS = """
 **What changed for this regeneration (issue 11, fourth round).** *Component A measures the PD interference.*
@@ -176,13 +177,13 @@ def paper_section(md: list[str], html_sections: list, timings: dict[str, float])
             th = {p: r.throughput_tok_s for p, r in res.items()}
             roll_lo, roll_hi = sc.paper["pearl_over_roll"]
             vs_rb = sc.paper["pearl_over_rlboost"]
-            r_roll = th["pearl"] / th["fixed"]
-            r_rb = th["pearl"] / th["rlboost+"] - 1
-            p = res["pearl"]
+            r_roll = th[PEARL] / th[FIXED]
+            r_rb = th[PEARL] / th[RLBOOST] - 1
+            p = res[PEARL]
             md.append(
-                f"| {name} | {th['fixed']:,.0f} | {th['fixed-large']:,.0f} | {th['rlboost+']:,.0f} | {th['elastic']:,.0f} "
-                f"| {th['pearl']:,.0f} | {th['oracle']:,.0f} | **{r_roll:.2f}×** ({roll_lo}–{roll_hi}×) "
-                f"| **{pct(r_rb)}** ({pct(vs_rb)}) | {th['pearl'] / th['oracle']:.3f} | {p.steps}/{res['fixed'].steps} "
+                f"| {name} | {th[FIXED]:,.0f} | {th[FIXED_LARGE]:,.0f} | {th[RLBOOST]:,.0f} | {th[ELASTIC]:,.0f} "
+                f"| {th[PEARL]:,.0f} | {th[ORACLE]:,.0f} | **{r_roll:.2f}×** ({roll_lo}–{roll_hi}×) "
+                f"| **{pct(r_rb)}** ({pct(vs_rb)}) | {th[PEARL] / th[ORACLE]:.3f} | {p.steps}/{res[FIXED].steps} "
                 f"| {p.return_deadline_misses} | {p.lost_tokens} | {_mape_cell(p)} | {wall:.1f} ({cpu_timings[name]:.1f}) |")
             body = f"<p>{sc.description}</p>" + summary_table(res)
             html_sections.append((name, body, figures(sc, res)))
@@ -202,15 +203,15 @@ def paired_ratio(a: RunResult, b: RunResult, warm: int) -> float:
 
 def _checks_row(name: str, res: dict[str, RunResult], roll: tuple[float, float] | None) -> str:
     th = {p: r.throughput_tok_s for p, r in res.items()}
-    p = res["pearl"]
-    base = max(th.get("rlboost+", 0.0), th.get("fixed-large", 0.0))
+    p = res[PEARL]
+    base = max(th.get(RLBOOST, 0.0), th.get(FIXED_LARGE, 0.0))
     cells = [name]
     if roll is not None:
-        cells.append(within(th["pearl"] / th["fixed"], *roll))
-    cells += [f"{th['pearl'] / base:.3f} {'yes' if th['pearl'] >= 0.98 * base else 'no'}"]
-    if "oracle" in th:
-        po = paired_ratio(p, res["oracle"], get_scenario(name).engine.warmup_steps)
-        cells.append(f"{th['pearl'] / th['oracle']:.3f} / {po:.3f} {'yes' if 0.9 <= po <= 1.0 else 'no'}")
+        cells.append(within(th[PEARL] / th[FIXED], *roll))
+    cells += [f"{th[PEARL] / base:.3f} {'yes' if th[PEARL] >= 0.98 * base else 'no'}"]
+    if ORACLE in th:
+        po = paired_ratio(p, res[ORACLE], get_scenario(name).engine.warmup_steps)
+        cells.append(f"{th[PEARL] / th[ORACLE]:.3f} / {po:.3f} {'yes' if 0.9 <= po <= 1.0 else 'no'}")
     cells.append("yes" if p.return_deadline_misses == 0 and p.lost_tokens == 0 else "no")
     return "| " + " | ".join(cells) + " |"
 
@@ -250,12 +251,12 @@ def varied_section(md: list[str]) -> None:
             sc = replace(sc, trace=_rotate(sc.trace, var["rotate"], sc.duration_s))
         if "batch" in var:
             sc = replace(sc, workload=replace(sc.workload, batch_size=var["batch"], group_size=var["group"]))
-        res = compare(sc, ["pearl", "rlboost+", "fixed-large", "oracle"])
+        res = compare(sc, [PEARL, RLBOOST, FIXED_LARGE, ORACLE])
         th = {p: r.throughput_tok_s for p, r in res.items()}
         row = _checks_row(name, res, None)
         cells = row.strip("|").split("|")
-        md.append(f"| {name} | {label} | {th['pearl']:,.0f} | {th['rlboost+']:,.0f} | {th['fixed-large']:,.0f} "
-                  f"| {th['oracle']:,.0f} |" + "|".join(cells[1:]) + "|")
+        md.append(f"| {name} | {label} | {th[PEARL]:,.0f} | {th[RLBOOST]:,.0f} | {th[FIXED_LARGE]:,.0f} "
+                  f"| {th[ORACLE]:,.0f} |" + "|".join(cells[1:]) + "|")
     md.append("")
 
 
@@ -349,27 +350,27 @@ def forecast_section(md: list[str]) -> None:
 def whatif_section(md: list[str]) -> None:
     """Which mechanism accounts for PEARL vs RLBoost+: PEARL with parts switched off (see the analysis)."""
     md.append("### What-if (not the PEARL result): PEARL vs RLBoost+ by mechanism\n")
-    md.append("Throughput vs RLBoost+ on the same scenario: `pearl` as shipped; `no-gate` = Eq. 7 off (borrow every idle "
+    md.append(f"Throughput vs RLBoost+ on the same scenario: `{PEARL}` as shipped; `no-gate` = Eq. 7 off (borrow every idle "
               "window); `coloc` = PD adaptation off (mode forced colocated); `no-trial` = the untried-mode safeguard off; "
-              "B-only = `elastic`.\n")
+              f"B-only = `{ELASTIC}`.\n")
     md.append("The last column re-runs PEARL and RLBoost+ with twice the prefill-decode interference "
               "(`mixed_prefill_penalty` 2, a what-if with no source: a prefill chunk next to running decodes costs 2× "
               "its roofline time); PEARL/ROLL there in brackets.\n")
     md.append("| scenario | PEARL | no-gate | coloc | no-trial | B-only | PEARL, interference ×2 (PEARL/ROLL) |")
     md.append("|---|---|---|---|---|---|---|")
-    variants = {"no-gate": {"base": "pearl", "gate": False},
-                "coloc": {"base": "pearl", "overrides": {"force_mode": "colocated"}},
-                "no-trial": {"base": "pearl", "options": {"mode_trial": False}}}
+    variants = {"no-gate": {"base": PEARL, "gate": False},
+                "coloc": {"base": PEARL, "overrides": {"force_mode": "colocated"}},
+                "no-trial": {"base": PEARL, "options": {"mode_trial": False}}}
     for name in ("paper-qwen3-8b-seg2", "paper-qwen3-30b-a3b-seg2", "sens-batch-32"):
         sc = get_scenario(name)
         sc = replace(sc, variants={**sc.variants, **variants})
-        res = compare(sc, ["rlboost+", "pearl", "no-gate", "coloc", "no-trial", "elastic"])
-        base = res["rlboost+"].throughput_tok_s
-        hot = compare(replace(sc, engine=replace(sc.engine, mixed_prefill_penalty=2.0)), ["rlboost+", "pearl", "fixed"])
+        res = compare(sc, [RLBOOST, PEARL, "no-gate", "coloc", "no-trial", ELASTIC])
+        base = res[RLBOOST].throughput_tok_s
+        hot = compare(replace(sc, engine=replace(sc.engine, mixed_prefill_penalty=2.0)), [RLBOOST, PEARL, FIXED])
         th = {k: r.throughput_tok_s for k, r in hot.items()}
         md.append(f"| {name} | " + " | ".join(pct(res[v].throughput_tok_s / base - 1)
-                                             for v in ("pearl", "no-gate", "coloc", "no-trial", "elastic"))
-                  + f" | {pct(th['pearl'] / th['rlboost+'] - 1)} ({th['pearl'] / th['fixed']:.2f}×) |")
+                                             for v in (PEARL, "no-gate", "coloc", "no-trial", ELASTIC))
+                  + f" | {pct(th[PEARL] / th[RLBOOST] - 1)} ({th[PEARL] / th[FIXED]:.2f}×) |")
     md.append("")
 
 
@@ -383,7 +384,7 @@ def ablation_section(md: list[str]) -> None:
         for g in (4, 8, 12, 16):
             sc = get_scenario(f"ablation-{model}-{g}gpu")
             res = compare(sc)
-            base = res["fixed"].throughput_tok_s
+            base = res[FIXED].throughput_tok_s
             cells = []
             for v in ("A", "A+B", "A+B+C"):
                 paper = sc.paper[v]
@@ -401,15 +402,15 @@ def sensitivity_section(md: list[str]) -> None:
     for b in (32, 64, 96, 128):
         sc = get_scenario(f"sens-batch-{b}")
         res = compare(sc)
-        md.append(f"| batch | {b} | {res['rlboost+'].throughput_tok_s:,.0f} | {res['pearl'].throughput_tok_s:,.0f} "
-                  f"| {pct(res['pearl'].throughput_tok_s / res['rlboost+'].throughput_tok_s - 1)} "
-                  f"| {res['elastic'].throughput_tok_s:,.0f} | +5.3..+63.7% |")
+        md.append(f"| batch | {b} | {res[RLBOOST].throughput_tok_s:,.0f} | {res[PEARL].throughput_tok_s:,.0f} "
+                  f"| {pct(res[PEARL].throughput_tok_s / res[RLBOOST].throughput_tok_s - 1)} "
+                  f"| {res[ELASTIC].throughput_tok_s:,.0f} | +5.3..+63.7% |")
     for k in (8, 16, 24, 32):
         sc = get_scenario(f"sens-maxlen-{k}k")
         res = compare(sc)
-        md.append(f"| max length | {k}K | {res['rlboost+'].throughput_tok_s:,.0f} | {res['pearl'].throughput_tok_s:,.0f} "
-                  f"| {pct(res['pearl'].throughput_tok_s / res['rlboost+'].throughput_tok_s - 1)} "
-                  f"| {res['elastic'].throughput_tok_s:,.0f} | +9.8..+26.5% |")
+        md.append(f"| max length | {k}K | {res[RLBOOST].throughput_tok_s:,.0f} | {res[PEARL].throughput_tok_s:,.0f} "
+                  f"| {pct(res[PEARL].throughput_tok_s / res[RLBOOST].throughput_tok_s - 1)} "
+                  f"| {res[ELASTIC].throughput_tok_s:,.0f} | +9.8..+26.5% |")
     md.append("")
 
 
@@ -425,10 +426,10 @@ def replay_every_configuration(model: str, n: int, *, batch: int | None = None, 
     """n workers held constant, borrowing off: PEARL's configuration at step 3, and every configuration
     (nC and each split) replayed on the same batches, as its mean makespan over steps 1-4. `points`
     collects each configuration's step-start forecasts (steps ≥ 2) against its makespans."""
-    variants: dict = {"pearl-fixed-budget": {"base": "pearl", "overrides": {"borrowing": False}},
-                      f"{n}C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
+    variants: dict = {"pearl-fixed-budget": {"base": PEARL, "overrides": {"borrowing": False}},
+                      f"{n}C": {"base": PEARL, "overrides": {"borrowing": False, "force_mode": "colocated"}}}
     for p in range(1, n):
-        variants[f"{p}P{n - p}D"] = {"base": "pearl", "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
+        variants[f"{p}P{n - p}D"] = {"base": PEARL, "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
     sc = _replay_scenario(model, n, variants)
     sc = replace(sc, workload=replace(sc.workload, batch_size=batch or sc.workload.batch_size),
                  engine=replace(sc.engine, mixed_prefill_penalty=penalty))

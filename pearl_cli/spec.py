@@ -9,7 +9,7 @@
     num_return_sequences_in_group: 16    # or group_size:
     max_staleness: 1
     sequence_length: 32768               # or max_trajectory_tokens:
-    policy: pearl                        # pearl | fixed | fixed-large | elastic
+    policy: pearl                        # a product policy: GET /api/catalog/ lists them
     policy_options: {}                   # the policy's options (GET /api/catalog/)
     tensor_parallel_size: 2              # or tp:
     gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus:

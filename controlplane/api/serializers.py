@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.core.policies import PRODUCT_POLICIES
+from controlplane.core.policies import PRODUCT_POLICIES, names
 from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
 from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Transition, TransitionStep
@@ -53,7 +53,7 @@ class JobCreateSerializer(serializers.Serializer):
     engine = StrictChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
     hardware = StrictCharField(max_length=32, default="cpu")
     environment = StrictCharField(max_length=64, default="swe-like")
-    policy = StrictChoiceField(choices=list(PRODUCT_POLICIES), default="pearl")
+    policy = StrictChoiceField(choices=list(PRODUCT_POLICIES), default=names.PEARL)
     policy_options = serializers.DictField(required=False, help_text="options of the policy (GET /api/catalog/ lists them)")
     tp = StrictIntegerField(min_value=1, max_value=16, default=1)
     batch_size = StrictIntegerField(min_value=1, max_value=1 << 20, default=64)

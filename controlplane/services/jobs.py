@@ -6,7 +6,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, validate_options
+from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
@@ -42,7 +42,7 @@ def available_gpus() -> dict[str, int]:
 
 def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     """Validate a job spec against the cluster and record it (pending until the planner places it)."""
-    policy = spec.get("policy", "pearl")
+    policy = spec.get("policy", names.PEARL)
     if policy not in PRODUCT_POLICIES:
         if policy in POLICY_NAMES:
             raise InvalidInput(f"policy {policy!r} is a reference for reports, not a product policy; "

@@ -5,8 +5,10 @@ placement and plans from `core.placement.place`. Scenario *variants* (the ablati
 A+B+C) are a base policy plus `make_policy` options and policy `Overrides` (force_mode,
 force_ratio, borrowing) that the simulator puts in every PolicyContext, as a user would.
 
-Ungated borrowing (the ablation's B) is core's `make_policy("pearl", gate=False)`, and every policy
-gets the scenario's max trajectory length (`max_trajectory_tokens`), which bounds the tracker's K_seq.
+Ungated borrowing (the ablation's B) is a variant's `gate: false`, PEARL's option `gate=False`, and every
+policy gets the scenario's max trajectory length (`max_trajectory_tokens`), which bounds the tracker's K_seq.
+A static pool (the policy's `static_pool` trait) is sized from the scenario: the reserved GPUs, or the
+trace's mean rounded up to TP (`Scenario.large_pool_gpus`).
 """
 from __future__ import annotations
 
@@ -14,11 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from controlplane.core.context import Overrides
-from controlplane.core.policies import POLICY_NAMES, RLBoostPolicy, make_policy
-
-# Report baselines that are not in core's policy registry (the live job API pins that list):
-# `rlboost+` = RLBoost's Algorithm 1 adapted to async RL (core.policies.RLBoostPolicy).
-SIM_POLICIES: dict[str, type] = {"rlboost+": RLBoostPolicy}
+from controlplane.core.policies import REGISTRY, StaticPool, TrackedPolicy, make_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,25 +49,23 @@ def resolve_policy(name: str, variants: Mapping[str, Any]) -> Variant:
         v = parse_variant(name, variants[name])
     else:
         v = Variant(name)
-    if v.base not in POLICY_NAMES and v.base not in SIM_POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: "
-                         f"{', '.join(POLICY_NAMES + tuple(SIM_POLICIES) + tuple(variants))}")
+    if v.base not in REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(tuple(REGISTRY) + tuple(variants))}")
     return v
 
 
-def make_sim_policy(name: str, scenario: Any, profile: Any) -> tuple[Any, Variant]:
+def make_sim_policy(name: str, scenario: Any, profile: Any) -> tuple[TrackedPolicy, Variant]:
     """Build the core policy for `name` (a base policy or a scenario variant)."""
     v = resolve_policy(name, scenario.variants)
+    cls = REGISTRY[v.base]
     cl = scenario.cluster
     opts: dict[str, Any] = dict(scenario.policy_options.get(v.base, {}))
     opts.update(v.options)
-    if v.base == "fixed-large":
+    if cls.static_pool is StaticPool.TRACE_MEAN:
         opts.setdefault("workers", scenario.large_pool_gpus // cl.tp)
-    if v.base == "fixed":
+    elif cls.static_pool is StaticPool.RESERVED:
         opts.setdefault("workers", cl.reserved_gpus // cl.tp)
     opts.setdefault("max_trajectory_tokens", scenario.workload.max_length)
-    if v.base == "pearl" and not v.gate:
+    if not v.gate and any(o.name == "gate" for o in cls.options):
         opts["gate"] = False
-    if v.base in SIM_POLICIES:
-        return SIM_POLICIES[v.base](profile=profile, batch_size=scenario.workload.batch_size, **opts), v
     return make_policy(v.base, profile=profile, batch_size=scenario.workload.batch_size, **opts), v

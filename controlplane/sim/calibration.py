@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from controlplane.core.policies import names
 from controlplane.sim.cluster import RunResult, Simulation
 from controlplane.sim.scenario import ClusterSpec, Scenario, get_scenario
 from controlplane.sim.traces import AvailabilityTrace
@@ -41,11 +42,11 @@ def _constant(sc: Scenario, *, model: str, gpus: int, training_gpus: int, durati
                      hardware=sc.cluster.hardware, tp=sc.cluster.tp)
     return replace(sc, name=f"calibration-{model}-{gpus}gpu", model=model, cluster=cl,
                    trace=AvailabilityTrace((0.0,), (gpus,), name=f"constant-{gpus}"), duration_s=duration_s,
-                   policies=("fixed",), variants={}, policy_options={})
+                   policies=(names.FIXED,), variants={}, policy_options={})
 
 
 def engine_stats(result_sim: Simulation) -> dict[str, float]:
-    """Sum of every worker's engine counters (see `engine.Worker.stats`)."""
+    """Sum of every worker's engine counters (see `core.batching.IterationScheduler.stats`)."""
     out: dict[str, float] = {}
     for slot in result_sim.world.slots.values():
         for k, v in slot.worker.stats.items():
@@ -75,7 +76,7 @@ def token_time_split(base: Scenario, *, workers: int = 8, batch_size: int = 64, 
     sc = _constant(base, model=model, gpus=workers * tp, training_gpus=base.cluster.training_gpus,
                    duration_s=duration_s)
     sc = replace(sc, workload=replace(sc.workload, batch_size=batch_size))
-    sim = Simulation(sc, "fixed", seed=seed)
+    sim = Simulation(sc, names.FIXED, seed=seed)
     sim.run()
     return split_from_stats(engine_stats(sim), tp)
 
@@ -88,7 +89,7 @@ def dp_scaling(base: Scenario, *, gpus: tuple[int, ...] = (16, 24, 32), training
     times: dict[int, float] = {}
     for g in gpus:
         sc = _constant(base, model=model, gpus=g, training_gpus=training_gpus, duration_s=duration_s)
-        r: RunResult = Simulation(sc, "fixed", seed=seed).run()
+        r: RunResult = Simulation(sc, names.FIXED, seed=seed).run()
         body = [s.makespan_s for s in r.step_stats[warm:]] or [s.makespan_s for s in r.step_stats]
         times[g] = sum(body) / len(body)
     t0 = times[gpus[0]]

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from controlplane.core.policies import names
 from controlplane.sim.cluster import RunResult, run_policy
 from controlplane.sim.scenario import Scenario, ScenarioError, get_scenario, list_scenarios, load_scenario_file
 from controlplane.sim.traces import TraceError, load_trace
@@ -36,7 +37,7 @@ def compare_json(sc: Scenario, results: dict[str, RunResult]) -> dict[str, Any]:
 def _table(sc: Scenario, results: dict[str, RunResult], wall: float) -> str:
     cols = ["policy", "tok/s", "steps", "rollout_s", "train_s", "trans", "borrow_gpu_s", "misses", "lost", "mape%"]
     rows = [cols]
-    base = results.get("fixed")
+    base = results.get(names.FIXED)
     for p, r in results.items():
         rows.append([p, f"{r.throughput_tok_s:,.0f}", str(r.steps), f"{r.rollout_s_mean:.1f}", f"{r.train_s_mean:.1f}",
                      str(r.transitions), f"{r.borrowed_gpu_s:,.0f}", str(r.return_deadline_misses), str(r.lost_tokens),

@@ -20,6 +20,7 @@ from controlplane.core import loop as lp
 from controlplane.core.batching import ScaledCosts
 from controlplane.core.context import AvailabilityPoint, Overrides, Signal
 from controlplane.core.placement import Placement, place
+from controlplane.core.policies import StaticPool
 from controlplane.core.telemetry import RecordKind
 from controlplane.core.workload import draw_batch
 from controlplane.sim import world as wd
@@ -157,7 +158,7 @@ class SimCommands:
 
 
 class Simulation:
-    """One run: `Simulation(scenario, "pearl").run()`."""
+    """One run: `Simulation(scenario, names.PEARL).run()` (a policy or a scenario variant's name)."""
 
     def __init__(self, scenario: Scenario, policy: str, *, seed: int | None = None,
                  record_timeline: bool = False, trace: AvailabilityTrace | None = None) -> None:
@@ -171,33 +172,30 @@ class Simulation:
         self.profile = get_profile(cl.hardware, scenario.model, cl.tp)
         self.costs = ScaledCosts(self.profile, scenario.engine.engine_slowdown)
         self.policy, variant = make_sim_policy(policy, scenario, self.profile)
+        pol = self.policy
         self.base_policy = variant.base
         self.overrides = Overrides(**variant.overrides)
-        self.free = variant.base == "oracle"
-        # The oracle chooses by simulated outcome (sim/oracle.py): at each signal it forks this
-        # simulation, tries every candidate configuration × borrow choice on the real future, and keeps
-        # the one whose step finishes first. Inside a fork the candidate's overrides stay in force.
-        self.fork_oracle = variant.base == "oracle"
+        self.free = pol.free_reconfiguration
+        # A policy chosen by simulated outcome (the oracle, sim/oracle.py): at each signal this simulation
+        # forks, tries every candidate configuration × borrow choice on the real future, and keeps the one
+        # whose step finishes first. Inside a fork the candidate's overrides stay in force.
+        self.fork_oracle = pol.chooses_by_simulation
         self.in_fork = False
         self.oracle_forks = 0
         self.oracle_overrides: Overrides | None = None  # the oracle's last choice, in force until the next
-        if self.fork_oracle:
-            from controlplane.sim.oracle import oracle_executor_policy
-
-            self.policy = oracle_executor_policy(scenario, self.profile)
         if trace is not None:
             self.trace = trace
-        elif variant.base == "fixed-large":
+        elif pol.static_pool is StaticPool.TRACE_MEAN:  # ROLL-Large: its pool of the trace's mean is always there
             self.trace = scenario.trace.constant(scenario.large_pool_gpus)
         else:
             self.trace = scenario.trace
         self.record_timeline = record_timeline
-        static = variant.base in ("fixed", "fixed-large")  # static pools have nothing to re-plan
+        static = pol.static_pool is not None  # static pools have nothing to re-plan
         wl = scenario.workload
-        dispatch, cap = "sticky", 0
-        if variant.base == "rlboost+":  # RLBoost's Algorithm 2: JSQ with delayed dispatch at the plateau batch
+        dispatch, cap = pol.dispatch, 0
+        if dispatch == "jsq":  # RLBoost's Algorithm 2: JSQ with delayed dispatch at the plateau batch
             ctx = wl.max_length / 2  # a trajectory's context grows about linearly to the cap
-            dispatch, cap = "jsq", plateau_batch(self.profile.coefficients(mean_context=ctx), ctx)
+            cap = plateau_batch(self.profile.coefficients(mean_context=ctx), ctx)
         self.loop = lp.RolloutLoop(lp.LoopConfig(
             batch_size=wl.batch_size, group_size=wl.group_size, max_staleness=1,
             return_deadline_s=scenario.engine.return_deadline_s,

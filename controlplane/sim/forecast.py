@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from controlplane.core.policies import names
 from controlplane.sim.cluster import RunResult, Simulation
 from controlplane.sim.scenario import Scenario
 
@@ -40,7 +41,7 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
     return round(100.0 * sum(errs) / len(errs), 3) if errs else None
 
 
-def forecast_accuracy(scenario: Scenario, *, seed: int | None = None, policy: str = "pearl") -> dict[str, Any]:
+def forecast_accuracy(scenario: Scenario, *, seed: int | None = None, policy: str = names.PEARL) -> dict[str, Any]:
     """Own-mode and other-mode MAPE of the step-start forecast on `scenario` with borrowing off.
 
     Returns {"own": {mode: mape}, "other": {mode: mape}, "n_own": {...}, "n_other": {...},

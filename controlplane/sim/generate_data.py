@@ -1,6 +1,7 @@
 """Regenerates the shipped scenario and trace files: `python -m controlplane.sim.generate_data` (seeded)."""
 import yaml
 from pathlib import Path
+from controlplane.core.policies import REGISTRY, names
 from controlplane.sim.traces import PAPER_SEGMENTS, generate_bamboo_like
 D = Path(__file__).resolve().parent
 # No engine fudge: the engine is core's roofline profile as is (its per-component terms — per-iteration
@@ -55,9 +56,9 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             "duration_s": 7200,
             "seed": 0,
             "fixed_large_gpus": large[seg],
-            # RLBoost+ = rlboost+ (RLBoost Algorithm 1, sim baseline); elastic = today's ungated borrowing for
+            # RLBoost+ (RLBoost's Algorithms 1 and 2, simulator only); elastic = ungated seeding for
             # the whole idle window on every preemptible GPU (PEARL's component B without A and C), an ablation
-            "policies": ["pearl", "fixed", "fixed-large", "rlboost+", "elastic", "oracle"],
+            "policies": list(REGISTRY),
             "paper": {"pearl_over_roll": paper[model]["vs_roll"], "pearl_over_rlboost": paper[model]["vs_rlboost"][seg],
                       "segment": seg},
         }
@@ -68,13 +69,13 @@ abl_paper = {"qwen3-8b": {4: (-0.206, 0.936, 0.923), "8-16": ((0.128, 0.153), (0
 for model in ("qwen3-8b", "qwen3-30b-a3b"):
     for g in (4, 8, 12, 16):
         name = f"ablation-{model}-{g}gpu"
-        a = {"base": "pearl", "overrides": {"borrowing": False}}
+        a = {"base": names.PEARL, "overrides": {"borrowing": False}}
         if g == 4:
             a["overrides"]["force_mode"] = "disaggregated"
-        ab = {"base": "pearl", "gate": False}
+        ab = {"base": names.PEARL, "gate": False}
         if g == 4:
             ab["overrides"] = {"force_mode": "disaggregated"}
-        abc = {"base": "pearl"}
+        abc = {"base": names.PEARL}
         if g == 4:
             abc["overrides"] = {"force_mode": "disaggregated"}
         doc = {
@@ -86,7 +87,7 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             "trace": {"constant_gpus": g},
             **({"engine": ENGINE} if ENGINE else {}),
             "duration_s": 7200,
-            "policies": ["fixed", "A", "A+B", "A+B+C"],
+            "policies": [names.FIXED, "A", "A+B", "A+B+C"],
             "variants": {"A": a, "A+B": ab, "A+B+C": abc},
             "paper": {"A": abl_paper[model][4][0] if g == 4 else list(abl_paper[model]["8-16"][0]),
                       "A+B": abl_paper[model][4][1] if g == 4 else list(abl_paper[model]["8-16"][1]),
@@ -99,7 +100,7 @@ for b in (32, 64, 96, 128):
            "model": "qwen3-8b",
            "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
            "workload": {"batch_size": b, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": ["pearl", "rlboost+", "elastic"],
+           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
            "paper": {"pearl_over_rlboost_range": [0.053, 0.637]}}
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 for L in (8192, 16384, 24576, 32768):
@@ -108,6 +109,6 @@ for L in (8192, 16384, 24576, 32768):
            "model": "qwen3-8b",
            "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
            "workload": {"batch_size": 64, "group_size": 16, "max_length": L, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": ["pearl", "rlboost+", "elastic"],
+           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
            "paper": {"pearl_over_rlboost_range": [0.098, 0.265]}}
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -1,4 +1,8 @@
-"""The oracle: an upper bound that chooses by *simulated* outcome, not by the predictor.
+"""The oracle's choosing: an upper bound that chooses by *simulated* outcome, not by the predictor.
+
+One oracle: `core.policies.OraclePolicy` (its trait `chooses_by_simulation`) carries the choices out —
+PEARL's decision engine with no hysteresis, trial safeguard or gate, every choice coming in as the
+context's overrides — and this module makes them.
 
 At every signal that can change what the rollout runs on (step start, Training Finished, a capacity
 change) while a step is in flight, the oracle forks the whole simulation state
@@ -27,20 +31,11 @@ from typing import Any
 
 from controlplane.core.context import Overrides, Signal
 from controlplane.core.decision import evaluate
-from controlplane.core.policies import make_policy
 
 Simulation = Any  # sim.cluster.Simulation (not imported: cluster imports this module)
 
 SPLITS = 1  # best disaggregated splits tried per budget (by the predictor's ranking)
 FORK_SIGNALS = (Signal.STEP_START, Signal.TRAINING_FINISHED, Signal.CAPACITY_CHANGE)
-
-
-def oracle_executor_policy(scenario: Any, profile: Any) -> Any:
-    """The policy the oracle's choices are carried out through: PEARL's decision engine without
-    hysteresis, trial safeguard or gate (every choice comes in as an override)."""
-    return make_policy("pearl", profile=profile, batch_size=scenario.workload.batch_size, gate=False,
-                       ratio_change=0.0, mode_switch=0.0, mode_trial=False,
-                       max_trajectory_tokens=scenario.workload.max_length)
 
 
 def candidates(sim: "Simulation", signal: Signal) -> list[Overrides]:
@@ -117,4 +112,4 @@ def choose(sim: "Simulation", signal: Signal, remaining: int) -> Overrides | Non
     return pick
 
 
-__all__ = ["candidates", "choose", "oracle_executor_policy"]
+__all__ = ["candidates", "choose"]

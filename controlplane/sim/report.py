@@ -8,10 +8,15 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from controlplane.core.policies import REGISTRY, names
 from controlplane.sim.cluster import RunResult
 from controlplane.sim.scenario import Scenario
 
-COLORS = {"pearl": "#d62728", "fixed": "#7f7f7f", "fixed-large": "#1f77b4", "elastic": "#2ca02c", "oracle": "#9467bd"}
+
+def policy_color(policy: str) -> str | None:
+    """A policy's report colour (its `color` trait); None for a variant or a policy without one."""
+    cls = REGISTRY.get(policy)
+    return cls.color if cls is not None else None
 
 
 def per_step_throughput(r: RunResult) -> list[tuple[int, float]]:
@@ -31,11 +36,11 @@ def figures(sc: Scenario, results: dict[str, RunResult]) -> list[tuple[str, go.F
     for p, r in results.items():
         pts = per_step_throughput(r)
         f.add_trace(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers", name=p,
-                               line={"color": COLORS.get(p)}))
+                               line={"color": policy_color(p)}))
     f.update_layout(title="Throughput per step (rollout-generated + training tokens / step time)",
                     xaxis_title="training step", yaxis_title="tokens/s", height=380)
     figs.append(("throughput", f))
-    focus = "pearl" if "pearl" in results else next(iter(results))
+    focus = names.PEARL if names.PEARL in results else next(iter(results))
     r = results[focus]
     if r.timeline:
         t = [row["t"] for row in r.timeline]
@@ -58,7 +63,7 @@ def figures(sc: Scenario, results: dict[str, RunResult]) -> list[tuple[str, go.F
             continue
         b.add_trace(go.Bar(base=[w[0] for w in rr.borrow_windows], x=[w[1] - w[0] for w in rr.borrow_windows],
                            y=[f"{p} slot {w[2]}" for w in rr.borrow_windows], orientation="h", name=p,
-                           marker={"color": COLORS.get(p)}))
+                           marker={"color": policy_color(p)}))
     b.update_layout(title="Borrowed training-GPU windows (activation .. return)", xaxis_title="virtual time (s)",
                     height=max(300, 22 * sum(len({w[2] for w in rr.borrow_windows}) for rr in results.values())),
                     barmode="overlay")
@@ -71,7 +76,7 @@ def figures(sc: Scenario, results: dict[str, RunResult]) -> list[tuple[str, go.F
             continue
         hi = max(hi, max(max(a, c) for a, c in pts))
         s.add_trace(go.Scatter(x=[c for _, c in pts], y=[a for a, _ in pts], mode="markers", name=p,
-                               marker={"color": COLORS.get(p)}))
+                               marker={"color": policy_color(p)}))
     s.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"dash": "dash", "color": "black"}))
     s.update_layout(title="Predicted (core predictor) vs simulated rollout makespan per step",
                     xaxis_title="simulated makespan (s)", yaxis_title="predicted makespan (s)", height=420)

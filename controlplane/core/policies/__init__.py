@@ -1,8 +1,7 @@
 """Rollout scheduling policies behind one interface and one registry, used unchanged by the live
 control plane and the simulator (`sim`).
 
-    policy = make_policy("pearl" | "fixed" | "fixed-large" | "elastic" | "oracle", profile=..., batch_size=...,
-                         **options)       # options validated against the policy's OptionSpecs
+    policy = make_policy(names.PEARL, profile=..., batch_size=..., **options)  # options checked (OptionSpecs)
     action = policy.on_event(ctx)          # on every elastic signal / budget change
     policy.observe(record)                 # feed a TelemetryRecord (runtime tracker input)
 
@@ -10,16 +9,28 @@ control plane and the simulator (`sim`).
 policy wants: a target Configuration over the workers it will use (dedicated + borrowed overlap
 workers), how many overlap (training-GPU) workers to borrow, and the Decision that explains it.
 
-`POLICIES` (registry.py) is the one list of policy names, what each is, whether a user may run it as a
-product policy, and its options (name, type, default, bounds): the API, the job form, the CLI, the
-simulator's scenarios and the docs all read it.
+`REGISTRY` (registry.py) is the one table of policies: name, what each is, whether a user may run it as a
+product policy, whether the catalog lists it, its options (name, type, default, bounds) and its traits
+(static pool, dispatch rule, free reconfiguration, chosen by simulation, report colour). The API, the job
+form, the CLI, the simulator, its scenarios and reports and the docs all read it; a policy's name is
+spelled only in `names`, and no caller compares names to choose behaviour.
 
-The package is split by idea: `base` (action, interface, options, the tracked base class), `pearl`,
-`baselines` (fixed, fixed-large, elastic, rlboost+), `oracle`, `registry`. Callers import from here.
+The package is split by idea: `names`, `base` (action, interface, options, traits, the tracked base class),
+`pearl`, `baselines` (ROLL, ROLL-Large, elastic seeding, RLBoost+), `oracle`, `registry`. Callers import
+from here.
 """
 from __future__ import annotations
 
-from controlplane.core.policies.base import OptionError, OptionSpec, Policy, PolicyAction, TrackedPolicy
+from controlplane.core.policies import names
+from controlplane.core.policies.base import (
+    Dispatch,
+    OptionError,
+    OptionSpec,
+    Policy,
+    PolicyAction,
+    StaticPool,
+    TrackedPolicy,
+)
 from controlplane.core.policies.baselines import (
     ElasticPolicy,
     FixedLargePolicy,
@@ -34,13 +45,15 @@ from controlplane.core.policies.registry import (
     POLICY_ALIASES,
     POLICY_NAMES,
     PRODUCT_POLICIES,
+    REGISTRY,
     make_policy,
     policy_class,
     validate_options,
 )
 
 __all__ = [
-    "POLICIES", "POLICY_ALIASES", "POLICY_NAMES", "PRODUCT_POLICIES", "ElasticPolicy", "FixedLargePolicy",
-    "FixedPolicy", "OptionError", "OptionSpec", "OraclePolicy", "PearlPolicy", "Policy", "PolicyAction",
-    "RLBoostPolicy", "TrackedPolicy", "make_policy", "policy_class", "rlboost_rebalance", "validate_options",
+    "POLICIES", "POLICY_ALIASES", "POLICY_NAMES", "PRODUCT_POLICIES", "REGISTRY", "Dispatch", "ElasticPolicy",
+    "FixedLargePolicy", "FixedPolicy", "OptionError", "OptionSpec", "OraclePolicy", "PearlPolicy", "Policy",
+    "PolicyAction", "RLBoostPolicy", "StaticPool", "TrackedPolicy", "make_policy", "names", "policy_class",
+    "rlboost_rebalance", "validate_options",
 ]

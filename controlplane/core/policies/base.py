@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Mapping, Protocol
+from enum import StrEnum
+from typing import Any, ClassVar, Literal, Mapping, Protocol
 
 from controlplane.core.context import PolicyContext
 from controlplane.core.decision import Decision, decide
@@ -19,7 +20,7 @@ class PolicyAction:
     target: Configuration  # over dedicated + borrowed workers
     borrow: int  # overlap workers to use as rollout workers
     decision: Decision  # explains the choice
-    free_reconfiguration: bool = False  # oracle only: the executor applies it at zero cost
+    free_reconfiguration: bool = False  # the executor applies it at zero cost (TrackedPolicy.free_reconfiguration)
 
 
 class Policy(Protocol):
@@ -80,13 +81,38 @@ class OptionSpec:
         return v
 
 
-class TrackedPolicy:
-    """Shared by every policy: a RuntimeTracker fed by observe()."""
+class StaticPool(StrEnum):
+    """How a static-pool policy sizes its pool (a static pool has nothing to re-plan)."""
 
-    name: ClassVar[str] = "base"
+    RESERVED = "reserved"  # the reserved (never preempted) rollout GPUs
+    TRACE_MEAN = "trace-mean"  # the availability trace's mean rounded up to TP, held constant by the world
+
+
+Dispatch = Literal["sticky", "jsq"]  # `core.loop.LoopConfig.dispatch`
+
+
+class TrackedPolicy:
+    """Shared by every policy: a RuntimeTracker fed by observe().
+
+    The class attributes are the policy's traits: the live control plane, the simulator and the reports
+    read what a policy does from them and never compare its name."""
+
+    name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     product: ClassVar[bool] = True  # False: a reference for reports, not runnable as a job's policy
+    listed: ClassVar[bool] = True  # in the catalog (API, job form, CLI) and a scenario's default policies
     options: ClassVar[tuple[OptionSpec, ...]] = ()
+    static_pool: ClassVar[StaticPool | None] = None  # None: the pool follows the signals
+    # how the loop routes a trajectory's turns: "sticky" (its home worker, PEARL's), "jsq" (join the shortest
+    # queue with delayed dispatch at the throughput-plateau batch: RLBoost's Algorithm 2)
+    dispatch: ClassVar[Dispatch] = "sticky"
+    free_reconfiguration: ClassVar[bool] = False  # its plans are applied at zero cost (and it sees the future)
+    chooses_by_simulation: ClassVar[bool] = False  # the simulator forks itself to choose for it (sim/oracle.py)
+    color: ClassVar[str | None] = None  # in the simulator's reports (None: plotly's default)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Cross-option rules beyond each OptionSpec's bounds (OptionError names the option)."""
 
     def __init__(self, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
                  tracker: RuntimeTracker | None = None, max_trajectory_tokens: int | None = None) -> None:
@@ -97,6 +123,9 @@ class TrackedPolicy:
         self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size,
                                                  max_trajectory_tokens=max_trajectory_tokens)
         self.last_action: PolicyAction | None = None
+
+    def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        raise NotImplementedError
 
     def observe(self, record: TelemetryRecord) -> None:
         self.tracker.observe(record)
@@ -119,14 +148,16 @@ class TrackedPolicy:
     def _dedicated(self, ctx: PolicyContext) -> int:
         return ctx.dedicated_workers if ctx.overrides.elasticity else min(ctx.reserved_workers, ctx.dedicated_workers)
 
-    def _act(self, target: Configuration, borrow: int, decision: Decision, free: bool = False) -> PolicyAction:
-        action = PolicyAction(target=target, borrow=borrow, decision=decision, free_reconfiguration=free)
+    def _act(self, target: Configuration, borrow: int, decision: Decision) -> PolicyAction:
+        action = PolicyAction(target=target, borrow=borrow, decision=decision,
+                              free_reconfiguration=self.free_reconfiguration)
         self.last_action = action
         return action
 
 
 def with_inputs(decision: Decision, **inputs: Any) -> Decision:
     return replace(decision, inputs={**decision.inputs, **inputs})
+
 
 def best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
     if n <= 0:

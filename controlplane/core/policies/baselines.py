@@ -1,5 +1,6 @@
-"""The baselines PEARL is compared with: ROLL's fixed pools (`fixed`, `fixed-large`), the elastic seeding
-ablation (`elastic`) and RLBoost's Algorithms 1 and 2 adapted to asynchronous RL (`rlboost+`)."""
+"""The baselines PEARL is compared with: ROLL's fixed pools (ROLL, ROLL-Large), elastic seeding after
+RLBoost (the ablation's B without A and C) and RLBoost+ (RLBoost's Algorithms 1 and 2 adapted to
+asynchronous RL, a simulator-only reference). Their names are in `names`."""
 from __future__ import annotations
 
 import math
@@ -7,17 +8,22 @@ from typing import Any, Mapping
 
 from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.decision import Decision, evaluate
-from controlplane.core.policies.base import OptionSpec, PolicyAction, TrackedPolicy
+from controlplane.core.policies import names
+from controlplane.core.policies.base import OptionError, OptionSpec, PolicyAction, StaticPool, TrackedPolicy
 from controlplane.core.profiles import Profile
 from controlplane.core.state import Configuration
 from controlplane.core.telemetry import TelemetryRecord
 
+
 class FixedPolicy(TrackedPolicy):
     """ROLL: a fixed rollout pool, colocated, no borrowing, no elasticity."""
 
-    name = "fixed"
+    name = names.FIXED
     summary = "ROLL: a fixed colocated rollout pool (the reserved GPUs unless `workers` is set), no borrowing"
-    options = (OptionSpec("workers", int, None, "rollout workers in the fixed pool (default: the reserved pool)", 1, 65536),)
+    options = (OptionSpec("workers", int, None, "rollout workers in the fixed pool (default: the reserved pool)",
+                          1, 65536),)
+    static_pool = StaticPool.RESERVED
+    color = "#7f7f7f"
 
     def __init__(self, *, workers: int | None = None, **kw: Any) -> None:
         super().__init__(**kw)
@@ -42,26 +48,33 @@ class FixedLargePolicy(FixedPolicy):
     """ROLL-Large: a fixed colocated pool the size of the trace's mean rollout GPUs, rounded up to a
     multiple of TP (paper: 14/10/12 GPUs for means 13.6/9.0/11.8)."""
 
-    name = "fixed-large"
+    name = names.FIXED_LARGE
     summary = "ROLL-Large: a fixed colocated pool as large as the mean available rollout GPUs"
+    static_pool = StaticPool.TRACE_MEAN
+    color = "#1f77b4"
     options = (
         OptionSpec("workers", int, None, "rollout workers in the fixed pool", 1, 65536),
         OptionSpec("trace_mean_gpus", float, None, "mean rollout GPUs available (the pool is this, rounded up to TP)",
                    1.0, 1 << 20),
     )
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        if options.get("workers") is None and options.get("trace_mean_gpus") is None:
+            raise OptionError("workers", f"{cls.name} needs its pool size: the option workers (or trace_mean_gpus)")
+
     def __init__(self, *, trace_mean_gpus: float | None = None, workers: int | None = None, **kw: Any) -> None:
         profile: Profile = kw["profile"]
         if workers is None:
             if trace_mean_gpus is None:
-                raise ValueError("fixed-large needs the option workers (pool size) or trace_mean_gpus")
+                raise ValueError(f"{self.name} needs the option workers (pool size) or trace_mean_gpus")
             gpus = math.ceil(trace_mean_gpus / profile.tp - 1e-9) * profile.tp
             workers = gpus // profile.tp
         super().__init__(workers=workers, **kw)
 
 
 class ElasticPolicy(TrackedPolicy):
-    """RLBoost+ (pearl_digest §8.1) adapted to asynchronous agentic RL, at its best:
+    """Elastic seeding after RLBoost (pearl_digest §8.1), adapted to asynchronous agentic RL, at its best:
 
     * inter-scale: every available preemptible GPU joins the rollout pool at once;
     * seeding = borrowing the training GPUs while the trainer is idle, *ungated*, for a window
@@ -73,10 +86,15 @@ class ElasticPolicy(TrackedPolicy):
     t_train_wait: how long the trainer waited for rollout data after the seeding window closed;
     t_remote_wait: how long the trainer was held up by the return of seeding workers (the cost of
     seeding too long). In async RL the seeding window therefore grows to cover the idle period.
+
+    It is the product's RLBoost-like baseline (the B-only ablation: ungated borrowing for the whole idle
+    window); `RLBoostPolicy` below is RLBoost's own algorithm, for the simulator's reports.
     """
 
-    name = "elastic"
-    summary = "RLBoost+: every preemptible GPU joins, training GPUs seeded for an adaptive window, colocated only"
+    name = names.ELASTIC
+    summary = ("Elastic seeding after RLBoost: every preemptible GPU joins, training GPUs seeded for an adaptive "
+               "window, colocated only")
+    color = "#2ca02c"
     options = (
         OptionSpec("eta", float, 0.5, "Algorithm 1 step size for the seeding window", 1e-6, 100.0),
         OptionSpec("t_seed_s", float, 60.0, "initial seeding window after Training Finished, seconds", 0.0, 86400.0),
@@ -135,7 +153,7 @@ class ElasticPolicy(TrackedPolicy):
         table = evaluate(w, c, n)
         pred = table.find(cfg)
         d = Decision(cfg, n, table, pred.makespan_s if pred else math.inf, None, cfg, 0.0, True, False, False,
-                     f"elastic (RLBoost+): colocated on {dedicated} dedicated + {borrow} seeding workers; "
+                     f"{self.name}: colocated on {dedicated} dedicated + {borrow} seeding workers; "
                      f"T_seed {self.t_seed_s:.1f} s.",
                      {"signal": str(ctx.signal), "dedicated": dedicated, "borrow": borrow, "t_seed_s": self.t_seed_s})
         return self._act(cfg, borrow, d)
@@ -159,8 +177,8 @@ class ElasticPolicy(TrackedPolicy):
 
 class RLBoostPolicy(ElasticPolicy):
     """RLBoost+ as close to RLBoost (NSDI'26) Algorithm 1 and its code (Terra-Flux/PolyRL rollout-manager)
-    as asynchronous agentic RL allows. A reference baseline for reports, not in the registry (the live
-    job API pins its policy list); the simulator builds it under the name `rlboost+`.
+    as asynchronous agentic RL allows. A reference baseline for the simulator's reports: in the registry,
+    neither a product policy nor listed in the catalog (the live job API pins its policy list).
 
     Algorithm 1 (adaptive seeding), as in `balance.rs::adjust_local_instances_gen_s`:
     * seeding = the training GPUs serve rollout for T_seed after Training Finished (ungated);
@@ -183,12 +201,19 @@ class RLBoostPolicy(ElasticPolicy):
     re-prefill). Colocated only: no PD adaptation.
     """
 
-    name = "rlboost+"
+    name = names.RLBOOST
     summary = "RLBoost+: RLBoost Algorithm 1 (adaptive seeding, memo, remote cap) adapted to asynchronous RL"
     product = False
+    listed = False
+    dispatch = "jsq"  # Algorithm 2
     ETA = 1.0 / 3.0
     FLOOR_S = 5.0
     ALPHA, BETA = 0.8, 0.2
+    options = (
+        OptionSpec("eta", float, ETA, "Algorithm 1 step size for the seeding window", 1e-6, 100.0),
+        OptionSpec("t_seed_s", float, 150.0, "initial seeding window after Training Finished, seconds", 0.0, 86400.0),
+        OptionSpec("cap", bool, True, "cap the remote instances at what keeps rollout no longer than training"),
+    )
 
     def __init__(self, *, eta: float = ETA, t_seed_s: float = 150.0, cap: bool = True, **kw: Any) -> None:
         super().__init__(eta=eta, t_seed_s=t_seed_s, **kw)

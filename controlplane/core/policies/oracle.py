@@ -1,40 +1,48 @@
-"""The oracle: an upper bound for reports, never a product policy."""
+"""The oracle: an upper bound for reports, never a product policy.
+
+One oracle, in two parts. This policy is what carries its choices out: PEARL's decision engine with no
+hysteresis, no mode-trial safeguard and no borrowing gate, its plans applied at zero cost. The choosing is
+the simulator's (`chooses_by_simulation`): at every signal that can change what the rollout runs on, the
+simulator forks itself, tries each candidate configuration × borrow choice on the real future and hands
+the winner in as the context's overrides (`sim/oracle.py`). Run on its own (no overrides), it re-decides
+the best configuration for the budget at every signal and borrows every idle overlap worker.
+"""
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from controlplane.core.context import PolicyContext, Signal
-from controlplane.core.decision import Thresholds, decide
-from controlplane.core.policies.base import PolicyAction, TrackedPolicy, best_makespan, with_inputs
+from controlplane.core.context import PolicyContext
+from controlplane.core.policies import names
+from controlplane.core.policies.base import PolicyAction, best_makespan, with_inputs
+from controlplane.core.policies.pearl import PearlPolicy
 from controlplane.core.predictor import WorkloadProfile
 from controlplane.core.profiles import EngineCoefficients
 
-class OraclePolicy(TrackedPolicy):
-    """Upper bound: knows the future availability and reconfigures for free.
 
-    With free reconfiguration the best plan is the best configuration for each constant-budget
-    interval, with no hysteresis and borrowing whenever it helps at all (T_toggle = 0). It uses
-    `ctx.future` to report the step's predicted makespan over the coming availability changes.
-    Never a product default.
+class OraclePolicy(PearlPolicy):
+    """Upper bound: knows the future and reconfigures for free.
+
+    It reads `ctx.future` to report the step's predicted makespan over the coming availability changes
+    (`step_makespan_over_future_s` in the decision's inputs). Never a product default.
     """
 
-    name = "oracle"
+    name = names.ORACLE
     summary = "Upper bound: knows the future availability and reconfigures for free (reports only)"
     product = False
+    options = ()
+    free_reconfiguration = True
+    chooses_by_simulation = True
+    color = "#9467bd"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(gate=False, ratio_change=0.0, mode_switch=0.0, mode_trial=False, **kw)
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        a = super().on_event(ctx)
         w, c, _ = self.fitted(ctx)
-        dedicated = self._dedicated(ctx)
-        borrow = 0
-        if ctx.overrides.borrowing and not ctx.training_active and ctx.overlap_workers > 0 \
-                and ctx.signal is not Signal.TRAINING_BEGIN:
-            if best_makespan(w, c, dedicated + ctx.overlap_workers) < best_makespan(w, c, dedicated):
-                borrow = ctx.overlap_workers
-        n = dedicated + borrow
-        d = decide(w, c, n, current=None, overrides=ctx.overrides, thresholds=Thresholds(0.0, 0.0))
-        horizon = self._over_future(w, c, ctx, borrow)
-        d = with_inputs(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, step_makespan_over_future_s=horizon)
-        return self._act(d.configuration, borrow, d, free=True)
+        d = with_inputs(a.decision, step_makespan_over_future_s=self._over_future(w, c, ctx, a.borrow))
+        return self._act(a.target, a.borrow, d)
 
     def _over_future(self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, borrow: int) -> float:
         """Fluid estimate: the step's work drains at rate 1/T(best config) of the budget in force."""

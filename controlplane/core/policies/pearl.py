@@ -8,6 +8,7 @@ from typing import Any
 from controlplane.core.borrowing import GateResult, gate
 from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.decision import Thresholds, decide
+from controlplane.core.policies import names
 from controlplane.core.policies.base import OptionSpec, PolicyAction, TrackedPolicy, best_makespan, with_inputs
 from controlplane.core.predictor import WorkloadProfile
 from controlplane.core.profiles import EngineCoefficients
@@ -23,7 +24,8 @@ class PearlPolicy(TrackedPolicy):
     without C, paper Fig. 7); the decision engine and tracker are unchanged.
     """
 
-    name = "pearl"
+    name = names.PEARL
+    color = "#d62728"
     summary = "PEARL: PD mode and P:D ratio from the online makespan predictor, gated borrowing, elasticity"
     options = (
         OptionSpec("gate", bool, True, "apply the Eq. 7 borrowing gate (false: borrow every idle window; ablation)"),

@@ -1,11 +1,28 @@
-"""Policies behind one interface: pearl, fixed (ROLL), fixed-large (ROLL-Large), elastic (RLBoost+), oracle."""
+"""Policies behind one interface and one registry: pearl, fixed (ROLL), fixed-large (ROLL-Large), elastic
+(elastic seeding after RLBoost), rlboost+ (RLBoost+, simulator only), oracle."""
 from __future__ import annotations
 
 import pytest
 
 from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
 from controlplane.core.decision import Decision
-from controlplane.core.policies import POLICY_NAMES, ElasticPolicy, make_policy, rlboost_rebalance
+from controlplane.core.policies import (
+    POLICIES,
+    POLICY_NAMES,
+    PRODUCT_POLICIES,
+    REGISTRY,
+    ElasticPolicy,
+    FixedPolicy,
+    OptionError,
+    OraclePolicy,
+    PearlPolicy,
+    RLBoostPolicy,
+    StaticPool,
+    make_policy,
+    names,
+    rlboost_rebalance,
+    validate_options,
+)
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode
 from controlplane.core.telemetry import step, toggle
@@ -26,7 +43,7 @@ def policy(name: str, **kw):
     return make_policy(name, profile=PROFILE, batch_size=64, **kw)
 
 
-@pytest.mark.parametrize("name", POLICY_NAMES)
+@pytest.mark.parametrize("name", REGISTRY)
 def test_every_policy_answers_with_a_valid_action_and_observes(name: str) -> None:
     p = policy(name)
     assert p.name == name
@@ -140,3 +157,44 @@ def test_pearl_without_gate_borrows_even_for_the_last_trajectories() -> None:
     ungated = policy("pearl", gate=False).on_event(ctx(remaining=2))
     assert gated.borrow == 0 and ungated.borrow == 8
     assert "ungated" in ungated.decision.gate.reason
+
+
+def test_one_registry_with_views_for_the_catalog_and_the_job_api() -> None:
+    assert list(REGISTRY) == ["pearl", "fixed", "fixed-large", "rlboost+", "elastic", "oracle"]
+    assert POLICY_NAMES == tuple(POLICIES) == ("pearl", "fixed", "fixed-large", "elastic", "oracle")
+    assert PRODUCT_POLICIES == ("pearl", "fixed", "fixed-large", "elastic")
+    assert all(cls.name == n for n, cls in REGISTRY.items())
+    assert {names.PEARL, names.FIXED, names.FIXED_LARGE, names.ELASTIC, names.RLBOOST, names.ORACLE} == set(REGISTRY)
+
+
+def test_rlboost_plus_is_rlboosts_algorithm_not_an_alias_of_elastic() -> None:
+    p = policy("rlboost+")
+    assert type(p) is RLBoostPolicy and p.eta == pytest.approx(1 / 3) and p.cap
+    assert not p.product and not p.listed and p.dispatch == "jsq"
+    assert type(policy("elastic")) is ElasticPolicy and ElasticPolicy.dispatch == "sticky"
+    assert validate_options("rlboost+", {"cap": False}) == {"cap": False}
+    with pytest.raises(OptionError):
+        validate_options("elastic", {"cap": False})
+    assert type(policy("roll")) is FixedPolicy and policy("roll-large", workers=3).workers == 3
+
+
+def test_traits_carry_the_behaviour_that_callers_used_to_read_from_names() -> None:
+    static = {n: cls.static_pool for n, cls in REGISTRY.items() if cls.static_pool is not None}
+    assert static == {"fixed": StaticPool.RESERVED, "fixed-large": StaticPool.TRACE_MEAN}
+    assert [n for n, cls in REGISTRY.items() if cls.free_reconfiguration] == ["oracle"]
+    assert [n for n, cls in REGISTRY.items() if cls.chooses_by_simulation] == ["oracle"]
+    assert [n for n, cls in REGISTRY.items() if cls.dispatch == "jsq"] == ["rlboost+"]
+    with pytest.raises(OptionError) as exc:
+        validate_options("fixed-large", {})
+    assert exc.value.option == "workers"
+
+
+def test_one_oracle_pearls_decision_engine_without_hysteresis_trial_or_gate() -> None:
+    o = policy("oracle")
+    assert isinstance(o, OraclePolicy) and isinstance(o, PearlPolicy)
+    assert not o.gated and not o.mode_trial and o.thresholds.ratio_change == 0.0 and o.thresholds.mode_switch == 0.0
+    with pytest.raises(OptionError):
+        validate_options("oracle", {"gate": True})  # its choices come in as overrides, not options
+    forced = o.on_event(ctx(overrides=Overrides(force_ratio=(2, 3), exact_ratio=True, borrowing=False)))
+    assert (forced.target.n_prefill, forced.target.n_decode) == (2, 3) and forced.borrow == 0
+    assert forced.free_reconfiguration

@@ -30,3 +30,16 @@ def test_a_fork_leaves_the_parent_untouched(small):
     f.advance(600.0)
     assert f.world.traj_generated > sim.world.traj_generated
     assert (sim.t, len(sim.heap), sim.events, sim.world.traj_generated, sim.loop.remaining) == before
+
+
+def test_the_simulator_runs_the_one_oracle_policy_and_reads_its_traits(small):
+    from controlplane.core.policies import OraclePolicy, StaticPool
+
+    sim = Simulation(small, "oracle")
+    assert type(sim.policy) is OraclePolicy and sim.free and sim.fork_oracle  # not replaced by another policy
+    assert sim.observe == sim.policy.observe
+    large = Simulation(small, "fixed-large")
+    assert large.policy.static_pool is StaticPool.TRACE_MEAN and large.trace.gpus == (small.large_pool_gpus,)
+    assert large.loop.cfg.periodic_s is None and not large.free
+    assert Simulation(small, "rlboost+").loop.cfg.dispatch == "jsq"
+    assert Simulation(small, "elastic").loop.cfg.dispatch == "sticky"
