@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import contextlib
 import secrets
 import uuid
-import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
@@ -133,13 +134,21 @@ class NodeAgent(Reconciler):
 
     async def run(self) -> None:
         """Connect, serve, reconnect with jittered exponential backoff until stopped."""
+        async with self.serving():
+            await reconnect_forever(self._connect_once, stop=self.stopping, max_s=RECONNECT_BACKOFF_MAX_S,
+                                    name="agent link")
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """The agent's services for one run, connected or standalone: what a previous incarnation left is
+        killed first, then its data plane, reconciler and crash monitor run until the block ends, which
+        drains and stops the workers."""
         self._http = ClientSession(timeout=ClientTimeout(total=600))
         await self._kill_leftovers()
         await self._start_dataplane()
         tasks = [asyncio.create_task(self._reconcile_loop()), asyncio.create_task(self._monitor_loop())]
         try:
-            await reconnect_forever(self._connect_once, stop=self.stopping, max_s=RECONNECT_BACKOFF_MAX_S,
-                                    name="agent link")
+            yield
         finally:
             await self._teardown(tasks)
 
