@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agents.node import AgentConfig, NodeAgent
+from agents.node import AgentConfig, NodeAgent, run_agent
 from controlplane.core import agent_link as link
 from tests.unit.agents.fake_control_plane import FakeControlPlane
 
@@ -79,4 +79,23 @@ async def test_bad_token_keeps_retrying_without_registering(tmp_path):
     finally:
         agent.stopping.set()
         await asyncio.wait_for(task, 30)
+        await cp.stop()
+
+
+async def test_run_agent_serves_until_its_stop_event(tmp_path):
+    """The programmatic entry point (a Ray actor, a test): no signal handler, a caller's stop event."""
+    cp = FakeControlPlane()
+    await cp.start()
+    stop = asyncio.Event()
+    cfg = AgentConfig(control_plane=cp.url, token="node-token", node="n1", slots=1, state_dir=tmp_path)
+    task = asyncio.create_task(run_agent(cfg, stop=stop))
+    try:
+        await cp.wait_for(lambda c: c.of_type("heartbeat"))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # it serves until told
+        stop.set()
+        agent = await asyncio.wait_for(task, 30)  # the caller's event stops it, as SIGTERM stops the CLI
+        assert agent.epoch == 1 and agent.node_id == 7
+    finally:
+        stop.set()
         await cp.stop()
