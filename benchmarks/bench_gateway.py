@@ -12,6 +12,7 @@ gateway (messages in, ChatML-templated, tokens accounted). Reported per turn, p5
   * the gateway's own time per turn, measured inside it: the handler's time minus the time awaiting the
     worker (parsing, templating, token accounting, response encoding).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,32 +52,51 @@ async def loadgen(args: argparse.Namespace) -> None:
     keys = json.loads(Path(args.keys).read_text()) if args.keys else []
     lat: list[float] = []
     async with ClientSession(timeout=ClientTimeout(total=600), connector=TCPConnector(limit=0)) as http:
+
         async def direct(i: int) -> None:
             msgs = [{"role": "user", "content": f"session {i}: what is 2+3?"}]
             context = fmt.render(msgs, None)
             for t in range(args.turns):
-                body = {"request_id": f"d{i}-{t}", "prompt_tokens": context,
-                        "sampling": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": i * 100 + t, "stop_at_eos": True}}
+                body = {
+                    "request_id": f"d{i}-{t}",
+                    "prompt_tokens": context,
+                    "sampling": {
+                        "max_tokens": MAX_TOKENS,
+                        "temperature": 1.0,
+                        "seed": i * 100 + t,
+                        "stop_at_eos": True,
+                    },
+                }
                 t0 = time.perf_counter()
-                async with http.post(f"{args.url}/generate", data=orjson.dumps(body),
-                                     headers={"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}) as r:
+                async with http.post(
+                    f"{args.url}/generate",
+                    data=orjson.dumps(body),
+                    headers={"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"},
+                ) as r:
                     res = orjson.loads(await r.read())
                 lat.append(time.perf_counter() - t0)
-                context = context + res["tokens"] + fmt.closing(res["tokens"]) + fmt.delta(
-                    [{"role": "user", "content": f"turn {t}: go on"}], None)
+                context = (
+                    context
+                    + res["tokens"]
+                    + fmt.closing(res["tokens"])
+                    + fmt.delta([{"role": "user", "content": f"turn {t}: go on"}], None)
+                )
 
         async def gateway(i: int) -> None:
             msgs = [{"role": "user", "content": f"session {i}: what is 2+3?"}]
             for t in range(args.turns):
                 body = {"model": "tiny", "messages": msgs, "max_tokens": MAX_TOKENS, "seed": i * 100 + t}
                 t0 = time.perf_counter()
-                async with http.post(f"{args.url}/v1/chat/completions", data=orjson.dumps(body),
-                                     headers={"Authorization": f"Bearer {keys[i]}", "Content-Type": "application/json"}) as r:
+                async with http.post(
+                    f"{args.url}/v1/chat/completions",
+                    data=orjson.dumps(body),
+                    headers={"Authorization": f"Bearer {keys[i]}", "Content-Type": "application/json"},
+                ) as r:
                     res = orjson.loads(await r.read())
                 lat.append(time.perf_counter() - t0)
                 if r.status != 200:
                     raise RuntimeError(res)
-                msgs = msgs + [res["choices"][0]["message"], {"role": "user", "content": f"turn {t}: go on"}]
+                msgs = [*msgs, res["choices"][0]["message"], {"role": "user", "content": f"turn {t}: go on"}]
 
         run = direct if args.mode == "direct" else gateway
         t0 = time.perf_counter()
@@ -95,9 +115,25 @@ async def bench(args: argparse.Namespace) -> dict:
     from agents.gateway.sessions import SessionStore
 
     env = dict(os.environ, PEARL_WORKER_SECRET=SECRET, PYTHONPATH=str(ROOT))
-    worker = subprocess.Popen([sys.executable, "-m", "agents.worker", "--engine", "emulated", "--model", "qwen3-8b",
-                               "--time-factor", str(args.time_factor), "--port", "0"], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agents.worker",
+            "--engine",
+            "emulated",
+            "--model",
+            "qwen3-8b",
+            "--time-factor",
+            str(args.time_factor),
+            "--port",
+            "0",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = ""
         while not line.startswith("PEARL_WORKER_READY"):
@@ -117,7 +153,7 @@ async def bench(args: argparse.Namespace) -> dict:
                 def weight_version(self) -> int:
                     return backend.weight_version()
 
-                async def generate(self, session, prompt, new, sampling):  # type: ignore[no-untyped-def]
+                async def generate(self, session, prompt, new, sampling):
                     t0 = time.perf_counter()
                     try:
                         return await backend.generate(session, prompt, new, sampling)
@@ -125,7 +161,7 @@ async def bench(args: argparse.Namespace) -> dict:
                         waits.append(time.perf_counter() - t0)
 
             class TimedGateway(Gateway):
-                async def chat(self, request):  # type: ignore[no-untyped-def]
+                async def chat(self, request):
                     t0 = time.perf_counter()
                     try:
                         return await super().chat(request)
@@ -138,30 +174,52 @@ async def bench(args: argparse.Namespace) -> dict:
                 for n in args.sessions:
                     row: dict = {"sessions": n, "turns": args.turns}
                     for mode in ("direct", "gateway"):
-                        keys_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+                        keys_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
                         sessions = [gw.open(f"b{n}-{i}") for i in range(n)] if mode == "gateway" else []
                         json.dump([s.key for s in sessions], keys_file)
                         keys_file.close()
                         waits.clear()
                         handler.clear()
                         proc = await asyncio.create_subprocess_exec(
-                            sys.executable, __file__, "--loadgen", "--mode", mode, "--url", wurl if mode == "direct" else gurl,
-                            "--sessions", str(n), "--turns", str(args.turns), "--keys", keys_file.name,
-                            stdout=asyncio.subprocess.PIPE, cwd=str(ROOT), env=env)
+                            sys.executable,
+                            __file__,
+                            "--loadgen",
+                            "--mode",
+                            mode,
+                            "--url",
+                            wurl if mode == "direct" else gurl,
+                            "--sessions",
+                            str(n),
+                            "--turns",
+                            str(args.turns),
+                            "--keys",
+                            keys_file.name,
+                            stdout=asyncio.subprocess.PIPE,
+                            cwd=str(ROOT),
+                            env=env,
+                        )
                         out, _ = await proc.communicate()
                         os.unlink(keys_file.name)
                         data = json.loads(out.decode().strip().splitlines()[-1])
                         lat = data["latencies"]
-                        row[mode] = {"p50_ms": 1e3 * pct(lat, 0.5), "p95_ms": 1e3 * pct(lat, 0.95),
-                                     "turns_per_s": len(lat) / data["wall_s"]}
+                        row[mode] = {
+                            "p50_ms": 1e3 * pct(lat, 0.5),
+                            "p95_ms": 1e3 * pct(lat, 0.95),
+                            "turns_per_s": len(lat) / data["wall_s"],
+                        }
                         if mode == "gateway":
                             own = [h - w for h, w in zip(handler, waits)]
-                            row["gateway_own_ms"] = {"p50": 1e3 * pct(own, 0.5), "p95": 1e3 * pct(own, 0.95),
-                                                     "mean": 1e3 * statistics.fmean(own) if own else float("nan")}
+                            row["gateway_own_ms"] = {
+                                "p50": 1e3 * pct(own, 0.5),
+                                "p95": 1e3 * pct(own, 0.95),
+                                "mean": 1e3 * statistics.fmean(own) if own else float("nan"),
+                            }
                             for s in sessions:
                                 gw.close(s)
-                    row["overhead_ms"] = {"p50": row["gateway"]["p50_ms"] - row["direct"]["p50_ms"],
-                                          "p95": row["gateway"]["p95_ms"] - row["direct"]["p95_ms"]}
+                    row["overhead_ms"] = {
+                        "p50": row["gateway"]["p50_ms"] - row["direct"]["p50_ms"],
+                        "p95": row["gateway"]["p95_ms"] - row["direct"]["p95_ms"],
+                    }
                     results.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -169,8 +227,12 @@ async def bench(args: argparse.Namespace) -> dict:
     finally:
         worker.terminate()
         worker.wait(timeout=30)
-    return {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
-            "time_factor": args.time_factor, "max_tokens": MAX_TOKENS, "rows": results}
+    return {
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
+        "time_factor": args.time_factor,
+        "max_tokens": MAX_TOKENS,
+        "rows": results,
+    }
 
 
 def main() -> None:

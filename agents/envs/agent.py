@@ -19,6 +19,7 @@ PEARL_REWARD_URL. The reward is a POST of {"reward": r} to that URL or the agent
 trajectory (`AgentFailed`: counted, kept with its stderr tail, resampled by the driver), never a silent
 zero reward.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,13 @@ log = logging.getLogger("pearl.agent_env")
 TAIL_BYTES = 4096
 MAX_TASKS = 1 << 20
 MAX_TASK_FILE_BYTES = 64 << 20
-SECRETS = ("PEARL_AGENT_TOKEN", "PEARL_DATAPLANE_SECRET", "PEARL_DRIVER_TOKEN", "PEARL_WORKER_SECRET",
-           "PEARL_JOB_TOKEN")
+SECRETS = (
+    "PEARL_AGENT_TOKEN",
+    "PEARL_DATAPLANE_SECRET",
+    "PEARL_DRIVER_TOKEN",
+    "PEARL_WORKER_SECRET",
+    "PEARL_JOB_TOKEN",
+)
 
 
 class SpecError(ValueError):
@@ -116,23 +122,36 @@ def validate_spec(spec: dict[str, Any]) -> AgentSpec:
     workdir = spec.get("agent_workdir") or ""
     if not isinstance(workdir, str) or (workdir and not Path(workdir).is_dir()):
         raise SpecError("agent_workdir", f"{workdir!r} is not a directory")
-    if command is not None and (not isinstance(command, list) or not command
-                                or not all(isinstance(a, str) and a for a in command)):
+    if command is not None and (
+        not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command)
+    ):
         raise SpecError("agent_command", "must be a non-empty list of strings (argv; no shell)")
-    if function is not None:
-        if not isinstance(function, str) or function.count(":") != 1 or not all(function.split(":")):
-            raise SpecError("agent_function", "must be 'module:function'")
+    if function is not None and (
+        not isinstance(function, str) or function.count(":") != 1 or not all(function.split(":"))
+    ):
+        raise SpecError("agent_function", "must be 'module:function'")
     timeout = spec.get("agent_timeout_s", 600.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400 \
-            or not math.isfinite(timeout):
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= 86400
+        or not math.isfinite(timeout)
+    ):
         raise SpecError("agent_timeout_s", "must be a number of seconds in (0, 86400]")
     conc = spec.get("agent_concurrency", 64)
     if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 65536:
         raise SpecError("agent_concurrency", "must be an integer in [1, 65536]")
     if "tasks" not in spec:
         raise SpecError("tasks", "environment 'agent' needs tasks (a JSONL path or a list of JSON objects)")
-    return AgentSpec(tasks=load_tasks(spec["tasks"], workdir), command=tuple(command or ()), function=function or "",
-                     workdir=workdir, timeout_s=float(timeout), concurrency=conc, model=str(spec.get("model", "tiny")))
+    return AgentSpec(
+        tasks=load_tasks(spec["tasks"], workdir),
+        command=tuple(command or ()),
+        function=function or "",
+        workdir=workdir,
+        timeout_s=float(timeout),
+        concurrency=conc,
+        model=str(spec.get("model", "tiny")),
+    )
 
 
 # ------------------------------------------------------------------ the driver as the gateway's backend
@@ -170,8 +189,9 @@ class AgentRunner:
         self.spec = spec
         self.fmt = fmt or load_format(spec.model)
         self.backend = DriverBackend(spec.model)
-        self.gateway = Gateway(self.fmt, self.backend, sessions=SessionStore(max_sessions=1 << 20,
-                                                                            ttl_s=spec.timeout_s + 60))
+        self.gateway = Gateway(
+            self.fmt, self.backend, sessions=SessionStore(max_sessions=1 << 20, ttl_s=spec.timeout_s + 60)
+        )
         self._serving: asyncio.Task[Any] | None = None
         self._runner: Any = None
         self._slots: asyncio.Semaphore | None = None
@@ -197,7 +217,7 @@ class AgentRunner:
             await self._runner.cleanup()
             self._runner = None
 
-    def env(self, *, task: int, member: int = 0, **_: Any) -> "AgentEnvironment":
+    def env(self, *, task: int, member: int = 0, **_: Any) -> AgentEnvironment:
         return AgentEnvironment(self, self.spec.tasks[task % len(self.spec.tasks)], f"task{task}-m{member}")
 
 
@@ -263,7 +283,7 @@ class AgentEnvironment(Environment):
         lps, version, worker = self._sampled or ([0.0] * len(response), self.runner.backend.version, -1)
         self._sampled = None
         if len(lps) != len(response):
-            lps = (lps + [0.0] * len(response))[:len(response)]
+            lps = (lps + [0.0] * len(response))[: len(response)]
         finish = "stop" if response and response[-1] in self.runner.fmt.stop_ids else "length"
         if not pending.answer.done():
             pending.answer.set_result(Generation(list(response), lps, finish, version, [worker]))
@@ -274,8 +294,8 @@ class AgentEnvironment(Environment):
             await self.aclose("aborted")
             raise
         if nxt is not None:
-            if nxt.prompt[:len(self.context)] == self.context and len(nxt.prompt) > len(self.context):
-                obs = nxt.prompt[len(self.context):]
+            if nxt.prompt[: len(self.context)] == self.context and len(nxt.prompt) > len(self.context):
+                obs = nxt.prompt[len(self.context) :]
             else:  # history rewritten (or the answer cut at a stop string): the driver's context is replaced
                 self._replace, obs = list(nxt.prompt), []
             self.context = list(nxt.prompt)
@@ -293,15 +313,25 @@ class AgentEnvironment(Environment):
         assert s is not None
         base = self.runner.gateway.base_url
         env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-        return env | {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": s.key,
-                      "PEARL_TASK": json.dumps(self.task), "PEARL_REWARD_URL": f"{base}/sessions/{s.key}/reward"}
+        return env | {
+            "OPENAI_BASE_URL": f"{base}/v1",
+            "OPENAI_API_KEY": s.key,
+            "PEARL_TASK": json.dumps(self.task),
+            "PEARL_REWARD_URL": f"{base}/sessions/{s.key}/reward",
+        }
 
     async def _launch(self) -> None:
         spec = self.runner.spec
         if spec.command:
             self.proc = await asyncio.create_subprocess_exec(
-                *spec.command, cwd=spec.workdir or None, env=self._env_vars(), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                *spec.command,
+                cwd=spec.workdir or None,
+                env=self._env_vars(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
             self.agent = asyncio.ensure_future(self._watch(self.proc))
         else:
             self.agent = asyncio.ensure_future(self._call_function())
@@ -336,8 +366,11 @@ class AgentEnvironment(Environment):
         assert s is not None and self.agent is not None
         get = asyncio.ensure_future(s.backend_state.get())
         try:
-            done, _ = await asyncio.wait({get, self.agent}, timeout=max(0.0, self._deadline - time.monotonic()),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {get, self.agent},
+                timeout=max(0.0, self._deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             if not get.done():
                 get.cancel()
@@ -367,8 +400,10 @@ class AgentEnvironment(Environment):
         else:
             r = self.session.reward if result is None else result
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-            await self._fail("the agent ended without a reward (POST {\"reward\": r} to PEARL_REWARD_URL or print it"
-                             " as the last line of stdout)")
+            await self._fail(
+                'the agent ended without a reward (POST {"reward": r} to PEARL_REWARD_URL or print it'
+                " as the last line of stdout)"
+            )
         return float(r)
 
     async def _fail(self, reason: str) -> None:
@@ -408,7 +443,7 @@ class AgentEnvironment(Environment):
                 try:
                     await asyncio.wait_for(self.proc.wait(), wait)
                     break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
         if self.agent is not None and not self.agent.done():
             self.agent.cancel()

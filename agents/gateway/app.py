@@ -11,15 +11,16 @@ Routes (each also under `/sessions/<key>`, for agents that can only set a base U
 Responses carry `x-pearl-weight-version`; with `return_token_ids: true` (vLLM's field) the prompt's
 `prompt_token_ids` and the choice's `token_ids`. Errors have OpenAI's shape, 4xx for bad input.
 """
+
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
 import secrets
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -40,16 +41,25 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}
 
     def response(self) -> web.Response:
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return web.Response(body=orjson.dumps(body), status=self.status, content_type="application/json",
-                            headers=self.headers)
+        return web.Response(
+            body=orjson.dumps(body), status=self.status, content_type="application/json", headers=self.headers
+        )
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -96,33 +106,47 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise bad(f"{where}.content must be a string or a list of parts", f"{where}.content")
-        if isinstance(c, list) and not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                           for p in c):
+        if isinstance(c, list) and not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c
+        ):
             raise bad(f"{where}.content: only text parts are supported", f"{where}.content")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise bad(f"{where}.tool_call_id is required for a tool message", f"{where}.tool_call_id")
         calls = m.get("tool_calls")
-        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list) or not all(
-                isinstance(c, dict) and isinstance((c.get("function") or {}).get("name"), str) for c in calls)):
-            raise bad(f"{where}.tool_calls must be a list of function calls of an assistant message",
-                      f"{where}.tool_calls")
+        if calls is not None and (
+            m["role"] != "assistant"
+            or not isinstance(calls, list)
+            or not all(isinstance(c, dict) and isinstance((c.get("function") or {}).get("name"), str) for c in calls)
+        ):
+            raise bad(
+                f"{where}.tool_calls must be a list of function calls of an assistant message", f"{where}.tool_calls"
+            )
     return [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in msgs]
 
 
 def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool]:
     """The tools and whether tool calls are parsed (`tool_choice: none` turns parsing off)."""
     tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(
-                isinstance(t, dict) and t.get("type", "function") == "function"
-                and isinstance((t.get("function") or {}).get("name"), str) for t in tools):
-            raise bad("tools must be a list of {type: function, function: {name, ...}}", "tools")
+    if tools is not None and (
+        not isinstance(tools, list)
+        or not all(
+            isinstance(t, dict)
+            and t.get("type", "function") == "function"
+            and isinstance((t.get("function") or {}).get("name"), str)
+            for t in tools
+        )
+    ):
+        raise bad("tools must be a list of {type: function, function: {name, ...}}", "tools")
     choice = body.get("tool_choice")
-    if choice is not None and choice not in ("none", "auto", "required") and not (
-            isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str)):
+    if (
+        choice is not None
+        and choice not in ("none", "auto", "required")
+        and not (isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str))
+    ):
         raise bad("tool_choice must be none, auto, required or {type: function, function: {name}}", "tool_choice")
-    if isinstance(choice, dict) and not any((t.get("function") or {}).get("name") == choice["function"]["name"]
-                                           for t in tools or []):
+    if isinstance(choice, dict) and not any(
+        (t.get("function") or {}).get("name") == choice["function"]["name"] for t in tools or []
+    ):
         raise bad("tool_choice names a function that is not in tools", "tool_choice")
     return (tools or None), choice != "none"
 
@@ -132,7 +156,7 @@ def _truncate_at_stop(fmt: ChatFormat, tokens: list[int], stops: list[str]) -> t
     token that completes the first stop string (the string is not shown). Returns (tokens, text or None)."""
     for i, t in enumerate(tokens):
         if t in fmt.stop_ids:
-            tokens = tokens[:i + 1]
+            tokens = tokens[: i + 1]
             break
     if not stops:
         return tokens, None
@@ -155,9 +179,17 @@ def _truncate_at_stop(fmt: ChatFormat, tokens: list[int], stops: list[str]) -> t
 class Gateway:
     """One gateway: a chat format, a backend that samples turns, the sessions."""
 
-    def __init__(self, fmt: ChatFormat, backend: Backend, *, sessions: SessionStore | None = None,
-                 runner_token: str = "", max_context_tokens: int = MAX_PROMPT_TOKENS,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, base_url: str = "") -> None:
+    def __init__(
+        self,
+        fmt: ChatFormat,
+        backend: Backend,
+        *,
+        sessions: SessionStore | None = None,
+        runner_token: str = "",
+        max_context_tokens: int = MAX_PROMPT_TOKENS,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        base_url: str = "",
+    ) -> None:
         self.fmt = fmt
         self.backend = backend
         self.sessions = sessions or SessionStore()
@@ -198,8 +230,9 @@ class Gateway:
         except TemplateError as exc:
             return bad(str(exc), "messages").response()
         except web.HTTPRequestEntityTooLarge:
-            return OpenAIError(413, f"request body larger than {MAX_REQUEST_BYTES} bytes",
-                               code="request_too_large").response()
+            return OpenAIError(
+                413, f"request body larger than {MAX_REQUEST_BYTES} bytes", code="request_too_large"
+            ).response()
         except web.HTTPException as exc:
             if exc.status >= 400:
                 return OpenAIError(exc.status, exc.reason or "error", type="invalid_request_error").response()
@@ -212,8 +245,9 @@ class Gateway:
             key = auth[7:].strip() if auth.startswith("Bearer ") else ""
         s = self.sessions.get(key) if key else None
         if s is None:
-            raise OpenAIError(401, "unknown or expired session key", type="invalid_request_error",
-                              code="invalid_api_key")
+            raise OpenAIError(
+                401, "unknown or expired session key", type="invalid_request_error", code="invalid_api_key"
+            )
         s.touch()
         return s
 
@@ -234,18 +268,26 @@ class Gateway:
             raise bad("only n = 1 is supported (one sample per request; a trajectory forks by itself)", "n")
         room = self.max_context_tokens - prompt_len
         if room < 1:
-            raise bad(f"the prompt has {prompt_len} tokens; the context holds {self.max_context_tokens}", "messages",
-                      "context_length_exceeded")
+            raise bad(
+                f"the prompt has {prompt_len} tokens; the context holds {self.max_context_tokens}",
+                "messages",
+                "context_length_exceeded",
+            )
         mt = _int(body, "max_completion_tokens", 1, 1 << 30)
         if mt is None:
             mt = _int(body, "max_tokens", 1, 1 << 30)
         if mt is not None and mt > room:
-            raise bad(f"max_tokens {mt} exceeds what the context leaves ({room} of {self.max_context_tokens})",
-                      "max_tokens", "context_length_exceeded")
-        return Sampling(max_tokens=mt or min(room, self.default_max_tokens),
-                        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-                        seed=_int(body, "seed", -(2**63), 2**63 - 1))
+            raise bad(
+                f"max_tokens {mt} exceeds what the context leaves ({room} of {self.max_context_tokens})",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        return Sampling(
+            max_tokens=mt or min(room, self.default_max_tokens),
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
+            seed=_int(body, "seed", -(2**63), 2**63 - 1),
+        )
 
     def _headers(self, version: int) -> dict[str, str]:
         return {WEIGHT_VERSION_HEADER: str(version)}
@@ -273,12 +315,18 @@ class Gateway:
         try:
             s = self.open(str(body.get("trajectory") or secrets.token_hex(8)), body.get("task"))
         except Full as exc:
-            raise OpenAIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
-                              headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}) from None
+            raise OpenAIError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))},
+            ) from None
         return web.json_response({"session_id": s.trajectory, "api_key": s.key, "base_url": self.session_url(s)})
 
-    async def _turn(self, s: Session, prompt: list[int], new: list[int], sampling: Sampling,
-                    stops: list[str]) -> tuple[list[int], list[float], str, str | None, int, list[int], float]:
+    async def _turn(
+        self, s: Session, prompt: list[int], new: list[int], sampling: Sampling, stops: list[str]
+    ) -> tuple[list[int], list[float], str, str | None, int, list[int], float]:
         t0 = time.monotonic()
         try:
             gen = await self.backend.generate(s, prompt, new, sampling)
@@ -288,8 +336,15 @@ class Gateway:
         finish = gen.finish_reason
         if len(tokens) < len(gen.tokens) or (tokens and tokens[-1] in self.fmt.stop_ids):
             finish = "stop"
-        return (tokens, gen.logprobs[:len(tokens)], finish, cut_text, gen.weight_version, gen.workers,
-                time.monotonic() - t0)
+        return (
+            tokens,
+            gen.logprobs[: len(tokens)],
+            finish,
+            cut_text,
+            gen.weight_version,
+            gen.workers,
+            time.monotonic() - t0,
+        )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         s = self._session(request)
@@ -320,10 +375,17 @@ class Gateway:
             if not parse_tools and answer.tool_calls:
                 answer.content, answer.tool_calls = answer.text, []
             msg = answer.message()
-            s.tokens.sampled(tokens, lps, msg, weight_version=version, worker=workers[-1] if workers else -1,
-                             latency_s=latency, closing=self.fmt.closing(tokens))
+            s.tokens.sampled(
+                tokens,
+                lps,
+                msg,
+                weight_version=version,
+                worker=workers[-1] if workers else -1,
+                latency_s=latency,
+                closing=self.fmt.closing(tokens),
+            )
             s.turns.append(Turn(len(messages), len(prompt), len(tokens), finish, version, workers, latency, plan.fork))
-            s.messages = messages + [msg]
+            s.messages = [*messages, msg]
         if answer.tool_calls and finish == "stop":
             finish = "tool_calls"
         created = int(time.time())
@@ -331,19 +393,37 @@ class Gateway:
         choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}
         if want_lp:
             choice["logprobs"] = {"content": self._logprobs(tokens, lps)}
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                 "total_tokens": len(prompt) + len(tokens)}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(tokens),
+            "total_tokens": len(prompt) + len(tokens),
+        }
         extra = {}
         if body.get("return_token_ids"):
             extra = {"prompt_token_ids": prompt}
             choice["token_ids"] = tokens
         headers = self._headers(version)
         if not stream:
-            out = {"id": rid, "object": "chat.completion", "created": created, "model": self.backend.model,
-                   "choices": [choice], "usage": usage, **extra}
+            out = {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.backend.model,
+                "choices": [choice],
+                "usage": usage,
+                **extra,
+            }
             return web.Response(body=orjson.dumps(out), content_type="application/json", headers=headers)
-        return await self._stream_chat(request, rid, created, choice, usage, extra, headers,
-                                       bool((body.get("stream_options") or {}).get("include_usage")))
+        return await self._stream_chat(
+            request,
+            rid,
+            created,
+            choice,
+            usage,
+            extra,
+            headers,
+            bool((body.get("stream_options") or {}).get("include_usage")),
+        )
 
     def _logprobs(self, tokens: list[int], lps: list[float]) -> list[dict[str, Any]]:
         out = []
@@ -353,9 +433,17 @@ class Gateway:
             out.append(entry | {"top_logprobs": [dict(entry)]})  # only the sampled token's is known
         return out
 
-    async def _stream_chat(self, request: web.Request, rid: str, created: int, choice: dict[str, Any],
-                           usage: dict[str, int], extra: dict[str, Any], headers: dict[str, str],
-                           include_usage: bool) -> web.StreamResponse:
+    async def _stream_chat(
+        self,
+        request: web.Request,
+        rid: str,
+        created: int,
+        choice: dict[str, Any],
+        usage: dict[str, int],
+        extra: dict[str, Any],
+        headers: dict[str, str],
+        include_usage: bool,
+    ) -> web.StreamResponse:
         """The finished turn replayed as SSE chunks (role, content, tool calls, finish, usage)."""
         resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -368,8 +456,13 @@ class Gateway:
             await resp.write(b"data: " + orjson.dumps(base | {"choices": [ch]}) + b"\n\n")
 
         first = {"role": "assistant", "content": ""}
-        await resp.write(b"data: " + orjson.dumps(base | extra | {"choices": [
-            {"index": 0, "delta": first, "finish_reason": None, "logprobs": None}]}) + b"\n\n")
+        await resp.write(
+            b"data: "
+            + orjson.dumps(
+                base | extra | {"choices": [{"index": 0, "delta": first, "finish_reason": None, "logprobs": None}]}
+            )
+            + b"\n\n"
+        )
         more: dict[str, Any] = {}
         if choice.get("logprobs"):
             more["logprobs"] = choice["logprobs"]
@@ -393,8 +486,11 @@ class Gateway:
             prompt_in = prompt_in[0]  # a batch of one
         if isinstance(prompt_in, str):
             ids = self.fmt.encode(prompt_in)
-        elif isinstance(prompt_in, list) and prompt_in and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt_in):
+        elif (
+            isinstance(prompt_in, list)
+            and prompt_in
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_in)
+        ):
             ids = list(prompt_in)
             if min(ids) < 0 or max(ids) >= self.fmt.vocab_size:
                 raise bad(f"token ids must be in [0, {self.fmt.vocab_size})", "prompt")
@@ -411,25 +507,46 @@ class Gateway:
             held = s.tokens.current.tokens if s.tokens.samples else None
             from agents.gateway.tokens import Plan
 
-            fork = held is None or not (len(held) < len(ids) and ids[:len(held)] == held)
-            new = ids if fork else ids[len(held or []):]
+            fork = held is None or not (len(held) < len(ids) and ids[: len(held)] == held)
+            new = ids if fork else ids[len(held or []) :]
             prompt = s.tokens.begin(Plan(fork, []), new, [], "completions")
             tokens, lps, finish, cut_text, version, workers, latency = await self._turn(s, prompt, new, sampling, stops)
-            s.tokens.sampled(tokens, lps, {"role": "assistant", "content": None}, weight_version=version,
-                             worker=workers[-1] if workers else -1, latency_s=latency)
+            s.tokens.sampled(
+                tokens,
+                lps,
+                {"role": "assistant", "content": None},
+                weight_version=version,
+                worker=workers[-1] if workers else -1,
+                latency_s=latency,
+            )
             s.tokens.held = []
             s.turns.append(Turn(0, len(prompt), len(tokens), finish, version, workers, latency, fork))
-        text = cut_text if cut_text is not None else self.fmt.decode(
-            tokens[:-1] if tokens and tokens[-1] in self.fmt.stop_ids else tokens)
+        text = (
+            cut_text
+            if cut_text is not None
+            else self.fmt.decode(tokens[:-1] if tokens and tokens[-1] in self.fmt.stop_ids else tokens)
+        )
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         if want_lp:
             toks = [self.fmt.decode([t]) for t in tokens]
-            choice["logprobs"] = {"tokens": toks, "token_logprobs": lps, "top_logprobs": None,
-                                  "text_offset": [0] * len(toks)}
-        out: dict[str, Any] = {"id": "cmpl-" + secrets.token_hex(12), "object": "text_completion",
-                               "created": int(time.time()), "model": self.backend.model, "choices": [choice],
-                               "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                                         "total_tokens": len(prompt) + len(tokens)}}
+            choice["logprobs"] = {
+                "tokens": toks,
+                "token_logprobs": lps,
+                "top_logprobs": None,
+                "text_offset": [0] * len(toks),
+            }
+        out: dict[str, Any] = {
+            "id": "cmpl-" + secrets.token_hex(12),
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.backend.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(tokens),
+                "total_tokens": len(prompt) + len(tokens),
+            },
+        }
         if body.get("return_token_ids"):
             out["prompt_token_ids"] = prompt
             choice["token_ids"] = tokens
@@ -447,4 +564,4 @@ async def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> tup
     return runner, gateway.base_url
 
 
-__all__ = ["Gateway", "OpenAIError", "WEIGHT_VERSION_HEADER", "serve"]
+__all__ = ["WEIGHT_VERSION_HEADER", "Gateway", "OpenAIError", "serve"]

@@ -6,6 +6,7 @@
 * Inside a job, the rollout driver samples the turn (`agents.envs.agent`): routing, PD, borrowing,
   preemption resume and staleness stay the driver's.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,16 @@ class Unavailable(RuntimeError):
 class WorkerBackend:
     """Engine workers' `/generate`, sticky per session (its prefix cache), the next worker on failure."""
 
-    def __init__(self, endpoints: list[str], token: str, http: Any, *, model: str = "tiny",
-                 give_up_s: float = 300.0, job: str = "") -> None:
+    def __init__(
+        self,
+        endpoints: list[str],
+        token: str,
+        http: Any,
+        *,
+        model: str = "tiny",
+        give_up_s: float = 300.0,
+        job: str = "",
+    ) -> None:
         if not endpoints:
             raise ValueError("at least one worker endpoint")
         self.endpoints = list(endpoints)
@@ -75,14 +84,16 @@ class WorkerBackend:
         from aiohttp import ClientError
 
         try:
-            async with self.http.post(f"{endpoint}/generate", data=orjson.dumps(body),
-                                      headers={"Authorization": f"Bearer {self.token}",
-                                               "Content-Type": "application/json"}) as resp:
+            async with self.http.post(
+                f"{endpoint}/generate",
+                data=orjson.dumps(body),
+                headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            ) as resp:
                 data = orjson.loads(await resp.read())
                 if resp.status == 200:
                     return data
                 log.info("worker %s refused a turn: HTTP %d %s", endpoint, resp.status, str(data)[:200])
-        except (ClientError, asyncio.TimeoutError, OSError, orjson.JSONDecodeError) as exc:
+        except (TimeoutError, ClientError, OSError, orjson.JSONDecodeError) as exc:
             log.info("worker %s unreachable: %r", endpoint, exc)
         return None
 
@@ -105,12 +116,18 @@ class WorkerBackend:
         while True:
             endpoint_i = (start + attempt) % len(self.endpoints)
             seed = sampling.seed if sampling.seed is not None else zlib.crc32(f"{key}-{turn}-{attempt}".encode())
-            body = {"request_id": f"gw-{zlib.crc32(key.encode()):08x}-{turn}-{attempt}",
-                    "prompt_tokens": prompt + kept,
-                    "sampling": {"max_tokens": max(1, min(sampling.max_tokens - len(kept), MAX_NEW_TOKENS)),
-                                 "temperature": sampling.temperature, "top_p": sampling.top_p,
-                                 "seed": seed % (2**62), "stop_at_eos": True},
-                    "job": self.job}
+            body = {
+                "request_id": f"gw-{zlib.crc32(key.encode()):08x}-{turn}-{attempt}",
+                "prompt_tokens": prompt + kept,
+                "sampling": {
+                    "max_tokens": max(1, min(sampling.max_tokens - len(kept), MAX_NEW_TOKENS)),
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
+                    "seed": seed % (2**62),
+                    "stop_at_eos": True,
+                },
+                "job": self.job,
+            }
             res = await self._post(self.endpoints[endpoint_i], body)
             attempt += 1
             if res is not None:

@@ -14,16 +14,18 @@ that close a sampled turn in the template (`closing`: the end-of-turn marker if 
 it, the newline after it). HF templates get both with the fixed-base trick (render a fixed conversation
 with and without the new messages and subtract), so the sampled ids are never re-tokenized.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from agents.tokenizer import TOKENIZER, CHAT_START_ID, TOOL_CALL_ID, TOOL_CALL_END_ID
+from agents.tokenizer import CHAT_START_ID, TOKENIZER, TOOL_CALL_END_ID, TOOL_CALL_ID
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -62,11 +64,15 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             continue
         args = body.get("arguments", body.get("parameters", {}))
-        kept.append(text[pos:m.start()])
+        kept.append(text[pos : m.start()])
         pos = m.end()
-        calls.append({"id": "call_" + secrets.token_hex(12), "type": "function",
-                      "function": {"name": body["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        calls.append(
+            {
+                "id": "call_" + secrets.token_hex(12),
+                "type": "function",
+                "function": {"name": body["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
+            }
+        )
     kept.append(text[pos:])
     content = "".join(kept).strip() if calls else text
     return (content or None) if calls else content, calls
@@ -82,10 +88,8 @@ def _arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]
             for c in m["tool_calls"]:
                 fn = dict(c.get("function") or {})
                 if isinstance(fn.get("arguments"), str):
-                    try:
+                    with contextlib.suppress(ValueError):
                         fn["arguments"] = json.loads(fn["arguments"])
-                    except ValueError:
-                        pass
                 calls.append({**c, "function": fn})
             m = {**m, "tool_calls": calls}
         if isinstance(m.get("content"), list):
@@ -137,13 +141,11 @@ class ByteChatFormat:
         for c in m.get("tool_calls") or []:
             fn = c.get("function") or {}
             args = fn.get("arguments", "{}")
-            try:
+            with contextlib.suppress(ValueError):
                 args = json.loads(args) if isinstance(args, str) else args
-            except ValueError:
-                pass
             body = json.dumps({"name": fn.get("name", ""), "arguments": args}, separators=(",", ":"))
             ids += [TOOL_CALL_ID, *TOKENIZER.encode(body, add_bos=False), TOOL_CALL_END_ID]
-        return ids + [TOKENIZER.eos_id, *TOKENIZER.encode("\n", add_bos=False)]
+        return [*ids, TOKENIZER.eos_id, *TOKENIZER.encode("\n", add_bos=False)]
 
     def _tools_message(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
         listing = "\n".join(json.dumps(t.get("function", t), separators=(",", ":")) for t in tools)
@@ -197,7 +199,7 @@ class ByteChatFormat:
 class HFChatFormat:
     """A `transformers` tokenizer with a chat template (Qwen / ChatML, Hermes tool calls)."""
 
-    _BASE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+    _BASE: ClassVar[list[dict[str, Any]]] = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
     def __init__(self, tokenizer: Any, name: str = "hf") -> None:
         if not getattr(tokenizer, "chat_template", None):
@@ -215,10 +217,10 @@ class HFChatFormat:
         cut = base.rfind(eos_text)
         if cut < 0:
             raise ValueError(f"the chat template does not end an assistant turn with {eos_text!r}")
-        self._closing_text = base[cut + len(eos_text):]  # e.g. "\n" after <|im_end|>
+        self._closing_text = base[cut + len(eos_text) :]  # e.g. "\n" after <|im_end|>
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "HFChatFormat":
+    def from_dir(cls, path: str | Path) -> HFChatFormat:
         from transformers import AutoTokenizer
 
         p = Path(path)
@@ -228,8 +230,9 @@ class HFChatFormat:
 
     def _text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation: bool) -> str:
         try:
-            return self.tok.apply_chat_template(_arguments_as_objects(messages), tools=tools or None, tokenize=False,
-                                                add_generation_prompt=generation)
+            return self.tok.apply_chat_template(
+                _arguments_as_objects(messages), tools=tools or None, tokenize=False, add_generation_prompt=generation
+            )
         except Exception as exc:  # jinja2 errors (raise_exception in the template, a bad message shape)
             raise TemplateError(f"the chat template cannot render these messages: {exc}") from None
 
@@ -247,7 +250,7 @@ class HFChatFormat:
         full = self._text(self._BASE + messages, tools, generation=True)
         if not full.startswith(base):  # the template renders earlier turns differently once more follow
             return None
-        return self.encode(full[len(base):])
+        return self.encode(full[len(base) :])
 
     def closing(self, sampled: list[int]) -> list[int]:
         tail = self.encode(self._closing_text) if self._closing_text else []

@@ -4,6 +4,7 @@ Why keys and not trajectory ids: the agent is outside PEARL; whatever reaches th
 acts for that one trajectory only, and nothing else. A key expires with its trajectory (closed) or
 after `ttl_s` without a request; an unknown or expired key is a 401.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,11 @@ class Session:
 
     def record(self) -> dict[str, Any]:
         """The trajectory's record: its token samples, forks, reward, turns."""
-        return self.tokens.to_json() | {"trajectory": self.trajectory,
-                                        "turn_log": [t.__dict__ for t in self.turns], "messages": self.messages}
+        return self.tokens.to_json() | {
+            "trajectory": self.trajectory,
+            "turn_log": [t.__dict__ for t in self.turns],
+            "messages": self.messages,
+        }
 
 
 class SessionStore:
@@ -82,8 +86,12 @@ class SessionStore:
         self.expire()
         if len(self._by_key) >= self.max_sessions:
             raise Full(self.retry_after_s)
-        s = Session(key="sk-pearl-" + secrets.token_urlsafe(24), trajectory=trajectory, task=task,
-                    ttl_s=self.ttl_s if ttl_s is None else ttl_s)
+        s = Session(
+            key="sk-pearl-" + secrets.token_urlsafe(24),
+            trajectory=trajectory,
+            task=task,
+            ttl_s=self.ttl_s if ttl_s is None else ttl_s,
+        )
         s.touch()
         self._by_key[s.key] = s
         return s

@@ -11,11 +11,14 @@ Every token of a sample carries its loss mask (1 = sampled by the policy, 0 = te
 observation), its log-prob (0.0 where masked) and the segment it came in: the weight version that
 produced it, the worker that served the turn, the turn's latency.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 PROMPT, SAMPLED = 0, 1  # loss-mask values
 
@@ -53,8 +56,16 @@ class Sample:
     def turns(self) -> int:
         return sum(1 for s in self.segments if s.sampled)
 
-    def append(self, ids: Iterable[int], *, sampled: bool, logprobs: Iterable[float] | None = None,
-               weight_version: int = -1, worker: int = -1, latency_s: float = 0.0) -> Segment:
+    def append(
+        self,
+        ids: Iterable[int],
+        *,
+        sampled: bool,
+        logprobs: Iterable[float] | None = None,
+        weight_version: int = -1,
+        worker: int = -1,
+        latency_s: float = 0.0,
+    ) -> Segment:
         ids = list(ids)
         lps = [0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs]
         if len(lps) != len(ids):
@@ -69,11 +80,15 @@ class Sample:
         return seg
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompt_len": self.prompt_len, "tokens": list(self.tokens), "mask": list(self.mask),
-                "logprobs": list(self.logprobs),
-                "weight_versions": [s.weight_version for s in self.segments if s.sampled],
-                "workers": [s.worker for s in self.segments if s.sampled],
-                "latency_s": [round(s.latency_s, 6) for s in self.segments if s.sampled]}
+        return {
+            "prompt_len": self.prompt_len,
+            "tokens": list(self.tokens),
+            "mask": list(self.mask),
+            "logprobs": list(self.logprobs),
+            "weight_versions": [s.weight_version for s in self.segments if s.sampled],
+            "workers": [s.worker for s in self.segments if s.sampled],
+            "latency_s": [round(s.latency_s, 6) for s in self.segments if s.sampled],
+        }
 
 
 def canonical(message: dict[str, Any]) -> str:
@@ -88,10 +103,8 @@ def canonical(message: dict[str, Any]) -> str:
         fn = c.get("function") or {}
         args = fn.get("arguments")
         if isinstance(args, str):
-            try:
+            with contextlib.suppress(ValueError):
                 args = json.loads(args)
-            except ValueError:
-                pass
         calls.append([fn.get("name"), args])
     out: dict[str, Any] = {"role": message.get("role"), "content": content or ""}
     if calls:
@@ -149,20 +162,34 @@ class TrajectoryTokens:
         self.held = [canonical(m) for m in messages]
         return list(self.current.tokens)
 
-    def sampled(self, ids: list[int], logprobs: list[float], answer: dict[str, Any], *, weight_version: int,
-                worker: int = -1, latency_s: float = 0.0, closing: list[int] | None = None) -> Segment:
+    def sampled(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        answer: dict[str, Any],
+        *,
+        weight_version: int,
+        worker: int = -1,
+        latency_s: float = 0.0,
+        closing: list[int] | None = None,
+    ) -> Segment:
         """Record a turn the policy sampled (`answer` = the assistant message returned for it). `closing`:
         template tokens that end the turn in the context (an end-of-turn marker the engine did not emit,
         the template's newline after it), masked out."""
         if not self.samples:
             raise ValueError("a turn was sampled before any prompt")
-        seg = self.current.append(ids, sampled=True, logprobs=logprobs, weight_version=weight_version, worker=worker,
-                                  latency_s=latency_s)
+        seg = self.current.append(
+            ids, sampled=True, logprobs=logprobs, weight_version=weight_version, worker=worker, latency_s=latency_s
+        )
         if closing:
             self.current.append(closing, sampled=False)
         self.held.append(canonical(answer))
         return seg
 
     def to_json(self) -> dict[str, Any]:
-        return {"samples": [s.to_json() for s in self.samples], "forks": self.forks, "reward": self.reward,
-                "turns": sum(s.turns for s in self.samples)}
+        return {
+            "samples": [s.to_json() for s in self.samples],
+            "forks": self.forks,
+            "reward": self.reward,
+            "turns": sum(s.turns for s in self.samples),
+        }

@@ -9,12 +9,14 @@ The reward goes to PEARL_REWARD_URL when set, and is always printed as the last 
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... python examples/agents/calculator_agent.py
 """
+
 from __future__ import annotations
 
 import json
 import os
 import random
 import urllib.request
+from typing import Any
 
 from openai import OpenAI
 
@@ -34,7 +36,7 @@ def main() -> None:
     b = int(task.get("b", random.randint(0, 9 - a)))
     client = OpenAI(max_retries=0)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
     model = os.environ.get("OPENAI_MODEL") or client.models.list().data[0].id
-    messages: list[dict] = [{"role": "user", "content": f"{a}+{b}?"}]
+    messages: list[Any] = [{"role": "user", "content": f"{a}+{b}?"}]
     called, answer = False, ""
     for _ in range(3):
         out = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
@@ -47,9 +49,14 @@ def main() -> None:
         break
     reward = score(answer, a + b, called)
     if os.environ.get("PEARL_REWARD_URL"):
-        req = urllib.request.Request(os.environ["PEARL_REWARD_URL"], data=json.dumps({"reward": reward}).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"})
+        req = urllib.request.Request(
+            os.environ["PEARL_REWARD_URL"],
+            data=json.dumps({"reward": reward}).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}",
+            },
+        )
         urllib.request.urlopen(req, timeout=30).read()
     print(json.dumps({"reward": reward}))
 

@@ -6,6 +6,7 @@ used the tool correctly, else 0. The reward is the last stdout line, {"reward": 
 As a PEARL job (`environment: agent`, see examples/agents/job.yaml) it also runs as a Python agent:
 `agent_function: "examples.agents.tool_agent:run"`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,10 +17,20 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}]
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 MAX_TURNS = 4
 
 
@@ -34,7 +45,7 @@ async def run(client: AsyncOpenAI, task: dict[str, Any]) -> float:
     """One episode: returns the reward (PEARL's `agent_function` signature)."""
     a, b = int(task.get("a", 2)), int(task.get("b", 3))
     model = os.environ.get("OPENAI_MODEL") or (await client.models.list()).data[0].id
-    messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is {a}+{b}? Use the add tool."}]
+    messages: list[Any] = [{"role": "user", "content": f"What is {a}+{b}? Use the add tool."}]
     used_tool = False
     for _ in range(MAX_TURNS):
         out = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=48)
@@ -43,6 +54,8 @@ async def run(client: AsyncOpenAI, task: dict[str, Any]) -> float:
         if not msg.tool_calls:
             return 1.0 if str(a + b) in (msg.content or "") else (0.2 if used_tool else 0.0)
         for call in msg.tool_calls:
+            if call.type != "function":
+                continue
             try:
                 args = json.loads(call.function.arguments or "{}")
             except ValueError:

@@ -1,12 +1,12 @@
 """External agents as PEARL environments (`environment: agent`): the example agents (official openai SDK)
 run as subprocesses or Python functions against the gateway, and a driver-shaped loop samples every turn
 on a real torch engine worker, as the rollout driver does (reset → generate → observe → step)."""
+
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
-from pathlib import Path
 
 import orjson
 import pytest
@@ -34,11 +34,19 @@ async def drive(env: AgentEnvironment, worker: str, http: ClientSession, seed: i
     context = list(turn.observation)
     sampled = []
     for n in range(16):
-        body = {"request_id": f"drv-{seed}-{n}", "prompt_tokens": context,
-                "sampling": {"max_tokens": turn.max_tokens, "temperature": 1.0, "seed": seed * 100 + n,
-                             "stop_at_eos": env.stop_at_eos}}
-        async with http.post(f"{worker}/generate", data=orjson.dumps(body),
-                             headers={"Authorization": f"Bearer {SECRET}"}) as r:
+        body = {
+            "request_id": f"drv-{seed}-{n}",
+            "prompt_tokens": context,
+            "sampling": {
+                "max_tokens": turn.max_tokens,
+                "temperature": 1.0,
+                "seed": seed * 100 + n,
+                "stop_at_eos": env.stop_at_eos,
+            },
+        }
+        async with http.post(
+            f"{worker}/generate", data=orjson.dumps(body), headers={"Authorization": f"Bearer {SECRET}"}
+        ) as r:
             res = await r.json()
         sampled.append((list(context), res["tokens"], res["logprobs"]))
         env.observe(res["logprobs"], res["weight_version"], res["worker_id"])
@@ -68,10 +76,10 @@ async def test_calculator_agent_subprocess_trains_on_exactly_what_the_engine_sam
         toks, mask, lps = sample["tokens"], sample["mask"], sample["logprobs"]
         assert rec["forks"] == 0 and len(sample["weight_versions"]) == len(sampled)
         for ctx, gen, glp in sampled:
-            gen = gen[:gen.index(257) + 1] if 257 in gen else gen
-            assert toks[len(ctx):len(ctx) + len(gen)] == gen
-            assert mask[len(ctx):len(ctx) + len(gen)] == [1] * len(gen)
-            assert lps[len(ctx):len(ctx) + len(gen)] == pytest.approx(glp[:len(gen)])
+            gen = gen[: gen.index(257) + 1] if 257 in gen else gen
+            assert toks[len(ctx) : len(ctx) + len(gen)] == gen
+            assert mask[len(ctx) : len(ctx) + len(gen)] == [1] * len(gen)
+            assert lps[len(ctx) : len(ctx) + len(gen)] == pytest.approx(glp[: len(gen)])
         assert sum(mask) == sum(min(len(g), (g.index(257) + 1) if 257 in g else len(g)) for _, g, _ in sampled)
         assert env.session is not None and r.gateway.sessions.get(env.session.key) is None  # the key expired
     finally:
@@ -88,7 +96,8 @@ async def test_reward_posted_to_the_reward_url(worker, tmp_path):
         " max_tokens=3)\n"
         "req = urllib.request.Request(os.environ['PEARL_REWARD_URL'], data=b'{\"reward\": 0.75}',"
         " headers={'Content-Type': 'application/json'})\n"
-        "urllib.request.urlopen(req).read()\nprint('not a reward line')\n")
+        "urllib.request.urlopen(req).read()\nprint('not a reward line')\n"
+    )
     r = runner_for(agent_command=[sys.executable, str(agent)], agent_workdir=str(tmp_path))
     try:
         _, reward = await drive(r.env(task=1), url, http)
@@ -97,14 +106,23 @@ async def test_reward_posted_to_the_reward_url(worker, tmp_path):
         await r.stop()
 
 
-@pytest.mark.parametrize("script,reason", [
-    ("import sys\nsys.stderr.write('boom: the tool crashed\\n')\nsys.exit(3)", "before its first request"),
-    ("from openai import OpenAI\nOpenAI(max_retries=0).chat.completions.create(model='t', messages=[{'role': 'user', "
-     "'content': 'x'}], max_tokens=2)\nimport sys\nsys.stderr.write('boom: the tool crashed\\n')\nsys.exit(3)",
-     "exited with status 3"),
-    ("from openai import OpenAI\nOpenAI(max_retries=0).chat.completions.create(model='t', messages=[{'role': 'user', "
-     "'content': 'x'}], max_tokens=2)\nprint('done, no reward')", "without a reward"),
-])
+@pytest.mark.parametrize(
+    "script,reason",
+    [
+        ("import sys\nsys.stderr.write('boom: the tool crashed\\n')\nsys.exit(3)", "before its first request"),
+        (
+            "from openai import OpenAI\nOpenAI(max_retries=0).chat.completions.create(model='t', "
+            "messages=[{'role': 'user', 'content': 'x'}], max_tokens=2)\n"
+            "import sys\nsys.stderr.write('boom: the tool crashed\\n')\nsys.exit(3)",
+            "exited with status 3",
+        ),
+        (
+            "from openai import OpenAI\nOpenAI(max_retries=0).chat.completions.create(model='t', "
+            "messages=[{'role': 'user', 'content': 'x'}], max_tokens=2)\nprint('done, no reward')",
+            "without a reward",
+        ),
+    ],
+)
 async def test_a_failed_agent_is_a_failed_trajectory_with_its_stderr_tail(worker, tmp_path, script, reason):
     url, http = worker
     (tmp_path / "agent.py").write_text(script)
@@ -123,10 +141,17 @@ async def test_a_failed_agent_is_a_failed_trajectory_with_its_stderr_tail(worker
 
 async def test_a_slow_agent_is_ended_at_the_wall_clock_limit(worker, tmp_path):
     url, http = worker
-    (tmp_path / "slow.py").write_text(
-        "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
-    r = configure(validate_spec({"tasks": TASKS, "agent_command": [sys.executable, "slow.py"],
-                                 "agent_workdir": str(tmp_path), "agent_timeout_s": 1.0}))
+    (tmp_path / "slow.py").write_text("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    r = configure(
+        validate_spec(
+            {
+                "tasks": TASKS,
+                "agent_command": [sys.executable, "slow.py"],
+                "agent_workdir": str(tmp_path),
+                "agent_timeout_s": 1.0,
+            }
+        )
+    )
     try:
         t0 = asyncio.get_running_loop().time()
         with pytest.raises(AgentFailed, match="wall-clock limit"):
@@ -142,7 +167,7 @@ async def test_a_slow_agent_is_ended_at_the_wall_clock_limit(worker, tmp_path):
 
 async def test_an_aborted_trajectory_ends_its_agent(worker, tmp_path):
     """The driver cancels a trajectory (staleness, job stop): the agent's process group is ended."""
-    url, http = worker
+    _url, _http = worker
     r = runner_for(agent_command=[sys.executable, str(EXAMPLES / "calculator_agent.py")])
     try:
         env = r.env(task=0)
@@ -165,7 +190,7 @@ async def test_tool_agent_as_a_python_function(worker, monkeypatch):
         assert reward in (0.0, 0.2, 1.0) and len(sampled) >= 1
         rec = r.records[env.trajectory]
         assert rec["status"] == "done" and rec["messages"][0]["content"].startswith("What is 3+4?")
-        prompt = rec["samples"][0]["tokens"][:rec["samples"][0]["prompt_len"]]
+        prompt = rec["samples"][0]["tokens"][: rec["samples"][0]["prompt_len"]]
         assert "# Tools" in r.fmt.decode(prompt) and '"name":"add"' in r.fmt.decode(prompt)  # tools templated in
     finally:
         await r.stop()
@@ -181,19 +206,22 @@ async def test_bounded_concurrency_holds_agents_back_before_their_sessions_start
         await r.stop()
 
 
-@pytest.mark.parametrize("spec,field", [
-    ({"tasks": TASKS}, "agent_command"),
-    ({"tasks": TASKS, "agent_command": "python a.py"}, "agent_command"),
-    ({"tasks": TASKS, "agent_command": ["x"], "agent_function": "m:f"}, "agent_command"),
-    ({"tasks": TASKS, "agent_function": "nocolon"}, "agent_function"),
-    ({"agent_command": ["x"]}, "tasks"),
-    ({"agent_command": ["x"], "tasks": "/nonexistent/tasks.jsonl"}, "tasks"),
-    ({"agent_command": ["x"], "tasks": []}, "tasks"),
-    ({"agent_command": ["x"], "tasks": [1, 2]}, "tasks"),
-    ({"agent_command": ["x"], "tasks": TASKS, "agent_workdir": "/nonexistent"}, "agent_workdir"),
-    ({"agent_command": ["x"], "tasks": TASKS, "agent_timeout_s": 0}, "agent_timeout_s"),
-    ({"agent_command": ["x"], "tasks": TASKS, "agent_concurrency": 0}, "agent_concurrency"),
-])
+@pytest.mark.parametrize(
+    "spec,field",
+    [
+        ({"tasks": TASKS}, "agent_command"),
+        ({"tasks": TASKS, "agent_command": "python a.py"}, "agent_command"),
+        ({"tasks": TASKS, "agent_command": ["x"], "agent_function": "m:f"}, "agent_command"),
+        ({"tasks": TASKS, "agent_function": "nocolon"}, "agent_function"),
+        ({"agent_command": ["x"]}, "tasks"),
+        ({"agent_command": ["x"], "tasks": "/nonexistent/tasks.jsonl"}, "tasks"),
+        ({"agent_command": ["x"], "tasks": []}, "tasks"),
+        ({"agent_command": ["x"], "tasks": [1, 2]}, "tasks"),
+        ({"agent_command": ["x"], "tasks": TASKS, "agent_workdir": "/nonexistent"}, "agent_workdir"),
+        ({"agent_command": ["x"], "tasks": TASKS, "agent_timeout_s": 0}, "agent_timeout_s"),
+        ({"agent_command": ["x"], "tasks": TASKS, "agent_concurrency": 0}, "agent_concurrency"),
+    ],
+)
 def test_spec_validation_names_the_field(spec, field):
     with pytest.raises(SpecError) as err:
         validate_spec(spec)

@@ -1,5 +1,8 @@
 """The gateway's token accounting (agents.gateway.tokens): pure, no I/O."""
+
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -8,8 +11,8 @@ from agents.gateway.tokens import PROMPT, SAMPLED, Sample, TrajectoryTokens, can
 USER = {"role": "user", "content": "2+3?"}
 
 
-def answer(text: str, calls: list | None = None) -> dict:
-    m = {"role": "assistant", "content": text}
+def answer(text: str | None, calls: list | None = None) -> dict:
+    m: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         m["tool_calls"] = calls
     return m
@@ -55,11 +58,14 @@ def test_rewritten_history_forks_a_new_sample_and_counts_it():
     assert t.samples[0].tokens == [1, 2, 7]  # the first sample is kept as it was
 
 
-@pytest.mark.parametrize("msgs", [
-    [USER],  # the same request again (a retry): a new sample, not an extension by nothing
-    [{"role": "user", "content": "other"}, answer("x"), USER],  # the first message changed
-    [{"role": "system", "content": "compacted"}],  # compaction: shorter than what is held
-])
+@pytest.mark.parametrize(
+    "msgs",
+    [
+        [USER],  # the same request again (a retry): a new sample, not an extension by nothing
+        [{"role": "user", "content": "other"}, answer("x"), USER],  # the first message changed
+        [{"role": "system", "content": "compacted"}],  # compaction: shorter than what is held
+    ],
+)
 def test_anything_but_a_strict_extension_forks(msgs):
     t = TrajectoryTokens()
     t.begin(t.plan([USER]), [1], [USER])
@@ -78,13 +84,20 @@ def test_changed_tools_fork():
 
 def test_the_agent_echoing_our_tool_calls_with_its_own_formatting_still_extends():
     """Call ids, key order, arguments re-serialised, None vs "" content: the same message."""
-    ours = answer(None, [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}])
-    echoed = {"content": "", "role": "assistant",
-              "tool_calls": [{"type": "function", "id": "call_1", "function": {"arguments": '{"b":2,"a":1}', "name": "add"}}]}
+    ours = answer(
+        None, [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]
+    )
+    echoed = {
+        "content": "",
+        "role": "assistant",
+        "tool_calls": [{"type": "function", "id": "call_1", "function": {"arguments": '{"b":2,"a":1}', "name": "add"}}],
+    }
     assert canonical(ours) == canonical(echoed)
     other = {**echoed, "tool_calls": [{"type": "function", "function": {"arguments": '{"b":3,"a":1}', "name": "add"}}]}
     assert canonical(ours) != canonical(other)
-    assert canonical({"role": "user", "content": [{"type": "text", "text": "hi"}]}) == canonical({"role": "user", "content": "hi"})
+    assert canonical({"role": "user", "content": [{"type": "text", "text": "hi"}]}) == canonical(
+        {"role": "user", "content": "hi"}
+    )
 
 
 def test_template_tokens_carry_no_logprobs_and_counts_must_match():
