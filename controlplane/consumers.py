@@ -16,7 +16,7 @@ from controlplane.core import driver_link as dl
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
-from controlplane.services import credentials, jobs, nodes, progress, telemetry
+from controlplane.services import credentials, jobs, latency, nodes, progress, telemetry
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
@@ -225,20 +225,21 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._error("not_registered", "send a register message first")
             return
         if isinstance(message, link.Heartbeat):
-            result = await _service(nodes.record_heartbeat)(
-                node_id=self.node_id, message=message, channel=self.channel_name)
-            for why in result.refused:
-                await self._error("refused", why)
-            rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
-            # level-triggered: a push lost on the way (e.g. Redis restarted and forgot the group) is
-            # repaired by the next heartbeat of an agent still behind the node's generation
-            behind = message.generation < result.generation and result.generation > self.sent_generation
-            if rotated or behind:
-                await self._send_desired()
-            try:
-                await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)  # re-join after a Redis restart
-            except Exception as exc:  # Redis down: pushes wait; the heartbeats above still renewed the lease
-                log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
+            with latency.HEARTBEAT_SECONDS.time():  # the whole handling: the use case, the answers, the group
+                result = await _service(nodes.record_heartbeat)(
+                    node_id=self.node_id, message=message, channel=self.channel_name)
+                for why in result.refused:
+                    await self._error("refused", why)
+                rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
+                # level-triggered: a push lost on the way (e.g. Redis restarted and forgot the group) is
+                # repaired by the next heartbeat of an agent still behind the node's generation
+                behind = message.generation < result.generation and result.generation > self.sent_generation
+                if rotated or behind:
+                    await self._send_desired()
+                try:  # re-join after a Redis restart
+                    await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
+                except Exception as exc:  # Redis down: pushes wait; the heartbeats above still renewed the lease
+                    log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
         elif isinstance(message, link.Telemetry):
             await _service(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
         elif isinstance(message, link.Fault):

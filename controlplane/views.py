@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from django.contrib.auth.decorators import login_required
 from django.db import connection
@@ -9,9 +10,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import extend_schema
+from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client.exposition import choose_encoder
 from rest_framework.views import APIView
 
-from controlplane.selectors.metrics import prometheus_text
+from controlplane.selectors.metrics import ClusterCollector
+from controlplane.services import latency
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +59,27 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)
 
 
+def metrics_registry() -> CollectorRegistry:
+    """What /metrics serves: the cluster gauges, read from the database at each scrape, and the latency
+    histograms (`services.latency`): this process's, or, in prometheus_client's multiprocess mode
+    (PROMETHEUS_MULTIPROC_DIR set for every web and Celery process of the host), every process's."""
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(latency.REGISTRY)
+    return registry
+
+
 class MetricsView(APIView):
-    """Prometheus text format; session or token auth (a scraper uses `Authorization: Token ...`)."""
+    """Prometheus exposition (text, or OpenMetrics when the scraper asks for it); session or token auth
+    (a scraper uses `Authorization: Token ...`)."""
 
     @extend_schema(exclude=True)
     def get(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+        encode, content_type = choose_encoder(request.META.get("HTTP_ACCEPT", ""))
+        return HttpResponse(encode(metrics_registry()), content_type=content_type)
 
 
 def _can_operate(request: HttpRequest) -> bool:

@@ -71,7 +71,7 @@ class TelemetryRecord:
     running_batch: int = 0  # sequences in the decode iteration; PREFILL: decodes riding in the same pass (0: alone)
     tokens: int = 0  # prefill tokens in the pass
     prefix_tokens: int = 0  # PREFILL: cached prefix the new tokens attend over
-    duration_s: float = 0.0  # iteration, pass, transfer or toggle time
+    duration_s: float = 0.0  # iteration, pass, transfer or toggle time; TURN: generation and environment
     # KV_TRANSFER
     kv_bytes: int = 0
     # TOGGLE

@@ -24,6 +24,7 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
+from controlplane.services import latency
 from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.plan_queue import resume_deferred_plans
 from controlplane.services.errors import Conflict, NotFound
@@ -122,7 +123,11 @@ def _advance(tr: Transition, actor: str) -> str:
         for step in group:
             step.refresh_from_db()
             if _confirmed(job, step):
-                TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.DONE, finished=timezone.now())
+                finished = timezone.now()
+                TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.DONE, finished=finished)
+                if step.started is not None:
+                    latency.TRANSITION_STEP_SECONDS.labels(kind=step.kind).observe(
+                        max(0.0, (finished - step.started).total_seconds()))
                 continue
             waiting = True
             leaving = _node_leaving(job, step)

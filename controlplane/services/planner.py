@@ -26,7 +26,7 @@ from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
 from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
-from controlplane.services import dispatch
+from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, fail_job, job_delta
@@ -132,7 +132,13 @@ def _finite(x: float | None) -> float | None:
 
 def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planner",
              now_s: float | None = None) -> Transition | None:
-    """Run ①–③ for a job; returns the new Transition (executed by `executor.execute_transition`) or None."""
+    """Run ①–③ for a job; returns the new Transition (executed by `executor.execute_transition`) or None.
+    Timed by `latency.PLAN_SECONDS`."""
+    with latency.PLAN_SECONDS.labels(signal=latency.signal_label(signal)).time():
+        return _plan_job(job_id=job_id, signal=signal, actor=actor, now_s=now_s)
+
+
+def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> Transition | None:
     with transaction.atomic():
         job = lock_job(job_id)
         if job.status in TERMINAL:

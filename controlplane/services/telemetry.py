@@ -8,6 +8,7 @@ from controlplane.core.agent_link import Telemetry
 from controlplane.core.driver_link import TelemetryReport
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
 from controlplane.models import Job, TelemetrySample
+from controlplane.services import latency
 from controlplane.services.errors import InvalidInput
 from controlplane.services.events import push_delta_on_commit
 from controlplane.services.principals import Principal
@@ -29,6 +30,7 @@ def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int
     """All-or-nothing: one bad record (malformed, or naming a job or worker the sender does not run)
     rejects the message and stores nothing, so no one feeds another job's predictor."""
     rows: list[TelemetrySample] = []
+    turns: list[float] = []  # the turns' durations, for `latency.TURN_SECONDS` once stored
     history: set[tuple[int, str, int]] = set()
     for i, raw in enumerate(message.records):
         where = f"records[{i}]"
@@ -47,12 +49,16 @@ def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int
                 continue  # a restarted driver may report a step again: the history keeps one record per step
             history.add(key)
         rows.append(TelemetrySample(job_id=job_id, node_id=principal.node_id, kind=r.kind, record=r.to_json()))
+        if r.kind is RecordKind.TURN and r.duration_s > 0:
+            turns.append(r.duration_s)
     with transaction.atomic():
         created = TelemetrySample.objects.bulk_create(rows)
         for row in created:  # the job page's charts grow by one point per step, live
             if row.kind in HISTORY_KINDS and row.job_id is not None:
                 push_delta_on_commit(kind="series", key=str(row.job_id), data={"job": row.job_id, "kind": row.kind,
                                                                                "record": row.record})
+    for seconds in turns:
+        latency.TURN_SECONDS.observe(seconds)
     return len(rows)
 
 

@@ -372,7 +372,7 @@ class RolloutLoop:
         t.prefilled += t.pre_in_turn
         self._emit(Telemetry(tm.turn(time_s=ev.now_s, job=self.cfg.job, step=t.step, trajectory=t.tid, turn=t.turn,
                                      new_prompt_tokens=t.pre_in_turn, generated_tokens=t.gen_in_turn,
-                                     env_time_s=ev.env_time_s)))
+                                     env_time_s=ev.env_time_s, duration_s=ev.now_s - t.turn_start_s)))
         t.turn += 1
         t.gen_in_turn = t.pre_in_turn = 0
         t.decode_in_turn_s = 0.0

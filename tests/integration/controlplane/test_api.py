@@ -242,20 +242,6 @@ def test_user_token_is_not_an_agent_token_and_vice_versa(api, operator):
     assert c.get("/api/jobs/").status_code == 401
 
 
-def test_metrics_prometheus_text(api):
-    n = make_node("n1", slots=2)
-    job = make_job()
-    from controlplane.services.workers import start_worker
-
-    start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[0], role="colocated", activity="active")
-    text = api.get("/metrics").content.decode()
-    assert 'pearl_nodes{status="ready"} 1' in text
-    assert 'pearl_gpus{role="colocated",activity="active"} 1' in text
-    assert 'pearl_gpus{role="none",activity="idle"} 1' in text
-    assert 'pearl_agent_heartbeat_age_seconds{node="n1",pool="reserved"}' in text
-    assert "# TYPE pearl_transitions gauge" in text
-
-
 def test_state_changes_are_rate_limited(api, settings):
     from django.core.cache import cache
 
