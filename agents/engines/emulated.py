@@ -141,7 +141,8 @@ class EmulatedEngine(LoopEngine):
         self.vocab_size = TOKENIZER.vocab_size
         self.batching = IterationScheduler(
             worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile), chunk_tokens=CHUNK_TOKENS,
-            kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token), mixed_penalty=interference)
+            kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token),
+            mixed_penalty=interference)
         self.prefix_cache = PrefixCache()
         self._by_id: dict[str, ESeq] = {}
         self._reqs: dict[str, Request] = {}

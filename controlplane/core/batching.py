@@ -19,12 +19,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol, SupportsFloat
 
 from controlplane.core import telemetry as tm
 from controlplane.core.state import Role
-from controlplane.core.workload import Trajectory
 
 
 class EngineCosts(Protocol):
@@ -38,6 +38,14 @@ CHUNK_TOKENS = 8192
 emulated engine's."""
 
 
+class CostModel(Protocol):
+    """What `ScaledCosts` scales: a hardware profile's engine costs (numpy-backed, so any float-like answer)."""
+
+    def decode_iteration_s(self, batch: int, mean_context: float) -> SupportsFloat: ...
+
+    def prefill_s(self, tokens: int, prefix: int) -> SupportsFloat: ...
+
+
 class ScaledCosts:
     """The profile's engine costs times a constant factor (`EngineSpec.engine_slowdown`), memoised.
 
@@ -46,10 +54,10 @@ class ScaledCosts:
     changes an iteration's KV-read time by < 0.05%.
     """
 
-    __slots__ = ("_dec", "_pre", "k", "_dcache", "_pcache")
+    __slots__ = ("_dcache", "_dec", "_pcache", "_pre", "k")
     CONTEXT_BUCKET = 32
 
-    def __init__(self, costs: EngineCosts, k: float = 1.0) -> None:
+    def __init__(self, costs: CostModel, k: float = 1.0) -> None:
         self._dec = costs.decode_iteration_s
         self._pre = costs.prefill_s
         self.k = k
@@ -78,7 +86,7 @@ class Request:
     """One turn of one trajectory being served (possibly the resumed remainder of a turn). `traj` is the
     caller's handle: a workload Trajectory (simulator), the emulated engine's sequence."""
 
-    traj: Trajectory | Any
+    traj: Any
     compute: int  # prompt tokens to prefill (not in this worker's prefix cache)
     prefix: int  # prompt tokens already cached on the prefill worker
     ctx0: int  # context when decoding starts (prompt incl. partial response)
@@ -127,9 +135,9 @@ class IterationScheduler:
     batch and KV admission, for a colocated (prefill+decode), prefill-only or decode-only worker."""
 
     __slots__ = (
-        "slot", "pool", "gen", "role", "costs", "chunk_tokens", "kv_capacity", "it", "running", "heap", "s0",
-        "kv_used", "pq", "joinq", "seg", "version", "homed", "busy_s", "iters", "tokens_out", "serving",
-        "link_free_s", "_seq", "homed_ctx", "stats", "mixed_penalty",
+        "_seq", "busy_s", "chunk_tokens", "costs", "gen", "heap", "homed", "homed_ctx", "it", "iters", "joinq",
+        "kv_capacity", "kv_used", "link_free_s", "mixed_penalty", "pool", "pq", "role", "running", "s0", "seg",
+        "serving", "slot", "stats", "tokens_out", "version",
     )
 
     def __init__(self, slot: int, pool: str, role: Role, costs: EngineCosts, *, chunk_tokens: int,
@@ -212,7 +220,8 @@ class IterationScheduler:
                 r = self.pq[0]
                 if batch and tokens + r.compute > self.chunk_tokens:
                     break
-                if self.role is Role.COLOCATED and batch and self.kv_used + kv_extra + r.ctx0 + r.remaining > self.kv_capacity:
+                over_kv = self.kv_used + kv_extra + r.ctx0 + r.remaining > self.kv_capacity
+                if self.role is Role.COLOCATED and batch and over_kv:
                     break
                 self.pq.popleft()
                 batch.append(r)

@@ -120,8 +120,8 @@ def _draw_specs(spec: WorkloadSpec, seed: int, step: int) -> tuple[tuple[str, in
             idx = g * spec.group_size + j
             if idx >= spec.batch_size:
                 break
-            n_turns = min(spec.turns_max, max(1, int(round(rng.expovariate(1.0) * 0.6 * spec.turns_mean * difficulty
-                                                          + 0.4 * spec.turns_mean * difficulty))))
+            n_turns = min(spec.turns_max, max(1, round(rng.expovariate(1.0) * 0.6 * spec.turns_mean * difficulty
+                                                          + 0.4 * spec.turns_mean * difficulty)))
             turns: list[TurnSpec] = []
             ctx = 0
             for k in range(n_turns):

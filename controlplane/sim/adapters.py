@@ -12,8 +12,9 @@ trace's mean rounded up to TP (`Scenario.large_pool_gpus`).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from controlplane.core.context import Overrides
 from controlplane.core.policies import REGISTRY, StaticPool, TrackedPolicy, make_policy

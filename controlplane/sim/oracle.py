@@ -38,7 +38,7 @@ SPLITS = 1  # best disaggregated splits tried per budget (by the predictor's ran
 FORK_SIGNALS = (Signal.STEP_START, Signal.TRAINING_FINISHED, Signal.CAPACITY_CHANGE)
 
 
-def candidates(sim: "Simulation", signal: Signal) -> list[Overrides]:
+def candidates(sim: Simulation, signal: Signal) -> list[Overrides]:
     """Colocation and the best splits, each with and without borrowing (when anything is borrowable)."""
     inv = sim.world.inventory(sim.training_active)
     dedicated = sum(1 for u in inv.units if not u.overlap and not u.leaving)
@@ -65,7 +65,7 @@ def _ignore(record: Any) -> None:
     return None
 
 
-def _fork(sim: "Simulation") -> "Simulation":
+def _fork(sim: Simulation) -> Simulation:
     # Share what is immutable or pure (the scenario, profiles, memoised engine costs, the drawn turn
     # specs) and the executor policy: in a fork every choice comes from the candidate's overrides and
     # the fork learns nothing (its telemetry is dropped), so the policy is only read there.
@@ -81,7 +81,7 @@ def _fork(sim: "Simulation") -> "Simulation":
     return f
 
 
-def _outcome(sim: "Simulation", ov: Overrides, signal: Signal, remaining: int, step: int) -> float:
+def _outcome(sim: Simulation, ov: Overrides, signal: Signal, remaining: int, step: int) -> float:
     f = _fork(sim)
     f.overrides = ov
     f.signal(signal, remaining)
@@ -92,7 +92,7 @@ def _outcome(sim: "Simulation", ov: Overrides, signal: Signal, remaining: int, s
     return st.end_s if st is not None and st.end_s > 0 else math.inf
 
 
-def choose(sim: "Simulation", signal: Signal, remaining: int) -> Overrides | None:
+def choose(sim: Simulation, signal: Signal, remaining: int) -> Overrides | None:
     """The candidate whose in-flight step completes first (None: nothing to choose now)."""
     loop = sim.loop
     if signal not in FORK_SIGNALS or not loop.rollout_active or loop.step not in loop.steps:

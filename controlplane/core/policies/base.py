@@ -3,9 +3,10 @@ tracked base class (a RuntimeTracker fed by `observe`), plus the predictor helpe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, Mapping, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from controlplane.core.context import PolicyContext
 from controlplane.core.decision import Decision, decide
@@ -14,6 +15,7 @@ from controlplane.core.profiles import EngineCoefficients, Profile
 from controlplane.core.state import Configuration
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.tracker import FittedProfile, RuntimeTracker
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyAction:
@@ -24,7 +26,8 @@ class PolicyAction:
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction: ...
 

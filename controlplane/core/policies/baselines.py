@@ -4,7 +4,8 @@ asynchronous RL, a simulator-only reference). Their names are in `names`."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.decision import Decision, evaluate
@@ -20,8 +21,9 @@ class FixedPolicy(TrackedPolicy):
 
     name = names.FIXED
     summary = "ROLL: a fixed colocated rollout pool (the reserved GPUs unless `workers` is set), no borrowing"
-    options = (OptionSpec("workers", int, None, "rollout workers in the fixed pool (default: the reserved pool)",
-                          1, 65536),)
+    options: ClassVar[tuple[OptionSpec, ...]] = (
+        OptionSpec("workers", int, None, "rollout workers in the fixed pool (default: the reserved pool)", 1, 65536),
+    )
     static_pool = StaticPool.RESERVED
     color = "#7f7f7f"
 
@@ -52,7 +54,7 @@ class FixedLargePolicy(FixedPolicy):
     summary = "ROLL-Large: a fixed colocated pool as large as the mean available rollout GPUs"
     static_pool = StaticPool.TRACE_MEAN
     color = "#1f77b4"
-    options = (
+    options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("workers", int, None, "rollout workers in the fixed pool", 1, 65536),
         OptionSpec("trace_mean_gpus", float, None, "mean rollout GPUs available (the pool is this, rounded up to TP)",
                    1.0, 1 << 20),
@@ -95,7 +97,7 @@ class ElasticPolicy(TrackedPolicy):
     summary = ("Elastic seeding after RLBoost: every preemptible GPU joins, training GPUs seeded for an adaptive "
                "window, colocated only")
     color = "#2ca02c"
-    options = (
+    options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("eta", float, 0.5, "Algorithm 1 step size for the seeding window", 1e-6, 100.0),
         OptionSpec("t_seed_s", float, 60.0, "initial seeding window after Training Finished, seconds", 0.0, 86400.0),
     )
@@ -112,7 +114,7 @@ class ElasticPolicy(TrackedPolicy):
         self._count_at_start: int | None = None
         self._count_stable = True
 
-    _STATE = ("t_seed_s", "_finished_at", "_returned_at", "_count_at_start", "_count_stable")
+    _STATE: ClassVar[tuple[str, ...]] = ("t_seed_s", "_finished_at", "_returned_at", "_count_at_start", "_count_stable")
 
     def state(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in self._STATE}, "memo": {str(n): v for n, v in self.memo.items()}}
@@ -209,7 +211,7 @@ class RLBoostPolicy(ElasticPolicy):
     ETA = 1.0 / 3.0
     FLOOR_S = 5.0
     ALPHA, BETA = 0.8, 0.2
-    options = (
+    options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("eta", float, ETA, "Algorithm 1 step size for the seeding window", 1e-6, 100.0),
         OptionSpec("t_seed_s", float, 150.0, "initial seeding window after Training Finished, seconds", 0.0, 86400.0),
         OptionSpec("cap", bool, True, "cap the remote instances at what keeps rollout no longer than training"),
@@ -226,7 +228,9 @@ class RLBoostPolicy(ElasticPolicy):
         self._last_train_end: float | None = None
         self._step_tokens: dict[int, int] = {}
 
-    _STATE = ElasticPolicy._STATE + ("_last_thr", "_memo_count", "_t_remote", "_t_train", "_last_train_end")
+    _STATE: ClassVar[tuple[str, ...]] = (
+        *ElasticPolicy._STATE, "_last_thr", "_memo_count", "_t_remote", "_t_train", "_last_train_end",
+    )
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "peak": list(self._peak) if self._peak else None}
@@ -284,7 +288,9 @@ class RLBoostPolicy(ElasticPolicy):
         return max(min(n, ctx.reserved_workers), min(n, need))
 
 
-def rlboost_rebalance(pending: Mapping[int, int], executing: Mapping[int, int], plateau_batch: int) -> list[tuple[int, int, int]]:
+def rlboost_rebalance(
+    pending: Mapping[int, int], executing: Mapping[int, int], plateau_batch: int
+) -> list[tuple[int, int, int]]:
     """RLBoost Algorithm 2 (CONTINUOUSLB): moves (src, dst, n) of requests between workers.
 
     If some worker has no pending request while others do, migrate one pending request from the

@@ -10,11 +10,11 @@ the best configuration for the budget at every signal and borrows every idle ove
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from controlplane.core.context import PolicyContext
 from controlplane.core.policies import names
-from controlplane.core.policies.base import PolicyAction, best_makespan, with_inputs
+from controlplane.core.policies.base import OptionSpec, PolicyAction, best_makespan, with_inputs
 from controlplane.core.policies.pearl import PearlPolicy
 from controlplane.core.predictor import WorkloadProfile
 from controlplane.core.profiles import EngineCoefficients
@@ -30,7 +30,7 @@ class OraclePolicy(PearlPolicy):
     name = names.ORACLE
     summary = "Upper bound: knows the future availability and reconfigures for free (reports only)"
     product = False
-    options = ()
+    options: ClassVar[tuple[OptionSpec, ...]] = ()
     free_reconfiguration = True
     chooses_by_simulation = True
     color = "#9467bd"

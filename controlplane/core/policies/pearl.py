@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from controlplane.core.borrowing import GateResult, gate
 from controlplane.core.context import PolicyContext, Signal
@@ -27,7 +27,7 @@ class PearlPolicy(TrackedPolicy):
     name = names.PEARL
     color = "#d62728"
     summary = "PEARL: PD mode and P:D ratio from the online makespan predictor, gated borrowing, elasticity"
-    options = (
+    options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("gate", bool, True, "apply the Eq. 7 borrowing gate (false: borrow every idle window; ablation)"),
         OptionSpec("ratio_change", float, _TH.ratio_change,
                    "hysteresis: minimum predicted gain to change the P:D ratio", 0.0, 1.0),
@@ -115,7 +115,9 @@ class PearlPolicy(TrackedPolicy):
         d = replace(d, gate=g)
         return self._act(d.configuration, borrow, d)
 
-    def _gate(self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, n_ded: int, n_full: int) -> GateResult:
+    def _gate(
+        self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, n_ded: int, n_full: int
+    ) -> GateResult:
         t_ded = best_makespan(w, c, n_ded)
         t_full = best_makespan(w, c, n_full)
         g = gate(remaining=ctx.remaining, batch_size=ctx.batch_size or w.batch_size, t_dedicated_s=t_ded,

@@ -3,7 +3,8 @@ options. The live control plane, the simulator, the catalog (API, job form, CLI)
 read it; what a policy does is in its traits (`base.TrackedPolicy`), its name is in `names`."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from controlplane.core.policies.base import OptionError, TrackedPolicy
 from controlplane.core.policies.baselines import ElasticPolicy, FixedLargePolicy, FixedPolicy, RLBoostPolicy
