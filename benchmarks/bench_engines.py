@@ -101,7 +101,7 @@ async def bench_torch(batches: list[int], prompt_len: int, new: int, repeats: in
 # ---------------------------------------------------------------- 2. KV hand-off across processes
 async def bench_kv(prompt_lens: list[int], new: int, repeats: int) -> list[dict]:
     from agents.process import spawn_worker
-    from agents.router import PDRouter, WorkerClient, session
+    from agents.worker_client import WorkerClient, session
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-kv-"))
     p = await spawn_worker(worker_id=1, engine="torch", role="prefill", state_dir=tmp / "p")
@@ -111,7 +111,6 @@ async def bench_kv(prompt_lens: list[int], new: int, repeats: int) -> list[dict]
     rows = []
     try:
         P, D, C = (WorkerClient(w.endpoint, w.secret, s) for w in (p, d, c))
-        router = PDRouter(prefill=[P], decode=[D])
         for L in prompt_lens:
             disagg, coloc, pulls, kvb, equal = [], [], [], [], True
             for r in range(repeats):
@@ -143,7 +142,6 @@ async def bench_kv(prompt_lens: list[int], new: int, repeats: int) -> list[dict]
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del router
     finally:
         await s.close()
         for w in (p, d, c):

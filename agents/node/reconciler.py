@@ -19,7 +19,7 @@ from aiohttp import ClientSession
 
 from agents.node.config import AgentConfig
 from agents.process import WorkerProcess, spawn_child, spawn_worker, stop_group
-from agents.router import WorkerCallError, WorkerClient
+from agents.worker_client import WorkerCallError, WorkerClient
 from controlplane.core import agent_link as link
 from controlplane.core import telemetry as tm
 from controlplane.core.state import Activity, Role

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agents import dataplane as dp
 from agents.process import REPO_ROOT, kill_leftovers, spawn_worker, start_time
-from agents.router import WorkerClient, session
+from agents.worker_client import WorkerClient, session
 from controlplane.core import agent_link as link
 from tests.support.processes import journaled_tokens
 from tests.integration.agents.test_node_agent import cp, observed  # noqa: F401  (the fake link server fixture)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agents import dataplane as dp
-from agents.router import PDRouter, WorkerClient, session
+from agents.worker_client import WorkerClient, generate_disaggregated, session
 from tests.integration.agents.test_control_plane_link import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,11 +47,10 @@ async def pd_then_colocated(p_ep: str, d_ep: str) -> tuple[dp.GenerationResult, 
     s = session()
     try:
         p, d = WorkerClient(p_ep, SECRET, s), WorkerClient(d_ep, SECRET, s)
-        router = PDRouter(prefill=[p], decode=[d])
         req = dp.GenerateRequest(request_id="pd-1", prompt="the quick brown fox",
                                  sampling=dp.SamplingParams(max_tokens=12, stop_at_eos=False))
-        out = await router.generate(req)
-        return out, router.kv_bytes
+        out = await generate_disaggregated(p, d, req)
+        return out, (await p.stats()).kv_bytes_out
     finally:
         await s.close()
 

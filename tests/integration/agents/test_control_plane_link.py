@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agents import dataplane as dp
-from agents.router import WorkerClient, session
+from agents.worker_client import WorkerClient, session
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.django_db(transaction=True)

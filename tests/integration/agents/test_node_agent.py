@@ -18,8 +18,8 @@ from aiohttp import web
 from agents import dataplane as dp
 from agents.node import AgentConfig, NodeAgent
 from agents.process import REPO_ROOT
-from agents.router import PDRouter, WorkerClient, session
 from agents.weights import WeightStore, weight_routes
+from agents.worker_client import WorkerClient, generate_disaggregated, session
 from controlplane.core import agent_link as link
 from tests.support.processes import journaled_tokens
 from tests.unit.agents.fake_control_plane import FakeControlPlane
@@ -84,7 +84,7 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         # the workers serve: colocated, and prefill -> KV pull -> decode
         req = dp.GenerateRequest(request_id="a", prompt="hi", sampling=dp.SamplingParams(max_tokens=3, seed=5))
         colo = await clients[1].generate(req)
-        pd = await PDRouter(prefill=[clients[2]], decode=[clients[3]]).generate(req)
+        pd = await generate_disaggregated(clients[2], clients[3], req)
         assert pd.tokens == colo.tokens and pd.worker_id == 3
 
         # role change and sleep happen in place (same processes)
@@ -201,8 +201,9 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
         info = json.loads(line.split(" ", 1)[1])
         listing = json.loads(open(info["secrets_file"]).read())
         assert oct(os.stat(info["secrets_file"]).st_mode & 0o777) == "0o600" and len(listing) == 2
-        router = PDRouter(colocated=[WorkerClient(w["endpoint"], w["secret"], s) for w in listing])
-        outs = [await router.generate(dp.GenerateRequest(request_id=f"s{i}", prompt="q", sampling=dp.SamplingParams(max_tokens=5))) for i in range(2)]
+        served = [WorkerClient(w["endpoint"], w["secret"], s) for w in listing]
+        outs = [await served[i].generate(dp.GenerateRequest(request_id=f"s{i}", prompt="q",
+                                                            sampling=dp.SamplingParams(max_tokens=5))) for i in range(2)]
         assert {o.worker_id for o in outs} == {1, 2} and all(len(o.tokens) == 5 for o in outs)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0

@@ -6,10 +6,10 @@ from aiohttp.test_utils import TestServer
 
 from agents import dataplane as dp
 from agents.engines.torch_engine import TorchEngine
-from agents.router import WorkerCallError, WorkerClient, session
 from agents.trainer import GRPOConfig, GRPOTrainer, TrainerServer
 from agents.weights import WeightStore
 from agents.worker import WorkerServer
+from agents.worker_client import WorkerCallError, WorkerClient, session
 from tests.unit.agents.test_trainer import fixed_batch, weights_hash
 
 AUTH = {"Authorization": "Bearer tok"}

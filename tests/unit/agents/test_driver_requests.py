@@ -11,7 +11,8 @@ def test_a_turn_wanting_more_than_the_data_plane_allows_asks_for_the_bound():
     job = dl.JobView(name="j", environment="swe-like", model="qwen3-8b", engine="emulated", batch_size=4, group_size=2,
                      max_staleness=1, max_trajectory_tokens=65536, return_deadline_s=30.0)
     driver = RolloutDriver(job, link=None, token="t")  # type: ignore[arg-type]
-    ep = Episode("s1-t0", 1, 0, env=None)
-    body = dp.parse_dataclass(dp.SamplingParams, driver._sampling(ep, 40_000), "sampling")
+    ep = Episode("s1-t0", 1, 0, env=None)  # type: ignore[arg-type]
+    # as the worker parses it: a value over the bounds would be refused (400)
+    body = dp.parse_dataclass(dp.SamplingParams, dp.dump(driver._sampling(ep, 40_000)), "sampling")
     assert body.max_tokens == dp.MAX_NEW_TOKENS
-    assert driver._sampling(ep, 0)["max_tokens"] == 1
+    assert driver._sampling(ep, 0).max_tokens == 1

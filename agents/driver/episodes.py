@@ -1,0 +1,231 @@
+"""The rollout driver's episodes: one trajectory's environment and its turns on engine workers.
+
+An episode is one trajectory: an `agents.envs.Environment` (chosen by the job's `environment`, see
+`agents.envs.register` for plugging a new kind in) gives the first prompt on `reset()` and the next
+observation, or the reward, on `step(response)`; between the two, the turn is generated on the engine
+worker the loop routed it to (colocated, or prefill → KV hand-off → decode) through the one worker
+client (`agents.worker_client`). What happened goes back to the loop as events (`TrajectoryStarted`,
+`Prefilled`, `TurnGenerated`, `TurnInterrupted`, `EnvStepped`); a finished trajectory's samples go to the
+trainer before the loop counts it as finished.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, TypeVar
+
+from aiohttp import ClientSession
+
+from agents import dataplane as dp
+from agents.dataplane import MAX_NEW_TOKENS
+from agents.envs import Environment, make_env
+from agents.worker_client import UNREACHABLE, WorkerCallError, WorkerClient
+from controlplane.core import driver_link as dl
+from controlplane.core import loop as lp
+from controlplane.core.state import Role
+
+log = logging.getLogger("pearl.driver")
+T = TypeVar("T")
+RETRY_REFUSED_S = 0.2  # a worker that refuses (weights being pulled, draining) is asked again this much later
+# a worker that is gone, or whose answer is not the result it should be (TypeError: other fields)
+_FAILED: tuple[type[BaseException], ...] = (*UNREACHABLE, TypeError)
+
+
+class WorkerUnavailable(RuntimeError):
+    """The worker refused or is gone: the turn is interrupted and routed again."""
+
+
+@dataclass
+class Episode:
+    """A trajectory's runtime side: its environment, the context so far and the turn in progress."""
+
+    tid: str
+    step: int
+    group: int
+    env: Environment
+    context: list[int] = field(default_factory=list)
+    budget: int = 16  # response tokens allowed this turn
+    temperature: float = 1.0
+    kept: list[int] = field(default_factory=list)  # tokens of this turn generated before an interruption
+    kept_logprobs: list[float] = field(default_factory=list)
+    version: int = 0  # oldest weights that produced any of its tokens
+    new_tokens: int = 0  # prompt tokens appended for this turn (ΔL)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # one per finished turn
+    pd: tuple[int, dp.PrefillResult] | None = None  # (prefill worker, its result) while the KV waits for decode
+    attempt: int = 0
+    task: asyncio.Task[None] | None = None
+    reward: float = 0.0
+    info: dict[str, float] = field(default_factory=dict)
+
+
+class EpisodeRunner:
+    """The episodes part of `RolloutDriver` (a mixin): environments, turns on workers, samples.
+
+    What it needs from the driver is declared here; the driver gives it the serving workers (`workers`,
+    from the control plane's pushes), the loop's clock and feed, its task spawner and the trainer."""
+
+    job: dl.JobView
+    time_factor: float
+    token: str  # the job's data-plane token: what its workers accept
+    http: ClientSession | None
+    loop: lp.RolloutLoop
+    episodes: dict[str, Episode]
+    workers: dict[int, dl.WorkerView]
+
+    def _now(self) -> float:
+        raise NotImplementedError
+
+    def _feed(self, ev: lp.Event) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
+        raise NotImplementedError
+
+    async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ environments
+    def _task_id(self, step: int, group: int) -> int:
+        return zlib.crc32(f"{self.job.seed}-{step}-{group}".encode())
+
+    def _start_episode(self, ref: lp.TrajectoryRef, step: int) -> None:
+        job = self.job
+        env = make_env(job.environment, task=self._task_id(step, ref.group), member=ref.index % job.group_size,
+                       seed=job.seed, time_factor=self.time_factor, max_tokens=job.max_trajectory_tokens,
+                       group_size=job.group_size)
+        ep = Episode(ref.trajectory, step, ref.group, env, temperature=getattr(env, "temperature", 1.0))
+        self.episodes[ref.trajectory] = ep
+        ep.task = self._spawn(self._reset(ep), f"reset {ep.tid}")
+
+    async def _reset(self, ep: Episode) -> None:
+        turn = await ep.env.reset()
+        ep.context = list(turn.observation)
+        ep.budget = turn.max_tokens
+        ep.new_tokens = len(turn.observation)
+        ep.version = self.loop.version
+        self._feed(lp.TrajectoryStarted(self._now(), ep.tid, prompt_tokens=len(turn.observation)))
+
+    async def _env_step(self, ep: Episode, response: list[int], logprobs: list[float], version: int) -> None:
+        ep.samples.append({"prompt_tokens": list(ep.context), "completion_tokens": response, "logprobs": logprobs,
+                           "weight_version": version})
+        t0 = self._now()
+        turn = await ep.env.step(response)
+        env_s = self._now() - t0
+        ep.context += response + list(turn.observation)
+        ep.budget = max(1, turn.max_tokens)
+        ep.new_tokens = len(turn.observation)
+        if turn.done:
+            ep.reward, ep.info = turn.reward, dict(turn.info)
+            # the samples reach the trainer before the loop counts the trajectory as finished: whatever
+            # restarts afterwards, a finished trajectory's samples are kept for its step's update
+            await self._trainer_post("samples", {"samples": self._samples(ep), "train": False, "step": ep.step})
+        self._feed(lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward,
+                                 observation_tokens=len(turn.observation)))
+
+    def _samples(self, ep: Episode) -> list[dict[str, Any]]:
+        """One sample per turn, each with the trajectory's reward (its turns share one advantage). An
+        emulated model's samples carry their size instead of their synthetic tokens."""
+        counts_only = self.job.engine == "emulated" and self.job.model != "tiny"
+        out = []
+        for s in ep.samples:
+            sample = {**s, "group": f"{ep.step}-{ep.group}", "reward": ep.reward, "trajectory": ep.tid,
+                      "temperature": ep.temperature, "weight_version": min(s["weight_version"], ep.version)}
+            if counts_only:
+                sample |= {"token_count": max(1, len(s["prompt_tokens"]) + len(s["completion_tokens"])),
+                           "prompt_tokens": [], "completion_tokens": [], "logprobs": []}
+            out.append(sample)
+        return out
+
+    # ------------------------------------------------------------------ turns on engine workers
+    def _sampling(self, ep: Episode, budget: int) -> dp.SamplingParams:
+        ep.attempt += 1
+        seed = zlib.crc32(f"{self.job.seed}-{ep.tid}-{len(ep.samples)}-{ep.attempt}".encode())
+        # within the data plane's bound: a request over it is refused (400) however often it is resent
+        return dp.SamplingParams(max_tokens=max(1, min(budget, MAX_NEW_TOKENS)), temperature=ep.temperature,
+                                 seed=seed, stop_at_eos=False)
+
+    def _client(self, w: dl.WorkerView) -> WorkerClient:
+        assert self.http is not None
+        return WorkerClient(w.endpoint, self.token, self.http)
+
+    def _start_turn(self, tid: str, wid: int, min_version: int) -> None:
+        ep = self.episodes.get(tid)
+        if ep is None:
+            return
+        ep.task = self._spawn(self._first(ep, wid, min_version), f"turn {tid}")
+
+    async def _first(self, ep: Episode, wid: int, min_version: int) -> None:
+        """The turn's prompt (and any kept prefix) on a colocated worker (the whole turn) or a prefill worker."""
+        w = self.workers.get(wid)
+        if w is None:
+            self._feed(lp.TurnInterrupted(self._now(), ep.tid, wid))
+            return
+        request_id = f"{ep.tid}-{len(ep.samples)}-{ep.attempt}"  # before _sampling counts this attempt
+        req = dp.GenerateRequest(request_id=request_id, prompt_tokens=ep.context + ep.kept,
+                                 sampling=self._sampling(ep, ep.budget - len(ep.kept)), min_weight_version=min_version,
+                                 job=self.job.name)
+        prefilled = ep.new_tokens if not ep.kept else len(ep.context) + len(ep.kept)
+        client = self._client(w)
+        try:
+            if w.role is Role.PREFILL:
+                pre = await _unavailable_on_failure(client.prefill(req))
+                ep.pd = (wid, pre)
+                self._feed(lp.Prefilled(self._now(), ep.tid, wid, prefilled_tokens=prefilled))
+                return
+            res = await _unavailable_on_failure(client.generate(req))
+        except WorkerUnavailable as exc:
+            log.info("turn of %s on worker %s interrupted: %s", ep.tid, wid, exc)
+            await asyncio.sleep(RETRY_REFUSED_S)
+            self._feed(lp.TurnInterrupted(self._now(), ep.tid, wid))
+            return
+        await self._generated(ep, wid, res, prefilled)
+
+    async def _decode(self, ep: Episode, cmd: lp.RouteDecode) -> None:
+        """The KV hand-off: the decode worker pulls the prefilled KV cache from the prefill worker and decodes."""
+        w = self.workers.get(cmd.worker)
+        src = self.workers.get(cmd.source)
+        if w is None or ep.pd is None or ep.pd[0] != cmd.source:
+            self._feed(lp.TurnInterrupted(self._now(), ep.tid, cmd.worker))
+            return
+        pre = ep.pd[1]
+        ep.pd = None
+        # the KV is pulled from the prefill worker's endpoint ("" once it left the serving set: the pull fails)
+        req = dp.DecodeRequest(request_id=f"{ep.tid}-{len(ep.samples)}-{ep.attempt}-d",
+                               kv_url=src.endpoint if src is not None else "", handle=pre.handle, kv_token=pre.kv_token,
+                               sampling=self._sampling(ep, ep.budget - len(ep.kept)),
+                               min_weight_version=cmd.min_weight_version, job=self.job.name)
+        try:
+            res = await _unavailable_on_failure(self._client(w).decode(req))
+        except WorkerUnavailable as exc:
+            log.info("decode of %s on worker %s interrupted: %s", ep.tid, cmd.worker, exc)
+            await asyncio.sleep(RETRY_REFUSED_S)
+            self._feed(lp.TurnInterrupted(self._now(), ep.tid, cmd.worker))
+            return
+        await self._generated(ep, cmd.worker, res, 0)
+
+    async def _generated(self, ep: Episode, wid: int, res: dp.GenerationResult, prefilled: int) -> None:
+        tokens, logprobs = list(res.tokens), list(res.logprobs)
+        ep.version = min(ep.version, res.weight_version)
+        if res.finish_reason == "abort":  # drained or returned: keep the prefix, resume elsewhere
+            ep.kept += tokens
+            ep.kept_logprobs += logprobs
+            self._feed(lp.TurnInterrupted(self._now(), ep.tid, wid, generated_tokens=len(tokens),
+                                          prefilled_tokens=prefilled))
+            return
+        response, lps = ep.kept + tokens, ep.kept_logprobs + logprobs
+        ep.kept, ep.kept_logprobs = [], []
+        self._feed(lp.TurnGenerated(self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled,
+                                    weight_version=res.weight_version))
+        await self._env_step(ep, response, lps, ep.version)
+
+
+async def _unavailable_on_failure(call: Awaitable[T]) -> T:
+    """A worker's refusal or absence, as the one error the driver acts on (the turn is routed again)."""
+    try:
+        return await call
+    except WorkerCallError as exc:
+        raise WorkerUnavailable(str(exc)[:300]) from None
+    except _FAILED as exc:
+        raise WorkerUnavailable(f"{exc!r}") from None

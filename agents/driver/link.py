@@ -1,0 +1,102 @@
+"""The rollout driver's side of the driver link (`/ws/driver/`, messages in `controlplane.core.driver_link`).
+
+One reconnecting socket (`agents.reconnect`: jittered exponential backoff, a long wait after a close that
+says "give way"). Nothing is resent on reconnect that need not be: reports are level-triggered (the next
+progress and checkpoint supersede a lost one), and the control plane pushes its full view on every hello.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout
+
+from agents.driver.rollout import RolloutDriver
+from agents.reconnect import reconnect_forever
+from controlplane.core import driver_link as dl
+
+log = logging.getLogger("pearl.driver")
+
+
+class ControlLink:
+    """Sends the driver's reports and hands what the control plane pushes to the driver."""
+
+    def __init__(self, url: str, job: str, token: str, http: ClientSession) -> None:
+        base = url.rstrip("/")
+        self.ws_url = ("wss://" if base.startswith("https://") else "ws://") + base.split("://", 1)[1] + "/ws/driver/"
+        self.job = job
+        self.token = token
+        self.http = http
+        self.ws: Any = None
+        self.incarnation = secrets.token_hex(8)
+        self.welcome: asyncio.Future[dl.Welcome] = asyncio.get_running_loop().create_future()
+        self.driver: RolloutDriver | None = None
+        self.stopped = asyncio.Event()  # set: no reconnect after the socket closes
+        self._ready = asyncio.Event()
+
+    async def send(self, msg: Any) -> None:
+        await self._ready.wait()
+        await self.ws.send_str(json.dumps(dl.dump(msg), default=str))
+
+    async def run_forever(self) -> None:
+        """Connect, say hello, receive until the socket closes; again, with backoff, until stopped. Any
+        failure of a connection (a refused handshake, a frame it cannot read) is retried, as a lost one is."""
+        await reconnect_forever(self._connect_once, stop=self.stopped, initial_s=0.5, max_s=10.0,
+                                retry_on=(Exception,), name="driver link")
+
+    async def _connect_once(self) -> int | None:
+        try:
+            async with self.http.ws_connect(self.ws_url, headers={"Authorization": f"Bearer {self.token}"},
+                                            heartbeat=30, max_msg_size=dl.MAX_CHECKPOINT_BYTES * 2) as ws:
+                self.ws = ws
+                await ws.send_str(json.dumps(dl.dump(dl.Hello(self.job, self.incarnation))))
+                async for raw in ws:
+                    self._receive(json.loads(raw.data))
+                return ws.close_code
+        finally:
+            self._ready.clear()
+            self.ws = None
+            if self.driver is not None and self.driver.done.is_set():
+                self.stopped.set()
+
+    def _receive(self, data: Any) -> None:
+        msg = dl.parse_control_message(data)
+        if isinstance(msg, dl.Welcome):
+            self._ready.set()
+            if not self.welcome.done():
+                self.welcome.set_result(msg)
+            elif self.driver is not None:
+                self.driver.on_cluster(msg.cluster)
+        elif isinstance(msg, dl.ClusterView):
+            if self.driver is not None:
+                self.driver.on_cluster(msg)
+        elif isinstance(msg, dl.UpdateGranted):
+            if self.driver is not None:
+                self.driver.on_update_granted(msg.step)
+        elif isinstance(msg, dl.ErrorReply):
+            log.warning("driver link error: %s %s %s", msg.error, msg.field, msg.detail)
+            if msg.error == "not_returned" and self.driver is not None and self.driver.pending_train is not None:
+                step = self.driver.pending_train.step  # ask again once the next push shows the return
+                asyncio.get_running_loop().call_later(
+                    0.5, lambda: asyncio.ensure_future(self.send(dl.UpdateRequest(step))))
+
+
+async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0) -> RolloutDriver:
+    """Connect, take the job and the loop's checkpoint from the welcome, run the driver until the job stops."""
+    async with ClientSession(timeout=ClientTimeout(total=600)) as http:
+        link = ControlLink(url, job, token, http)
+        link_task = asyncio.create_task(link.run_forever())
+        welcome = await link.welcome
+        driver = RolloutDriver(welcome.job, link=link, token=welcome.dataplane_token, time_factor=time_factor,
+                               checkpoint=welcome.checkpoint or None, http=http)
+        driver.cluster = welcome.cluster
+        link.driver = driver
+        try:
+            await driver.run()
+        finally:
+            link.stopped.set()
+            link_task.cancel()
+        return driver

@@ -1,0 +1,269 @@
+"""The rollout driver proper: core's RL loop carried out against the job's workers, trainer and link.
+
+`RolloutDriver` is the live `CommandSink` of the loop (`controlplane.core.loop.sink`): it turns what the
+control plane pushes (the serving workers, the weight version, the return, the decisions) into the loop's
+events, carries out each command (episodes: `agents.driver.episodes`; the update: the trainer; signals:
+the link), and reports progress, telemetry and checkpoints, level-triggered.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Protocol
+
+from aiohttp import ClientError, ClientSession
+
+from agents.driver.clock import AsyncLoopRunner
+from agents.driver.episodes import Episode, EpisodeRunner
+from controlplane.core import driver_link as dl
+from controlplane.core import loop as lp
+from controlplane.core.context import Signal
+from controlplane.core.loop import Event, RolloutLoop
+from controlplane.core.state import Configuration, Mode, Role
+
+log = logging.getLogger("pearl.driver")
+# How often the loop's checkpoint may be written to the control plane's database at most: a restarted
+# driver redoes at most this much of its trajectories' progress (turns resume from kept prefixes).
+CHECKPOINT_EVERY_S = 2.0
+
+
+class Reports(Protocol):
+    """Where the driver's reports go: the driver link (`agents.driver.link.ControlLink`)."""
+
+    async def send(self, msg: Any) -> None: ...
+
+
+class RolloutDriver(EpisodeRunner):
+    """Carries out the loop's commands against environments, engine workers, the trainer and the link."""
+
+    def __init__(self, job: dl.JobView, *, link: Reports, token: str, time_factor: float = 1.0,
+                 checkpoint: dict[str, Any] | None = None, http: ClientSession | None = None) -> None:
+        self.job = job
+        self.link = link
+        self.token = token
+        self.time_factor = time_factor
+        self.http = http
+        cfg = lp.LoopConfig(batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
+                            return_deadline_s=job.return_deadline_s, job=job.name)
+        self.loop = RolloutLoop.restore(cfg, checkpoint) if checkpoint else RolloutLoop(cfg)
+        # the loop's times (a step's start, a trajectory's turns) are seconds since the job's loop first
+        # started; a restarted driver goes on from the wall-clock epoch kept in the checkpoint
+        self.epoch = float((checkpoint or {}).get("clock_epoch", time.time()))
+        self.runner: AsyncLoopRunner | None = None
+        self.episodes: dict[str, Episode] = {}
+        self.workers: dict[int, dl.WorkerView] = {}
+        self.cluster: dl.ClusterView | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.records: list[dict[str, Any]] = []  # telemetry records not yet sent
+        self.waiting_return = False
+        self.waiting_version: int | None = None
+        self.pending_train: lp.Train | None = None
+        self.done = asyncio.Event()
+        self._checkpointed: dict[str, Any] | None = None
+        self._decision_seen = -1
+        self._checkpoint_sent_at = float("-inf")
+        self._last_progress: tuple[int, int] | None = None
+        self.trained: list[dict[str, Any]] = []  # per update: step, loss, reward, correct (for tests / logs)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        # an emulated job's engines, environments and trainer run `time_factor` times real time: its loop
+        # clock (turn and step times, telemetry) is in model seconds, as the profile and the simulator are
+        scale = self.time_factor if self.job.engine == "emulated" else 1.0
+        self.runner = AsyncLoopRunner(self.loop, lp.Dispatcher(self),
+                                      elapsed_s=max(0.0, time.time() - self.epoch) / scale, scale=scale)
+        flusher = asyncio.create_task(self._flush_forever())
+        if self.cluster is not None:
+            self.on_cluster(self.cluster)
+        self.runner.feed(lp.Start(self.runner.now()))
+        try:
+            await self.done.wait()
+        finally:
+            flusher.cancel()
+            for t in list(self.tasks):
+                t.cancel()
+            await self._flush()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def _spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+
+        def finished(t: asyncio.Task[Any]) -> None:
+            self.tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("driver task %s failed: %r", name, t.exception())
+        task.add_done_callback(finished)
+        return task
+
+    def _now(self) -> float:
+        assert self.runner is not None
+        return self.runner.now()
+
+    def _feed(self, ev: Event) -> None:
+        assert self.runner is not None
+        self.runner.feed(ev)
+
+    # ------------------------------------------------------------------ what the control plane pushes
+    def on_cluster(self, view: dl.ClusterView) -> None:
+        """The serving set changed (or the weights, or the return): tell the loop what differs."""
+        self.cluster = view
+        if self.runner is None:
+            return
+        now = self._now()
+        new = {w.worker: w for w in view.workers}
+        if set(new) != set(self.workers) or view.weight_version != getattr(self, "_seen_version", -1):
+            self._seen_version = view.weight_version
+            log.info("cluster: workers %s, weights v%d, training %s, borrowed %d",
+                     sorted((w, str(v.role)) for w, v in new.items()), view.weight_version, view.training_active,
+                     view.borrowed)
+        for wid, w in self.workers.items():
+            if wid not in new or new[wid].role != w.role or new[wid].endpoint != w.endpoint:
+                self._feed(lp.WorkerGone(now, wid, "stop"))
+        for wid, w in new.items():
+            old = self.workers.get(wid)
+            if old is None or old.role != w.role or old.endpoint != w.endpoint:
+                self._feed(lp.WorkerReady(now, wid, Role(w.role), overlap=w.overlap, gpus=w.gpus))
+        self.workers = new
+        if self.waiting_return and view.training_active and view.borrowed == 0:
+            self.waiting_return = False
+            self._feed(lp.ReturnConfirmed(now))
+        if self.waiting_version is not None and view.weight_version >= self.waiting_version:
+            v, self.waiting_version = self.waiting_version, None
+            self._feed(lp.WeightsPublished(now, v))
+        d = view.decision
+        if d is not None and d.id != self._decision_seen:
+            self._decision_seen = d.id
+            try:
+                config: Configuration | None = Configuration(Mode(d.mode), d.n_prefill, d.n_decode, d.n_colocated)
+            except ValueError:
+                config = None
+            signal = Signal(d.signal) if d.signal in Signal._value2member_map_ else Signal.PERIODIC
+            self._feed(lp.Decided(now, signal, config if config is not None and config.total > 0 else None,
+                                  d.predicted_makespan_s or None, d.reconfigured))
+        if view.stopped:
+            self.stop()
+
+    def on_update_granted(self, step: int) -> None:
+        if self.pending_train is not None and self.pending_train.step == step:
+            cmd, self.pending_train = self.pending_train, None
+            self._spawn(self._train(cmd), f"train {step}")
+
+    # ------------------------------------------------------------------ commands (lp.CommandSink)
+    def route_turn(self, cmd: lp.RouteTurn) -> None:
+        self._start_turn(cmd.trajectory, cmd.worker, cmd.min_weight_version)
+
+    def resubmit(self, cmd: lp.Resubmit) -> None:
+        self._start_turn(cmd.trajectory, cmd.worker, cmd.min_weight_version)
+
+    def route_decode(self, cmd: lp.RouteDecode) -> None:
+        ep = self.episodes.get(cmd.trajectory)
+        if ep is not None:
+            ep.task = self._spawn(self._decode(ep, cmd), f"decode {cmd.trajectory}")
+
+    def telemetry(self, cmd: lp.Telemetry) -> None:
+        self.records.append(cmd.record.to_json())
+
+    def progress(self, cmd: lp.Progress) -> None:
+        """Progress and the checkpoint are reported by the flusher, from the loop's state."""
+
+    def emit_signal(self, cmd: lp.EmitSignal) -> None:
+        log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
+        self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
+
+    def start_step(self, cmd: lp.StartStep) -> None:
+        log.info("step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version,
+                 len(cmd.trajectories))
+        for ref in cmd.trajectories:
+            self._start_episode(ref, cmd.step)
+
+    def return_overlap(self, cmd: lp.ReturnOverlap) -> None:
+        self.waiting_return = True
+        if self.cluster is not None:
+            self.on_cluster(self.cluster)
+
+    def train(self, cmd: lp.Train) -> None:
+        log.info("update for step %d requested", cmd.step)
+        self.pending_train = cmd
+        self._spawn(self.link.send(dl.UpdateRequest(cmd.step)), "update request")
+
+    def publish_weights(self, cmd: lp.PublishWeights) -> None:
+        self.waiting_version = cmd.version
+        if self.cluster is not None:
+            self.on_cluster(self.cluster)
+
+    def abort(self, cmd: lp.Abort) -> None:
+        ep = self.episodes.pop(cmd.trajectory, None)
+        if ep is not None and ep.task is not None:
+            ep.task.cancel()
+        if cmd.replacement is not None:
+            self._start_episode(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
+
+    # ------------------------------------------------------------------ training
+    async def _train(self, cmd: lp.Train) -> None:
+        """The update of the batch: its trajectories' samples are at the trainer already; training a
+        step is idempotent there (a restarted driver asking again gets the version it published)."""
+        tids = [t for g in cmd.groups for t in g]
+        res = await self._trainer_post("step", {"step": cmd.step, "trajectories": tids,
+                                                "training_gpus": self.job.training_gpus}) or {}
+        stats = res.get("step") or {}
+        if res.get("missing"):
+            log.error("the trainer lacked the samples of %d trajectories of step %d", len(res["missing"]), cmd.step)
+        for tid in tids:
+            self.episodes.pop(tid, None)
+        loss = float(stats.get("loss", 0.0))
+        self.trained.append({"step": cmd.step, "loss": loss, "reward": float(stats.get("mean_reward", 0.0)),
+                             "samples": int(stats.get("accepted", 0))})
+        log.info("step %d trained: version %s, loss %.4f, mean reward %.3f", cmd.step, res.get("version"), loss,
+                 float(stats.get("mean_reward", 0.0)))
+        self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss, missing=len(res.get("missing") or [])))
+
+    async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """POST to the job's trainer, waiting for one (a restarted trainer comes back on a new endpoint,
+        which the next cluster view carries)."""
+        assert self.http is not None
+        for attempt in range(600):
+            trainer = self.cluster.trainer if self.cluster else ""
+            if trainer:
+                try:
+                    async with self.http.post(f"{trainer}/{verb}", json=body,
+                                              headers={"Authorization": f"Bearer {self.token}"}) as resp:
+                        if resp.status == 200:
+                            answer: dict[str, Any] = await resp.json()
+                            return answer
+                        text = await resp.text()
+                    if resp.status not in (401, 502, 503):  # 401: a port reused by another process
+                        raise RuntimeError(f"trainer /{verb}: HTTP {resp.status}: {text[:500]}")
+                except (ClientError, OSError, asyncio.TimeoutError) as exc:
+                    log.warning("trainer /%s unreachable (%r); retrying", verb, exc)
+            await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
+        raise RuntimeError(f"trainer /{verb}: no trainer answered")
+
+    # ------------------------------------------------------------------ reports
+    async def _flush(self) -> None:
+        if self.records:
+            records, self.records = self.records, []
+            for i in range(0, len(records), dl.MAX_RECORDS):
+                await self.link.send(dl.TelemetryReport(records[i:i + dl.MAX_RECORDS]))
+        loop = self.loop
+        progress = (max(0, loop.step), loop.remaining)
+        if progress != self._last_progress and loop.step >= 0:
+            self._last_progress = progress
+            await self.link.send(dl.ProgressReport(*progress))
+        if time.monotonic() - self._checkpoint_sent_at >= CHECKPOINT_EVERY_S:
+            state = loop.checkpoint() | {"clock_epoch": self.epoch}
+            if state != self._checkpointed:  # level-triggered: whatever changed since the last one that was sent
+                await self.link.send(dl.CheckpointReport(state))
+                self._checkpointed, self._checkpoint_sent_at = state, time.monotonic()
+
+    async def _flush_forever(self, every_s: float = 0.5) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self._flush()
+            except Exception as exc:  # the link reconnects; reports are level-triggered and resent
+                log.warning("driver: report failed: %r", exc)
+
