@@ -182,8 +182,10 @@ def cmd_simulate(c: Client, args: argparse.Namespace) -> None:
     if args.json or run["status"] != "succeeded":
         _out(args, run, f"simulation #{run['id']} {run['status']} {run.get('error') or ''}")
         return
+    from controlplane.core.policies.names import FIXED  # here: only this command needs the registry's names
+
     pol = run["result"]["policies"]
-    base = pol.get("fixed", {}).get("throughput_tok_s")
+    base = pol.get(FIXED, {}).get("throughput_tok_s")
     rows = [["POLICY", "TOKENS/S", "VS ROLL", "STEPS", "TRANSITIONS", "BORROWED GPU-S", "MISSES", "MAPE %"]]
     for p, s in pol.items():
         rows.append([p, f"{s['throughput_tok_s']:,.0f}", f"{s['throughput_tok_s'] / base:.2f}x" if base else "–", str(s["steps"]),
