@@ -1,5 +1,5 @@
 """PEARL brain: pure, typed Python with no Django import.
 
 The live control plane (Django services, Celery tasks) and the discrete-event simulator
-(`controlplane.sim`) both call into this package, and it never knows which one is calling.
+(`sim`) both call into this package, and it never knows which one is calling.
 """
