@@ -39,6 +39,8 @@ class Node(models.Model):
     lease_expires = models.DateTimeField(null=True, blank=True)
     preemption_deadline = models.DateTimeField(null=True, blank=True)
     observed = models.JSONField(default=list, blank=True)  # last ObservedWorker list from the agent
+    ray_node_id = models.CharField(max_length=64, blank=True, db_index=True)  # set by the Ray bridge
+    ray_address = models.CharField(max_length=64, blank=True)  # the node's IP in Ray's node table
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -286,9 +288,11 @@ class Event(models.Model):
 
 
 class AgentCredential(models.Model):
-    """A per-node agent token, stored as a SHA-256 hash; distinct from user API tokens."""
+    """A per-node agent token, stored as a SHA-256 hash; distinct from user API tokens. scope "bridge":
+    a cluster bridge's own token (named node_name), which opens no agent link."""
 
     node_name = models.CharField(max_length=63, validators=[NAME_VALIDATOR], db_index=True)
+    scope = models.CharField(max_length=8, default="node")  # node | bridge
     key_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=8)
     created = models.DateTimeField(auto_now_add=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 DrainReason = Literal["preemption", "idle_termination", "unknown"]
 # Ray's NodeDeathInfo.Reason names, kept as Ray spells them (they go into PEARL's event as recorded)
@@ -59,7 +59,7 @@ class NodeDead:
     message: str = ""
 
 
-NodeEvent = Union[NodeUp, NodeDraining, NodeDead]
+NodeEvent = NodeUp | NodeDraining | NodeDead
 
 
 def pearl_node_name(ray_node_id: str) -> str:
@@ -128,7 +128,7 @@ class Gone:
     message: str
 
 
-Action = Union[PlaceAgent, Bind, Notice, Drain, Gone]
+Action = PlaceAgent | Bind | Notice | Drain | Gone
 DEADLINE_SLACK_S = 1.0  # a PEARL deadline this close to Ray's is the same notice (ms vs s rounding)
 
 
