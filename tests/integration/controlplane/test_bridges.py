@@ -1,0 +1,100 @@
+"""The Ray bridge's use cases (services.bridges) and the reach of its credential: it issues agent
+tokens only for Ray-named nodes, each good for that node alone; it reports drains and deaths only of
+nodes bound to a Ray id; its token opens no agent link, an agent's token is no bridge token; a
+revoked bridge token stops at its next call. No Ray here: the bridge's side is plain data."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.utils import timezone
+
+from controlplane.core import cluster_events as ce
+from controlplane.core.agent_link import Register, SlotSpec
+from controlplane.core.state import Pool
+from controlplane.models import AgentCredential, Event, Node
+from controlplane.services import bridges
+from controlplane.services.credentials import authenticate_agent, issue_agent_token
+from controlplane.services.errors import NotFound, PermissionDenied
+from controlplane.services.nodes import register_node
+from tests.support.cluster import make_node
+
+pytestmark = pytest.mark.django_db
+RAY_ID = "ab" * 28
+
+
+def register(token: str, name: str, pool: str = "elastic") -> Node:
+    cred = authenticate_agent(token)
+    assert cred is not None
+    msg = Register(node=name, pool=Pool(pool), hardware="H800", incarnation="i1",
+                   slots=[SlotSpec(index=i, hardware="H800", memory_mb=0) for i in range(2)])
+    return register_node(credential_id=cred.pk, message=msg)
+
+
+@pytest.fixture
+def bridge() -> bridges.BridgePrincipal:
+    principal = bridges.authenticate_bridge(bridges.issue_bridge_token(name="ray", actor="test"))
+    assert principal is not None
+    return principal
+
+
+def test_the_bridge_token_and_agent_tokens_do_not_open_each_others_doors(bridge):
+    token = bridges.issue_bridge_token(name="ray2", actor="test")
+    assert authenticate_agent(token) is None
+    assert bridges.authenticate_bridge(issue_agent_token(node_name="ray2")) is None
+
+
+def test_an_agent_token_from_the_bridge_is_good_for_its_own_node_only(bridge):
+    token = bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID)
+    name = ce.pearl_node_name(RAY_ID)
+    with pytest.raises(PermissionDenied):
+        register(token, "rollout-0")
+    node = register(token, name)
+    assert node.name == name and node.status == "ready"
+    again = bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID)  # a new placement: the old token dies
+    assert authenticate_agent(token) is None and authenticate_agent(again) is not None
+    assert AgentCredential.objects.get(node_name=name, revoked__isnull=True).scope == "node"
+
+
+def test_binding_and_events_only_for_nodes_named_after_their_ray_id(bridge):
+    hand = make_node("rollout-0", pool="elastic")
+    with pytest.raises(PermissionDenied):
+        bridges.bind(bridge=bridge, name="rollout-0", ray_node_id=RAY_ID, address="10.77.0.11")
+    for call in (lambda: bridges.drain(bridge=bridge, name=hand.name, why="x"),
+                 lambda: bridges.gone(bridge=bridge, name=hand.name, reason="UNEXPECTED_TERMINATION", message=""),
+                 lambda: bridges.preemption(bridge=bridge, name=hand.name, deadline=time.time() + 30)):
+        with pytest.raises(NotFound):
+            call()
+    assert Node.objects.get(pk=hand.pk).status == "ready"
+
+
+def test_a_ray_drain_and_death_reach_the_node_with_rays_deadline_and_reason(bridge):
+    name = ce.pearl_node_name(RAY_ID)
+    register(bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID), name)
+    bridges.bind(bridge=bridge, name=name, ray_node_id=RAY_ID, address="10.77.0.11")
+    bridges.bind(bridge=bridge, name=name, ray_node_id=RAY_ID, address="10.77.0.11")  # already right: no event
+    assert Event.objects.filter(kind="node.ray_bound").count() == 1
+    view = bridges.ray_nodes(bridge=bridge)[name]
+    assert (view.ray_node_id, view.status) == (RAY_ID, "ready")
+    deadline = time.time() + 10
+    bridges.apply(bridge=bridge, action=ce.Notice(name, deadline))
+    node = Node.objects.get(name=name)
+    assert node.status == "draining" and abs(node.preemption_deadline.timestamp() - deadline) < 0.01
+    assert Event.objects.get(kind="node.preemption_notice").actor == "bridge:ray"
+    assert ce.reconcile([ce.NodeDraining(RAY_ID, "10.77.0.11", deadline, "preemption",
+                                         ce.NodeUp(RAY_ID, "10.77.0.11", "", {"GPU": 2.0}, {ce.POOL_LABEL: "elastic"}))],
+                        bridges.ray_nodes(bridge=bridge), {RAY_ID}) == []  # PEARL shows it: nothing to do again
+    bridges.apply(bridge=bridge, action=ce.Gone(name, "AUTOSCALER_DRAIN_PREEMPTED", "preempted"))
+    gone = Event.objects.get(kind="node.gone")
+    assert gone.data["ray_death_reason"] == "AUTOSCALER_DRAIN_PREEMPTED"
+    assert Node.objects.get(name=name).status == "gone" and not Node.objects.get(name=name).gpus.filter(present=True)
+    bridges.gone(bridge=bridge, name=name, reason="AUTOSCALER_DRAIN_PREEMPTED", message="")  # once only
+    assert Event.objects.filter(kind="node.gone").count() == 1
+
+
+def test_a_revoked_bridge_token_stops_at_its_next_call(bridge):
+    AgentCredential.objects.filter(pk=bridge.credential_id).update(revoked=timezone.now())
+    with pytest.raises(PermissionDenied):
+        bridges.ray_nodes(bridge=bridge)
+    with pytest.raises(PermissionDenied):
+        bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID)
