@@ -35,8 +35,8 @@ def plan_job(job_id: int, signal: str | None = None) -> list[int]:
     """① budget → ② decide → ③ plan for one job, once per batch of queued signals (single flight);
     each transition is executed by `execute_transition`."""
     planned: list[int] = []
-    while (queued := take_plan_signals(job_id)) is not None or signal is not None:
-        sig, signal = queued or signal, None
+    while (sig := take_plan_signals(job_id) or signal) is not None:
+        signal = None  # a queued signal comes first; the one given is planned once at most
         t = planner.plan_job_isolated(job_id=job_id, signal=sig)
         if t is not None:
             planned.append(t.pk)

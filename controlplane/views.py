@@ -3,24 +3,35 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from types import SimpleNamespace
 
+import redis
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import extend_schema
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.exposition import choose_encoder
+from rest_framework import fields as drf_fields
 from rest_framework.views import APIView
 
+from controlplane.api.serializers import JobCreateSerializer
+from controlplane.api.views import IsOperator
+from controlplane.selectors.jobs import job_series, job_status
 from controlplane.selectors.metrics import ClusterCollector
 from controlplane.services import latency
+from controlplane.services.jobs import available_gpus
+from controlplane.services.simulations import scenarios
+from pearl_site.celery import app
 
 log = logging.getLogger(__name__)
 
 
-def _check(name: str, fn) -> bool:  # type: ignore[no-untyped-def]
+def _check(name: str, fn: Callable[[], None]) -> bool:
     """True when the dependency answers. The reason goes to the log, never to the (public) response."""
     try:
         fn()
@@ -36,15 +47,10 @@ def _database() -> None:
 
 
 def _redis() -> None:
-    import redis
-    from django.conf import settings
-
     redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
 
 
 def _celery() -> None:
-    from pearl_site.celery import app
-
     replies = app.control.ping(timeout=1.0)
     if not replies:
         raise RuntimeError("no Celery worker answered a ping")
@@ -65,7 +71,7 @@ def metrics_registry() -> CollectorRegistry:
     (PROMETHEUS_MULTIPROC_DIR set for every web and Celery process of the host), every process's."""
     registry = CollectorRegistry()
     registry.register(ClusterCollector())
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"):
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)
     else:
         registry.register(latency.REGISTRY)
@@ -84,10 +90,6 @@ class MetricsView(APIView):
 
 def _can_operate(request: HttpRequest) -> bool:
     """The API's own rule (IsOperator), so the pages offer exactly the actions the API will accept."""
-    from types import SimpleNamespace
-
-    from controlplane.api.views import IsOperator
-
     return IsOperator().has_permission(SimpleNamespace(user=request.user, method="POST"), None)  # type: ignore[arg-type]
 
 
@@ -100,10 +102,6 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @login_required
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job: status, configuration and override, charts, the latest decision, transitions, events."""
-    from django.http import Http404
-
-    from controlplane.selectors.jobs import job_series, job_status
-
     status = job_status(job_id)
     if status is None:
         raise Http404("no such job")
@@ -114,11 +112,6 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
 @login_required
 def launch_page(request: HttpRequest) -> HttpResponse:
     """The launch form, built from the API's own request serializer (one list of fields and bounds)."""
-    from rest_framework import fields as drf_fields
-
-    from controlplane.api.serializers import JobCreateSerializer
-    from controlplane.services.jobs import available_gpus
-
     fields = []
     for name, f in JobCreateSerializer().fields.items():
         default = getattr(f, "default", None)
@@ -154,6 +147,4 @@ HELP = {
 @login_required
 def simulator_page(request: HttpRequest) -> HttpResponse:
     """Side-by-side simulator comparisons of the policies, run on request by a Celery worker."""
-    from controlplane.services.simulations import scenarios
-
     return render(request, "simulator.html", {"scenarios": scenarios(), "can_operate": _can_operate(request)})

@@ -23,7 +23,7 @@ dashboard_routes = AllowedHostsOriginValidator(
 token_routes = URLRouter([path("ws/agent/", AgentConsumer.as_asgi()), path("ws/driver/", DriverConsumer.as_asgi())])
 
 
-async def websocket_router(scope, receive, send):  # type: ignore[no-untyped-def]
+async def websocket_router(scope, receive, send):
     """Agents and drivers are not browsers: they authenticate by token, so they skip the origin/session stack."""
     if scope["path"] in ("/ws/agent/", "/ws/driver/"):
         return await token_routes(scope, receive, send)

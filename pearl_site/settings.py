@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -172,7 +173,7 @@ if not DEBUG and not TESTING and env_bool("PEARL_HTTPS", False):
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6390")
 CHANNEL_LAYER_BACKEND = os.environ.get("PEARL_CHANNEL_LAYER", "redis")
 if CHANNEL_LAYER_BACKEND == "memory":
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS: dict[str, dict[str, Any]] = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 else:
     CHANNEL_LAYERS = {
         "default": {
@@ -236,7 +237,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # ---------------------------------------------------------------- PEARL
-PEARL = {
+PEARL: dict[str, Any] = {  # numbers and rate strings: read by key where each is used
     "LEASE_S": float(os.environ.get("PEARL_LEASE_S", "15")),
     "HEARTBEAT_S": float(os.environ.get("PEARL_HEARTBEAT_S", "3")),
     "SWEEP_S": float(os.environ.get("PEARL_SWEEP_S", "5")),

@@ -3,7 +3,7 @@ model, so every scrape reads the durable state (the same in every process that s
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 from django.db.models import Count
 from django.utils import timezone
@@ -58,4 +58,4 @@ class ClusterCollector(Collector):
         leased = (Node.objects.exclude(status=NodeStatus.GONE).exclude(last_heartbeat=None)
                   .values_list("name", "pool", "last_heartbeat"))
         yield _gauge("pearl_agent_heartbeat_age_seconds", "Seconds since each node agent's last heartbeat.",
-                     ["node", "pool"], [([n, p], round((now - hb).total_seconds(), 3)) for n, p, hb in leased])
+                     ["node", "pool"], [([n, p], round((now - hb).total_seconds(), 3)) for n, p, hb in leased if hb])

@@ -6,8 +6,9 @@ waits for its agents' reports.
 the periodic schedule refers to them. Tasks take ids, never objects (JSON on the broker)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, Iterable
+from typing import Any
 
 import redis
 from celery import current_app

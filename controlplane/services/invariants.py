@@ -1,7 +1,7 @@
 """The invariant check (DESIGN §4) that every write use case runs over the rows it changed."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from controlplane.core.invariants import check_invariants
 from controlplane.models import WorkerGPU

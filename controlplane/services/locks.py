@@ -10,7 +10,8 @@ retried by the entry points (`services.retry.retry_transient`).
 """
 from __future__ import annotations
 
-from typing import Iterable, TypeVar
+from collections.abc import Iterable
+from typing import TypeVar
 
 from django.db.models import Model, QuerySet
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from itertools import pairwise
 
 import pytest
 from channels.db import database_sync_to_async
@@ -34,6 +35,11 @@ def scrape(client: APIClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def grew(before: dict, after: dict, name: str, **labels: str) -> float:
+    """How much a sample grew between two scrapes (histograms are process-wide: tests see deltas)."""
+    return value(after, name, **labels) - value(before, name, **labels)
 
 
 def counted(samples: dict, histogram: str) -> float:
@@ -78,16 +84,14 @@ def test_plans_and_transition_steps_are_counted(api):
     agents_converge()
     assert run_transition(transition).status == "succeeded"
     after = scrape(api)
-    assert value(after, "pearl_plan_seconds_count", signal="step_start") == value(
-        before, "pearl_plan_seconds_count", signal="step_start") + 1
-    assert value(after, "pearl_plan_seconds_sum", signal="step_start") > value(
-        before, "pearl_plan_seconds_sum", signal="step_start")
+    assert grew(before, after, "pearl_plan_seconds_count", signal="step_start") == 1
+    assert grew(before, after, "pearl_plan_seconds_sum", signal="step_start") > 0
     done = TransitionStep.objects.filter(transition=transition, status="done", started__isnull=False)
     assert done.count() >= 2  # two workers started, then the finalisation
-    assert counted(after, "pearl_transition_step_seconds") - counted(before, "pearl_transition_step_seconds") == done.count()
+    steps = "pearl_transition_step_seconds"
+    assert counted(after, steps) - counted(before, steps) == done.count()
     starts = done.filter(kind="start_worker").count()
-    assert value(after, "pearl_transition_step_seconds_count", kind="start_worker") - value(
-        before, "pearl_transition_step_seconds_count", kind="start_worker") == starts == 2
+    assert grew(before, after, "pearl_transition_step_seconds_count", kind="start_worker") == starts == 2
 
 
 @pytest.mark.django_db
@@ -95,14 +99,16 @@ def test_turns_reported_by_the_driver_are_counted_with_their_duration(api):
     make_node("n1", slots=1)
     job = make_job("j")
     before = scrape(api)
-    records = [turn(job="j", step=0, trajectory="s0-t0", turn=i, duration_s=d).to_json() for i, d in enumerate((1.5, 2.0))]
-    records.append(turn(job="j", step=0, trajectory="s0-t1", turn=0).to_json())  # no duration (a vLLM engine's): not a turn time
+    records = [turn(job="j", step=0, trajectory="s0-t0", turn=i, duration_s=d).to_json()
+               for i, d in enumerate((1.5, 2.0))]
+    # no duration (a vLLM engine's per-request record): not a turn time
+    records.append(turn(job="j", step=0, trajectory="s0-t1", turn=0).to_json())
     assert telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=records)) == 3
     after = scrape(api)
-    assert value(after, "pearl_turn_seconds_count") - value(before, "pearl_turn_seconds_count") == 2
-    assert value(after, "pearl_turn_seconds_sum") - value(before, "pearl_turn_seconds_sum") == pytest.approx(3.5)
-    assert value(after, "pearl_turn_seconds_bucket", le="1.0") == value(before, "pearl_turn_seconds_bucket", le="1.0")
-    assert value(after, "pearl_turn_seconds_bucket", le="2.5") - value(before, "pearl_turn_seconds_bucket", le="2.5") == 2
+    assert grew(before, after, "pearl_turn_seconds_count") == 2
+    assert grew(before, after, "pearl_turn_seconds_sum") == pytest.approx(3.5)
+    assert grew(before, after, "pearl_turn_seconds_bucket", le="1.0") == 0
+    assert grew(before, after, "pearl_turn_seconds_bucket", le="2.5") == 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -124,7 +130,7 @@ async def test_heartbeats_on_the_agent_link_are_counted(api):
         pass
     after = await database_sync_to_async(scrape)(api)
     await ws.disconnect()
-    assert value(after, "pearl_heartbeat_handling_seconds_count") - value(before, "pearl_heartbeat_handling_seconds_count") == 2
+    assert grew(before, after, "pearl_heartbeat_handling_seconds_count") == 2
 
 
 MULTIPROCESS_OBSERVER = textwrap.dedent(
@@ -170,7 +176,7 @@ def test_the_loop_reports_each_turn_with_its_duration_generation_and_environment
     for r in turns:
         by_trajectory.setdefault(r.trajectory, []).append(r)
     for rs in by_trajectory.values():
-        for previous, r in zip(rs, rs[1:]):
+        for previous, r in pairwise(rs):
             assert r.duration_s == pytest.approx(r.time_s - previous.time_s, abs=1e-3)
             later += 1
     assert later >= 2
