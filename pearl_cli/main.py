@@ -157,12 +157,12 @@ def cmd_override(c: Client, args: argparse.Namespace) -> None:
 
 def cmd_nodes(c: Client, args: argparse.Namespace) -> None:
     nodes = c.get("/api/cluster/")["nodes"]
-    rows = [["ID", "NAME", "POOL", "STATUS", "HARDWARE", "GPUS", "ACTIVE", "HEARTBEAT", "PREEMPTION"]]
+    rows = [["ID", "NAME", "POOL", "STATUS", "HARDWARE", "GPUS", "ACTIVE", "HEARTBEAT", "PREEMPTION", "ADDRESS", "RAY NODE"]]
     for n in nodes:
         active = sum(1 for g in n["gpus"] if g["activity"] == "active")
         hb = "–" if n["heartbeat_age_s"] is None else f"{n['heartbeat_age_s']:.0f}s ago"
         rows.append([str(n["id"]), n["name"], n["pool"], n["status"], n["hardware"], str(len(n["gpus"])), str(active), hb,
-                     n["preemption_deadline"] or ""])
+                     n["preemption_deadline"] or "", n.get("address") or "", (n.get("ray_node_id") or "")[:12]])
     _out(args, nodes, _table(rows) if nodes else "no nodes have registered")
 
 

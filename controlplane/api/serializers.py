@@ -109,7 +109,8 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
-                  "last_heartbeat", "lease_expires", "preemption_deadline", "gpus"]
+                  "last_heartbeat", "lease_expires", "preemption_deadline", "address", "ray_node_id", "ray_address",
+                  "gpus"]
         read_only_fields = fields
 
     def get_gpus(self, node: Node) -> int:

@@ -69,7 +69,7 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
     nodes = []
     for n in nodes_qs.values(
         "id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
-        "last_heartbeat", "lease_expires", "preemption_deadline",
+        "last_heartbeat", "lease_expires", "preemption_deadline", "address", "ray_node_id", "ray_address",
     ):
         hb = n["last_heartbeat"]
         nodes.append(
@@ -88,6 +88,9 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
                 "heartbeat_age_s": (now - hb).total_seconds() if hb else None,
                 "lease_expires": _iso(n["lease_expires"]),
                 "preemption_deadline": _iso(n["preemption_deadline"]),
+                "address": n["address"],  # where the agent dialled from (its data plane's host)
+                "ray_node_id": n["ray_node_id"],  # set by the Ray bridge, "" otherwise
+                "ray_address": n["ray_address"],
                 "gpus": gpus_by_node.get(n["id"], []),
             }
         )

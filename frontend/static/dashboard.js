@@ -76,7 +76,8 @@
     return `<div class="node status-${esc(n.status)}" data-node="${esc(n.name)}" data-id="${n.id}" data-pool="${esc(n.pool)}">` +
       `<div class="node-head"><strong class="node-name">${esc(n.name)}</strong><span class="pill pool-${esc(n.pool)}">${esc(n.pool)}</span>` +
       `<span class="pill st-${esc(n.status)}" data-status="${esc(n.status)}">${esc(n.status)}</span>` +
-      `<span class="muted">${esc(n.hardware)} · ${n.gpus.length} GPU · epoch ${n.epoch} · gen ${n.applied_generation}/${n.generation}</span>` +
+      `<span class="muted">${esc(n.hardware)} · ${n.gpus.length} GPU · epoch ${n.epoch} · gen ${n.applied_generation}/${n.generation}` +
+      (n.ray_node_id ? ` · Ray ${esc(n.ray_node_id.slice(0, 12))} @ ${esc(n.ray_address)}` : "") + `</span>` +
       `<span class="muted hb" data-heartbeat="${esc(n.last_heartbeat || "")}"></span>${cd}</div>` +
       `<div class="gpus">${n.gpus.map((g) => gpuHtml(n, g)).join("")}</div>${actionsHtml(n)}</div>`;
   }

@@ -75,6 +75,10 @@ def test_a_ray_drain_and_death_reach_the_node_with_rays_deadline_and_reason(brid
     bridges.bind(bridge=bridge, name=name, ray_node_id=RAY_ID, address="10.77.0.11")  # already right: no event
     assert Event.objects.filter(kind="node.ray_bound").count() == 1
     view = bridges.ray_nodes(bridge=bridge)[name]
+    from controlplane.selectors.cluster import node_summary
+
+    shown = node_summary(Node.objects.get(name=name).pk)  # what the dashboard and `pearl nodes` show
+    assert shown and (shown["ray_node_id"], shown["ray_address"]) == (RAY_ID, "10.77.0.11")
     assert (view.ray_node_id, view.status) == (RAY_ID, "ready")
     deadline = time.time() + 10
     bridges.apply(bridge=bridge, action=ce.Notice(name, deadline))
@@ -82,7 +86,8 @@ def test_a_ray_drain_and_death_reach_the_node_with_rays_deadline_and_reason(brid
     assert node.status == "draining" and abs(node.preemption_deadline.timestamp() - deadline) < 0.01
     assert Event.objects.get(kind="node.preemption_notice").actor == "bridge:ray"
     assert ce.reconcile([ce.NodeDraining(RAY_ID, "10.77.0.11", deadline, "preemption",
-                                         ce.NodeUp(RAY_ID, "10.77.0.11", "", {"GPU": 2.0}, {ce.POOL_LABEL: "elastic"}))],
+                                         ce.NodeUp(RAY_ID, "10.77.0.11", "", {"GPU": 2.0},
+                                                   {ce.POOL_LABEL: "elastic"}))],
                         bridges.ray_nodes(bridge=bridge), {RAY_ID}) == []  # PEARL shows it: nothing to do again
     bridges.apply(bridge=bridge, action=ce.Gone(name, "AUTOSCALER_DRAIN_PREEMPTED", "preempted"))
     gone = Event.objects.get(kind="node.gone")
