@@ -108,6 +108,11 @@ class Command(BaseCommand):
                             help="emulated engines: prefill next to running decodes costs this x its roofline time")
         parser.add_argument("--ready-timeout", type=float, default=120.0)
         parser.add_argument("--debug", action="store_true", help="development mode (DEBUG on); off by default")
+        parser.add_argument("--ray-address", default="", metavar="HOST:PORT",
+                            help="also run the Ray bridge against this Ray cluster: an agent on every Ray node "
+                                 "(use with --no-agents to start no local demo agents)")
+        parser.add_argument("--ray-control-plane", default="", metavar="URL",
+                            help="the URL the Ray nodes' agents dial (default http://HOST:PORT of this launcher)")
 
     def step(self, text: str) -> None:
         self.stdout.write(self.style.HTTP_INFO(f"==> {text}"))
@@ -172,6 +177,15 @@ class Command(BaseCommand):
             if opts["trace"]:
                 children.append(("trace", f"{py} manage.py replay_availability --trace {shlex.quote(opts['trace'])} "
                                           f"--speedup {opts['trace_speedup'] or 1.0 / opts['time_factor']}"))
+        if opts["ray_address"]:
+            from controlplane.services.bridges import issue_bridge_token
+
+            with _no_dashboard_pushes():
+                env["PEARL_BRIDGE_TOKEN"] = issue_bridge_token(name="launcher-ray", actor="launcher")
+            env.setdefault("PEARL_DATAPLANE_SECRET", secrets.token_urlsafe(24))
+            agent_url = opts["ray_control_plane"] or f"http://{opts['host']}:{opts['port']}"
+            children.append(("ray-bridge", f"{py} manage.py ray_bridge --address {shlex.quote(opts['ray_address'])} "
+                                           f"--control-plane {shlex.quote(agent_url)} --time-factor {opts['time_factor']}"))
         envfile = var / "demo.env"
         envfile.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         os.chmod(envfile, 0o600)
@@ -181,10 +195,13 @@ class Command(BaseCommand):
         supervised = []
         for name, line in children:
             child_env = {k: v for k, v in base_env.items() if not k.startswith("TOKEN_")}
+            if name == "ray-bridge":  # the bridge's own credential, and the secret its agents serve with
+                child_env |= {"PEARL_BRIDGE_TOKEN": env["PEARL_BRIDGE_TOKEN"],
+                              "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"]}
             if name.startswith("agent-"):  # each agent gets its own token only
                 key = "TOKEN_" + name[len("agent-"):].upper().replace("-", "_")
                 child_env |= {"PEARL_AGENT_TOKEN": env[key], "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"]}
-            tier = 2 if name.startswith("agent-") or name == "trace" else 0 if name == "redis" else 1
+            tier = 2 if name.startswith("agent-") or name in ("trace", "ray-bridge") else 0 if name == "redis" else 1
             supervised.append(Child(name=name, argv=shlex.split(line), env=child_env, tier=tier))
         self.step(f"starting {len(supervised)} supervised processes ({'debug' if opts['debug'] else 'production'} mode)")
         sup = Supervisor(supervised, cwd=str(root), out=sys.stdout)
