@@ -1,8 +1,9 @@
 """Multi-host tests on one machine: every host in its own network namespace with its own address.
 
     switch ns   a Linux bridge; one veth pair per host (its link can be cut: a partition)
-    control ns  10.77.0.1   Redis, Daphne, a Celery worker with beat, the Ray head, the Ray bridge
-    node ns K   10.77.0.1K  a Ray raylet (`ray start --address 10.77.0.1:6380`, logical GPUs), on which the
+    control ns  10.77.0.1   Redis, Daphne, a Celery worker with beat, the Ray bridge
+    head ns     10.77.0.2   the Ray head (GCS)
+    node ns K   10.77.0.1K  a Ray raylet (`ray start --address 10.77.0.2:6380`, logical GPUs), on which the
                             bridge places the node's PEARL agent as a detached actor
 
 The database is PostgreSQL over its Unix socket (a file, so every namespace reaches it; no TCP
@@ -33,6 +34,7 @@ from tests.support.environment import ROOT
 
 SUBNET = "10.77.0"
 CONTROL_IP = f"{SUBNET}.1"
+HEAD_IP = f"{SUBNET}.2"  # the Ray head: its own host, so cutting the control plane off is not a Ray partition
 WEB_PORT, REDIS_PORT, RAY_PORT = 8000, 6379, 6380
 LEASE_S, HEARTBEAT_S, SWEEP_S = 3.0, 0.5, 1.0
 PG_SOCKET = "/var/run/postgresql"
@@ -217,7 +219,7 @@ class Cluster:
         """A Ray worker node in its own namespace (its own address), `gpus` logical GPUs."""
         ip = self.nodes[host]
         self.hosts.start(f"ray-{host}", host, [
-            str(Path(sys.executable).parent / "ray"), "start", "--block", "--address", f"{CONTROL_IP}:{RAY_PORT}",
+            str(Path(sys.executable).parent / "ray"), "start", "--block", "--address", f"{HEAD_IP}:{RAY_PORT}",
             "--node-ip-address", ip, "--num-cpus", "1", "--num-gpus", str(gpus), "--object-store-memory", "80000000",
             "--labels", f"pearl.io/pool={pool},pearl.io/hardware=H800", "--disable-usage-stats",
             "--temp-dir", str(self.hosts.tmp / f"ray-{host}")], self.env | RAY_HEALTH)
@@ -231,7 +233,7 @@ class Cluster:
 
     def start_bridge(self) -> None:
         self.hosts.start("bridge", "cp", [sys.executable, "manage.py", "ray_bridge",
-                                          "--address", f"{CONTROL_IP}:{RAY_PORT}",
+                                          "--address", f"{HEAD_IP}:{RAY_PORT}",
                                           "--control-plane", self.control_plane,
                                           "--time-factor", "0.05",
                                           "--state-root", str(self.hosts.tmp / "agents"), "--interval", "0.5"],
@@ -256,7 +258,7 @@ class Cluster:
         """What KubeRay or a cloud watcher does: `ray drain-node` with reason PREEMPTION. Returns when."""
         t = time.time()
         r = subprocess.run(["ip", "netns", "exec", self.hosts.ns("cp"), str(Path(sys.executable).parent / "ray"),
-                            "drain-node", "--address", f"{CONTROL_IP}:{RAY_PORT}", "--node-id", ray_node_id,
+                            "drain-node", "--address", f"{HEAD_IP}:{RAY_PORT}", "--node-id", ray_node_id,
                             "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot notice (test)",
                             "--deadline-remaining-seconds", str(deadline_s)], env=self.env, capture_output=True,
                            text=True, timeout=120)
@@ -296,8 +298,9 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
                                      "--pool=threads", "--concurrency=2", "-l", "info", "--without-gossip",
                                      "--without-mingle",
                                      "-n", f"multihost-{prefix}@%h", "-s", str(tmp / "beat-schedule")], env)
-        hosts.start("ray-head", "cp", [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-                                       "--node-ip-address", CONTROL_IP, "--port", str(RAY_PORT), "--num-cpus", "1",
+        hosts.add_host("head", HEAD_IP)
+        hosts.start("ray-head", "head", [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+                                       "--node-ip-address", HEAD_IP, "--port", str(RAY_PORT), "--num-cpus", "1",
                                        "--num-gpus", "0", "--object-store-memory", "80000000", "--disable-usage-stats",
                                        "--include-dashboard=false", "--temp-dir", str(tmp / "ray-head")],
                      env | RAY_HEALTH)

@@ -35,6 +35,22 @@ def _ts(value) -> float:
     return value.timestamp()
 
 
+def group_usage(pgid: int) -> tuple[float, float]:
+    """(resident MiB, CPU seconds) of every live process in a session (a Ray node and what it runs)."""
+    rss_pages, ticks = 0, 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == pgid:  # its session: everything `ray start` started
+            ticks += int(fields[11]) + int(fields[12])
+            rss_pages += int(fields[21])
+    return rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, ticks / os.sysconf("SC_CLK_TCK")
+
+
 def node_at(cluster: Cluster, host: str) -> dict | None:
     ip = cluster.nodes[host]
     return next((n for n in cluster.db.nodes().values() if n["ray_address"] == ip), None)
@@ -55,6 +71,11 @@ def test_an_agent_appears_on_every_ray_node_and_dials_from_its_own_address(clust
         assert n["address"] == cluster.nodes[host], n  # the control plane saw it dial from the node's own address
         assert n["name"] == "ray-" + n["ray_node_id"][:12] and n["pool"] == "elastic"
     record("ray_agents_up", up_s=time.time() - t0, nodes=2)
+    pgid = cluster.hosts.procs["ray-n1"].pid
+    rss0, cpu0 = group_usage(pgid)
+    time.sleep(10)
+    rss1, cpu1 = group_usage(pgid)
+    record("ray_node_cost", rss_mib=rss1, idle_cpu_pct=100 * (cpu1 - cpu0) / 10)  # raylet, its agents, the PEARL agent
     placed = [line for line in cluster.bridge_lines() if line["bridge"] == "place_agent"]
     assert sorted(p["address"] for p in placed) == sorted(cluster.nodes[h] for h in ("n1", "n2")), placed
     slots = cluster.db.rows("SELECT n.ray_address, count(*) FROM controlplane_gpu g JOIN controlplane_node n "
@@ -130,6 +151,31 @@ def test_a_node_cut_off_for_twice_the_lease_is_fenced_and_rejoins_with_a_new_epo
     assert back["ray_node_id"] == node["ray_node_id"]  # the same raylet: Ray kept it through the cut
     assert [e for e in cluster.db.events("node.recovered") if e["node"] == node["name"]]
     assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3  # no second agent
+
+
+def test_the_control_plane_cut_off_from_every_node_for_30_s(cluster: Cluster):
+    """Daphne, Celery, Redis and the bridge lose every node (the Ray head keeps them): the leases run
+    out and PEARL fences the nodes; after the heal every agent holds its lease again, on the same Ray
+    node, and no agent was placed twice."""
+    live = [h for h in cluster.nodes if ready_at(cluster, h)]
+    assert live
+    before = {h: node_at(cluster, h) for h in live}
+    cluster.hosts.link("cp", up=False)
+    t_cut = time.time()
+    try:
+        time.sleep(30)
+    finally:
+        cluster.hosts.link("cp", up=True)
+    t_heal = time.time()
+    assert all(cluster.db.nodes()[before[h]["name"]]["status"] == "not_ready" for h in live)  # fenced meanwhile
+    for h in live:
+        wait_for(lambda h=h: ready_at(cluster, h), 120, f"{h} to hold its lease again")
+    record("partition_control_plane_30s", rejoin_s=time.time() - t_heal, cut_s=t_heal - t_cut, nodes=len(live))
+    after = {h: node_at(cluster, h) for h in live}
+    assert all(after[h]["ray_node_id"] == before[h]["ray_node_id"] for h in live)
+    assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3
+    assert not [x for x in cluster.bridge_lines() if x["bridge"] == "gone" and x["name"] in
+                {before[h]["name"] for h in live}]  # Ray never lost them
 
 
 def test_a_restarted_bridge_changes_nothing_that_is_right(cluster: Cluster):

@@ -86,9 +86,12 @@ class Command(BaseCommand):
             ray_adapter.disconnect()  # the agents stay: they are detached actors
 
     def reconcile_once(self, principal: bridges.BridgePrincipal, spec: Any, adapter: Any, *, include_head: bool) -> int:
-        observed = adapter.observe()
-        actions = ce.reconcile(observed, bridges.ray_nodes(bridge=principal), adapter.agent_actors(),
-                               include_head=include_head)
+        try:
+            observed, agents = adapter.observe(), adapter.agent_actors()
+        except Exception as exc:  # Ray's GCS out of reach (a partition, a head restart): look again later
+            self.log("ray_unreachable", detail=f"{type(exc).__name__}: {exc}"[:300])
+            return 0
+        actions = ce.reconcile(observed, bridges.ray_nodes(bridge=principal), agents, include_head=include_head)
         for action in actions:
             try:
                 if isinstance(action, ce.PlaceAgent):
