@@ -20,7 +20,7 @@ from aiohttp import ClientSession
 
 from agents import dataplane as dp
 from agents.dataplane import MAX_NEW_TOKENS
-from agents.envs import Environment, make_env
+from agents.envs import Environment, EnvironmentFailed, make_env
 from agents.worker_client import UNREACHABLE, WorkerCallError, WorkerClient
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
@@ -100,20 +100,35 @@ class EpisodeRunner:
         ep.task = self._spawn(self._reset(ep), f"reset {ep.tid}")
 
     async def _reset(self, ep: Episode) -> None:
-        turn = await ep.env.reset()
+        try:
+            turn = await ep.env.reset()
+        except EnvironmentFailed as exc:
+            self._env_failed(ep, exc)
+            return
         ep.context = list(turn.observation)
         ep.budget = turn.max_tokens
         ep.new_tokens = len(turn.observation)
         ep.version = self.loop.version
         self._feed(lp.TrajectoryStarted(self._now(), ep.tid, prompt_tokens=len(turn.observation)))
 
-    async def _env_step(self, ep: Episode, response: list[int], logprobs: list[float], version: int) -> None:
+    def _env_failed(self, ep: Episode, exc: EnvironmentFailed) -> None:
+        log.warning("trajectory %s failed: %s", ep.tid, exc)
+        self._feed(lp.EnvStepped(self._now(), ep.tid, 0.0, True, failed=str(exc)[:500] or type(exc).__name__))
+
+    async def _env_step(self, ep: Episode, response: list[int], logprobs: list[float], version: int,
+                        worker: int = -1) -> None:
         ep.samples.append({"prompt_tokens": list(ep.context), "completion_tokens": response, "logprobs": logprobs,
                            "weight_version": version})
         t0 = self._now()
-        turn = await ep.env.step(response)
+        ep.env.observe(logprobs, version, worker)
+        try:
+            turn = await ep.env.step(response)
+        except EnvironmentFailed as exc:
+            self._env_failed(ep, exc)
+            return
         env_s = self._now() - t0
-        ep.context += response + list(turn.observation)
+        replaced = ep.env.take_context()  # an agent that rewrote its history: its context from here on
+        ep.context = replaced if replaced is not None else ep.context + response + list(turn.observation)
         ep.budget = max(1, turn.max_tokens)
         ep.new_tokens = len(turn.observation)
         if turn.done:
@@ -144,7 +159,7 @@ class EpisodeRunner:
         seed = zlib.crc32(f"{self.job.seed}-{ep.tid}-{len(ep.samples)}-{ep.attempt}".encode())
         # within the data plane's bound: a request over it is refused (400) however often it is resent
         return dp.SamplingParams(max_tokens=max(1, min(budget, MAX_NEW_TOKENS)), temperature=ep.temperature,
-                                 seed=seed, stop_at_eos=False)
+                                 seed=seed, stop_at_eos=getattr(ep.env, "stop_at_eos", False))
 
     def _client(self, w: dl.WorkerView) -> WorkerClient:
         assert self.http is not None
@@ -218,7 +233,7 @@ class EpisodeRunner:
         ep.kept, ep.kept_logprobs = [], []
         self._feed(lp.TurnGenerated(self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled,
                                     weight_version=res.weight_version))
-        await self._env_step(ep, response, lps, ep.version)
+        await self._env_step(ep, response, lps, ep.version, wid)
 
 
 async def _unavailable_on_failure(call: Awaitable[T]) -> T:

@@ -65,6 +65,10 @@ class RolloutDriver(EpisodeRunner):
         self._checkpoint_sent_at = float("-inf")
         self._last_progress: tuple[int, int] | None = None
         self.trained: list[dict[str, Any]] = []  # per update: step, loss, reward, correct (for tests / logs)
+        if job.environment == "agent" and job.agent:  # bring your own agent: the job's gateway and agent runner
+            from agents.envs.agent import configure
+
+            configure({"model": job.model, **job.agent})
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -83,6 +87,8 @@ class RolloutDriver(EpisodeRunner):
             flusher.cancel()
             for t in list(self.tasks):
                 t.cancel()
+            for ep in list(self.episodes.values()):
+                await ep.env.aclose("the job stopped")
             await self._flush()
 
     def stop(self) -> None:
@@ -199,6 +205,8 @@ class RolloutDriver(EpisodeRunner):
         ep = self.episodes.pop(cmd.trajectory, None)
         if ep is not None and ep.task is not None:
             ep.task.cancel()
+        if ep is not None:
+            self._spawn(ep.env.aclose(cmd.reason), f"close {cmd.trajectory}")
         if cmd.replacement is not None:
             self._start_episode(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
 

@@ -30,10 +30,26 @@ class Turn:
     info: dict[str, float] = field(default_factory=dict)  # e.g. {"correct": 1.0} for the dashboard
 
 
+class EnvironmentFailed(RuntimeError):
+    """The episode cannot go on (an external agent crashed, timed out, gave no reward): the driver reports a
+    failed trajectory, which the loop restarts on its task; never a made-up reward."""
+
+
 class Environment(abc.ABC):
     """One episode of one task."""
 
     temperature: float = 1.0  # sampling temperature the driver uses for this environment's turns
+    stop_at_eos: bool = False  # a turn ends at EOS (an external agent's answer does) rather than at its budget
+
+    def observe(self, logprobs: list[float], weight_version: int, worker: int) -> None:
+        """The sampled turn's log-probs, weights and worker, just before `step` (an external agent gets them)."""
+
+    def take_context(self) -> list[int] | None:
+        """After `step`: a context that replaces the driver's (an agent rewrote its history), once."""
+        return None
+
+    async def aclose(self, why: str = "aborted") -> None:
+        """The trajectory was aborted or the job stops: end what the episode runs (an agent's processes)."""
 
     @abc.abstractmethod
     async def reset(self) -> Turn: ...
@@ -79,4 +95,4 @@ def text(s: str) -> list[int]:
     return TOKENIZER.encode(s, add_bos=False)
 
 
-__all__ = ["Environment", "Turn", "known_environments", "make_env", "register", "text"]
+__all__ = ["Environment", "EnvironmentFailed", "Turn", "known_environments", "make_env", "register", "text"]

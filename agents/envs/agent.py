@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.envs import Environment, Turn, register
+from agents.envs import Environment, EnvironmentFailed, Turn, register
 from agents.gateway.app import Gateway, serve
 from agents.gateway.backends import Generation, Sampling
 from agents.gateway.chat import ChatFormat, load_format
@@ -62,7 +62,7 @@ class SpecError(ValueError):
         self.field = field_name
 
 
-class AgentFailed(RuntimeError):
+class AgentFailed(EnvironmentFailed):
     """The agent's run is a failed trajectory: the driver counts it and resamples (never a zero reward)."""
 
     def __init__(self, reason: str, stderr_tail: str = "") -> None:

@@ -100,6 +100,7 @@ class JobView:
     return_deadline_s: float = field(metadata=bounded(0.0, 86400.0))
     seed: int = field(default=0, metadata=bounded(0, 2**62))
     training_gpus: int = field(default=1, metadata=bounded(0, 1 << 20))
+    agent: dict[str, Any] = field(default_factory=dict)  # environment "agent": agent_command, tasks, ... (issue 19)
 
 
 @dataclass(frozen=True, slots=True)

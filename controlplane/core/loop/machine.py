@@ -77,6 +77,7 @@ class RolloutLoop:
         self.stale_aborted = 0
         self.started_trajectories = 0
         self.finished_trajectories = 0
+        self.failed_trajectories = 0  # environments that failed (external agents): restarted, never rewarded
         self._out: list[Command] = []
         self._replacements: dict[int, int] = {}  # batch index -> restarts (replacement ids)
 
@@ -366,6 +367,10 @@ class RolloutLoop:
 
     def _on_env_stepped(self, ev: EnvStepped) -> None:
         t = self._live(ev.trajectory)
+        if t is not None and ev.failed:  # at reset or after a turn: a failed trajectory, never a reward
+            self.failed_trajectories += 1
+            self._restart(t, ev.now_s, f"failed: {ev.failed}", stale=False)
+            return
         if t is None or t.state is not TrajState.ENV:
             return
         t.env_time_s += ev.env_time_s

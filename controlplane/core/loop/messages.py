@@ -84,6 +84,7 @@ class EnvStepped:
     done: bool
     reward: float = 0.0
     observation_tokens: int = 0  # prompt tokens appended for the next turn
+    failed: str = ""  # why the environment failed (an external agent's run): the trajectory restarts on its task
 
 
 @dataclass(frozen=True, slots=True)

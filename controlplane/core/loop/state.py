@@ -88,7 +88,7 @@ def encode(loop: Any) -> dict[str, Any]:  # a RolloutLoop (machine imports this 
         "return_latency_s": loop.return_latency_s, "loss": loop.loss, "missing": loop.missing,
         "deadline_misses": loop.deadline_misses,
         "stale_aborted": loop.stale_aborted, "started_trajectories": loop.started_trajectories,
-        "finished_trajectories": loop.finished_trajectories,
+        "finished_trajectories": loop.finished_trajectories, "failed_trajectories": loop.failed_trajectories,
         "replacements": {str(k): v for k, v in loop._replacements.items()},
         "steps": [asdict(s) for s in loop.steps.values()],
         "trajectories": [{**asdict(t), "state": str(t.state)} for t in loop.trajs.values()],
@@ -109,6 +109,7 @@ def decode_into(loop: Any, data: dict[str, Any]) -> None:  # a fresh RolloutLoop
     loop.deadline_misses, loop.stale_aborted = int(data["deadline_misses"]), int(data["stale_aborted"])
     loop.started_trajectories = int(data["started_trajectories"])
     loop.finished_trajectories = int(data["finished_trajectories"])
+    loop.failed_trajectories = int(data.get("failed_trajectories", 0))
     loop._replacements = {int(k): int(v) for k, v in data.get("replacements", {}).items()}
     for s in data["steps"]:
         loop.steps[int(s["step"])] = StepState(**s)

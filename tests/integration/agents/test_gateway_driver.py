@@ -1,0 +1,161 @@
+"""`environment: agent` inside the real rollout driver: the example calculator agent (official openai SDK,
+a subprocess per trajectory) drives the driver's trajectories through the job's gateway; the turns are
+sampled by the driver's own routing on a real torch engine worker, the samples go to a real GRPO trainer,
+which trains the step. A failing agent is a failed trajectory the loop restarts, never a reward."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession, web
+
+from agents.driver import RolloutDriver
+from agents.envs import agent as agent_env
+from agents.process import REPO_ROOT
+from agents.trainer.grpo import GRPOConfig, GRPOTrainer
+from agents.trainer.server import TrainerServer
+from controlplane.core import driver_link as dl
+from controlplane.core.state import Role
+from tests.integration.agents.test_gateway import SECRET, start_worker
+
+AGENT = [sys.executable, str(REPO_ROOT / "examples" / "agents" / "calculator_agent.py")]
+
+
+class Link:
+    """The control plane's part of the driver link, in process: every update request is granted."""
+
+    def __init__(self) -> None:
+        self.driver: RolloutDriver | None = None
+        self.sent: list[Any] = []
+
+    async def send(self, msg: Any) -> None:
+        self.sent.append(msg)
+        if isinstance(msg, dl.UpdateRequest) and self.driver is not None:
+            asyncio.get_running_loop().call_soon(self.driver.on_update_granted, msg.step)
+
+    def pump(self) -> None:
+        """What the control plane pushes: Training Begin once asked for, the weights once published."""
+        d = self.driver
+        if d is None or d.cluster is None:
+            return
+        if d.waiting_return:
+            d.on_cluster(dataclasses.replace(d.cluster, training_active=True))
+        if d.waiting_version is not None:
+            d.on_cluster(dataclasses.replace(d.cluster, weight_version=d.waiting_version))
+
+
+async def run_job(tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120):
+    wrunner, wurl, _ = await start_worker("torch")
+    trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=batch, max_staleness=8), job="agent-job")
+    tserver = TrainerServer(trainer, "trainer-token", job_token=SECRET)
+    posted: list[Any] = []  # every sample the driver sent the trainer
+    keep = tserver.buffer.add
+
+    def add(step: int, samples: list[Any]) -> None:
+        posted.extend(samples)
+        keep(step, samples)
+
+    tserver.buffer.add = add  # type: ignore[method-assign]
+    trunner = web.AppRunner(tserver.app, access_log=None)
+    await trunner.setup()
+    site = web.TCPSite(trunner, "127.0.0.1", 0)
+    await site.start()
+    turl = f"http://127.0.0.1:{trunner.addresses[0][1]}"
+    runner = agent_env.configure(
+        {"tasks": [{"a": 1, "b": 2}, {"a": 3, "b": 4}], "agent_command": agent, "agent_timeout_s": 30}
+    )
+    job = dl.JobView(
+        name="agent-job",
+        environment="agent",
+        model="tiny",
+        engine="torch",
+        batch_size=batch,
+        group_size=group,
+        max_staleness=8,
+        max_trajectory_tokens=512,
+        return_deadline_s=30.0,
+    )
+    link = Link()
+    try:
+        async with ClientSession() as http:
+            driver = RolloutDriver(job, link=link, token=SECRET, http=http)
+            link.driver = driver
+            driver.cluster = dl.ClusterView(
+                workers=[dl.WorkerView(1, Role.COLOCATED, wurl)],
+                weight_version=0,
+                training_active=False,
+                borrowed=0,
+                trainer=turl,
+            )
+            task = asyncio.create_task(driver.run())
+            try:
+                for _ in range(int(timeout_s * 10)):
+                    await asyncio.sleep(0.1)
+                    link.pump()
+                    if until(driver, runner, tserver):
+                        break
+                    if task.done():
+                        task.result()
+                else:
+                    raise AssertionError("the job did not get there in time")
+            finally:
+                driver.stop()
+                await task
+        return driver, runner, posted
+    finally:
+        await runner.stop()
+        await trunner.cleanup()
+        await wrunner.cleanup()
+
+
+async def test_an_openai_sdk_agent_is_a_job_environment_trained_on_the_tokens_it_was_sampled(tmp_path):
+    driver, runner, posted = await run_job(tmp_path, AGENT, until=lambda d, r, t: bool(d.trained))
+    assert driver.trained[0]["step"] == 0 and driver.trained[0]["samples"] >= 1
+    done = [rec for rec in runner.records.values() if rec["status"] == "done"]
+    assert len(done) >= 4 and runner.failed == 0
+    # the gateway's record of each trajectory: the first prompt is the template of the agent's message,
+    # each sampled segment is masked 1 and carries the engine's log-probs
+    for rec in done:
+        s = rec["samples"][-1]
+        assert s["mask"][: s["prompt_len"]] == [0] * s["prompt_len"] and sum(s["mask"]) >= 1
+        assert all(lp < 0 for lp, m in zip(s["logprobs"], s["mask"]) if m)
+        assert rec["reward"] is not None
+    # what the trainer got is, turn for turn, what the gateway recorded: prompt, sampled ids, log-probs
+    recorded = {}
+    for rec in done:
+        for s in rec["samples"]:
+            for seg_start, seg_end in _sampled_segments(s["mask"]):
+                key = (tuple(s["tokens"][:seg_start]), tuple(s["tokens"][seg_start:seg_end]))
+                recorded[key] = s["logprobs"][seg_start:seg_end]
+    trained = [x for x in posted if x.trajectory]
+    assert trained and all((tuple(x.prompt_tokens), tuple(x.completion_tokens)) in recorded for x in trained)
+    for x in trained:
+        assert x.logprobs == pytest.approx(recorded[(tuple(x.prompt_tokens), tuple(x.completion_tokens))])
+
+
+def _sampled_segments(mask: list[int]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+async def test_a_failing_agent_is_a_failed_trajectory_restarted_by_the_loop(tmp_path):
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text("import sys\nsys.stderr.write('agent crashed\\n')\nsys.exit(1)\n")
+    driver, runner, posted = await run_job(
+        tmp_path, [sys.executable, str(flaky)], until=lambda d, r, t: r.failed >= 6, timeout_s=60
+    )
+    assert not driver.trained and not posted  # no sample, no reward was made up for a failed run
+    aborts = [t for t in driver.loop.trajs.values() if t.state.name == "ABORTED"]
+    assert len(aborts) >= 4  # each failure was restarted on its task
+    failed = [rec for rec in runner.records.values() if rec["status"] == "failed"]
+    assert all("agent crashed" in rec["stderr"] for rec in failed)
