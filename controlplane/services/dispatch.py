@@ -26,6 +26,8 @@ class TaskName(StrEnum):
 
 
 def _send(name: TaskName, *args: Any, countdown: float | None = None) -> None:
+    # current_app is the project's app: loading the settings (pearl_site.settings) runs pearl_site/__init__.py,
+    # which creates it, in every process that has Django configured
     current_app.send_task(str(name), args=list(args), countdown=countdown)
 
 
