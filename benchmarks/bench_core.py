@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from controlplane.core.context import PolicyContext, Signal  # noqa: E402
-from controlplane.core.decision import decide  # noqa: E402
-from controlplane.core.policies import make_policy, names  # noqa: E402
-from controlplane.core.predictor import swe_bench_workload  # noqa: E402
-from controlplane.core.profiles import get_profile  # noqa: E402
-from controlplane.core.state import Role  # noqa: E402
-from controlplane.core.transitions import plan_transition  # noqa: E402
+from controlplane.core.context import PolicyContext, Signal
+from controlplane.core.decision import decide
+from controlplane.core.policies import make_policy, names
+from controlplane.core.predictor import swe_bench_workload
+from controlplane.core.profiles import get_profile
+from controlplane.core.state import Role
+from controlplane.core.transitions import plan_transition
 
 
 def one_signal(budget: int, *, model: str = "qwen3-8b") -> tuple[float, float, str, int]:
@@ -66,7 +66,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     print(f"python {platform.python_version()}, {platform.machine()}, repeats={args.repeats}\n")
-    print("| budget | decide median / p95 (ms) | plan median / p95 (ms) | decide+plan median / p95 (ms) | chosen | plan steps |")
+    print("| budget | decide median / p95 (ms) | plan median / p95 (ms) | decide+plan median / p95 (ms) | chosen "
+          "| plan steps |")
     print("|---|---|---|---|---|---|")
     for label, budget in (("4,096 workers", 4096), ("65,536 GPUs = 32,768 TP2 workers", 32768)):
         one_signal(budget)  # warm-up (imports, numpy)

@@ -207,8 +207,8 @@ class EmulatedEngine(LoopEngine):
         s = await self._wait(self._submit(req.request_id, "prefill", prompt, req.sampling))
         if s.finish_reason == "abort":
             raise EngineError("prefill aborted", 409)
-        blob = st_save({"prompt_len": np.array([s.prompt_len], dtype=np.int64)},
-                       metadata={"first_token": str(s.tokens[0]), "seed": str(s.params.seed), "weight_version": str(s.weight_version)})
+        meta = {"first_token": str(s.tokens[0]), "seed": str(s.params.seed), "weight_version": str(s.weight_version)}
+        blob = st_save({"prompt_len": np.array([s.prompt_len], dtype=np.int64)}, metadata=meta)
         modeled = int(s.prompt_len * self.profile.kv_bytes_per_token)
         handle, token = self.kv.put(blob, s.prompt_len)
         self.kv.bytes_out += modeled - len(blob)  # count the emulated cache size, not the stub's
@@ -273,8 +273,8 @@ class EmulatedEngine(LoopEngine):
             g = self.batching.generated(r, t) if r is not None else 0
             if g:
                 s.emit(upto=1 + g)
-            out.append({"request_id": s.request_id, "kind": s.kind, "prompt_len": s.prompt_len, "tokens": list(s.tokens),
-                        "logprobs": list(s.logprobs), "weight_version": s.weight_version})
+            out.append({"request_id": s.request_id, "kind": s.kind, "prompt_len": s.prompt_len,
+                        "tokens": list(s.tokens), "logprobs": list(s.logprobs), "weight_version": s.weight_version})
         return out
 
     def running(self) -> int:
@@ -323,7 +323,8 @@ class EmulatedEngine(LoopEngine):
             if w.seg is None:
                 now = self._now()
                 # drift-free: a segment starts where the previous one ended, unless the loop fell far behind
-                t = self._next_t if self._next_t is not None and now - self._next_t <= LATE_S / self.time_factor else now
+                on_time = self._next_t is not None and now - self._next_t <= LATE_S / self.time_factor
+                t = self._next_t if on_time else now
                 if w.plan(t) is None:
                     self._next_t = None
                     self._work.clear()
@@ -383,7 +384,8 @@ class EmulatedEngine(LoopEngine):
             c.decode_iterations += seg.k
             c.iteration_s.append(observed / seg.k)
             c.token_times.append((time.monotonic(), decoded))
-            share = 1.0 - (seg.prefill_s / (seg.end_s - seg.t0) if seg.kind == "prefill" and seg.end_s > seg.t0 else 0.0)
+            prefilling = seg.kind == "prefill" and seg.end_s > seg.t0
+            share = 1.0 - (seg.prefill_s / (seg.end_s - seg.t0) if prefilling else 0.0)
             self.record_decode_iteration(n, observed * share / seg.k / self.time_factor)
             self.timing_log.append((n, seg.k, predicted, observed))
             if len(self.timing_log) > 4096:

@@ -19,6 +19,7 @@ goes through a prefill pass (computed + cache hits, SGLang's #new-token + #cache
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -93,7 +94,7 @@ def dp_scaling(base: Scenario, *, gpus: tuple[int, ...] = (16, 24, 32), training
         body = [s.makespan_s for s in r.step_stats[warm:]] or [s.makespan_s for s in r.step_stats]
         times[g] = sum(body) / len(body)
     t0 = times[gpus[0]]
-    red = {f"dp_{a}_to_{b}": (times[a] - times[b]) / t0 for a, b in zip(gpus, gpus[1:])}
+    red = {f"dp_{a}_to_{b}": (times[a] - times[b]) / t0 for a, b in itertools.pairwise(gpus)}
     return {"rollout_s": times, **red}
 
 

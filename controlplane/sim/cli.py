@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from controlplane.core.policies import names
 from controlplane.sim.cluster import RunResult, run_policy
@@ -25,7 +26,9 @@ def _load(args: argparse.Namespace) -> Scenario:
     return sc
 
 
-def compare(sc: Scenario, policies: Sequence[str] | None = None, *, record_timeline: bool = False) -> dict[str, RunResult]:
+def compare(
+    sc: Scenario, policies: Sequence[str] | None = None, *, record_timeline: bool = False
+) -> dict[str, RunResult]:
     """Run every policy of the scenario on the same seed (paired comparison)."""
     return {p: run_policy(sc, p, record_timeline=record_timeline) for p in (policies or sc.policies)}
 
@@ -66,7 +69,8 @@ def _with_scenario_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controlplane.sim", description="PEARL discrete-event cluster simulator")
+    ap = argparse.ArgumentParser(prog="python -m controlplane.sim",
+                                 description="PEARL discrete-event cluster simulator")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the shipped scenarios")
     r = _with_scenario_args(sub.add_parser("run", help="run one policy on one scenario"))
@@ -94,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for key, v in m["stats"].items():
                     paper = m["paper"].get(key)
                     ok = m["within"].get(key)
-                    print(f"{key:32s} sim {v:10.4f}" + (f"   paper {paper:g}   in band: {ok}" if paper is not None else ""))
+                    band = f"   paper {paper:g}   in band: {ok}" if paper is not None else ""
+                    print(f"{key:32s} sim {v:10.4f}" + band)
             return 0
         if args.cmd == "list":
             for name in list_scenarios():

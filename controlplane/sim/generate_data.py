@@ -1,8 +1,11 @@
 """Regenerates the shipped scenario and trace files: `python -m controlplane.sim.generate_data` (seeded)."""
-import yaml
 from pathlib import Path
+
+import yaml
+
 from controlplane.core.policies import REGISTRY, names
 from controlplane.sim.traces import PAPER_SEGMENTS, generate_bamboo_like
+
 D = Path(__file__).resolve().parent
 # No engine fudge: the engine is core's roofline profile as is (its per-component terms — per-iteration
 # t0, TP all-reduce latency, MoE expert reads and dispatch — are sourced in core/PROFILES.md); the uniform
@@ -47,7 +50,8 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
         name = f"paper-{model}-{seg}"
         doc = {
             "name": name,
-            "description": f"PEARL §7: {model}, SWE-bench-like, 32 H800 (16 train, 4 reserved, <=12 preemptible), Bamboo {seg}",
+            "description": f"PEARL §7: {model}, SWE-bench-like, 32 H800 (16 train, 4 reserved, <=12 preemptible), "
+                           f"Bamboo {seg}",
             "model": model,
             "cluster": {"training_gpus": 16, "reserved_gpus": 4, "preemptible_gpus": 12, "hardware": "H800", "tp": 2},
             "workload": {"batch_size": 64, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
@@ -80,7 +84,8 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             abc["overrides"] = {"force_mode": "disaggregated"}
         doc = {
             "name": name,
-            "description": f"PEARL Fig. 7 ablation: {model}, 16 training GPUs, fixed {g} rollout GPUs; A = PD ratio only, B = ungated borrowing, C = gate",
+            "description": f"PEARL Fig. 7 ablation: {model}, 16 training GPUs, fixed {g} rollout GPUs; "
+                           "A = PD ratio only, B = ungated borrowing, C = gate",
             "model": model,
             "cluster": {"training_gpus": 16, "reserved_gpus": g, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
             "workload": {"batch_size": 64, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
@@ -96,19 +101,24 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
         (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 for b in (32, 64, 96, 128):
     name = f"sens-batch-{b}"
-    doc = {"name": name, "description": f"PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch {b}, 32K",
+    doc = {"name": name,
+           "description": f"PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch {b}, 32K",
            "model": "qwen3-8b",
            "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
            "workload": {"batch_size": b, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
+           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200,
+           "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
            "paper": {"pearl_over_rlboost_range": [0.053, 0.637]}}
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 for L in (8192, 16384, 24576, 32768):
     name = f"sens-maxlen-{L // 1024}k"
-    doc = {"name": name, "description": f"PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch 64, max length {L // 1024}K",
+    doc = {"name": name,
+           "description": "PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch 64, "
+                          f"max length {L // 1024}K",
            "model": "qwen3-8b",
            "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
            "workload": {"batch_size": 64, "group_size": 16, "max_length": L, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200, "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
+           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200,
+           "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
            "paper": {"pearl_over_rlboost_range": [0.098, 0.265]}}
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

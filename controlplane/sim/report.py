@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ def per_step_throughput(r: RunResult) -> list[tuple[int, float]]:
     """(step, tokens/s of step time) for every trained step after the first."""
     trained = [s for s in r.step_stats if s.train_end_s > 0]
     out = []
-    for prev, cur in zip(trained, trained[1:]):
+    for prev, cur in itertools.pairwise(trained):
         dt = cur.train_end_s - prev.train_end_s
         if dt > 0:
             out.append((cur.step, (cur.generated_tokens + cur.train_tokens) / dt))
@@ -105,7 +106,7 @@ def render_html(title: str, sections: list[tuple[str, str, list[tuple[str, go.Fi
     for heading, body, figs in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>{body}")
         for _, fig in figs:
-            parts.append(pio.to_html(fig, include_plotlyjs=True if first else False, full_html=False))
+            parts.append(pio.to_html(fig, include_plotlyjs=bool(first), full_html=False))
             first = False
     parts.append("</body></html>")
     return "\n".join(parts)

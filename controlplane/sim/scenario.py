@@ -48,8 +48,8 @@ class EngineSpec:
     chunk_tokens: int = CHUNK_TOKENS  # chunked-prefill token budget per iteration
     weight_sync_s: float = 3.0  # trainer -> rollout weight publication after each update
     periodic_s: float = 60.0  # PERIODIC re-evaluation tick while a batch is in flight
-    return_deadline_s: float = 30.0
-    drain_timeout_s: float = 10.0  # a draining worker's leftover requests are then interrupted (partials kept)  # borrowed GPUs must be back this long after Training Begin
+    return_deadline_s: float = 30.0  # borrowed GPUs must be back this long after Training Begin
+    drain_timeout_s: float = 10.0  # a draining worker's leftover requests are then interrupted (partials kept)
     warmup_steps: int = 2  # steps excluded from throughput and predictor MAPE
     # Multiplier on every simulated iteration and prefill-pass time over the roofline profile
     # (serving-stack overheads the roofline omits). 1.0 = the core profile as is.
@@ -85,7 +85,7 @@ class Scenario:
         tp = self.cluster.tp
         return int(math.ceil(self.trace.mean(self.duration_s) / tp - 1e-9)) * tp
 
-    def with_seed(self, seed: int) -> "Scenario":
+    def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
 
 
