@@ -198,3 +198,32 @@ def test_one_oracle_pearls_decision_engine_without_hysteresis_trial_or_gate() ->
     forced = o.on_event(ctx(overrides=Overrides(force_ratio=(2, 3), exact_ratio=True, borrowing=False)))
     assert (forced.target.n_prefill, forced.target.n_decode) == (2, 3) and forced.borrow == 0
     assert forced.free_reconfiguration
+
+
+def test_a_policy_name_is_spelled_only_in_the_registry() -> None:
+    """Callers use `names` constants and read behaviour from a policy's traits: outside `policies/names.py`
+    no module spells `fixed`, `fixed-large`, `rlboost+` or `oracle`, and none compares a value with `pearl`
+    (also the project's name, so only comparisons count). `elastic` is also a pool's name: not checked."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    spelled = {names.FIXED, names.FIXED_LARGE, names.RLBOOST, names.ORACLE}
+    compared = spelled | {names.PEARL}
+    offenders = []
+    for package in ("controlplane", "agents", "benchmarks", "pearl_cli", "pearl_site"):
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel == "controlplane/core/policies/names.py" or "/migrations/" in rel:
+                continue
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and node.value in spelled:
+                    offenders.append(f"{rel}:{node.lineno} spells {node.value!r}")
+                elif isinstance(node, ast.Compare):
+                    for side in (node.left, *node.comparators):
+                        elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                        for e in elts:
+                            if isinstance(e, ast.Constant) and e.value in compared:
+                                offenders.append(f"{rel}:{node.lineno} compares with {e.value!r}")
+    assert offenders == []
