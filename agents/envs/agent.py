@@ -40,10 +40,10 @@ from agents.gateway.app import Gateway, serve
 from agents.gateway.backends import Generation, Sampling
 from agents.gateway.chat import ChatFormat, load_format
 from agents.gateway.sessions import Session, SessionStore
+from controlplane.core.agent_spec import AgentSpec, SpecError, validate_agent_spec
 
 log = logging.getLogger("pearl.agent_env")
 TAIL_BYTES = 4096
-MAX_TASKS = 1 << 20
 MAX_TASK_FILE_BYTES = 64 << 20
 SECRETS = (
     "PEARL_AGENT_TOKEN",
@@ -52,14 +52,6 @@ SECRETS = (
     "PEARL_WORKER_SECRET",
     "PEARL_JOB_TOKEN",
 )
-
-
-class SpecError(ValueError):
-    """A bad `environment: agent` job spec (→ 400 naming `field`)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 class AgentFailed(EnvironmentFailed):
@@ -71,87 +63,16 @@ class AgentFailed(EnvironmentFailed):
         self.stderr_tail = stderr_tail
 
 
-@dataclass(frozen=True, slots=True)
-class AgentSpec:
-    tasks: tuple[dict[str, Any], ...]
-    command: tuple[str, ...] = ()
-    function: str = ""
-    workdir: str = ""
-    timeout_s: float = 600.0
-    concurrency: int = 64
-    model: str = "tiny"
-    host: str = "127.0.0.1"
-    port: int = 0
-
-
-def load_tasks(tasks: Any, workdir: str = "") -> tuple[dict[str, Any], ...]:
-    """Inline list of JSON objects, or a JSONL file (relative to `workdir`)."""
-    if isinstance(tasks, str):
-        path = Path(tasks)
-        if not path.is_absolute() and workdir:
-            path = Path(workdir) / path
-        try:
-            if path.stat().st_size > MAX_TASK_FILE_BYTES:
-                raise SpecError("tasks", f"{tasks!r} is larger than {MAX_TASK_FILE_BYTES} bytes")
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError("tasks", f"cannot read {tasks!r}: {exc}") from None
-        out = []
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except ValueError as exc:
-                raise SpecError("tasks", f"{tasks!r} line {i} is not JSON: {exc}") from None
-        tasks = out
-    if not isinstance(tasks, list) or not tasks:
-        raise SpecError("tasks", "must be a JSONL file path or a non-empty list of JSON objects")
-    if len(tasks) > MAX_TASKS or not all(isinstance(t, dict) for t in tasks):
-        raise SpecError("tasks", f"every task must be a JSON object (at most {MAX_TASKS})")
-    return tuple(tasks)
+def _read_task_file(path: str) -> str:
+    p = Path(path)
+    if p.stat().st_size > MAX_TASK_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_TASK_FILE_BYTES} bytes")
+    return p.read_text(encoding="utf-8")
 
 
 def validate_spec(spec: dict[str, Any]) -> AgentSpec:
-    """The agent fields of a job spec, checked at submission (SpecError names the field)."""
-    command, function = spec.get("agent_command"), spec.get("agent_function")
-    if command is None and function is None:
-        raise SpecError("agent_command", "environment 'agent' needs agent_command (an argv list) or agent_function")
-    if command is not None and function is not None:
-        raise SpecError("agent_command", "give agent_command or agent_function, not both")
-    workdir = spec.get("agent_workdir") or ""
-    if not isinstance(workdir, str) or (workdir and not Path(workdir).is_dir()):
-        raise SpecError("agent_workdir", f"{workdir!r} is not a directory")
-    if command is not None and (
-        not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command)
-    ):
-        raise SpecError("agent_command", "must be a non-empty list of strings (argv; no shell)")
-    if function is not None and (
-        not isinstance(function, str) or function.count(":") != 1 or not all(function.split(":"))
-    ):
-        raise SpecError("agent_function", "must be 'module:function'")
-    timeout = spec.get("agent_timeout_s", 600.0)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout <= 86400
-        or not math.isfinite(timeout)
-    ):
-        raise SpecError("agent_timeout_s", "must be a number of seconds in (0, 86400]")
-    conc = spec.get("agent_concurrency", 64)
-    if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 65536:
-        raise SpecError("agent_concurrency", "must be an integer in [1, 65536]")
-    if "tasks" not in spec:
-        raise SpecError("tasks", "environment 'agent' needs tasks (a JSONL path or a list of JSON objects)")
-    return AgentSpec(
-        tasks=load_tasks(spec["tasks"], workdir),
-        command=tuple(command or ()),
-        function=function or "",
-        workdir=workdir,
-        timeout_s=float(timeout),
-        concurrency=conc,
-        model=str(spec.get("model", "tiny")),
-    )
+    """The agent fields of a job spec, with the task file read and the workdir checked here."""
+    return validate_agent_spec(spec, read_file=_read_task_file, is_dir=os.path.isdir)
 
 
 # ------------------------------------------------------------------ the driver as the gateway's backend
@@ -472,3 +393,14 @@ def _factory(*, task: int, member: int = 0, **kw: Any) -> AgentEnvironment:
 
 
 register("agent", _factory)
+
+__all__ = [
+    "AgentEnvironment",
+    "AgentFailed",
+    "AgentRunner",
+    "AgentSpec",
+    "SpecError",
+    "configure",
+    "runner",
+    "validate_spec",
+]

@@ -118,3 +118,30 @@ def test_record_has_reward_forks_and_turns():
     j = t.to_json()
     assert j["reward"] == 0.5 and j["forks"] == 0 and j["turns"] == 1
     assert j["samples"][0]["latency_s"] == [0.25]
+
+
+def test_agent_spec_validation_in_core_is_pure_and_names_the_field():
+    """What the control plane runs at submission: no file access unless it passes a reader."""
+    from controlplane.core.agent_spec import SpecError, validate_agent_spec
+
+    spec = validate_agent_spec({"agent_command": ["python", "a.py"], "tasks": "tasks.jsonl"})
+    assert spec.tasks == () and spec.command == ("python", "a.py")  # a path, unread
+    files = {"w/tasks.jsonl": '{"a": 1}\n\n{"a": 2}\n'}
+
+    def read(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(path)
+        return files[path]
+
+    spec = validate_agent_spec(
+        {"agent_function": "m:f", "tasks": "tasks.jsonl", "agent_workdir": "w"},
+        read_file=read,
+        is_dir=lambda p: p == "w",
+    )
+    assert spec.tasks == ({"a": 1}, {"a": 2}) and spec.function == "m:f"
+    with pytest.raises(SpecError) as err:
+        validate_agent_spec({"agent_command": ["x"], "tasks": "missing.jsonl"}, read_file=read)
+    assert err.value.field == "tasks"
+    with pytest.raises(SpecError) as err:
+        validate_agent_spec({"agent_command": ["x"], "tasks": [{}], "agent_workdir": "nope"}, is_dir=lambda p: False)
+    assert err.value.field == "agent_workdir"
