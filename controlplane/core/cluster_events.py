@@ -93,6 +93,7 @@ class PearlNodeView:
     status: str  # ready | not_ready | draining | gone
     pool: str
     preemption_deadline: float | None = None  # Unix time
+    ray_death_recorded: bool = False  # an event of this node already carries Ray's death reason
 
 
 # What the bridge must do; each is idempotent and asked for only when PEARL does not show it yet.
@@ -128,7 +129,15 @@ class Gone:
     message: str
 
 
-Action = PlaceAgent | Bind | Notice | Drain | Gone
+@dataclass(frozen=True, slots=True)
+class DeathRecorded:
+    """PEARL had already let the node go (its preemption deadline passed first): only Ray's reason is news."""
+    name: str
+    reason: str
+    message: str
+
+
+Action = PlaceAgent | Bind | Notice | Drain | Gone | DeathRecorded
 DEADLINE_SLACK_S = 1.0  # a PEARL deadline this close to Ray's is the same notice (ms vs s rounding)
 
 
@@ -148,6 +157,8 @@ def reconcile(observed: list[NodeEvent], pearl: dict[str, PearlNodeView], agents
         if isinstance(ev, NodeDead):
             if view is not None and view.status != "gone":
                 actions.append(Gone(name, ev.reason, ev.message))
+            elif view is not None and view.ray_node_id == ev.ray_node_id and not view.ray_death_recorded:
+                actions.append(DeathRecorded(name, ev.reason, ev.message))
             continue
         up = ev if isinstance(ev, NodeUp) else ev.up
         if up is None or not eligible(up, include_head=include_head):

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from controlplane.core import cluster_events as ce
 from controlplane.core.state import Activity, NodeStatus
-from controlplane.models import GPU, NAME_VALIDATOR, AgentCredential, Node, Worker, WorkerGPU
+from controlplane.models import GPU, NAME_VALIDATOR, AgentCredential, Event, Node, Worker, WorkerGPU
 from controlplane.services import nodes
 from controlplane.services.credentials import issue_agent_token
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied
@@ -87,7 +87,9 @@ def ray_nodes(*, bridge: BridgePrincipal) -> dict[str, ce.PearlNodeView]:
     _check(bridge)
     rows = Node.objects.filter(name__startswith="ray-").values_list(
         "name", "ray_node_id", "status", "pool", "preemption_deadline")
-    return {n: ce.PearlNodeView(n, rid, st, pool, _unix(dl)) for n, rid, st, pool, dl in rows}
+    recorded = set(Event.objects.filter(kind__in=["node.gone", "node.ray_dead"], node__name__startswith="ray-",
+                                        data__has_key="ray_death_reason").values_list("node__name", flat=True))
+    return {n: ce.PearlNodeView(n, rid, st, pool, _unix(dl), n in recorded) for n, rid, st, pool, dl in rows}
 
 
 def agent_token(*, bridge: BridgePrincipal, ray_node_id: str) -> str:
@@ -167,6 +169,15 @@ def gone(*, bridge: BridgePrincipal, name: str, reason: str, message: str) -> No
     return node
 
 
+def death_recorded(*, bridge: BridgePrincipal, name: str, reason: str, message: str) -> None:
+    """A node PEARL already let go (at its preemption deadline) died in Ray: record Ray's reason once
+    (e.g. AUTOSCALER_DRAIN_PREEMPTED, Ray's confirmation that the drain was a preemption)."""
+    _check(bridge)
+    node = _bound(name)
+    emit(kind="node.ray_dead", message=f"node {name} is dead in Ray ({reason}: {message[:200]})", node=node,
+         actor=bridge.actor, data={"ray_death_reason": reason, "ray_death_message": message[:500]})
+
+
 def apply(*, bridge: BridgePrincipal, action: ce.Action) -> None:
     """One reconcile action (PlaceAgent is the bridge's own business: it needs `agent_token`)."""
     if isinstance(action, ce.Bind):
@@ -177,5 +188,7 @@ def apply(*, bridge: BridgePrincipal, action: ce.Action) -> None:
         drain(bridge=bridge, name=action.name, why=action.why)
     elif isinstance(action, ce.Gone):
         gone(bridge=bridge, name=action.name, reason=action.reason, message=action.message)
+    elif isinstance(action, ce.DeathRecorded):
+        death_recorded(bridge=bridge, name=action.name, reason=action.reason, message=action.message)
     else:
         raise InvalidInput(f"not a node event: {type(action).__name__}")

@@ -42,7 +42,8 @@ def group_usage(pgid: int) -> tuple[float, float]:
         if not entry.isdigit():
             continue
         try:
-            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[3]) == pgid:  # its session: everything `ray start` started
@@ -72,7 +73,7 @@ def test_an_agent_appears_on_every_ray_node_and_dials_from_its_own_address(clust
         assert n["name"] == "ray-" + n["ray_node_id"][:12] and n["pool"] == "elastic"
     record("ray_agents_up", up_s=time.time() - t0, nodes=2)
     pgid = cluster.hosts.procs["ray-n1"].pid
-    rss0, cpu0 = group_usage(pgid)
+    _, cpu0 = group_usage(pgid)
     time.sleep(10)
     rss1, cpu1 = group_usage(pgid)
     record("ray_node_cost", rss_mib=rss1, idle_cpu_pct=100 * (cpu1 - cpu0) / 10)  # raylet, its agents, the PEARL agent
@@ -90,6 +91,36 @@ def test_a_new_node_joins_and_gets_an_agent(cluster: Cluster):
     record("ray_node_joins", up_s=time.time() - t0)
     assert n["address"] == cluster.nodes["n3"]
     assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3  # one each, never twice
+
+
+def actor_pid(cluster: Cluster, host: str) -> int | None:
+    """The pid of the PEARL agent actor Ray runs in the session of the node `host` (started by this test)."""
+    session = cluster.hosts.procs[f"ray-{host}"].pid
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if cmd.startswith(b"ray::AgentActor") and int(fields[3]) == session and fields[0] not in ("Z", "X"):
+            return int(entry)
+    return None
+
+
+def test_an_agent_actor_that_dies_is_restarted_by_ray_on_its_node(cluster: Cluster):
+    node = ready_at(cluster, "n3")
+    victim = wait_for(lambda: actor_pid(cluster, "n3"), 30, "the agent actor's process")
+    t_kill = time.time()
+    os.kill(victim, signal.SIGKILL)
+    back = wait_for(lambda: (n := ready_at(cluster, "n3")) and n["epoch"] > node["epoch"] and n, 120,
+                    "the restarted agent to register again")
+    record("agent_actor_killed", recover_s=time.time() - t_kill)
+    assert back["ray_node_id"] == node["ray_node_id"] and actor_pid(cluster, "n3") not in (None, victim)
+    assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3  # Ray restarted it
 
 
 def test_a_preemption_drain_reaches_pearl_with_its_deadline_and_the_node_goes_at_the_deadline(cluster: Cluster):
@@ -112,6 +143,11 @@ def test_a_preemption_drain_reaches_pearl_with_its_deadline_and_the_node_goes_at
     gone = wait_for(lambda: cluster.db.nodes()[node["name"]]["status"] == "gone", 60, "the preempted node to be gone")
     record("ray_preempted_gone", gone_after_kill_s=time.time() - t_kill)
     assert gone
+    # whichever came first (PEARL's deadline or Ray's death), Ray's death reason ends up on record, once
+    died = wait_for(lambda: [e for k in ("node.gone", "node.ray_dead") for e in cluster.db.events(k)
+                             if e["node"] == node["name"] and "ray_death_reason" in (e["data"] or {})], 60,
+                    "Ray's death reason of the preempted node")
+    assert [e["data"]["ray_death_reason"] for e in died] == ["AUTOSCALER_DRAIN_PREEMPTED"], died
 
 
 def test_a_killed_node_is_gone_with_rays_death_reason(cluster: Cluster):

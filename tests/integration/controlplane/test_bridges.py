@@ -95,6 +95,25 @@ def test_a_ray_drain_and_death_reach_the_node_with_rays_deadline_and_reason(brid
     assert Node.objects.get(name=name).status == "gone" and not Node.objects.get(name=name).gpus.filter(present=True)
     bridges.gone(bridge=bridge, name=name, reason="AUTOSCALER_DRAIN_PREEMPTED", message="")  # once only
     assert Event.objects.filter(kind="node.gone").count() == 1
+    dead = ce.NodeDead(RAY_ID, "10.77.0.11", "AUTOSCALER_DRAIN_PREEMPTED", "preempted")
+    assert ce.reconcile([dead], bridges.ray_nodes(bridge=bridge), set()) == []  # the reason is on record
+
+
+def test_a_node_let_go_at_its_deadline_still_gets_rays_death_reason_once(bridge):
+    from controlplane.services.nodes import remove_preempted
+
+    name = ce.pearl_node_name(RAY_ID)
+    register(bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID), name)
+    bridges.bind(bridge=bridge, name=name, ray_node_id=RAY_ID, address="10.77.0.11")
+    bridges.preemption(bridge=bridge, name=name, deadline=time.time() + 0.2)
+    time.sleep(0.3)
+    assert remove_preempted() == [name]  # PEARL's sweeper was first
+    dead = ce.NodeDead(RAY_ID, "10.77.0.11", "AUTOSCALER_DRAIN_PREEMPTED", "preempted")
+    actions = ce.reconcile([dead], bridges.ray_nodes(bridge=bridge), set())
+    assert actions == [ce.DeathRecorded(name, "AUTOSCALER_DRAIN_PREEMPTED", "preempted")]
+    bridges.apply(bridge=bridge, action=actions[0])
+    assert Event.objects.get(kind="node.ray_dead").data["ray_death_reason"] == "AUTOSCALER_DRAIN_PREEMPTED"
+    assert ce.reconcile([dead], bridges.ray_nodes(bridge=bridge), set()) == []
 
 
 def test_a_revoked_bridge_token_stops_at_its_next_call(bridge):

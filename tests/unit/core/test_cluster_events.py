@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.cluster_events import (
-    Bind, Drain, Gone, NodeDead, NodeDraining, NodeUp, Notice, PearlNodeView, PlaceAgent, pearl_node_name, reconcile,
+    Bind, DeathRecorded, Drain, Gone, NodeDead, NodeDraining, NodeUp, Notice, PearlNodeView, PlaceAgent, pearl_node_name, reconcile,
 )
 
 A, B, H = "a1" * 28, "b2" * 28, "c3" * 28
@@ -53,7 +53,11 @@ def test_a_dead_node_is_gone_at_once_with_rays_reason_and_only_once():
     ev = NodeDead(A, "10.77.0.2", "UNEXPECTED_TERMINATION", "health check failed")
     assert reconcile([ev], {pearl_node_name(A): view(A)}, set()) == [
         Gone(pearl_node_name(A), "UNEXPECTED_TERMINATION", "health check failed")]
-    assert reconcile([ev], {pearl_node_name(A): view(A, "gone")}, set()) == []
+    gone = view(A, "gone")  # PEARL let it go first (its preemption deadline): Ray's reason is still news, once
+    assert reconcile([ev], {pearl_node_name(A): gone}, set()) == [
+        DeathRecorded(pearl_node_name(A), "UNEXPECTED_TERMINATION", "health check failed")]
+    recorded = PearlNodeView(gone.name, A, "gone", "elastic", None, ray_death_recorded=True)
+    assert reconcile([ev], {pearl_node_name(A): recorded}, set()) == []
     assert reconcile([ev], {}, set()) == []  # a node PEARL never knew: nothing to do
 
 
