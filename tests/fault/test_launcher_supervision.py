@@ -10,14 +10,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.fault.conftest import processes_under, wait_for
 from tests.support.environment import ROOT
 from tests.support.processes import free_port
-from tests.fault.conftest import processes_under, wait_for
 
 
 def alive(pid: int) -> bool:
