@@ -1,5 +1,6 @@
 """PEARL models in the Django admin: browse and search everything; history (events, decisions,
 transitions, telemetry) is read-only there, since every state change goes through a service."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,14 +51,35 @@ class GPUAdmin(ReadOnlyAdmin):
 class OverrideInline(admin.StackedInline):
     model = m.Override
     can_delete = False
-    readonly_fields = ("force_mode", "force_n_prefill", "force_n_decode", "force_exact", "freeze", "borrowing",
-                       "elasticity", "updated_by", "updated")
+    readonly_fields = (
+        "force_mode",
+        "force_n_prefill",
+        "force_n_decode",
+        "force_exact",
+        "freeze",
+        "borrowing",
+        "elasticity",
+        "updated_by",
+        "updated",
+    )
 
 
 @admin.register(m.Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ("name", "status", "policy", "model", "engine", "mode", "n_prefill", "n_decode", "n_colocated", "step",
-                    "created_by", "created")
+    list_display = (
+        "name",
+        "status",
+        "policy",
+        "model",
+        "engine",
+        "mode",
+        "n_prefill",
+        "n_decode",
+        "n_colocated",
+        "step",
+        "created_by",
+        "created",
+    )
     list_filter = ("status", "policy", "engine", "model")
     search_fields = ("name",)
     inlines = [OverrideInline]
@@ -72,8 +94,20 @@ class WorkerAdmin(ReadOnlyAdmin):
 
 @admin.register(m.Decision)
 class DecisionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "job", "created", "signal", "mode", "n_prefill", "n_decode", "n_colocated", "borrow",
-                    "predicted_makespan_s", "expected_gain", "admitted")
+    list_display = (
+        "id",
+        "job",
+        "created",
+        "signal",
+        "mode",
+        "n_prefill",
+        "n_decode",
+        "n_colocated",
+        "borrow",
+        "predicted_makespan_s",
+        "expected_gain",
+        "admitted",
+    )
     list_filter = ("admitted", "mode", "signal")
     search_fields = ("job__name", "reason")
 

@@ -4,7 +4,11 @@ All writes go through `controlplane.services`; these models only declare shape a
 backstops of the invariants (partial unique constraints), so that even a buggy caller cannot bind
 one GPU to two active workers.
 """
+
 from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
 
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
@@ -16,7 +20,7 @@ from controlplane.core.state import Activity, EngineKind, Mode, NodeStatus, Pool
 NAME_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9._-]{0,62}$", "lowercase letters, digits, '.', '_' or '-' (max 63)")
 
 
-def choices(enum: type) -> list[tuple[str, str]]:
+def choices(enum: type[StrEnum]) -> list[tuple[str, str]]:
     return [(m.value, m.value) for m in enum]
 
 
@@ -183,7 +187,9 @@ class WorkerGPU(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["gpu", "kind"], condition=Q(alive=True), name="gpu_one_alive_worker_per_kind"),
+            models.UniqueConstraint(
+                fields=["gpu", "kind"], condition=Q(alive=True), name="gpu_one_alive_worker_per_kind"
+            ),
             models.UniqueConstraint(fields=["gpu"], condition=Q(active=True), name="gpu_one_active_worker"),
         ]
 
@@ -278,12 +284,12 @@ class Event(models.Model):
     class Meta:
         ordering = ["-created", "-id"]
 
-    def save(self, *args, **kwargs):  # type: ignore[override]
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:
             raise ValueError("events are append-only")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):  # type: ignore[override]
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise ValueError("events are append-only")
 
 
@@ -315,8 +321,10 @@ class TelemetrySample(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
-        indexes = [models.Index(fields=["job", "kind", "-created"], name="telemetry_job_kind"),
-                   models.Index(fields=["job", "kind", "-id"], name="telemetry_job_kind_id")]
+        indexes = [
+            models.Index(fields=["job", "kind", "-created"], name="telemetry_job_kind"),
+            models.Index(fields=["job", "kind", "-id"], name="telemetry_job_kind_id"),
+        ]
 
 
 class SimulationRun(models.Model):

@@ -1,5 +1,6 @@
 """A small REST client over urllib: server URL and token from the environment or a config file, and
 errors a person can act on (ApiError carries the API's {"error", "field", "detail"})."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,9 @@ class ApiError(CliError):
         self.status, self.body = status, body
         self.field = body.get("field")
         detail = str(body.get("detail") or body)
-        super().__init__(f"{self.field}: {detail}" if self.field and not detail.startswith(f"{self.field}:") else detail, 1)
+        super().__init__(
+            f"{self.field}: {detail}" if self.field and not detail.startswith(f"{self.field}:") else detail, 1
+        )
 
 
 @dataclass
@@ -96,16 +99,25 @@ class Client:
             if not isinstance(payload, dict):
                 payload = {"detail": str(payload)}
             if e.code == 401:
-                raise CliError(f"the server at {self.s.url} refused the token ({payload.get('detail', 'unauthorized')}). "
-                               "Set PEARL_TOKEN or run `pearl configure --token ...`; "
-                               "`manage.py create_api_user NAME` prints a token.", 1) from None
+                raise CliError(
+                    f"the server at {self.s.url} refused the token ({payload.get('detail', 'unauthorized')}). "
+                    "Set PEARL_TOKEN or run `pearl configure --token ...`; "
+                    "`manage.py create_api_user NAME` prints a token.",
+                    1,
+                ) from None
             if e.code == 403:
-                raise CliError(f"forbidden: {payload.get('detail', '')} (changes need an operator: "
-                               "`manage.py create_api_user NAME` makes one)", 1) from None
+                raise CliError(
+                    f"forbidden: {payload.get('detail', '')} (changes need an operator: "
+                    "`manage.py create_api_user NAME` makes one)",
+                    1,
+                ) from None
             raise ApiError(e.code, payload) from None
         except urllib.error.URLError as e:
-            raise CliError(f"cannot reach the control plane at {self.s.url} ({e.reason}); "
-                           "set PEARL_URL or run `pearl configure --url ...`", 3) from None
+            raise CliError(
+                f"cannot reach the control plane at {self.s.url} ({e.reason}); "
+                "set PEARL_URL or run `pearl configure --url ...`",
+                3,
+            ) from None
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)

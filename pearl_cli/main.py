@@ -4,15 +4,17 @@ Server URL and token: --url/--token, else PEARL_URL / PEARL_TOKEN, else ~/.confi
 (`pearl configure`). Every command takes --json for scripts. Exit status: 0 ok, 1 refused by the
 server, 2 bad usage or spec, 3 server unreachable.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from pearl_cli.client import ApiError, CliError, Client, load_settings, save_settings
+from pearl_cli.client import ApiError, Client, CliError, load_settings, save_settings
 from pearl_cli.spec import load_spec
 
 
@@ -36,8 +38,11 @@ def _table(rows: list[list[str]]) -> str:
 # ---- commands ----------------------------------------------------------------------------------------
 def cmd_configure(c: Client, args: argparse.Namespace) -> None:
     path = save_settings(args.url or c.s.url, args.token or c.s.token)
-    _out(args, {"config": str(path), "url": args.url or c.s.url},
-         f"saved {path} (url {args.url or c.s.url}); PEARL_URL / PEARL_TOKEN still override it")
+    _out(
+        args,
+        {"config": str(path), "url": args.url or c.s.url},
+        f"saved {path} (url {args.url or c.s.url}); PEARL_URL / PEARL_TOKEN still override it",
+    )
 
 
 def cmd_submit(c: Client, args: argparse.Namespace) -> None:
@@ -48,44 +53,81 @@ def cmd_submit(c: Client, args: argparse.Namespace) -> None:
         errors = e.body.get("errors")
         if not isinstance(errors, dict):
             detail = str(e.body.get("detail", ""))
-            errors = {e.field: detail[len(f"{e.field}: "):] if e.field and detail.startswith(f"{e.field}: ") else detail}
-        lines = [f"{args.spec}: {wrote.get(f, f) + ': ' if f and f != 'non_field_errors' else ''}"
-                 f"{' '.join(map(str, m)) if isinstance(m, list) else m}" for f, m in errors.items()]
+            errors = {
+                e.field: detail[len(f"{e.field}: ") :] if e.field and detail.startswith(f"{e.field}: ") else detail
+            }
+        lines = [
+            f"{args.spec}: {wrote.get(f, f) + ': ' if f and f != 'non_field_errors' else ''}"
+            f"{' '.join(map(str, m)) if isinstance(m, list) else m}"
+            for f, m in errors.items()
+        ]
         raise CliError("\n".join(lines), 1) from None
-    _out(args, job, f"submitted job {job['name']} (#{job['id']}, {job['status']}); watch it: pearl status {job['name']}")
+    _out(
+        args, job, f"submitted job {job['name']} (#{job['id']}, {job['status']}); watch it: pearl status {job['name']}"
+    )
 
 
 def cmd_list(c: Client, args: argparse.Namespace) -> None:
     jobs = c.get("/api/jobs/", limit=args.limit)["results"]
     rows = [["ID", "NAME", "STATUS", "POLICY", "CONFIG", "STEP", "WEIGHTS", "CREATED BY"]]
-    rows += [[str(j["id"]), j["name"], j["status"], j["policy"], _config(j), str(j["step"]), f"v{j['weight_version']}",
-              j.get("created_by") or ""] for j in jobs]
+    rows += [
+        [
+            str(j["id"]),
+            j["name"],
+            j["status"],
+            j["policy"],
+            _config(j),
+            str(j["step"]),
+            f"v{j['weight_version']}",
+            j.get("created_by") or "",
+        ]
+        for j in jobs
+    ]
     _out(args, jobs, _table(rows) if jobs else "no jobs; submit one: pearl submit spec.yaml")
 
 
 def status_text(st: dict[str, Any], top: int = 5) -> str:
     j = st["job"]
-    lines = [f"job {j['name']} (#{j['id']}) {j['status']} — policy {j['policy']}, step {j['step']}, weights v{j['weight_version']}"]
+    lines = [
+        f"job {j['name']} (#{j['id']}) {j['status']} — policy {j['policy']}, step {j['step']}, "
+        f"weights v{j['weight_version']}"
+    ]
     if j.get("failure_reason"):
         lines.append(f"  failed: {j['failure_reason']}")
-    lines.append(f"configuration: {j['configuration']} {j['mode']}; trainer {'computing' if j['training_active'] else 'idle'}")
+    lines.append(
+        f"configuration: {j['configuration']} {j['mode']}; trainer {'computing' if j['training_active'] else 'idle'}"
+    )
     lines.append(f"override: {st['override_summary'] or 'none (the policy decides)'}")
     d = st.get("latest_decision")
     if d:
         conf = "" if d.get("confidence") is None else f", predictor confidence {100 * d['confidence']:.0f}%"
-        lines.append(f"latest decision ({d['created'][11:19]}, signal {d['signal']}, {'admitted' if d['admitted'] else 'suppressed'}): "
-                     f"{d['label']} predicts {_s(d['predicted_makespan_s'])}, expected gain {100 * d['expected_gain']:.1f}%{conf}")
+        lines.append(
+            f"latest decision ({d['created'][11:19]}, signal {d['signal']}, "
+            f"{'admitted' if d['admitted'] else 'suppressed'}): "
+            f"{d['label']} predicts {_s(d['predicted_makespan_s'])}, "
+            f"expected gain {100 * d['expected_gain']:.1f}%{conf}"
+        )
         lines.append(f"  why: {d['reason']}")
-        feasible = sorted((x for x in d["candidates"] if x.get("feasible") and x.get("makespan_s") is not None), key=lambda x: x["makespan_s"])
+        feasible = sorted(
+            (x for x in d["candidates"] if x.get("feasible") and x.get("makespan_s") is not None),
+            key=lambda x: x["makespan_s"],
+        )
         if feasible:
-            lines.append(f"  best candidates: " + ", ".join(f"{x['label']} {_s(x['makespan_s'])}" for x in feasible[:top]))
+            lines.append(
+                "  best candidates: " + ", ".join(f"{x['label']} {_s(x['makespan_s'])}" for x in feasible[:top])
+            )
     for t in st.get("transitions", [])[:1]:
         done = sum(1 for s in t["steps"] if s["status"] == "done")
-        lines.append(f"last transition #{t['id']} → {t['plan'].get('target', '?')}: {t['status']} ({done}/{len(t['steps'])} steps done)"
-                     + (f" — {t['error']}" if t.get("error") else ""))
+        lines.append(
+            f"last transition #{t['id']} → {t['plan'].get('target', '?')}: {t['status']} "
+            f"({done}/{len(t['steps'])} steps done)" + (f" — {t['error']}" if t.get("error") else "")
+        )
     s = st["staleness"]
     if s.get("lag") is not None:
-        lines.append(f"staleness: workers at v{s['workers_min']}–v{s['workers_max']}, lag {s['lag']} / bound {s['max_staleness']}")
+        lines.append(
+            f"staleness: workers at v{s['workers_min']}–v{s['workers_max']}, "
+            f"lag {s['lag']} / bound {s['max_staleness']}"
+        )
     return "\n".join(lines)
 
 
@@ -133,8 +175,15 @@ def _pd(text: str) -> tuple[int, int]:
 def cmd_override(c: Client, args: argparse.Namespace) -> None:
     job_id = c.job_id(args.job)
     if args.clear:
-        body: dict[str, Any] = {"force_mode": "", "force_n_prefill": None, "force_n_decode": None, "force_exact": False,
-                                "freeze": False, "borrowing": True, "elasticity": True}
+        body: dict[str, Any] = {
+            "force_mode": "",
+            "force_n_prefill": None,
+            "force_n_decode": None,
+            "force_exact": False,
+            "freeze": False,
+            "borrowing": True,
+            "elasticity": True,
+        }
     else:
         body = {}
         if args.mode:
@@ -152,25 +201,46 @@ def cmd_override(c: Client, args: argparse.Namespace) -> None:
             raise CliError("nothing to change: give --mode, --pd, --freeze, --borrowing, --elasticity or --clear", 2)
     o = c.request("PATCH", f"/api/jobs/{job_id}/overrides/", body)
     st = c.get(f"/api/jobs/{job_id}/status/")
-    _out(args, o, f"overrides of {st['job']['name']}: {st['override_summary'] or 'none (the policy decides)'}; the planner re-plans now")
+    _out(
+        args,
+        o,
+        f"overrides of {st['job']['name']}: {st['override_summary'] or 'none (the policy decides)'}; "
+        "the planner re-plans now",
+    )
 
 
 def cmd_nodes(c: Client, args: argparse.Namespace) -> None:
     nodes = c.get("/api/cluster/")["nodes"]
-    rows = [["ID", "NAME", "POOL", "STATUS", "HARDWARE", "GPUS", "ACTIVE", "HEARTBEAT", "PREEMPTION", "ADDRESS", "RAY NODE"]]
+    rows = [
+        ["ID", "NAME", "POOL", "STATUS", "HARDWARE", "GPUS", "ACTIVE", "HEARTBEAT", "PREEMPTION", "ADDRESS", "RAY NODE"]
+    ]
     for n in nodes:
         active = sum(1 for g in n["gpus"] if g["activity"] == "active")
         hb = "–" if n["heartbeat_age_s"] is None else f"{n['heartbeat_age_s']:.0f}s ago"
-        rows.append([str(n["id"]), n["name"], n["pool"], n["status"], n["hardware"], str(len(n["gpus"])), str(active), hb,
-                     n["preemption_deadline"] or "", n.get("address") or "", (n.get("ray_node_id") or "")[:12]])
+        rows.append(
+            [
+                str(n["id"]),
+                n["name"],
+                n["pool"],
+                n["status"],
+                n["hardware"],
+                str(len(n["gpus"])),
+                str(active),
+                hb,
+                n["preemption_deadline"] or "",
+                n.get("address") or "",
+                (n.get("ray_node_id") or "")[:12],
+            ]
+        )
     _out(args, nodes, _table(rows) if nodes else "no nodes have registered")
 
 
-def _node_action(action: str, verb: str):  # type: ignore[no-untyped-def]
+def _node_action(action: str, verb: str) -> Callable[[Client, argparse.Namespace], None]:
     def run(c: Client, args: argparse.Namespace) -> None:
         body = {"deadline_s": args.deadline} if action == "preemption" else None
         node = c.post(f"/api/nodes/{c.node_id(args.node)}/{action}/", body)
         _out(args, node, f"node {node['name']}: {verb} (status {node['status']})")
+
     return run
 
 
@@ -188,8 +258,18 @@ def cmd_simulate(c: Client, args: argparse.Namespace) -> None:
     base = pol.get(FIXED, {}).get("throughput_tok_s")
     rows = [["POLICY", "TOKENS/S", "VS ROLL", "STEPS", "TRANSITIONS", "BORROWED GPU-S", "MISSES", "MAPE %"]]
     for p, s in pol.items():
-        rows.append([p, f"{s['throughput_tok_s']:,.0f}", f"{s['throughput_tok_s'] / base:.2f}x" if base else "–", str(s["steps"]),
-                     str(s["transitions"]), f"{s['borrowed_gpu_s']:,.0f}", str(s["return_deadline_misses"]), str(s["predictor_mape"])])
+        rows.append(
+            [
+                p,
+                f"{s['throughput_tok_s']:,.0f}",
+                f"{s['throughput_tok_s'] / base:.2f}x" if base else "–",
+                str(s["steps"]),
+                str(s["transitions"]),
+                f"{s['borrowed_gpu_s']:,.0f}",
+                str(s["return_deadline_misses"]),
+                str(s["predictor_mape"]),
+            ]
+        )
     print(f"simulation #{run['id']} {run['scenario']} (seed {run['seed']}), {run['wall_s']:.1f} s\n" + _table(rows))
 
 
@@ -199,8 +279,11 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--url", help="control plane URL (default: PEARL_URL, the config file, http://127.0.0.1:8000)")
     common.add_argument("--token", help="API token (default: PEARL_TOKEN or the config file)")
     common.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    ap = argparse.ArgumentParser(prog="pearl", description=__doc__.split("\n\n")[0],
-                                 epilog="Options (--url, --token, --json) go after the command: pearl list --json")
+    ap = argparse.ArgumentParser(
+        prog="pearl",
+        description=__doc__.split("\n\n")[0],
+        epilog="Options (--url, --token, --json) go after the command: pearl list --json",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def add(name: str, fn: Any, help_: str) -> argparse.ArgumentParser:
@@ -209,7 +292,11 @@ def parser() -> argparse.ArgumentParser:
         return p
 
     add("configure", cmd_configure, "save the server URL and token to the config file")
-    p = add("submit", cmd_submit, "submit a job from a YAML spec (ROLL-style keys: rollout_batch_size, sequence_length, ...)")
+    p = add(
+        "submit",
+        cmd_submit,
+        "submit a job from a YAML spec (ROLL-style keys: rollout_batch_size, sequence_length, ...)",
+    )
     p.add_argument("spec")
     p.add_argument("--name", help="override the spec's name")
     p = add("list", cmd_list, "list jobs")
@@ -227,17 +314,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p = add("override", cmd_override, "set or clear a job's overrides (the planner re-plans at once)")
     p.add_argument("job")
-    p.add_argument("--mode", choices=["auto", "colocated", "disaggregated"], help="force a PD mode, or let the policy decide")
+    p.add_argument(
+        "--mode", choices=["auto", "colocated", "disaggregated"], help="force a PD mode, or let the policy decide"
+    )
     p.add_argument("--pd", type=_pd, metavar="P:D", help="force prefill:decode workers; exact counts unless --ratio")
     p.add_argument("--ratio", action="store_true", help="treat --pd as a ratio scaled to the job's worker budget")
-    for flag, what in (("freeze", "keep the current configuration"), ("borrowing", "borrow idle training GPUs"),
-                       ("elasticity", "use preemptible GPUs")):
+    for flag, what in (
+        ("freeze", "keep the current configuration"),
+        ("borrowing", "borrow idle training GPUs"),
+        ("elasticity", "use preemptible GPUs"),
+    ):
         p.add_argument(f"--{flag}", choices=["on", "off"], help=what)
     p.add_argument("--clear", action="store_true", help="remove every override")
     add("nodes", cmd_nodes, "list nodes with pool, status, GPUs and heartbeat age")
-    for name, action, verb, help_ in (("drain", "drain", "draining", "drain a node (no new work; its workers finish and leave)"),
-                                      ("undrain", "undrain", "returned to service", "return a draining or preempted node to service"),
-                                      ("preempt", "preemption", "preemption notice sent", "send an elastic node a preemption notice")):
+    for name, action, verb, help_ in (
+        ("drain", "drain", "draining", "drain a node (no new work; its workers finish and leave)"),
+        ("undrain", "undrain", "returned to service", "return a draining or preempted node to service"),
+        ("preempt", "preemption", "preemption notice sent", "send an elastic node a preemption notice"),
+    ):
         p = add(name, _node_action(action, verb), help_)
         p.add_argument("node", help="node id or name")
         if name == "preempt":

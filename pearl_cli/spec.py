@@ -1,19 +1,20 @@
 """Job specs from YAML with keys a ROLL user knows, mapped onto the API's job fields.
 
-    name: grpo-swe
-    model: qwen3-8b                      # or pretrain:
-    engine: emulated                     # or infer_backend: (emulated | torch | vllm)
-    hardware: h800
-    environment: swe-like                # or env:
-    rollout_batch_size: 64               # or batch_size:
-    num_return_sequences_in_group: 16    # or group_size:
-    max_staleness: 1
-    sequence_length: 32768               # or max_trajectory_tokens:
-    policy: pearl                        # a product policy: GET /api/catalog/ lists them
-    policy_options: {}                   # the policy's options (GET /api/catalog/)
-    tensor_parallel_size: 2              # or tp:
-    gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus:
+name: grpo-swe
+model: qwen3-8b                      # or pretrain:
+engine: emulated                     # or infer_backend: (emulated | torch | vllm)
+hardware: h800
+environment: swe-like                # or env:
+rollout_batch_size: 64               # or batch_size:
+num_return_sequences_in_group: 16    # or group_size:
+max_staleness: 1
+sequence_length: 32768               # or max_trajectory_tokens:
+policy: pearl                        # a product policy: GET /api/catalog/ lists them
+policy_options: {}                   # the policy's options (GET /api/catalog/)
+tensor_parallel_size: 2              # or tp:
+gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus:
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,14 +23,27 @@ from typing import Any
 from pearl_cli.client import CliError
 
 ALIASES = {
-    "name": "name", "model": "model", "pretrain": "model", "engine": "engine", "infer_backend": "engine",
-    "hardware": "hardware", "environment": "environment", "env": "environment", "policy": "policy",
+    "name": "name",
+    "model": "model",
+    "pretrain": "model",
+    "engine": "engine",
+    "infer_backend": "engine",
+    "hardware": "hardware",
+    "environment": "environment",
+    "env": "environment",
+    "policy": "policy",
     "policy_options": "policy_options",
-    "rollout_batch_size": "batch_size", "batch_size": "batch_size",
-    "num_return_sequences_in_group": "group_size", "group_size": "group_size",
-    "max_staleness": "max_staleness", "sequence_length": "max_trajectory_tokens",
-    "max_trajectory_tokens": "max_trajectory_tokens", "tensor_parallel_size": "tp", "tp": "tp",
-    "rollout_gpus": "rollout_gpus", "training_gpus": "training_gpus",
+    "rollout_batch_size": "batch_size",
+    "batch_size": "batch_size",
+    "num_return_sequences_in_group": "group_size",
+    "group_size": "group_size",
+    "max_staleness": "max_staleness",
+    "sequence_length": "max_trajectory_tokens",
+    "max_trajectory_tokens": "max_trajectory_tokens",
+    "tensor_parallel_size": "tp",
+    "tp": "tp",
+    "rollout_gpus": "rollout_gpus",
+    "training_gpus": "training_gpus",
 }
 GPU_KEYS = {"rollout": "rollout_gpus", "training": "training_gpus"}
 

@@ -15,6 +15,7 @@ Weights are pulled with scoped, rotating tokens (`weights_token`): an HMAC of (j
 under a per-job key. The control plane gives the key only to the job's trainer, which verifies;
 rollout workers get a token that opens that job's weights for at most three rotation periods.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,7 +64,9 @@ class ObservedWorker:
     endpoint: str = field(default="", metadata=bounded(max_len=200))
     inflight: int = field(default=0, metadata=bounded(0, MAX_VERSION))
     generation: int = 0  # desired-state generation the worker was last reconciled to
-    devices: list[int] = field(default_factory=list, metadata=bounded(0, 1023, MAX_SLOTS))  # CUDA_VISIBLE_DEVICES it runs with
+    devices: list[int] = field(
+        default_factory=list, metadata=bounded(0, 1023, MAX_SLOTS)
+    )  # CUDA_VISIBLE_DEVICES it runs with
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,9 @@ class Fault:
     worker_id: int
     kind: str  # crashed | restarted | oom | timeout
     detail: str = ""
-    aborted: list[dict[str, Any]] = field(default_factory=list, metadata=bounded(max_len=MAX_ABORTED))  # partial outputs of aborted requests
+    aborted: list[dict[str, Any]] = field(
+        default_factory=list, metadata=bounded(max_len=MAX_ABORTED)
+    )  # partial outputs of aborted requests
 
 
 # ---------------------------------------------------------------- control plane -> agent
@@ -169,7 +174,7 @@ CONTROL_MESSAGES: dict[str, type] = {m.type: m for m in (Registered, DesiredStat
 # ---------------------------------------------------------------- (de)serialisation
 def dump(message: Any) -> dict[str, Any]:
     """Message dataclass -> JSON-ready dict with its `type`."""
-    out = to_json(message)
+    out: dict[str, Any] = to_json(message)
     out["type"] = message.type
     return out
 
@@ -182,11 +187,13 @@ def decode_frame(text: str) -> Any:
 
 
 def parse_agent_message(data: Any) -> Register | Heartbeat | Telemetry | Fault:
-    return _parse_typed(data, AGENT_MESSAGES)
+    message: Register | Heartbeat | Telemetry | Fault = _parse_typed(data, AGENT_MESSAGES)
+    return message
 
 
 def parse_control_message(data: Any) -> Registered | DesiredState | ErrorMessage:
-    return _parse_typed(data, CONTROL_MESSAGES)
+    message: Registered | DesiredState | ErrorMessage = _parse_typed(data, CONTROL_MESSAGES)
+    return message
 
 
 def _parse_typed(data: Any, table: dict[str, type]) -> Any:
@@ -194,7 +201,7 @@ def _parse_typed(data: Any, table: dict[str, type]) -> Any:
         raise LinkError("message must be a JSON object")
     kind = data.get("type")
     cls = table.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if cls is None or not isinstance(kind, str):
         raise LinkError(f"unknown message type: {kind!r}")
     body = {k: v for k, v in data.items() if k != "type"}
     return parse_dataclass(cls, body, kind, error=LinkError, int_min=0, check=_check)
@@ -221,7 +228,7 @@ def verify_weights_token(key: str, job: str, token: str, rotate_s: float, now: f
     (clock skew between nodes); constant-time."""
     if not key or not token.startswith(WEIGHTS_TOKEN_PREFIX) or len(token) > 128:
         return False
-    bucket_text, _, _ = token[len(WEIGHTS_TOKEN_PREFIX):].partition(".")
+    bucket_text, _, _ = token[len(WEIGHTS_TOKEN_PREFIX) :].partition(".")
     if not bucket_text.isascii() or not bucket_text.isdigit() or len(bucket_text) > 12:
         return False
     bucket = int(bucket_text)

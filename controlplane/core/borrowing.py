@@ -5,6 +5,7 @@ T_ded − T_full sooner with every overlap worker, and that must pay for one act
 return. T_toggle is an EMA of observed toggle costs, seeded from paper Table 3. Return is mandatory
 at Training Begin; deactivation must finish before the trainer needs its GPUs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ def gate(*, remaining: int, batch_size: int, t_dedicated_s: float, t_full_s: flo
     benefit = frac * (t_dedicated_s - t_full_s)
     admit = benefit > toggle_s
     verb = "borrow" if admit else "do not borrow"
-    reason = (f"{verb}: (R/B)·(T_ded − T_full) = {remaining}/{batch_size}·({t_dedicated_s:.1f} − {t_full_s:.1f}) "
-              f"= {benefit:.1f} s {'>' if admit else '≤'} T_toggle {toggle_s:.1f} s")
+    reason = (
+        f"{verb}: (R/B)·(T_ded − T_full) = {remaining}/{batch_size}·({t_dedicated_s:.1f} − {t_full_s:.1f}) "
+        f"= {benefit:.1f} s {'>' if admit else '≤'} T_toggle {toggle_s:.1f} s"
+    )
     return GateResult(admit, benefit, toggle_s, remaining, batch_size, t_dedicated_s, t_full_s, reason)
 
 
@@ -76,8 +79,9 @@ class ReturnDeadline:
     delay_s: float  # how long the trainer waits if the return starts now
 
 
-def return_deadline(*, training_begin_s: float, deactivation_s: float, now_s: float | None = None,
-                    margin_s: float = 0.0) -> ReturnDeadline:
+def return_deadline(
+    *, training_begin_s: float, deactivation_s: float, now_s: float | None = None, margin_s: float = 0.0
+) -> ReturnDeadline:
     """Return must finish by Training Begin: start by training_begin − deactivation − margin."""
     start_by = training_begin_s - max(0.0, deactivation_s) - max(0.0, margin_s)
     now = start_by if now_s is None else now_s

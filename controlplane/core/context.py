@@ -3,11 +3,12 @@
 Its own module so that the decision engine (`decision.py`) and the policies (`policies.py`) both
 import it and neither imports the other's callers: no import cycle inside core.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Sequence
 
 from controlplane.core.state import Configuration
 

@@ -7,21 +7,23 @@ because a mode switch rebinds every worker's role, router and CUDA graphs ("tens
 Forced switches (current infeasible, or its worker count no longer matches the budget) bypass the
 hysteresis; manual overrides always win.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any
 
 import numpy as np
 
+from controlplane.core.borrowing import GateResult
+from controlplane.core.context import Overrides
 from controlplane.core.predictor import (
     FeasibilityRule,
     WorkloadProfile,
     disaggregated_table,
     predict_colocated,
 )
-from controlplane.core.borrowing import GateResult
-from controlplane.core.context import Overrides
 from controlplane.core.profiles import EngineCoefficients
 from controlplane.core.state import Configuration, Mode
 
@@ -99,9 +101,17 @@ class CandidateTable:
     def row(self, i: int) -> Candidate:
         why = ("", "decode KV does not fit: B·K_seq > N_D·H_max", "prefill cannot keep up")[int(self.why[i])]
         return Candidate(
-            Mode.DISAGGREGATED, int(self.n_prefill[i]), int(self.n_decode[i]), 0, float(self.makespan_s[i]),
-            bool(self.feasible[i]), float(self.prefill_s[i]), float(self.decode_s[i]), float(self.kv_transfer_s[i]),
-            self.env_s, why,
+            Mode.DISAGGREGATED,
+            int(self.n_prefill[i]),
+            int(self.n_decode[i]),
+            0,
+            float(self.makespan_s[i]),
+            bool(self.feasible[i]),
+            float(self.prefill_s[i]),
+            float(self.decode_s[i]),
+            float(self.kv_transfer_s[i]),
+            self.env_s,
+            why,
         )
 
     def find(self, config: Configuration) -> Candidate | None:
@@ -119,12 +129,22 @@ class CandidateTable:
         ms = np.where(self.feasible, self.makespan_s, np.inf)
         return self.row(int(np.argmin(ms)))
 
-    def to_list(self) -> list[dict]:
+    def to_list(self) -> list[dict[str, Any]]:
         return [
-            {"label": c.label, "mode": str(c.mode), "n_prefill": c.n_prefill, "n_decode": c.n_decode,
-             "n_colocated": c.n_colocated, "makespan_s": c.makespan_s, "feasible": c.feasible,
-             "prefill_s": c.prefill_s, "decode_s": c.decode_s, "kv_transfer_s": c.kv_transfer_s,
-             "env_s": c.env_s, "why_infeasible": c.why_infeasible}
+            {
+                "label": c.label,
+                "mode": str(c.mode),
+                "n_prefill": c.n_prefill,
+                "n_decode": c.n_decode,
+                "n_colocated": c.n_colocated,
+                "makespan_s": c.makespan_s,
+                "feasible": c.feasible,
+                "prefill_s": c.prefill_s,
+                "decode_s": c.decode_s,
+                "kv_transfer_s": c.kv_transfer_s,
+                "env_s": c.env_s,
+                "why_infeasible": c.why_infeasible,
+            }
             for c in self
         ]
 
@@ -144,7 +164,7 @@ class Decision:
     forced: bool  # switch bypassed hysteresis (infeasible current or budget change)
     overridden: bool
     reason: str
-    inputs: dict = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
     gate: GateResult | None = None  # when the policy evaluated Eq. 7 for this decision
 
     @property
@@ -168,23 +188,55 @@ class Decision:
         return self.configuration.label()
 
 
-def evaluate(workload: WorkloadProfile, coeffs: EngineCoefficients, budget: int,
-             rule: FeasibilityRule = FeasibilityRule()) -> CandidateTable:
+def evaluate(
+    workload: WorkloadProfile, coeffs: EngineCoefficients, budget: int, rule: FeasibilityRule = FeasibilityRule()
+) -> CandidateTable:
     """Predict every candidate configuration of `budget` workers."""
     col = None
     if budget >= 1:
         p = predict_colocated(workload, coeffs, budget)
-        col = Candidate(Mode.COLOCATED, 0, 0, budget, p.makespan_s, p.feasible, p.prefill_s, p.decode_s, 0.0,
-                        p.env_s, p.why_infeasible)
+        col = Candidate(
+            Mode.COLOCATED,
+            0,
+            0,
+            budget,
+            p.makespan_s,
+            p.feasible,
+            p.prefill_s,
+            p.decode_s,
+            0.0,
+            p.env_s,
+            p.why_infeasible,
+        )
     if budget >= 2:
         t = disaggregated_table(workload, coeffs, budget, rule)
         why = np.where(~t.kv_ok, 1, np.where(~t.keepup_ok, 2, 0)).astype(np.int8)
-        return CandidateTable(col, t.n_prefill, t.n_decode, t.makespan_s, t.feasible, t.prefill_s, t.decode_s,
-                              t.kv_transfer_s, workload.env_time_s, why)
+        return CandidateTable(
+            col,
+            t.n_prefill,
+            t.n_decode,
+            t.makespan_s,
+            t.feasible,
+            t.prefill_s,
+            t.decode_s,
+            t.kv_transfer_s,
+            workload.env_time_s,
+            why,
+        )
     empty_i = np.zeros(0, dtype=np.int64)
     empty_f = np.zeros(0)
-    return CandidateTable(col, empty_i, empty_i, empty_f, np.zeros(0, dtype=bool), empty_f, empty_f, empty_f,
-                          workload.env_time_s, np.zeros(0, dtype=np.int8))
+    return CandidateTable(
+        col,
+        empty_i,
+        empty_i,
+        empty_f,
+        np.zeros(0, dtype=bool),
+        empty_f,
+        empty_f,
+        empty_f,
+        workload.env_time_s,
+        np.zeros(0, dtype=np.int8),
+    )
 
 
 def _best(table: CandidateTable, mode: Mode | None) -> Candidate | None:
@@ -239,30 +291,64 @@ def decide(
     th = thresholds or Thresholds()
     rule = rule or FeasibilityRule()
     table = evaluate(workload, coeffs, budget, rule)
-    inputs = {"budget": budget, "batch_size": workload.batch_size, "turns": workload.turns,
-              "new_prompt_tokens": workload.new_prompt_tokens, "generated_tokens": workload.generated_tokens,
-              "theta": workload.theta, "env_time_s": workload.env_time_s,
-              "prefill_interference": coeffs.prefill_interference}
+    inputs = {
+        "budget": budget,
+        "batch_size": workload.batch_size,
+        "turns": workload.turns,
+        "new_prompt_tokens": workload.new_prompt_tokens,
+        "generated_tokens": workload.generated_tokens,
+        "theta": workload.theta,
+        "env_time_s": workload.env_time_s,
+        "prefill_interference": coeffs.prefill_interference,
+    }
 
-    def make(cfg: Configuration, *, best: Candidate | None, cur_ms: float | None, admitted: bool, forced: bool,
-             overridden: bool, reason: str) -> Decision:
+    def make(
+        cfg: Configuration,
+        *,
+        best: Candidate | None,
+        cur_ms: float | None,
+        admitted: bool,
+        forced: bool,
+        overridden: bool,
+        reason: str,
+    ) -> Decision:
         chosen = table.find(cfg)
         ms = chosen.makespan_s if chosen is not None else float("inf")
         gain = 0.0
         if cur_ms is not None and best is not None and np.isfinite(cur_ms) and cur_ms > 0:
             gain = (cur_ms - best.makespan_s) / cur_ms
-        return Decision(cfg, budget, table, ms, cur_ms, best.configuration if best else None, float(gain),
-                        admitted, forced, overridden, reason, inputs)
+        return Decision(
+            cfg,
+            budget,
+            table,
+            ms,
+            cur_ms,
+            best.configuration if best else None,
+            float(gain),
+            admitted,
+            forced,
+            overridden,
+            reason,
+            inputs,
+        )
 
     def make_for(cfg: Configuration, chosen: Candidate | None, *, best: Candidate | None, reason: str) -> Decision:
         """An override's decision: the chosen candidate may come from a smaller budget (exact P:D)."""
         ms = chosen.makespan_s if chosen is not None else float("inf")
-        return Decision(cfg, budget, table, ms, None, best.configuration if best else None, 0.0,
-                        True, False, True, reason, inputs)
+        return Decision(
+            cfg, budget, table, ms, None, best.configuration if best else None, 0.0, True, False, True, reason, inputs
+        )
 
     if budget == 0:
-        return make(Configuration.colocated(0), best=None, cur_ms=None, admitted=True, forced=current is not None
-                    and current.total != 0, overridden=False, reason="No rollout workers in the budget.")
+        return make(
+            Configuration.colocated(0),
+            best=None,
+            cur_ms=None,
+            admitted=True,
+            forced=current is not None and current.total != 0,
+            overridden=False,
+            reason="No rollout workers in the budget.",
+        )
 
     # 1. Overrides always win.
     forced_mode = Mode(ov.force_mode) if ov.force_mode else None
@@ -287,86 +373,167 @@ def decide(
     if best is None:
         least = _least_bad(table, mode_filter)
         assert least is not None
-        return make(least.configuration, best=None, cur_ms=None, admitted=True, forced=True,
-                    overridden=forced_mode is not None,
-                    reason=f"No feasible configuration on {budget} workers ({least.why_infeasible}); "
-                           f"running {least.label}, the least bad.")
+        return make(
+            least.configuration,
+            best=None,
+            cur_ms=None,
+            admitted=True,
+            forced=True,
+            overridden=forced_mode is not None,
+            reason=f"No feasible configuration on {budget} workers ({least.why_infeasible}); "
+            f"running {least.label}, the least bad.",
+        )
 
     cur = table.find(current) if current is not None else None
     if current is None:
-        return make(best.configuration, best=best, cur_ms=None, admitted=True, forced=False,
-                    overridden=forced_mode is not None,
-                    reason=f"First configuration: {best.label} predicts {best.makespan_s:.1f} s on {budget} workers"
-                           + _vs_other_mode(table, best) + ".")
+        return make(
+            best.configuration,
+            best=best,
+            cur_ms=None,
+            admitted=True,
+            forced=False,
+            overridden=forced_mode is not None,
+            reason=f"First configuration: {best.label} predicts {best.makespan_s:.1f} s on {budget} workers"
+            + _vs_other_mode(table, best)
+            + ".",
+        )
 
     # 2. Overrides: forced mode different from current -> switch now.
     if forced_mode is not None and current.mode is not forced_mode:
-        return make(best.configuration, best=best, cur_ms=cur.makespan_s if cur else None, admitted=True,
-                    forced=False, overridden=True,
-                    reason=f"Override: mode forced to {forced_mode}; {best.label} predicts {best.makespan_s:.1f} s.")
+        return make(
+            best.configuration,
+            best=best,
+            cur_ms=cur.makespan_s if cur else None,
+            admitted=True,
+            forced=False,
+            overridden=True,
+            reason=f"Override: mode forced to {forced_mode}; {best.label} predicts {best.makespan_s:.1f} s.",
+        )
 
     # 3. Forced switches: budget changed, or current infeasible.
     if current.total != budget:
         incumbent = _best(table, current.mode if forced_mode is None else forced_mode)
         if incumbent is None:
-            return make(best.configuration, best=best, cur_ms=None, admitted=True, forced=True,
-                        overridden=forced_mode is not None,
-                        reason=f"Budget changed {current.total}→{budget} and no {current.mode} split is feasible; "
-                               f"switching to {best.label} ({best.makespan_s:.1f} s).")
+            return make(
+                best.configuration,
+                best=best,
+                cur_ms=None,
+                admitted=True,
+                forced=True,
+                overridden=forced_mode is not None,
+                reason=f"Budget changed {current.total}→{budget} and no {current.mode} split is feasible; "
+                f"switching to {best.label} ({best.makespan_s:.1f} s).",
+            )
         if ov.freeze or incumbent.configuration == best.configuration:
             why = "frozen: keeping the mode" if ov.freeze else "best"
-            return make(incumbent.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=True,
-                        forced=True, overridden=ov.freeze,
-                        reason=f"Budget changed {current.total}→{budget}: {incumbent.label} ({why}, "
-                               f"{incumbent.makespan_s:.1f} s).")
+            return make(
+                incumbent.configuration,
+                best=best,
+                cur_ms=incumbent.makespan_s,
+                admitted=True,
+                forced=True,
+                overridden=ov.freeze,
+                reason=f"Budget changed {current.total}→{budget}: {incumbent.label} ({why}, "
+                f"{incumbent.makespan_s:.1f} s).",
+            )
         gain = (incumbent.makespan_s - best.makespan_s) / incumbent.makespan_s
         if gain > th.mode_switch:
-            return make(best.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=True, forced=True,
-                        overridden=False,
-                        reason=f"Budget changed {current.total}→{budget}: switching mode to {best.label} "
-                               f"({best.makespan_s:.1f} s), {gain:.1%} faster than {incumbent.label} "
-                               f"(threshold {th.mode_switch:.1%}).")
-        return make(incumbent.configuration, best=best, cur_ms=incumbent.makespan_s, admitted=False, forced=True,
-                    overridden=False,
-                    reason=f"Budget changed {current.total}→{budget}: keeping {current.mode} as {incumbent.label} "
-                           f"({incumbent.makespan_s:.1f} s); {best.label} is only {gain:.1%} faster "
-                           f"(mode-switch threshold {th.mode_switch:.1%}).")
+            return make(
+                best.configuration,
+                best=best,
+                cur_ms=incumbent.makespan_s,
+                admitted=True,
+                forced=True,
+                overridden=False,
+                reason=f"Budget changed {current.total}→{budget}: switching mode to {best.label} "
+                f"({best.makespan_s:.1f} s), {gain:.1%} faster than {incumbent.label} "
+                f"(threshold {th.mode_switch:.1%}).",
+            )
+        return make(
+            incumbent.configuration,
+            best=best,
+            cur_ms=incumbent.makespan_s,
+            admitted=False,
+            forced=True,
+            overridden=False,
+            reason=f"Budget changed {current.total}→{budget}: keeping {current.mode} as {incumbent.label} "
+            f"({incumbent.makespan_s:.1f} s); {best.label} is only {gain:.1%} faster "
+            f"(mode-switch threshold {th.mode_switch:.1%}).",
+        )
 
     assert cur is not None
     if not cur.feasible:
-        return make(best.configuration, best=best, cur_ms=cur.makespan_s, admitted=True, forced=True,
-                    overridden=False,
-                    reason=f"Current {cur.label} is infeasible ({cur.why_infeasible}); forced switch to "
-                           f"{best.label} ({best.makespan_s:.1f} s).")
+        return make(
+            best.configuration,
+            best=best,
+            cur_ms=cur.makespan_s,
+            admitted=True,
+            forced=True,
+            overridden=False,
+            reason=f"Current {cur.label} is infeasible ({cur.why_infeasible}); forced switch to "
+            f"{best.label} ({best.makespan_s:.1f} s).",
+        )
     if ov.freeze:
-        return make(current, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False, overridden=True,
-                    reason=f"Frozen by override: keeping {cur.label} ({cur.makespan_s:.1f} s; best {best.label} "
-                           f"{best.makespan_s:.1f} s).")
+        return make(
+            current,
+            best=best,
+            cur_ms=cur.makespan_s,
+            admitted=False,
+            forced=False,
+            overridden=True,
+            reason=f"Frozen by override: keeping {cur.label} ({cur.makespan_s:.1f} s; best {best.label} "
+            f"{best.makespan_s:.1f} s).",
+        )
     if best.configuration == current:
-        return make(current, best=best, cur_ms=cur.makespan_s, admitted=True, forced=False, overridden=False,
-                    reason=f"{cur.label} is still the best ({cur.makespan_s:.1f} s); no change.")
+        return make(
+            current,
+            best=best,
+            cur_ms=cur.makespan_s,
+            admitted=True,
+            forced=False,
+            overridden=False,
+            reason=f"{cur.label} is still the best ({cur.makespan_s:.1f} s); no change.",
+        )
     gain = (cur.makespan_s - best.makespan_s) / cur.makespan_s
     threshold = th.mode_switch if best.mode is not current.mode else th.ratio_change
     kind = "mode switch" if best.mode is not current.mode else "ratio change"
     if gain > threshold:
-        return make(best.configuration, best=best, cur_ms=cur.makespan_s, admitted=True, forced=False,
-                    overridden=False,
-                    reason=f"{kind.capitalize()} {cur.label}→{best.label}: predicted {best.makespan_s:.1f} s vs "
-                           f"{cur.makespan_s:.1f} s ({gain:.1%} > {threshold:.1%}).")
+        return make(
+            best.configuration,
+            best=best,
+            cur_ms=cur.makespan_s,
+            admitted=True,
+            forced=False,
+            overridden=False,
+            reason=f"{kind.capitalize()} {cur.label}→{best.label}: predicted {best.makespan_s:.1f} s vs "
+            f"{cur.makespan_s:.1f} s ({gain:.1%} > {threshold:.1%}).",
+        )
     if best.mode is not current.mode:
         # the mode switch is not worth it; a better ratio within the current mode may still be
         same = _best(table, current.mode)
         if same is not None and same.configuration != current:
             g_same = (cur.makespan_s - same.makespan_s) / cur.makespan_s
             if g_same > th.ratio_change:
-                return make(same.configuration, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False,
-                            overridden=False,
-                            reason=f"Ratio change {cur.label}→{same.label} ({g_same:.1%} > {th.ratio_change:.1%}); "
-                                   f"the mode switch to {best.label} gains only {gain:.1%} "
-                                   f"(< {th.mode_switch:.1%}).")
-    return make(current, best=best, cur_ms=cur.makespan_s, admitted=False, forced=False, overridden=False,
-                reason=f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.1%} "
-                       f"{kind} threshold).")
+                return make(
+                    same.configuration,
+                    best=best,
+                    cur_ms=cur.makespan_s,
+                    admitted=False,
+                    forced=False,
+                    overridden=False,
+                    reason=f"Ratio change {cur.label}→{same.label} ({g_same:.1%} > {th.ratio_change:.1%}); "
+                    f"the mode switch to {best.label} gains only {gain:.1%} "
+                    f"(< {th.mode_switch:.1%}).",
+                )
+    return make(
+        current,
+        best=best,
+        cur_ms=cur.makespan_s,
+        admitted=False,
+        forced=False,
+        overridden=False,
+        reason=f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.1%} {kind} threshold).",
+    )
 
 
 def _vs_other_mode(table: CandidateTable, best: Candidate) -> str:

@@ -3,11 +3,12 @@
 Services check them on every write (inside the transaction, before commit) and the fuzz test checks
 them after every random service call, so the same code defines "a valid cluster" everywhere.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from controlplane.core.state import Activity, Role, Zone
 

@@ -14,10 +14,11 @@ Rules (why):
   have); borrowed overlap workers are kept before new ones are borrowed;
 - a free unit joins as a new worker on the lowest free slot id (new workers reuse empty slots).
 """
+
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
 
 from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
 from controlplane.core.policies import Policy, PolicyAction
@@ -106,7 +107,8 @@ def fit(target: Configuration, total: int) -> Configuration:
 
 def lowest_free_slots(n: int, used: set[int]) -> list[int]:
     """The `n` lowest worker slot ids not in `used` (new workers reuse empty slots)."""
-    out, s = [], 0
+    out: list[int] = []
+    s = 0
     while len(out) < n:
         if s not in used:
             out.append(s)
@@ -114,8 +116,17 @@ def lowest_free_slots(n: int, used: set[int]) -> list[int]:
     return out
 
 
-def place(inv: Inventory, policy: Policy, *, signal: Signal, now_s: float, batch_size: int, remaining: int,
-          overrides: Overrides = Overrides(), future: Sequence[AvailabilityPoint] = ()) -> Placement:
+def place(
+    inv: Inventory,
+    policy: Policy,
+    *,
+    signal: Signal,
+    now_s: float,
+    batch_size: int,
+    remaining: int,
+    overrides: Overrides = Overrides(),
+    future: Sequence[AvailabilityPoint] = (),
+) -> Placement:
     """① budget → ② the policy's action → ③ the minimal-change plan over concrete workers."""
     dedicated = [u for u in inv.units if not u.overlap]
     overlap = [u for u in inv.units if u.overlap]
@@ -123,22 +134,38 @@ def place(inv: Inventory, policy: Policy, *, signal: Signal, now_s: float, batch
     leaving = [u for u in dedicated if u.leaving or (not elastic_ok and u.pool is Pool.ELASTIC)]
     leaving_keys = {u.key for u in leaving}
     # ① budget: dedicated candidates in keep-first order; the cap bounds them
-    cand = sorted((u for u in dedicated if u.key not in leaving_keys),
-                  key=lambda u: (0 if u.in_service and not u.busy else 1 if u.in_service else 2,
-                                 u.pool is not Pool.RESERVED, u.worker if u.worker is not None else 1 << 40))
+    cand = sorted(
+        (u for u in dedicated if u.key not in leaving_keys),
+        key=lambda u: (
+            0 if u.in_service and not u.busy else 1 if u.in_service else 2,
+            u.pool is not Pool.RESERVED,
+            u.worker if u.worker is not None else 1 << 40,
+        ),
+    )
     if inv.rollout_cap is not None:
         cand = cand[: max(0, inv.rollout_cap)]
-    ovl = sorted((u for u in overlap if not u.leaving),
-                 key=lambda u: (0 if u.in_service and not u.busy else 1 if u.in_service else 2,
-                                u.worker if u.worker is not None else 1 << 40))
+    ovl = sorted(
+        (u for u in overlap if not u.leaving),
+        key=lambda u: (
+            0 if u.in_service and not u.busy else 1 if u.in_service else 2,
+            u.worker if u.worker is not None else 1 << 40,
+        ),
+    )
     borrowed = [u for u in overlap if u.in_service]
     current = inv.current()
     ctx = PolicyContext(
-        now_s=now_s, signal=signal, dedicated_workers=len(cand),
+        now_s=now_s,
+        signal=signal,
+        dedicated_workers=len(cand),
         reserved_workers=sum(1 for u in cand if u.pool is Pool.RESERVED),
-        overlap_workers=0 if inv.training_active else len(ovl), training_active=inv.training_active,
-        current=current, borrowed=len(borrowed) + inv.returned, batch_size=batch_size, remaining=remaining,
-        overrides=overrides, future=tuple(future),
+        overlap_workers=0 if inv.training_active else len(ovl),
+        training_active=inv.training_active,
+        current=current,
+        borrowed=len(borrowed) + inv.returned,
+        batch_size=batch_size,
+        remaining=remaining,
+        overrides=overrides,
+        future=tuple(future),
     )
     # ② decide
     action = policy.on_event(ctx)
@@ -155,16 +182,24 @@ def place(inv: Inventory, policy: Policy, *, signal: Signal, now_s: float, batch
     slot_of = {u.key: u.worker for u in chosen if u.worker is not None} | {u.key: s for s, u in new_workers.items()}
     chosen_slots = {slot_of[u.key] for u in chosen}
     in_service = [u for u in inv.units if u.in_service]
-    current_roles = {u.worker: u.role for u in in_service}
+    current_roles = {u.worker: u.role for u in in_service if u.worker is not None and u.role is not None}
     joining = [slot_of[u.key] for u in chosen if not u.in_service]
-    going = [u.worker for u in in_service if u.worker not in chosen_slots]
+    going = [u.worker for u in in_service if u.worker is not None and u.worker not in chosen_slots]
     plan = plan_transition(
-        current_roles, {r: n for r, n in target.role_counts().items() if n > 0},  # type: ignore[misc]
-        joining=joining, leaving=going, inflight={u.worker: u.inflight for u in in_service},  # type: ignore[misc]
+        current_roles,
+        {r: n for r, n in target.role_counts().items() if n > 0},
+        joining=joining,
+        leaving=going,
+        inflight={u.worker: u.inflight for u in in_service if u.worker is not None},
         overlap=[u.worker for u in overlap if u.worker is not None],
     )
-    budget = {"dedicated_workers": len(cand), "overlap_workers": ctx.overlap_workers, "borrowed": ctx.borrowed,
-              "training_active": inv.training_active, "leaving": sorted(u.worker for u in leaving if u.worker is not None)}
+    budget = {
+        "dedicated_workers": len(cand),
+        "overlap_workers": ctx.overlap_workers,
+        "borrowed": ctx.borrowed,
+        "training_active": inv.training_active,
+        "leaving": sorted(u.worker for u in leaving if u.worker is not None),
+    }
     return Placement(ctx, action, current, target, borrow, plan, new_workers, budget)
 
 

@@ -5,6 +5,7 @@ It returns the parts (prefill, decode, KV transfer, environment, overhead) so th
 explain a decision, and whether π is feasible. The vectorised `disaggregated_table` evaluates every
 split N_P = 1..N−1 in closed form at once, which keeps `decide()` O(N) numpy work.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,8 +81,12 @@ class WorkloadProfile:
 SWE_BENCH_PROMPT_TO_GENERATED = 96.68 / 3.32
 
 
-def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768, *,
-                       prompt_to_generated: float = SWE_BENCH_PROMPT_TO_GENERATED) -> WorkloadProfile:
+def swe_bench_workload(
+    batch_size: int = 64,
+    max_trajectory_tokens: int = 32768,
+    *,
+    prompt_to_generated: float = SWE_BENCH_PROMPT_TO_GENERATED,
+) -> WorkloadProfile:
     """The prior: the SWE-bench-like workload of the paper's evaluation (values and reasons in PROFILES.md).
 
     S = 25 turns for the slowest trajectory, which reaches ~96% of the trajectory cap; per turn
@@ -98,10 +103,16 @@ def swe_bench_workload(batch_size: int = 64, max_trajectory_tokens: int = 32768,
     turns = 25.0
     per_turn = 0.96 * max_trajectory_tokens / turns
     return WorkloadProfile(
-        batch_size=batch_size, turns=turns, new_prompt_tokens=per_turn * ratio / (ratio + 1.0),
-        generated_tokens=per_turn / (ratio + 1.0), env_time_s=2.0 * turns, theta=0.35,
-        kv_seq_tokens=float(max_trajectory_tokens), mean_context=max_trajectory_tokens / 2.0,
-        prefix_tokens=max_trajectory_tokens / 2.0, overhead_s=0.0,
+        batch_size=batch_size,
+        turns=turns,
+        new_prompt_tokens=per_turn * ratio / (ratio + 1.0),
+        generated_tokens=per_turn / (ratio + 1.0),
+        env_time_s=2.0 * turns,
+        theta=0.35,
+        kv_seq_tokens=float(max_trajectory_tokens),
+        mean_context=max_trajectory_tokens / 2.0,
+        prefix_tokens=max_trajectory_tokens / 2.0,
+        overhead_s=0.0,
     )
 
 
@@ -166,11 +177,24 @@ def predict_colocated(workload: WorkloadProfile, coeffs: EngineCoefficients, n: 
     overhead = w.turns * w.overhead_s
     makespan = (prefill + decode + overhead + w.env_time_s) * w.scale_colocated
     fits = kv_fits(w, coeffs, n)
-    return Prediction(config, makespan, prefill, decode, 0.0, w.env_time_s, overhead, fits,
-                      "" if fits else "KV of the batch exceeds the workers' HBM", w.scale_colocated)
+    return Prediction(
+        config,
+        makespan,
+        prefill,
+        decode,
+        0.0,
+        w.env_time_s,
+        overhead,
+        fits,
+        "" if fits else "KV of the batch exceeds the workers' HBM",
+        w.scale_colocated,
+    )
 
 
-def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: np.ndarray, n_decode: np.ndarray):
+def _disagg_arrays(
+    workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: np.ndarray, n_decode: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | float]:
+    """Eq. 2 and 3 for arrays of splits: (prefill compute, KV transfer, decode) seconds."""
     w = workload
     tokens = w.turns * w.batch_size * w.delta_l_disaggregated  # λ_P = B·S·ΔL (ΔL as a prefill worker sees it)
     prefill = tokens * coeffs.t_prefill / n_prefill  # Eq. 3 compute part
@@ -186,7 +210,10 @@ def _disagg_arrays(workload: WorkloadProfile, coeffs: EngineCoefficients, n_pref
 
 
 def predict_disaggregated(
-    workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: int, n_decode: int,
+    workload: WorkloadProfile,
+    coeffs: EngineCoefficients,
+    n_prefill: int,
+    n_decode: int,
     rule: FeasibilityRule = FeasibilityRule(),
 ) -> Prediction:
     """Eq. 2–3: T_dis = max(T_prefill, T_decode) + T_env with the capacity constraints."""
@@ -195,11 +222,14 @@ def predict_disaggregated(
     prefill, kvs, decode = float(p), float(kv), float(d)
     makespan = (max(prefill + kvs, decode) + workload.env_time_s) * workload.scale_disaggregated
     why = _why(workload, coeffs, n_decode, prefill + kvs, decode, rule)
-    return Prediction(config, makespan, prefill, decode, kvs, workload.env_time_s, 0.0, not why, why,
-                      workload.scale_disaggregated)
+    return Prediction(
+        config, makespan, prefill, decode, kvs, workload.env_time_s, 0.0, not why, why, workload.scale_disaggregated
+    )
 
 
-def _why(w: WorkloadProfile, c: EngineCoefficients, n_decode: int, t_pre: float, t_dec: float, rule: FeasibilityRule) -> str:
+def _why(
+    w: WorkloadProfile, c: EngineCoefficients, n_decode: int, t_pre: float, t_dec: float, rule: FeasibilityRule
+) -> str:
     if not kv_fits(w, c, n_decode):
         return "decode KV does not fit: B·K_seq > N_D·H_max"
     if t_pre > rule.prefill_keepup * t_dec:
@@ -222,17 +252,21 @@ class DisaggregatedTable:
 
     @property
     def feasible(self) -> np.ndarray:
-        return self.kv_ok & self.keepup_ok
+        both: np.ndarray = self.kv_ok & self.keepup_ok
+        return both
 
 
 def disaggregated_table(
-    workload: WorkloadProfile, coeffs: EngineCoefficients, n: int, rule: FeasibilityRule = FeasibilityRule(),
+    workload: WorkloadProfile,
+    coeffs: EngineCoefficients,
+    n: int,
+    rule: FeasibilityRule = FeasibilityRule(),
 ) -> DisaggregatedTable:
     """Closed-form T_dis for every split of n workers at once (numpy)."""
     n_p = np.arange(1, max(n, 1), dtype=float)
     n_d = n - n_p
     p, kv, d = _disagg_arrays(workload, coeffs, n_p, n_d)
-    kv = np.array(kv, dtype=float)
+    kv, d = np.array(kv, dtype=float), np.asarray(d)  # d is an array for arrays of splits
     t_pre = p + kv
     makespan = (np.maximum(t_pre, d) + workload.env_time_s) * workload.scale_disaggregated
     kv_ok = n_d * coeffs.hbm_kv_capacity >= kv_need_bytes(workload, coeffs)
@@ -240,14 +274,19 @@ def disaggregated_table(
     return DisaggregatedTable(n_p.astype(np.int64), n_d.astype(np.int64), p, kv, d, makespan, kv_ok, keepup_ok)
 
 
-def predict(workload: WorkloadProfile, coeffs: EngineCoefficients, config: Configuration,
-            rule: FeasibilityRule = FeasibilityRule()) -> Prediction:
+def predict(
+    workload: WorkloadProfile,
+    coeffs: EngineCoefficients,
+    config: Configuration,
+    rule: FeasibilityRule = FeasibilityRule(),
+) -> Prediction:
     if config.mode is Mode.COLOCATED:
         return predict_colocated(workload, coeffs, config.n_colocated)
     return predict_disaggregated(workload, coeffs, config.n_prefill, config.n_decode, rule)
 
 
 __all__ = [
+    "SWE_BENCH_PROMPT_TO_GENERATED",
     "DisaggregatedTable",
     "FeasibilityRule",
     "Prediction",
@@ -260,5 +299,4 @@ __all__ = [
     "predict_colocated",
     "predict_disaggregated",
     "swe_bench_workload",
-    "SWE_BENCH_PROMPT_TO_GENERATED",
 ]

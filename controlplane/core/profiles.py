@@ -9,6 +9,7 @@ replaces these coefficients online once it has seen enough telemetry; the profil
 A *worker* is one engine instance over `tp` GPUs (tensor parallel). All per-worker quantities
 (t_prefill, A, b, H_max, BW) are for the whole worker, not one GPU.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -229,26 +230,33 @@ class Profile:
         memory = (W(B) + B·L̄·K) / (tp·η_bw·HBM_BW); compute = B·(2·N_act + 4·L·d_q·L̄) / (tp·η_c·F).
         """
         hw, m = self.hw, self.spec
-        batch = np.asarray(batch, dtype=float) if not np.isscalar(batch) else float(batch)
+        batch = float(batch) if isinstance(batch, (int, float, np.number)) else np.asarray(batch, dtype=float)
         mem = (m.decode_weight_bytes(batch) + batch * mean_context * self.kv_bytes_per_token) / (
             self.tp * hw.eta_bw * hw.hbm_bytes_per_s
         )
-        comp = batch * (2.0 * m.params_linear_active + 4.0 * m.layers * m.d_q * mean_context) / (
-            self.tp * self._eta_c * hw.flops
+        comp = (
+            batch
+            * (2.0 * m.params_linear_active + 4.0 * m.layers * m.d_q * mean_context)
+            / (self.tp * self._eta_c * hw.flops)
         )
         fixed = hw.t0_s + self._tp_comm_s + m.layers * m.moe_dispatch_s_per_layer
         out = fixed + np.maximum(mem, comp)
         return float(out) if np.ndim(out) == 0 else out
 
     def prefill_s(self, tokens: int | float, prefix: int | float = 0) -> float:
-        """t_pre = t0p + (2·N_lin·n + 2·L·d_q·(n² + 2·n·p)) / (tp·η_tp·η_c·F) for n new tokens after a cached prefix p."""
+        """t_pre = t0p + (2·N_lin·n + 2·L·d_q·(n² + 2·n·p)) / (tp·η_tp·η_c·F) for n new tokens after a cached
+        prefix p."""
         if tokens <= 0:
             return 0.0
         m = self.spec
-        flops = 2.0 * m.params_linear_active * tokens + 2.0 * m.layers * m.d_q * (tokens * tokens + 2.0 * tokens * prefix)
+        flops = 2.0 * m.params_linear_active * tokens + 2.0 * m.layers * m.d_q * (
+            tokens * tokens + 2.0 * tokens * prefix
+        )
         return self.hw.t0_prefill_s + flops / (self.tp * self._tp_prefill_eff * self._eta_c * self.hw.flops)
 
-    def coefficients(self, *, new_tokens: float = 2048, prefix: float = 0, mean_context: float | None = None) -> EngineCoefficients:
+    def coefficients(
+        self, *, new_tokens: float = 2048, prefix: float = 0, mean_context: float | None = None
+    ) -> EngineCoefficients:
         """Linear coefficients at a workload's operating point (prompt chunk, prefix, decode context)."""
         ctx = self.reference_context if mean_context is None else mean_context
         n = max(new_tokens, 1.0)
@@ -265,14 +273,24 @@ class Profile:
             a = fixed + (m.layers * m.attn_bytes_per_layer + m.lm_head_bytes) * scale / mem_bw
             a_moe = m.layers * m.experts * m.expert_bytes_per_layer * scale / mem_bw
             return EngineCoefficients(
-                t_prefill=t_pre, decode_a=a, decode_b=b, kv_bytes_per_token=self.kv_bytes_per_token,
-                hbm_kv_capacity=self.hbm_kv_capacity, bandwidth=self.bandwidth,
-                decode_a_moe=a_moe, moe_experts=m.experts, moe_topk=m.experts_topk,
+                t_prefill=t_pre,
+                decode_a=a,
+                decode_b=b,
+                kv_bytes_per_token=self.kv_bytes_per_token,
+                hbm_kv_capacity=self.hbm_kv_capacity,
+                bandwidth=self.bandwidth,
+                decode_a_moe=a_moe,
+                moe_experts=m.experts,
+                moe_topk=m.experts_topk,
             )
         a = fixed + m.weight_bytes / mem_bw
         return EngineCoefficients(
-            t_prefill=t_pre, decode_a=a, decode_b=b, kv_bytes_per_token=self.kv_bytes_per_token,
-            hbm_kv_capacity=self.hbm_kv_capacity, bandwidth=self.bandwidth,
+            t_prefill=t_pre,
+            decode_a=a,
+            decode_b=b,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            hbm_kv_capacity=self.hbm_kv_capacity,
+            bandwidth=self.bandwidth,
         )
 
     def kv_transfer_s(self, tokens: float) -> float:
@@ -295,28 +313,59 @@ _HARDWARE: dict[str, Hardware] = {
     # A logical CPU slot (2 AVX2 cores): fitted to platform_notes §5 (tiny Qwen3: ~25k prefill tok/s,
     # ~4 ms per decode step dominated by Python overhead)
     "cpu": Hardware(
-        "cpu", 1e11, 2e10, 4 * GB, 5 * GB, 1 * GB,
-        eta_bw=0.5, eta_c_dense=0.4, eta_c_moe=0.4, t0_s=3.5e-3, t0_prefill_s=1e-3, allreduce_latency_s=1e-4,
+        "cpu",
+        1e11,
+        2e10,
+        4 * GB,
+        5 * GB,
+        1 * GB,
+        eta_bw=0.5,
+        eta_c_dense=0.4,
+        eta_c_moe=0.4,
+        t0_s=3.5e-3,
+        t0_prefill_s=1e-3,
+        allreduce_latency_s=1e-4,
     ),
 }
 
 _MODELS: dict[str, ModelSpec] = {
     "qwen3-8b": ModelSpec(
-        "qwen3-8b", layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128,
-        params_total=8.19e9, params_linear_active=6.95e9,
+        "qwen3-8b",
+        layers=36,
+        hidden=4096,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        params_total=8.19e9,
+        params_linear_active=6.95e9,
     ),
     "qwen3-30b-a3b": ModelSpec(
-        "qwen3-30b-a3b", layers=48, hidden=2048, q_heads=32, kv_heads=4, head_dim=128,
-        params_total=30.5e9, params_linear_active=2.73e9,
-        experts=128, experts_topk=8,
+        "qwen3-30b-a3b",
+        layers=48,
+        hidden=2048,
+        q_heads=32,
+        kv_heads=4,
+        head_dim=128,
+        params_total=30.5e9,
+        params_linear_active=2.73e9,
+        experts=128,
+        experts_topk=8,
         expert_bytes_per_layer=3 * 2048 * 768 * 2.0,  # 9.44 MB
         attn_bytes_per_layer=(2048 * 4096 * 2 + 2048 * 512 * 2 + 2048 * 128) * 2.0,  # 37.7 MB + router
         lm_head_bytes=151936 * 2048 * 2.0,
         moe_dispatch_s_per_layer=40e-6,  # calibrated: H200 FP8 anchor 16.02 ms (PROFILES.md)
     ),
     "tiny": ModelSpec(
-        "tiny", layers=2, hidden=128, q_heads=4, kv_heads=2, head_dim=32,
-        params_total=0.46e6, params_linear_active=0.39e6, weight_dtype_bytes=4.0, kv_dtype_bytes=4.0,
+        "tiny",
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        head_dim=32,
+        params_total=0.46e6,
+        params_linear_active=0.39e6,
+        weight_dtype_bytes=4.0,
+        kv_dtype_bytes=4.0,
     ),
 }
 
@@ -325,9 +374,15 @@ _MODELS: dict[str, ModelSpec] = {
 _ETA_TRAIN_DENSE = 0.066
 _ETA_TRAIN_MOE = 0.033
 
-_MODEL_ALIASES = {"qwen3-8b": "qwen3-8b", "qwen3_8b": "qwen3-8b", "8b": "qwen3-8b",
-                  "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3_30b_a3b": "qwen3-30b-a3b", "30b-a3b": "qwen3-30b-a3b",
-                  "tiny": "tiny"}
+_MODEL_ALIASES = {
+    "qwen3-8b": "qwen3-8b",
+    "qwen3_8b": "qwen3-8b",
+    "8b": "qwen3-8b",
+    "qwen3-30b-a3b": "qwen3-30b-a3b",
+    "qwen3_30b_a3b": "qwen3-30b-a3b",
+    "30b-a3b": "qwen3-30b-a3b",
+    "tiny": "tiny",
+}
 
 
 def _model_key(model: str) -> str:
@@ -367,13 +422,25 @@ def get_profile(hardware: str, model: str, tp: int = 2) -> Profile:
         raise ValueError(f"{spec.name} does not fit on {tp}x{hw.name} (weights {spec.weight_bytes / GB:.1f} GB)")
     bandwidth = tp * hw.nic_bytes_per_s * hw.eta_net
     eta_train = _ETA_TRAIN_MOE if spec.is_moe else _ETA_TRAIN_DENSE
-    n_active = spec.params_linear_active + (spec.lm_head_bytes / 2.0 if spec.is_moe else spec.params_total - spec.params_linear_active)
+    n_active = spec.params_linear_active + (
+        spec.lm_head_bytes / 2.0 if spec.is_moe else spec.params_total - spec.params_linear_active
+    )
     train_tps = eta_train * hw.flops / (8.0 * n_active)
     base = Profile(
-        hardware=hw.name, model=spec.name, tp=tp, t_prefill=0.0, decode_a=0.0, decode_b=0.0,
-        kv_bytes_per_token=spec.kv_bytes_per_token, hbm_kv_capacity=h_max, bandwidth=bandwidth,
-        weight_bytes=spec.weight_bytes, train_tokens_per_s_per_gpu=train_tps,
-        reconfig=_RECONFIG[spec.name], hw=hw, spec=spec,
+        hardware=hw.name,
+        model=spec.name,
+        tp=tp,
+        t_prefill=0.0,
+        decode_a=0.0,
+        decode_b=0.0,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        hbm_kv_capacity=h_max,
+        bandwidth=bandwidth,
+        weight_bytes=spec.weight_bytes,
+        train_tokens_per_s_per_gpu=train_tps,
+        reconfig=_RECONFIG[spec.name],
+        hw=hw,
+        spec=spec,
     )
     c = base.coefficients(new_tokens=2048, prefix=0, mean_context=base.reference_context)
     # Headline linear A + b·batch: least-squares over batches 1..128 at the reference context, so a

@@ -3,6 +3,7 @@
 These enums are shared by the database models, the agent link, the simulator and the
 core algorithms so that one spelling of every state exists in the whole product.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,11 +90,11 @@ class Configuration:
         return self.n_prefill + self.n_decode + self.n_colocated
 
     @classmethod
-    def colocated(cls, n: int) -> "Configuration":
+    def colocated(cls, n: int) -> Configuration:
         return cls(Mode.COLOCATED, n_colocated=n)
 
     @classmethod
-    def disaggregated(cls, n_prefill: int, n_decode: int) -> "Configuration":
+    def disaggregated(cls, n_prefill: int, n_decode: int) -> Configuration:
         return cls(Mode.DISAGGREGATED, n_prefill=n_prefill, n_decode=n_decode)
 
     def role_counts(self) -> dict[Role, int]:

@@ -7,6 +7,7 @@ prefill time vs tokens (t_prefill) and, from prefill next to running decodes aga
 the PD interference. Every record is a flat JSON object so it can cross the agent
 link unchanged; `to_json`/`from_json` are the only (de)serialisers.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -90,7 +91,7 @@ class TelemetryRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TelemetryRecord":
+    def from_json(cls, data: dict[str, Any]) -> TelemetryRecord:
         """Strict: unknown keys or wrong types raise ValueError (the record crosses trust boundaries)."""
         if not isinstance(data, dict):
             raise ValueError("telemetry record must be a JSON object")
@@ -99,7 +100,7 @@ class TelemetryRecord:
         if unknown:
             raise ValueError(f"unknown telemetry fields: {sorted(unknown)}")
         try:
-            kind = RecordKind(data.get("kind"))
+            kind = RecordKind(str(data.get("kind")))
         except ValueError as exc:
             raise ValueError(f"unknown telemetry kind: {data.get('kind')!r}") from exc
         kwargs: dict[str, Any] = {"kind": kind}
@@ -156,11 +157,11 @@ def train(**kw: Any) -> TelemetryRecord:
 __all__ = [
     "RecordKind",
     "TelemetryRecord",
-    "turn",
-    "step",
     "decode_iteration",
-    "prefill",
     "kv_transfer",
+    "prefill",
+    "step",
     "toggle",
     "train",
+    "turn",
 ]

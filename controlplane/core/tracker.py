@@ -7,6 +7,7 @@ drifts step to step (no stationarity), so every estimate here is
   * guarded: a coefficient replaces the static profile only after `min_samples` observations, and
     carries a confidence in [0, 1] from its effective sample size and relative spread.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -33,7 +34,9 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(v[np.searchsorted(c, 0.5 * c[-1])])
 
 
-def huber_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, *, iters: int = 20, k: float = 1.345) -> tuple[float, float, float]:
+def huber_fit(
+    x: np.ndarray, y: np.ndarray, w: np.ndarray, *, iters: int = 20, k: float = 1.345
+) -> tuple[float, float, float]:
     """Weighted Huber regression y ≈ a + b·x by IRLS; returns (a, b, robust relative residual scale)."""
     X = np.column_stack([np.ones_like(x), x])
     ww = w.copy()
@@ -103,7 +106,7 @@ class _Series:
         w = _weights(n, half_life)
         med = weighted_median(v, w)
         mad = weighted_median(np.abs(v - med), w)
-        n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+        n_eff = float(w.sum() ** 2 / (w**2).sum())
         rel = 1.4826 * mad / (abs(med) + 1e-12)
         return Estimate(med, _confidence(n_eff, rel, full_at), self.total, True)
 
@@ -125,7 +128,9 @@ class _Pairs:
             self.tag.append(tag)
             self.total += 1
 
-    def fit(self, half_life: float, min_samples: int, tagged_scale: float = 1.0) -> tuple[float, float, float, float] | None:
+    def fit(
+        self, half_life: float, min_samples: int, tagged_scale: float = 1.0
+    ) -> tuple[float, float, float, float] | None:
         """(intercept, slope, confidence, n) or None when too few points or no spread in x."""
         n = len(self.x)
         if n < min_samples:
@@ -138,7 +143,7 @@ class _Pairs:
             return None
         w = _weights(n, half_life)
         a, b, rel = huber_fit(x, y, w)
-        n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+        n_eff = float(w.sum() ** 2 / (w**2).sum())
         spread = min(1.0, np.ptp(x) / (abs(np.median(x)) + 1e-12))  # identifiability of the slope
         conf = _confidence(n_eff, rel, 60.0) * (0.5 + 0.5 * spread)
         return a, b, conf, n
@@ -168,7 +173,9 @@ class RuntimeTracker:
     ) -> None:
         self.profile = profile
         # The job's trajectory length cap: no trajectory's KV outgrows it, whatever S·(ΔL + r) says.
-        self.max_trajectory_tokens = max_trajectory_tokens if max_trajectory_tokens and max_trajectory_tokens > 0 else None
+        self.max_trajectory_tokens = (
+            max_trajectory_tokens if max_trajectory_tokens and max_trajectory_tokens > 0 else None
+        )
         self.prior = workload_prior or swe_bench_workload(batch_size or 64, self.max_trajectory_tokens or 32768)
         if batch_size is not None and batch_size != self.prior.batch_size:
             self.prior = replace(self.prior, batch_size=batch_size)
@@ -373,9 +380,18 @@ class RuntimeTracker:
             est[f"scale_{mode}"] = series.estimate(pooled.value, hl, SCALE_MIN_SAMPLES, 8)
         scales = self._scales()
         w = replace(
-            p, batch_size=int(round(b.value)), turns=turns, new_prompt_tokens=dl, generated_tokens=r,
-            env_time_s=est["T_env"].value, theta=theta, kv_seq_tokens=peak, mean_context=ctx, prefix_tokens=pre,
-            scale_colocated=scales["colocated"], scale_disaggregated=scales["disaggregated"],
+            p,
+            batch_size=int(round(b.value)),
+            turns=turns,
+            new_prompt_tokens=dl,
+            generated_tokens=r,
+            env_time_s=est["T_env"].value,
+            theta=theta,
+            kv_seq_tokens=peak,
+            mean_context=ctx,
+            prefix_tokens=pre,
+            scale_colocated=scales["colocated"],
+            scale_disaggregated=scales["disaggregated"],
             new_prompt_tokens_disaggregated=dl_dis,
             # T_over (colocated P/D switching per turn) is at most a user's prior guess (the shipped prior
             # has none): no telemetry measures it and the simulator has no such cost, so once the workload
@@ -389,13 +405,14 @@ class RuntimeTracker:
 
     def coefficients(self, workload: WorkloadProfile | None = None) -> tuple[EngineCoefficients, dict[str, Estimate]]:
         w = workload or self.workload()[0]
-        prior = self.profile.coefficients(new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens,
-                                          mean_context=w.mean_context)
+        prior = self.profile.coefficients(
+            new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+        )
         est: dict[str, Estimate] = {}
         coeffs = prior
         dec = self._decode.fit(self.iteration_half_life, self.min_engine_samples)
         if dec is not None and dec[1] >= 0 and dec[0] > 0:
-            a, b, conf, n = dec
+            a, b, conf, _n = dec
             # MoE: the fit is a local linearisation over the observed batches; drop the expert term
             coeffs = replace(coeffs, decode_a=a, decode_b=b, decode_a_moe=0.0, moe_experts=0, moe_topk=0)
             est["A"] = Estimate(a, conf, self._decode.total, True)
@@ -407,7 +424,7 @@ class RuntimeTracker:
         est["I"] = interference
         pre = self._prefill.fit(self.iteration_half_life, self.min_engine_samples, 1.0 / interference.value)
         if pre is not None and pre[1] > 0:
-            t0, tp, conf, n = pre
+            t0, tp, conf, _n = pre
             # per-token cost (alone) at the workload's turn size, including the fixed pass overhead
             per_token = tp + max(t0, 0.0) / max(w.new_prompt_tokens, 1.0)
             coeffs = replace(coeffs, t_prefill=per_token)

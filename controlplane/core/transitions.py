@@ -5,12 +5,13 @@ minimises D_worker + D_role, with stable slot ids, and the ordered, idempotent s
 runs. Why minimal: communication groups, routing and weight broadcasts index workers, so renumbering
 or needless re-roling turns a local change into a cluster-wide re-initialisation.
 """
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -71,7 +72,8 @@ def _least_loaded_first(slots: list[int], load: Mapping[int, int]) -> list[int]:
         return sorted(slots, key=lambda s: (load.get(s, 0), s))
     ids = np.asarray(slots, dtype=np.int64)
     work = np.fromiter((load.get(s, 0) for s in slots), dtype=np.int64, count=len(slots))
-    return ids[np.lexsort((ids, work))].tolist()
+    order: list[int] = ids[np.lexsort((ids, work))].tolist()
+    return order
 
 
 def _role_key(r: Role) -> int:
@@ -163,7 +165,7 @@ def plan_transition(
     for s, r in zip(to_reassign, deficits):
         reassign[s] = r
         result[s] = r
-    deficits = deficits[len(to_reassign):]
+    deficits = deficits[len(to_reassign) :]
 
     # New workers fill the remaining deficits: joining ids first, else the lowest free slots.
     add: dict[int, Role] = {}
@@ -172,7 +174,9 @@ def plan_transition(
         if joining_list:
             free = [s for s in joining_list if s not in used]
             if len(free) < len(deficits):
-                raise ValueError(f"target needs {len(deficits)} new workers but only {len(free)} joining slots are free")
+                raise ValueError(
+                    f"target needs {len(deficits)} new workers but only {len(free)} joining slots are free"
+                )
         else:
             free = []
             s = 0
@@ -217,8 +221,14 @@ def plan_transition(
 _ROLE_CODE = {r: i for i, r in enumerate(Role)}
 
 
-def _plan_id(roles: dict[int, Role], want: dict[Role, int], joining: list[int], leaving: set[int],
-             load: Mapping[int, int], overlap: set[int]) -> str:
+def _plan_id(
+    roles: dict[int, Role],
+    want: dict[Role, int],
+    joining: list[int],
+    leaving: set[int],
+    load: Mapping[int, int],
+    overlap: set[int],
+) -> str:
     """Deterministic digest of the plan inputs (order-independent), vectorised for 10^4–10^5 workers."""
     h = hashlib.blake2b(digest_size=8)
     if roles:

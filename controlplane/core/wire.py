@@ -5,6 +5,7 @@ types, non-finite numbers, out-of-range values and oversized strings or lists ra
 error class with a message naming the field (`heartbeat.workers[0].role: unknown value 'boss'`).
 Bounds live on the dataclass fields: `field(metadata=bounded(lo=0, max_len=64))`.
 """
+
 from __future__ import annotations
 
 import enum
@@ -14,8 +15,9 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_MAX_STR = 4096
 DEFAULT_MAX_LIST = 4096
@@ -96,7 +98,9 @@ def parse_dataclass(
             if f.default is MISSING and f.default_factory is MISSING:
                 raise error(f"{where}: missing field {f.name!r}")
             continue
-        kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}.{f.name}", dict(f.metadata), error, int_min, check)
+        kwargs[f.name] = _coerce(
+            hints[f.name], data[f.name], f"{where}.{f.name}", dict(f.metadata), error, int_min, check
+        )
     obj = cls(**kwargs)
     if check is not None:
         check(obj, where)
@@ -145,15 +149,22 @@ def _numbers(kind: type, value: list[Any], lo: Any, hi: Any, int_min: int | None
     return list(value) if kind is int else [float(v) for v in value]
 
 
-def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type[ValueError], int_min: int | None,
-            check: Callable[[Any, str], None] | None) -> Any:
+def _coerce(
+    hint: Any,
+    value: Any,
+    where: str,
+    meta: dict[str, Any],
+    error: type[ValueError],
+    int_min: int | None,
+    check: Callable[[Any, str], None] | None,
+) -> Any:
     lo, hi, max_len = meta.get("lo"), meta.get("hi"), meta.get("max_len")
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
-        inner = [o for o in options if o is not type(None)][0]
+        inner = next(o for o in options if o is not type(None))
         return _coerce(inner, value, where, meta, error, int_min, check)
     if origin is list:
         if not isinstance(value, list):
@@ -184,7 +195,11 @@ def _coerce(hint: Any, value: Any, where: str, meta: dict[str, Any], error: type
             raise error(f"{where}: must be a boolean")
         return value
     if hint in (int, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and not isinstance(value, int)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (hint is int and not isinstance(value, int))
+        ):
             raise error(f"{where}: must be {'an integer' if hint is int else 'a number'}")
         if isinstance(value, float) and not math.isfinite(value):
             raise error(f"{where}: must be finite")
