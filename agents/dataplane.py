@@ -184,6 +184,7 @@ class Health:
     weight_version: int
     pid: int
     devices: list[int] = field(default_factory=list)  # the GPUs it runs on (its CUDA_VISIBLE_DEVICES)
+    sleep_mode: str = "pause"  # what /sleep does: "levels" (vLLM sleep levels 1-2, GPUs) or "pause" (scheduler held)
 
 
 # ------------------------------------------------------------------ (de)serialisation

