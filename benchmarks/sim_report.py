@@ -6,6 +6,7 @@
 Outputs: the Markdown section (tables beside the paper's numbers) and an HTML report with plotly
 charts inlined (benchmarks/out/sim_report.html; the folder is git-ignored).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,7 +33,7 @@ MODELS = ("qwen3-8b", "qwen3-30b-a3b")
 SEGS = ("seg1", "seg2", "seg3")
 HEADING = "## Simulator: PEARL vs ROLL, ROLL-Large, RLBoost+, oracle"
 
-PREFACE = """
+PREFACE = f"""
 Reproduce: `.venv/bin/python benchmarks/sim_report.py` (writes this section and `benchmarks/out/sim_report.html`);
 one scenario: `.venv/bin/python -m controlplane.sim compare --scenario paper-qwen3-8b-seg2 [--json] [--html out.html]`.
 Virtual time, seed 0, 2 h per paper scenario. The simulator is a driver of core: the RL loop
@@ -45,12 +47,13 @@ B-only = `{ELASTIC}` (adaptive borrowing of the training GPUs for nearly the who
 GPU, colocated: PEARL's component B without A and C), oracle = chooses by simulated outcome (`sim/oracle.py`: forks
 the simulation at every step start, Training Finished and capacity change and runs each candidate to the end of
 the step).
-""".format(FIXED=FIXED, FIXED_LARGE=FIXED_LARGE, RLBOOST=RLBOOST, ELASTIC=ELASTIC)
+"""
 
 ANALYSIS = """
 **What changed for this regeneration (issue 11, fourth round).** *Component A measures the PD interference.*
-Engines (the simulator's and the live emulated engine, which share `core.batching.IterationScheduler`) report each prompt's
-prefill with its tokens, its cached prefix and the decodes that rode in the same iterations. The runtime tracker
+Engines (the simulator's and the live emulated engine, which share `core.batching.IterationScheduler`) report each
+prompt's prefill with its tokens, its cached prefix and the decodes that rode in the same iterations. The
+runtime tracker
 divides each by the roofline's prefill time for its own tokens and prefix (first turns run alone with no prefix, so
 raw per-token costs would mislead) and takes prefill next to decodes over prefill alone as I; Eq. 1's prefill term
 carries I, and t_prefill is the cost alone, which is what a prefill worker pays. Before, a colocated pool with more
@@ -158,11 +161,15 @@ def _mape_cell(r: RunResult) -> str:
 def paper_section(md: list[str], html_sections: list, timings: dict[str, float]) -> dict[str, dict[str, RunResult]]:
     all_res: dict[str, dict[str, RunResult]] = {}
     md.append("### End-to-end (paper Fig. 5): throughput = (rollout-generated + training tokens) / step time\n")
-    md.append("MAPE % = step-start forecast at constant resources per mode (C colocated, D disaggregated; steps with no "
-              "transition or borrow change in flight) / the elastic figure (elapsed + (R/B)·prediction of the last "
-              "reconfiguring decision). Steps P/R = PEARL / ROLL training steps in 2 h.\n")
-    md.append("| scenario | ROLL tok/s | ROLL-Large | RLBoost+ | B-only | PEARL | oracle | PEARL/ROLL (paper) "
-              "| PEARL vs RLBoost+ (paper) | PEARL/oracle | steps P/R | misses | lost | MAPE % | compare wall (CPU) s |")
+    md.append(
+        "MAPE % = step-start forecast at constant resources per mode (C colocated, D disaggregated; steps with no "
+        "transition or borrow change in flight) / the elastic figure (elapsed + (R/B)·prediction of the last "
+        "reconfiguring decision). Steps P/R = PEARL / ROLL training steps in 2 h.\n"
+    )
+    md.append(
+        "| scenario | ROLL tok/s | ROLL-Large | RLBoost+ | B-only | PEARL | oracle | PEARL/ROLL (paper) "
+        "| PEARL vs RLBoost+ (paper) | PEARL/oracle | steps P/R | misses | lost | MAPE % | compare wall (CPU) s |"
+    )
     md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in MODELS:
         for seg in SEGS:
@@ -184,7 +191,9 @@ def paper_section(md: list[str], html_sections: list, timings: dict[str, float])
                 f"| {name} | {th[FIXED]:,.0f} | {th[FIXED_LARGE]:,.0f} | {th[RLBOOST]:,.0f} | {th[ELASTIC]:,.0f} "
                 f"| {th[PEARL]:,.0f} | {th[ORACLE]:,.0f} | **{r_roll:.2f}×** ({roll_lo}–{roll_hi}×) "
                 f"| **{pct(r_rb)}** ({pct(vs_rb)}) | {th[PEARL] / th[ORACLE]:.3f} | {p.steps}/{res[FIXED].steps} "
-                f"| {p.return_deadline_misses} | {p.lost_tokens} | {_mape_cell(p)} | {wall:.1f} ({cpu_timings[name]:.1f}) |")
+                f"| {p.return_deadline_misses} | {p.lost_tokens} | {_mape_cell(p)} "
+                f"| {wall:.1f} ({cpu_timings[name]:.1f}) |"
+            )
             body = f"<p>{sc.description}</p>" + summary_table(res)
             html_sections.append((name, body, figures(sc, res)))
     md.append("")
@@ -217,13 +226,17 @@ def _checks_row(name: str, res: dict[str, RunResult], roll: tuple[float, float] 
 
 
 def ratio_checks(md: list[str], all_res: dict[str, dict[str, RunResult]]) -> None:
-    md.append("Targets (issue 11): PEARL/ROLL within ±25% of the paper's; PEARL ≥ 0.98 × max(RLBoost+, ROLL-Large); "
-              "0.9 × oracle ≤ PEARL ≤ oracle; zero misses and zero lost tokens for PEARL. PEARL/oracle is given as each "
-              "run's own figure / on the training steps both completed (same batches), and checked on the latter: "
-              "each run's window ends at its last trained step, so a run that fits one more step in 2 h can gain or "
-              "lose a fraction of a percent from where its window ends.\n")
-    md.append("| scenario | PEARL/ROLL within ±25% | PEARL / max(RLBoost+, ROLL-Large) ≥ 0.98 | 0.9 ≤ PEARL/oracle ≤ 1 "
-              "(own / same steps) | PEARL misses/lost = 0 |")
+    md.append(
+        "Targets (issue 11): PEARL/ROLL within ±25% of the paper's; PEARL ≥ 0.98 × max(RLBoost+, ROLL-Large); "
+        "0.9 × oracle ≤ PEARL ≤ oracle; zero misses and zero lost tokens for PEARL. PEARL/oracle is given as each "
+        "run's own figure / on the training steps both completed (same batches), and checked on the latter: "
+        "each run's window ends at its last trained step, so a run that fits one more step in 2 h can gain or "
+        "lose a fraction of a percent from where its window ends.\n"
+    )
+    md.append(
+        "| scenario | PEARL/ROLL within ±25% | PEARL / max(RLBoost+, ROLL-Large) ≥ 0.98 | 0.9 ≤ PEARL/oracle ≤ 1 "
+        "(own / same steps) | PEARL misses/lost = 0 |"
+    )
     md.append("|---|---|---|---|---|")
     for name, res in all_res.items():
         sc = get_scenario(name)
@@ -234,15 +247,20 @@ def ratio_checks(md: list[str], all_res: dict[str, dict[str, RunResult]]) -> Non
 def varied_section(md: list[str]) -> None:
     """Scenarios outside the shipped set: other seeds, rotated traces, other batch and group sizes."""
     md.append("### Varied scenarios (not in the paper): seeds, trace rotations, batch and group sizes\n")
-    md.append("| scenario | variation | PEARL tok/s | RLBoost+ | ROLL-Large | oracle | PEARL / max(RLBoost+, ROLL-Large) ≥ 0.98 "
-              "| 0.9 ≤ PEARL/oracle ≤ 1 (own / same steps) | misses/lost = 0 |")
+    md.append(
+        "| scenario | variation | PEARL tok/s | RLBoost+ | ROLL-Large | oracle "
+        "| PEARL / max(RLBoost+, ROLL-Large) ≥ 0.98 "
+        "| 0.9 ≤ PEARL/oracle ≤ 1 (own / same steps) | misses/lost = 0 |"
+    )
     md.append("|---|---|---|---|---|---|---|---|---|")
-    cases = [("paper-qwen3-8b-seg1", "seed 7", {"seed": 7}),
-             ("paper-qwen3-30b-a3b-seg2", "seed 11", {"seed": 11}),
-             ("paper-qwen3-8b-seg2", "trace rotated by 1 h", {"rotate": 3600.0}),
-             ("paper-qwen3-30b-a3b-seg3", "trace rotated by 40 min", {"rotate": 2400.0}),
-             ("paper-qwen3-8b-seg1", "batch 32, group 8", {"batch": 32, "group": 8}),
-             ("paper-qwen3-30b-a3b-seg1", "batch 96, group 8", {"batch": 96, "group": 8})]
+    cases = [
+        ("paper-qwen3-8b-seg1", "seed 7", {"seed": 7}),
+        ("paper-qwen3-30b-a3b-seg2", "seed 11", {"seed": 11}),
+        ("paper-qwen3-8b-seg2", "trace rotated by 1 h", {"rotate": 3600.0}),
+        ("paper-qwen3-30b-a3b-seg3", "trace rotated by 40 min", {"rotate": 2400.0}),
+        ("paper-qwen3-8b-seg1", "batch 32, group 8", {"batch": 32, "group": 8}),
+        ("paper-qwen3-30b-a3b-seg1", "batch 96, group 8", {"batch": 96, "group": 8}),
+    ]
     for name, label, var in cases:
         sc = get_scenario(name)
         if "seed" in var:
@@ -255,8 +273,10 @@ def varied_section(md: list[str]) -> None:
         th = {p: r.throughput_tok_s for p, r in res.items()}
         row = _checks_row(name, res, None)
         cells = row.strip("|").split("|")
-        md.append(f"| {name} | {label} | {th[PEARL]:,.0f} | {th[RLBOOST]:,.0f} | {th[FIXED_LARGE]:,.0f} "
-                  f"| {th[ORACLE]:,.0f} |" + "|".join(cells[1:]) + "|")
+        md.append(
+            f"| {name} | {label} | {th[PEARL]:,.0f} | {th[RLBOOST]:,.0f} | {th[FIXED_LARGE]:,.0f} "
+            f"| {th[ORACLE]:,.0f} |" + "|".join(cells[1:]) + "|"
+        )
     md.append("")
 
 
@@ -272,31 +292,59 @@ def calibration_section(md: list[str]) -> None:
     from controlplane.sim.calibration import motivation
 
     m = motivation(get_scenario("paper-qwen3-8b-seg1"))
-    st, paper = m["stats"], m["paper"]
+    st = m["stats"]
     md.append("### Calibration of inputs (paper §1 motivation, never Fig. 5 / Fig. 7 / Table 2)\n")
-    md.append("Measured by `python -m controlplane.sim calibrate` (`sim/calibration.py`) at the shipped workload and engine: "
-              "the §1 split on 8 colocated TP2 workers (Qwen3-30B-A3B, batch 64, ROLL), Fig. 2a on fixed colocated pools of "
-              f"16/24/32 GPUs (Qwen3-8B, 8 training GPUs). Rollout s: "
-              + ", ".join(f"{g} GPUs {t:.0f}" for g, t in m["rollout_s"].items()) + ".\n")
+    md.append(
+        "Measured by `python -m controlplane.sim calibrate` (`sim/calibration.py`) at the shipped workload and engine: "
+        "the §1 split on 8 colocated TP2 workers (Qwen3-30B-A3B, batch 64, ROLL), Fig. 2a on fixed colocated pools of "
+        "16/24/32 GPUs (Qwen3-8B, 8 training GPUs). Rollout s: "
+        + ", ".join(f"{g} GPUs {t:.0f}" for g, t in m["rollout_s"].items())
+        + ".\n"
+    )
     md.append("| statistic | paper | sim | target band | in band | parameter that sets it | source |")
     md.append("|---|---|---|---|---|---|---|")
     rows = [
-        ("prefill share of tokens (every prompt token through prefill, cache hits included)", "prefill_token_share",
-         "96.68%", "response_tokens_mean 550 (set against this statistic), observation_tokens_mean 700, 32K cap",
-         "r: Kimi Tool&Agent trace 182 output / 8.6K input (Mooncake FAST'25 Table 2), SWE-bench Pro ~110–230 visible "
-         "tokens per call; observation ~0.7–1.0K tokens/step: SWE-bench Pro (nilenso report), SWE-Gym Table 8"),
-        ("prefill share of tokens (computed only, cache hits excluded)", "computed_prefill_token_share", "(undefined)",
-         "prefix_reuse 0.5; caches flushed at each weight update", "SGLang update_weights flush; RLBoost flush_cache=True"),
-        ("prefill share of colocated GPU time", "prefill_time_share", "26.48%",
-         "prefix_reuse 0.5 (set against this statistic)",
-         "history rewriting: SWE-agent LastNObservations; Qwen3 template <think> stripping; hit rate vs Mooncake 59%"),
-        ("decode tok/s/GPU between prefill insertions", "decode_tok_s_per_gpu", "~400",
-         "(emerges: decode concurrency from r, T_env and prefill); core roofline (t0, TP all-reduce, MoE reads/dispatch)",
-         "core/PROFILES.md (pd_anchors §4.3–4.4 single-engine TPOT anchors)"),
+        (
+            "prefill share of tokens (every prompt token through prefill, cache hits included)",
+            "prefill_token_share",
+            "96.68%",
+            "response_tokens_mean 550 (set against this statistic), observation_tokens_mean 700, 32K cap",
+            "r: Kimi Tool&Agent trace 182 output / 8.6K input (Mooncake FAST'25 Table 2), "
+            "SWE-bench Pro ~110–230 visible "
+            "tokens per call; observation ~0.7–1.0K tokens/step: SWE-bench Pro (nilenso report), SWE-Gym Table 8",
+        ),
+        (
+            "prefill share of tokens (computed only, cache hits excluded)",
+            "computed_prefill_token_share",
+            "(undefined)",
+            "prefix_reuse 0.5; caches flushed at each weight update",
+            "SGLang update_weights flush; RLBoost flush_cache=True",
+        ),
+        (
+            "prefill share of colocated GPU time",
+            "prefill_time_share",
+            "26.48%",
+            "prefix_reuse 0.5 (set against this statistic)",
+            "history rewriting: SWE-agent LastNObservations; Qwen3 template <think> stripping; "
+            "hit rate vs Mooncake 59%",
+        ),
+        (
+            "decode tok/s/GPU between prefill insertions",
+            "decode_tok_s_per_gpu",
+            "~400",
+            "(emerges: decode concurrency from r, T_env and prefill); "
+            "core roofline (t0, TP all-reduce, MoE reads/dispatch)",
+            "core/PROFILES.md (pd_anchors §4.3–4.4 single-engine TPOT anchors)",
+        ),
         ("Fig. 2a: rollout shortened 16→24 GPUs", "dp_16_to_24", "10.3%", "(emerges; no parameter set for it)", "—"),
         ("Fig. 2a: rollout shortened 24→32 GPUs", "dp_24_to_32", "8.9%", "(emerges; no parameter set for it)", "—"),
-        ("prefix-cache hit rate", "cache_hit_rate", "(not reported)", "prefix_reuse, flush, KV pressure",
-         "Mooncake Tool&Agent trace 59% (FAST'25 Table 2)"),
+        (
+            "prefix-cache hit rate",
+            "cache_hit_rate",
+            "(not reported)",
+            "prefix_reuse, flush, KV pressure",
+            "Mooncake Tool&Agent trace 59% (FAST'25 Table 2)",
+        ),
     ]
     from controlplane.sim.calibration import TARGETS
 
@@ -312,55 +360,77 @@ def calibration_section(md: list[str]) -> None:
 
     base = get_scenario("paper-qwen3-8b-seg1")
     no_tail = dp_scaling(replace(base, workload=replace(base.workload, env_tail_prob=0.0)))
-    md.append(f"\nWhat-if for Fig. 2a (not the calibrated point): without the tool-call tail (`env_tail_prob` 0, every other "
-              f"input as shipped) the same pools shorten the rollout by {100 * no_tail['dp_16_to_24']:.1f}% and "
-              f"{100 * no_tail['dp_24_to_32']:.1f}% (rollout s: "
-              + ", ".join(f"{g} GPUs {t:.0f}" for g, t in no_tail["rollout_s"].items())
-              + "): the slowest trajectory's tool calls, which no GPU count shortens, are what flattens the scaling.")
-    md.append("\nEnvironment latency (not a §1 statistic; source: SWE-bench Pro tool times, nilenso report, and SkyRL's "
-              "RL recipe): log-normal body with median 0.5 s (σ 1.0), a Pareto tail (x_m 10 s, α 0.6) on 3.5% of steps "
-              "(calls over 10 s: 2.4–3.7% of steps), capped at 60 s per command (SkyRL mini-SWE). `engine_slowdown` is 1.0 "
-              "everywhere (the uniform 3.0 is gone).\n")
+    md.append(
+        f"\nWhat-if for Fig. 2a (not the calibrated point): without the tool-call tail (`env_tail_prob` 0, every other "
+        f"input as shipped) the same pools shorten the rollout by {100 * no_tail['dp_16_to_24']:.1f}% and "
+        f"{100 * no_tail['dp_24_to_32']:.1f}% (rollout s: "
+        + ", ".join(f"{g} GPUs {t:.0f}" for g, t in no_tail["rollout_s"].items())
+        + "): the slowest trajectory's tool calls, which no GPU count shortens, are what flattens the scaling."
+    )
+    md.append(
+        "\nEnvironment latency (not a §1 statistic; source: SWE-bench Pro tool times, nilenso report, and SkyRL's "
+        "RL recipe): log-normal body with median 0.5 s (σ 1.0), a Pareto tail (x_m 10 s, α 0.6) on 3.5% of steps "
+        "(calls over 10 s: 2.4–3.7% of steps), capped at 60 s per command (SkyRL mini-SWE). `engine_slowdown` is 1.0 "
+        "everywhere (the uniform 3.0 is gone).\n"
+    )
 
 
 def forecast_section(md: list[str]) -> None:
     from controlplane.sim.forecast import forecast_accuracy
 
     md.append("### Predictor: step-start forecast at constant resources, per mode\n")
-    md.append("PEARL with borrowing off on a fixed pool (no transition or borrow change in flight), steps after warm-up. "
-              "Own mode = the forecast of the configuration that ran vs its makespan; other mode = the forecast, made at "
-              "the same moment, of the best configuration of the mode not running vs the same batch's makespan in a run "
-              "pinned to that configuration (`sim/forecast.py`). The elastic figure is the old metric, for contrast.\n")
-    md.append("| scenario | own: colocated MAPE % (n) | own: disaggregated (n) | other: colocated (n) | other: disaggregated (n) "
-              "| elastic MAPE % |")
+    md.append(
+        "PEARL with borrowing off on a fixed pool (no transition or borrow change in flight), steps after warm-up. "
+        "Own mode = the forecast of the configuration that ran vs its makespan; other mode = the forecast, made at "
+        "the same moment, of the best configuration of the mode not running vs the same batch's makespan in a run "
+        "pinned to that configuration (`sim/forecast.py`). The elastic figure is the old metric, for contrast.\n"
+    )
+    md.append(
+        "| scenario | own: colocated MAPE % (n) | own: disaggregated (n) | other: colocated (n) "
+        "| other: disaggregated (n) "
+        "| elastic MAPE % |"
+    )
     md.append("|---|---|---|---|---|---|")
-    for name in ("ablation-qwen3-8b-8gpu", "ablation-qwen3-30b-a3b-8gpu", "ablation-qwen3-8b-16gpu",
-                 "ablation-qwen3-30b-a3b-16gpu"):
+    for name in (
+        "ablation-qwen3-8b-8gpu",
+        "ablation-qwen3-30b-a3b-8gpu",
+        "ablation-qwen3-8b-16gpu",
+        "ablation-qwen3-30b-a3b-16gpu",
+    ):
         r = forecast_accuracy(get_scenario(name))
 
-        def cell(kind: str, mode: str) -> str:
+        def cell(kind: str, mode: str, r: dict[str, Any] = r) -> str:
             v, n = r[kind][mode], r[f"n_{kind}"][mode]
             return f"{v:.1f} ({n})" if v is not None else f"– ({n})"
 
-        md.append(f"| {name} | {cell('own', 'colocated')} | {cell('own', 'disaggregated')} | {cell('other', 'colocated')} "
-                  f"| {cell('other', 'disaggregated')} | {'–' if r['elastic_mape'] is None else format(r['elastic_mape'], '.1f')} |")
+        md.append(
+            f"| {name} | {cell('own', 'colocated')} | {cell('own', 'disaggregated')} | {cell('other', 'colocated')} "
+            f"| {cell('other', 'disaggregated')} "
+            f"| {'–' if r['elastic_mape'] is None else format(r['elastic_mape'], '.1f')} |"
+        )
     md.append("")
 
 
 def whatif_section(md: list[str]) -> None:
     """Which mechanism accounts for PEARL vs RLBoost+: PEARL with parts switched off (see the analysis)."""
     md.append("### What-if (not the PEARL result): PEARL vs RLBoost+ by mechanism\n")
-    md.append(f"Throughput vs RLBoost+ on the same scenario: `{PEARL}` as shipped; `no-gate` = Eq. 7 off (borrow every idle "
-              "window); `coloc` = PD adaptation off (mode forced colocated); `no-trial` = the untried-mode safeguard off; "
-              f"B-only = `{ELASTIC}`.\n")
-    md.append("The last column re-runs PEARL and RLBoost+ with twice the prefill-decode interference "
-              "(`mixed_prefill_penalty` 2, a what-if with no source: a prefill chunk next to running decodes costs 2× "
-              "its roofline time); PEARL/ROLL there in brackets.\n")
+    md.append(
+        f"Throughput vs RLBoost+ on the same scenario: `{PEARL}` as shipped; `no-gate` = Eq. 7 off (borrow every idle "
+        "window); `coloc` = PD adaptation off (mode forced colocated); `no-trial` = the untried-mode safeguard off; "
+        f"B-only = `{ELASTIC}`.\n"
+    )
+    md.append(
+        "The last column re-runs PEARL and RLBoost+ with twice the prefill-decode interference "
+        "(`mixed_prefill_penalty` 2, a what-if with no source: a prefill chunk next to running decodes costs 2× "
+        "its roofline time); PEARL/ROLL there in brackets.\n"
+    )
     md.append("| scenario | PEARL | no-gate | coloc | no-trial | B-only | PEARL, interference ×2 (PEARL/ROLL) |")
     md.append("|---|---|---|---|---|---|---|")
-    variants = {"no-gate": {"base": PEARL, "gate": False},
-                "coloc": {"base": PEARL, "overrides": {"force_mode": "colocated"}},
-                "no-trial": {"base": PEARL, "options": {"mode_trial": False}}}
+    variants = {
+        "no-gate": {"base": PEARL, "gate": False},
+        "coloc": {"base": PEARL, "overrides": {"force_mode": "colocated"}},
+        "no-trial": {"base": PEARL, "options": {"mode_trial": False}},
+    }
     for name in ("paper-qwen3-8b-seg2", "paper-qwen3-30b-a3b-seg2", "sens-batch-32"):
         sc = get_scenario(name)
         sc = replace(sc, variants={**sc.variants, **variants})
@@ -368,16 +438,24 @@ def whatif_section(md: list[str]) -> None:
         base = res[RLBOOST].throughput_tok_s
         hot = compare(replace(sc, engine=replace(sc.engine, mixed_prefill_penalty=2.0)), [RLBOOST, PEARL, FIXED])
         th = {k: r.throughput_tok_s for k, r in hot.items()}
-        md.append(f"| {name} | " + " | ".join(pct(res[v].throughput_tok_s / base - 1)
-                                             for v in (PEARL, "no-gate", "coloc", "no-trial", ELASTIC))
-                  + f" | {pct(th[PEARL] / th[RLBOOST] - 1)} ({th[PEARL] / th[FIXED]:.2f}×) |")
+        md.append(
+            f"| {name} | "
+            + " | ".join(
+                pct(res[v].throughput_tok_s / base - 1) for v in (PEARL, "no-gate", "coloc", "no-trial", ELASTIC)
+            )
+            + f" | {pct(th[PEARL] / th[RLBOOST] - 1)} ({th[PEARL] / th[FIXED]:.2f}×) |"
+        )
     md.append("")
 
 
 def ablation_section(md: list[str]) -> None:
-    md.append("### Ablation (paper Fig. 7): 16 training GPUs, fixed rollout GPUs, normalised to ROLL on the same GPUs\n")
-    md.append("A = optimal PD ratio only (borrowing off; at 4 GPUs disaggregation forced, as in the paper), "
-              "B = ungated borrowing, C = the Eq. 7 gate.\n")
+    md.append(
+        "### Ablation (paper Fig. 7): 16 training GPUs, fixed rollout GPUs, normalised to ROLL on the same GPUs\n"
+    )
+    md.append(
+        "A = optimal PD ratio only (borrowing off; at 4 GPUs disaggregation forced, as in the paper), "
+        "B = ungated borrowing, C = the Eq. 7 gate.\n"
+    )
     md.append("| model | rollout GPUs | A sim (paper) | A+B sim (paper) | A+B+C sim (paper) | PEARL config at step 3 |")
     md.append("|---|---|---|---|---|---|")
     for model in MODELS:
@@ -396,43 +474,67 @@ def ablation_section(md: list[str]) -> None:
 
 
 def sensitivity_section(md: list[str]) -> None:
-    md.append("### Workload sensitivity (paper §7): Qwen3-8B, 16 training + 8 dedicated rollout GPUs, PEARL vs RLBoost+\n")
+    md.append(
+        "### Workload sensitivity (paper §7): Qwen3-8B, 16 training + 8 dedicated rollout GPUs, PEARL vs RLBoost+\n"
+    )
     md.append("| sweep | value | RLBoost+ tok/s | PEARL tok/s | PEARL vs RLBoost+ | B-only tok/s | paper range |")
     md.append("|---|---|---|---|---|---|---|")
     for b in (32, 64, 96, 128):
         sc = get_scenario(f"sens-batch-{b}")
         res = compare(sc)
-        md.append(f"| batch | {b} | {res[RLBOOST].throughput_tok_s:,.0f} | {res[PEARL].throughput_tok_s:,.0f} "
-                  f"| {pct(res[PEARL].throughput_tok_s / res[RLBOOST].throughput_tok_s - 1)} "
-                  f"| {res[ELASTIC].throughput_tok_s:,.0f} | +5.3..+63.7% |")
+        md.append(
+            f"| batch | {b} | {res[RLBOOST].throughput_tok_s:,.0f} | {res[PEARL].throughput_tok_s:,.0f} "
+            f"| {pct(res[PEARL].throughput_tok_s / res[RLBOOST].throughput_tok_s - 1)} "
+            f"| {res[ELASTIC].throughput_tok_s:,.0f} | +5.3..+63.7% |"
+        )
     for k in (8, 16, 24, 32):
         sc = get_scenario(f"sens-maxlen-{k}k")
         res = compare(sc)
-        md.append(f"| max length | {k}K | {res[RLBOOST].throughput_tok_s:,.0f} | {res[PEARL].throughput_tok_s:,.0f} "
-                  f"| {pct(res[PEARL].throughput_tok_s / res[RLBOOST].throughput_tok_s - 1)} "
-                  f"| {res[ELASTIC].throughput_tok_s:,.0f} | +9.8..+26.5% |")
+        md.append(
+            f"| max length | {k}K | {res[RLBOOST].throughput_tok_s:,.0f} | {res[PEARL].throughput_tok_s:,.0f} "
+            f"| {pct(res[PEARL].throughput_tok_s / res[RLBOOST].throughput_tok_s - 1)} "
+            f"| {res[ELASTIC].throughput_tok_s:,.0f} | +9.8..+26.5% |"
+        )
     md.append("")
 
 
 def _replay_scenario(model: str, workers: int, variants: dict) -> Scenario:
     base = get_scenario("paper-qwen3-8b-seg1" if model == "qwen3-8b" else "paper-qwen3-30b-a3b-seg1")
     g = 2 * workers
-    return replace(base, name=f"replay-{workers}w", cluster=ClusterSpec(training_gpus=16, reserved_gpus=g, preemptible_gpus=0),
-                   trace=AvailabilityTrace((0.0,), (g,)), duration_s=2700.0, policies=tuple(variants), variants=variants)
+    return replace(
+        base,
+        name=f"replay-{workers}w",
+        cluster=ClusterSpec(training_gpus=16, reserved_gpus=g, preemptible_gpus=0),
+        trace=AvailabilityTrace((0.0,), (g,)),
+        duration_s=2700.0,
+        policies=tuple(variants),
+        variants=variants,
+    )
 
 
-def replay_every_configuration(model: str, n: int, *, batch: int | None = None, penalty: float = 1.0,
-                               points: list[tuple[str, float, float]] | None = None) -> tuple[str, dict[str, float]]:
+def replay_every_configuration(
+    model: str,
+    n: int,
+    *,
+    batch: int | None = None,
+    penalty: float = 1.0,
+    points: list[tuple[str, float, float]] | None = None,
+) -> tuple[str, dict[str, float]]:
     """n workers held constant, borrowing off: PEARL's configuration at step 3, and every configuration
     (nC and each split) replayed on the same batches, as its mean makespan over steps 1-4. `points`
     collects each configuration's step-start forecasts (steps ≥ 2) against its makespans."""
-    variants: dict = {"pearl-fixed-budget": {"base": PEARL, "overrides": {"borrowing": False}},
-                      f"{n}C": {"base": PEARL, "overrides": {"borrowing": False, "force_mode": "colocated"}}}
+    variants: dict = {
+        "pearl-fixed-budget": {"base": PEARL, "overrides": {"borrowing": False}},
+        f"{n}C": {"base": PEARL, "overrides": {"borrowing": False, "force_mode": "colocated"}},
+    }
     for p in range(1, n):
         variants[f"{p}P{n - p}D"] = {"base": PEARL, "overrides": {"borrowing": False, "force_ratio": [p, n - p]}}
     sc = _replay_scenario(model, n, variants)
-    sc = replace(sc, workload=replace(sc.workload, batch_size=batch or sc.workload.batch_size),
-                 engine=replace(sc.engine, mixed_prefill_penalty=penalty))
+    sc = replace(
+        sc,
+        workload=replace(sc.workload, batch_size=batch or sc.workload.batch_size),
+        engine=replace(sc.engine, mixed_prefill_penalty=penalty),
+    )
     selected = next((s.config_label for s in run_policy(sc, "pearl-fixed-budget").step_stats if s.step == 3), "?")
     means: dict[str, float] = {}
     for v in variants:
@@ -443,22 +545,34 @@ def replay_every_configuration(model: str, n: int, *, batch: int | None = None, 
         if ms:
             means[v] = statistics.mean(ms)
         if points is not None:
-            points.extend((v, s.predicted_at_start_s, s.makespan_s) for s in stats if s.step >= 2 and s.predicted_at_start_s)
+            points.extend(
+                (v, s.predicted_at_start_s, s.makespan_s) for s in stats if s.step >= 2 and s.predicted_at_start_s
+            )
     return selected, means
 
 
 def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -> None:
     """Constant-resource replay of every configuration (paper Table 2) vs what PEARL selects."""
     md.append("### PD-ratio selection (paper Table 2): Qwen3-8B, constant resources, every configuration replayed\n")
-    md.append("Empirical best = lowest mean simulated makespan over steps 1-4 (same batches for every configuration); "
-              "selected = PEARL's decision (borrowing off, resources held constant) at step 3. What-if columns: the same "
-              "replay with twice the prefill-decode interference (`mixed_prefill_penalty` 2, no source; not the "
-              "calibrated model), which PEARL's tracker measures from the engines' prefill records.\n")
-    md.append("| dedicated GPUs | overlap | workers | selected (sim) | empirical best (sim) | gap | paper selected / best "
-              "| interference ×2: selected / best, gap |")
+    md.append(
+        "Empirical best = lowest mean simulated makespan over steps 1-4 (same batches for every configuration); "
+        "selected = PEARL's decision (borrowing off, resources held constant) at step 3. What-if columns: the same "
+        "replay with twice the prefill-decode interference (`mixed_prefill_penalty` 2, no source; not the "
+        "calibrated model), which PEARL's tracker measures from the engines' prefill records.\n"
+    )
+    md.append(
+        "| dedicated GPUs | overlap | workers | selected (sim) | empirical best (sim) | gap | paper selected / best "
+        "| interference ×2: selected / best, gap |"
+    )
     md.append("|---|---|---|---|---|---|---|---|")
-    paper = {(10, False): "2P3D / 2P3D", (10, True): "4P9D / 5P8D", (12, False): "3P3D / 3P3D",
-             (12, True): "4P10D / 4P10D", (16, False): "3P5D / 3P5D", (16, True): "4P12D / 4P12D"}
+    paper = {
+        (10, False): "2P3D / 2P3D",
+        (10, True): "4P9D / 5P8D",
+        (12, False): "3P3D / 3P3D",
+        (12, True): "4P10D / 4P10D",
+        (16, False): "3P5D / 3P5D",
+        (16, True): "4P12D / 4P12D",
+    }
 
     def replay(n: int, penalty: float, points: list[tuple[str, float, float]] | None) -> tuple[str, str, float]:
         selected, means = replay_every_configuration("qwen3-8b", n, penalty=penalty, points=points)
@@ -470,23 +584,31 @@ def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -
             n = ded // 2 + (8 if overlap else 0)
             selected, best, gap = replay(n, 1.0, pred_points)
             hot_sel, hot_best, hot_gap = replay(n, 2.0, None)
-            md.append(f"| {ded} | {'yes' if overlap else 'no'} | {n} | {selected} | {best} | {pct(gap)} "
-                      f"| {paper[(ded, overlap)]} | {hot_sel} / {hot_best}, {pct(hot_gap)} |")
+            md.append(
+                f"| {ded} | {'yes' if overlap else 'no'} | {n} | {selected} | {best} | {pct(gap)} "
+                f"| {paper[(ded, overlap)]} | {hot_sel} / {hot_best}, {pct(hot_gap)} |"
+            )
     errs = [abs(p - a) / a for _, p, a in pred_points]
     if errs:
-        md.append(f"\nPredictor on these constant-resource replays (steps ≥ 2, {len(errs)} steps over every configuration): "
-                  f"MAPE {100 * statistics.mean(errs):.1f}%, median {100 * statistics.median(errs):.1f}%.")
+        md.append(
+            f"\nPredictor on these constant-resource replays (steps ≥ 2, {len(errs)} steps over every configuration): "
+            f"MAPE {100 * statistics.mean(errs):.1f}%, median {100 * statistics.median(errs):.1f}%."
+        )
     md.append("")
 
 
 def crossover_section(md: list[str]) -> None:
     """Paper §1: Qwen3-30B-A3B on 16 GPUs (8 TP2 workers): best disaggregation vs colocation by batch size."""
     md.append("### Mode crossover (paper §1): Qwen3-30B-A3B, 16 GPUs = 8 workers, constant resources\n")
-    md.append("What-if column: the same replay with twice the prefill-decode interference (`mixed_prefill_penalty` 2, "
-              "no source; not the calibrated model).\n")
+    md.append(
+        "What-if column: the same replay with twice the prefill-decode interference (`mixed_prefill_penalty` 2, "
+        "no source; not the calibrated model).\n"
+    )
     md.append("PEARL = its configuration at step 3 with borrowing off (resources held constant), as in Table 2.\n")
-    md.append("| batch | 8C makespan s | best split | its makespan s | best disaggregated vs colocation | PEARL | paper "
-              "| interference ×2: best split, vs colocation | interference ×2: PEARL |")
+    md.append(
+        "| batch | 8C makespan s | best split | its makespan s | best disaggregated vs colocation | PEARL | paper "
+        "| interference ×2: best split, vs colocation | interference ×2: PEARL |"
+    )
     md.append("|---|---|---|---|---|---|---|---|---|")
     paper = {32: "+9.7%", 64: "(5P3D best split at BS64)", 96: "−6.1%"}
 
@@ -498,18 +620,100 @@ def crossover_section(md: list[str]) -> None:
     for b in (32, 64, 96):
         means, best, sel = replay(b, 1.0)
         hot, hot_best, hot_sel = replay(b, 2.0)
-        md.append(f"| {b} | {means['8C']:.0f} | {best} | {means[best]:.0f} | {pct(means['8C'] / means[best] - 1)} | {sel} "
-                  f"| {paper[b]} | {hot_best} {pct(hot['8C'] / hot[hot_best] - 1)} | {hot_sel} |")
+        md.append(
+            f"| {b} | {means['8C']:.0f} | {best} | {means[best]:.0f} | {pct(means['8C'] / means[best] - 1)} | {sel} "
+            f"| {paper[b]} | {hot_best} {pct(hot['8C'] / hot[hot_best] - 1)} | {hot_sel} |"
+        )
+    md.append("")
+
+# Mixed pools (issue 23): the closed forms over several chip types. Pool snapshots of TP2 workers: the paper's
+# elastic pool all H800, the same all H20, and Bamboo-like mixes (whatever chips are free) of H800 / H20 / A100.
+HETERO_POOLS: tuple[tuple[str, dict[str, int]], ...] = (
+    ("all H800 (8)", {"H800": 8}),
+    ("all H20 (8)", {"H20": 8}),
+    ("mixed 4 H800 + 4 H20", {"H800": 4, "H20": 4}),
+    ("mixed 2 H800 + 6 H20", {"H800": 2, "H20": 6}),
+    ("mixed 6 H800 + 2 H20", {"H800": 6, "H20": 2}),
+    ("mixed 4 H800 + 2 H20 + 2 A100", {"H800": 4, "H20": 2, "A100": 2}),
+    ("mixed 3 H800 + 3 H20 + 4 A100", {"H800": 3, "H20": 3, "A100": 4}),
+)
+
+
+def hetero_rows(model: str, pool: dict[str, int], kv_cost: float = 1.0) -> dict[str, Any]:
+    """PEARL's choice on one mixed pool (closed forms, the SWE-bench prior at BS64), beside the
+    homogeneous-minded spread (RLBoost+ / B-only: every worker colocated) and the best single type.
+    `kv_cost` scales every KV link's time (0: free hand-off, 2: twice as slow)."""
+    from controlplane.core.decision import best_homogeneous, decide_mixed
+    from controlplane.core.predictor import predict_colocated_balanced, predict_colocated_spread, swe_bench_workload
+    from controlplane.core.profiles import get_profile, link_bytes_per_s
+
+    w = swe_bench_workload(64)
+    scale = float("inf") if kv_cost == 0 else 1.0 / kv_cost
+    co = {}
+    for h in pool:
+        c = get_profile(h, model).coefficients(
+            new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+        )
+        co[h] = replace(c, bandwidth=c.bandwidth * scale)
+    d = decide_mixed(w, co, pool, lambda a, b: link_bytes_per_s(a, b) * scale)
+    homo = best_homogeneous(list(d.candidates))
+    pools = [(co[h], k) for h, k in pool.items()]
+    spread, balanced = predict_colocated_spread(w, pools), predict_colocated_balanced(w, pools)
+    chosen = next(c for c in d.candidates if c.configuration == d.configuration)
+    return {
+        "pearl": d.label,
+        "pearl_s": d.predicted_makespan_s,
+        "parts": (chosen.prefill_s, chosen.kv_transfer_s, chosen.decode_s),
+        "spread_s": spread.makespan_s if spread.feasible else float("nan"),
+        "balanced_s": balanced.makespan_s if balanced.feasible else float("nan"),
+        "homo": homo.label if homo else "-",
+        "homo_s": homo.makespan_s if homo else float("nan"),
+        "reason": d.reason,
+    }
+
+
+def hetero_section(md: list[str]) -> None:
+    md.append("### Mixed pools (issue 23): the decision over H800 / H20 / A100, closed forms only\n")
+    md.append(
+        "Predicted rollout makespan of one BS64 SWE-bench step (the prior: Eq. 1–3 over each chip's roofline, "
+        "`core.decision.decide_mixed`; no simulation: the simulator's engines and placement are one hardware "
+        "type per scenario so far). RLBoost+ / B-only = every worker colocated (homogeneous-minded): 'balanced' "
+        "gives each chip type the share of the batch that makes all types finish together (what RLBoost+'s "
+        "join-the-shortest-queue dispatch tends to; `predict_colocated_balanced`), 'even' spreads it evenly "
+        "(B-only's sticky dispatch, the slowest type sets the makespan; `predict_colocated_spread`); best-homogeneous = the best candidate on one chip type; the oracle over "
+        "closed forms is PEARL's choice by construction, so it is not a separate column. Parts = prefill, KV "
+        "transfer, decode path (s); the step also carries 50 s of tool time.\n"
+    )
+    md.append("| model | pool | PEARL | s | parts P / KV / D | RLBoost+ balanced s | even s | best homogeneous | s "
+              "| PEARL vs balanced | KV free | KV ×2 |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for model in MODELS:
+        for name, pool in HETERO_POOLS:
+            r = hetero_rows(model, pool)
+            free, slow = hetero_rows(model, pool, 0.0), hetero_rows(model, pool, 2.0)
+            p, kv, dd = r["parts"]
+            gain = r["balanced_s"] / r["pearl_s"] - 1.0
+            md.append(
+                f"| {model} | {name} | {r['pearl']} | {r['pearl_s']:.1f} | {p:.1f} / {kv:.2f} / {dd:.1f} "
+                f"| {r['balanced_s']:.1f} | {r['spread_s']:.1f} | {r['homo']} | {r['homo_s']:.1f} | {gain:+.1%} "
+                f"| {free['pearl']} {free['pearl_s']:.1f} | {slow['pearl']} {slow['pearl_s']:.1f} |"
+            )
     md.append("")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of: calibration,forecast,varied,whatif,ablation,sensitivity,"
-                                                 "table2,crossover")
-    ap.add_argument("--from-saved", action="store_true",
-                    help="write benchmarks/out/sim_section.md (the last run) with the current analysis text")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma list of: calibration,forecast,varied,whatif,ablation,sensitivity,table2,crossover,hetero",
+    )
+    ap.add_argument(
+        "--from-saved",
+        action="store_true",
+        help="write benchmarks/out/sim_section.md (the last run) with the current analysis text",
+    )
     args = ap.parse_args()
     if args.from_saved:
         write_section((ROOT / "benchmarks" / "out" / "sim_section.md").read_text())
@@ -538,11 +742,15 @@ def main() -> int:
         table2_section(md, pred_points)
     if "crossover" not in skip:
         crossover_section(md)
+    if "hetero" not in skip:
+        hetero_section(md)
     load = __import__("os").getloadavg()[0]
-    md.append("`compare` per paper scenario (6 policies incl. the forking oracle, 2 h virtual), wall (process CPU) s: "
-              + ", ".join(f"{k.replace('paper-', '')} {v:.1f} ({cpu_timings[k]:.1f})" for k, v in timings.items())
-              + f"; whole report {time.perf_counter() - t_all:.0f} s on {platform.machine()} "
-              f"({__import__('os').cpu_count()} cores shared with other jobs; 1-min load average at the end {load:.1f}).\n")
+    md.append(
+        "`compare` per paper scenario (6 policies incl. the forking oracle, 2 h virtual), wall (process CPU) s: "
+        + ", ".join(f"{k.replace('paper-', '')} {v:.1f} ({cpu_timings[k]:.1f})" for k, v in timings.items())
+        + f"; whole report {time.perf_counter() - t_all:.0f} s on {platform.machine()} "
+        f"({__import__('os').cpu_count()} cores shared with other jobs; 1-min load average at the end {load:.1f}).\n"
+    )
     section = "\n".join(md)
     out = ROOT / "benchmarks" / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -562,8 +770,9 @@ def write_section(body: str) -> None:
     pattern = re.compile(r"(^" + re.escape(HEADING) + r"\n)(.*?)(?=^## |\Z)", re.S | re.M)
     if not pattern.search(text):
         raise SystemExit(f"section heading not found in {path}: {HEADING!r}")
-    new = pattern.sub(lambda m: m.group(1) + "\n" + preface + body.strip() + "\n\n" + ANALYSIS.strip() + "\n\n",
-                      text, count=1)
+    new = pattern.sub(
+        lambda m: m.group(1) + "\n" + preface + body.strip() + "\n\n" + ANALYSIS.strip() + "\n\n", text, count=1
+    )
     path.write_text(new)
 
 

@@ -10,7 +10,7 @@ hysteresis; manual overrides always win.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,8 @@ from controlplane.core.predictor import (
     WorkloadProfile,
     disaggregated_table,
     predict_colocated,
+    predict_colocated_balanced,
+    predict_cross,
 )
 from controlplane.core.profiles import EngineCoefficients
 from controlplane.core.state import Configuration, Mode
@@ -543,4 +545,220 @@ def _vs_other_mode(table: CandidateTable, best: Candidate) -> str:
     return f" vs {other.makespan_s:.1f} s for the best {other.mode} ({other.label})"
 
 
-__all__ = ["Candidate", "CandidateTable", "Decision", "Thresholds", "decide", "evaluate"]
+# ---------------------------------------------------------------------------------------------------------
+# Mixed pools: one job's rollout workers on several chip types (issue 23)
+
+
+@dataclass(frozen=True, slots=True)
+class MixedCandidate:
+    """One configuration on a mixed pool: its typed configuration and its predicted parts (seconds)."""
+
+    configuration: Configuration
+    makespan_s: float
+    feasible: bool
+    prefill_s: float
+    decode_s: float
+    kv_transfer_s: float
+    env_s: float
+    why_infeasible: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.configuration.label()
+
+    @property
+    def kind(self) -> tuple[Mode, str, str]:
+        """What a switch changes besides counts: the mode and the chip types of each role."""
+        c = self.configuration
+        return c.mode, c.prefill_hardware, c.decode_hardware
+
+
+@dataclass(frozen=True, slots=True)
+class MixedDecision:
+    """What the engine chose on a mixed pool and why."""
+
+    configuration: Configuration
+    candidates: tuple[MixedCandidate, ...]
+    predicted_makespan_s: float
+    current_makespan_s: float | None
+    best: Configuration | None
+    expected_gain: float
+    admitted: bool
+    forced: bool
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return self.configuration.label()
+
+
+LinkBandwidth = Callable[[str, str], float]
+
+
+def evaluate_mixed(
+    workload: WorkloadProfile,
+    coeffs: Mapping[str, EngineCoefficients],
+    workers: Mapping[str, int],
+    link: LinkBandwidth,
+    rule: FeasibilityRule = FeasibilityRule(),
+) -> list[MixedCandidate]:
+    """Every candidate over a mixed pool of `workers[type]` workers per chip type.
+
+    Colocated on each type (all its workers); disaggregated within each type (every split); and every
+    cross-type split: N_P = 1..N_a prefill workers of type a, decode on all N_b workers of type b (Eq. 2
+    never gets slower with more decode workers), the KV crossing `link(a, b)` per worker link. Workers a
+    candidate leaves out stay unused. `coeffs` are each type's coefficients (the tracker's, per type)."""
+    out: list[MixedCandidate] = []
+    types = sorted(h for h, k in workers.items() if k > 0)
+    for h in types:
+        c, n = coeffs[h], int(workers[h])
+        col = predict_colocated(workload, c, n)
+        out.append(
+            MixedCandidate(
+                Configuration.colocated(n, h), col.makespan_s, col.feasible, col.prefill_s, col.decode_s, 0.0,
+                col.env_s, col.why_infeasible,
+            )
+        )
+        table = evaluate(workload, c, n, rule)
+        for row in (table.row(i) for i in range(len(table.n_prefill))):
+            out.append(
+                MixedCandidate(
+                    Configuration.disaggregated(row.n_prefill, row.n_decode, h), row.makespan_s, row.feasible,
+                    row.prefill_s, row.decode_s, row.kv_transfer_s, row.env_s, row.why_infeasible,
+                )
+            )
+    if len(types) > 1:
+        # every worker colocated with the batch balanced across the types (so they finish together), labelled
+        # with every type, e.g. '8C(H20+H800)': the best all-colocated placement, and what a homogeneous-minded
+        # policy with join-the-shortest-queue dispatch tends to
+        sp = predict_colocated_balanced(workload, [(coeffs[h], int(workers[h])) for h in types])
+        out.append(
+            MixedCandidate(
+                Configuration.colocated(sp.configuration.total, "+".join(types)), sp.makespan_s, sp.feasible,
+                sp.prefill_s, sp.decode_s, 0.0, sp.env_s, sp.why_infeasible,
+            )
+        )
+    for a in types:
+        for b in types:
+            if a == b:
+                continue
+            n_d = int(workers[b])
+            bw = link(a, b)
+            for n_p in range(1, int(workers[a]) + 1):
+                p = predict_cross(workload, coeffs[a], coeffs[b], n_p, n_d, bw, rule)
+                out.append(
+                    MixedCandidate(
+                        Configuration.disaggregated(n_p, n_d, a, b), p.makespan_s, p.feasible, p.prefill_s,
+                        p.decode_s, p.kv_transfer_s, p.env_s, p.why_infeasible,
+                    )
+                )
+    return out
+
+
+def _best_mixed(cands: list[MixedCandidate], keep: Callable[[MixedCandidate], bool] = lambda c: True
+                ) -> MixedCandidate | None:
+    ok = [c for c in cands if c.feasible and keep(c)]
+    return min(ok, key=lambda c: (c.makespan_s, c.configuration.total)) if ok else None
+
+
+def best_homogeneous(cands: list[MixedCandidate]) -> MixedCandidate | None:
+    """The best candidate that runs on one chip type only (the best-homogeneous baseline's choice)."""
+    def single(c: MixedCandidate) -> bool:
+        return not c.configuration.cross_type and "+" not in c.configuration.prefill_hardware
+
+    return _best_mixed(cands, single)
+
+
+def decide_mixed(
+    workload: WorkloadProfile,
+    coeffs: Mapping[str, EngineCoefficients],
+    workers: Mapping[str, int],
+    link: LinkBandwidth,
+    *,
+    current: Configuration | None = None,
+    thresholds: Thresholds | None = None,
+    rule: FeasibilityRule | None = None,
+) -> MixedDecision:
+    """Choose the rollout configuration on a mixed pool, with `decide`'s hysteresis.
+
+    A change of counts within the same mode and chip types is a ratio change; a change of mode or of the
+    chip type of either role re-roles workers like a mode switch and needs the larger threshold. When the
+    current configuration is no longer a candidate (its pool changed), the best candidate of its own kind
+    is the incumbent and the switch is forced, as `decide` does on a budget change."""
+    th = thresholds or Thresholds()
+    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule())
+    best = _best_mixed(cands)
+
+    def out(cfg: MixedCandidate, cur_ms: float | None, admitted: bool, forced: bool, reason: str) -> MixedDecision:
+        gain = 0.0
+        if cur_ms is not None and best is not None and np.isfinite(cur_ms) and cur_ms > 0:
+            gain = (cur_ms - best.makespan_s) / cur_ms
+        return MixedDecision(
+            cfg.configuration, tuple(cands), cfg.makespan_s, cur_ms, best.configuration if best else None,
+            float(gain), admitted, forced, reason,
+        )
+
+    if best is None:
+        if not cands:
+            empty = MixedCandidate(Configuration.colocated(0), float("inf"), False, 0.0, 0.0, 0.0,
+                                   workload.env_time_s, "no workers")
+            return MixedDecision(empty.configuration, (), float("inf"), None, None, 0.0, True, True,
+                                 "No rollout workers in the pool.")
+        least = min(cands, key=lambda c: c.makespan_s)
+        return out(least, None, True, True, f"No feasible configuration ({least.why_infeasible}); "
+                   f"running {least.label}, the least bad.")
+    if current is None:
+        homo = best_homogeneous(cands)
+        vs = f" vs {homo.makespan_s:.1f} s for the best single type ({homo.label})" if homo and homo is not best else ""
+        return out(best, None, True, False, f"First configuration: {best.label} predicts {best.makespan_s:.1f} s{vs}.")
+    cur = next((c for c in cands if c.configuration == current), None)
+    kind = (current.mode, current.prefill_hardware, current.decode_hardware)
+    if cur is None or not cur.feasible:
+        incumbent = _best_mixed(cands, lambda c: c.kind == kind)
+        why = "is no longer a candidate on this pool" if cur is None else f"is infeasible ({cur.why_infeasible})"
+        if incumbent is None or cur is not None:
+            return out(best, cur.makespan_s if cur else None, True, True,
+                       f"Current {current.label()} {why}; switching to {best.label} ({best.makespan_s:.1f} s).")
+        gain = (incumbent.makespan_s - best.makespan_s) / incumbent.makespan_s
+        if incumbent is best or gain <= th.mode_switch:
+            return out(incumbent, incumbent.makespan_s, incumbent is best, True,
+                       f"Pool changed: {incumbent.label} ({incumbent.makespan_s:.1f} s) keeps the kind of "
+                       f"{current.label()}; {best.label} gains {gain:.1%} (threshold {th.mode_switch:.1%}).")
+        return out(best, incumbent.makespan_s, True, True,
+                   f"Pool changed: switching to {best.label} ({best.makespan_s:.1f} s), {gain:.1%} faster than "
+                   f"{incumbent.label} (threshold {th.mode_switch:.1%}).")
+    if best.configuration == current:
+        return out(cur, cur.makespan_s, True, False, f"{cur.label} is still the best ({cur.makespan_s:.1f} s).")
+    gain = (cur.makespan_s - best.makespan_s) / cur.makespan_s
+    same_kind = best.kind == kind
+    threshold = th.ratio_change if same_kind else th.mode_switch
+    what = "ratio change" if same_kind else "switch of mode or chip types"
+    if gain > threshold:
+        return out(best, cur.makespan_s, True, False,
+                   f"{what.capitalize()} {cur.label}→{best.label}: {best.makespan_s:.1f} s vs {cur.makespan_s:.1f} s "
+                   f"({gain:.1%} > {threshold:.1%}).")
+    if not same_kind:
+        same = _best_mixed(cands, lambda c: c.kind == kind)
+        if same is not None and same.configuration != current:
+            g = (cur.makespan_s - same.makespan_s) / cur.makespan_s
+            if g > th.ratio_change:
+                return out(same, cur.makespan_s, False, False,
+                           f"Ratio change {cur.label}→{same.label} ({g:.1%} > {th.ratio_change:.1%}); "
+                           f"{best.label} gains only {gain:.1%} (< {th.mode_switch:.1%}).")
+    return out(cur, cur.makespan_s, False, False,
+               f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.1%} {what} threshold).")
+
+
+__all__ = [
+    "Candidate",
+    "CandidateTable",
+    "Decision",
+    "MixedCandidate",
+    "MixedDecision",
+    "Thresholds",
+    "best_homogeneous",
+    "decide",
+    "decide_mixed",
+    "evaluate",
+    "evaluate_mixed",
+]

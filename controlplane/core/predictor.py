@@ -192,19 +192,29 @@ def predict_colocated(workload: WorkloadProfile, coeffs: EngineCoefficients, n: 
 
 
 def _disagg_arrays(
-    workload: WorkloadProfile, coeffs: EngineCoefficients, n_prefill: np.ndarray, n_decode: np.ndarray
+    workload: WorkloadProfile,
+    coeffs: EngineCoefficients,
+    n_prefill: np.ndarray,
+    n_decode: np.ndarray,
+    decode_coeffs: EngineCoefficients | None = None,
+    link_bandwidth: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | float]:
-    """Eq. 2 and 3 for arrays of splits: (prefill compute, KV transfer, decode) seconds."""
+    """Eq. 2 and 3 for arrays of splits: (prefill compute, KV transfer, decode) seconds.
+
+    `coeffs` prices the prefill pool; `decode_coeffs` (default: the same) the decode pool, on another chip
+    type in a cross-type split; `link_bandwidth` (default: `coeffs.bandwidth`) is one worker-to-worker KV link."""
     w = workload
+    dec = coeffs if decode_coeffs is None else decode_coeffs
+    bw = coeffs.bandwidth if link_bandwidth is None else link_bandwidth
     tokens = w.turns * w.batch_size * w.delta_l_disaggregated  # λ_P = B·S·ΔL (ΔL as a prefill worker sees it)
     prefill = tokens * coeffs.t_prefill / n_prefill  # Eq. 3 compute part
     # Eq. 3 transfer part (lower bound). Default: every prefill worker sends its own KV over its own NICs,
     # so the inter-pool bandwidth is min(N_P, N_D) worker links; `shared_kv_fabric` takes BW as one fixed
     # pool-to-pool bandwidth, the paper's literal reading (PROFILES.md discusses both).
     links = np.ones_like(n_prefill) if coeffs.shared_kv_fabric else np.minimum(n_prefill, n_decode)
-    kv = tokens * coeffs.kv_bytes_per_token / (coeffs.bandwidth * links)
+    kv = tokens * coeffs.kv_bytes_per_token / (bw * links)
     one = 1.0 + w.theta
-    per_iter = coeffs.decode_iteration_s(w.batch_size / (n_decode * one))
+    per_iter = dec.decode_iteration_s(w.batch_size / (n_decode * one))
     decode = w.turns * w.generated_tokens * per_iter * one  # Eq. 2
     return prefill, kv, decode
 
@@ -274,6 +284,117 @@ def disaggregated_table(
     return DisaggregatedTable(n_p.astype(np.int64), n_d.astype(np.int64), p, kv, d, makespan, kv_ok, keepup_ok)
 
 
+def predict_cross(
+    workload: WorkloadProfile,
+    prefill_coeffs: EngineCoefficients,
+    decode_coeffs: EngineCoefficients,
+    n_prefill: int,
+    n_decode: int,
+    link_bandwidth: float,
+    rule: FeasibilityRule = FeasibilityRule(),
+) -> Prediction:
+    """Eq. 2–3 for a split whose prefill and decode pools are different chip types.
+
+    Prefill compute from the prefill chip's t_prefill, decode from the decode chip's A + b·n, the KV hand-off
+    over `link_bandwidth` per worker link (the link joining the two types), decode-KV feasibility against the
+    decode chip's H_max. With both coefficient sets equal and the link the profile's own, this is
+    `predict_disaggregated` exactly. The configuration carries no chip names (the caller labels it)."""
+    config = Configuration.disaggregated(n_prefill, n_decode)
+    p, kv, d = _disagg_arrays(
+        workload,
+        prefill_coeffs,
+        np.asarray(float(n_prefill)),
+        np.asarray(float(n_decode)),
+        decode_coeffs,
+        link_bandwidth,
+    )
+    prefill, kvs, decode = float(p), float(kv), float(d)
+    makespan = (max(prefill + kvs, decode) + workload.env_time_s) * workload.scale_disaggregated
+    why = _why(workload, decode_coeffs, n_decode, prefill + kvs, decode, rule)
+    return Prediction(
+        config, makespan, prefill, decode, kvs, workload.env_time_s, 0.0, not why, why, workload.scale_disaggregated
+    )
+
+
+def predict_colocated_spread(
+    workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]
+) -> Prediction:
+    """Eq. 1 for a homogeneous-minded policy on a mixed pool: every worker colocated, the batch spread evenly
+    over all N workers (B/N trajectories each, whatever the chip); the slowest type sets the makespan.
+
+    `pools` lists (coefficients, workers) per chip type. KV feasibility: each type holds its share."""
+    w = workload
+    n = sum(k for _, k in pools)
+    config = Configuration.colocated(n)
+    if n <= 0:
+        return Prediction(config, float("inf"), 0.0, 0.0, 0.0, w.env_time_s, 0.0, False, "no workers")
+    worst: tuple[float, float, float] = (-1.0, 0.0, 0.0)
+    fits = True
+    for coeffs, k in pools:
+        if k <= 0:
+            continue
+        prefill = w.turns * w.batch_size * w.new_prompt_tokens / n * coeffs.t_prefill * coeffs.prefill_interference
+        decode = w.turns * w.generated_tokens * float(coeffs.decode_iteration_s(w.batch_size / n))
+        if prefill + decode > worst[0]:
+            worst = (prefill + decode, prefill, decode)
+        share = w.decode_kv_sequences * k / n
+        fits = fits and share * w.kv_seq_tokens * coeffs.kv_bytes_per_token <= k * coeffs.hbm_kv_capacity
+    overhead = w.turns * w.overhead_s
+    makespan = (worst[0] + overhead + w.env_time_s) * w.scale_colocated
+    why = "" if fits else "KV of a type's share of the batch exceeds its HBM"
+    return Prediction(
+        config, makespan, worst[1], worst[2], 0.0, w.env_time_s, overhead, fits, why, w.scale_colocated
+    )
+
+
+def predict_colocated_balanced(
+    workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]
+) -> Prediction:
+    """Eq. 1 on a mixed pool with the batch balanced across chip types: each type's workers take the share of
+    the B trajectories that makes every type finish together (what join-the-shortest-queue dispatch tends
+    to, and the best any all-colocated placement can do under Eq. 1). The share b_h per worker solves
+    S·[b_h·ΔL·t_prefill_h·I_h + r·t_dec_h(b_h)] = T for a common T, found by bisection (t_dec increases in b)."""
+    w = workload
+    live = [(c, k) for c, k in pools if k > 0]
+    n = sum(k for _, k in live)
+    config = Configuration.colocated(n)
+    if n <= 0:
+        return Prediction(config, float("inf"), 0.0, 0.0, 0.0, w.env_time_s, 0.0, False, "no workers")
+
+    def per_worker(c: EngineCoefficients, b: float) -> tuple[float, float]:
+        pre = w.turns * b * w.new_prompt_tokens * c.t_prefill * c.prefill_interference
+        return pre, w.turns * w.generated_tokens * float(c.decode_iteration_s(b))
+
+    def share(c: EngineCoefficients, t: float) -> float:
+        lo, hi = 0.0, float(w.batch_size)
+        if sum(per_worker(c, hi)) <= t:
+            return hi
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if sum(per_worker(c, mid)) <= t else (lo, mid)
+        return lo
+
+    t_lo, t_hi = 0.0, max(sum(per_worker(c, w.batch_size / n)) for c, _ in live)
+    for _ in range(50):
+        t = 0.5 * (t_lo + t_hi)
+        t_lo, t_hi = (t, t_hi) if sum(k * share(c, t) for c, k in live) < w.batch_size else (t_lo, t)
+    shares = [share(c, t_hi) for c, _ in live]
+    total = sum(k * b for (_, k), b in zip(live, shares, strict=True)) or 1.0
+    norm = w.batch_size / total  # spend exactly B trajectories
+    # a type whose share is zero runs nothing (its fixed per-iteration cost is not paid)
+    parts = [per_worker(c, b * norm) for (c, _), b in zip(live, shares, strict=True) if b * norm > 1e-12]
+    prefill, decode = max(parts, key=lambda pd: pd[0] + pd[1])
+    fits = all(
+        w.decode_kv_sequences * k * b * norm / w.batch_size * w.kv_seq_tokens * c.kv_bytes_per_token
+        <= k * c.hbm_kv_capacity
+        for (c, k), b in zip(live, shares, strict=True)
+    )
+    overhead = w.turns * w.overhead_s
+    makespan = (prefill + decode + overhead + w.env_time_s) * w.scale_colocated
+    why = "" if fits else "KV of a type's share of the batch exceeds its HBM"
+    return Prediction(config, makespan, prefill, decode, 0.0, w.env_time_s, overhead, fits, why, w.scale_colocated)
+
+
 def predict(
     workload: WorkloadProfile,
     coeffs: EngineCoefficients,
@@ -297,6 +418,9 @@ __all__ = [
     "min_workers_for_kv",
     "predict",
     "predict_colocated",
+    "predict_colocated_balanced",
+    "predict_colocated_spread",
+    "predict_cross",
     "predict_disaggregated",
     "swe_bench_workload",
 ]

@@ -38,6 +38,7 @@ class Hardware:
     t0_s: float = 1e-3  # fixed per-decode-iteration overhead (kernel launch, scheduler)
     t0_prefill_s: float = 2e-3  # fixed per-prefill-pass overhead
     allreduce_latency_s: float = 8e-6  # one small-message TP all-reduce (decode), NVLink
+    pcie_bytes_per_s: float = 64 * GB  # host link per direction (PCIe Gen5 x16; A100: Gen4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +311,10 @@ _HARDWARE: dict[str, Hardware] = {
     "h200": Hardware("H200", 989e12, 4.8e12, 141 * GB, 450 * GB, 50 * GB),
     # H20: compute-poor chip; InferSim's SGLang-measured prefill implies ~78% MFU (PROFILES.md)
     "h20": Hardware("H20", 148e12, 4.0e12, 96 * GB, 450 * GB, 50 * GB, eta_c_dense=0.78, eta_c_moe=0.78),
+    # A100 SXM4 80 GB (NVIDIA A100 datasheet): 312 TF dense BF16, 2,039 GB/s HBM2e, NVLink 600 GB/s
+    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU; PCIe Gen4 x16. Hopper's η defaults (no A100
+    # anchor is used to set them; PROFILES.md compares one).
+    "a100": Hardware("A100", 312e12, 2.039e12, 80 * GB, 300 * GB, 25 * GB, pcie_bytes_per_s=32 * GB),
     # A logical CPU slot (2 AVX2 cores): fitted to platform_notes §5 (tiny Qwen3: ~25k prefill tok/s,
     # ~4 ms per decode step dominated by Python overhead)
     "cpu": Hardware(
@@ -399,6 +404,20 @@ def _hardware_key(hardware: str) -> str:
     return key
 
 
+def get_hardware(hardware: str) -> Hardware:
+    """The vendor-sheet constants of one chip type (case-insensitive)."""
+    return _HARDWARE[_hardware_key(hardware)]
+
+
+def link_bytes_per_s(hardware_a: str, hardware_b: str, tp: int = 2) -> float:
+    """Usable bandwidth of one worker-to-worker KV link between two chip types.
+
+    Two different chip types never share a node, so the KV crosses the inter-node RDMA link, and the slower
+    end bounds it: tp · min(NIC_a, NIC_b) · η_net (the same form as a profile's `bandwidth` within a type)."""
+    a, b = get_hardware(hardware_a), get_hardware(hardware_b)
+    return tp * min(a.nic_bytes_per_s, b.nic_bytes_per_s) * min(a.eta_net, b.eta_net)
+
+
 def known_hardware() -> tuple[str, ...]:
     return tuple(h.name for h in _HARDWARE.values())
 
@@ -457,9 +476,11 @@ __all__ = [
     "ModelSpec",
     "Profile",
     "ReconfigCosts",
+    "get_hardware",
     "get_profile",
     "get_reconfig_costs",
     "known_hardware",
     "known_models",
+    "link_bytes_per_s",
     "plateau_batch",
 ]

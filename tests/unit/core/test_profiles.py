@@ -11,8 +11,8 @@ from controlplane.core.profiles import ReconfigCosts, get_profile, get_reconfig_
 
 def test_lookup_is_case_insensitive_and_unknown_names_raise() -> None:
     assert get_profile("h800", "Qwen3-8B") == get_profile("H800", "qwen3-8b")
-    with pytest.raises(ValueError, match="A100"):
-        get_profile("A100", "qwen3-8b")
+    with pytest.raises(ValueError, match="B200"):
+        get_profile("B200", "qwen3-8b")
     with pytest.raises(ValueError, match="llama"):
         get_profile("H800", "llama-70b")
     with pytest.raises(ValueError):
