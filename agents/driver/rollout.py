@@ -203,10 +203,10 @@ class RolloutDriver(EpisodeRunner):
 
     def abort(self, cmd: lp.Abort) -> None:
         ep = self.episodes.pop(cmd.trajectory, None)
+        if ep is not None:  # its environment learns why first (an agent's record keeps the loop's reason)
+            self._spawn(ep.env.aclose(cmd.reason), f"close {cmd.trajectory}")
         if ep is not None and ep.task is not None:
             ep.task.cancel()
-        if ep is not None:
-            self._spawn(ep.env.aclose(cmd.reason), f"close {cmd.trajectory}")
         if cmd.replacement is not None:
             self._start_episode(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
 

@@ -163,6 +163,7 @@ class AgentEnvironment(Environment):
         self._stdout: collections.deque[str] = collections.deque(maxlen=64)
         self._stderr = bytearray()
         self._holding_slot = False
+        self._why: str | None = None  # the first reason the trajectory was ended for
         self.status = "running"
 
     # ---- the driver's side
@@ -353,6 +354,8 @@ class AgentEnvironment(Environment):
 
     async def aclose(self, why: str = "aborted") -> None:
         """End the agent (its whole process group) and its session; its trajectory is over."""
+        if self._why is None:
+            self._why = why
         if self.pending is not None and not self.pending.answer.done():
             self.pending.answer.cancel()
         if self.proc is not None and self.proc.returncode is None:
@@ -369,7 +372,7 @@ class AgentEnvironment(Environment):
         if self.agent is not None and not self.agent.done():
             self.agent.cancel()
         if self.status == "running":
-            self._finish("aborted", reason=why)
+            self._finish("aborted", reason=self._why)
 
 
 _RUNNER: AgentRunner | None = None

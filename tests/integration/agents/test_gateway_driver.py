@@ -19,6 +19,7 @@ from agents.process import REPO_ROOT
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.trainer.server import TrainerServer
 from controlplane.core import driver_link as dl
+from controlplane.core import loop as lp
 from controlplane.core.state import Role
 from tests.integration.agents.test_gateway import SECRET, start_worker
 
@@ -159,3 +160,41 @@ async def test_a_failing_agent_is_a_failed_trajectory_restarted_by_the_loop(tmp_
     assert len(aborts) >= 4  # each failure was restarted on its task
     failed = [rec for rec in runner.records.values() if rec["status"] == "failed"]
     assert all("agent crashed" in rec["stderr"] for rec in failed)
+
+
+async def test_an_aborted_trajectory_ends_its_agent_and_a_replacement_starts(tmp_path):
+    """The loop aborts a trajectory (a stale one, say): the driver ends its agent's process group; the
+    replacement on the same task runs a new agent."""
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import time\nfrom openai import OpenAI\n"
+        "OpenAI(max_retries=0).chat.completions.create(model='tiny', messages=[{'role': 'user', 'content': 'x'}],"
+        " max_tokens=2)\ntime.sleep(60)\n"
+    )
+    seen: dict[str, Any] = {}
+
+    def aborted_one(d: RolloutDriver, r: agent_env.AgentRunner, _: Any) -> bool:
+        if "env" not in seen:
+            live = [
+                (tid, ep.env)
+                for tid, ep in d.episodes.items()
+                if isinstance(ep.env, agent_env.AgentEnvironment)
+                and ep.env.pending is None
+                and ep.env.proc is not None
+                and ep.env.session is not None
+                and ep.env.session.turns
+            ]  # answered once, the agent now sleeping
+            if not live:
+                return False
+            tid, env = live[0]
+            seen.update(env=env, tid=tid)
+            d.abort(lp.Abort(tid, "stale: test"))  # the loop's command, as for a stale trajectory
+            return False
+        env = seen["env"]
+        return env.status == "aborted" and env.proc.returncode is not None
+
+    driver, runner, _ = await run_job(tmp_path, [sys.executable, str(slow)], until=aborted_one, timeout_s=60)
+    env = seen["env"]
+    assert runner.records[env.trajectory] | {} and runner.records[env.trajectory]["status"] == "aborted"
+    assert runner.records[env.trajectory]["reason"] == "stale: test"
+    assert seen["tid"] not in driver.episodes
