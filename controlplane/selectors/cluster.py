@@ -10,6 +10,7 @@ from controlplane.core.agent_link import DesiredDriver, DesiredState, DesiredWor
 from controlplane.core.invariants import WorkerView
 from controlplane.core.state import Activity, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
+from controlplane.selectors import leases
 from controlplane.selectors.job_tokens import job_dataplane_token, job_driver_token, job_weights_key, job_weights_token
 
 
@@ -67,11 +68,14 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
             }
         )
     nodes = []
-    for n in nodes_qs.values(
+    rows = list(nodes_qs.values(
         "id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
         "last_heartbeat", "lease_expires", "preemption_deadline", "address", "ray_node_id", "ray_address",
-    ):
-        hb = n["last_heartbeat"]
+    ))
+    # the rows' last-seen is coarse while Redis renews the leases (services/leases.py): the renewal is newer
+    renewed = leases.last_seen(n["id"] for n in rows)
+    for n in rows:
+        hb = max(filter(None, (n["last_heartbeat"], renewed.get(n["id"]))), default=None)
         nodes.append(
             {
                 "id": n["id"],

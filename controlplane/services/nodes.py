@@ -1,12 +1,15 @@
 """Node lifecycle: registration, heartbeats (the lease), lease expiry with fencing, drain, preemption."""
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import json
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -16,6 +19,7 @@ from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Job, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
+from controlplane.services import leases
 from controlplane.services.dispatch import kick_executor_on_commit
 from controlplane.services.locks import lock_nodes, locked
 from controlplane.services.plan_queue import replan_live_jobs
@@ -107,6 +111,7 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         node.epoch += 1
         node.generation += 1
         node.save()
+        _renew_on_commit(node, now, digest="")  # a new epoch: no report of it is known yet
         zone = Zone.OVERLAP if message.pool == Pool.TRAINING else Zone.ROLLOUT
         existing = {g.index: g for g in GPU.objects.filter(node=node)}
         for slot in message.slots:
@@ -184,8 +189,12 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     rollout worker, no weight version the job has not published; for the job's trainer, a new version
     at most MAX_VERSION_STEP ahead of the job's (a bigger jump is no real training progress).
     """
+    renewed = _renew_unchanged(node_id=node_id, message=message, channel=channel)
+    if renewed is not None:
+        return renewed
     now = timezone.now()
     refused: list[str] = []
+    coarse = _redis_up()
     with transaction.atomic():
         # The lock order (job → node → worker): a trainer publishing new weights raises its job's version
         # and bumps every node of the job, so those rows are taken before this node's.
@@ -198,14 +207,10 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
         before = {o.get("worker_id"): _routing_facts(o) for o in node.observed or []}
         node.last_heartbeat = now
-        node.lease_expires = now + _lease()
+        # while Redis renews, the row's lease is coarse (leases.py); without Redis it is the exact lease
+        node.lease_expires = leases.coarse_row_lease(now) if coarse else now + _lease()
         node.applied_generation = min(message.generation, node.generation)
-        node.observed = [
-            {"worker_id": w.worker_id, "role": w.role, "activity": w.activity, "state": w.state,
-             "weight_version": w.weight_version, "endpoint": w.endpoint, "inflight": w.inflight,
-             "generation": w.generation, "devices": w.devices}
-            for w in message.workers
-        ]
+        node.observed = _observed(message)
         if recovered:
             node.status = NodeStatus.READY
         node.save(update_fields=["last_heartbeat", "lease_expires", "applied_generation", "observed", "status", "updated"])
@@ -260,7 +265,74 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         )
         if recovered:
             push_node(node.pk)
+        if coarse:  # the next identical report renews in Redis only; a refused one comes back here
+            _renew_on_commit(node, now, digest="" if refused else _digest(message))
     return HeartbeatResult(refused, node.generation)
+
+
+def _observed(message: Heartbeat) -> list[dict[str, Any]]:
+    """The report as the row stores it (`Node.observed`)."""
+    return [
+        {"worker_id": w.worker_id, "role": w.role, "activity": w.activity, "state": w.state,
+         "weight_version": w.weight_version, "endpoint": w.endpoint, "inflight": w.inflight,
+         "generation": w.generation, "devices": w.devices}
+        for w in message.workers
+    ]
+
+
+def _digest(message: Heartbeat) -> str:
+    """A heartbeat's report (workers and the generation it applied), as one short string."""
+    body = json.dumps([message.generation, _observed(message)], sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+
+
+def _redis_up() -> bool:
+    try:
+        return bool(leases.client().ping())
+    except redis.RedisError:
+        return False
+
+
+def _renew_on_commit(node: Node, now: datetime, *, digest: str) -> None:
+    """After commit, Redis renews the lease the row now holds (same epoch, same base) until now + LEASE_S."""
+    record = leases.Holder(epoch=node.epoch, base=leases.iso(node.lease_expires), digest=digest)
+    node_id, expires = node.pk, now.timestamp() + leases.lease_s()
+    transaction.on_commit(lambda: leases.renew_quietly(node_id, expires=expires, record=record))
+
+
+def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> HeartbeatResult | None:
+    """The heartbeat that reports what the database already holds: its lease is renewed in Redis, and no row
+    is written (one read, no transaction), except the coarse row lease when less than one LEASE_S of it is
+    left (one UPDATE, at most once per DB_REFRESH_S). None: anything differs (another socket, another epoch,
+    a recovering node, a new report, a record Redis lacks or that extends another row lease): the full,
+    locked path decides, exactly as before."""
+    row = (Node.objects.filter(pk=node_id)
+           .only("id", "epoch", "agent_channel", "generation", "applied_generation", "status", "observed",
+                 "lease_expires").first())
+    if (row is None or row.agent_channel != channel or row.epoch != message.epoch or row.status == NodeStatus.NOT_READY
+            or row.lease_expires is None):
+        return None
+    if row.applied_generation != min(message.generation, row.generation) or row.observed != _observed(message):
+        return None
+    digest = _digest(message)
+    now = timezone.now()
+    expires = now.timestamp() + leases.lease_s()
+    try:
+        if leases.holder(node_id) != leases.Holder(epoch=row.epoch, base=leases.iso(row.lease_expires), digest=digest):
+            return None
+        if (row.lease_expires - now).total_seconds() >= leases.lease_s():
+            leases.renew(node_id, expires=expires)
+            return HeartbeatResult([], row.generation)
+        new_lease = leases.coarse_row_lease(now)  # the coarse last-seen: one fenced UPDATE, no transaction block
+        written = Node.objects.filter(pk=node_id, epoch=row.epoch, agent_channel=channel,
+                                      lease_expires=row.lease_expires).update(last_heartbeat=now, lease_expires=new_lease)
+        if not written:
+            return None
+        leases.renew(node_id, expires=expires,
+                     record=leases.Holder(epoch=row.epoch, base=leases.iso(new_lease), digest=digest))
+    except redis.RedisError:
+        return None  # the database path renews the row's exact lease, as without Redis
+    return HeartbeatResult([], row.generation)
 
 
 def _publishes(w: Worker, version: int, endpoint: str) -> bool:
@@ -350,6 +422,8 @@ def _node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data:
     node.generation += 1
     node.save(update_fields=["status", "epoch", "generation", "updated"])
     notify_agent_on_commit(node.pk)
+    node_id = node.pk
+    transaction.on_commit(lambda: leases.forget([node_id]))  # the new epoch starts with no Redis renewal
     emit(kind=kind, message=message, node=node, data=data)
     push_node(node.pk)
     notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
@@ -357,19 +431,36 @@ def _node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data:
 
 
 def expire_leases(*, now: datetime | None = None) -> list[str]:
-    """Mark nodes whose lease expired not_ready, bump their epoch and fence their workers."""
+    """Mark nodes whose lease expired not_ready, bump their epoch and fence their workers.
+
+    The candidates are the nodes whose Redis renewal ran out (ZRANGEBYSCORE) and those whose row lease ran
+    out (while Redis renews, the row's lease is coarse and a live node's never does): the cost follows the
+    nodes that expired, not the cluster. Each is decided under its row lock by `leases.effective_expiry`."""
     now = now or timezone.now()
     expired: list[str] = []
-    candidates = list(
+    try:
+        leases.notice_empty()
+        from_redis = set(leases.expired_ids(now.timestamp()))
+    except redis.RedisError:
+        from_redis = set()
+    from_rows = set(
         Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING], lease_expires__lt=now).values_list("id", flat=True)
     )
-    for node_id in candidates:
+    stale: list[int] = []  # Redis renewals that ran out but do not decide (the row was written behind them)
+    for node_id in sorted(from_redis | from_rows):
         with transaction.atomic():
             node = locked(Node.objects.filter(pk=node_id)).first()
-            if node is None or node.status not in (NodeStatus.READY, NodeStatus.DRAINING) or not node.lease_expires or node.lease_expires >= now:
-                continue  # someone renewed it meanwhile
+            if node is None or node.status not in (NodeStatus.READY, NodeStatus.DRAINING):
+                stale.append(node_id)
+                continue
+            expiry, by_redis = leases.effective_expiry(node.pk, epoch=node.epoch, row_lease=node.lease_expires)
+            if expiry is not None and expiry >= now:
+                if not by_redis and node_id in from_redis:
+                    stale.append(node_id)
+                continue  # someone renewed it meanwhile, or the row's lease still holds
             fenced = _fence_workers(node)
-            age = (now - node.last_heartbeat).total_seconds() if node.last_heartbeat else None
+            seen = expiry - _lease() if by_redis and expiry else node.last_heartbeat
+            age = (now - seen).total_seconds() if seen else None
             epoch = node.epoch + 1
             _node_lost(
                 node,
@@ -379,7 +470,17 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
                 data={"epoch": epoch, "fenced_workers": fenced, "heartbeat_age_s": age},
             )
             expired.append(node.name)
+    leases.forget(stale)
     return expired
+
+
+def push_last_seen() -> int:
+    """The dashboard's heartbeat ages: every node's last renewal in one delta per sweep, not one delta per
+    heartbeat (the page derives the age from it and its own clock). Returns how many nodes it carried."""
+    seen = leases.all_last_seen()
+    if seen:
+        send_delta_now(kind="leases", key="all", data={"seen": {str(k): round(v, 2) for k, v in seen.items()}})
+    return len(seen)
 
 
 def drain_node(*, node_id: int, actor: str) -> Node:
@@ -470,7 +571,8 @@ def undrain_node(*, node_id: int, actor: str) -> Node:
             hint = " (it returns by itself when its agent heartbeats)" if node.status == NodeStatus.NOT_READY else ""
             raise Conflict(f"node {node.name} is {node.status}, not draining or gone{hint}", field="status")
         before = node.status
-        leased = node.lease_expires is not None and node.lease_expires > now
+        expiry, _ = leases.effective_expiry(node.pk, epoch=node.epoch, row_lease=node.lease_expires)
+        leased = expiry is not None and expiry > now
         node.status = NodeStatus.READY if leased else NodeStatus.NOT_READY
         node.preemption_deadline = None
         node.save(update_fields=["status", "preemption_deadline", "updated"])

@@ -1,0 +1,213 @@
+"""Leases renewed in Redis (issue 22): a heartbeat that changes nothing writes no row and opens no
+transaction; a changed report still writes; expiry still fences; the sweep reads only expired nodes; a
+real Redis restart (a private redis-server) or Redis down makes no node look lost."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from controlplane.core.agent_link import Heartbeat, ObservedWorker
+from controlplane.models import Node
+from controlplane.services import leases, nodes
+from controlplane.services.errors import StaleEpoch
+from tests.support.cluster import make_node
+from tests.support.environment import redis_available
+from tests.support.processes import free_port, wait_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WRITES = ("INSERT", "UPDATE", "DELETE")
+TRANSACTION = ("BEGIN", "SAVEPOINT", "COMMIT", "RELEASE SAVEPOINT")
+
+
+@pytest.fixture(autouse=True)
+def _redis() -> None:
+    if not redis_available():
+        pytest.skip("Redis is not reachable")
+    r = leases.client()
+    r.delete(leases.LEASES, leases.HOLDERS, leases.BOOT)
+
+
+def statements(ctx: CaptureQueriesContext) -> list[str]:
+    return [q["sql"].lstrip().upper() for q in ctx.captured_queries]
+
+
+def writes(ctx: CaptureQueriesContext) -> list[str]:
+    return [s for s in statements(ctx) if s.startswith(WRITES)]
+
+
+def transactions(ctx: CaptureQueriesContext) -> list[str]:
+    return [s for s in statements(ctx) if s.startswith(TRANSACTION)]
+
+
+def beat(node: Node, *, generation: int | None = None, inflight: int = 0) -> Heartbeat:
+    workers = [ObservedWorker(worker_id=999_999, role="rollout", activity="active", state="running", inflight=inflight)]
+    applied = node.generation if generation is None else generation
+    return Heartbeat(epoch=node.epoch, generation=applied, workers=workers)
+
+
+def test_a_heartbeat_that_changes_nothing_writes_no_row_and_opens_no_transaction() -> None:
+    node = make_node("n1")
+    first = nodes.record_heartbeat(node_id=node.pk, message=beat(node))  # a new report: the row is written
+    assert first.refused == [] and Node.objects.get(pk=node.pk).applied_generation == node.generation
+    before = leases.client().zscore(leases.LEASES, str(node.pk))
+    time.sleep(0.01)
+    with CaptureQueriesContext(connection) as ctx:
+        again = nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    assert again.generation == node.generation and again.refused == []
+    assert writes(ctx) == [] and transactions(ctx) == [], statements(ctx)
+    assert len(ctx.captured_queries) == 1  # one read: the row (fencing: channel, epoch)
+    assert leases.client().zscore(leases.LEASES, str(node.pk)) > before  # the lease was renewed, in Redis
+
+
+def test_a_changed_report_still_writes_the_row() -> None:
+    node = make_node("n1")
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    with CaptureQueriesContext(connection) as ctx:
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
+    assert any(s.startswith("UPDATE") for s in writes(ctx))
+    assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 3
+    with CaptureQueriesContext(connection) as ctx:  # and that report, repeated, is free again
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
+    assert writes(ctx) == []
+
+
+def test_the_row_gets_a_coarse_last_seen_at_most_once_per_refresh_span(settings) -> None:
+    settings.PEARL = {**settings.PEARL, "LEASE_DB_REFRESH_S": 0.0}  # the row lease is always under one lease
+    node = make_node("n1")
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    seen = Node.objects.get(pk=node.pk).last_heartbeat
+    with CaptureQueriesContext(connection) as ctx:
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    assert [s.split()[0] for s in writes(ctx)] == ["UPDATE"] and transactions(ctx) == []
+    assert Node.objects.get(pk=node.pk).last_heartbeat > seen
+    with CaptureQueriesContext(connection) as ctx:  # the record follows the row: the next beat is fast again
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    assert len(writes(ctx)) == 1 and transactions(ctx) == []
+
+
+def test_expiry_decided_by_redis_still_fences() -> None:
+    node = make_node("n1")
+    for _ in range(3):
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    row = Node.objects.get(pk=node.pk)
+    lease = leases.lease_s()
+    assert (row.lease_expires - timezone.now()).total_seconds() > lease * 2  # the row's lease is coarse
+    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=lease / 2)) == []
+    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=lease + 1)) == ["n1"]
+    lost = Node.objects.get(pk=node.pk)
+    assert lost.status == "not_ready" and lost.epoch == node.epoch + 1
+    assert leases.client().zscore(leases.LEASES, str(node.pk)) is None  # the new epoch has no Redis renewal
+    with pytest.raises(StaleEpoch):
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    back = nodes.record_heartbeat(node_id=node.pk, message=beat(lost))  # the current epoch recovers the node
+    assert back.refused == [] and Node.objects.get(pk=node.pk).status == "ready"
+
+
+def test_a_row_written_behind_redis_wins() -> None:
+    """An operator (or a test) that sets the row's lease decides: Redis' record extends another lease."""
+    node = make_node("n1")
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    Node.objects.filter(pk=node.pk).update(lease_expires=timezone.now() - timedelta(seconds=1))
+    assert nodes.expire_leases() == ["n1"]
+
+
+def test_the_sweep_reads_only_the_expired_nodes() -> None:
+    made = [make_node(f"n{i}") for i in range(12)]
+    for n in made:
+        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+    leases.client().zadd(leases.LEASES, {str(made[0].pk): time.time() - 1})  # n0's renewals stopped
+    with CaptureQueriesContext(connection) as ctx:
+        assert nodes.expire_leases() == ["n0"]
+    node_reads = [s for s in statements(ctx) if s.startswith("SELECT") and 'FROM "CONTROLPLANE_NODE"' in s
+                  and '"CONTROLPLANE_NODE"."ID" = ' in s]
+    assert len(node_reads) == 1, statements(ctx)  # n0's locked row: the 11 live nodes were not read one by one
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, on a free port, that the test can restart (empty)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port, self.tmp, self.proc = free_port(), tmp, None  # type: subprocess.Popen | None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.tmp)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, proc=self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path, settings) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    settings.REDIS_URL = f"redis://127.0.0.1:{server.port}"  # the leases follow; the channel layer stays
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _until_reachable() -> None:
+    for _ in range(50):
+        try:
+            leases.client().ping()
+            return
+        except redis.RedisError:
+            time.sleep(0.1)
+
+
+def test_a_redis_restart_makes_no_node_look_lost(private_redis: PrivateRedis) -> None:
+    made = [make_node(f"n{i}") for i in range(3)]
+    for n in made:
+        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+    assert nodes.expire_leases() == []  # the sweeper stamps this Redis' generation
+    private_redis.stop()
+    private_redis.start()  # empty: every renewal and record is gone
+    _until_reachable()
+    later = timezone.now() + timedelta(seconds=leases.lease_s() + 1)  # past every Redis renewal it had
+    assert nodes.expire_leases(now=later) == []  # the rows' coarse leases hold
+    assert leases.client().get(leases.BOOT) is not None  # the empty Redis was noticed: a new generation
+    assert set(Node.objects.values_list("status", flat=True)) == {"ready"}
+    n = made[0]
+    nodes.record_heartbeat(node_id=n.pk, message=beat(n))  # no record: the database path, once
+    with CaptureQueriesContext(connection) as ctx:
+        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+    assert writes(ctx) == [] and transactions(ctx) == []  # then Redis renews again
+    # a node that never came back is still lost once its row lease runs out
+    gone = timezone.now() + timedelta(seconds=leases.lease_s() + leases.db_refresh_s() + 1)
+    assert sorted(nodes.expire_leases(now=gone)) == ["n0", "n1", "n2"]
+
+
+def test_redis_down_the_database_renews_the_exact_lease(private_redis: PrivateRedis) -> None:
+    node = make_node("n1")
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    private_redis.stop()
+    t0 = timezone.now()
+    with CaptureQueriesContext(connection) as ctx:
+        assert nodes.record_heartbeat(node_id=node.pk, message=beat(node)).refused == []
+    assert any(s.startswith("UPDATE") for s in writes(ctx))  # the old path: a row-locked transaction
+    row = Node.objects.get(pk=node.pk)
+    assert row.lease_expires <= t0 + timedelta(seconds=leases.lease_s() + 1)  # the exact lease, not the coarse
+    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=1)) == []
+    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=leases.lease_s() + 1)) == ["n1"]
