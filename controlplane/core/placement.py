@@ -37,6 +37,9 @@ class Unit:
     leaving: bool = False  # must go now (node not ready, draining, preempted, elasticity off)
     busy: bool = False  # mid-transition (activating, draining): ranked after settled workers
     inflight: int = 0  # requests on the worker (survivor tie-break)
+    # its chip type ("" = the job's one hardware). A unit is a TP group on one node and a node has one chip
+    # type, so a TP group never mixes types.
+    hardware: str = ""
 
     @property
     def overlap(self) -> bool:
@@ -203,4 +206,53 @@ def place(
     return Placement(ctx, action, current, target, borrow, plan, new_workers, budget)
 
 
-__all__ = ["Inventory", "Placement", "Unit", "configuration_of", "fit", "lowest_free_slots", "place"]
+def hardware_counts(units: Sequence[Unit]) -> dict[str, int]:
+    """Dedicated rollout units per chip type, leaving ones excluded: the pool `decide_mixed` plans over."""
+    out: dict[str, int] = {}
+    for u in units:
+        if not u.overlap and not u.leaving:
+            out[u.hardware] = out.get(u.hardware, 0) + 1
+    return out
+
+
+def assign_typed_roles(units: Sequence[Unit], target: Configuration) -> dict[Hashable, Role]:
+    """Which unit takes which role for a configuration that names chip types (minimal change).
+
+    Prefill (or colocated) workers come only from `target.prefill_hardware` units, decode workers only from
+    `target.decode_hardware` units ('A+B' for a colocated target names several types). Within a type, units
+    already serving the role keep it first, then in-service units of another role (a role flip costs a
+    drain, a start costs a minute), then free units, each in stable order. Raises ValueError when a type
+    has too few units (the decision plans only over what `hardware_counts` reports)."""
+    free = [u for u in units if not u.overlap and not u.leaving]
+    taken: set[Hashable] = set()
+    out: dict[Hashable, Role] = {}
+
+    def pick(types: set[str], role: Role, n: int) -> None:
+        pool = [u for u in free if u.hardware in types and u.key not in taken]
+        pool.sort(key=lambda u: (0 if u.role is role else 1 if u.in_service else 2, str(u.key)))
+        if len(pool) < n:
+            raise ValueError(f"{n} {role} workers wanted on {'+'.join(sorted(types))}, {len(pool)} units there")
+        for u in pool[:n]:
+            taken.add(u.key)
+            out[u.key] = role
+
+    if target.mode is Mode.COLOCATED:
+        pick(set(target.prefill_hardware.split("+")), Role.COLOCATED, target.n_colocated)
+    else:
+        # the decode side first when the types differ: it is the one the KV-feasibility rule sized
+        pick({target.decode_hardware}, Role.DECODE, target.n_decode)
+        pick({target.prefill_hardware}, Role.PREFILL, target.n_prefill)
+    return out
+
+
+__all__ = [
+    "Inventory",
+    "Placement",
+    "Unit",
+    "assign_typed_roles",
+    "configuration_of",
+    "fit",
+    "hardware_counts",
+    "lowest_free_slots",
+    "place",
+]

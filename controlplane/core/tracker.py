@@ -462,4 +462,41 @@ class RuntimeTracker:
         return fp
 
 
-__all__ = ["Estimate", "FittedProfile", "RuntimeTracker", "huber_fit", "weighted_median"]
+class HardwareTrackers:
+    """Runtime tracking on a mixed pool: the workload is the job's (one fit over every record), the engine
+    coefficients are each chip type's (one RuntimeTracker per type, fed only the engine records of that
+    type's workers, so a type's prior is corrected by its own telemetry only).
+
+    Telemetry records do not name their worker's hardware, so the caller passes it with each record
+    (None: a record that is not about one worker, e.g. a STEP summary)."""
+
+    def __init__(
+        self,
+        profiles: dict[str, Profile],
+        workload_prior: WorkloadProfile | None = None,
+        *,
+        batch_size: int | None = None,
+        max_trajectory_tokens: int | None = None,
+    ) -> None:
+        if not profiles:
+            raise ValueError("a mixed pool needs at least one hardware profile")
+        first = next(iter(profiles.values()))
+        kw = {"batch_size": batch_size, "max_trajectory_tokens": max_trajectory_tokens}
+        self.pooled = RuntimeTracker(first, workload_prior, **kw)  # type: ignore[arg-type]
+        self.by_type = {h: RuntimeTracker(p, workload_prior, **kw) for h, p in profiles.items()}  # type: ignore[arg-type]
+
+    def observe(self, record: TelemetryRecord, hardware: str | None = None) -> None:
+        self.pooled.observe(record)
+        if hardware is not None:
+            if hardware not in self.by_type:
+                raise ValueError(f"no profile for hardware {hardware!r}; known: {sorted(self.by_type)}")
+            self.by_type[hardware].observe(record)
+
+    def fitted(self) -> tuple[WorkloadProfile, dict[str, EngineCoefficients]]:
+        """The job's workload and, per chip type, its coefficients at that workload (the prior until that
+        type's own engine telemetry passes the tracker's sample minimum)."""
+        w = self.pooled.fitted().workload
+        return w, {h: t.coefficients(w)[0] for h, t in self.by_type.items()}
+
+
+__all__ = ["Estimate", "FittedProfile", "HardwareTrackers", "RuntimeTracker", "huber_fit", "weighted_median"]

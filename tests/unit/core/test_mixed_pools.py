@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.decision import Thresholds, best_homogeneous, decide, decide_mixed, evaluate_mixed
+from controlplane.core.placement import Unit, assign_typed_roles, hardware_counts
 from controlplane.core.predictor import (
     WorkloadProfile,
     predict_colocated,
@@ -19,7 +20,9 @@ from controlplane.core.predictor import (
     swe_bench_workload,
 )
 from controlplane.core.profiles import EngineCoefficients, get_hardware, get_profile, link_bytes_per_s
-from controlplane.core.state import Configuration, Mode
+from controlplane.core.state import Configuration, Mode, Pool, Role
+from controlplane.core.telemetry import decode_iteration
+from controlplane.core.tracker import HardwareTrackers
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b")
 CHIPS = ("H800", "H20", "A100")
@@ -256,3 +259,72 @@ def test_spread_is_set_by_the_slowest_type() -> None:
     sp = predict_colocated_spread(w, [(h800, 4), (h20, 4)])
     assert sp.makespan_s == pytest.approx(predict_colocated(w, h20, 8).makespan_s)
     assert evaluate_mixed(w, {"H800": h800}, {"H800": 0}, link_bytes_per_s) == []
+
+
+def _unit(key: str, hw: str, role: Role | None = None, worker: int | None = None, **kw: object) -> Unit:
+    return Unit(key, Pool.ELASTIC, worker, role, hardware=hw, **kw)  # type: ignore[arg-type]
+
+
+def test_placement_counts_units_per_type_and_assigns_roles_by_type_with_minimal_change() -> None:
+    units = [
+        _unit("a0", "H800", Role.COLOCATED, 0),
+        _unit("a1", "H800", Role.COLOCATED, 1),
+        _unit("a2", "H800"),
+        _unit("b0", "H20", Role.COLOCATED, 2),
+        _unit("b1", "H20"),
+        _unit("b2", "H20", leaving=True),
+        Unit("t0", Pool.TRAINING, 3, None, hardware="H800"),
+    ]
+    assert hardware_counts(units) == {"H800": 3, "H20": 2}
+    cfg = Configuration.parse("3P(H800) 2D(H20)")
+    roles = assign_typed_roles(units, cfg)
+    assert roles == {
+        "a0": Role.PREFILL, "a1": Role.PREFILL, "a2": Role.PREFILL, "b0": Role.DECODE, "b1": Role.DECODE
+    }
+    # a smaller split keeps the in-service units and leaves the free one alone
+    small = assign_typed_roles(units, Configuration.parse("2P(H800) 1D(H20)"))
+    assert set(small) == {"a0", "a1", "b0"}
+    col = assign_typed_roles(units, Configuration.parse("5C(H20+H800)"))
+    assert set(col) == {"a0", "a1", "a2", "b0", "b1"} and set(col.values()) == {Role.COLOCATED}
+    with pytest.raises(ValueError, match="H20"):
+        assign_typed_roles(units, Configuration.parse("1P(H800) 3D(H20)"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n800=st.integers(0, 6),
+    n20=st.integers(0, 6),
+    cfg=st.tuples(
+        st.integers(1, 6), st.integers(1, 6), st.sampled_from(["H800", "H20"]), st.sampled_from(["H800", "H20"])
+    ),
+)
+def test_typed_roles_never_put_a_role_on_a_type_the_configuration_does_not_name(
+    n800: int, n20: int, cfg: tuple[int, int, str, str]
+) -> None:
+    p, d, hp, hd = cfg
+    units = [_unit(f"a{i}", "H800") for i in range(n800)] + [_unit(f"b{i}", "H20") for i in range(n20)]
+    have = hardware_counts(units)
+    need = {hp: p + d} if hp == hd else {hp: p, hd: d}
+    assume(all(have.get(h, 0) >= k for h, k in need.items()))
+    target = Configuration.disaggregated(p, d, hp, hd)
+    roles = assign_typed_roles(units, target)
+    hw = {u.key: u.hardware for u in units}
+    assert sorted(hw[k] for k, r in roles.items() if r is Role.PREFILL) == [hp] * p
+    assert sorted(hw[k] for k, r in roles.items() if r is Role.DECODE) == [hd] * d
+
+
+def test_per_type_trackers_correct_only_their_own_type() -> None:
+    w = swe_bench_workload(64)
+    profiles = {h: get_profile(h, "qwen3-8b") for h in ("H800", "H20")}
+    tr = HardwareTrackers(profiles, batch_size=64)
+    _, prior = tr.fitted()
+    assert prior["H20"] == _coeffs("H20", "qwen3-8b", w) and prior["H800"] == _coeffs("H800", "qwen3-8b", w)
+    for i in range(200):
+        batch = 1 + i % 32
+        tr.observe(decode_iteration(running_batch=batch, duration_s=0.02 + 1e-3 * batch), "H20")
+    _, fitted = tr.fitted()
+    assert fitted["H20"].decode_a == pytest.approx(0.02, rel=0.02)
+    assert fitted["H20"].decode_b == pytest.approx(1e-3, rel=0.02)
+    assert fitted["H800"] == prior["H800"]
+    with pytest.raises(ValueError, match="A100"):
+        tr.observe(decode_iteration(running_batch=1, duration_s=0.01), "A100")
