@@ -15,6 +15,7 @@ incarnation re-registers with a new epoch and kills what the old one left).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -45,7 +46,7 @@ DRAIN_REASONS = {"idle_termination": 1, "preemption": 2}
 def connect(address: str) -> None:
     """Join the Ray cluster at HOST:PORT as a driver in PEARL's namespace (no-op if connected)."""
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False,
                  configure_logging=False)
 
 
@@ -92,9 +93,12 @@ def drain(ray_node_id: str, *, reason: str, message: str, deadline_s: float | No
     """Ask Ray to drain a node (PEARL shrinking its elastic pool, or a test playing the cloud):
     (accepted, Ray's rejection message). Ray does not kill the node at the deadline: the caller does."""
     from ray._private.worker import global_worker
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled; no stub
 
+    if global_worker.node is None:
+        raise RuntimeError("not connected to Ray: call connect() first")
     deadline_ms = int((time.time() + deadline_s) * 1000) if deadline_s is not None else 0
-    gcs = ray._raylet.GcsClient(address=global_worker.node.gcs_address)
+    gcs = GcsClient(address=global_worker.node.gcs_address)
     accepted, rejection = gcs.drain_node(ray_node_id, DRAIN_REASONS[reason], message, deadline_ms)
     return bool(accepted), str(rejection or "")
 
@@ -133,7 +137,8 @@ def place_agent(node: NodeUp, spec: AgentSpec) -> str:
 def agent_info(ray_node_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """The agent actor's own account: its PEARL node name, pid, Ray node id, GPU ids, restarts."""
     actor = ray.get_actor(ACTOR_PREFIX + ray_node_id, namespace=NAMESPACE)
-    return ray.get(actor.info.remote(), timeout=timeout_s)
+    info: Any = ray.get(actor.info.remote(), timeout=timeout_s)
+    return dict(info)
 
 
 def stop_agent(ray_node_id: str, timeout_s: float = 30.0) -> None:

@@ -30,7 +30,7 @@ from controlplane.services.errors import ServiceError
 class Command(BaseCommand):
     help = "Bridge an existing Ray cluster to PEARL: one node agent per Ray node; drains and deaths as node events."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS", ""), help="Ray GCS HOST:PORT")
         parser.add_argument("--control-plane", default=os.environ.get("PEARL_CONTROL_PLANE", ""),
                             help="the URL the agents dial (http://HOST:PORT of Daphne, reachable from every node)")
