@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.envs import Environment, EnvironmentFailed, Turn, register
+from agents.envs.base import Environment, EnvironmentFailed, Turn, register
 from agents.gateway.app import Gateway, serve
 from agents.gateway.backends import Generation, Sampling
 from agents.gateway.chat import ChatFormat, load_format

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from agents.envs import Environment, Turn, register, text
+from agents.envs.base import Environment, Turn, register, text
 from agents.tokenizer import TOKENIZER
 
 W_TOOL, W_CLOSE, W_CORRECT = 0.1, 0.4, 0.5

@@ -12,7 +12,7 @@ import asyncio
 import zlib
 
 from agents.dataplane import MAX_PROMPT_TOKENS
-from agents.envs import Environment, Turn, register
+from agents.envs.base import Environment, Turn, register
 from agents.tokenizer import TOKENIZER
 from controlplane.core.workload import WorkloadSpec, draw_batch
 

@@ -1,0 +1,65 @@
+"""The environment interface and its registry: what every environment module imports (the package's
+`__init__` loads the built-in environments, which import this module, so nothing imports back)."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agents.tokenizer import TOKENIZER
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What the environment hands the policy: tokens to append to the context, then either the next
+    turn's budget or the end of the trajectory with its reward."""
+
+    observation: list[int]  # prompt tokens appended to the context (the first prompt on reset)
+    max_tokens: int = 16  # the policy's response budget for the coming turn
+    done: bool = False
+    reward: float = 0.0
+    info: dict[str, float] = field(default_factory=dict)  # e.g. {"correct": 1.0} for the dashboard
+
+
+class EnvironmentFailed(RuntimeError):
+    """The episode cannot go on (an external agent crashed, timed out, gave no reward): the driver reports a
+    failed trajectory, which the loop restarts on its task; never a made-up reward."""
+
+
+class Environment(abc.ABC):
+    """One episode of one task."""
+
+    temperature: float = 1.0  # sampling temperature the driver uses for this environment's turns
+    stop_at_eos: bool = False  # a turn ends at EOS (an external agent's answer does) rather than at its budget
+
+    def observe(self, logprobs: list[float], weight_version: int, worker: int) -> None:
+        """The sampled turn's log-probs, weights and worker, just before `step` (an external agent gets them)."""
+
+    def take_context(self) -> list[int] | None:
+        """After `step`: a context that replaces the driver's (an agent rewrote its history), once."""
+        return None
+
+    async def aclose(self, why: str = "aborted") -> None:
+        """The trajectory was aborted or the job stops: end what the episode runs (an agent's processes)."""
+
+    @abc.abstractmethod
+    async def reset(self) -> Turn: ...
+
+    @abc.abstractmethod
+    async def step(self, response: list[int]) -> Turn: ...
+
+
+Factory = Callable[..., Environment]  # factory(task=, member=, seed=, time_factor=, max_tokens=) -> Environment
+REGISTRY: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory) -> None:
+    """Make an environment available to jobs as `environment: <name>`."""
+    REGISTRY[name] = factory
+
+
+def text(s: str) -> list[int]:
+    return TOKENIZER.encode(s, add_bos=False)
+
+
+__all__ = ["REGISTRY", "Environment", "EnvironmentFailed", "Factory", "Turn", "register", "text"]
