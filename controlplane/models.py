@@ -118,6 +118,9 @@ class Job(models.Model):
     status_reason = models.TextField(blank=True)  # why it is pending (what it waits for), for a person to act on
     remaining = models.PositiveIntegerField(null=True, blank=True)  # R from the rollout driver (None: no report yet)
     loop_state = models.JSONField(default=dict, blank=True)  # the rollout loop's checkpoint (core.loop)
+    # environment "agent" (issue 19): agent_command / agent_function, agent_workdir, tasks, agent_timeout_s,
+    # agent_concurrency as submitted (validated by core.agent_spec); the driver gets it in its JobView
+    agent = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -291,6 +294,43 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise ValueError("events are append-only")
+
+
+class Trajectory(models.Model):
+    """One finished agent trajectory of a step, as its rollout driver reported it (bounded: see
+    `core.driver_link.TrajectorySummary`); what the job page's trajectory browser shows."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        ABORTED = "aborted"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="trajectories")
+    step = models.PositiveIntegerField()
+    name = models.CharField(max_length=128)  # the loop's trajectory id
+    status = models.CharField(max_length=16, choices=Status.choices)
+    reward = models.FloatField(null=True, blank=True)
+    turns = models.PositiveIntegerField(default=0)
+    forks = models.PositiveIntegerField(default=0)
+    reason = models.TextField(blank=True)  # why it failed or was aborted
+    stderr = models.TextField(blank=True)  # the tail of a failed agent's standard error
+    messages = models.JSONField(default=list, blank=True)  # the chat, as the agent last sent it (+ the answer)
+    tokens = models.JSONField(default=list, blank=True)  # every sample's token ids, concatenated
+    mask = models.JSONField(default=list, blank=True)  # 1 = sampled by the policy (trained on), 0 = not
+    logprobs = models.JSONField(default=list, blank=True)  # per token (0.0 where not sampled)
+    sample_lens = models.JSONField(default=list, blank=True)  # tokens per sample (a fork starts a new one)
+    token_count = models.PositiveIntegerField(default=0)  # before truncation
+    truncated = models.BooleanField(default=False)  # tokens, mask and logprobs were cut to the bound
+    weight_versions = models.JSONField(default=list, blank=True)  # per turn
+    workers = models.JSONField(default=list, blank=True)  # the worker that served each turn
+    latency_s = models.JSONField(default=list, blank=True)  # per turn
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step", "name"]
+        constraints = [models.UniqueConstraint(fields=["job", "step", "name"], name="trajectory_job_step_name")]
+        indexes = [models.Index(fields=["job", "step"], name="trajectory_job_step")]
 
 
 class AgentCredential(models.Model):

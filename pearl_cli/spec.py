@@ -13,6 +13,8 @@ policy: pearl                        # a product policy: GET /api/catalog/ lists
 policy_options: {}                   # the policy's options (GET /api/catalog/)
 tensor_parallel_size: 2              # or tp:
 gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus:
+# environment: agent (bring your own agent): agent_command / agent_function, agent_workdir, tasks,
+# agent_timeout_s, agent_concurrency (examples/agents/job.yaml)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 from pearl_cli.client import CliError
 
+# environment "agent" (controlplane.core.agent_spec.AGENT_FIELDS; the CLI needs no control plane code)
+AGENT_FIELDS = ("agent_command", "agent_function", "agent_workdir", "tasks", "agent_timeout_s", "agent_concurrency")
 ALIASES = {
     "name": "name",
     "model": "model",
@@ -44,6 +48,7 @@ ALIASES = {
     "tp": "tp",
     "rollout_gpus": "rollout_gpus",
     "training_gpus": "training_gpus",
+    **{k: k for k in AGENT_FIELDS},
 }
 GPU_KEYS = {"rollout": "rollout_gpus", "training": "training_gpus"}
 

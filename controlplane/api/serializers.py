@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.core.agent_spec import AGENT_FIELDS
 from controlplane.core.policies import PRODUCT_POLICIES, names
 from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
@@ -62,10 +63,21 @@ class JobCreateSerializer(serializers.Serializer):
     max_trajectory_tokens = StrictIntegerField(min_value=1, max_value=1 << 21, default=32768)
     rollout_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
     training_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    # environment "agent" (issue 19): JSON as given; services.jobs checks them with core.agent_spec (400 naming
+    # the field) and keeps them as the job's `agent`
+    agent_command = serializers.JSONField(required=False, help_text="argv list of the agent (environment agent)")
+    agent_function = serializers.JSONField(required=False, help_text="'module:function' of a Python agent")
+    agent_workdir = serializers.JSONField(required=False, help_text="directory the agent runs in")
+    tasks = serializers.JSONField(required=False, help_text="a JSONL file path or a list of JSON objects")
+    agent_timeout_s = serializers.JSONField(required=False, help_text="wall-clock limit per trajectory (s)")
+    agent_concurrency = serializers.JSONField(required=False, help_text="agents running at once")
 
     def validate(self, attrs: dict) -> dict:
         if attrs["batch_size"] % attrs["group_size"]:
             raise serializers.ValidationError({"batch_size": "batch_size must be a multiple of group_size"})
+        agent = {k: attrs.pop(k) for k in AGENT_FIELDS if k in attrs}
+        if agent or attrs["environment"] == "agent":
+            attrs["agent"] = agent
         return attrs
 
 
@@ -78,7 +90,7 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "model", "engine", "hardware", "environment", "policy", "policy_options", "tp", "batch_size", "group_size",
             "max_staleness", "max_trajectory_tokens", "rollout_gpus", "training_gpus", "status", "mode", "n_prefill",
             "n_decode", "n_colocated", "step", "weight_version", "training_active", "created_by", "created", "updated",
-            "stopped_at", "failure_reason", "status_reason", "remaining",
+            "stopped_at", "failure_reason", "status_reason", "remaining", "agent",
         ]
         read_only_fields = fields
 

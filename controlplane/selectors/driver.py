@@ -51,7 +51,8 @@ def job_view(job: Job) -> dl.JobView:
     return dl.JobView(name=job.name, environment=job.environment, model=job.model, engine=job.engine,
                       batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
                       max_trajectory_tokens=job.max_trajectory_tokens, training_gpus=job.training_gpus,
-                      return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)), seed=job.pk)
+                      return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)), seed=job.pk,
+                      agent=dict(job.agent or {}))
 
 
 def welcome(job: Job) -> dl.Welcome:

@@ -1,11 +1,13 @@
 """Job use cases: create, stop, overrides, training begin/finish."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane.core.agent_spec import SpecError, validate_agent_spec
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
@@ -21,6 +23,7 @@ from controlplane.services.nodes import bump_generation, push_node
 from controlplane.services.workers import return_borrowed
 
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
+MAX_TASK_FILE_BYTES = 64 << 20  # what submission reads of an agent job's task file
 
 
 def job_delta(job: Job) -> dict[str, Any]:
@@ -52,6 +55,7 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         spec = {**spec, "policy_options": validate_options(policy, spec.get("policy_options") or {})}
     except OptionError as exc:
         raise InvalidInput(str(exc), field=f"policy_options.{exc.option}") from None
+    spec = _with_agent(spec)
     tp = int(spec.get("tp", 1))
     try:
         get_profile(spec.get("hardware", "cpu"), spec.get("model", "tiny"), tp)
@@ -83,6 +87,28 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         enqueue_plan(job.pk, "step_start")
     return job
+
+
+def _with_agent(spec: dict[str, Any]) -> dict[str, Any]:
+    """`environment: agent` needs a valid agent spec (core.agent_spec, checked against the files this
+    process can see: the task file must be readable, the workdir a directory); other environments none."""
+    agent = spec.get("agent")
+    if spec.get("environment") != "agent":
+        if agent:
+            first = next(iter(agent))
+            raise InvalidInput(f"{first} is only for environment 'agent'", field=first)
+        return {k: v for k, v in spec.items() if k != "agent"}
+    agent = dict(agent or {})
+    try:
+        validate_agent_spec(agent, read_file=_read_text, is_dir=os.path.isdir)
+    except SpecError as exc:
+        raise InvalidInput(str(exc), field=exc.field) from None
+    return {**spec, "agent": agent}
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:  # UnicodeDecodeError is a ValueError: the spec's error
+        return f.read(MAX_TASK_FILE_BYTES + 1)[:MAX_TASK_FILE_BYTES]
 
 
 def stop_job(*, job_id: int, actor: str) -> Job:
