@@ -7,6 +7,7 @@
 Usage: .venv/bin/python benchmarks/bench_controlplane.py [--skip-launch] [--json]
 Runs against its own temporary SQLite database, its own Redis (private port) and a real Daphne.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,11 +54,20 @@ def pct(xs: list[float], q: float) -> float:
 def measure_launch(tmp: Path) -> float:
     var = tmp / "launch-var"
     port, rport = free_port(), free_port()
-    env = dict(os.environ, PEARL_VAR_DIR=str(var), REDIS_URL=f"redis://127.0.0.1:{rport}", DEBUG="1", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ, PEARL_VAR_DIR=str(var), REDIS_URL=f"redis://127.0.0.1:{rport}", DEBUG="1", PYTHONUNBUFFERED="1"
+    )
     env.pop("DATABASE_URL", None)
     start = time.monotonic()
-    proc = subprocess.Popen([PY, "manage.py", "launch", "--port", str(port), "--no-demo-job"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [PY, "manage.py", "launch", "--port", str(port), "--no-demo-job"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     # Redis is not running on rport: REDIS_URL is set but does not answer, so the launcher starts its own.
     took = None
     assert proc.stdout is not None
@@ -108,9 +118,16 @@ def seed_cluster(n_nodes: int, gpus_per_node: int) -> str:
         name = f"node-{i:04d}"
         issue_agent_token(node_name=name)
         cred = AgentCredential.objects.get(node_name=name)
-        node = register_node(credential_id=cred.pk, message=Register(
-            node=name, pool=pool, hardware="H800", incarnation="b",
-            slots=[SlotSpec(index=g, hardware="H800", memory_mb=81920) for g in range(gpus_per_node)]))
+        node = register_node(
+            credential_id=cred.pk,
+            message=Register(
+                node=name,
+                pool=pool,
+                hardware="H800",
+                incarnation="b",
+                slots=[SlotSpec(index=g, hardware="H800", memory_mb=81920) for g in range(gpus_per_node)],
+            ),
+        )
         node_ids.append((node.pk, pool))
     job = create_job(spec={"name": "bench", "rollout_gpus": 2, "training_gpus": 0, "tp": 2}, actor="bench")
     roles = ["prefill", "decode"]
@@ -118,7 +135,9 @@ def seed_cluster(n_nodes: int, gpus_per_node: int) -> str:
         if pool == "training":
             continue
         for g in range(0, gpus_per_node, 2):
-            start_worker(job_id=job.pk, node_id=nid, gpu_indexes=[g, g + 1], role=roles[(k + g) % 2], activity="transitioning")
+            start_worker(
+                job_id=job.pk, node_id=nid, gpu_indexes=[g, g + 1], role=roles[(k + g) % 2], activity="transitioning"
+            )
     user = User.objects.create_user(username="bench", password="bench-pass-123", is_staff=True)
     user.groups.add(Group.objects.get_or_create(name="operators")[0])
     return Token.objects.create(user=user).key
@@ -140,8 +159,9 @@ async def measure_deltas(ws_url: str, cookie: str, n: int) -> list[float]:
     from controlplane.services.events import emit
 
     lat: list[float] = []
-    async with websockets.connect(ws_url, additional_headers={"Cookie": f"sessionid={cookie}", "Origin": "http://127.0.0.1"},
-                                  max_size=None) as ws:
+    async with websockets.connect(
+        ws_url, additional_headers={"Cookie": f"sessionid={cookie}", "Origin": "http://127.0.0.1"}, max_size=None
+    ) as ws:
         first = json.loads(await ws.recv())
         assert first["type"] == "snapshot"
 
@@ -191,10 +211,15 @@ def main() -> None:
     try:
         if not args.skip_launch:
             runs = [measure_launch(tmp / f"l{i}") for i in range(3)]
-            out["launch_to_ready_s"] = {"runs": [round(r, 2) for r in runs], "median": round(statistics.median(runs), 2)}
+            out["launch_to_ready_s"] = {
+                "runs": [round(r, 2) for r in runs],
+                "median": round(statistics.median(runs), 2),
+            }
         rport = free_port()
-        redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                                 stdout=subprocess.DEVNULL)
+        redis = subprocess.Popen(
+            ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
         wait_port(rport)
         try:
             setup_django(tmp / "bench.sqlite3", f"redis://127.0.0.1:{rport}")
@@ -204,16 +229,33 @@ def main() -> None:
             gpus = GPU.objects.count()
             port = free_port()
             env = dict(os.environ, PYTHONUNBUFFERED="1")
-            web = subprocess.Popen([PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
-                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            web = subprocess.Popen(
+                [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             try:
                 wait_port(port)
                 lat, size = measure_cluster_get(f"http://127.0.0.1:{port}", token, args.requests)
-                out["cluster_get"] = {"gpus": gpus, "bound_gpus": WorkerGPU.objects.filter(alive=True).count(), "bytes": size,
-                                      "n": len(lat), "p50_ms": round(pct(lat, 0.5), 1), "p95_ms": round(pct(lat, 0.95), 1)}
-                deltas = asyncio.run(measure_deltas(f"ws://127.0.0.1:{port}/ws/dashboard/", session_cookie(), args.events))
-                out["write_to_ws_delta"] = {"n": len(deltas), "p50_ms": round(pct(deltas, 0.5), 1),
-                                            "p95_ms": round(pct(deltas, 0.95), 1), "max_ms": round(max(deltas), 1)}
+                out["cluster_get"] = {
+                    "gpus": gpus,
+                    "bound_gpus": WorkerGPU.objects.filter(alive=True).count(),
+                    "bytes": size,
+                    "n": len(lat),
+                    "p50_ms": round(pct(lat, 0.5), 1),
+                    "p95_ms": round(pct(lat, 0.95), 1),
+                }
+                deltas = asyncio.run(
+                    measure_deltas(f"ws://127.0.0.1:{port}/ws/dashboard/", session_cookie(), args.events)
+                )
+                out["write_to_ws_delta"] = {
+                    "n": len(deltas),
+                    "p50_ms": round(pct(deltas, 0.5), 1),
+                    "p95_ms": round(pct(deltas, 0.95), 1),
+                    "max_ms": round(max(deltas), 1),
+                }
             finally:
                 web.terminate()
                 web.wait(timeout=10)

@@ -7,6 +7,7 @@ Medians and p95 over repeated runs, measured on this machine (prints a Markdown 
 
     .venv/bin/python benchmarks/bench_core.py [--repeats 30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,9 @@ from controlplane.core.transitions import plan_transition
 def one_signal(budget: int, *, model: str = "qwen3-8b") -> tuple[float, float, str, int]:
     """Time decide + plan for one budget change (current = the best config at 7/8 of the budget)."""
     w = swe_bench_workload(batch_size=max(64, budget * 8))  # keep ~8 trajectories per worker at scale
-    c = get_profile("H800", model).coefficients(new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens,
-                                                mean_context=w.mean_context)
+    c = get_profile("H800", model).coefficients(
+        new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+    )
     before = budget * 7 // 8
     cur_cfg = decide(w, c, before).configuration
     current: dict[int, Role] = {}
@@ -53,9 +55,18 @@ def pearl_signal(budget: int) -> float:
     """Time one PEARL policy call: tracker refit + gate (two decides) + decide, 1/8 of it borrowable."""
     overlap = budget // 8
     pol = make_policy(names.PEARL, profile=get_profile("H800", "qwen3-8b"), batch_size=max(64, budget * 8))
-    ctx = PolicyContext(now_s=0.0, signal=Signal.TRAINING_FINISHED, dedicated_workers=budget - overlap,
-                        reserved_workers=budget // 4, overlap_workers=overlap, training_active=False, current=None,
-                        borrowed=0, batch_size=max(64, budget * 8), remaining=max(64, budget * 8))
+    ctx = PolicyContext(
+        now_s=0.0,
+        signal=Signal.TRAINING_FINISHED,
+        dedicated_workers=budget - overlap,
+        reserved_workers=budget // 4,
+        overlap_workers=overlap,
+        training_active=False,
+        current=None,
+        borrowed=0,
+        batch_size=max(64, budget * 8),
+        remaining=max(64, budget * 8),
+    )
     t0 = time.perf_counter()
     pol.on_event(ctx)
     return time.perf_counter() - t0
@@ -66,8 +77,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     print(f"python {platform.python_version()}, {platform.machine()}, repeats={args.repeats}\n")
-    print("| budget | decide median / p95 (ms) | plan median / p95 (ms) | decide+plan median / p95 (ms) | chosen "
-          "| plan steps |")
+    print(
+        "| budget | decide median / p95 (ms) | plan median / p95 (ms) | decide+plan median / p95 (ms) | chosen "
+        "| plan steps |"
+    )
     print("|---|---|---|---|---|---|")
     for label, budget in (("4,096 workers", 4096), ("65,536 GPUs = 32,768 TP2 workers", 32768)):
         one_signal(budget)  # warm-up (imports, numpy)

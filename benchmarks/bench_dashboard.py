@@ -9,6 +9,7 @@
 Usage: .venv/bin/python benchmarks/bench_dashboard.py [--changes 60] [--busy-s 20] [--json]
 Own temporary SQLite database, own Redis on a private port, a real Daphne, Debian's /usr/bin/chromium.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,18 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_controlplane import PY, ROOT, free_port, pct, setup_django, wait_port  # noqa: E402
+from bench_controlplane import PY, ROOT, free_port, pct, setup_django, wait_port
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # reads from the Playwright thread; writes go off_loop
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def seed(n_nodes: int, gpus_per_node: int = 8, first: int = 0) -> int:
@@ -45,11 +53,29 @@ def seed(n_nodes: int, gpus_per_node: int = 8, first: int = 0) -> int:
     now = timezone.now()
     pools = ["reserved"] * (n_nodes // 4) + ["elastic"] * (n_nodes // 2)
     pools += ["training"] * (n_nodes - len(pools))
-    Node.objects.bulk_create([Node(name=f"node-{first + i:05d}", pool=p, status="ready", hardware="H800", last_heartbeat=now,
-                                   lease_expires=now + timedelta(hours=2)) for i, p in enumerate(pools)])
+    Node.objects.bulk_create(
+        [
+            Node(
+                name=f"node-{first + i:05d}",
+                pool=p,
+                status="ready",
+                hardware="H800",
+                last_heartbeat=now,
+                lease_expires=now + timedelta(hours=2),
+            )
+            for i, p in enumerate(pools)
+        ]
+    )
     nodes = list(Node.objects.filter(name__gte=f"node-{first:05d}").order_by("name"))
-    GPU.objects.bulk_create([GPU(node=n, index=g, hardware="H800", memory_mb=81920, zone="overlap" if n.pool == "training" else "rollout")
-                             for n in nodes for g in range(gpus_per_node)])
+    GPU.objects.bulk_create(
+        [
+            GPU(
+                node=n, index=g, hardware="H800", memory_mb=81920, zone="overlap" if n.pool == "training" else "rollout"
+            )
+            for n in nodes
+            for g in range(gpus_per_node)
+        ]
+    )
     gpu = {(g.node_id, g.index): g.pk for g in GPU.objects.filter(node__in=nodes)}
     job = Job.objects.create(name=f"bench-{first}", status="running", mode="disaggregated", tp=2)
     Override.objects.create(job=job)
@@ -58,17 +84,28 @@ def seed(n_nodes: int, gpus_per_node: int = 8, first: int = 0) -> int:
         for g in range(0, gpus_per_node, 2):
             if n.pool == "training":
                 lent = (k + g) % 4 == 0
-                pair = [("training", "inactive" if lent else "inactive", "training"), ("decode", "active" if lent else "inactive", "rollout")]
+                pair = [
+                    ("training", "inactive", "training"),
+                    ("decode", "active" if lent else "inactive", "rollout"),
+                ]
             else:
                 pair = [(("prefill", "decode")[(k + g // 2) % 2], "active", "rollout")]
             for role, activity, kind in pair:
-                workers.append(Worker(job=job, slot=slot, node=n, zone=n.zone, role=role, activity=activity, engine="emulated"))
+                workers.append(
+                    Worker(job=job, slot=slot, node=n, zone=n.zone, role=role, activity=activity, engine="emulated")
+                )
                 bindings.append((slot, [(n.pk, g), (n.pk, g + 1)], kind, activity == "active"))
                 slot += 1
     Worker.objects.bulk_create(workers, batch_size=2000)
     wid = dict(Worker.objects.filter(job=job).values_list("slot", "id"))
-    WorkerGPU.objects.bulk_create([WorkerGPU(worker_id=wid[s], gpu_id=gpu[key], kind=kind, alive=True, active=active)
-                                   for s, keys, kind, active in bindings for key in keys], batch_size=4000)
+    WorkerGPU.objects.bulk_create(
+        [
+            WorkerGPU(worker_id=wid[s], gpu_id=gpu[key], kind=kind, alive=True, active=active)
+            for s, keys, kind, active in bindings
+            for key in keys
+        ],
+        batch_size=4000,
+    )
     return job.pk
 
 
@@ -95,9 +132,12 @@ def change_latency(page, base: str, node_id: int, n: int) -> list[float]:  # typ
 
     page.goto(base + "/")
     page.wait_for_selector(f".node[data-id='{node_id}']", timeout=60000)
-    page.evaluate("""(id) => { window.__seen = [];
+    page.evaluate(
+        """(id) => { window.__seen = [];
       new MutationObserver(() => { const s = document.querySelector(`.node[data-id='${id}'] [data-status]`);
-        if (s) window.__seen.push([s.dataset.status, Date.now()]); }).observe(document.getElementById('nodes'), {childList: true, subtree: true}); }""", node_id)
+        if (s) window.__seen.push([s.dataset.status, Date.now()]); }).observe(document.getElementById('nodes'), {childList: true, subtree: true}); }""",  # noqa: E501
+        node_id,
+    )
     lat = []
     for i in range(n + 5):
         want = "draining" if i % 2 == 0 else "ready"
@@ -131,7 +171,7 @@ def busy_traffic(ws_base: str, cookie: str, job_id: int, seconds: float) -> dict
         t_start, i, k = time.monotonic(), 0, 0
         per_tick = max(1, len(nodes) // 30)  # all nodes every 3 s, in 0.1 s ticks
         while not stop.is_set():
-            for nid, epoch, gen in nodes[i:i + per_tick]:
+            for nid, epoch, gen in nodes[i : i + per_tick]:
                 record_heartbeat(node_id=nid, message=Heartbeat(epoch=epoch, generation=gen))
             i = (i + per_tick) % len(nodes)
             if time.monotonic() - t_start > k:  # one node's workers change every second
@@ -145,14 +185,17 @@ def busy_traffic(ws_base: str, cookie: str, job_id: int, seconds: float) -> dict
         close_old_connections()
 
     async def listen(view: str, query: str) -> None:
-        async with websockets.connect(f"{ws_base}/ws/dashboard/{query}", max_size=None,
-                                      additional_headers={"Cookie": f"sessionid={cookie}", "Origin": "http://127.0.0.1"}) as ws:
+        async with websockets.connect(
+            f"{ws_base}/ws/dashboard/{query}",
+            max_size=None,
+            additional_headers={"Cookie": f"sessionid={cookie}", "Origin": "http://127.0.0.1"},
+        ) as ws:
             await ws.recv()  # the snapshot is not the steady state
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 try:
                     msg = await asyncio.wait_for(ws.recv(), timeout=max(0.01, end - time.monotonic()))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
                 counts[view][0] += len(msg.encode() if isinstance(msg, str) else msg)
                 counts[view][1] += 1
@@ -168,7 +211,8 @@ def busy_traffic(ws_base: str, cookie: str, job_id: int, seconds: float) -> dict
         stop.set()
         t.join(timeout=10)
     return {f"{v}_bytes_per_s": round(b / seconds) for v, (b, _) in counts.items()} | {
-        f"{v}_messages_per_s": round(m / seconds, 1) for v, (_, m) in counts.items()}
+        f"{v}_messages_per_s": round(m / seconds, 1) for v, (_, m) in counts.items()
+    }
 
 
 def main() -> None:
@@ -183,8 +227,10 @@ def main() -> None:
     out: dict = {"machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"}
     tmp = Path(tempfile.mkdtemp(prefix="pearl-bench-dash-"))
     rport = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                             stdout=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
     web = None
     try:
         wait_port(rport)
@@ -201,8 +247,13 @@ def main() -> None:
         cookie = c.cookies["sessionid"].value
         job_small = seed(128)
         port = free_port()
-        web = subprocess.Popen([PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
-                               cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        web = subprocess.Popen(
+            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_port(port)
         base = f"http://127.0.0.1:{port}"
         with sync_playwright() as p:
@@ -212,22 +263,37 @@ def main() -> None:
             page = ctx.new_page()
             first_render(page, base)  # warm-up: Daphne, the browser cache
             runs = [first_render(page, base) for _ in range(args.renders)]
-            out["first_render_1024"] = {"gpus": GPU.objects.count(), "cells": runs[0][1], "runs_ms": [round(r[0]) for r in runs],
-                                        "median_ms": round(statistics.median(r[0] for r in runs))}
+            out["first_render_1024"] = {
+                "gpus": GPU.objects.count(),
+                "cells": runs[0][1],
+                "runs_ms": [round(r[0]) for r in runs],
+                "median_ms": round(statistics.median(r[0] for r in runs)),
+            }
             page.evaluate("localStorage.removeItem('pearl.map')")
             node_id = Node.objects.filter(pool="reserved").order_by("name").values_list("id", flat=True).first()
             lat = change_latency(page, base, node_id, args.changes)
-            out["change_to_dom"] = {"n": len(lat), "p50_ms": round(pct(lat, 0.5), 1), "p95_ms": round(pct(lat, 0.95), 1),
-                                    "max_ms": round(max(lat), 1)}
+            out["change_to_dom"] = {
+                "n": len(lat),
+                "p50_ms": round(pct(lat, 0.5), 1),
+                "p95_ms": round(pct(lat, 0.95), 1),
+                "max_ms": round(max(lat), 1),
+            }
             page.goto(base + "/accounts/login/")
             out["busy_1024"] = off_loop(busy_traffic, f"ws://127.0.0.1:{port}", cookie, job_small, args.busy_s)
             off_loop(seed, 896, 8, 128)  # 128 + 896 = 1,024 nodes x 8 = 8,192 GPUs
             runs = [first_render(page, base) for _ in range(args.renders)]
-            out["first_render_8192"] = {"gpus": GPU.objects.count(), "view": "auto (heatmap)", "runs_ms": [round(r[0]) for r in runs],
-                                        "median_ms": round(statistics.median(r[0] for r in runs))}
+            out["first_render_8192"] = {
+                "gpus": GPU.objects.count(),
+                "view": "auto (heatmap)",
+                "runs_ms": [round(r[0]) for r in runs],
+                "median_ms": round(statistics.median(r[0] for r in runs)),
+            }
             runs = [first_render(page, base, "detail") for _ in range(args.renders)]
-            out["first_render_8192_detail"] = {"cells": runs[0][1], "runs_ms": [round(r[0]) for r in runs],
-                                               "median_ms": round(statistics.median(r[0] for r in runs))}
+            out["first_render_8192_detail"] = {
+                "cells": runs[0][1],
+                "runs_ms": [round(r[0]) for r in runs],
+                "median_ms": round(statistics.median(r[0] for r in runs)),
+            }
             browser.close()
     finally:
         if web is not None:

