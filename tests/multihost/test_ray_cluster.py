@@ -11,11 +11,14 @@ import datetime as dt
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.multihost.conftest import HEARTBEAT_S, LEASE_S, Cluster, wait_for
+from tests.multihost.conftest import HEAD_IP, HEARTBEAT_S, LEASE_S, RAY_PORT, Cluster, wait_for
+from tests.support.environment import ROOT
 
 pytestmark = [pytest.mark.slow]
 
@@ -230,3 +233,19 @@ def test_a_restarted_bridge_changes_nothing_that_is_right(cluster: Cluster):
     kinds = [r[0] for r in cluster.db.rows("SELECT kind FROM controlplane_event ORDER BY id")[events_before:]]
     assert not [k for k in kinds if k.startswith(("node.", "agent.token"))], kinds
     cluster.hosts.kill("bridge", signal.SIGTERM)
+
+
+def test_ray_refuses_an_idle_termination_drain_of_a_node_whose_agent_holds_its_gpus(cluster: Cluster):
+    """What the bridge relies on to read a drain with a deadline as a preemption (docs/deployment.md)."""
+    node = ready_at(cluster, "n3")
+    assert node
+    code = ("import json, sys; from agents import ray_adapter as r; r.connect(sys.argv[1]); "
+            "print(json.dumps(r.drain(sys.argv[2], reason='idle_termination', message='test')))")
+    out = subprocess.run(["ip", "netns", "exec", cluster.hosts.ns("cp"), sys.executable, "-c", code,
+                          f"{HEAD_IP}:{RAY_PORT}", node["ray_node_id"]], cwd=ROOT, env=cluster.env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    accepted, why = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not accepted and why, (accepted, why)
+    time.sleep(2)
+    assert cluster.db.nodes()[node["name"]]["status"] == "ready"  # nothing reached PEARL
