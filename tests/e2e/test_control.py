@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from tests.support.environment import child_env
-from tests.support.processes import start_process, wait_port
 from tests.e2e import helpers
 from tests.e2e.helpers import Agent, off_loop, shot
+from tests.support.environment import child_env
+from tests.support.processes import start_process, wait_port
 
 pytestmark = pytest.mark.e2e
 
@@ -116,8 +116,8 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         page.wait_for_selector("body.stale #stale-banner", state="visible")
         assert page.get_attribute("#conn", "data-state") == "reconnecting"
         shot(page, "cluster-stale")
-        from controlplane.services.nodes import drain_node
         from controlplane.models import Node
+        from controlplane.services.nodes import drain_node
 
         off_loop(drain_node, node_id=Node.objects.get(name="res-b").pk, actor="ops")
         port = int(cp.base_url.rsplit(":", 1)[1])

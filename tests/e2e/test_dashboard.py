@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.services import workers
-from tests.support.cluster import make_job, make_node
 from tests.e2e import helpers
 from tests.e2e.helpers import off_loop
+from tests.support.cluster import make_job, make_node
 
 pytestmark = pytest.mark.e2e
 

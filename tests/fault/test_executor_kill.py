@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fault.conftest import assert_invariants, wait_for
 from tests.support.cluster import agents_converge, make_job, make_node
 from tests.support.environment import child_env, redis_available
 from tests.support.processes import start_process
-from tests.fault.conftest import assert_invariants, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -15,9 +15,9 @@ import pytest
 
 from agents import dataplane as dp
 from agents.worker_client import WorkerClient, session
+from tests.fault.conftest import SECRET, assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 from tests.support.cluster import make_job
 from tests.support.processes import journaled_tokens
-from tests.fault.conftest import SECRET, assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 
 pytestmark = [pytest.mark.slow]
 

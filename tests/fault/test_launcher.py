@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.management.commands.launch import DEMO_NODES
+from tests.fault.conftest import processes_under, record_timing, wait_for
 from tests.support.environment import ROOT
 from tests.support.processes import free_port
-from tests.fault.conftest import processes_under, record_timing, wait_for
 
 pytestmark = [pytest.mark.slow]
 

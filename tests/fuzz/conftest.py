@@ -3,8 +3,8 @@ an operator and a read-only user; writes are not rate-limited here, so the fuzze
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pytest
 

@@ -33,7 +33,7 @@ class FuzzReport:
     failure_kinds: Counter = field(default_factory=Counter)  # distinct non-conformances and how often
     seconds: float = 0.0
 
-    def merge(self, other: "FuzzReport") -> None:
+    def merge(self, other: FuzzReport) -> None:
         self.calls += other.calls
         self.server_errors += other.server_errors
         self.nonconforming += other.nonconforming

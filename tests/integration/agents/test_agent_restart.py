@@ -12,8 +12,8 @@ from agents import dataplane as dp
 from agents.process import REPO_ROOT, kill_leftovers, spawn_worker, start_time
 from agents.worker_client import WorkerClient, session
 from controlplane.core import agent_link as link
-from tests.support.processes import journaled_tokens
 from tests.integration.agents.test_node_agent import cp, observed  # noqa: F401  (the fake link server fixture)
+from tests.support.processes import journaled_tokens
 
 
 def desired(generation: int) -> link.DesiredState:

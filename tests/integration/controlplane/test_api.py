@@ -232,8 +232,9 @@ def test_openapi_schema_builds_and_docs_need_login(api):
 
 
 def test_user_token_is_not_an_agent_token_and_vice_versa(api, operator):
-    from controlplane.services.credentials import authenticate_agent, issue_agent_token
     from rest_framework.authtoken.models import Token
+
+    from controlplane.services.credentials import authenticate_agent, issue_agent_token
 
     assert authenticate_agent(Token.objects.get(user=operator).key) is None
     agent = issue_agent_token(node_name="n9")

@@ -12,9 +12,9 @@ from controlplane.core.telemetry import step
 from controlplane.services import jobs, nodes, telemetry
 from controlplane.services.principals import job_principal
 from pearl_site.asgi import application
+from tests.integration.controlplane.test_sockets import _session_cookie
 from tests.support.cluster import make_job, make_node
 from tests.support.environment import redis_available
-from tests.integration.controlplane.test_sockets import _session_cookie
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

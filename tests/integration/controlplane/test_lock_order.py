@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
@@ -22,8 +23,8 @@ from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.models import Event, Job, Node, Worker
 from controlplane.services import jobs, leases, planner
 from controlplane.services.locks import lock_job, locked
-from controlplane.services.retry import is_transient, retry_transient
 from controlplane.services.nodes import record_heartbeat
+from controlplane.services.retry import is_transient, retry_transient
 from controlplane.services.workers import WorkerChange, change_workers, stop_worker
 from tests.support.cluster import agents_converge, make_job, make_node, run_transition
 from tests.support.environment import postgres_in_use

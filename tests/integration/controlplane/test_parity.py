@@ -134,7 +134,7 @@ def test_simulator_and_live_planner_decide_and_plan_alike(policy, options, overr
     plans = [x["plan"] for x in sim if x["plan"]]
     returned = any(x["signal"] == str(Signal.TRAINING_BEGIN) and x["budget"]["borrowed"] for x in sim)
     resized = len({x["target"] for x in sim}) > 1  # the budget moved the configuration (4C <-> 6C at least)
-    assert any(p["add"] for p in plans) and (returned or resized or any(p["remove"] or p["reassign"] for p in plans)) \
+    assert (any(p["add"] for p in plans) and (returned or resized or any(p["remove"] or p["reassign"] for p in plans))) \
         or policy == "fixed"
     if overrides:
         assert any(p["reassign"] for p in plans)  # role flips between prefill and decode went through both paths

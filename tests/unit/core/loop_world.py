@@ -12,8 +12,8 @@ import asyncio
 import heapq
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal

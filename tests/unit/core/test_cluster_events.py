@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.cluster_events import (
-    Bind, DeathRecorded, Drain, Gone, NodeDead, NodeDraining, NodeUp, Notice, PearlNodeView, PlaceAgent, pearl_node_name, reconcile,
+    Bind,
+    DeathRecorded,
+    Drain,
+    Gone,
+    NodeDead,
+    NodeDraining,
+    NodeUp,
+    Notice,
+    PearlNodeView,
+    PlaceAgent,
+    pearl_node_name,
+    reconcile,
 )
 
 A, B, H = "a1" * 28, "b2" * 28, "c3" * 28

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane.core.decision import Thresholds, decide, evaluate
 from controlplane.core.context import Overrides
+from controlplane.core.decision import Thresholds, decide, evaluate
 from controlplane.core.predictor import WorkloadProfile, swe_bench_workload
 from controlplane.core.profiles import EngineCoefficients, get_profile
 from controlplane.core.state import Configuration, Mode

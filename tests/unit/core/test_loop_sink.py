@@ -59,7 +59,7 @@ def test_one_of_each_command_kind_is_listed() -> None:
 
 
 def test_every_command_reaches_the_method_of_its_kind_only() -> None:
-    assert SINK_METHODS == sorted(_method_of(k) for k in typing.get_args(lp.Command))
+    assert sorted(_method_of(k) for k in typing.get_args(lp.Command)) == SINK_METHODS
     for cmd in ONE_OF_EACH:
         sink = Recorder()
         lp.dispatch(cmd, sink)  # the recorder answers every method by name (__getattr__)

@@ -1,8 +1,8 @@
 """Forced P:D overrides: a ratio scaled to the worker budget, or exact worker counts."""
 from __future__ import annotations
 
-from controlplane.core.decision import decide
 from controlplane.core.context import Overrides, PolicyContext, Signal
+from controlplane.core.decision import decide
 from controlplane.core.policies import make_policy
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode

@@ -138,7 +138,7 @@ def test_plateau_batch_is_where_decode_throughput_levels_off_within_the_kv_cache
     n = plateau_batch(c, 16384)
     kv_bound = int(c.hbm_kv_capacity // (c.kv_bytes_per_token * 16384))
     assert 1 < n < kv_bound
-    thr = lambda b: b / c.decode_iteration_s(b)  # noqa: E731
+    thr = lambda b: b / c.decode_iteration_s(b)
     assert thr(n) >= 0.9 * thr(kv_bound) > thr(n - 1)
     assert plateau_batch(c, 16384, frac=0.95) > n  # a stricter plateau needs a bigger batch
     assert plateau_batch(c, 4096) > n  # shorter contexts: more sequences fit and b is smaller

@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from controlplane.core.workload import WorkloadSpec, draw_batch
 from controlplane.sim.cli import compare, compare_json
 from controlplane.sim.cluster import Simulation, run_policy
-from controlplane.core.workload import WorkloadSpec, draw_batch
 
 
 def test_same_seed_gives_identical_json(small):

@@ -1,7 +1,6 @@
 """Ablation variants reach core's policy as overrides/options, and the executor honours them."""
 from __future__ import annotations
 
-
 import pytest
 
 from controlplane.sim.adapters import make_sim_policy, parse_variant, resolve_policy
