@@ -148,7 +148,8 @@ class SimCommands:
         sim, t = self.sim, self.sim.t
         st = sim._by_step[cmd.step]
         st.train_start_s = t
-        sim.push(t + sim.profile.train_step_s(st.train_tokens, sim.sc.cluster.training_gpus), EV_TRAIN_DONE, cmd.step)
+        train_s = sim.train_profile.train_step_s(st.train_tokens, sim.sc.cluster.training_gpus)
+        sim.push(t + train_s, EV_TRAIN_DONE, cmd.step)
 
     def publish_weights(self, cmd: lp.PublishWeights) -> None:
         self.sim.push(self.sim.t + self.sim.sc.engine.weight_sync_s, EV_PUBLISHED, cmd.version)
@@ -171,6 +172,12 @@ class Simulation:
         self.tp = cl.tp
         self.profile = get_profile(cl.hardware, scenario.model, cl.tp)
         self.costs = ScaledCosts(self.profile, scenario.engine.engine_slowdown)
+        # the training GPUs' chip: trainer step time, and the engines of overlap workers borrowed from it
+        self.train_profile = self.profile
+        self.overlap_costs = self.costs
+        if cl.training_hardware and get_profile(cl.training_hardware, scenario.model, cl.tp) != self.profile:
+            self.train_profile = get_profile(cl.training_hardware, scenario.model, cl.tp)
+            self.overlap_costs = ScaledCosts(self.train_profile, scenario.engine.engine_slowdown)
         self.policy, variant = make_sim_policy(policy, scenario, self.profile)
         pol = self.policy
         self.base_policy = variant.base

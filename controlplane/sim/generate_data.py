@@ -67,6 +67,17 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
                       "segment": seg},
         }
         (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        if seg == "seg1":
+            # issue 23 (b): the same cluster with an all-H20 rollout pool beside the H800 trainer
+            het = {k: v for k, v in doc.items() if k != "paper"}
+            het["name"] = f"hetero-{model}-seg1-h20"
+            het["description"] = (
+                f"Issue 23 (b): {model}, the paper's seg1 cluster with an all-H20 rollout pool (4 reserved, <=12 "
+                "preemptible) beside a 16-GPU H800 trainer (overlap workers borrowed from it run on H800); H20 "
+                "specs in core/PROFILES.md"
+            )
+            het["cluster"] = {**doc["cluster"], "hardware": "H20", "training_hardware": "H800"}
+            (D / "scenarios" / f"{het['name']}.yaml").write_text(yaml.safe_dump(het, sort_keys=False))
 # ablation: fixed 4..16 dedicated rollout GPUs, A / A+B / A+B+C vs ROLL on the same GPUs
 abl_paper = {"qwen3-8b": {4: (-0.206, 0.936, 0.923), "8-16": ((0.128, 0.153), (0.162, 0.265), (0.179, 0.265))},
              "qwen3-30b-a3b": {4: (-0.309, 1.183, 1.295), "8-16": ((0.078, 0.089), (0.094, 0.262), (0.092, 0.275))}}

@@ -70,7 +70,8 @@ def _fork(sim: Simulation) -> Simulation:
     # specs) and the executor policy: in a fork every choice comes from the candidate's overrides and
     # the fork learns nothing (its telemetry is dropped), so the policy is only read there.
     memo: dict[int, Any] = {id(sim.sc): sim.sc, id(sim.profile): sim.profile, id(sim.costs): sim.costs,
-                            id(sim.trace): sim.trace, id(sim.policy): sim.policy}
+                            id(sim.trace): sim.trace, id(sim.policy): sim.policy,
+                            id(sim.train_profile): sim.train_profile, id(sim.overlap_costs): sim.overlap_costs}
     for traj in sim.world.trajs.values():
         memo[id(traj.turns)] = traj.turns
     f = copy.deepcopy(sim, memo)

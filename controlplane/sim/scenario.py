@@ -35,8 +35,11 @@ class ClusterSpec:
     training_gpus: int = 16
     reserved_gpus: int = 4  # dedicated rollout GPUs, never preempted
     preemptible_gpus: int = 12  # cap on preemptible GPUs (the trace may not exceed reserved + this)
-    hardware: str = "H800"
+    hardware: str = "H800"  # the rollout pool's chip (reserved and preemptible GPUs)
     tp: int = 2
+    # the training GPUs' chip ("" = `hardware`): the trainer's step time and the overlap rollout workers
+    # borrowed from it run on it (e.g. an H20 elastic pool beside an H800 trainer, RollArt's split)
+    training_hardware: str = ""
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.training_gpus < 0 or self.reserved_gpus < self.tp or self.preemptible_gpus < 0:

@@ -26,6 +26,8 @@ class Host(Protocol):
     sc: Scenario
     profile: Profile
     costs: EngineCosts
+    train_profile: Profile  # the training GPUs' chip (the overlap units')
+    overlap_costs: EngineCosts
     free: bool
     record_timeline: bool
 
@@ -81,6 +83,7 @@ class WorldState:
         self.reconf = sim.profile.reconfig
         self.free = sim.free
         self.kv_cap_tokens = int(sim.profile.hbm_kv_capacity // sim.profile.kv_bytes_per_token)
+        self.kv_cap_tokens_overlap = int(sim.train_profile.hbm_kv_capacity // sim.train_profile.kv_bytes_per_token)
         self.kv_bytes = sim.profile.kv_bytes_per_token
         self.bw = sim.profile.bandwidth
         self.prefix_reuse = sc.workload.prefix_reuse
@@ -120,8 +123,12 @@ class WorldState:
             slot.role = None
             return slot
         sid = len(self.slots)
-        w = IterationScheduler(sid, pool, Role.COLOCATED, self.costs, chunk_tokens=self.sim.sc.engine.chunk_tokens,
-                   kv_capacity=self.kv_cap_tokens, mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty)
+        # an overlap unit is a group of training GPUs: its engine runs on the training chip
+        ovl = pool == "overlap"
+        costs = self.sim.overlap_costs if ovl else self.costs
+        kv_cap = self.kv_cap_tokens_overlap if ovl else self.kv_cap_tokens
+        w = IterationScheduler(sid, pool, Role.COLOCATED, costs, chunk_tokens=self.sim.sc.engine.chunk_tokens,
+                   kv_capacity=kv_cap, mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty)
         slot = Slot(sid, pool, state, w)
         self.slots[sid] = slot
         return slot
