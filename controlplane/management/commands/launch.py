@@ -190,8 +190,13 @@ class Command(BaseCommand):
         envfile.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         os.chmod(envfile, 0o600)
 
+        # prometheus_client's multiprocess mode: /metrics on Daphne sums the Celery worker's histograms too.
+        # The directory must start empty: its files outlive the processes that wrote them.
+        metrics_dir = var / "prometheus"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
         base_env = dict(os.environ, DEBUG="1" if opts["debug"] else "0", PYTHONUNBUFFERED="1", PYTHONPATH=str(root),
-                        PEARL_VAR_DIR=str(var), REDIS_URL=redis_url)
+                        PEARL_VAR_DIR=str(var), REDIS_URL=redis_url, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
         supervised = []
         for name, line in children:
             child_env = {k: v for k, v in base_env.items() if not k.startswith("TOKEN_")}
