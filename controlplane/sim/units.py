@@ -25,11 +25,15 @@ class Host(Protocol):
 
     sc: Scenario
     profile: Profile
-    costs: EngineCosts
     train_profile: Profile  # the training GPUs' chip (the overlap units')
-    overlap_costs: EngineCosts
     free: bool
     record_timeline: bool
+
+    @property
+    def costs(self) -> EngineCosts: ...  # read-only here, so the host's own cost type may be narrower
+
+    @property
+    def overlap_costs(self) -> EngineCosts: ...
 
     def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None: ...
 
