@@ -65,7 +65,8 @@ def setup(db_url: str, redis_url: str, tmp: Path) -> None:
 
 
 def seed(n: int) -> tuple[list[list[Any]], str]:
-    """n nodes (not ready until their agent registers) of 2 GPU slots, each with two active colocated workers of one job, and their agent
+    """n nodes (not ready until their agent registers) of 2 GPU slots, each with two active colocated workers
+    of one job, and their agent
     tokens, written in bulk (the agents then register over their sockets): ([name, token, worker ids], job)."""
     from django.utils import timezone
 
@@ -138,19 +139,20 @@ async def watch_dashboard(url: str, origin: str, cookie: str, recv: dict[str, li
                           ready: asyncio.Event) -> None:
     from aiohttp import ClientSession, ClientTimeout
 
-    async with ClientSession(timeout=ClientTimeout(total=None)) as s:
-        async with s.ws_connect(url, headers={"Origin": origin, "Cookie": f"sessionid={cookie}"}, max_msg_size=0) as ws:
-            ready.set()
-            while not stop.is_set():
-                try:
-                    m = await ws.receive(timeout=0.5)
-                except TimeoutError:
-                    continue
-                if m.type.name != "TEXT":
-                    break
-                d = json.loads(m.data)
-                if d.get("type") == "delta" and d.get("kind") in ("heartbeat", "node"):
-                    recv.setdefault(d["data"].get("name", ""), []).append(time.time())
+    headers = {"Origin": origin, "Cookie": f"sessionid={cookie}"}
+    async with ClientSession(timeout=ClientTimeout(total=None)) as s, s.ws_connect(url, headers=headers,
+                                                                                   max_msg_size=0) as ws:
+        ready.set()
+        while not stop.is_set():
+            try:
+                m = await ws.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            if m.type.name != "TEXT":
+                break
+            d = json.loads(m.data)
+            if d.get("type") == "delta" and d.get("kind") in ("heartbeat", "node"):
+                recv.setdefault(d["data"].get("name", ""), []).append(time.time())
 
 
 def delta_latencies(changed: list[list[Any]], recv: dict[str, list[float]], period: float) -> tuple[list[float], int]:
@@ -186,7 +188,7 @@ def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, 
     stop = asyncio.Event()
     try:
         for pt in ports:
-            wait_port(pt)
+            wait_port(pt, timeout=600)  # a contended machine starts Django slowly
         time.sleep(1.0)
         rss0 = sum(rss_mb(w.pid) for w in web)
         started = time.time()
@@ -263,7 +265,8 @@ def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, 
     changed = [c for o in outs for c in o["changed"]]
     sent = sum(o["sent"] for o in outs)
     dl, missing = delta_latencies(changed, recv, period)
-    lost = Event.objects.filter(kind="node.lease_expired", created__gte=t0, node__name__in=[a[0] for a in agents]).count()
+    names = [a[0] for a in agents]
+    lost = Event.objects.filter(kind="node.lease_expired", created__gte=t0, node__name__in=names).count()
     rows, commits, telemetry_rows = stats["pg"]
     return {
         "period_s": period, "agents": len(agents), "daphnes": args.daphnes, "generators": args.generators,

@@ -2,7 +2,9 @@
 service, answer. All state lives in the database; a socket only ever mirrors it."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from functools import partial
 from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import parse_qs
@@ -20,6 +22,7 @@ from controlplane.services import credentials, jobs, latency, nodes, progress, t
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
+from controlplane.services.trajectories import record_trajectories
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -39,8 +42,12 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     view: str = "cluster"
     job_id: int | None = None
     job_name: str = ""
+    pending: dict[tuple[str, str], dict[str, Any]]  # coalesced node-state deltas not sent yet, by (kind, key)
+    flush_at: float = 0.0  # monotonic time of the last flush of coalesced deltas
+    flusher: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
+        self.pending = {}
         user = self.scope.get("user")
         if not (user and user.is_authenticated):
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -76,6 +83,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "snapshot_more", "nodes": nodes, "last": i == len(chunks) - 1})
 
     async def disconnect(self, code: int) -> None:
+        if self.flusher is not None:
+            self.flusher.cancel()
         await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
@@ -85,7 +94,29 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def dashboard_delta(self, event: dict[str, Any]) -> None:
         if not self._wants(event["kind"], event["key"], event["data"]):
             return
-        await self.send_json({"type": "delta", "kind": event["kind"], "key": event["key"], "data": event["data"], "ts": event["ts"]})
+        delta = {"type": "delta", "kind": event["kind"], "key": event["key"], "data": event["data"], "ts": event["ts"]}
+        if event["kind"] not in COALESCED:
+            await self.send_json(delta)
+            return
+        # node state: the latest delta per node wins, and this client gets them at most once per COALESCE_S
+        # (leading edge: a quiet page hears of a change at once; a busy one in batches)
+        self.pending[(event["kind"], event["key"])] = delta
+        if self.flusher is None or self.flusher.done():
+            wait = self.flush_at + COALESCE_S - time.monotonic()
+            if wait <= 0:
+                await self._flush()
+            else:
+                self.flusher = asyncio.ensure_future(self._flush_after(wait))
+
+    async def _flush_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        await self._flush()
+
+    async def _flush(self) -> None:
+        self.flush_at = time.monotonic()
+        batch, self.pending = list(self.pending.values()), {}
+        for delta in batch:
+            await self.send_json(delta)
 
     def _wants(self, kind: str, key: str, data: dict[str, Any]) -> bool:
         if self.view == "sim":
@@ -99,6 +130,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         return False
 
 
+COALESCED = frozenset({"node", "heartbeat", "leases"})  # node state: only the latest counts
+COALESCE_S = 0.5
 SNAPSHOT_CHUNK_GPUS = 2000  # about 700 KB of JSON per message
 
 
@@ -192,14 +225,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
-            await self._error("revoked", "this agent token was revoked")
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
         try:
-            message = link.parse_agent_message(content)
+            message: Any = link.parse_agent_message(content)
         except link.LinkError as exc:
-            await self._error("bad_message", str(exc))
+            message = exc
+        # every message re-checks the token; a registered socket's heartbeat does it in the same trip to the
+        # database thread as the heartbeat itself (one hop per beat: Daphne runs all of a process' database
+        # work on one thread)
+        if not (isinstance(message, link.Heartbeat) and self.node_id is not None):
+            if not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
+                await self._revoked()
+                return
+        if isinstance(message, link.LinkError):
+            await self._error("bad_message", str(message))
             return
         try:
             await self._handle(message)
@@ -226,8 +264,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         if isinstance(message, link.Heartbeat):
             with latency.HEARTBEAT_SECONDS.time():  # the whole handling: the use case, the answers, the group
-                result = await _service(nodes.record_heartbeat)(
-                    node_id=self.node_id, message=message, channel=self.channel_name)
+                result = await _service(_heartbeat)(
+                    credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name)
+                if result is None:
+                    await self._revoked()
+                    return
                 for why in result.refused:
                     await self._error("refused", why)
                 rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
@@ -282,6 +323,18 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _error(self, code: str, message: str) -> None:
         await self.send_json(link.dump(link.ErrorMessage(code=code, message=message)))
+
+    async def _revoked(self) -> None:
+        await self._error("revoked", "this agent token was revoked")
+        await self.close(code=CLOSE_UNAUTHENTICATED)
+
+
+def _heartbeat(*, credential_id: int | None, node_id: int, message: link.Heartbeat,
+               channel: str) -> nodes.HeartbeatResult | None:
+    """The token check and the heartbeat, in one call on the database thread; None: the token was revoked."""
+    if credential_id is None or not credentials.credential_is_valid(credential_id):
+        return None
+    return nodes.record_heartbeat(node_id=node_id, message=message, channel=channel)
 
 
 def _desired(node_id: int | None, channel: str) -> link.DesiredState | None:
@@ -360,6 +413,8 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await _service(_ingest)(self.job_id, message)
         elif isinstance(message, dl.CheckpointReport):
             await _service(progress.save_loop_checkpoint)(job_id=self.job_id, state=message.state)
+        elif isinstance(message, dl.TrajectoryReport):  # agent trajectories, for the job page (issue 19)
+            await _service(record_trajectories)(job_id=self.job_id, step=message.step, trajectories=message.trajectories)
         elif isinstance(message, dl.UpdateRequest):
             try:
                 await _service(jobs.start_update)(job_id=self.job_id, actor=actor)

@@ -17,11 +17,13 @@ from controlplane.services.retry import retry_transient
 
 @shared_task(name=TaskName.SWEEP)
 def sweep() -> dict[str, list[str] | int]:
-    """Heartbeat sweeper: expire leases (fence before reassignment), remove preempted nodes, prune telemetry."""
+    """Heartbeat sweeper: expire leases (fence before reassignment), remove preempted nodes, prune telemetry,
+    and send the dashboards every node's last-seen (their heartbeat ages; heartbeats push none)."""
     expired = nodes.expire_leases()
     gone = nodes.remove_preempted()
     pruned = telemetry.prune_if_due()
-    return {"expired": expired, "gone": gone, "pruned": pruned}
+    seen = nodes.push_last_seen()
+    return {"expired": expired, "gone": gone, "pruned": pruned, "seen": seen}
 
 
 @shared_task(name=TaskName.ECHO)

@@ -258,6 +258,16 @@
         else { const hb = $("nodes").querySelector(`.node[data-id="${msg.key}"] .hb`); if (hb) hb.dataset.heartbeat = n.last_heartbeat; }
       }
     }
+    else if (msg.kind === "leases") {
+      // every node's last renewal, one delta per sweep (heartbeats push none): the age ticks here, in tick()
+      const cards = new Map([...$("nodes").querySelectorAll(".node[data-id] .hb")].map((hb) => [hb.closest(".node").dataset.id, hb]));
+      for (const [id, ts] of Object.entries(msg.data.seen || {})) {
+        const n = state.nodes.get(id); if (!n) continue;
+        const seen = new Date(ts * 1000).toISOString();
+        if (n.last_heartbeat && Date.parse(n.last_heartbeat) >= ts * 1000) continue;
+        n.last_heartbeat = seen; const hb = cards.get(id); if (hb) hb.dataset.heartbeat = seen;
+      }
+    }
     else if (msg.kind === "job") { state.jobs.set(msg.key, Object.assign(state.jobs.get(msg.key) || { override: "" }, msg.data)); renderJobs(); }
     else if (msg.kind === "override") { const j = state.jobs.get(msg.key); if (j) { j.override = msg.data.summary || ""; renderJobs(); } }
     else if (msg.kind === "event") addEvent(msg.data);

@@ -1,0 +1,122 @@
+"""Load generator for bench_load.py: emulated node agents in this process, over real websockets, speaking the
+real agent link (register, then heartbeats reporting two workers, and telemetry every few beats).
+
+Reads a JSON spec on stdin: {"urls": [...], "agents": [[name, token, [worker ids]], ...], "offset": i,
+"period": s, "duration": s, "probe_every": k, "change_every": k, "job": name} (see `main` for the handshake);
+writes one JSON line of results on stdout.
+
+Measured here, per heartbeat of a probing agent (every `probe_every`-th agent): heartbeat sent -> lease
+renewed. The link answers nothing to a heartbeat, so right after it the agent sends a frame the server
+refuses at once (`{"type": "probe"}`: unknown message type); a consumer handles its socket's frames one at a
+time, in order, so that error reply comes back only once the heartbeat was handled (lease renewed, or
+refused). Every `change_every`-th agent reports a changed in-flight count in each heartbeat (a report the
+database must store; its dashboard delta is timed by bench_load.py against the send times written here).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, WSMsgType
+
+
+async def agent(session: ClientSession, url: str, idx: int, spec: list[Any], cfg: dict[str, Any],
+                out: dict[str, Any], window: dict[str, float], all_registered: asyncio.Event) -> None:
+    name, token, workers = spec
+    period = float(cfg["period"])
+    probe = idx % int(cfg["probe_every"]) == 0
+    change = int(cfg["change_every"]) > 0 and idx % int(cfg["change_every"]) == 1
+    async with session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0,
+                                  heartbeat=None) as ws:
+        await ws.send_json({"type": "register", "node": name, "pool": "reserved", "hardware": "H800",
+                            "incarnation": f"load-{os.getpid()}", "data_plane": "",
+                            "slots": [{"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(2)]})
+        epoch = generation = 0
+        while True:
+            msg = await ws.receive_json(timeout=300)
+            if msg["type"] == "registered":
+                epoch = msg["epoch"]
+            elif msg["type"] == "desired_state":
+                generation = msg["generation"]
+                break
+        out["registered"] += 1
+        if out["registered"] == len(cfg["agents"]):
+            all_registered.set()
+        pending: list[float] = []  # send times of probes not answered yet
+
+        async def reader() -> None:
+            nonlocal generation, epoch
+            async for m in ws:
+                if m.type != WSMsgType.TEXT:
+                    break
+                d = json.loads(m.data)
+                if d.get("type") == "error":
+                    if d.get("code") == "bad_message" and "probe" in d.get("message", "") and pending:
+                        t = pending.pop(0)
+                        if window["start"] <= t < window["end"]:
+                            out["renew_s"].append(time.time() - t)
+                    else:
+                        out["errors"].append(f"{name}: {d.get('code')}: {d.get('message', '')[:80]}")
+                elif d.get("type") == "desired_state":
+                    generation, epoch = d["generation"], d["epoch"]
+
+        rd = asyncio.create_task(reader())
+        await asyncio.sleep(random.random() * period)
+        beat = 0
+        try:
+            while time.time() < window["end"]:
+                beat += 1
+                inflight = (beat % 2) + 1 if change else 1
+                observed = [{"worker_id": w, "role": "colocated", "activity": "active", "state": "running",
+                             "weight_version": 0, "endpoint": "", "inflight": inflight, "generation": generation,
+                             "devices": [i]} for i, w in enumerate(workers)]
+                t = time.time()
+                await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": generation, "workers": observed})
+                if window["start"] <= t < window["end"]:
+                    out["sent"] += 1
+                    if change:
+                        out["changed"].append([name, t])
+                if probe:
+                    pending.append(t)
+                    await ws.send_str('{"type": "probe"}')
+                if beat % 5 == 0:
+                    await ws.send_json({"type": "telemetry", "epoch": epoch, "records": [
+                        {"kind": "decode_iteration", "job": cfg["job"], "worker": workers[0], "running_batch": 8,
+                         "duration_s": 0.01 + random.random() / 100}]})
+                await asyncio.sleep(period)
+            await asyncio.sleep(min(2.0, period))  # the last probes' answers
+        finally:
+            rd.cancel()
+
+
+async def main() -> None:
+    """Line 1 on stdin: the spec; "READY" on stdout once every agent registered (they heartbeat from then on);
+    line 2 on stdin: {"t_start": wall s}, the start of the measured window; then the results on stdout."""
+    loop = asyncio.get_running_loop()
+    cfg = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
+    out: dict[str, Any] = {"registered": 0, "sent": 0, "renew_s": [], "changed": [], "errors": []}
+    window = {"start": float("inf"), "end": float("inf")}
+    urls, offset = cfg["urls"], int(cfg.get("offset", 0))
+    all_registered = asyncio.Event()
+    async with ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0)) as s:
+        tasks = [asyncio.create_task(agent(s, urls[(i + offset) % len(urls)], i + offset, a, cfg, out, window,
+                                           all_registered)) for i, a in enumerate(cfg["agents"])]
+        failed = asyncio.ensure_future(asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION))
+        await asyncio.wait([asyncio.ensure_future(all_registered.wait()), failed], return_when=asyncio.FIRST_COMPLETED)
+        print("READY", flush=True)
+        go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
+        window["start"] = float(go["t_start"])
+        window["end"] = window["start"] + float(cfg["duration"])
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+    out["failed_agents"] = sum(1 for d in done if isinstance(d, BaseException))
+    out["errors"] = out["errors"][:10] + [repr(d)[:120] for d in done if isinstance(d, BaseException)][:5]
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
