@@ -159,6 +159,37 @@ def cmd_events(c: Client, args: argparse.Namespace) -> None:
             print(json.dumps(e) if args.json else _event_line(e), flush=True)
 
 
+def trajectories_text(step: int | None, rows: list[dict[str, Any]], count: int) -> str:
+    """A step's agent trajectories, one line each: how it ended, its reward, turns, forks, the tokens the
+    policy sampled (trained on) of all kept, the weight versions and workers of its turns, why it failed."""
+    if not rows:
+        return "no trajectories" + (f" in step {step}" if step is not None else "") + " (an agent job reports them)"
+    table = [["TRAJECTORY", "STEP", "STATUS", "REWARD", "TURNS", "FORKS", "SAMPLED/TOKENS", "VERSIONS", "WORKERS",
+              "REASON"]]
+    for t in rows:
+        tokens = f"{sum(t['mask'])}/{t['token_count']}" + ("+" if t["truncated"] else "")
+        table.append([
+            t["name"], str(t["step"]), t["status"], "–" if t["reward"] is None else f"{t['reward']:.3g}",
+            str(t["turns"]), str(t["forks"]), tokens, ",".join(f"v{v}" for v in sorted(set(t["weight_versions"]))),
+            ",".join(str(w) for w in sorted(set(t["workers"]))), (t["reason"] or "")[:60],
+        ])
+    more = f"\n({len(rows)} of {count}; --limit shows more)" if count > len(rows) else ""
+    return _table(table) + more
+
+
+def cmd_trajectories(c: Client, args: argparse.Namespace) -> None:
+    jid = c.job_id(args.job)
+    step = args.step
+    if step is None:  # the latest step that has any
+        steps = c.get(f"/api/jobs/{jid}/trajectories/steps/")
+        step = steps[0]["step"] if steps else None
+    params: dict[str, Any] = {"limit": args.limit, "status": args.status}
+    if step is not None:
+        params["step"] = step
+    page = c.get(f"/api/jobs/{jid}/trajectories/", **params)
+    _out(args, page["results"], trajectories_text(step, page["results"], page["count"]))
+
+
 def cmd_stop(c: Client, args: argparse.Namespace) -> None:
     job = c.post(f"/api/jobs/{c.job_id(args.job)}/stop/")
     _out(args, job, f"job {job['name']} {job['status']}")
@@ -310,6 +341,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=30)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new events (Ctrl-C stops)")
     p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+    p = add("trajectories", cmd_trajectories, "an agent job's trajectories of a step (default: the latest)")
+    p.add_argument("job", help="job id or name")
+    p.add_argument("--step", type=int, help="the step (default: the latest with trajectories)")
+    p.add_argument("--status", choices=["running", "done", "failed", "aborted"])
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 200)")
     p = add("stop", cmd_stop, "stop a job (its workers are released)")
     p.add_argument("job")
     p = add("override", cmd_override, "set or clear a job's overrides (the planner re-plans at once)")

@@ -95,6 +95,8 @@ class EpisodeRunner:
         env = make_env(job.environment, task=self._task_id(step, ref.group), member=ref.index % job.group_size,
                        seed=job.seed, time_factor=self.time_factor, max_tokens=job.max_trajectory_tokens,
                        group_size=job.group_size)
+        if hasattr(env, "trajectory"):  # an agent's record is kept under the loop's trajectory id (reported)
+            env.trajectory = ref.trajectory
         ep = Episode(ref.trajectory, step, ref.group, env, temperature=getattr(env, "temperature", 1.0))
         self.episodes[ref.trajectory] = ep
         ep.task = self._spawn(self._reset(ep), f"reset {ep.tid}")

@@ -64,6 +64,7 @@ class RolloutDriver(EpisodeRunner):
         self._decision_seen = -1
         self._checkpoint_sent_at = float("-inf")
         self._last_progress: tuple[int, int] | None = None
+        self._unreported: list[tuple[int, Any]] = []  # (step, TrajectorySummary) not yet sent
         self.trained: list[dict[str, Any]] = []  # per update: step, loss, reward, correct (for tests / logs)
         if job.environment == "agent" and job.agent:  # bring your own agent: the job's gateway and agent runner
             from agents.envs.agent import configure
@@ -256,6 +257,7 @@ class RolloutDriver(EpisodeRunner):
             records, self.records = self.records, []
             for i in range(0, len(records), dl.MAX_RECORDS):
                 await self.link.send(dl.TelemetryReport(records[i:i + dl.MAX_RECORDS]))
+        await self._report_trajectories()
         loop = self.loop
         progress = (max(0, loop.step), loop.remaining)
         if progress != self._last_progress and loop.step >= 0:
@@ -266,6 +268,28 @@ class RolloutDriver(EpisodeRunner):
             if state != self._checkpointed:  # level-triggered: whatever changed since the last one that was sent
                 await self.link.send(dl.CheckpointReport(state))
                 self._checkpointed, self._checkpoint_sent_at = state, time.monotonic()
+
+    async def _report_trajectories(self) -> None:
+        """The agent trajectories that ended since the last flush, summarised per step (the job page's
+        browser); the runner's records are taken as they are reported, so they do not pile up."""
+        if self.job.environment != "agent" or not self.job.agent:
+            return
+        from agents.driver.trajectories import reports, step_of, summarize
+        from agents.envs.agent import runner
+
+        records = runner().records
+        for name in list(records):
+            self._unreported.append((step_of(name, max(0, self.loop.step)), summarize(name, records.pop(name))))
+        while self._unreported:
+            batch = reports(self._unreported)
+            sent = 0
+            for msg in batch:
+                await self.link.send(msg)  # a failure keeps the rest for the next flush
+                sent += len(msg.trajectories)
+                done = {(msg.step, t.name) for t in msg.trajectories}
+                self._unreported = [(s, t) for s, t in self._unreported if (s, t.name) not in done]
+            if not sent:
+                break
 
     async def _flush_forever(self, every_s: float = 0.5) -> None:
         while True:

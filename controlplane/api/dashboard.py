@@ -6,18 +6,22 @@ from typing import Any
 
 from drf_spectacular.plumbing import build_array_type, build_basic_type
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.generics import ListAPIView
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
 from controlplane.api.views import IsOperator, WriteThrottle, actor_of, parse_id
-from controlplane.models import SimulationRun
+from controlplane.api.params import StrictLimitOffsetPagination, parse_count
+from controlplane.core.driver_link import TRAJECTORY_STATUSES
+from controlplane.models import Job, SimulationRun
+from controlplane.selectors import trajectories as trajectory_selectors
 from controlplane.selectors.jobs import job_series, job_status
 from controlplane.services import nodes, simulations
-from controlplane.services.errors import NotFound
+from controlplane.services.errors import InvalidInput, NotFound
 
 OBJECT_LIST = build_array_type(build_basic_type(OpenApiTypes.OBJECT))  # a JSON array of objects (the schema said object)
 
@@ -103,3 +107,43 @@ class SimulationDetailView(APIView):
         if run is None:
             raise NotFound(f"simulation {pk} does not exist", field="id")
         return Response(simulations.run_dict(run))
+
+
+class TrajectoryPagination(StrictLimitOffsetPagination):
+    """Trajectories carry their tokens: smaller pages than the other lists."""
+
+    default_limit = 20
+    max_limit = 200
+
+
+@extend_schema(parameters=[
+    OpenApiParameter("step", {"type": "integer", "minimum": 0}, description="the step (all steps if absent)"),
+    OpenApiParameter("status", {"type": "string", "enum": list(TRAJECTORY_STATUSES)}),
+])
+class JobTrajectoriesView(ListAPIView):
+    """A job's agent trajectories (environment agent), per step: status, reward, turns, the chat, tokens with
+    their loss mask and log-probs, the weight version, worker and latency of each turn, and why one failed."""
+
+    serializer_class = s.TrajectorySerializer
+    pagination_class = TrajectoryPagination
+
+    def get_queryset(self):  # type: ignore[override]
+        job_id = parse_id(self.kwargs["pk"])
+        if not Job.objects.filter(pk=job_id).exists():
+            raise NotFound(f"job {self.kwargs['pk']} does not exist", field="id")
+        raw, status_ = self.request.query_params.get("step"), self.request.query_params.get("status")
+        step = None if raw in (None, "") else parse_count(raw, "step", lo=0, hi=2**31)
+        if status_ and status_ not in TRAJECTORY_STATUSES:
+            raise InvalidInput(f"status must be one of {list(TRAJECTORY_STATUSES)}", field="status")
+        return trajectory_selectors.trajectories(job_id, step, status_ or None)
+
+
+class JobTrajectoryStepsView(APIView):
+    """The steps of a job that have trajectories, newest first, with counts per status (the browser's index)."""
+
+    @extend_schema(responses={200: OBJECT_LIST})
+    def get(self, request: Request, pk: str) -> Response:
+        job_id = parse_id(pk)
+        if not Job.objects.filter(pk=job_id).exists():
+            raise NotFound(f"job {pk} does not exist", field="id")
+        return Response(trajectory_selectors.steps(job_id))

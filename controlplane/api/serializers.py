@@ -7,7 +7,7 @@ from controlplane.core.agent_spec import AGENT_FIELDS
 from controlplane.core.policies import PRODUCT_POLICIES, names
 from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
-from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Transition, TransitionStep
+from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Trajectory, Transition, TransitionStep
 
 MAX_GPUS = 65536
 
@@ -175,4 +175,17 @@ class EventSerializer(serializers.ModelSerializer):
     class Meta:
         model = Event
         fields = ["id", "created", "kind", "job", "node", "actor", "message", "data"]
+        read_only_fields = fields
+
+
+class TrajectorySerializer(serializers.ModelSerializer):
+    """An agent trajectory (issue 19): mask 1 = a token the policy sampled (trained on), 0 = template, tool
+    output, observation; weight_versions, workers and latency_s are per turn; `truncated`: the token lists
+    were cut (token_count says how many there were)."""
+
+    class Meta:
+        model = Trajectory
+        fields = ["id", "step", "name", "status", "reward", "turns", "forks", "reason", "stderr", "messages",
+                  "tokens", "mask", "logprobs", "sample_lens", "token_count", "truncated", "weight_versions",
+                  "workers", "latency_s", "created"]
         read_only_fields = fields

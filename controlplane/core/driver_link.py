@@ -22,6 +22,15 @@ from controlplane.core.wire import bounded, parse_dataclass, to_json
 MAX_RECORDS = 2048
 MAX_WORKERS = 65536
 MAX_CHECKPOINT_BYTES = 8 << 20
+# what a trajectory report keeps of one agent trajectory (issue 19): the job page's browser, not the trainer's
+# copy (that goes to the trainer whole); longer token lists are cut here and marked `truncated`
+MAX_TRAJECTORY_TOKENS = 4096
+MAX_TRAJECTORY_TURNS = 256
+MAX_TRAJECTORY_MESSAGES = 64
+MAX_MESSAGE_CHARS = 4000
+MAX_TRAJECTORIES = 256  # per report (the driver also keeps each report's frame under MAX_REPORT_BYTES)
+MAX_REPORT_BYTES = 768 << 10
+TRAJECTORY_STATUSES = ("running", "done", "failed", "aborted")
 
 
 class LinkError(ValueError):
@@ -63,6 +72,39 @@ class CheckpointReport:
 
 
 @dataclass(frozen=True, slots=True)
+class TrajectorySummary:
+    """One agent trajectory as the job page shows it: its chat, its tokens with the loss mask (1 = sampled by
+    the policy) and per-token log-probs, and per turn the weight version, the worker and the latency."""
+
+    name: str = field(metadata=bounded(max_len=128))  # the loop's trajectory id
+    status: str = field(metadata=bounded(max_len=16))  # one of TRAJECTORY_STATUSES
+    reward: float | None = None
+    turns: int = field(default=0, metadata=bounded(0, 1 << 20))
+    forks: int = field(default=0, metadata=bounded(0, 1 << 20))
+    reason: str = field(default="", metadata=bounded(max_len=MAX_MESSAGE_CHARS))
+    stderr: str = field(default="", metadata=bounded(max_len=MAX_MESSAGE_CHARS))
+    messages: list[dict[str, Any]] = field(default_factory=list, metadata=bounded(max_len=MAX_TRAJECTORY_MESSAGES))
+    tokens: list[int] = field(default_factory=list, metadata=bounded(0, 1 << 31, max_len=MAX_TRAJECTORY_TOKENS))
+    mask: list[int] = field(default_factory=list, metadata=bounded(0, 1, max_len=MAX_TRAJECTORY_TOKENS))
+    logprobs: list[float] = field(default_factory=list, metadata=bounded(-1e9, 1e9, max_len=MAX_TRAJECTORY_TOKENS))
+    sample_lens: list[int] = field(default_factory=list, metadata=bounded(0, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
+    token_count: int = field(default=0, metadata=bounded(0, 1 << 31))  # before truncation
+    truncated: bool = False
+    weight_versions: list[int] = field(default_factory=list, metadata=bounded(0, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
+    workers: list[int] = field(default_factory=list, metadata=bounded(-1, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
+    latency_s: list[float] = field(default_factory=list, metadata=bounded(0.0, 1e7, max_len=MAX_TRAJECTORY_TURNS))
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryReport:
+    """The agent trajectories of step `step` that ended since the last report (bring your own agent)."""
+
+    type: ClassVar[str] = "trajectories"
+    step: int = field(metadata=bounded(0, 2**31))
+    trajectories: list[TrajectorySummary] = field(metadata=bounded(max_len=MAX_TRAJECTORIES))
+
+
+@dataclass(frozen=True, slots=True)
 class UpdateRequest:
     """The loop wants the trainer to compute step `step`'s update (answered by `update` or `error`)."""
 
@@ -71,7 +113,7 @@ class UpdateRequest:
 
 
 DRIVER_MESSAGES: dict[str, type] = {c.type: c for c in (Hello, ProgressReport, SignalReport, TelemetryReport,
-                                                         CheckpointReport, UpdateRequest)}
+                                                         CheckpointReport, UpdateRequest, TrajectoryReport)}
 
 
 # ---------------------------------------------------------------- control plane -> driver
@@ -186,6 +228,6 @@ def parse_control_message(data: Any) -> Any:
 
 __all__ = [
     "CheckpointReport", "ClusterView", "ErrorReply", "Hello", "JobView", "LinkError", "ProgressReport",
-    "SignalReport", "TelemetryReport", "UpdateGranted", "UpdateRequest", "Welcome", "WorkerView", "dump",
+    "SignalReport", "TelemetryReport", "TrajectoryReport", "TrajectorySummary", "UpdateGranted", "UpdateRequest", "Welcome", "WorkerView", "dump",
     "parse_control_message", "parse_driver_message",
 ]

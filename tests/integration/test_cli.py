@@ -140,3 +140,31 @@ def test_nodes_drain_undrain_and_errors_a_person_can_act_on(cp, tmp_path):
     assert oct(cfg.stat().st_mode & 0o777) == "0o600"
     r = pearl(cp, "list", env={"PEARL_CONFIG": str(cfg), "PEARL_URL": "", "PEARL_TOKEN": ""})
     assert "no jobs" in r.stdout
+
+
+def test_submit_the_agent_example_and_list_its_trajectories(cp):
+    from agents.driver.trajectories import summarize
+    from controlplane.models import Job
+    from controlplane.services.trajectories import record_trajectories
+
+    token = cp.user_token("alice")
+    job = json.loads(pearl(cp, "submit", "examples/agents/job.yaml", "--json", token=token).stdout)
+    assert job["environment"] == "agent" and job["agent"]["tasks"] == "examples/agents/tasks.jsonl"
+    assert Job.objects.get(name="calc-agent").agent["agent_concurrency"] == 64
+    out = pearl(cp, "trajectories", "calc-agent", token=token)
+    assert "no trajectories" in out.stdout
+    sample = {"tokens": [1, 2, 3, 4], "mask": [0, 0, 1, 1], "logprobs": [0, 0, -0.5, -0.5], "weight_versions": [2],
+              "workers": [3], "latency_s": [0.1]}
+    for step in (0, 1):
+        record_trajectories(job_id=job["id"], step=step, trajectories=[
+            summarize(f"s{step}-t0", {"samples": [sample], "reward": 1.0, "turns": 1, "status": "done"}),
+            summarize(f"s{step}-t1", {"status": "failed", "reason": "the agent exited with status 1"}),
+        ])
+    out = pearl(cp, "trajectories", "calc-agent", token=token).stdout  # the latest step by default
+    assert "s1-t0" in out and "s0-t0" not in out and "2/4" in out and "v2" in out
+    assert "the agent exited with status 1" in out
+    rows = json.loads(pearl(cp, "trajectories", str(job["id"]), "--step", "0", "--status", "done", "--json",
+                            token=token).stdout)
+    assert [r["name"] for r in rows] == ["s0-t0"] and rows[0]["mask"] == [0, 0, 1, 1]
+    bad = pearl(cp, "trajectories", "calc-agent", "--limit", "999", token=token, check=False)
+    assert bad.returncode != 0 and "limit" in bad.stderr

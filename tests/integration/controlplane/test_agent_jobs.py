@@ -93,3 +93,99 @@ def test_the_example_job_yaml_submits(api, nodes, monkeypatch):
     assert r.status_code == 201, r.content
     assert r.json()["agent"]["agent_command"] == ["python", "examples/agents/calculator_agent.py"]
     assert json.dumps(r.json()["agent"])  # JSON all the way
+
+
+# ---------------------------------------------------------------- trajectories: service and API
+def _record(n_tokens: int = 6, status: str = "done", **extra) -> dict:
+    """An AgentRunner record as the gateway keeps it: two samples (a fork), prompt 0 / sampled 1."""
+    half = n_tokens // 2
+    sample = {"prompt_len": half, "tokens": list(range(n_tokens)), "mask": [0] * half + [1] * (n_tokens - half),
+              "logprobs": [0.0] * half + [-0.25] * (n_tokens - half), "weight_versions": [3], "workers": [2],
+              "latency_s": [0.125]}
+    return {"samples": [sample, {**sample, "weight_versions": [4], "workers": [5]}], "forks": 1, "reward": 1.0,
+            "turns": 2, "status": status, "messages": [{"role": "user", "content": "1+1?"},
+                                                       {"role": "assistant", "content": "2"}], **extra}
+
+
+def _agent_job(api) -> int:
+    r = api.post("/api/jobs/", _body(agent_command=["python", "a.py"], tasks=[{"q": 1}]), format="json")
+    assert r.status_code == 201, r.content
+    return r.json()["id"]
+
+
+def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
+    from agents.driver.trajectories import summarize
+    from controlplane.services.trajectories import record_trajectories
+
+    jid = _agent_job(api)
+    record_trajectories(job_id=jid, step=0, trajectories=[summarize("s0-t0", _record()),
+                                                           summarize("s0-t1", _record(status="failed", reward=None,
+                                                                                      reason="exit 1", stderr="boom"))])
+    record_trajectories(job_id=jid, step=1, trajectories=[summarize("s1-t0", _record())])
+    # a later report of the same trajectory replaces it (the driver resends what it could not deliver)
+    record_trajectories(job_id=jid, step=1, trajectories=[summarize("s1-t0", _record(reward=0.5))])
+    r = api.get(f"/api/jobs/{jid}/trajectories/?step=0")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["count"] == 2 and [t["name"] for t in body["results"]] == ["s0-t0", "s0-t1"]
+    done, failed = body["results"]
+    assert done["status"] == "done" and done["reward"] == 1.0 and done["forks"] == 1 and done["turns"] == 2
+    assert done["tokens"] == [0, 1, 2, 3, 4, 5] * 2 and done["mask"] == [0, 0, 0, 1, 1, 1] * 2
+    assert done["logprobs"][3] == -0.25 and done["sample_lens"] == [6, 6]
+    assert done["weight_versions"] == [3, 4] and done["workers"] == [2, 5] and done["latency_s"] == [0.125] * 2
+    assert done["messages"][0] == {"role": "user", "content": "1+1?"} and not done["truncated"]
+    assert failed["status"] == "failed" and failed["reward"] is None and failed["reason"] == "exit 1"
+    assert failed["stderr"] == "boom"
+    assert api.get(f"/api/jobs/{jid}/trajectories/?step=1").json()["results"][0]["reward"] == 0.5
+    assert api.get(f"/api/jobs/{jid}/trajectories/").json()["count"] == 3
+    assert api.get(f"/api/jobs/{jid}/trajectories/?status=failed").json()["count"] == 1
+    page = api.get(f"/api/jobs/{jid}/trajectories/?limit=1&offset=1").json()
+    assert page["count"] == 3 and len(page["results"]) == 1 and page["next"]
+    steps = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
+    assert steps == [{"step": 1, "total": 1, "done": 1}, {"step": 0, "total": 2, "done": 1, "failed": 1}]
+
+
+def test_long_trajectories_are_truncated_and_say_so(api, nodes):
+    from agents.driver.trajectories import summarize
+    from controlplane.core import driver_link as dl
+    from controlplane.services.trajectories import record_trajectories
+
+    jid = _agent_job(api)
+    long = summarize("s0-t0", _record(n_tokens=dl.MAX_TRAJECTORY_TOKENS))  # two samples: twice the bound
+    assert long.truncated and long.token_count == 2 * dl.MAX_TRAJECTORY_TOKENS
+    assert len(long.tokens) == len(long.mask) == len(long.logprobs) == dl.MAX_TRAJECTORY_TOKENS
+    record_trajectories(job_id=jid, step=0, trajectories=[long])
+    t = api.get(f"/api/jobs/{jid}/trajectories/?step=0").json()["results"][0]
+    assert t["truncated"] and t["token_count"] == 2 * dl.MAX_TRAJECTORY_TOKENS
+    assert len(t["tokens"]) == dl.MAX_TRAJECTORY_TOKENS
+
+
+@pytest.mark.parametrize("query, field", [("step=-1", "step"), ("step=x", "step"), ("status=odd", "status"),
+                                          ("limit=0", "limit"), ("limit=201", "limit")])
+def test_trajectory_queries_are_checked(api, nodes, query, field):
+    jid = _agent_job(api)
+    r = api.get(f"/api/jobs/{jid}/trajectories/?{query}")
+    assert r.status_code == 400 and r.json()["field"] == field, r.content
+
+
+def test_trajectories_need_a_login_and_a_job(api, nodes):
+    from rest_framework.test import APIClient
+
+    jid = _agent_job(api)
+    assert APIClient().get(f"/api/jobs/{jid}/trajectories/").status_code in (401, 403)
+    assert api.get("/api/jobs/999999/trajectories/").status_code == 404
+    assert api.get("/api/jobs/999999/trajectories/steps/").status_code == 404
+    assert api.get("/api/jobs/abc/trajectories/").status_code == 400
+
+
+def test_a_report_with_a_bad_status_or_mismatched_lists_changes_nothing(api, nodes):
+    from controlplane.core import driver_link as dl
+    from controlplane.models import Trajectory
+    from controlplane.services.errors import InvalidInput
+    from controlplane.services.trajectories import record_trajectories
+
+    jid = _agent_job(api)
+    for bad in (dl.TrajectorySummary("s0-t0", "weird"), dl.TrajectorySummary("s0-t0", "done", tokens=[1], mask=[])):
+        with pytest.raises(InvalidInput):
+            record_trajectories(job_id=jid, step=0, trajectories=[bad])
+    assert Trajectory.objects.count() == 0

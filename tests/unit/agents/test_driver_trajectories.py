@@ -1,0 +1,78 @@
+"""The driver's trajectory reports (issue 19): an agent job's ended trajectories are summarised within the
+link's bounds, grouped per step in frames under the link's limit, sent once and taken from the runner's
+records (which so do not pile up); a failed send keeps them for the next flush."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents.driver import RolloutDriver
+from agents.driver.trajectories import reports, step_of, summarize
+from agents.envs import agent as agent_env
+from controlplane.core import driver_link as dl
+
+JOB = dl.JobView(name="calc-agent", environment="agent", model="tiny", engine="torch", batch_size=4, group_size=2,
+                 max_staleness=1, max_trajectory_tokens=512, return_deadline_s=30.0,
+                 agent={"agent_command": ["python", "a.py"], "tasks": [{"q": 1}]})
+
+
+def _rec(n: int = 4, **extra) -> dict:
+    return {"samples": [{"tokens": list(range(n)), "mask": [0, 1] * (n // 2), "logprobs": [0.0, -1.0] * (n // 2),
+                         "weight_versions": [1], "workers": [0], "latency_s": [0.5]}], "reward": 1.0, "turns": 1,
+            "status": "done", "messages": [], **extra}
+
+
+class Link:
+    def __init__(self, fail: int = 0) -> None:
+        self.sent: list[dl.TrajectoryReport] = []
+        self.fail = fail
+
+    async def send(self, msg) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("link down")
+        dl.parse_driver_message(json.loads(json.dumps(dl.dump(msg))))  # what the control plane accepts
+        self.sent.append(msg)
+
+
+def test_step_of_reads_the_loops_trajectory_ids():
+    assert step_of("s12-t3") == 12 and step_of("s0-t1-r2") == 0 and step_of("task7-m0", 5) == 5
+
+
+def test_summaries_are_bounded_and_storable():
+    big = "ü" * 10_000 + "\x00"
+    rec = _rec(reason=big, stderr=big, messages=[{"role": "user", "content": big}] * 200,
+               reward=float("nan"), status="strange")
+    s = summarize("s0-t0", rec)
+    assert s.reward is None and s.status == "done"
+    assert len(s.reason) <= dl.MAX_MESSAGE_CHARS and "\x00" not in s.reason
+    assert 1 <= len(s.messages) <= dl.MAX_TRAJECTORY_MESSAGES
+    (msg,) = reports([(0, s)])
+    assert len(json.dumps(dl.dump(msg))) < dl.MAX_REPORT_BYTES
+    dl.parse_driver_message(json.loads(json.dumps(dl.dump(msg))))
+
+
+def test_reports_are_per_step_and_split_under_the_frame_limit():
+    many = [(0, summarize(f"s0-t{i}", _rec(n=dl.MAX_TRAJECTORY_TOKENS))) for i in range(40)]
+    out = reports([*many, (1, summarize("s1-t0", _rec()))])
+    assert len(out) > 2 and {m.step for m in out} == {0, 1}
+    assert sum(len(m.trajectories) for m in out) == 41
+    assert all(len(json.dumps(dl.dump(m))) <= dl.MAX_REPORT_BYTES for m in out)
+
+
+@pytest.mark.asyncio
+async def test_the_driver_reports_ended_trajectories_once_and_keeps_them_across_a_failed_send():
+    link = Link(fail=1)
+    driver = RolloutDriver(JOB, link=link, token="t")
+    records = agent_env.runner().records
+    records["s0-t0"] = _rec()
+    records["s1-t0-r1"] = _rec(status="failed", reward=None, reason="the agent exited with status 1")
+    with pytest.raises(ConnectionError):
+        await driver._report_trajectories()
+    assert not records and len(driver._unreported) == 2  # taken from the runner, kept until sent
+    await driver._report_trajectories()
+    await driver._report_trajectories()  # nothing new: nothing sent
+    assert [(m.step, [t.name for t in m.trajectories]) for m in link.sent] == [(0, ["s0-t0"]), (1, ["s1-t0-r1"])]
+    assert link.sent[1].trajectories[0].reason == "the agent exited with status 1"
+    assert not driver._unreported
