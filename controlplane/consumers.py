@@ -23,7 +23,6 @@ from controlplane.services.errors import Conflict, PermissionDenied, ServiceErro
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
 from controlplane.services.trajectories import record_trajectories
-from controlplane.services.trajectories import record_trajectories
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -414,8 +413,6 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await _service(_ingest)(self.job_id, message)
         elif isinstance(message, dl.CheckpointReport):
             await _service(progress.save_loop_checkpoint)(job_id=self.job_id, state=message.state)
-        elif isinstance(message, dl.TrajectoryReport):  # agent trajectories, for the job page (issue 19)
-            await _service(record_trajectories)(job_id=self.job_id, step=message.step, trajectories=message.trajectories)
         elif isinstance(message, dl.TrajectoryReport):  # agent trajectories, for the job page (issue 19)
             await _service(record_trajectories)(job_id=self.job_id, step=message.step, trajectories=message.trajectories)
         elif isinstance(message, dl.UpdateRequest):
