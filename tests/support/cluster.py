@@ -73,9 +73,12 @@ def agents_converge() -> None:
         )
 
 
-def run_transition(transition: Transition, rounds: int = 20) -> Transition:
-    """Execute a transition to its end, the agents converging between executor passes."""
+def run_transition(transition: Transition | None, rounds: int = 20) -> Transition:
+    """Execute a transition to its end, the agents converging between executor passes (None: the planner
+    made none, which fails the test)."""
     from controlplane.services import executor
+
+    assert transition is not None, "no transition was planned"
 
     for _ in range(rounds):
         tr = executor.execute_transition(transition_id=transition.pk)
