@@ -4,9 +4,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from django.db.models import Max, Min
+from django.db.models import Count, Max, Min
 
-from controlplane.core.state import Role
+from controlplane.core.state import Activity, Role
 from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker
 
 HISTORY_KINDS = ("step", "train")
@@ -118,14 +118,25 @@ def transition_dict(t: Transition) -> dict[str, Any]:
 
 
 def staleness(job: Job) -> dict[str, Any]:
-    """How far the rollout workers' weights lag the trainer's, against the job's bound."""
-    agg = Worker.objects.filter(job=job, alive=True).exclude(role=Role.TRAINING).aggregate(
-        lo=Min("weight_version"), hi=Max("weight_version"))
+    """How far the weights of the rollout workers that serve lag the trainer's, against the job's bound.
+    Asleep (parked overlap) workers pull the weights lazily when woken, so they are counted apart, not in the lag."""
+    rollout = Worker.objects.filter(job=job, alive=True).exclude(role=Role.TRAINING)
+    agg = rollout.filter(activity=Activity.ACTIVE).aggregate(lo=Min("weight_version"), hi=Max("weight_version"))
+    asleep = rollout.exclude(activity=Activity.ACTIVE).aggregate(n=Count("id"), lo=Min("weight_version"))
     last_step = TelemetrySample.objects.filter(job=job, kind="step").order_by("-id").values_list("record", flat=True).first()
     lag = job.weight_version - agg["lo"] if agg["lo"] is not None else None
     return {"weight_version": job.weight_version, "max_staleness": job.max_staleness, "workers_min": agg["lo"],
             "workers_max": agg["hi"], "lag": lag, "within_bound": lag is None or lag <= job.max_staleness,
+            "asleep": asleep["n"], "asleep_min": asleep["lo"],
             "stale_aborted_last_step": (last_step or {}).get("stale_aborted", 0)}
+
+
+def submitted_by(job: Job) -> str:
+    """Who submitted the job: its user, else the actor of its job.created event (the launcher, a script)."""
+    if job.created_by is not None:
+        return job.created_by.username
+    actor = Event.objects.filter(job=job, kind="job.created").values_list("actor", flat=True).first()
+    return actor or "unknown"
 
 
 def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, events: int = 50) -> dict[str, Any] | None:
@@ -148,6 +159,7 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
             "configuration": configuration_label(job.mode, job.n_prefill, job.n_decode, job.n_colocated),
             "step": job.step, "weight_version": job.weight_version, "training_active": job.training_active,
             "created_by": job.created_by.username if job.created_by else None, "created": job.created.isoformat(),
+            "submitted_by": submitted_by(job), "agent": job.agent or None,
             "stopped_at": job.stopped_at.isoformat() if job.stopped_at else None,
         },
         "override": ({k: v for k, v in o.items() if k != "job_id"} if o else None),

@@ -23,11 +23,13 @@
       ["Step", String(j.step), "step"],
       ["Predicted makespan", d ? fmt.s(d.predicted_makespan_s) : "–", "predicted"],
       ["Weights", `v${j.weight_version}` + (st8.workers_min !== null ? ` · workers v${st8.workers_min}–v${st8.workers_max}` : ""), "weights"],
-      ["Staleness", st8.lag === null ? "–" : `lag ${st8.lag} / bound ${st8.max_staleness}${st8.within_bound ? "" : " (over!)"}` +
+      // the lag of the workers that serve; asleep overlap workers pull the weights lazily when woken
+      ["Staleness", (st8.lag === null ? "no serving worker" : `lag ${st8.lag} / bound ${st8.max_staleness}${st8.within_bound ? "" : " (over!)"}`) +
+        (st8.asleep ? ` · ${st8.asleep} asleep (pull on wake)` : "") +
         (st8.stale_aborted_last_step ? ` · ${st8.stale_aborted_last_step} aborted` : ""), "staleness"],
       ["Trainer", j.training_active ? "computing (borrowed GPUs returned)" : "idle (training GPUs may be lent)", "training"],
       ["Spec", `${j.model} · ${j.engine} · ${j.hardware} · TP${j.tp} · B=${j.batch_size} · G=${j.group_size} · ${j.rollout_gpus}+${j.training_gpus} GPUs`, "spec"],
-      ["Submitted", `${j.created_by || "?"} at ${fmt.time(j.created)}`, "submitted"],
+      ["Submitted", `${j.submitted_by || j.created_by || "unknown"} at ${fmt.time(j.created)}`, "submitted"],
     ];
     const box = $("cards"); box.replaceChildren();
     for (const [k, v, id] of cards) { const c = el("div", "card"); c.dataset.card = id; c.append(el("div", "k", k), el("div", "v", v)); box.appendChild(c); }
@@ -193,6 +195,94 @@
     charts();
   }
 
+  // ---- trajectory browser (environment agent) -------------------------------------------------------
+  // a step's trajectories; one opened as its chat transcript and its tokens, mask 0 (template, tool
+  // output, observation: not trained on) greyed, mask 1 (sampled by the policy) with its log-prob
+  const tr = { step: null, rows: [], open: null, steps: [] };
+  async function loadTrajectorySteps() {
+    if (!$("trajectories-section")) return;
+    const r = await api("GET", `/api/jobs/${jobId}/trajectories/steps/`);
+    if (!r.ok) return;
+    tr.steps = r.data;
+    const sel = $("tr-step"), keep = sel.value;
+    sel.replaceChildren();
+    for (const s of tr.steps) {
+      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted)`);
+      o.value = String(s.step); sel.appendChild(o);
+    }
+    if (!tr.steps.length) { $("tr-empty").hidden = false; return; }
+    $("tr-empty").hidden = true;
+    sel.value = tr.steps.some((s) => String(s.step) === keep) ? keep : String(tr.steps[0].step);
+    if (sel.value !== String(tr.step)) await loadTrajectories(Number(sel.value));
+  }
+  async function loadTrajectories(step) {
+    tr.step = step;
+    const status = $("tr-status").value;
+    const r = await api("GET", `/api/jobs/${jobId}/trajectories/?step=${step}&limit=200` + (status ? `&status=${status}` : ""));
+    if (!r.ok) { $("tr-more").textContent = r.data.detail || `error ${r.status}`; return; }
+    tr.rows = r.data.results;
+    $("tr-more").textContent = r.data.count > tr.rows.length ? `showing ${tr.rows.length} of ${r.data.count}` : "";
+    const tb = $("trajectories").querySelector("tbody"); tb.replaceChildren();
+    for (const t of tr.rows) {
+      const row = el("tr", `tr-${t.status}`); row.dataset.name = t.name; row.tabIndex = 0;
+      const sampled = t.mask.reduce((a, m) => a + m, 0);
+      row.append(el("td", null, t.name), el("td", null, t.status), el("td", null, t.reward === null ? "–" : t.reward.toFixed(3)),
+        el("td", null, String(t.turns)), el("td", null, String(t.forks)), el("td", null, `${sampled}/${t.token_count}${t.truncated ? "+" : ""}`),
+        el("td", "muted", t.reason || ""));
+      row.addEventListener("click", () => openTrajectory(t));
+      row.addEventListener("keydown", (ev) => { if (ev.key === "Enter") openTrajectory(t); });
+      tb.appendChild(row);
+    }
+    if (tr.open) { const again = tr.rows.find((t) => t.name === tr.open); if (again) openTrajectory(again); }
+  }
+  function openTrajectory(t) {
+    tr.open = t.name;
+    for (const row of $("trajectories").querySelectorAll("tbody tr")) row.classList.toggle("chosen", row.dataset.name === t.name);
+    const box = $("transcript"); box.replaceChildren();
+    box.append(el("h3", null, `${t.name} · ${t.status}` + (t.reward === null ? "" : ` · reward ${t.reward}`)));
+    if (t.reason) box.append(el("p", "failure", t.reason));
+    if (t.stderr) { const pre = el("pre", "stderr", t.stderr); box.append(el("p", "muted", "stderr (tail):"), pre); }
+    const chat = el("div", "chat"); chat.id = "transcript-chat";
+    for (const m of t.messages) {
+      const b = el("div", `msg msg-${m.role}`); b.dataset.role = m.role;
+      b.append(el("div", "k", m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")), el("div", "v", m.content || ""));
+      if (m.tool_calls) b.append(el("code", "muted", m.tool_calls));
+      chat.appendChild(b);
+    }
+    if (!t.messages.length) chat.append(el("p", "empty", "no messages"));
+    box.append(el("h4", null, "Chat"), chat);
+    const turns = el("table"); turns.id = "transcript-turns";
+    turns.innerHTML = "<thead><tr><th>turn</th><th>weights</th><th>worker</th><th>latency</th></tr></thead>";
+    const tb = el("tbody");
+    t.weight_versions.forEach((v, i) => {
+      const row = el("tr"); row.append(el("td", null, String(i + 1)), el("td", null, `v${v}`),
+        el("td", null, t.workers[i] === undefined || t.workers[i] < 0 ? "–" : String(t.workers[i])), el("td", null, fmt.s(t.latency_s[i])));
+      tb.appendChild(row);
+    });
+    turns.appendChild(tb);
+    box.append(el("h4", null, `Turns (${t.turns}${t.forks ? `, ${t.forks} fork(s)` : ""})`), turns);
+    const toks = el("div", "tokens"); toks.id = "transcript-tokens";
+    let i = 0;
+    for (const n of t.sample_lens.length ? t.sample_lens : [t.tokens.length]) {
+      const sample = el("div", "sample");
+      for (const end = Math.min(t.tokens.length, i + n); i < end; i++) {
+        const sp = el("span", t.mask[i] ? "tok tok-sampled" : "tok tok-masked", String(t.tokens[i]));
+        sp.dataset.mask = String(t.mask[i]);
+        sp.title = t.mask[i] ? `sampled · log-prob ${t.logprobs[i]}` : "mask 0: not trained on";
+        sample.append(sp, document.createTextNode(" "));
+      }
+      toks.appendChild(sample);
+    }
+    box.append(el("h4", null, `Tokens (${t.token_count}${t.truncated ? `, the first ${t.tokens.length} shown` : ""}) — greyed: mask 0`), toks);
+  }
+  if ($("trajectories-section")) {
+    $("tr-step").addEventListener("change", (ev) => loadTrajectories(Number(ev.target.value)));
+    $("tr-status").addEventListener("change", () => { if (tr.step !== null) loadTrajectories(tr.step); });
+    $("tr-refresh").addEventListener("click", () => loadTrajectorySteps());
+    loadTrajectorySteps();
+  }
+  let lastStep = S.job.step;
+
   // ---- live ----------------------------------------------------------------------------------------
   let refreshTimer = null;
   function refreshSoon() { // decisions and transitions carry tables: fetch the read model once, after a burst
@@ -207,7 +297,10 @@
     }
     if (msg.type !== "delta") return;
     const d = msg.data;
-    if (msg.kind === "job") { Object.assign(S.job, d); renderHeader(); }
+    if (msg.kind === "job") {
+      Object.assign(S.job, d); renderHeader();
+      if (d.step !== undefined && d.step !== lastStep) { lastStep = d.step; loadTrajectorySteps(); } // a step ended: its trajectories
+    }
     else if (msg.kind === "override") { S.override = d; S.override_summary = d.summary || ""; renderHeader(); fillOverrides(); }
     else if (msg.kind === "decision") {
       $("decision").dataset.pending = String(d.id);

@@ -189,3 +189,37 @@ def test_a_report_with_a_bad_status_or_mismatched_lists_changes_nothing(api, nod
         with pytest.raises(InvalidInput):
             record_trajectories(job_id=jid, step=0, trajectories=[bad])
     assert Trajectory.objects.count() == 0
+
+
+# ---------------------------------------------------------------- the job page's read model
+def test_staleness_counts_the_serving_workers_and_the_asleep_apart(nodes):
+    from controlplane.models import Node, Worker
+    from controlplane.selectors.jobs import staleness
+    from controlplane.services import workers
+    from tests.support.cluster import make_job
+
+    job = make_job("healthy", rollout_gpus=2)
+    Job.objects.filter(pk=job.pk).update(weight_version=168, max_staleness=1)
+    node = Node.objects.get(name="n1")
+    serving = workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
+    asleep = workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[1], role="colocated",
+                                  activity="inactive")
+    Worker.objects.filter(pk=serving.pk).update(weight_version=168)
+    Worker.objects.filter(pk=asleep.pk).update(weight_version=0)  # an overlap worker that pulls lazily
+    s = staleness(Job.objects.get(pk=job.pk))
+    assert s["lag"] == 0 and s["within_bound"] and s["workers_min"] == 168
+    assert s["asleep"] == 1 and s["asleep_min"] == 0
+    Worker.objects.filter(pk=serving.pk).update(weight_version=160)  # a serving worker behind is still over
+    assert not staleness(Job.objects.get(pk=job.pk))["within_bound"]
+
+
+def test_submitted_by_names_the_launcher_for_jobs_it_created(api, nodes):
+    from controlplane.selectors.jobs import job_status
+    from tests.support.cluster import make_job
+
+    launched = make_job("launched")  # created with actor "test", no user (as the launcher does)
+    assert job_status(launched.pk)["job"]["submitted_by"] == "test"
+    r = api.post("/api/jobs/", {**_body(agent_command=["python", "a.py"], tasks=[{"q": 1}]), "name": "mine"},
+                 format="json")
+    st = job_status(r.json()["id"])
+    assert st["job"]["submitted_by"] == st["job"]["created_by"] and st["job"]["agent"]["tasks"] == [{"q": 1}]
