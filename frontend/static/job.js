@@ -245,7 +245,7 @@
     const chat = el("div", "chat"); chat.id = "transcript-chat";
     for (const m of t.messages) {
       const b = el("div", `msg msg-${m.role}`); b.dataset.role = m.role;
-      b.append(el("div", "k", m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")), el("div", "v", m.content || ""));
+      b.append(el("div", "msg-role", m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")), el("div", "msg-text", m.content || ""));
       if (m.tool_calls) b.append(el("code", "muted", m.tool_calls));
       chat.appendChild(b);
     }
