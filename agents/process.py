@@ -147,10 +147,11 @@ class WorkerProcess:
     secret: str
     state_dir: Path
     args: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"  # the address it is reached at (the agent's advertise address), as it goes in a URL
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -186,15 +187,18 @@ async def spawn_worker(
     *, worker_id: int, engine: str, role: str, state_dir: Path, model: str = "tiny", job: str = "",
     hardware: str = "H800", time_factor: float = 1.0, secret: str | None = None, extra: list[str] | None = None,
     startup_timeout_s: float = 120.0, module: str = "agents.worker", env_extra: dict[str, str] | None = None,
+    bind: str = "127.0.0.1", advertise: str = "",
 ) -> WorkerProcess:
-    """Start `python -m agents.worker` on an ephemeral loopback port and wait until it serves."""
+    """Start `python -m agents.worker` on an ephemeral port of `bind` (loopback unless the agent is reached
+    from other hosts) and wait until it serves; its endpoint names `advertise` (default: `bind`)."""
     secret = secret or secrets.token_urlsafe(32)
     state_dir.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable, "-m", module, "--engine", engine, "--role", role, "--worker-id", str(worker_id),
         "--model", model, "--job", job, "--hardware", hardware, "--time-factor", str(time_factor),
-        "--state-dir", str(state_dir), *(extra or []),
+        "--state-dir", str(state_dir), "--host", bind, *(extra or []),
     ]
+    advertise = advertise or bind
     with open(state_dir / "stderr.log", "ab") as errors:  # the child keeps its own descriptor
         proc = await spawn_child(args, {"PEARL_WORKER_SECRET": secret, **(env_extra or {})},
                                  stdout=asyncio.subprocess.PIPE, stderr=errors)
@@ -215,7 +219,8 @@ async def spawn_worker(
         if proc.returncode is None:
             _signal_group(proc.pid, signal.SIGKILL)
         raise
-    return WorkerProcess(worker_id, proc, port, secret, state_dir, args)
+    return WorkerProcess(worker_id, proc, port, secret, state_dir, args,
+                         f"[{advertise}]" if ":" in advertise else advertise)
 
 
 async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, asyncio.Event]:

@@ -165,11 +165,14 @@ class AgentActor:
         self.node, self.ray_node_id = node, ctx.get_node_id()
         self.gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         self.started = time.time()
+        # the node's Ray IP: the address it dials the control plane from, so the one the control plane
+        # records its endpoints on; off loopback only with a data-plane secret (AgentConfig refuses otherwise)
+        self.address = ray.util.get_node_ip_address() if spec.dataplane_secret else "127.0.0.1"
         cfg = AgentConfig(
             control_plane=spec.control_plane, token=spec.token, node=node, pool=pool, hardware=hardware,
             slots=max(1, len(self.gpu_ids) or slots), engine=spec.engine, time_factor=spec.time_factor,
             state_dir=Path(spec.state_root) / node, dataplane_secret=spec.dataplane_secret,
-            drain_timeout_s=spec.drain_timeout_s,
+            drain_timeout_s=spec.drain_timeout_s, bind_address=self.address,
         )
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
@@ -191,7 +194,7 @@ class AgentActor:
 
     def info(self) -> dict[str, Any]:
         return {"node": self.node, "pid": os.getpid(), "ray_node_id": self.ray_node_id, "gpu_ids": self.gpu_ids,
-                "started": self.started, "restarts": ray.get_runtime_context().was_current_actor_reconstructed}
+                "address": self.address, "started": self.started, "restarts": ray.get_runtime_context().was_current_actor_reconstructed}
 
     def stop(self) -> bool:
         self._stopping = True

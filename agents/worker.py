@@ -2,7 +2,8 @@
 
 `python -m agents.worker --engine torch|emulated|vllm --role colocated --port 0` with the shared
 secret in env `PEARL_WORKER_SECRET` (given by the agent at spawn; the worker refuses to start
-without one, and refuses to bind a public address unless told to). Prints one line
+without one, on loopback too; `--host` is loopback unless its agent is reached from other hosts,
+whose address it then binds: every call still needs the secret or the job's token). Prints one line
 `PEARL_WORKER_READY {"port": ..., "pid": ...}` when it serves. Partial outputs of in-flight
 requests are journaled to `<state-dir>/inflight.json` so that if the process dies, its agent
 reports them instead of losing them.
@@ -345,13 +346,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--state-dir", default="")
     p.add_argument("--drain-timeout", type=float, default=10.0)
-    p.add_argument("--insecure-public", action="store_true", help="allow binding a non-loopback address")
+    p.add_argument("--insecure-public", action="store_true",
+                   help="accepted for old launchers; a non-loopback --host is allowed because every call needs the secret")
     args = p.parse_args(argv)
     secret = os.environ.get("PEARL_WORKER_SECRET", "")
-    if not secret:
+    if not secret:  # fail closed, on loopback too: only the agent and the job's driver may call a worker
         sys.exit("PEARL_WORKER_SECRET is not set: refusing to serve without auth")
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.insecure_public:
-        sys.exit(f"refusing to bind {args.host}: engine ports stay node-local (use --insecure-public to override)")
     die_with_parent()
     asyncio.run(serve(args, secret))
 

@@ -8,8 +8,9 @@ Level-triggered, like a kubelet: every `desired_state` is the node's full desire
 recomputes what to do from (desired, observed) every time and again periodically, so a missed or
 repeated message changes nothing. Fencing: a desired state with a generation lower than the last
 applied one, or an epoch lower than the node's current epoch, is refused (ignored and reported).
-Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on loopback
-ports with per-worker secrets, each pinned to its slots' devices (CUDA_VISIBLE_DEVICES = the slot
+Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on ports of
+the agent's bind address (loopback by default; the node's address with `--bind-address` when drivers
+and workers on other hosts call them) with per-worker secrets, each pinned to its slots' devices (CUDA_VISIBLE_DEVICES = the slot
 indexes of its GPU set G_w) and in its own process group; the agent restarts a crashed worker and
 reports the crash with the partial outputs of the requests it had in flight (from the worker's
 journal). A restarted agent first kills whatever its previous incarnation left running (lease files,
@@ -68,6 +69,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state-dir", default="")
     p.add_argument("--drain-timeout", type=float, default=10.0)
     p.add_argument("--dataplane-port", type=int, default=0)
+    p.add_argument("--bind-address", default="127.0.0.1",
+                   help="where the agent's data plane, workers and trainers listen: the node's address (or 0.0.0.0 "
+                        "with --advertise-address) when drivers and workers on other hosts call them; off loopback "
+                        "it needs PEARL_DATAPLANE_SECRET")
+    p.add_argument("--advertise-address", default="",
+                   help="the address other hosts reach this node's endpoints at (default: --bind-address); the "
+                        "control plane records endpoints only on the address it sees the agent connect from")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -83,13 +91,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.control_plane and not token:
         sys.exit("no node token: set PEARL_AGENT_TOKEN (or --token)")
     node = args.node or f"{os.uname().nodename}-{os.getpid()}"
-    cfg = AgentConfig(
-        control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware, slots=args.slots,
-        engine=args.engine, time_factor=args.time_factor, interference=args.interference,
-        state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"),
-        dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
-        drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,
-    )
+    try:
+        cfg = AgentConfig(
+            control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware,
+            slots=args.slots, engine=args.engine, time_factor=args.time_factor, interference=args.interference,
+            state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"),
+            dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
+            drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,
+            bind_address=args.bind_address, advertise_address=args.advertise_address,
+        )
+    except ValueError as exc:
+        sys.exit(str(exc))
 
     async def runner() -> None:
         stop = asyncio.Event()

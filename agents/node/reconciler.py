@@ -312,6 +312,8 @@ class Reconciler:
         extra: list[str] = ["--tp", str(max(1, len(spec.gpus)))]  # G_w's size is the TP degree
         env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus),  # slot i is GPU i
                                "PEARL_JOB_TOKEN": spec.dataplane_token}  # the job's rollout driver calls it with this
+        if self.cfg.advertise_address != "127.0.0.1":  # vLLM's NIXL handshake: on the address peers reach (port 0: free)
+            env["PEARL_NIXL_SIDE_CHANNEL"] = f"{self.cfg.advertise_address}:0"
         if training:
             extra += ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
             env |= {"PEARL_WEIGHTS_KEY": spec.weights_key, "PEARL_WEIGHTS_ROTATE_S": str(self.weights_rotate_s)}
@@ -325,6 +327,7 @@ class Reconciler:
                 hardware=self.cfg.hardware, time_factor=self.cfg.time_factor,
                 module="agents.trainer" if training else "agents.worker", extra=extra, env_extra=env,
                 secret=self.cfg.dataplane_secret or None,
+                bind=self.cfg.bind_address, advertise=self.cfg.advertise_address,
             )
             health = await WorkerClient(m.proc.endpoint, m.proc.secret, self._http).get("health")
             if sorted(health.get("devices", [])) != sorted(spec.gpus):  # the binding holds in the process, not only in the database

@@ -246,14 +246,14 @@ class NodeAgent(Reconciler):
             if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), secret.encode())):
                 return web.json_response({"error": "missing or bad data-plane secret"}, status=401)
             return web.json_response({"workers": [
-                {**link.dump(m.observed()), "secret": m.proc.secret if m.proc else ""} for m in self.workers.values()
+                {**link.to_json(m.observed()), "secret": m.proc.secret if m.proc else ""} for m in self.workers.values()
             ]})
 
         app = web.Application()
         app.router.add_get("/workers", workers)
         self._dp_runner = web.AppRunner(app, access_log=None)
         await self._dp_runner.setup()
-        site = web.TCPSite(self._dp_runner, "127.0.0.1", self.cfg.dataplane_port)
+        site = web.TCPSite(self._dp_runner, self.cfg.bind_address, self.cfg.dataplane_port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.dataplane_url = f"http://127.0.0.1:{port}"
+        self.dataplane_url = f"http://{self.cfg.advertised_host}:{port}"

@@ -242,7 +242,6 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.get("PEARL_WORKER_SECRET") or os.environ.get("PEARL_TRAINER_TOKEN", "")
     if not token:
         sys.exit("PEARL_TRAINER_TOKEN is not set: refusing to serve without auth")
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        sys.exit(f"refusing to bind {args.host}: the trainer port stays node-local")
+    # any --host (the agent's bind address when drivers on other hosts call it): every call needs the token
     die_with_parent()
     asyncio.run(serve(args, token))

@@ -150,7 +150,8 @@ def _holder(node_id: int, channel: str, epoch: int) -> Node:
 
 def _endpoint_on(node: Node, reported: str) -> str | None:
     """A worker endpoint as the control plane records it: the node's own address (seen at registration)
-    and the port the agent reported; None if the report names any other host."""
+    and the port the agent reported; None if the report names any other host. An agent on the control
+    plane's host (loopback address) may bind any loopback address (127.0.0.2, ...): that one is kept."""
     try:
         url = urlsplit(reported)
         port = url.port
@@ -159,8 +160,9 @@ def _endpoint_on(node: Node, reported: str) -> str | None:
     if url.scheme != "http" or not url.hostname or port is None or url.path not in ("", "/") or url.query or url.username:
         return None
     host = url.hostname
-    local = {node.address, "127.0.0.1", "localhost", "::1"} if _is_loopback(node.address) else {node.address}
-    if host not in local:
+    if _is_loopback(node.address) and host not in (node.address, "127.0.0.1", "localhost", "::1"):
+        return f"http://{_url_host(host)}:{port}" if _is_loopback(host) else None
+    if host != node.address and not _is_loopback(node.address):
         return None
     return f"http://{_url_host(node.address or host)}:{port}"
 
