@@ -353,7 +353,7 @@ def main() -> None:
                 r = run_step(args, env, tmp, db, agents[:n], job, period, cookie, procs)
                 results.append(r)
                 print(json.dumps(r), file=sys.stderr, flush=True)
-                if r["renew_p95_ms"] is None or r["renew_p95_ms"] > args.stop_p95_ms:
+                if r["renew_p95_ms"] is not None and r["renew_p95_ms"] > args.stop_p95_ms:
                     break
                 time.sleep(22.0)  # the step's agents' leases lapse (LEASE_S + a sweep) before the next step counts
     finally:
