@@ -126,7 +126,8 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
     if s.get("lag") is not None:
         lines.append(
             f"staleness: workers at v{s['workers_min']}–v{s['workers_max']}, "
-            f"lag {s['lag']} / bound {s['max_staleness']}" + (f", {s['asleep']} asleep (pull on wake)" if s.get("asleep") else "")
+            f"lag {s['lag']} / bound {s['max_staleness']}"
+            + (f", {s['asleep']} asleep (pull on wake)" if s.get("asleep") else "")
         )
     return "\n".join(lines)
 

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.plumbing import build_array_type, build_basic_type
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
+from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.generics import ListAPIView
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
-from controlplane.api.views import IsOperator, WriteThrottle, actor_of, parse_id
 from controlplane.api.params import StrictLimitOffsetPagination, parse_count
+from controlplane.api.views import IsOperator, WriteThrottle, actor_of, parse_id
 from controlplane.core.driver_link import TRAJECTORY_STATUSES
-from controlplane.models import Job, SimulationRun
+from controlplane.models import Job, SimulationRun, Trajectory
 from controlplane.selectors import trajectories as trajectory_selectors
 from controlplane.selectors.jobs import job_series, job_status
 from controlplane.services import nodes, simulations
@@ -127,7 +128,7 @@ class JobTrajectoriesView(ListAPIView):
     serializer_class = s.TrajectorySerializer
     pagination_class = TrajectoryPagination
 
-    def get_queryset(self):  # type: ignore[override]
+    def get_queryset(self) -> QuerySet[Trajectory]:
         job_id = parse_id(self.kwargs["pk"])
         if not Job.objects.filter(pk=job_id).exists():
             raise NotFound(f"job {self.kwargs['pk']} does not exist", field="id")

@@ -228,6 +228,7 @@ def parse_control_message(data: Any) -> Any:
 
 __all__ = [
     "CheckpointReport", "ClusterView", "ErrorReply", "Hello", "JobView", "LinkError", "ProgressReport",
-    "SignalReport", "TelemetryReport", "TrajectoryReport", "TrajectorySummary", "UpdateGranted", "UpdateRequest", "Welcome", "WorkerView", "dump",
+    "SignalReport", "TelemetryReport", "TrajectoryReport", "TrajectorySummary", "UpdateGranted", "UpdateRequest",
+    "Welcome", "WorkerView", "dump",
     "parse_control_message", "parse_driver_message",
 ]

@@ -1,5 +1,5 @@
-from django.db import migrations, models
 import django.db.models.deletion
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -45,7 +45,9 @@ class Migration(migrations.Migration):
             options={
                 'ordering': ['step', 'name'],
                 'indexes': [models.Index(fields=['job', 'step'], name='trajectory_job_step')],
-                'constraints': [models.UniqueConstraint(fields=('job', 'step', 'name'), name='trajectory_job_step_name')],
+                'constraints': [
+                    models.UniqueConstraint(fields=('job', 'step', 'name'), name='trajectory_job_step_name'),
+                ],
             },
         ),
     ]
