@@ -49,7 +49,10 @@ class Link:
             d.on_cluster(dataclasses.replace(d.cluster, weight_version=d.waiting_version))
 
 
-async def run_job(tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120):
+async def run_job(tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120,
+                  report: bool = False):
+    """`report`: the agent spec comes in the JobView, as from the control plane (the driver configures the
+    runner and reports its trajectories); otherwise the test configures it and keeps every record."""
     wrunner, wurl, _ = await start_worker("torch")
     trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=batch, max_staleness=8), job="agent-job")
     tserver = TrainerServer(trainer, "trainer-token", job_token=SECRET)
@@ -66,9 +69,8 @@ async def run_job(tmp_path, agent: list[str], *, until, batch: int = 4, group: i
     site = web.TCPSite(trunner, "127.0.0.1", 0)
     await site.start()
     turl = f"http://127.0.0.1:{trunner.addresses[0][1]}"
-    runner = agent_env.configure(
-        {"tasks": [{"a": 1, "b": 2}, {"a": 3, "b": 4}], "agent_command": agent, "agent_timeout_s": 30}
-    )
+    spec = {"tasks": [{"a": 1, "b": 2}, {"a": 3, "b": 4}], "agent_command": agent, "agent_timeout_s": 30}
+    runner = agent_env.configure(spec)
     job = dl.JobView(
         name="agent-job",
         environment="agent",
@@ -79,11 +81,13 @@ async def run_job(tmp_path, agent: list[str], *, until, batch: int = 4, group: i
         max_staleness=8,
         max_trajectory_tokens=512,
         return_deadline_s=30.0,
+        agent=spec if report else {},
     )
     link = Link()
     try:
         async with ClientSession() as http:
             driver = RolloutDriver(job, link=link, token=SECRET, http=http)
+            runner = agent_env.runner()  # the driver's own when the JobView carries the spec
             link.driver = driver
             driver.cluster = dl.ClusterView(
                 workers=[dl.WorkerView(1, Role.COLOCATED, wurl)],
@@ -198,3 +202,20 @@ async def test_an_aborted_trajectory_ends_its_agent_and_a_replacement_starts(tmp
     assert runner.records[env.trajectory]["status"] == "aborted"
     assert runner.records[env.trajectory]["reason"] == "stale: test"
     assert seen["tid"] not in driver.episodes
+
+
+async def test_the_driver_reports_each_ended_trajectory_under_the_loops_id(tmp_path):
+    """With the spec in its JobView (as a live driver gets it) the driver reports every ended trajectory once,
+    per step, under the loop's trajectory id, with the tokens and mask the gateway recorded."""
+    driver, runner, posted = await run_job(tmp_path, AGENT, until=lambda d, r, t: bool(d.trained), report=True)
+    reports = [m for m in driver.link.sent if isinstance(m, dl.TrajectoryReport)]
+    got = [(m.step, t) for m in reports for t in m.trajectories]
+    done = [t for step, t in got if t.status == "done"]
+    assert len(done) >= 4 and not runner.records  # taken from the runner as reported
+    assert all(step == 0 and t.name.startswith("s0-t") for step, t in got if t.status == "done")
+    assert len({t.name for _, t in got}) == len(got)  # each once
+    for t in done:
+        assert t.reward is not None and sum(t.mask) >= 1 and len(t.tokens) == len(t.mask) == t.token_count
+        assert t.turns == len(t.weight_versions) >= 1 and t.messages and t.messages[0]["role"] == "user"
+    trained = {(tuple(x.prompt_tokens), tuple(x.completion_tokens)) for x in posted if x.trajectory}
+    assert any(tuple(t.tokens[: len(p)]) == p for t in done for p, _ in trained)
