@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 from controlplane.core.state import Activity, EngineKind, Mode, NodeStatus, Pool, Role, Zone
+from controlplane.core.policies import names
 
 NAME_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9._-]{0,62}$", "lowercase letters, digits, '.', '_' or '-' (max 63)")
 
@@ -90,7 +91,7 @@ class Job(models.Model):
     engine = models.CharField(max_length=16, choices=choices(EngineKind), default=EngineKind.EMULATED)
     hardware = models.CharField(max_length=32, default="cpu")
     environment = models.CharField(max_length=64, default="swe-like")
-    policy = models.CharField(max_length=16, default="pearl")
+    policy = models.CharField(max_length=16, default=names.PEARL)
     policy_options = models.JSONField(default=dict, blank=True)  # validated by core.policies.validate_options
     policy_state = models.JSONField(default=dict, blank=True)  # what a stateful policy carries between plans
     tp = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
