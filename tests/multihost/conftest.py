@@ -44,6 +44,11 @@ RAY_HEALTH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_per
 # fences on its own; a killed node is not_ready after one lease and gone when Ray says so
 
 
+def ray_tmp(prefix: str) -> Path:
+    """Ray's temp dirs: short paths, since its Unix sockets there must fit in 107 bytes (a pytest tmp path may not)."""
+    return Path("/tmp") / f"{prefix}-ray"
+
+
 def _why_not() -> str:
     if sys.platform != "linux":
         return "multi-host tests need Linux network namespaces"
@@ -222,7 +227,7 @@ class Cluster:
             str(Path(sys.executable).parent / "ray"), "start", "--block", "--address", f"{HEAD_IP}:{RAY_PORT}",
             "--node-ip-address", ip, "--num-cpus", "1", "--num-gpus", str(gpus), "--object-store-memory", "80000000",
             "--labels", f"pearl.io/pool={pool},pearl.io/hardware=H800", "--disable-usage-stats",
-            "--temp-dir", str(self.hosts.tmp / f"ray-{host}")], self.env | RAY_HEALTH)
+            "--temp-dir", str(ray_tmp(self.hosts.prefix) / host)], self.env | RAY_HEALTH)
 
     def add_node(self, host: str, **kw: Any) -> str:
         ip = f"{SUBNET}.{10 + len(self.nodes) + 1}"
@@ -302,7 +307,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         hosts.start("ray-head", "head", [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
                                        "--node-ip-address", HEAD_IP, "--port", str(RAY_PORT), "--num-cpus", "1",
                                        "--num-gpus", "0", "--object-store-memory", "80000000", "--disable-usage-stats",
-                                       "--include-dashboard=false", "--temp-dir", str(tmp / "ray-head")],
+                                       "--include-dashboard=false", "--temp-dir", str(ray_tmp(prefix) / "head")],
                      env | RAY_HEALTH)
         wait_for(lambda: "Ray runtime started" in hosts.log("ray-head") or hosts.procs["ray-head"].poll() is not None,
                  180, "the Ray head")
@@ -313,3 +318,4 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     finally:
         hosts.teardown()
         drop()
+        shutil.rmtree(ray_tmp(prefix), ignore_errors=True)
