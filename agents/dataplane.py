@@ -7,6 +7,7 @@ GET endpoints. Auth: every call carries `Authorization: Bearer <worker secret>` 
 given to the worker by its agent at spawn); a KV pull may instead carry the per-handle capability
 token returned by `prefill`, so a decode peer needs no other secret.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -231,7 +232,9 @@ class TrainSample:
     reward: float = field(metadata=bounded(-1e6, 1e6))
     weight_version: int = field(metadata=bounded(0))  # oldest version that produced the completion
     temperature: float = field(default=1.0, metadata=bounded(1e-3, 10.0))
-    trajectory: str = field(default="", metadata=bounded(max_len=MAX_ID_LEN))  # turns of one trajectory share its advantage
+    trajectory: str = field(
+        default="", metadata=bounded(max_len=MAX_ID_LEN)
+    )  # turns of one trajectory share its advantage
     token_count: int = field(default=0, metadata=bounded(0, 2**31))  # an emulated model's sample: its size, no tokens
 
 

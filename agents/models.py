@@ -4,6 +4,7 @@
 same seed holds bit-identical weights without shipping a file; a local directory written by
 `save_pretrained` loads the real thing. Weights travel only as safetensors.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -7,6 +7,7 @@ agent finds the workers its previous incarnation left behind (`kill_leftovers`) 
 before it starts anything on their devices. Workers also ask the kernel for SIGTERM when their agent
 dies (`die_with_parent`), so none outlives it even if the agent never comes back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,8 +102,15 @@ def kill_leftovers(root: Path, *, grace_s: float = 5.0) -> list[dict[str, Any]]:
                 aborted = list(journal["inflight"])
         for stale in (lease, lease.parent / "inflight.json"):
             stale.unlink(missing_ok=True)
-        found.append({"worker_id": int(info.get("worker_id", 0)), "pid": pid, "was_running": alive,
-                      "state_dir": str(lease.parent), "aborted": aborted})
+        found.append(
+            {
+                "worker_id": int(info.get("worker_id", 0)),
+                "pid": pid,
+                "was_running": alive,
+                "state_dir": str(lease.parent),
+                "aborted": aborted,
+            }
+        )
     return found
 
 
@@ -117,12 +125,14 @@ def child_env(env_extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-async def spawn_child(args: list[str], env_extra: dict[str, str] | None = None, *, stdout: Any = None,
-                      stderr: Any = None) -> asyncio.subprocess.Process:
+async def spawn_child(
+    args: list[str], env_extra: dict[str, str] | None = None, *, stdout: Any = None, stderr: Any = None
+) -> asyncio.subprocess.Process:
     """Start `args` (a worker, a trainer, a rollout driver) from the repository root in its own process
     group, so that stopping it (`stop_group`) also stops everything it started."""
-    return await asyncio.create_subprocess_exec(*args, env=child_env(env_extra), cwd=str(REPO_ROOT),
-                                                stdout=stdout, stderr=stderr, start_new_session=True)
+    return await asyncio.create_subprocess_exec(
+        *args, env=child_env(env_extra), cwd=str(REPO_ROOT), stdout=stdout, stderr=stderr, start_new_session=True
+    )
 
 
 async def stop_group(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
@@ -184,25 +194,63 @@ class WorkerProcess:
 
 
 async def spawn_worker(
-    *, worker_id: int, engine: str, role: str, state_dir: Path, model: str = "tiny", job: str = "",
-    hardware: str = "H800", time_factor: float = 1.0, secret: str | None = None, extra: list[str] | None = None,
-    startup_timeout_s: float = 120.0, module: str = "agents.worker", env_extra: dict[str, str] | None = None,
-    bind: str = "127.0.0.1", advertise: str = "",
+    *,
+    worker_id: int,
+    engine: str,
+    role: str,
+    state_dir: Path,
+    model: str = "tiny",
+    job: str = "",
+    hardware: str = "H800",
+    time_factor: float = 1.0,
+    secret: str | None = None,
+    extra: list[str] | None = None,
+    startup_timeout_s: float = 120.0,
+    module: str = "agents.worker",
+    env_extra: dict[str, str] | None = None,
+    bind: str = "127.0.0.1",
+    advertise: str = "",
 ) -> WorkerProcess:
     """Start `python -m agents.worker` on an ephemeral port of `bind` (loopback unless the agent is reached
     from other hosts) and wait until it serves; its endpoint names `advertise` (default: `bind`)."""
     secret = secret or secrets.token_urlsafe(32)
     state_dir.mkdir(parents=True, exist_ok=True)
     args = [
-        sys.executable, "-m", module, "--engine", engine, "--role", role, "--worker-id", str(worker_id),
-        "--model", model, "--job", job, "--hardware", hardware, "--time-factor", str(time_factor),
-        "--state-dir", str(state_dir), "--host", bind, *(extra or []),
+        sys.executable,
+        "-m",
+        module,
+        "--engine",
+        engine,
+        "--role",
+        role,
+        "--worker-id",
+        str(worker_id),
+        "--model",
+        model,
+        "--job",
+        job,
+        "--hardware",
+        hardware,
+        "--time-factor",
+        str(time_factor),
+        "--state-dir",
+        str(state_dir),
+        "--host",
+        bind,
+        *(extra or []),
     ]
     advertise = advertise or bind
     with open(state_dir / "stderr.log", "ab") as errors:  # the child keeps its own descriptor
-        proc = await spawn_child(args, {"PEARL_WORKER_SECRET": secret, **(env_extra or {})},
-                                 stdout=asyncio.subprocess.PIPE, stderr=errors)
-    lease = {"pid": proc.pid, "pgid": proc.pid, "start_time": start_time(proc.pid), "worker_id": worker_id, "agent_pid": os.getpid()}
+        proc = await spawn_child(
+            args, {"PEARL_WORKER_SECRET": secret, **(env_extra or {})}, stdout=asyncio.subprocess.PIPE, stderr=errors
+        )
+    lease = {
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "start_time": start_time(proc.pid),
+        "worker_id": worker_id,
+        "agent_pid": os.getpid(),
+    }
     (state_dir / LEASE_FILE).write_text(json.dumps(lease))
     assert proc.stdout is not None
     try:
@@ -213,14 +261,15 @@ async def spawn_worker(
                 raise RuntimeError(f"worker {worker_id} exited before serving: {err}")
             text = line.decode(errors="replace")
             if text.startswith(READY):
-                port = int(json.loads(text[len(READY):])["port"])
+                port = int(json.loads(text[len(READY) :])["port"])
                 break
     except BaseException:
         if proc.returncode is None:
             _signal_group(proc.pid, signal.SIGKILL)
         raise
-    return WorkerProcess(worker_id, proc, port, secret, state_dir, args,
-                         f"[{advertise}]" if ":" in advertise else advertise)
+    return WorkerProcess(
+        worker_id, proc, port, secret, state_dir, args, f"[{advertise}]" if ":" in advertise else advertise
+    )
 
 
 async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, asyncio.Event]:

@@ -12,6 +12,7 @@ it dials the control plane over the agent link from the node's own address, as a
 hand would. If the agent ends by itself the actor exits, so Ray starts it again (the agent's new
 incarnation re-registers with a new epoch and kills what the old one left).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,13 @@ DRAIN_REASONS = {"idle_termination": 1, "preemption": 2}
 def connect(address: str) -> None:
     """Join the Ray cluster at HOST:PORT as a driver in PEARL's namespace (no-op if connected)."""
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False,
-                 configure_logging=False)
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+            configure_logging=False,
+        )
 
 
 def disconnect() -> None:
@@ -72,18 +78,29 @@ def observe() -> list[NodeEvent]:
     for n in ray.nodes():
         node_id, address = str(n["NodeID"]), str(n.get("NodeManagerAddress", ""))
         if not n.get("Alive"):
-            events.append(NodeDead(node_id, address, _death_reason(n.get("DeathReason")),
-                                   str(n.get("DeathReasonMessage", ""))[:500]))
+            events.append(
+                NodeDead(
+                    node_id, address, _death_reason(n.get("DeathReason")), str(n.get("DeathReasonMessage", ""))[:500]
+                )
+            )
             continue
         resources = {k: float(v) for k, v in (n.get("Resources") or {}).items() if not k.startswith("node:")}
-        up = NodeUp(node_id, address, str(n.get("NodeManagerHostname", "")), resources,
-                    {str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
-                    is_head="node:__internal_head__" in (n.get("Resources") or {}))
+        up = NodeUp(
+            node_id,
+            address,
+            str(n.get("NodeManagerHostname", "")),
+            resources,
+            {str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
+            is_head="node:__internal_head__" in (n.get("Resources") or {}),
+        )
         if node_id in draining:
             deadline_ms = int(draining[node_id] or 0)
             deadline = deadline_ms / 1000.0 if deadline_ms > 0 else None
-            events.append(NodeDraining(node_id, address, deadline,
-                                       "preemption" if deadline is not None else "idle_termination", up))
+            events.append(
+                NodeDraining(
+                    node_id, address, deadline, "preemption" if deadline is not None else "idle_termination", up
+                )
+            )
         else:
             events.append(up)
     return events
@@ -106,12 +123,13 @@ def drain(ray_node_id: str, *, reason: str, message: str, deadline_s: float | No
 def agent_actors() -> set[str]:
     """Ray node ids that have a PEARL agent actor (alive, restarting or pending) in PEARL's namespace."""
     names = ray.util.list_named_actors(all_namespaces=False)
-    return {n[len(ACTOR_PREFIX):] for n in names if isinstance(n, str) and n.startswith(ACTOR_PREFIX)}
+    return {n[len(ACTOR_PREFIX) :] for n in names if isinstance(n, str) and n.startswith(ACTOR_PREFIX)}
 
 
 @dataclass(frozen=True)
 class AgentSpec:
     """What a node's agent is started with (everything but its node comes from the bridge's flags)."""
+
     control_plane: str
     token: str
     dataplane_secret: str = ""
@@ -127,8 +145,13 @@ def place_agent(node: NodeUp, spec: AgentSpec) -> str:
     restarted by Ray whenever it dies. Returns the actor's name. Raises ValueError if one exists."""
     name = ACTOR_PREFIX + node.ray_node_id
     AgentActor.options(  # type: ignore[attr-defined]
-        name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=-1, max_task_retries=0,
-        num_cpus=0, num_gpus=node.gpus,
+        name=name,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        max_restarts=-1,
+        max_task_retries=0,
+        num_cpus=0,
+        num_gpus=node.gpus,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.ray_node_id, soft=False),
     ).remote(pearl_node_name(node.ray_node_id), pool_of(node), hardware_of(node), node.gpus, spec)
     return name
@@ -169,10 +192,18 @@ class AgentActor:
         # records its endpoints on; off loopback only with a data-plane secret (AgentConfig refuses otherwise)
         self.address = ray.util.get_node_ip_address() if spec.dataplane_secret else "127.0.0.1"
         cfg = AgentConfig(
-            control_plane=spec.control_plane, token=spec.token, node=node, pool=pool, hardware=hardware,
-            slots=max(1, len(self.gpu_ids) or slots), engine=spec.engine, time_factor=spec.time_factor,
-            state_dir=Path(spec.state_root) / node, dataplane_secret=spec.dataplane_secret,
-            drain_timeout_s=spec.drain_timeout_s, bind_address=self.address,
+            control_plane=spec.control_plane,
+            token=spec.token,
+            node=node,
+            pool=pool,
+            hardware=hardware,
+            slots=max(1, len(self.gpu_ids) or slots),
+            engine=spec.engine,
+            time_factor=spec.time_factor,
+            state_dir=Path(spec.state_root) / node,
+            dataplane_secret=spec.dataplane_secret,
+            drain_timeout_s=spec.drain_timeout_s,
+            bind_address=self.address,
         )
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
@@ -193,8 +224,15 @@ class AgentActor:
         threading.Thread(target=serve, name=f"agent-{node}", daemon=True).start()
 
     def info(self) -> dict[str, Any]:
-        return {"node": self.node, "pid": os.getpid(), "ray_node_id": self.ray_node_id, "gpu_ids": self.gpu_ids,
-                "address": self.address, "started": self.started, "restarts": ray.get_runtime_context().was_current_actor_reconstructed}
+        return {
+            "node": self.node,
+            "pid": os.getpid(),
+            "ray_node_id": self.ray_node_id,
+            "gpu_ids": self.gpu_ids,
+            "address": self.address,
+            "started": self.started,
+            "restarts": ray.get_runtime_context().was_current_actor_reconstructed,
+        }
 
     def stop(self) -> bool:
         self._stopping = True

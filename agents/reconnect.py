@@ -59,8 +59,9 @@ async def reconnect_forever(
             code = await connect_once()
             delay = max_s / 2 if code in give_way else initial_s
             if code in give_way:
-                log.error("%s: the peer closed the link with %s (token refused, or another socket holds it)",
-                          name, code)
+                log.error(
+                    "%s: the peer closed the link with %s (token refused, or another socket holds it)", name, code
+                )
         except retry_on as exc:
             log.warning("%s down: %s", name, exc)
         if stop.is_set():

@@ -3,6 +3,7 @@
 Why bytes: the tests and the tiny model need a tokenizer with no files to download and an exact
 round trip for any text, so outputs can be compared token for token across processes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ version (or one at least `min_weight_version`) and installs it; nothing is pushe
 safetensors files written atomically (temp + rename) with the version in their metadata; network
 bytes are only ever parsed by safetensors (never pickle, never torch.load).
 """
+
 from __future__ import annotations
 
 import os
@@ -114,7 +115,9 @@ def weight_routes(store: WeightStore, may_pull: Callable[[str], bool]) -> web.Ap
         path = store.path(version)
         if not path.exists():
             return web.json_response({"error": f"unknown weight version {version}"}, status=404)
-        return web.FileResponse(path, headers={dp.WEIGHT_VERSION_HEADER: str(version), "Content-Type": "application/octet-stream"})
+        return web.FileResponse(
+            path, headers={dp.WEIGHT_VERSION_HEADER: str(version), "Content-Type": "application/octet-stream"}
+        )
 
     app = web.Application(middlewares=[auth])
     app.router.add_get("/latest", latest)

@@ -8,6 +8,7 @@ whose address it then binds: every call still needs the secret or the job's toke
 requests are journaled to `<state-dir>/inflight.json` so that if the process dies, its agent
 reports them instead of losing them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,7 +111,12 @@ class WorkerServer:
         header = request.headers.get(dp.AUTH_HEADER, "")
         presented = header[7:].encode() if header.startswith("Bearer ") else b""
         ok = bool(presented) and secrets.compare_digest(presented, self.secret.encode())
-        if not ok and self.job_token and request.path in self.DRIVER_VERBS and secrets.compare_digest(presented, self.job_token.encode()):
+        if (
+            not ok
+            and self.job_token
+            and request.path in self.DRIVER_VERBS
+            and secrets.compare_digest(presented, self.job_token.encode())
+        ):
             ok = True
         if not ok and not (request.path.startswith("/kv/") and dp.KV_TOKEN_HEADER in request.headers):
             return _error(401, "missing or bad worker secret")
@@ -175,7 +181,15 @@ class WorkerServer:
         data = await self._pull_kv(req)
         dt = time.perf_counter() - t0
         if not getattr(self.engine, "reports_kv_transfer", False):  # vLLM reports NIXL's own bytes and seconds
-            self.engine.telemetry.append(tm.kv_transfer(time_s=time.time(), job=req.job or self.engine.job, worker=self.engine.worker_id, kv_bytes=len(data), duration_s=dt))
+            self.engine.telemetry.append(
+                tm.kv_transfer(
+                    time_s=time.time(),
+                    job=req.job or self.engine.job,
+                    worker=self.engine.worker_id,
+                    kv_bytes=len(data),
+                    duration_s=dt,
+                )
+            )
         return _json(dp.dump(await self.engine.decode(req, data)))
 
     async def _pull_kv(self, req: dp.DecodeRequest) -> bytes:
@@ -267,9 +281,20 @@ class WorkerServer:
 
     async def health(self, request: web.Request) -> web.Response:
         e = self.engine
-        return _json(dp.dump(dp.Health(ok=True, worker_id=e.worker_id, role=e.role, state=e.state,
-                                                    weight_version=e.weight_version, pid=os.getpid(), devices=visible_devices(),
-                                                    sleep_mode=getattr(e, "sleep_mode", "pause"))))
+        return _json(
+            dp.dump(
+                dp.Health(
+                    ok=True,
+                    worker_id=e.worker_id,
+                    role=e.role,
+                    state=e.state,
+                    weight_version=e.weight_version,
+                    pid=os.getpid(),
+                    devices=visible_devices(),
+                    sleep_mode=getattr(e, "sleep_mode", "pause"),
+                )
+            )
+        )
 
     async def telemetry(self, request: web.Request) -> web.Response:
         return _json({"records": self.engine.take_telemetry()})
@@ -302,8 +327,15 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
     from agents.engines import build_engine
 
     engine = build_engine(
-        args.engine, model=args.model, worker_id=args.worker_id, role=args.role, job=args.job,
-        hardware=args.hardware, time_factor=args.time_factor, tp=args.tp, threads=args.threads,
+        args.engine,
+        model=args.model,
+        worker_id=args.worker_id,
+        role=args.role,
+        job=args.job,
+        hardware=args.hardware,
+        time_factor=args.time_factor,
+        tp=args.tp,
+        threads=args.threads,
         interference=args.interference,
     )
     state_dir = Path(args.state_dir) if args.state_dir else None
@@ -339,15 +371,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hardware", default="H800")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--time-factor", type=float, default=1.0)
-    p.add_argument("--interference", type=float, default=1.0,
-                   help="emulated engine: prefill next to running decodes costs this x its roofline time")
+    p.add_argument(
+        "--interference",
+        type=float,
+        default=1.0,
+        help="emulated engine: prefill next to running decodes costs this x its roofline time",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--state-dir", default="")
     p.add_argument("--drain-timeout", type=float, default=10.0)
-    p.add_argument("--insecure-public", action="store_true",
-                   help="accepted for old launchers; a non-loopback --host is allowed because every call needs the secret")
+    p.add_argument(
+        "--insecure-public",
+        action="store_true",
+        help="accepted for old launchers; a non-loopback --host is allowed because every call needs the secret",
+    )
     args = p.parse_args(argv)
     secret = os.environ.get("PEARL_WORKER_SECRET", "")
     if not secret:  # fail closed, on loopback too: only the agent and the job's driver may call a worker

@@ -7,6 +7,7 @@ turn's body carries its whole context as token ids (tens of thousands). A worker
 status other than 200 raises `WorkerCallError`; a worker that cannot be reached raises what aiohttp raises
 (`aiohttp.ClientError`, `OSError`, `asyncio.TimeoutError`), see `UNREACHABLE`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,9 @@ def _answer(status: int, raw: bytes, endpoint: str) -> dict[str, Any]:
             raise
         data = raw[:200].decode(errors="replace")
     if status != 200:
-        raise WorkerCallError(status, str(data.get("error", "")) if isinstance(data, dict) else str(data)[:200],
-                              endpoint)
+        raise WorkerCallError(
+            status, str(data.get("error", "")) if isinstance(data, dict) else str(data)[:200], endpoint
+        )
     if not isinstance(data, dict):
         raise orjson.JSONDecodeError(f"{endpoint}: a JSON object was expected", raw.decode(errors="replace"), 0)
     return data
@@ -83,21 +85,33 @@ class WorkerClient:
         return dp.WorkerStats(**await self.get("stats"))
 
 
-async def generate_disaggregated(prefill: WorkerClient, decode: WorkerClient,
-                                 req: dp.GenerateRequest) -> dp.GenerationResult:
+async def generate_disaggregated(
+    prefill: WorkerClient, decode: WorkerClient, req: dp.GenerateRequest
+) -> dp.GenerationResult:
     """One request through a prefill worker, then the KV hand-off to a decode worker (tests, benchmarks)."""
     pre = await prefill.prefill(req)
     if pre.first_token == 257 and req.sampling.stop_at_eos or req.sampling.max_tokens == 1:
         # nothing to decode: the prefill worker's first token is the whole output
         return dp.GenerationResult(
-            request_id=req.request_id, tokens=[pre.first_token], logprobs=[pre.first_logprob],
-            finish_reason="stop" if pre.first_token == 257 else "length", prompt_len=pre.prompt_len,
-            weight_version=pre.weight_version, worker_id=pre.worker_id,
+            request_id=req.request_id,
+            tokens=[pre.first_token],
+            logprobs=[pre.first_logprob],
+            finish_reason="stop" if pre.first_token == 257 else "length",
+            prompt_len=pre.prompt_len,
+            weight_version=pre.weight_version,
+            worker_id=pre.worker_id,
         )
-    return await decode.decode(dp.DecodeRequest(
-        request_id=req.request_id, kv_url=prefill.endpoint, handle=pre.handle, kv_token=pre.kv_token,
-        sampling=req.sampling, min_weight_version=req.min_weight_version, job=req.job,
-    ))
+    return await decode.decode(
+        dp.DecodeRequest(
+            request_id=req.request_id,
+            kv_url=prefill.endpoint,
+            handle=pre.handle,
+            kv_token=pre.kv_token,
+            sampling=req.sampling,
+            min_weight_version=req.min_weight_version,
+            job=req.job,
+        )
+    )
 
 
 def session(timeout_s: float = 600.0) -> ClientSession:

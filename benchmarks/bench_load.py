@@ -23,6 +23,7 @@ Usage: DATABASE_URL=postgres://.../pearl_load .venv/bin/python benchmarks/bench_
        [--agents 128,256,512,1024,2048] [--periods 3,1] [--daphnes 2] [--generators 2] [--duration 30]
        [--code DIR] [--out FILE.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,22 +78,59 @@ def seed(n: int) -> tuple[list[list[Any]], str]:
     now = timezone.now()
     names = [f"load-{i:05d}" for i in range(n)]
     tokens = {name: TOKEN_PREFIX + secrets.token_urlsafe(32) for name in names}
-    AgentCredential.objects.bulk_create([
-        AgentCredential(node_name=name, key_hash=hashlib.sha256(t.encode()).hexdigest(), prefix=t[4:12])
-        for name, t in tokens.items()])
-    Node.objects.bulk_create([Node(name=name, pool="reserved", status="not_ready", hardware="H800", epoch=1,
-                                   generation=1, last_heartbeat=now, lease_expires=now) for name in names])
+    AgentCredential.objects.bulk_create(
+        [
+            AgentCredential(node_name=name, key_hash=hashlib.sha256(t.encode()).hexdigest(), prefix=t[4:12])
+            for name, t in tokens.items()
+        ]
+    )
+    Node.objects.bulk_create(
+        [
+            Node(
+                name=name,
+                pool="reserved",
+                status="not_ready",
+                hardware="H800",
+                epoch=1,
+                generation=1,
+                last_heartbeat=now,
+                lease_expires=now,
+            )
+            for name in names
+        ]
+    )
     nodes = {nd.name: nd for nd in Node.objects.filter(name__in=names)}
-    GPU.objects.bulk_create([GPU(node=nodes[name], index=s, hardware="H800", memory_mb=81920, zone="rollout")
-                             for name in names for s in range(2)])
+    GPU.objects.bulk_create(
+        [
+            GPU(node=nodes[name], index=s, hardware="H800", memory_mb=81920, zone="rollout")
+            for name in names
+            for s in range(2)
+        ]
+    )
     gpus = {(g.node_id, g.index): g for g in GPU.objects.all()}
     job = create_job(spec={"name": "load-job", "rollout_gpus": 2, "training_gpus": 0}, actor="bench")
-    Worker.objects.bulk_create([Worker(job=job, slot=2 * i + s, node=nodes[name], zone="rollout", role="colocated",
-                                       activity="active", engine="emulated")
-                                for i, name in enumerate(names) for s in range(2)])
+    Worker.objects.bulk_create(
+        [
+            Worker(
+                job=job,
+                slot=2 * i + s,
+                node=nodes[name],
+                zone="rollout",
+                role="colocated",
+                activity="active",
+                engine="emulated",
+            )
+            for i, name in enumerate(names)
+            for s in range(2)
+        ]
+    )
     workers = {(w.node_id, w.slot % 2): w for w in Worker.objects.filter(job=job)}
-    WorkerGPU.objects.bulk_create([WorkerGPU(worker=w, gpu=gpus[(node_id, s)], kind="rollout", alive=True, active=True)
-                                   for (node_id, s), w in workers.items()])
+    WorkerGPU.objects.bulk_create(
+        [
+            WorkerGPU(worker=w, gpu=gpus[(node_id, s)], kind="rollout", alive=True, active=True)
+            for (node_id, s), w in workers.items()
+        ]
+    )
     return [[name, tokens[name], [workers[(nodes[name].pk, s)].pk for s in range(2)]] for name in names], job.name
 
 
@@ -129,19 +167,24 @@ def pg_counters(db: str) -> tuple[int, int]:
 
     with connection.cursor() as c:
         c.execute("SELECT pg_stat_clear_snapshot()")
-        c.execute("SELECT tup_inserted + tup_updated + tup_deleted, xact_commit FROM pg_stat_database "
-                  "WHERE datname = %s", [db])
+        c.execute(
+            "SELECT tup_inserted + tup_updated + tup_deleted, xact_commit FROM pg_stat_database WHERE datname = %s",
+            [db],
+        )
         row = c.fetchone()
     return int(row[0]), int(row[1])
 
 
-async def watch_dashboard(url: str, origin: str, cookie: str, recv: dict[str, list[float]], stop: asyncio.Event,
-                          ready: asyncio.Event) -> None:
+async def watch_dashboard(
+    url: str, origin: str, cookie: str, recv: dict[str, list[float]], stop: asyncio.Event, ready: asyncio.Event
+) -> None:
     from aiohttp import ClientSession, ClientTimeout
 
     headers = {"Origin": origin, "Cookie": f"sessionid={cookie}"}
-    async with ClientSession(timeout=ClientTimeout(total=None)) as s, s.ws_connect(url, headers=headers,
-                                                                                   max_msg_size=0) as ws:
+    async with (
+        ClientSession(timeout=ClientTimeout(total=None)) as s,
+        s.ws_connect(url, headers=headers, max_msg_size=0) as ws,
+    ):
         ready.set()
         while not stop.is_set():
             try:
@@ -174,16 +217,32 @@ def ms(xs: list[float], q: float | None) -> float | None:
     return round(1000 * v, 1)
 
 
-def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, agents: list[list[Any]], job: str,
-             period: float, cookie: str, procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, Any]:
+def run_step(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    tmp: Path,
+    db: str,
+    agents: list[list[Any]],
+    job: str,
+    period: float,
+    cookie: str,
+    procs: dict[str, subprocess.Popen[bytes]],
+) -> dict[str, Any]:
     from controlplane.models import Event, TelemetrySample
 
     code = Path(args.code).resolve()
     ports = [free_port() for _ in range(args.daphnes)]
     step_env = dict(env, PEARL_HEARTBEAT_S=str(period))
-    web = [subprocess.Popen([PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],
-                            cwd=code, env=step_env, stdout=open(tmp / f"daphne-{pt}.log", "ab"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT) for pt in ports]
+    web = [
+        subprocess.Popen(
+            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],
+            cwd=code,
+            env=step_env,
+            stdout=open(tmp / f"daphne-{pt}.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        for pt in ports
+    ]
     gens: list[subprocess.Popen[str]] = []
     stop = asyncio.Event()
     try:
@@ -198,11 +257,25 @@ def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, 
         urls = [f"ws://127.0.0.1:{pt}/ws/agent/" for pt in ports]
         share = (len(agents) + args.generators - 1) // args.generators
         for g in range(args.generators):
-            part = agents[g * share:(g + 1) * share]
-            p = subprocess.Popen([PY, str(HERE / "load_agents.py")], cwd=ROOT, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=open(tmp / f"gen-{g}.log", "a"), text=True)  # noqa: SIM115
-            cfg = {"urls": urls, "agents": part, "offset": g * share, "period": period, "job": job,
-                   "probe_every": args.probe_every, "change_every": args.change_every, "duration": args.duration}
+            part = agents[g * share : (g + 1) * share]
+            p = subprocess.Popen(
+                [PY, str(HERE / "load_agents.py")],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=open(tmp / f"gen-{g}.log", "a"),
+                text=True,
+            )  # noqa: SIM115
+            cfg = {
+                "urls": urls,
+                "agents": part,
+                "offset": g * share,
+                "period": period,
+                "job": job,
+                "probe_every": args.probe_every,
+                "change_every": args.change_every,
+                "duration": args.duration,
+            }
             assert p.stdin is not None
             p.stdin.write(json.dumps(cfg) + "\n")
             p.stdin.flush()
@@ -225,8 +298,16 @@ def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, 
             from asgiref.sync import sync_to_async
 
             ready = asyncio.Event()
-            task = asyncio.create_task(watch_dashboard(f"ws://127.0.0.1:{ports[0]}/ws/dashboard/",
-                                                       f"http://127.0.0.1:{ports[0]}", cookie, recv, stop, ready))
+            task = asyncio.create_task(
+                watch_dashboard(
+                    f"ws://127.0.0.1:{ports[0]}/ws/dashboard/",
+                    f"http://127.0.0.1:{ports[0]}",
+                    cookie,
+                    recv,
+                    stop,
+                    ready,
+                )
+            )
             await asyncio.wait_for(ready.wait(), 600)
             await asyncio.sleep(max(0.0, window_start - time.time()))
             counters = sync_to_async(lambda: (pg_counters(db), TelemetrySample.objects.count()))
@@ -269,12 +350,22 @@ def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, 
     lost = Event.objects.filter(kind="node.lease_expired", created__gte=t0, node__name__in=names).count()
     rows, commits, telemetry_rows = stats["pg"]
     return {
-        "period_s": period, "agents": len(agents), "daphnes": args.daphnes, "generators": args.generators,
-        "registered_s": round(registered_s, 1), "heartbeats": sent, "heartbeats_per_s": round(sent / args.duration, 1),
-        "renew_p50_ms": ms(renew, 0.5), "renew_p95_ms": ms(renew, 0.95), "renew_max_ms": ms(renew, None),
+        "period_s": period,
+        "agents": len(agents),
+        "daphnes": args.daphnes,
+        "generators": args.generators,
+        "registered_s": round(registered_s, 1),
+        "heartbeats": sent,
+        "heartbeats_per_s": round(sent / args.duration, 1),
+        "renew_p50_ms": ms(renew, 0.5),
+        "renew_p95_ms": ms(renew, 0.95),
+        "renew_max_ms": ms(renew, None),
         "renew_samples": len(renew),
-        "delta_p50_ms": ms(dl, 0.5), "delta_p95_ms": ms(dl, 0.95), "delta_max_ms": ms(dl, None),
-        "delta_samples": len(dl), "delta_missing": missing,
+        "delta_p50_ms": ms(dl, 0.5),
+        "delta_p95_ms": ms(dl, 0.95),
+        "delta_max_ms": ms(dl, None),
+        "delta_samples": len(dl),
+        "delta_missing": missing,
         "leases_lost": lost,
         "row_writes_per_heartbeat": round((rows - telemetry_rows) / max(sent, 1), 3),
         "commits_per_heartbeat": round(commits / max(sent, 1), 3),
@@ -287,8 +378,17 @@ def run_step(args: argparse.Namespace, env: dict[str, str], tmp: Path, db: str, 
 
 def report(paths: list[str]) -> None:
     runs = [json.loads(Path(p).read_text()) for p in paths]
-    cols = ["renew_p50_ms", "renew_p95_ms", "renew_max_ms", "delta_p95_ms", "leases_lost", "row_writes_per_heartbeat",
-            "commits_per_heartbeat", "cpu_ms_per_heartbeat", "daphne_mb_per_node"]
+    cols = [
+        "renew_p50_ms",
+        "renew_p95_ms",
+        "renew_max_ms",
+        "delta_p95_ms",
+        "leases_lost",
+        "row_writes_per_heartbeat",
+        "commits_per_heartbeat",
+        "cpu_ms_per_heartbeat",
+        "daphne_mb_per_node",
+    ]
     print("| period s | agents | " + " | ".join(f"{c} ({r['label']})" for c in cols for r in runs) + " |")
     print("|" + " --- |" * (2 + len(cols) * len(runs)))
     keys = sorted({(s["period_s"], s["agents"]) for r in runs for s in r["steps"]}, key=lambda k: (-k[0], k[1]))
@@ -325,8 +425,11 @@ def main() -> None:
     db = db_url.rsplit("/", 1)[1]
     tmp = Path(tempfile.mkdtemp(prefix="pearl-load-"))
     rport = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                              "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_port(rport)
     redis_url = f"redis://127.0.0.1:{rport}"
     sizes = [int(x) for x in args.agents.split(",")]
@@ -341,13 +444,37 @@ def main() -> None:
         agents, job = seed(max(sizes))
         cookie = dashboard_cookie()
         code = Path(args.code).resolve()
-        env = dict(os.environ, DATABASE_URL=db_url, REDIS_URL=redis_url, DEBUG="0", PYTHONPATH=str(code),
-                   PEARL_VAR_DIR=str(tmp))
+        env = dict(
+            os.environ,
+            DATABASE_URL=db_url,
+            REDIS_URL=redis_url,
+            DEBUG="0",
+            PYTHONPATH=str(code),
+            PEARL_VAR_DIR=str(tmp),
+        )
         env.pop("PEARL_TESTING", None)
         procs["celery"] = subprocess.Popen(
-            [PY, "-m", "celery", "-A", "pearl_site", "worker", "-B", "--pool=solo", "-Q", "sweep", "-l", "warning",
-             "-s", str(tmp / "beat")], cwd=code, env=env, stdout=open(tmp / "celery.log", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT)
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "pearl_site",
+                "worker",
+                "-B",
+                "--pool=solo",
+                "-Q",
+                "sweep",
+                "-l",
+                "warning",
+                "-s",
+                str(tmp / "beat"),
+            ],
+            cwd=code,
+            env=env,
+            stdout=open(tmp / "celery.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
         for period in [float(x) for x in args.periods.split(",")]:
             for n in sizes:
                 r = run_step(args, env, tmp, db, agents[:n], job, period, cookie, procs)
@@ -364,9 +491,14 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 pr.kill()
     load = os.getloadavg()
-    out = {"label": args.label or str(code), "code": str(code),
-           "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-           "load_average": [round(x, 1) for x in load], "duration_s": args.duration, "steps": results}
+    out = {
+        "label": args.label or str(code),
+        "code": str(code),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "load_average": [round(x, 1) for x in load],
+        "duration_s": args.duration,
+        "steps": results,
+    }
     text = json.dumps(out, indent=2)
     if args.out:
         Path(args.out).write_text(text)

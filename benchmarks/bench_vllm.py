@@ -6,6 +6,7 @@ costs over calling `AsyncLLM` in-process. Prints one JSON object (BENCHMARKS.md,
 
 Needs vLLM and nixl importable (`make test-vllm` builds .venv-vllm with both).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,23 +52,45 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 async def colocated(http: Any, url: str, batch: list[list[int]], new: int, tag: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    rs = await asyncio.gather(*(post(http, url, "generate", {
-        "request_id": f"{tag}-{i}", "prompt_tokens": p, "sampling": {"max_tokens": new, "stop_at_eos": False}})
-        for i, p in enumerate(batch)))
+    rs = await asyncio.gather(
+        *(
+            post(
+                http,
+                url,
+                "generate",
+                {"request_id": f"{tag}-{i}", "prompt_tokens": p, "sampling": {"max_tokens": new, "stop_at_eos": False}},
+            )
+            for i, p in enumerate(batch)
+        )
+    )
     dt = time.perf_counter() - t0
     return {"tokens_per_s": sum(len(r["tokens"]) for r in rs) / dt, "wall_s": dt}
 
 
-async def disaggregated(http: Any, p_url: str, d_url: str, batch: list[list[int]], new: int, tag: str,
-                        d_engine: Any) -> dict[str, Any]:
+async def disaggregated(
+    http: Any, p_url: str, d_url: str, batch: list[list[int]], new: int, tag: str, d_engine: Any
+) -> dict[str, Any]:
     d_engine.take_telemetry(4096)
 
     async def one(i: int, p: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
-        pre = await post(http, p_url, "prefill", {"request_id": f"{tag}-{i}", "prompt_tokens": p,
-                                                  "sampling": {"max_tokens": new, "stop_at_eos": False}})
-        res = await post(http, d_url, "decode", {"request_id": f"{tag}-{i}-d", "kv_url": p_url, "handle": pre["handle"],
-                                                 "kv_token": pre["kv_token"],
-                                                 "sampling": {"max_tokens": new, "stop_at_eos": False}})
+        pre = await post(
+            http,
+            p_url,
+            "prefill",
+            {"request_id": f"{tag}-{i}", "prompt_tokens": p, "sampling": {"max_tokens": new, "stop_at_eos": False}},
+        )
+        res = await post(
+            http,
+            d_url,
+            "decode",
+            {
+                "request_id": f"{tag}-{i}-d",
+                "kv_url": p_url,
+                "handle": pre["handle"],
+                "kv_token": pre["kv_token"],
+                "sampling": {"max_tokens": new, "stop_at_eos": False},
+            },
+        )
         return pre, res
 
     t0 = time.perf_counter()
@@ -75,11 +98,14 @@ async def disaggregated(http: Any, p_url: str, d_url: str, batch: list[list[int]
     dt = time.perf_counter() - t0
     await asyncio.sleep(0.2)
     moved = [r for r in d_engine.take_telemetry(4096) if r["kind"] == "kv_transfer"]
-    return {"tokens_per_s": sum(len(r["tokens"]) for _, r in pairs) / dt, "wall_s": dt,
-            "kv_bytes_per_hand_off": statistics.mean(pre["kv_bytes"] for pre, _ in pairs),
-            "kv_transfers": len(moved),
-            "kv_bytes_per_transfer": statistics.mean(r["kv_bytes"] for r in moved) if moved else 0,
-            "kv_s_per_transfer": statistics.mean(r["duration_s"] for r in moved) if moved else 0}
+    return {
+        "tokens_per_s": sum(len(r["tokens"]) for _, r in pairs) / dt,
+        "wall_s": dt,
+        "kv_bytes_per_hand_off": statistics.mean(pre["kv_bytes"] for pre, _ in pairs),
+        "kv_transfers": len(moved),
+        "kv_bytes_per_transfer": statistics.mean(r["kv_bytes"] for r in moved) if moved else 0,
+        "kv_s_per_transfer": statistics.mean(r["duration_s"] for r in moved) if moved else 0,
+    }
 
 
 async def data_plane_overhead(http: Any, url: str, engine: Any, new: int, reps: int) -> dict[str, Any]:
@@ -102,8 +128,12 @@ async def data_plane_overhead(http: Any, url: str, engine: Any, new: int, reps: 
         await engine.generate(GenerateRequest(request_id=f"ad-{i}", sampling=PS(max_tokens=new, stop_at_eos=False)), p)
         adapter.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        await post(http, url, "generate", {"request_id": f"http-{i}", "prompt_tokens": p,
-                                           "sampling": {"max_tokens": new, "stop_at_eos": False}})
+        await post(
+            http,
+            url,
+            "generate",
+            {"request_id": f"http-{i}", "prompt_tokens": p, "sampling": {"max_tokens": new, "stop_at_eos": False}},
+        )
         http_s.append(time.perf_counter() - t0)
     m = {k: statistics.median(v) for k, v in (("async_llm_s", raw), ("adapter_s", adapter), ("http_worker_s", http_s))}
     m["overhead_s"] = m["http_worker_s"] - m["async_llm_s"]
@@ -121,8 +151,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     model = Path(tempfile.mkdtemp()) / "tiny"
     models.load_model("tiny").save_pretrained(model, safe_serialization=True)
     batch = prompts(args.requests, args.prompt_tokens, 1)
-    out: dict[str, Any] = {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
-                           "new_tokens": args.new_tokens}
+    out: dict[str, Any] = {
+        "requests": args.requests,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+    }
     runners = []
     async with ClientSession() as http:
         try:
@@ -142,8 +175,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             out["vllm_colocated"] = await colocated(http, p_url, batch, args.new_tokens, "co")
             p.set_role("prefill")
             d.set_role("decode")
-            out["vllm_1p1d"] = await disaggregated(http, p_url, d_url, prompts(args.requests, args.prompt_tokens, 2),
-                                                   args.new_tokens, "pd", d)
+            out["vllm_1p1d"] = await disaggregated(
+                http, p_url, d_url, prompts(args.requests, args.prompt_tokens, 2), args.new_tokens, "pd", d
+            )
             p.set_role("colocated")
             out["data_plane"] = await data_plane_overhead(http, p_url, p, args.new_tokens, 8)
             snapshot = save(models.state_dict_for_wire(models.load_model("tiny", seed=1)))
@@ -169,8 +203,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["torch_colocated"] = await colocated(http, tp_url, batch, args.new_tokens, "tco")
                 tp.set_role("prefill")
                 td.set_role("decode")
-                res = await disaggregated(http, tp_url, td_url, prompts(args.requests, args.prompt_tokens, 2),
-                                          args.new_tokens, "tpd", td)
+                res = await disaggregated(
+                    http, tp_url, td_url, prompts(args.requests, args.prompt_tokens, 2), args.new_tokens, "tpd", td
+                )
                 out["torch_1p1d"] = res
             finally:
                 for r in runners:

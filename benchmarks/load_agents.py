@@ -12,6 +12,7 @@ time, in order, so that error reply comes back only once the heartbeat was handl
 refused). Every `change_every`-th agent reports a changed in-flight count in each heartbeat (a report the
 database must store; its dashboard delta is timed by bench_load.py against the send times written here).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,17 +26,34 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, WSMsgType
 
 
-async def agent(session: ClientSession, url: str, idx: int, spec: list[Any], cfg: dict[str, Any],
-                out: dict[str, Any], window: dict[str, float], all_registered: asyncio.Event) -> None:
+async def agent(
+    session: ClientSession,
+    url: str,
+    idx: int,
+    spec: list[Any],
+    cfg: dict[str, Any],
+    out: dict[str, Any],
+    window: dict[str, float],
+    all_registered: asyncio.Event,
+) -> None:
     name, token, workers = spec
     period = float(cfg["period"])
     probe = idx % int(cfg["probe_every"]) == 0
     change = int(cfg["change_every"]) > 0 and idx % int(cfg["change_every"]) == 1
-    async with session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0,
-                                  heartbeat=None) as ws:
-        await ws.send_json({"type": "register", "node": name, "pool": "reserved", "hardware": "H800",
-                            "incarnation": f"load-{os.getpid()}", "data_plane": "",
-                            "slots": [{"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(2)]})
+    async with session.ws_connect(
+        url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0, heartbeat=None
+    ) as ws:
+        await ws.send_json(
+            {
+                "type": "register",
+                "node": name,
+                "pool": "reserved",
+                "hardware": "H800",
+                "incarnation": f"load-{os.getpid()}",
+                "data_plane": "",
+                "slots": [{"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(2)],
+            }
+        )
         epoch = generation = 0
         while True:
             msg = await ws.receive_json(timeout=300)
@@ -72,9 +90,20 @@ async def agent(session: ClientSession, url: str, idx: int, spec: list[Any], cfg
             while time.time() < window["end"]:
                 beat += 1
                 inflight = (beat % 2) + 1 if change else 1
-                observed = [{"worker_id": w, "role": "colocated", "activity": "active", "state": "running",
-                             "weight_version": 0, "endpoint": "", "inflight": inflight, "generation": generation,
-                             "devices": [i]} for i, w in enumerate(workers)]
+                observed = [
+                    {
+                        "worker_id": w,
+                        "role": "colocated",
+                        "activity": "active",
+                        "state": "running",
+                        "weight_version": 0,
+                        "endpoint": "",
+                        "inflight": inflight,
+                        "generation": generation,
+                        "devices": [i],
+                    }
+                    for i, w in enumerate(workers)
+                ]
                 t = time.time()
                 await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": generation, "workers": observed})
                 if window["start"] <= t < window["end"]:
@@ -85,9 +114,21 @@ async def agent(session: ClientSession, url: str, idx: int, spec: list[Any], cfg
                     pending.append(t)
                     await ws.send_str('{"type": "probe"}')
                 if beat % 5 == 0:
-                    await ws.send_json({"type": "telemetry", "epoch": epoch, "records": [
-                        {"kind": "decode_iteration", "job": cfg["job"], "worker": workers[0], "running_batch": 8,
-                         "duration_s": 0.01 + random.random() / 100}]})
+                    await ws.send_json(
+                        {
+                            "type": "telemetry",
+                            "epoch": epoch,
+                            "records": [
+                                {
+                                    "kind": "decode_iteration",
+                                    "job": cfg["job"],
+                                    "worker": workers[0],
+                                    "running_batch": 8,
+                                    "duration_s": 0.01 + random.random() / 100,
+                                }
+                            ],
+                        }
+                    )
                 await asyncio.sleep(period)
             await asyncio.sleep(10.0)  # the answers to the window's last probes, however late
         finally:
@@ -104,8 +145,12 @@ async def main() -> None:
     urls, offset = cfg["urls"], int(cfg.get("offset", 0))
     all_registered = asyncio.Event()
     async with ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0)) as s:
-        tasks = [asyncio.create_task(agent(s, urls[(i + offset) % len(urls)], i + offset, a, cfg, out, window,
-                                           all_registered)) for i, a in enumerate(cfg["agents"])]
+        tasks = [
+            asyncio.create_task(
+                agent(s, urls[(i + offset) % len(urls)], i + offset, a, cfg, out, window, all_registered)
+            )
+            for i, a in enumerate(cfg["agents"])
+        ]
         failed = asyncio.ensure_future(asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION))
         await asyncio.wait([asyncio.ensure_future(all_registered.wait()), failed], return_when=asyncio.FIRST_COMPLETED)
         print("READY", flush=True)

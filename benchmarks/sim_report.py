@@ -626,6 +626,7 @@ def crossover_section(md: list[str]) -> None:
         )
     md.append("")
 
+
 # Mixed pools (issue 23): the closed forms over several chip types. Pool snapshots of TP2 workers: the paper's
 # elastic pool all H800, the same all H20, and Bamboo-like mixes (whatever chips are free) of H800 / H20 / A100.
 HETERO_POOLS: tuple[tuple[str, dict[str, int]], ...] = (
@@ -685,8 +686,10 @@ def hetero_section(md: list[str]) -> None:
         "closed forms is PEARL's choice by construction, so it is not a separate column. Parts = prefill, KV "
         "transfer, decode path (s); the step also carries 50 s of tool time.\n"
     )
-    md.append("| model | pool | PEARL | s | parts P / KV / D | RLBoost+ balanced s | even s | best homogeneous | s "
-              "| PEARL vs balanced | KV free | KV ×2 |")
+    md.append(
+        "| model | pool | PEARL | s | parts P / KV / D | RLBoost+ balanced s | even s | best homogeneous | s "
+        "| PEARL vs balanced | KV free | KV ×2 |"
+    )
     md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in MODELS:
         for name, pool in HETERO_POOLS:
@@ -706,8 +709,10 @@ def hetero_section(md: list[str]) -> None:
         "H20). Every policy plans with the H20 profile (the rollout pool's chip); none is told that the borrowed "
         "workers are faster. Throughput as in the paper section.\n"
     )
-    md.append("| scenario | ROLL tok/s | ROLL-Large | RLBoost+ | B-only | PEARL | oracle | PEARL vs RLBoost+ "
-              "| PEARL/oracle | misses | lost | compare wall s |")
+    md.append(
+        "| scenario | ROLL tok/s | ROLL-Large | RLBoost+ | B-only | PEARL | oracle | PEARL vs RLBoost+ "
+        "| PEARL/oracle | misses | lost | compare wall s |"
+    )
     md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in MODELS:
         name = f"hetero-{model}-seg1-h20"

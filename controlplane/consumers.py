@@ -1,5 +1,6 @@
 """WebSocket adapters: the dashboard feed and the agent link. Thin: authenticate, parse, call a
 service, answer. All state lives in the database; a socket only ever mirrors it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -167,10 +168,18 @@ def _snapshot(view: str, job_id: int | None) -> dict[str, Any]:
         from controlplane.models import SimulationRun
         from controlplane.services.simulations import run_dict
 
-        return {"type": "snapshot", "view": "sim",
-                "runs": [run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]]}
-    return {"type": "snapshot", "view": "cluster", "cluster": cluster_snapshot(), "jobs": jobs_overview(),
-            "events": recent_events()}
+        return {
+            "type": "snapshot",
+            "view": "sim",
+            "runs": [run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]],
+        }
+    return {
+        "type": "snapshot",
+        "view": "cluster",
+        "cluster": cluster_snapshot(),
+        "jobs": jobs_overview(),
+        "events": recent_events(),
+    }
 
 
 def _bearer(scope: dict[str, Any]) -> str:
@@ -265,7 +274,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(message, link.Heartbeat):
             with latency.HEARTBEAT_SECONDS.time():  # the whole handling: the use case, the answers, the group
                 result = await _service(_heartbeat)(
-                    credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name)
+                    credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name
+                )
                 if result is None:
                     await self._revoked()
                     return
@@ -288,17 +298,25 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _register(self, message: link.Register) -> None:
         node, superseded = await _service(nodes.register_agent)(
-            credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address)
+            credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address
+        )
         if superseded:
             await self.channel_layer.send(superseded, {"type": "agent.superseded"})
         if self.node_id is not None and self.node_id != node.pk:
             await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
         self.node_id = node.pk
         await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
-        await self.send_json(link.dump(link.Registered(
-            node_id=node.pk, epoch=node.epoch, lease_s=settings.PEARL["LEASE_S"], heartbeat_s=settings.PEARL["HEARTBEAT_S"],
-            weights_rotate_s=settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"],
-        )))
+        await self.send_json(
+            link.dump(
+                link.Registered(
+                    node_id=node.pk,
+                    epoch=node.epoch,
+                    lease_s=settings.PEARL["LEASE_S"],
+                    heartbeat_s=settings.PEARL["HEARTBEAT_S"],
+                    weights_rotate_s=settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"],
+                )
+            )
+        )
         await self._send_desired()
 
     async def _send_desired(self) -> None:
@@ -329,8 +347,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_UNAUTHENTICATED)
 
 
-def _heartbeat(*, credential_id: int | None, node_id: int, message: link.Heartbeat,
-               channel: str) -> nodes.HeartbeatResult | None:
+def _heartbeat(
+    *, credential_id: int | None, node_id: int, message: link.Heartbeat, channel: str
+) -> nodes.HeartbeatResult | None:
     """The token check and the heartbeat, in one call on the database thread; None: the token was revoked."""
     if credential_id is None or not credentials.credential_is_valid(credential_id):
         return None
@@ -390,9 +409,13 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
         assert self.job_id is not None
         if isinstance(message, dl.Hello):
             if message.job != self.job_name:
-                await self._error("not_owned", f"this token is job {self.job_name!r}'s, not {message.job[:63]!r}'s", "job")
+                await self._error(
+                    "not_owned", f"this token is job {self.job_name!r}'s, not {message.job[:63]!r}'s", "job"
+                )
                 return
-            await self.channel_layer.group_send(driver_group(self.job_id), {"type": "driver.superseded", "by": self.channel_name})
+            await self.channel_layer.group_send(
+                driver_group(self.job_id), {"type": "driver.superseded", "by": self.channel_name}
+            )
             await self.channel_layer.group_add(driver_group(self.job_id), self.channel_name)
             welcome = await database_sync_to_async(_driver_welcome)(self.job_id)
             self.ready = True
@@ -404,17 +427,19 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             return
         actor = f"driver:{self.job_name}"
         if isinstance(message, dl.ProgressReport):
-            await _service(progress.report_progress)(job_id=self.job_id, step=message.step,
-                                                                    remaining=message.remaining)
+            await _service(progress.report_progress)(job_id=self.job_id, step=message.step, remaining=message.remaining)
         elif isinstance(message, dl.SignalReport):
-            await _service(progress.report_signal)(job_id=self.job_id, signal=message.signal,
-                                                                  remaining=message.remaining, actor=actor)
+            await _service(progress.report_signal)(
+                job_id=self.job_id, signal=message.signal, remaining=message.remaining, actor=actor
+            )
         elif isinstance(message, dl.TelemetryReport):
             await _service(_ingest)(self.job_id, message)
         elif isinstance(message, dl.CheckpointReport):
             await _service(progress.save_loop_checkpoint)(job_id=self.job_id, state=message.state)
         elif isinstance(message, dl.TrajectoryReport):  # agent trajectories, for the job page (issue 19)
-            await _service(record_trajectories)(job_id=self.job_id, step=message.step, trajectories=message.trajectories)
+            await _service(record_trajectories)(
+                job_id=self.job_id, step=message.step, trajectories=message.trajectories
+            )
         elif isinstance(message, dl.UpdateRequest):
             try:
                 await _service(jobs.start_update)(job_id=self.job_id, actor=actor)

@@ -2,6 +2,7 @@
 
 The services send these tasks by name (`services.dispatch.TaskName`), never by importing this module:
 the tasks are adapters on top of the services."""
+
 from __future__ import annotations
 
 import time

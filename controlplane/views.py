@@ -1,4 +1,5 @@
 """Operations endpoints and the dashboard page (thin: read a selector, answer)."""
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,10 @@ def _celery() -> None:
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
     """Unauthenticated by design (load balancers): says only ok / fail per dependency, no internals."""
-    checks = {name: "ok" if _check(name, fn) else "fail" for name, fn in
-              (("database", _database), ("redis", _redis), ("celery", _celery))}
+    checks = {
+        name: "ok" if _check(name, fn) else "fail"
+        for name, fn in (("database", _database), ("redis", _redis), ("celery", _celery))
+    }
     healthy = all(v == "ok" for v in checks.values())
     return JsonResponse({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)
 
@@ -105,8 +108,15 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     status = job_status(job_id)
     if status is None:
         raise Http404("no such job")
-    return render(request, "job.html", {"job": status["job"], "initial": {"status": status, "series": job_series(job_id)},
-                                        "can_operate": _can_operate(request)})
+    return render(
+        request,
+        "job.html",
+        {
+            "job": status["job"],
+            "initial": {"status": status, "series": job_series(job_id)},
+            "can_operate": _can_operate(request),
+        },
+    )
 
 
 @login_required
@@ -115,15 +125,25 @@ def launch_page(request: HttpRequest) -> HttpResponse:
     fields = []
     for name, f in JobCreateSerializer().fields.items():
         default = getattr(f, "default", None)
-        fields.append({
-            "name": name, "label": name.replace("_", " "), "help": HELP.get(name, ""),
-            "choices": list(getattr(f, "choices", {}) or {}),
-            "numeric": isinstance(f, drf_fields.IntegerField), "json": isinstance(f, drf_fields.DictField),
-            "required": f.required,
-            "default": "" if default is None or callable(default) or repr(default).startswith("<class") else default,
-            "min": getattr(f, "min_value", None), "max": getattr(f, "max_value", None),
-        })
-    return render(request, "launch.html", {"fields": fields, "gpus": available_gpus(), "can_operate": _can_operate(request)})
+        fields.append(
+            {
+                "name": name,
+                "label": name.replace("_", " "),
+                "help": HELP.get(name, ""),
+                "choices": list(getattr(f, "choices", {}) or {}),
+                "numeric": isinstance(f, drf_fields.IntegerField),
+                "json": isinstance(f, drf_fields.DictField),
+                "required": f.required,
+                "default": ""
+                if default is None or callable(default) or repr(default).startswith("<class")
+                else default,
+                "min": getattr(f, "min_value", None),
+                "max": getattr(f, "max_value", None),
+            }
+        )
+    return render(
+        request, "launch.html", {"fields": fields, "gpus": available_gpus(), "can_operate": _can_operate(request)}
+    )
 
 
 HELP = {

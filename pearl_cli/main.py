@@ -165,15 +165,25 @@ def trajectories_text(step: int | None, rows: list[dict[str, Any]], count: int) 
     policy sampled (trained on) of all kept, the weight versions and workers of its turns, why it failed."""
     if not rows:
         return "no trajectories" + (f" in step {step}" if step is not None else "") + " (an agent job reports them)"
-    table = [["TRAJECTORY", "STEP", "STATUS", "REWARD", "TURNS", "FORKS", "SAMPLED/TOKENS", "VERSIONS", "WORKERS",
-              "REASON"]]
+    table = [
+        ["TRAJECTORY", "STEP", "STATUS", "REWARD", "TURNS", "FORKS", "SAMPLED/TOKENS", "VERSIONS", "WORKERS", "REASON"]
+    ]
     for t in rows:
         tokens = f"{sum(t['mask'])}/{t['token_count']}" + ("+" if t["truncated"] else "")
-        table.append([
-            t["name"], str(t["step"]), t["status"], "–" if t["reward"] is None else f"{t['reward']:.3g}",
-            str(t["turns"]), str(t["forks"]), tokens, ",".join(f"v{v}" for v in sorted(set(t["weight_versions"]))),
-            ",".join(str(w) for w in sorted(set(t["workers"]))), (t["reason"] or "")[:60],
-        ])
+        table.append(
+            [
+                t["name"],
+                str(t["step"]),
+                t["status"],
+                "–" if t["reward"] is None else f"{t['reward']:.3g}",
+                str(t["turns"]),
+                str(t["forks"]),
+                tokens,
+                ",".join(f"v{v}" for v in sorted(set(t["weight_versions"]))),
+                ",".join(str(w) for w in sorted(set(t["workers"]))),
+                (t["reason"] or "")[:60],
+            ]
+        )
     more = f"\n({len(rows)} of {count}; --limit shows more)" if count > len(rows) else ""
     return _table(table) + more
 

@@ -1,4 +1,5 @@
 """PEARL Django project. Importing it loads the Celery app so `@shared_task` binds to it."""
+
 from pearl_site.celery import app as celery_app
 
 __all__ = ("celery_app",)

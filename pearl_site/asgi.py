@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django; websockets for the dashboard (session, origin-checked) and
 the agent and driver links (per-node / per-job bearer tokens, no cookies)."""
+
 import os
 
 from django.core.asgi import get_asgi_application
@@ -30,7 +31,9 @@ async def websocket_router(scope, receive, send):
     return await dashboard_routes(scope, receive, send)
 
 
-application = ProtocolTypeRouter({
-    "http": BodyLimit(django_asgi_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),  # JSON 413 before Django reads a byte
-    "websocket": websocket_router,
-})
+application = ProtocolTypeRouter(
+    {
+        "http": BodyLimit(django_asgi_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),  # JSON 413 before Django reads a byte
+        "websocket": websocket_router,
+    }
+)

@@ -6,6 +6,7 @@ SECRET_KEY    from the environment; else generated once into $PEARL_VAR_DIR/secr
 DEBUG         off unless set (`manage.py launch --debug` sets it for development)
 ALLOWED_HOSTS comma-separated; default localhost names
 """
+
 from __future__ import annotations
 
 import os
@@ -56,7 +57,9 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()
+]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [
@@ -134,6 +137,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
+
+
 def _plotly_js_dir() -> Path:
     """plotly.min.js as the installed `plotly` package ships it, served at /static/plotly/ (no CDN, no copy)."""
     import plotly

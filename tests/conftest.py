@@ -1,6 +1,7 @@
 """Shared fixtures: users and API clients, a live control plane (Daphne + optional Celery worker as
 real subprocesses against the test database and the test Redis). The helpers tests call are in
 `tests/support/`."""
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,9 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     for log in sorted(Path(tmp).rglob("*.log"))[:8]:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if any(k in ln for k in NOTABLE)]
         if lines:
-            report.sections.append((f"notable lines of {log.relative_to(tmp)}", "\n".join(ln[:300] for ln in lines[-20:])))
+            report.sections.append(
+                (f"notable lines of {log.relative_to(tmp)}", "\n".join(ln[:300] for ln in lines[-20:]))
+            )
 
 
 @pytest.fixture(autouse=True)
@@ -105,8 +108,11 @@ def control_plane_server(transactional_db, tmp_path) -> Iterator[ControlPlane]:
     if not redis_available():
         pytest.skip("Redis is not reachable")
     port = free_port()
-    proc = start_process([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
-                  child_env(), tmp_path / "daphne.log")
+    proc = start_process(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+        child_env(),
+        tmp_path / "daphne.log",
+    )
     try:
         wait_port(port, proc=proc)
     except Exception:
@@ -123,8 +129,25 @@ def celery_worker_process(transactional_db, tmp_path) -> Iterator[subprocess.Pop
     if not redis_available():
         pytest.skip("Redis is not reachable")
     log = tmp_path / "celery.log"
-    proc = start_process([sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "--pool=solo", "-l", "info",
-                   "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"], child_env(), log)
+    proc = start_process(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "pearl_site",
+            "worker",
+            "--pool=solo",
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"test-{os.getpid()}@%h",
+        ],
+        child_env(),
+        log,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "ready." not in log.read_text(errors="ignore"):
         if proc.poll() is not None:

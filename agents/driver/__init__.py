@@ -13,6 +13,7 @@ kind of environment plugs in with `agents.envs.register`), `rollout` (`RolloutDr
 command sink, the training handshake, the reports), `link` (`ControlLink`, `run_driver`: the socket to
 the control plane), `__main__` (the command line).
 """
+
 from __future__ import annotations
 
 from agents.driver.clock import AsyncLoopRunner
@@ -20,5 +21,13 @@ from agents.driver.episodes import Episode, EpisodeRunner, WorkerUnavailable
 from agents.driver.link import ControlLink, run_driver
 from agents.driver.rollout import CHECKPOINT_EVERY_S, RolloutDriver
 
-__all__ = ["CHECKPOINT_EVERY_S", "AsyncLoopRunner", "ControlLink", "Episode", "EpisodeRunner", "RolloutDriver",
-           "WorkerUnavailable", "run_driver"]
+__all__ = [
+    "CHECKPOINT_EVERY_S",
+    "AsyncLoopRunner",
+    "ControlLink",
+    "Episode",
+    "EpisodeRunner",
+    "RolloutDriver",
+    "WorkerUnavailable",
+    "run_driver",
+]

@@ -1,4 +1,5 @@
 """`python -m agents.driver`: the command line of a job's rollout driver (how a node agent starts one)."""
+
 from __future__ import annotations
 
 import argparse

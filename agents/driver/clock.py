@@ -4,6 +4,7 @@
 its virtual clock: events are stamped with the event loop's time and fed through the same `Feeder`, so for
 the same events both drivers see the same commands.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,9 @@ from controlplane.core.loop import Command, Event, Feeder, RolloutLoop
 class AsyncLoopRunner:
     """Feeds a RolloutLoop from asyncio callbacks and tasks; commands go to `dispatch` in order."""
 
-    def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None], *, elapsed_s: float = 0.0,
-                 scale: float = 1.0) -> None:
+    def __init__(
+        self, loop: RolloutLoop, dispatch: Callable[[Command], None], *, elapsed_s: float = 0.0, scale: float = 1.0
+    ) -> None:
         self.loop = loop
         self._feeder = Feeder(loop, dispatch)
         self._aio = asyncio.get_running_loop()
@@ -33,6 +35,7 @@ class AsyncLoopRunner:
 
     def later(self, delay_s: float, make: Callable[[float], Event | None]) -> asyncio.TimerHandle:
         """Feed `make(now)` after `delay_s` (nothing if it returns None: the event was cancelled)."""
+
         def fire() -> None:
             ev = make(self.now())
             if ev is not None:

@@ -8,6 +8,7 @@ client (`agents.worker_client`). What happened goes back to the loop as events (
 `Prefilled`, `TurnGenerated`, `TurnInterrupted`, `EnvStepped`); a finished trajectory's samples go to the
 trainer before the loop counts it as finished.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -92,9 +93,15 @@ class EpisodeRunner:
 
     def _start_episode(self, ref: lp.TrajectoryRef, step: int) -> None:
         job = self.job
-        env = make_env(job.environment, task=self._task_id(step, ref.group), member=ref.index % job.group_size,
-                       seed=job.seed, time_factor=self.time_factor, max_tokens=job.max_trajectory_tokens,
-                       group_size=job.group_size)
+        env = make_env(
+            job.environment,
+            task=self._task_id(step, ref.group),
+            member=ref.index % job.group_size,
+            seed=job.seed,
+            time_factor=self.time_factor,
+            max_tokens=job.max_trajectory_tokens,
+            group_size=job.group_size,
+        )
         if hasattr(env, "trajectory"):  # an agent's record is kept under the loop's trajectory id (reported)
             env.trajectory = ref.trajectory
         ep = Episode(ref.trajectory, step, ref.group, env, temperature=getattr(env, "temperature", 1.0))
@@ -117,10 +124,17 @@ class EpisodeRunner:
         log.warning("trajectory %s failed: %s", ep.tid, exc)
         self._feed(lp.EnvStepped(self._now(), ep.tid, 0.0, True, failed=str(exc)[:500] or type(exc).__name__))
 
-    async def _env_step(self, ep: Episode, response: list[int], logprobs: list[float], version: int,
-                        worker: int = -1) -> None:
-        ep.samples.append({"prompt_tokens": list(ep.context), "completion_tokens": response, "logprobs": logprobs,
-                           "weight_version": version})
+    async def _env_step(
+        self, ep: Episode, response: list[int], logprobs: list[float], version: int, worker: int = -1
+    ) -> None:
+        ep.samples.append(
+            {
+                "prompt_tokens": list(ep.context),
+                "completion_tokens": response,
+                "logprobs": logprobs,
+                "weight_version": version,
+            }
+        )
         t0 = self._now()
         ep.env.observe(logprobs, version, worker)
         try:
@@ -138,8 +152,9 @@ class EpisodeRunner:
             # the samples reach the trainer before the loop counts the trajectory as finished: whatever
             # restarts afterwards, a finished trajectory's samples are kept for its step's update
             await self._trainer_post("samples", {"samples": self._samples(ep), "train": False, "step": ep.step})
-        self._feed(lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward,
-                                 observation_tokens=len(turn.observation)))
+        self._feed(
+            lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward, observation_tokens=len(turn.observation))
+        )
 
     def _samples(self, ep: Episode) -> list[dict[str, Any]]:
         """One sample per turn, each with the trajectory's reward (its turns share one advantage). An
@@ -147,11 +162,21 @@ class EpisodeRunner:
         counts_only = self.job.engine == "emulated" and self.job.model != "tiny"
         out = []
         for s in ep.samples:
-            sample = {**s, "group": f"{ep.step}-{ep.group}", "reward": ep.reward, "trajectory": ep.tid,
-                      "temperature": ep.temperature, "weight_version": min(s["weight_version"], ep.version)}
+            sample = {
+                **s,
+                "group": f"{ep.step}-{ep.group}",
+                "reward": ep.reward,
+                "trajectory": ep.tid,
+                "temperature": ep.temperature,
+                "weight_version": min(s["weight_version"], ep.version),
+            }
             if counts_only:
-                sample |= {"token_count": max(1, len(s["prompt_tokens"]) + len(s["completion_tokens"])),
-                           "prompt_tokens": [], "completion_tokens": [], "logprobs": []}
+                sample |= {
+                    "token_count": max(1, len(s["prompt_tokens"]) + len(s["completion_tokens"])),
+                    "prompt_tokens": [],
+                    "completion_tokens": [],
+                    "logprobs": [],
+                }
             out.append(sample)
         return out
 
@@ -160,8 +185,12 @@ class EpisodeRunner:
         ep.attempt += 1
         seed = zlib.crc32(f"{self.job.seed}-{ep.tid}-{len(ep.samples)}-{ep.attempt}".encode())
         # within the data plane's bound: a request over it is refused (400) however often it is resent
-        return dp.SamplingParams(max_tokens=max(1, min(budget, MAX_NEW_TOKENS)), temperature=ep.temperature,
-                                 seed=seed, stop_at_eos=getattr(ep.env, "stop_at_eos", False))
+        return dp.SamplingParams(
+            max_tokens=max(1, min(budget, MAX_NEW_TOKENS)),
+            temperature=ep.temperature,
+            seed=seed,
+            stop_at_eos=getattr(ep.env, "stop_at_eos", False),
+        )
 
     def _client(self, w: dl.WorkerView) -> WorkerClient:
         assert self.http is not None
@@ -180,9 +209,13 @@ class EpisodeRunner:
             self._feed(lp.TurnInterrupted(self._now(), ep.tid, wid))
             return
         request_id = f"{ep.tid}-{len(ep.samples)}-{ep.attempt}"  # before _sampling counts this attempt
-        req = dp.GenerateRequest(request_id=request_id, prompt_tokens=ep.context + ep.kept,
-                                 sampling=self._sampling(ep, ep.budget - len(ep.kept)), min_weight_version=min_version,
-                                 job=self.job.name)
+        req = dp.GenerateRequest(
+            request_id=request_id,
+            prompt_tokens=ep.context + ep.kept,
+            sampling=self._sampling(ep, ep.budget - len(ep.kept)),
+            min_weight_version=min_version,
+            job=self.job.name,
+        )
         prefilled = ep.new_tokens if not ep.kept else len(ep.context) + len(ep.kept)
         client = self._client(w)
         try:
@@ -209,10 +242,15 @@ class EpisodeRunner:
         pre = ep.pd[1]
         ep.pd = None
         # the KV is pulled from the prefill worker's endpoint ("" once it left the serving set: the pull fails)
-        req = dp.DecodeRequest(request_id=f"{ep.tid}-{len(ep.samples)}-{ep.attempt}-d",
-                               kv_url=src.endpoint if src is not None else "", handle=pre.handle, kv_token=pre.kv_token,
-                               sampling=self._sampling(ep, ep.budget - len(ep.kept)),
-                               min_weight_version=cmd.min_weight_version, job=self.job.name)
+        req = dp.DecodeRequest(
+            request_id=f"{ep.tid}-{len(ep.samples)}-{ep.attempt}-d",
+            kv_url=src.endpoint if src is not None else "",
+            handle=pre.handle,
+            kv_token=pre.kv_token,
+            sampling=self._sampling(ep, ep.budget - len(ep.kept)),
+            min_weight_version=cmd.min_weight_version,
+            job=self.job.name,
+        )
         try:
             res = await _unavailable_on_failure(self._client(w).decode(req))
         except WorkerUnavailable as exc:
@@ -228,13 +266,17 @@ class EpisodeRunner:
         if res.finish_reason == "abort":  # drained or returned: keep the prefix, resume elsewhere
             ep.kept += tokens
             ep.kept_logprobs += logprobs
-            self._feed(lp.TurnInterrupted(self._now(), ep.tid, wid, generated_tokens=len(tokens),
-                                          prefilled_tokens=prefilled))
+            self._feed(
+                lp.TurnInterrupted(self._now(), ep.tid, wid, generated_tokens=len(tokens), prefilled_tokens=prefilled)
+            )
             return
         response, lps = ep.kept + tokens, ep.kept_logprobs + logprobs
         ep.kept, ep.kept_logprobs = [], []
-        self._feed(lp.TurnGenerated(self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled,
-                                    weight_version=res.weight_version))
+        self._feed(
+            lp.TurnGenerated(
+                self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled, weight_version=res.weight_version
+            )
+        )
         await self._env_step(ep, response, lps, ep.version, wid)
 
 

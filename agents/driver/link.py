@@ -4,6 +4,7 @@ One reconnecting socket (`agents.reconnect`: jittered exponential backoff, a lon
 says "give way"). Nothing is resent on reconnect that need not be: reports are level-triggered (the next
 progress and checkpoint supersede a lost one), and the control plane pushes its full view on every hello.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,13 +45,18 @@ class ControlLink:
     async def run_forever(self) -> None:
         """Connect, say hello, receive until the socket closes; again, with backoff, until stopped. Any
         failure of a connection (a refused handshake, a frame it cannot read) is retried, as a lost one is."""
-        await reconnect_forever(self._connect_once, stop=self.stopped, initial_s=0.5, max_s=10.0,
-                                retry_on=(Exception,), name="driver link")
+        await reconnect_forever(
+            self._connect_once, stop=self.stopped, initial_s=0.5, max_s=10.0, retry_on=(Exception,), name="driver link"
+        )
 
     async def _connect_once(self) -> int | None:
         try:
-            async with self.http.ws_connect(self.ws_url, headers={"Authorization": f"Bearer {self.token}"},
-                                            heartbeat=30, max_msg_size=dl.MAX_CHECKPOINT_BYTES * 2) as ws:
+            async with self.http.ws_connect(
+                self.ws_url,
+                headers={"Authorization": f"Bearer {self.token}"},
+                heartbeat=30,
+                max_msg_size=dl.MAX_CHECKPOINT_BYTES * 2,
+            ) as ws:
                 self.ws = ws
                 await ws.send_str(json.dumps(dl.dump(dl.Hello(self.job, self.incarnation))))
                 async for raw in ws:
@@ -81,7 +87,8 @@ class ControlLink:
             if msg.error == "not_returned" and self.driver is not None and self.driver.pending_train is not None:
                 step = self.driver.pending_train.step  # ask again once the next push shows the return
                 asyncio.get_running_loop().call_later(
-                    0.5, lambda: asyncio.ensure_future(self.send(dl.UpdateRequest(step))))
+                    0.5, lambda: asyncio.ensure_future(self.send(dl.UpdateRequest(step)))
+                )
 
 
 async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0) -> RolloutDriver:
@@ -90,8 +97,14 @@ async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0
         link = ControlLink(url, job, token, http)
         link_task = asyncio.create_task(link.run_forever())
         welcome = await link.welcome
-        driver = RolloutDriver(welcome.job, link=link, token=welcome.dataplane_token, time_factor=time_factor,
-                               checkpoint=welcome.checkpoint or None, http=http)
+        driver = RolloutDriver(
+            welcome.job,
+            link=link,
+            token=welcome.dataplane_token,
+            time_factor=time_factor,
+            checkpoint=welcome.checkpoint or None,
+            http=http,
+        )
         driver.cluster = welcome.cluster
         link.driver = driver
         try:

@@ -5,6 +5,7 @@ control plane pushes (the serving workers, the weight version, the return, the d
 events, carries out each command (episodes: `agents.driver.episodes`; the update: the trainer; signals:
 the link), and reports progress, telemetry and checkpoints, level-triggered.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,15 +38,28 @@ class Reports(Protocol):
 class RolloutDriver(EpisodeRunner):
     """Carries out the loop's commands against environments, engine workers, the trainer and the link."""
 
-    def __init__(self, job: dl.JobView, *, link: Reports, token: str, time_factor: float = 1.0,
-                 checkpoint: dict[str, Any] | None = None, http: ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        job: dl.JobView,
+        *,
+        link: Reports,
+        token: str,
+        time_factor: float = 1.0,
+        checkpoint: dict[str, Any] | None = None,
+        http: ClientSession | None = None,
+    ) -> None:
         self.job = job
         self.link = link
         self.token = token
         self.time_factor = time_factor
         self.http = http
-        cfg = lp.LoopConfig(batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
-                            return_deadline_s=job.return_deadline_s, job=job.name)
+        cfg = lp.LoopConfig(
+            batch_size=job.batch_size,
+            group_size=job.group_size,
+            max_staleness=job.max_staleness,
+            return_deadline_s=job.return_deadline_s,
+            job=job.name,
+        )
         self.loop = RolloutLoop.restore(cfg, checkpoint) if checkpoint else RolloutLoop(cfg)
         # the loop's times (a step's start, a trajectory's turns) are seconds since the job's loop first
         # started; a restarted driver goes on from the wall-clock epoch kept in the checkpoint
@@ -76,8 +90,9 @@ class RolloutDriver(EpisodeRunner):
         # an emulated job's engines, environments and trainer run `time_factor` times real time: its loop
         # clock (turn and step times, telemetry) is in model seconds, as the profile and the simulator are
         scale = self.time_factor if self.job.engine == "emulated" else 1.0
-        self.runner = AsyncLoopRunner(self.loop, lp.Dispatcher(self),
-                                      elapsed_s=max(0.0, time.time() - self.epoch) / scale, scale=scale)
+        self.runner = AsyncLoopRunner(
+            self.loop, lp.Dispatcher(self), elapsed_s=max(0.0, time.time() - self.epoch) / scale, scale=scale
+        )
         flusher = asyncio.create_task(self._flush_forever())
         if self.cluster is not None:
             self.on_cluster(self.cluster)
@@ -103,6 +118,7 @@ class RolloutDriver(EpisodeRunner):
             self.tasks.discard(t)
             if not t.cancelled() and t.exception() is not None:
                 log.error("driver task %s failed: %r", name, t.exception())
+
         task.add_done_callback(finished)
         return task
 
@@ -124,9 +140,13 @@ class RolloutDriver(EpisodeRunner):
         new = {w.worker: w for w in view.workers}
         if set(new) != set(self.workers) or view.weight_version != getattr(self, "_seen_version", -1):
             self._seen_version = view.weight_version
-            log.info("cluster: workers %s, weights v%d, training %s, borrowed %d",
-                     sorted((w, str(v.role)) for w, v in new.items()), view.weight_version, view.training_active,
-                     view.borrowed)
+            log.info(
+                "cluster: workers %s, weights v%d, training %s, borrowed %d",
+                sorted((w, str(v.role)) for w, v in new.items()),
+                view.weight_version,
+                view.training_active,
+                view.borrowed,
+            )
         for wid, w in self.workers.items():
             if wid not in new or new[wid].role != w.role or new[wid].endpoint != w.endpoint:
                 self._feed(lp.WorkerGone(now, wid, "stop"))
@@ -149,8 +169,15 @@ class RolloutDriver(EpisodeRunner):
             except ValueError:
                 config = None
             signal = Signal(d.signal) if d.signal in Signal._value2member_map_ else Signal.PERIODIC
-            self._feed(lp.Decided(now, signal, config if config is not None and config.total > 0 else None,
-                                  d.predicted_makespan_s or None, d.reconfigured))
+            self._feed(
+                lp.Decided(
+                    now,
+                    signal,
+                    config if config is not None and config.total > 0 else None,
+                    d.predicted_makespan_s or None,
+                    d.reconfigured,
+                )
+            )
         if view.stopped:
             self.stop()
 
@@ -182,8 +209,9 @@ class RolloutDriver(EpisodeRunner):
         self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
 
     def start_step(self, cmd: lp.StartStep) -> None:
-        log.info("step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version,
-                 len(cmd.trajectories))
+        log.info(
+            "step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version, len(cmd.trajectories)
+        )
         for ref in cmd.trajectories:
             self._start_episode(ref, cmd.step)
 
@@ -216,18 +244,33 @@ class RolloutDriver(EpisodeRunner):
         """The update of the batch: its trajectories' samples are at the trainer already; training a
         step is idempotent there (a restarted driver asking again gets the version it published)."""
         tids = [t for g in cmd.groups for t in g]
-        res = await self._trainer_post("step", {"step": cmd.step, "trajectories": tids,
-                                                "training_gpus": self.job.training_gpus}) or {}
+        res = (
+            await self._trainer_post(
+                "step", {"step": cmd.step, "trajectories": tids, "training_gpus": self.job.training_gpus}
+            )
+            or {}
+        )
         stats = res.get("step") or {}
         if res.get("missing"):
             log.error("the trainer lacked the samples of %d trajectories of step %d", len(res["missing"]), cmd.step)
         for tid in tids:
             self.episodes.pop(tid, None)
         loss = float(stats.get("loss", 0.0))
-        self.trained.append({"step": cmd.step, "loss": loss, "reward": float(stats.get("mean_reward", 0.0)),
-                             "samples": int(stats.get("accepted", 0))})
-        log.info("step %d trained: version %s, loss %.4f, mean reward %.3f", cmd.step, res.get("version"), loss,
-                 float(stats.get("mean_reward", 0.0)))
+        self.trained.append(
+            {
+                "step": cmd.step,
+                "loss": loss,
+                "reward": float(stats.get("mean_reward", 0.0)),
+                "samples": int(stats.get("accepted", 0)),
+            }
+        )
+        log.info(
+            "step %d trained: version %s, loss %.4f, mean reward %.3f",
+            cmd.step,
+            res.get("version"),
+            loss,
+            float(stats.get("mean_reward", 0.0)),
+        )
         self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss, missing=len(res.get("missing") or [])))
 
     async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -238,8 +281,9 @@ class RolloutDriver(EpisodeRunner):
             trainer = self.cluster.trainer if self.cluster else ""
             if trainer:
                 try:
-                    async with self.http.post(f"{trainer}/{verb}", json=body,
-                                              headers={"Authorization": f"Bearer {self.token}"}) as resp:
+                    async with self.http.post(
+                        f"{trainer}/{verb}", json=body, headers={"Authorization": f"Bearer {self.token}"}
+                    ) as resp:
                         if resp.status == 200:
                             answer: dict[str, Any] = await resp.json()
                             return answer
@@ -256,7 +300,7 @@ class RolloutDriver(EpisodeRunner):
         if self.records:
             records, self.records = self.records, []
             for i in range(0, len(records), dl.MAX_RECORDS):
-                await self.link.send(dl.TelemetryReport(records[i:i + dl.MAX_RECORDS]))
+                await self.link.send(dl.TelemetryReport(records[i : i + dl.MAX_RECORDS]))
         await self._report_trajectories()
         loop = self.loop
         progress = (max(0, loop.step), loop.remaining)
@@ -298,4 +342,3 @@ class RolloutDriver(EpisodeRunner):
                 await self._flush()
             except Exception as exc:  # the link reconnects; reports are level-triggered and resent
                 log.warning("driver: report failed: %r", exc)
-

@@ -46,7 +46,7 @@ def _messages(ms: Any) -> list[dict[str, Any]]:
     ms = list(ms) if isinstance(ms, list) else []
     n = dl.MAX_TRAJECTORY_MESSAGES
     if len(ms) > n:  # the task (first) and the latest turns
-        ms = ms[:1] + ms[-(n - 1):]
+        ms = ms[:1] + ms[-(n - 1) :]
     out = [_message(m) for m in ms]
     while len(out) > 1 and len(json.dumps(out)) > MESSAGES_BYTES:
         del out[1]  # the oldest turns go first; the task stays
@@ -90,7 +90,7 @@ def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:
         turns=max(0, int(record.get("turns") or len(versions))),
         forks=max(0, int(record.get("forks") or 0)),
         reason=_text(record.get("reason") or ""),
-        stderr=_text((record.get("stderr") or "")[-dl.MAX_MESSAGE_CHARS:]),
+        stderr=_text((record.get("stderr") or "")[-dl.MAX_MESSAGE_CHARS :]),
         messages=_messages(record.get("messages")),
         tokens=tokens[:limit],
         mask=mask[:limit],

@@ -1,4 +1,5 @@
 """Engine backends behind one interface (`base.Engine`): torch, emulated, vllm (lazy)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,13 @@ def build_engine(kind: str, **kw: Any) -> Any:
     if kind == "emulated":
         from agents.engines.emulated import EmulatedEngine
 
-        return EmulatedEngine(**{k: v for k, v in kw.items() if k in ("model", "worker_id", "role", "job", "hardware", "time_factor", "tp", "interference")})
+        return EmulatedEngine(
+            **{
+                k: v
+                for k, v in kw.items()
+                if k in ("model", "worker_id", "role", "job", "hardware", "time_factor", "tp", "interference")
+            }
+        )
     if kind == "vllm":
         from agents.engines.vllm_engine import VLLMEngine
 

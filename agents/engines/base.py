@@ -4,6 +4,7 @@ Control verbs follow vLLM's: sleep/wake, load weights (a version), pause (drain)
 with partial outputs. Roles change in place (`set_role`) without a restart or a weight reload, as in
 vLLM's runtime PD role switch: a role only decides which requests are admitted.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -154,8 +155,11 @@ class Engine(ABC):
         now = time.monotonic()
         if now - self._decode_sampled >= self.decode_sample_s:
             self._decode_sampled = now
-            self.telemetry.append(tm.decode_iteration(time_s=time.time(), job=self.job, worker=self.worker_id,
-                                                      running_batch=batch, duration_s=duration_s))
+            self.telemetry.append(
+                tm.decode_iteration(
+                    time_s=time.time(), job=self.job, worker=self.worker_id, running_batch=batch, duration_s=duration_s
+                )
+            )
 
     # ---- lifecycle
     async def start(self) -> None:
@@ -173,9 +177,7 @@ class Engine(ABC):
         if verb not in ADMITS.get(self.role, set()):
             raise Conflict(f"a {self.role} worker does not serve {verb}")
         if min_weight_version > self.weight_version:
-            raise Conflict(
-                f"worker holds weight version {self.weight_version} < required {min_weight_version}"
-            )
+            raise Conflict(f"worker holds weight version {self.weight_version} < required {min_weight_version}")
 
     def set_role(self, role: str) -> None:
         """In place: no restart, no weight reload. In-flight sequences finish under the old role."""

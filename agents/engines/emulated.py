@@ -13,6 +13,7 @@ multi-turn trajectory prefills only its new tokens on its sticky worker. Tokens 
 deterministic: a hash of (seed, position), so colocated and disaggregated runs of a request give the
 same tokens. Telemetry durations are in emulated-GPU seconds (wall time / time_factor).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -127,9 +128,19 @@ class PrefixCache:
 class EmulatedEngine(LoopEngine):
     kind = "emulated"
 
-    def __init__(self, *, model: str = "qwen3-8b", hardware: str = "H800", tp: int = 2, time_factor: float = 1.0,
-                 worker_id: int = 0, role: str = "colocated", job: str = "", profile: Profile | None = None,
-                 interference: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "qwen3-8b",
+        hardware: str = "H800",
+        tp: int = 2,
+        time_factor: float = 1.0,
+        worker_id: int = 0,
+        role: str = "colocated",
+        job: str = "",
+        profile: Profile | None = None,
+        interference: float = 1.0,
+    ) -> None:
         """`interference`: a prefill next to running decodes costs this × its roofline time (1: the additive
         roofline, the simulator's calibrated engine), to emulate an engine with more PD interference."""
         super().__init__(worker_id=worker_id, role=role, job=job)
@@ -140,9 +151,14 @@ class EmulatedEngine(LoopEngine):
         self.time_factor = time_factor
         self.vocab_size = TOKENIZER.vocab_size
         self.batching = IterationScheduler(
-            worker_id, "", BATCHING_ROLE[role], ScaledCosts(self.profile), chunk_tokens=CHUNK_TOKENS,
+            worker_id,
+            "",
+            BATCHING_ROLE[role],
+            ScaledCosts(self.profile),
+            chunk_tokens=CHUNK_TOKENS,
             kv_capacity=int(self.profile.hbm_kv_capacity // self.profile.kv_bytes_per_token),
-            mixed_penalty=interference)
+            mixed_penalty=interference,
+        )
         self.prefix_cache = PrefixCache()
         self._by_id: dict[str, ESeq] = {}
         self._reqs: dict[str, Request] = {}
@@ -165,13 +181,27 @@ class EmulatedEngine(LoopEngine):
         await asyncio.sleep(seconds * self.time_factor)
 
     # ---- data plane
-    def _submit(self, req_id: str, kind: str, prompt: list[int], params: SamplingParams, version: int | None = None,
-                prompt_len: int | None = None) -> ESeq:
+    def _submit(
+        self,
+        req_id: str,
+        kind: str,
+        prompt: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        prompt_len: int | None = None,
+    ) -> ESeq:
         if req_id in self._by_id:
             raise Conflict(f"request {req_id!r} is already in flight on this worker")
         n = len(prompt) if prompt_len is None else prompt_len
-        seq = ESeq(req_id, kind, n, params, self.weight_version if version is None else version,
-                   asyncio.get_running_loop().create_future(), prompt=prompt)
+        seq = ESeq(
+            req_id,
+            kind,
+            n,
+            params,
+            self.weight_version if version is None else version,
+            asyncio.get_running_loop().create_future(),
+            prompt=prompt,
+        )
         self._by_id[req_id] = seq
         w, t = self.batching, self._now()
         if kind == "decode":  # the first token came with the KV cache
@@ -180,8 +210,14 @@ class EmulatedEngine(LoopEngine):
         else:
             self.prefix_cache.fit(w.kv_capacity - w.kv_used)
             cached = self.prefix_cache.match(prompt)
-            r = Request(seq, len(prompt) - cached, cached, len(prompt),
-                        0 if kind == "prefill" else max(0, params.max_tokens - 1), arrive_s=t)
+            r = Request(
+                seq,
+                len(prompt) - cached,
+                cached,
+                len(prompt),
+                0 if kind == "prefill" else max(0, params.max_tokens - 1),
+                arrive_s=t,
+            )
             w.submit_prompt(r)
         self._reqs[req_id] = r
         w.interrupt(t)  # admitted at the next iteration boundary
@@ -196,9 +232,16 @@ class EmulatedEngine(LoopEngine):
             raise
 
     def _result(self, s: ESeq) -> GenerationResult:
-        return GenerationResult(request_id=s.request_id, tokens=list(s.tokens), logprobs=list(s.logprobs),
-                                finish_reason=s.finish_reason, prompt_len=s.prompt_len, weight_version=s.weight_version,
-                                worker_id=self.worker_id, text=TOKENIZER.decode(s.tokens))
+        return GenerationResult(
+            request_id=s.request_id,
+            tokens=list(s.tokens),
+            logprobs=list(s.logprobs),
+            finish_reason=s.finish_reason,
+            prompt_len=s.prompt_len,
+            weight_version=s.weight_version,
+            worker_id=self.worker_id,
+            text=TOKENIZER.decode(s.tokens),
+        )
 
     async def generate(self, req: GenerateRequest, prompt: list[int]) -> GenerationResult:
         return self._result(await self._wait(self._submit(req.request_id, "generate", prompt, req.sampling)))
@@ -212,9 +255,17 @@ class EmulatedEngine(LoopEngine):
         modeled = int(s.prompt_len * self.profile.kv_bytes_per_token)
         handle, token = self.kv.put(blob, s.prompt_len)
         self.kv.bytes_out += modeled - len(blob)  # count the emulated cache size, not the stub's
-        return PrefillResult(request_id=s.request_id, handle=handle, kv_token=token, prompt_len=s.prompt_len,
-                             first_token=s.tokens[0], first_logprob=s.logprobs[0], kv_bytes=modeled,
-                             weight_version=s.weight_version, worker_id=self.worker_id)
+        return PrefillResult(
+            request_id=s.request_id,
+            handle=handle,
+            kv_token=token,
+            prompt_len=s.prompt_len,
+            first_token=s.tokens[0],
+            first_logprob=s.logprobs[0],
+            kv_bytes=modeled,
+            weight_version=s.weight_version,
+            worker_id=self.worker_id,
+        )
 
     async def decode(self, req: DecodeRequest, kv_bytes: bytes) -> GenerationResult:
         try:
@@ -230,10 +281,18 @@ class EmulatedEngine(LoopEngine):
         await self._wait_s(self.profile.kv_transfer_s(prompt_len))  # the modeled inter-pool transfer
         modeled = int(prompt_len * self.profile.kv_bytes_per_token)
         self.counters.kv_bytes_in += modeled
-        self.telemetry.append(tm.kv_transfer(time_s=time.time(), job=self.job, worker=self.worker_id, kv_bytes=modeled,
-                                             duration_s=(time.perf_counter() - t0) / self.time_factor))
-        seq = self._submit(req.request_id, "decode", [], req.sampling, version=min(version, self.weight_version),
-                           prompt_len=prompt_len)
+        self.telemetry.append(
+            tm.kv_transfer(
+                time_s=time.time(),
+                job=self.job,
+                worker=self.worker_id,
+                kv_bytes=modeled,
+                duration_s=(time.perf_counter() - t0) / self.time_factor,
+            )
+        )
+        seq = self._submit(
+            req.request_id, "decode", [], req.sampling, version=min(version, self.weight_version), prompt_len=prompt_len
+        )
         seq.tokens.append(first)
         seq.logprobs.append(synthetic_logprob(first))
         return self._result(await self._wait(seq))
@@ -273,8 +332,16 @@ class EmulatedEngine(LoopEngine):
             g = self.batching.generated(r, t) if r is not None else 0
             if g:
                 s.emit(upto=1 + g)
-            out.append({"request_id": s.request_id, "kind": s.kind, "prompt_len": s.prompt_len,
-                        "tokens": list(s.tokens), "logprobs": list(s.logprobs), "weight_version": s.weight_version})
+            out.append(
+                {
+                    "request_id": s.request_id,
+                    "kind": s.kind,
+                    "prompt_len": s.prompt_len,
+                    "tokens": list(s.tokens),
+                    "logprobs": list(s.logprobs),
+                    "weight_version": s.weight_version,
+                }
+            )
         return out
 
     def running(self) -> int:

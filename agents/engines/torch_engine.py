@@ -11,6 +11,7 @@ Split after vLLM v1: `torch_model` (the decode forward), `torch_runner` (execute
 decode over the KV buffer, and samples), `torch_scheduler` (the waiting queue, admission, aborts); this
 module is the engine core: the `Engine` API and the continuous-batching loop that joins them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,7 +44,16 @@ ITERATION_SLICE_S = 0.02  # longest run of decode iterations between returns to 
 class TorchEngine(LoopEngine):
     kind = "torch"
 
-    def __init__(self, *, model: str = "tiny", worker_id: int = 0, role: str = "colocated", job: str = "", threads: int | None = None, max_running: int = MAX_RUNNING) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "tiny",
+        worker_id: int = 0,
+        role: str = "colocated",
+        job: str = "",
+        threads: int | None = None,
+        max_running: int = MAX_RUNNING,
+    ) -> None:
         super().__init__(worker_id=worker_id, role=role, job=job)
         models.set_threads(threads)
         self.runner = TorchRunner(models.load_model(model))
@@ -58,13 +68,19 @@ class TorchEngine(LoopEngine):
         self._executor.shutdown(wait=True)
 
     # ---- data plane
-    def _submit(self, req_id: str, kind: str, prompt: list[int], params: SamplingParams, kv_in: bytes | None = None) -> Seq:
+    def _submit(
+        self, req_id: str, kind: str, prompt: list[int], params: SamplingParams, kv_in: bytes | None = None
+    ) -> Seq:
         limit = self.runner.max_positions
         if len(prompt) + params.max_tokens > limit:  # a decode request's prompt length is checked on import
-            raise EngineError(f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceeds the model's {limit} positions")
+            raise EngineError(
+                f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceeds the model's {limit} positions"
+            )
         if req_id in self._by_id:
             raise Conflict(f"request {req_id!r} is already in flight on this worker")
-        seq = Seq(req_id, kind, prompt, params, self.weight_version, asyncio.get_running_loop().create_future(), kv_in=kv_in)
+        seq = Seq(
+            req_id, kind, prompt, params, self.weight_version, asyncio.get_running_loop().create_future(), kv_in=kv_in
+        )
         self._by_id[req_id] = seq
         seq.future.add_done_callback(lambda _f: self._forget(seq))
         self.scheduler.add(seq)
@@ -95,9 +111,15 @@ class TorchEngine(LoopEngine):
             raise EngineError("prefill aborted", 409)
         handle, token = self.kv.put(seq.kv_out, len(prompt))
         return PrefillResult(
-            request_id=seq.request_id, handle=handle, kv_token=token, prompt_len=len(prompt),
-            first_token=seq.out_tokens[0], first_logprob=seq.logprobs[0], kv_bytes=len(seq.kv_out),
-            weight_version=seq.weight_version, worker_id=self.worker_id,
+            request_id=seq.request_id,
+            handle=handle,
+            kv_token=token,
+            prompt_len=len(prompt),
+            first_token=seq.out_tokens[0],
+            first_logprob=seq.logprobs[0],
+            kv_bytes=len(seq.kv_out),
+            weight_version=seq.weight_version,
+            worker_id=self.worker_id,
         )
 
     async def decode(self, req: DecodeRequest, kv_bytes: bytes) -> GenerationResult:
@@ -107,9 +129,14 @@ class TorchEngine(LoopEngine):
 
     def _result(self, seq: Seq) -> GenerationResult:
         return GenerationResult(
-            request_id=seq.request_id, tokens=list(seq.out_tokens), logprobs=list(seq.logprobs),
-            finish_reason=seq.finish_reason, prompt_len=len(seq.prompt), weight_version=seq.weight_version,
-            worker_id=self.worker_id, text=TOKENIZER.decode(seq.out_tokens),
+            request_id=seq.request_id,
+            tokens=list(seq.out_tokens),
+            logprobs=list(seq.logprobs),
+            finish_reason=seq.finish_reason,
+            prompt_len=len(seq.prompt),
+            weight_version=seq.weight_version,
+            worker_id=self.worker_id,
+            text=TOKENIZER.decode(seq.out_tokens),
         )
 
     async def abort(self, request_id: str) -> GenerationResult | None:
@@ -132,8 +159,14 @@ class TorchEngine(LoopEngine):
 
     def inflight(self) -> list[dict[str, Any]]:
         return [
-            {"request_id": s.request_id, "kind": s.kind, "prompt_len": len(s.prompt), "tokens": list(s.out_tokens),
-             "logprobs": list(s.logprobs), "weight_version": s.weight_version}
+            {
+                "request_id": s.request_id,
+                "kind": s.kind,
+                "prompt_len": len(s.prompt),
+                "tokens": list(s.out_tokens),
+                "logprobs": list(s.logprobs),
+                "weight_version": s.weight_version,
+            }
             for s in list(self._by_id.values())
         ]
 
@@ -232,14 +265,25 @@ class TorchEngine(LoopEngine):
             ntok = sum(len(s.prompt) for s in to_prefill)
             self.counters.prefill_tokens += ntok
             self.counters.prefill_s_total += dt
-            self.telemetry.append(tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=ntok, duration_s=dt))
+            self.telemetry.append(
+                tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=ntok, duration_s=dt)
+            )
             for s, (logits, kv) in zip(to_prefill, outs):
                 tok, lp = sample_token(logits, s.params, 0)
                 s.out_tokens.append(tok)
                 s.logprobs.append(lp)
                 self.counters.generated_tokens += 1
                 if s.kind == "prefill":
-                    s.kv_out = self.runner.export_kv(kv, {"first_token": tok, "first_logprob": lp, "weight_version": s.weight_version, "seed": s.params.seed}, s.prompt)
+                    s.kv_out = self.runner.export_kv(
+                        kv,
+                        {
+                            "first_token": tok,
+                            "first_logprob": lp,
+                            "weight_version": s.weight_version,
+                            "seed": s.params.seed,
+                        },
+                        s.prompt,
+                    )
                     s.finish_reason = "length"
                     done.append((s, None))
                 elif finished(s):
@@ -257,7 +301,14 @@ class TorchEngine(LoopEngine):
             s.kv_in = None
             s.prompt = prompt
             if len(prompt) + s.params.max_tokens > self.runner.max_positions:
-                done.append((s, EngineError(f"prompt ({len(prompt)}) + max_tokens exceeds the model's {self.runner.max_positions} positions")))
+                done.append(
+                    (
+                        s,
+                        EngineError(
+                            f"prompt ({len(prompt)}) + max_tokens exceeds the model's {self.runner.max_positions} positions"
+                        ),
+                    )
+                )
                 continue
             s.out_tokens.append(int(meta.get("first_token", 0)))
             s.logprobs.append(float(meta.get("first_logprob", 0.0)))

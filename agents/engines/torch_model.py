@@ -42,14 +42,23 @@ class FastDecoder:
             if getattr(a, "sliding_window", None):
                 raise ValueError("sliding-window attention is not supported by the fast decode path")
             # fused q|k|v and gate|up projections: fewer, larger GEMMs per iteration
-            self.layers.append((
-                layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon,
-                cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
-                a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach(),
-                a.q_norm.weight.detach(), a.k_norm.weight.detach(), a.q_norm.variance_epsilon,
-                layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon,
-                cat(mlp.gate_proj.weight, mlp.up_proj.weight), mlp.down_proj.weight.detach(),
-            ))
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight.detach(),
+                    layer.input_layernorm.variance_epsilon,
+                    cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+                    a.o_proj.weight.detach(),
+                    None if a.o_proj.bias is None else a.o_proj.bias.detach(),
+                    a.q_norm.weight.detach(),
+                    a.k_norm.weight.detach(),
+                    a.q_norm.variance_epsilon,
+                    layer.post_attention_layernorm.weight.detach(),
+                    layer.post_attention_layernorm.variance_epsilon,
+                    cat(mlp.gate_proj.weight, mlp.up_proj.weight),
+                    mlp.down_proj.weight.detach(),
+                )
+            )
         self.inter = cfg.intermediate_size
         rope = inner.rotary_emb
         positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
@@ -60,8 +69,15 @@ class FastDecoder:
         self.sin = (emb.sin() * rope.attention_scaling).to(dtype)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, K: list[torch.Tensor], V: list[torch.Tensor], col: int,
-             mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        K: list[torch.Tensor],
+        V: list[torch.Tensor],
+        col: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         """ids/positions [B]; writes K/V column `col`; attends to columns [0, col]. Returns logits [B, V]."""
         F = torch.nn.functional
         B = ids.shape[0]
@@ -78,7 +94,9 @@ class FastDecoder:
             k = k * cos + _rotate_half(k) * sin
             K[li][:, :, col] = k[:, :, 0]
             V[li][:, :, col] = v[:, :, 0]
-            att = F.scaled_dot_product_attention(q, K[li][:, :, : col + 1], V[li][:, :, : col + 1], attn_mask=mask, enable_gqa=True)
+            att = F.scaled_dot_product_attention(
+                q, K[li][:, :, : col + 1], V[li][:, :, : col + 1], attn_mask=mask, enable_gqa=True
+            )
             h = h + F.linear(att.transpose(1, 2).reshape(B, 1, self.nh * self.hd), wo, bo)
             gu = F.linear(_rms(h, ln2, e2), wgu)
             h = h + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], wd)

@@ -95,7 +95,9 @@ class TorchRunner:
         for i, (k, v) in enumerate(kv):
             tensors[f"k.{i}"] = k.contiguous()
             tensors[f"v.{i}"] = v.contiguous()
-        return st_save(tensors, metadata={k: json.dumps(v) for k, v in meta.items()} | {"fingerprint": self.fingerprint})
+        return st_save(
+            tensors, metadata={k: json.dumps(v) for k, v in meta.items()} | {"fingerprint": self.fingerprint}
+        )
 
     def import_kv(self, data: bytes) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int], dict[str, Any]]:
         """Parse and validate a pulled cache (safetensors only; shapes must fit this model)."""
@@ -120,7 +122,14 @@ class TorchRunner:
         for i in range(self.n_layers):
             k, v = tensors.get(f"k.{i}"), tensors.get(f"v.{i}")
             shape = (1, self.kv_heads, length, self.head_dim)
-            if k is None or v is None or tuple(k.shape) != shape or tuple(v.shape) != shape or k.dtype != self.dtype or v.dtype != self.dtype:
+            if (
+                k is None
+                or v is None
+                or tuple(k.shape) != shape
+                or tuple(v.shape) != shape
+                or k.dtype != self.dtype
+                or v.dtype != self.dtype
+            ):
                 raise EngineError(f"KV cache layer {i} does not fit this model")
             kv.append((k, v))
         if len(tensors) != 1 + 2 * self.n_layers:
@@ -130,8 +139,10 @@ class TorchRunner:
     # ---- running batch
     def _alloc(self, rows: int, cap: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         shape = (rows, self.kv_heads, cap, self.head_dim)
-        return ([torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)],
-                [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)])
+        return (
+            [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)],
+            [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)],
+        )
 
     @staticmethod
     def _cap_for(width: int) -> int:

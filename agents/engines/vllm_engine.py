@@ -24,6 +24,7 @@ What maps to what:
   worker submits the prompt with them and NIXL reads the blocks (DRAM over UCX on CPU, GPU to GPU over
   UCX/RDMA on GPUs). A failed pull ends the decode with an error (502) the driver resumes from.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -85,10 +86,22 @@ def default_connector() -> str | None:
 class VLLMEngine(Engine):
     kind = "vllm"
 
-    def __init__(self, *, model: str = "", worker_id: int = 0, role: str = "colocated", job: str = "",
-                 kv_connector: str | None = None, enable_sleep_mode: bool | None = None, dtype: str = "auto",
-                 max_model_len: int | None = None, extra_engine_args: dict[str, Any] | None = None,
-                 side_channel: tuple[str, int] | None = None, kv_lease_s: float | None = None, tp: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "",
+        worker_id: int = 0,
+        role: str = "colocated",
+        job: str = "",
+        kv_connector: str | None = None,
+        enable_sleep_mode: bool | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        extra_engine_args: dict[str, Any] | None = None,
+        side_channel: tuple[str, int] | None = None,
+        kv_lease_s: float | None = None,
+        tp: int = 1,
+    ) -> None:
         super().__init__(worker_id=worker_id, role=role, job=job)
         import_vllm()
         self._own_model: Path | None = None
@@ -102,7 +115,9 @@ class VLLMEngine(Engine):
             raise EngineError("the vllm engine needs --model 'tiny' or a local save_pretrained directory")
         self.model_dir = Path(model)
         self.kv_connector = default_connector() if kv_connector is None else kv_connector or None
-        self.enable_sleep_mode = enable_sleep_mode if enable_sleep_mode is not None else os.environ.get("PEARL_VLLM_SLEEP", "0") == "1"
+        self.enable_sleep_mode = (
+            enable_sleep_mode if enable_sleep_mode is not None else os.environ.get("PEARL_VLLM_SLEEP", "0") == "1"
+        )
         self._dtype = dtype
         self._max_model_len = max_model_len
         self._extra = extra_engine_args or {}
@@ -141,9 +156,13 @@ class VLLMEngine(Engine):
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kw: dict[str, Any] = dict(model=str(self.model_dir), dtype=self._dtype, skip_tokenizer_init=True,
-                                  enable_sleep_mode=self.enable_sleep_mode,
-                                  worker_extension_cls="agents.engines.vllm_worker_ext.PearlWorkerExtension")
+        kw: dict[str, Any] = dict(
+            model=str(self.model_dir),
+            dtype=self._dtype,
+            skip_tokenizer_init=True,
+            enable_sleep_mode=self.enable_sleep_mode,
+            worker_extension_cls="agents.engines.vllm_worker_ext.PearlWorkerExtension",
+        )
         if current_platform.is_cpu():  # torch.compile of the graph takes a minute on CPU and buys nothing there
             kw["enforce_eager"] = True
         elif self._tp > 1:
@@ -159,8 +178,9 @@ class VLLMEngine(Engine):
             host, port = self.side_channel = vllm_kv.side_channel(*(self.side_channel or (None, None)))
             # read by the engine core process vLLM spawns next, which inherits the environment
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"], os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = host, str(port)
-            loggers.append(vllm_kv.transfer_logger(self._kv_transferred, lambda: self.job, self.worker_id,
-                                                   self.kv_counts))
+            loggers.append(
+                vllm_kv.transfer_logger(self._kv_transferred, lambda: self.job, self.worker_id, self.kv_counts)
+            )
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=loggers or None)
         sched = getattr(getattr(self.llm, "vllm_config", None), "scheduler_config", None)
         self._budget = int(getattr(sched, "max_num_batched_tokens", 0) or self._budget)
@@ -187,14 +207,23 @@ class VLLMEngine(Engine):
     def admit(self, verb: str, min_weight_version: int = 0) -> None:
         super().admit(verb, min_weight_version)
         if verb in ("prefill", "decode") and self.role != "colocated" and not self.kv_connector:
-            raise Conflict("vLLM disaggregation needs a KV connector (pip install nixl, or set PEARL_VLLM_KV_CONNECTOR)")
+            raise Conflict(
+                "vLLM disaggregation needs a KV connector (pip install nixl, or set PEARL_VLLM_KV_CONNECTOR)"
+            )
 
     # ---- data plane
     def _sampling(self, p: SamplingParams, max_tokens: int, kv_params: dict[str, Any] | None = None) -> Any:
         from vllm import SamplingParams as VSampling
 
-        kw: dict[str, Any] = dict(max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-                                  logprobs=0, ignore_eos=not p.stop_at_eos, stop_token_ids=[TOKENIZER.eos_id] if p.stop_at_eos else None)
+        kw: dict[str, Any] = dict(
+            max_tokens=max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            seed=p.seed,
+            logprobs=0,
+            ignore_eos=not p.stop_at_eos,
+            stop_token_ids=[TOKENIZER.eos_id] if p.stop_at_eos else None,
+        )
         if kv_params is not None:
             kw["extra_args"] = {"kv_transfer_params": kv_params}
         return VSampling(**kw)
@@ -202,8 +231,14 @@ class VLLMEngine(Engine):
     async def _run(self, request_id: str, prompt: list[int], sp: Any, kind: str) -> tuple[Any, dict[str, Any]]:
         from vllm.inputs import TokensPrompt
 
-        state = {"request_id": request_id, "kind": kind, "prompt_len": len(prompt), "tokens": [], "logprobs": [],
-                 "weight_version": self.weight_version}
+        state = {
+            "request_id": request_id,
+            "kind": kind,
+            "prompt_len": len(prompt),
+            "tokens": [],
+            "logprobs": [],
+            "weight_version": self.weight_version,
+        }
         if request_id in self._inflight:
             raise Conflict(f"request {request_id!r} is already in flight on this worker")
         self._inflight[request_id] = state
@@ -229,7 +264,9 @@ class VLLMEngine(Engine):
                     self._iteration_s = ts - token_ts  # one decode-only engine step
                 token_ts, clean = ts, self._prefilling == 0
                 state["tokens"] = list(c.token_ids)
-                state["logprobs"] = [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])]
+                state["logprobs"] = [
+                    float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(c.token_ids, c.logprobs or [])
+                ]
         finally:
             self._prefilling -= prefilling
             self._inflight.pop(request_id, None)
@@ -239,8 +276,15 @@ class VLLMEngine(Engine):
                 self._decoded.append((began, ended if ended >= began else time.monotonic()))
         self.counters.generated_tokens += len(state["tokens"])
         if kind != "prefill":
-            self.telemetry.append(tm.turn(time_s=time.time(), job=self.job, worker=self.worker_id,
-                                          new_prompt_tokens=len(prompt), generated_tokens=len(state["tokens"])))
+            self.telemetry.append(
+                tm.turn(
+                    time_s=time.time(),
+                    job=self.job,
+                    worker=self.worker_id,
+                    new_prompt_tokens=len(prompt),
+                    generated_tokens=len(state["tokens"]),
+                )
+            )
         if last is None:
             raise EngineError("vLLM returned no output", 500)
         return last, state
@@ -255,31 +299,56 @@ class VLLMEngine(Engine):
         is taken out, so the record holds the prefill's time as the simulator's and the emulated engine's
         do: what is left over the prefill alone is the interference, not the decodes' additive share."""
         tokens = prompt_len - min(max(int(getattr(out, "num_cached_tokens", 0) or 0), 0), prompt_len)
-        carried = sum(1 for began in self._decoding.values() if began < first) \
-            + sum(1 for began, ended in self._decoded if began < first and ended > scheduled)
+        carried = sum(1 for began in self._decoding.values() if began < first) + sum(
+            1 for began, ended in self._decoded if began < first and ended > scheduled
+        )
         elapsed = max(first - scheduled, 1e-6)
         steps = math.ceil(max(tokens, 1) / max(1, self._budget - carried)) if carried else 0
         own = max(elapsed - steps * self._iteration_s, 0.1 * elapsed)
-        return tm.prefill(time_s=time.time(), job=self.job, worker=self.worker_id, tokens=tokens,
-                          prefix_tokens=prompt_len - tokens, duration_s=own, running_batch=carried)
+        return tm.prefill(
+            time_s=time.time(),
+            job=self.job,
+            worker=self.worker_id,
+            tokens=tokens,
+            prefix_tokens=prompt_len - tokens,
+            duration_s=own,
+            running_batch=carried,
+        )
 
     def _result(self, state: dict[str, Any], finish: str | None) -> GenerationResult:
         if finish == "error":  # e.g. a decode whose KV pull failed (kv_load_failure_policy "fail")
-            raise EngineError(f"vLLM ended request {state['request_id']!r} with an error"
-                              f"{' (the KV pull from the prefill worker failed)' if state['kind'] == 'decode' else ''}",
-                              502)
+            raise EngineError(
+                f"vLLM ended request {state['request_id']!r} with an error"
+                f"{' (the KV pull from the prefill worker failed)' if state['kind'] == 'decode' else ''}",
+                502,
+            )
         reason = finish if finish in ("stop", "length", "abort") else ("abort" if finish is None else "stop")
-        return GenerationResult(request_id=state["request_id"], tokens=state["tokens"], logprobs=state["logprobs"],
-                                finish_reason=reason, prompt_len=state["prompt_len"], weight_version=state["weight_version"],
-                                worker_id=self.worker_id, text=TOKENIZER.decode(state["tokens"]))
+        return GenerationResult(
+            request_id=state["request_id"],
+            tokens=state["tokens"],
+            logprobs=state["logprobs"],
+            finish_reason=reason,
+            prompt_len=state["prompt_len"],
+            weight_version=state["weight_version"],
+            worker_id=self.worker_id,
+            text=TOKENIZER.decode(state["tokens"]),
+        )
 
     async def generate(self, req: GenerateRequest, prompt: list[int]) -> GenerationResult:
-        out, state = await self._run(req.request_id, prompt, self._sampling(req.sampling, req.sampling.max_tokens), "generate")
+        out, state = await self._run(
+            req.request_id, prompt, self._sampling(req.sampling, req.sampling.max_tokens), "generate"
+        )
         return self._result(state, out.outputs[0].finish_reason)
 
     async def prefill(self, req: GenerateRequest, prompt: list[int]) -> PrefillResult:
-        kv = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
-              "remote_host": None, "remote_port": None}
+        kv = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        }
         out, state = await self._run(req.request_id, prompt, self._sampling(req.sampling, 1, kv), "prefill")
         finish = out.outputs[0].finish_reason
         if finish == "abort" or not state["tokens"]:
@@ -287,14 +356,29 @@ class VLLMEngine(Engine):
         self._result(state, finish)  # raises on an engine error
         params = getattr(out, "kv_transfer_params", None) or {}
         size = vllm_kv.block_count(params) * self._block_size * self._kv_per_token
-        descriptor = json.dumps({"kv_transfer_params": params, "prompt": prompt, "first_token": state["tokens"][0],
-                                 "first_logprob": state["logprobs"][0], "weight_version": state["weight_version"],
-                                 "kv_bytes": size}).encode()
+        descriptor = json.dumps(
+            {
+                "kv_transfer_params": params,
+                "prompt": prompt,
+                "first_token": state["tokens"][0],
+                "first_logprob": state["logprobs"][0],
+                "weight_version": state["weight_version"],
+                "kv_bytes": size,
+            }
+        ).encode()
         handle, token = self.kv.put(descriptor, len(prompt))
         self.kv.bytes_out += size
-        return PrefillResult(request_id=req.request_id, handle=handle, kv_token=token, prompt_len=len(prompt),
-                             first_token=state["tokens"][0], first_logprob=state["logprobs"][0], kv_bytes=size,
-                             weight_version=state["weight_version"], worker_id=self.worker_id)
+        return PrefillResult(
+            request_id=req.request_id,
+            handle=handle,
+            kv_token=token,
+            prompt_len=len(prompt),
+            first_token=state["tokens"][0],
+            first_logprob=state["logprobs"][0],
+            kv_bytes=size,
+            weight_version=state["weight_version"],
+            worker_id=self.worker_id,
+        )
 
     async def decode(self, req: DecodeRequest, kv_bytes: bytes) -> GenerationResult:
         try:
@@ -303,7 +387,9 @@ class VLLMEngine(Engine):
         except Exception as exc:
             raise EngineError(f"not a vLLM KV descriptor: {exc}") from exc
         params["do_remote_prefill"], params["do_remote_decode"] = True, False
-        out, state = await self._run(req.request_id, prompt, self._sampling(req.sampling, req.sampling.max_tokens, params), "decode")
+        out, state = await self._run(
+            req.request_id, prompt, self._sampling(req.sampling, req.sampling.max_tokens, params), "decode"
+        )
         return self._result(state, out.outputs[0].finish_reason)
 
     async def abort(self, request_id: str) -> GenerationResult | None:

@@ -14,6 +14,7 @@ Why these settings (vLLM's `KVTransferConfig`):
   from the agent, else loopback and a free port; the engine passes them on to vLLM's engine core as
   `VLLM_NIXL_SIDE_CHANNEL_HOST/PORT`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,12 @@ def kv_transfer_config(connector: str, lease_s: float) -> Any:
     extra: dict[str, Any] = {"kv_lease_duration": int(lease_s) + LEASE_MARGIN_S}
     if connector.startswith("Nixl"):
         extra["backends"] = os.environ.get("PEARL_NIXL_BACKENDS", "UCX").split(",")
-    return KVTransferConfig(kv_connector=connector, kv_role="kv_both", kv_load_failure_policy=FAILURE_POLICY,
-                            kv_connector_extra_config=extra)
+    return KVTransferConfig(
+        kv_connector=connector,
+        kv_role="kv_both",
+        kv_load_failure_policy=FAILURE_POLICY,
+        kv_connector_extra_config=extra,
+    )
 
 
 def kv_bytes_per_token(llm: Any) -> int:
@@ -78,8 +83,9 @@ def block_count(params: dict[str, Any]) -> int:
     return sum(len(g) for g in ids) if ids and isinstance(ids[0], list) else len(ids)
 
 
-def transfer_logger(sink: Callable[[tm.TelemetryRecord], None], job: Callable[[], str], worker: int,
-                    counts: dict[str, int]) -> Any:
+def transfer_logger(
+    sink: Callable[[tm.TelemetryRecord], None], job: Callable[[], str], worker: int, counts: dict[str, int]
+) -> Any:
     """A vLLM stat-logger factory that turns each NIXL transfer the engine finished (its bytes and its
     duration, as NIXL's own telemetry measured them) into a PEARL KV_TRANSFER record, and counts the
     failed pulls and the leases that expired into `counts`."""
@@ -89,12 +95,16 @@ def transfer_logger(sink: Callable[[tm.TelemetryRecord], None], job: Callable[[]
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
             for size, seconds in zip(data.get("bytes_transferred", []), data.get("transfer_duration", [])):
-                sink(tm.kv_transfer(time_s=time.time(), job=job(), worker=worker, kv_bytes=int(size),
-                                    duration_s=float(seconds)))
+                sink(
+                    tm.kv_transfer(
+                        time_s=time.time(), job=job(), worker=worker, kv_bytes=int(size), duration_s=float(seconds)
+                    )
+                )
             counts["bytes_transferred"] = counts.get("bytes_transferred", 0) + sum(data.get("bytes_transferred", []))
             for key in ("num_failed_transfers", "num_failed_handshakes", "num_kv_expired_reqs"):
                 counts[key] = counts.get(key, 0) + len(data.get(key, []))

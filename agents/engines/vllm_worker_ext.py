@@ -1,5 +1,6 @@
 """Methods PEARL adds to each vLLM worker process (vLLM's `worker_extension_cls`), called through
 `collective_rpc` by name: nothing but a path crosses the process boundary."""
+
 from __future__ import annotations
 
 from typing import Any

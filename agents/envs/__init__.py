@@ -9,6 +9,7 @@ sandbox) or run CPU work in a thread, but it never blocks the driver's event loo
 Plug your own in with `register("name", factory)`; a factory builds the environment of task
 `task` (the same for every member of a GRPO group) from a seed.
 """
+
 from __future__ import annotations
 
 from agents.envs.base import REGISTRY, Environment, EnvironmentFailed, Factory, Turn, register, text
@@ -21,15 +22,24 @@ def known_environments() -> tuple[str, ...]:
     return tuple(sorted(REGISTRY))
 
 
-def make_env(name: str, *, task: int, member: int = 0, seed: int = 0, time_factor: float = 1.0,
-             max_tokens: int = 32768, group_size: int = 1) -> Environment:
+def make_env(
+    name: str,
+    *,
+    task: int,
+    member: int = 0,
+    seed: int = 0,
+    time_factor: float = 1.0,
+    max_tokens: int = 32768,
+    group_size: int = 1,
+) -> Environment:
     """Episode `member` of task `task` (every member of a GRPO group of `group_size` shares the task)."""
     _load_builtins()
     factory = REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    return factory(task=task, member=member, seed=seed, time_factor=time_factor, max_tokens=max_tokens,
-                   group_size=group_size)
+    return factory(
+        task=task, member=member, seed=seed, time_factor=time_factor, max_tokens=max_tokens, group_size=group_size
+    )
 
 
 def _load_builtins() -> None:

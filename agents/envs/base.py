@@ -1,5 +1,6 @@
 """The environment interface and its registry: what every environment module imports (the package's
 `__init__` loads the built-in environments, which import this module, so nothing imports back)."""
+
 from __future__ import annotations
 
 import abc

@@ -6,6 +6,7 @@ tool, up to 0.4 for a digit close to c (1 − |answer − c|/9), and 0.5 for c i
 scores about 0.02; using the tool and answering digits is found within tens of GRPO steps, copying
 the tool's result takes longer (BENCHMARKS.md has the measured curve).
 """
+
 from __future__ import annotations
 
 import random
@@ -41,8 +42,12 @@ class Calculator(Environment):
         if _is_call(tok) and not self.called and self.turns < MAX_TURNS:
             self.called = True
             return Turn(text(f"={self.result}"), max_tokens=1)
-        return Turn([], done=True, reward=self.score(tok), info={"correct": float(tok == 48 + self.result),
-                                                                "tool_used": float(self.called)})
+        return Turn(
+            [],
+            done=True,
+            reward=self.score(tok),
+            info={"correct": float(tok == 48 + self.result), "tool_used": float(self.called)},
+        )
 
     def score(self, tok: int) -> float:
         r = W_TOOL if self.called else 0.0

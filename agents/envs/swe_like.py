@@ -6,6 +6,7 @@ Tokens are synthetic (the emulated engine's are too); what matters is their numb
 tool time between turns and the context that keeps growing up to the job's maximum length. The tool
 call sleeps on the event loop (scaled by the run's time factor), as a real sandbox call awaits I/O.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,10 +26,18 @@ def _synthetic(n: int, salt: int) -> list[int]:
 class SweLike(Environment):
     temperature = 1.0
 
-    def __init__(self, *, task: int, member: int = 0, seed: int = 0, time_factor: float = 1.0,
-                 max_tokens: int = 32768, group_size: int = 16, **_: object) -> None:
-        spec = WorkloadSpec(batch_size=group_size, group_size=group_size,
-                            max_length=min(max_tokens, MAX_PROMPT_TOKENS))
+    def __init__(
+        self,
+        *,
+        task: int,
+        member: int = 0,
+        seed: int = 0,
+        time_factor: float = 1.0,
+        max_tokens: int = 32768,
+        group_size: int = 16,
+        **_: object,
+    ) -> None:
+        spec = WorkloadSpec(batch_size=group_size, group_size=group_size, max_length=min(max_tokens, MAX_PROMPT_TOKENS))
         traj = draw_batch(spec, seed=seed, step=task)[member % group_size]
         self.turns = traj.turns
         self.k = 0

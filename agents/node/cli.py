@@ -51,9 +51,15 @@ async def run_agent(cfg: AgentConfig, *, model: str = "tiny", stop: asyncio.Even
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m agents.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--control-plane", default="", help="http(s)://host:port of the control plane (or its ws URL); "
-                   "without it the agent runs standalone: one colocated worker per slot")
+    p = argparse.ArgumentParser(
+        prog="python -m agents.node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--control-plane",
+        default="",
+        help="http(s)://host:port of the control plane (or its ws URL); "
+        "without it the agent runs standalone: one colocated worker per slot",
+    )
     p.add_argument("--model", default="tiny", help="standalone mode: the model the workers serve")
     p.add_argument("--token", default="", help="node token (prefer env PEARL_AGENT_TOKEN: argv is visible in ps)")
     p.add_argument("--node", default="", help="node name (default: hostname-pid)")
@@ -63,22 +69,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory-mb", type=int, default=0)
     p.add_argument("--engine", choices=["torch", "emulated", "vllm"], default="emulated")
     p.add_argument("--time-factor", type=float, default=1.0)
-    p.add_argument("--interference", type=float, default=1.0,
-                   help="emulated engine: prefill next to running decodes costs this x its roofline time "
-                        "(1 = the additive roofline); PEARL measures it and the job page shows it")
+    p.add_argument(
+        "--interference",
+        type=float,
+        default=1.0,
+        help="emulated engine: prefill next to running decodes costs this x its roofline time "
+        "(1 = the additive roofline); PEARL measures it and the job page shows it",
+    )
     p.add_argument("--state-dir", default="")
     p.add_argument("--drain-timeout", type=float, default=10.0)
     p.add_argument("--dataplane-port", type=int, default=0)
-    p.add_argument("--bind-address", default="127.0.0.1",
-                   help="where the agent's data plane, workers and trainers listen: the node's address (or 0.0.0.0 "
-                        "with --advertise-address) when drivers and workers on other hosts call them; off loopback "
-                        "it needs PEARL_DATAPLANE_SECRET")
-    p.add_argument("--advertise-address", default="",
-                   help="the address other hosts reach this node's endpoints at (default: --bind-address); the "
-                        "control plane records endpoints only on the address it sees the agent connect from")
+    p.add_argument(
+        "--bind-address",
+        default="127.0.0.1",
+        help="where the agent's data plane, workers and trainers listen: the node's address (or 0.0.0.0 "
+        "with --advertise-address) when drivers and workers on other hosts call them; off loopback "
+        "it needs PEARL_DATAPLANE_SECRET",
+    )
+    p.add_argument(
+        "--advertise-address",
+        default="",
+        help="the address other hosts reach this node's endpoints at (default: --bind-address); the "
+        "control plane records endpoints only on the address it sees the agent connect from",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     from agents.engines.emulated import check_interference
 
     try:
@@ -93,12 +111,22 @@ def main(argv: list[str] | None = None) -> None:
     node = args.node or f"{os.uname().nodename}-{os.getpid()}"
     try:
         cfg = AgentConfig(
-            control_plane=args.control_plane, token=token, node=node, pool=args.pool, hardware=args.hardware,
-            slots=args.slots, engine=args.engine, time_factor=args.time_factor, interference=args.interference,
+            control_plane=args.control_plane,
+            token=token,
+            node=node,
+            pool=args.pool,
+            hardware=args.hardware,
+            slots=args.slots,
+            engine=args.engine,
+            time_factor=args.time_factor,
+            interference=args.interference,
             state_dir=Path(args.state_dir or f"./.pearl-agent/{node}"),
-            dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""), dataplane_port=args.dataplane_port,
-            drain_timeout_s=args.drain_timeout, memory_mb=args.memory_mb,
-            bind_address=args.bind_address, advertise_address=args.advertise_address,
+            dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""),
+            dataplane_port=args.dataplane_port,
+            drain_timeout_s=args.drain_timeout,
+            memory_mb=args.memory_mb,
+            bind_address=args.bind_address,
+            advertise_address=args.advertise_address,
         )
     except ValueError as exc:
         sys.exit(str(exc))

@@ -55,8 +55,10 @@ class AgentConfig:
             self.advertise_address = self.bind_address
         if not is_loopback(self.bind_address) and not self.dataplane_secret:
             # other hosts can reach what is bound there: the agent's data plane must require a secret
-            raise ValueError(f"refusing to bind {self.bind_address}: off loopback the data plane needs a secret "
-                             "(set PEARL_DATAPLANE_SECRET)")
+            raise ValueError(
+                f"refusing to bind {self.bind_address}: off loopback the data plane needs a secret "
+                "(set PEARL_DATAPLANE_SECRET)"
+            )
 
     @property
     def advertised_host(self) -> str:

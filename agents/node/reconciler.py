@@ -33,8 +33,10 @@ RECONCILE_PERIOD_S = 2.0
 def partials(entries: list[dict[str, Any]], worker_id: int) -> list[dict[str, Any]]:
     """Aborted requests as a fault reports them: tokens and log-probs (the output itself), without the
     decoded text (any bytes a model produced, NUL included, which no database stores; the tokens say it)."""
-    return [{k: v for k, v in r.items() if k != "text"} | {"finish_reason": "abort", "worker_id": worker_id}
-            for r in entries[: link.MAX_ABORTED]]
+    return [
+        {k: v for k, v in r.items() if k != "text"} | {"finish_reason": "abort", "worker_id": worker_id}
+        for r in entries[: link.MAX_ABORTED]
+    ]
 
 
 @dataclass
@@ -60,10 +62,15 @@ class Managed:
 
     def observed(self) -> link.ObservedWorker:
         return link.ObservedWorker(
-            worker_id=self.desired.worker_id, role=Role(self.role or self.desired.role),
-            activity=Activity(self.activity), state=self.state, weight_version=self.weight_version,
+            worker_id=self.desired.worker_id,
+            role=Role(self.role or self.desired.role),
+            activity=Activity(self.activity),
+            state=self.state,
+            weight_version=self.weight_version,
             endpoint=self.proc.endpoint if self.proc and self.state != "stopped" else "",
-            inflight=self.inflight, generation=self.generation, devices=self.devices if self.proc else [],
+            inflight=self.inflight,
+            generation=self.generation,
+            devices=self.devices if self.proc else [],
         )
 
 
@@ -87,8 +94,17 @@ class DriverProcess:
 
     async def start(self, control_plane: str, token: str, time_factor: float, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "agents.driver", "--control-plane", control_plane, "--job", self.job,
-                "--time-factor", str(time_factor)]
+        args = [
+            sys.executable,
+            "-m",
+            "agents.driver",
+            "--control-plane",
+            control_plane,
+            "--job",
+            self.job,
+            "--time-factor",
+            str(time_factor),
+        ]
         with open(log_dir / f"{self.job}.log", "ab") as out:
             self.proc = await spawn_child(args, {"PEARL_DRIVER_TOKEN": token}, stdout=out, stderr=out)
 
@@ -140,6 +156,7 @@ class Reconciler:
     async def _observe(self) -> None:
         """Every worker's state, asked side by side: on a busy node the heartbeat (which confirms a
         return against its deadline) waits for the slowest answer, not for the sum of them."""
+
         async def one(m: Managed) -> None:
             assert m.client is not None
             if m.desired.role == Role.TRAINING:
@@ -161,7 +178,9 @@ class Reconciler:
             return []
 
         out, self.pending_telemetry = self.pending_telemetry, []
-        rollout = [m for m in self._reachable() if m.state in ("running", "draining") and m.desired.role != Role.TRAINING]
+        rollout = [
+            m for m in self._reachable() if m.state in ("running", "draining") and m.desired.role != Role.TRAINING
+        ]
         for recs in await asyncio.gather(*(records(m) for m in rollout)):
             out.extend(recs)
         return out
@@ -209,7 +228,9 @@ class Reconciler:
                 m.desired = spec
             # the node's workers converge side by side: returning eight borrowed workers at Training Begin
             # takes one worker's time, not eight
-            results = await asyncio.gather(*(self._converge(self.workers[wid], ds) for wid in wanted), return_exceptions=True)
+            results = await asyncio.gather(
+                *(self._converge(self.workers[wid], ds) for wid in wanted), return_exceptions=True
+            )
             for wid, r in zip(wanted, results):
                 if isinstance(r, Exception):
                     log.error("worker %s did not converge: %r", wid, r)
@@ -218,7 +239,13 @@ class Reconciler:
     def _identity_changed(old: link.DesiredWorker, new: link.DesiredWorker) -> bool:
         """G_w, engine, model and job are fixed for a worker's life; a role change is not."""
         training_flip = (old.role == Role.TRAINING) != (new.role == Role.TRAINING)
-        return old.gpus != new.gpus or old.engine != new.engine or old.model != new.model or old.job != new.job or training_flip
+        return (
+            old.gpus != new.gpus
+            or old.engine != new.engine
+            or old.model != new.model
+            or old.job != new.job
+            or training_flip
+        )
 
     async def _converge(self, m: Managed, ds: link.DesiredState) -> None:
         spec = m.desired
@@ -249,25 +276,47 @@ class Reconciler:
                 await m.client.call("sleep", {"level": 1}, epoch=epoch)
                 m.engine_state, m.inflight = "sleeping", 0
                 if res.get("aborted"):
-                    self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
-                                         detail=f"{len(res['aborted'])} requests aborted by deactivation",
-                                         aborted=partials(res["aborted"], spec.worker_id)))
+                    self.send(
+                        link.Fault(
+                            epoch=self.epoch,
+                            worker_id=spec.worker_id,
+                            kind="drained",
+                            detail=f"{len(res['aborted'])} requests aborted by deactivation",
+                            aborted=partials(res["aborted"], spec.worker_id),
+                        )
+                    )
                 if m.activation_s is not None:  # one borrow + return observed: T_toggle sample
                     # in the job's clock, as every other record: an emulated engine runs `time_factor` times real time
                     scale = self.cfg.time_factor if spec.engine == "emulated" else 1.0
-                    self.pending_telemetry.append(tm.toggle(time_s=time.time(), job=spec.job, worker=spec.worker_id,
-                                                            activation_s=m.activation_s / scale,
-                                                            return_s=(time.perf_counter() - t0) / scale).to_json())
+                    self.pending_telemetry.append(
+                        tm.toggle(
+                            time_s=time.time(),
+                            job=spec.job,
+                            worker=spec.worker_id,
+                            activation_s=m.activation_s / scale,
+                            return_s=(time.perf_counter() - t0) / scale,
+                        ).to_json()
+                    )
                     m.activation_s = None
-            elif spec.activity == Activity.TRANSITIONING and m.activity == Activity.ACTIVE.value and m.engine_state == "running":
+            elif (
+                spec.activity == Activity.TRANSITIONING
+                and m.activity == Activity.ACTIVE.value
+                and m.engine_state == "running"
+            ):
                 # drain (a role change or a removal is coming): stop admitting; running requests finish
                 # within the drain timeout or go back to their callers with their partial outputs
                 res = await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
                 m.engine_state, m.activity, m.inflight = "draining", Activity.TRANSITIONING.value, 0
                 if res.get("aborted"):
-                    self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="drained",
-                                         detail=f"{len(res['aborted'])} requests aborted by the drain",
-                                         aborted=partials(res["aborted"], spec.worker_id)))
+                    self.send(
+                        link.Fault(
+                            epoch=self.epoch,
+                            worker_id=spec.worker_id,
+                            kind="drained",
+                            detail=f"{len(res['aborted'])} requests aborted by the drain",
+                            aborted=partials(res["aborted"], spec.worker_id),
+                        )
+                    )
             elif spec.activity == Activity.ACTIVE and m.engine_state in ("sleeping", "draining", ""):
                 t0 = time.perf_counter()
                 was_asleep = m.engine_state == "sleeping"
@@ -287,7 +336,9 @@ class Reconciler:
                 # the worker reaches the job's min_weight_version
                 m.pulled_for = ds.generation
                 try:
-                    h = await m.client.call("weights", {"url": spec.weights_url, "version": 0, "token": spec.weights_token}, epoch=epoch)
+                    h = await m.client.call(
+                        "weights", {"url": spec.weights_url, "version": 0, "token": spec.weights_token}, epoch=epoch
+                    )
                     m.weight_version = h["weight_version"]
                 except WorkerCallError as exc:
                     log.warning("worker %s: weight pull failed: %s", spec.worker_id, exc)
@@ -310,9 +361,13 @@ class Reconciler:
         training = spec.role == Role.TRAINING
         engine = spec.engine or self.cfg.engine
         extra: list[str] = ["--tp", str(max(1, len(spec.gpus)))]  # G_w's size is the TP degree
-        env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus),  # slot i is GPU i
-                               "PEARL_JOB_TOKEN": spec.dataplane_token}  # the job's rollout driver calls it with this
-        if self.cfg.advertise_address != "127.0.0.1":  # vLLM's NIXL handshake: on the address peers reach (port 0: free)
+        env: dict[str, str] = {
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus),  # slot i is GPU i
+            "PEARL_JOB_TOKEN": spec.dataplane_token,
+        }  # the job's rollout driver calls it with this
+        if (
+            self.cfg.advertise_address != "127.0.0.1"
+        ):  # vLLM's NIXL handshake: on the address peers reach (port 0: free)
             env["PEARL_NIXL_SIDE_CHANNEL"] = f"{self.cfg.advertise_address}:0"
         if training:
             extra += ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
@@ -322,15 +377,25 @@ class Reconciler:
         m.state = "starting"
         try:
             m.proc = await spawn_worker(
-                worker_id=spec.worker_id, engine=engine if engine in ("torch", "emulated", "vllm") else self.cfg.engine,
-                role="colocated" if training else spec.role.value, state_dir=state_dir, model=spec.model, job=spec.job,
-                hardware=self.cfg.hardware, time_factor=self.cfg.time_factor,
-                module="agents.trainer" if training else "agents.worker", extra=extra, env_extra=env,
+                worker_id=spec.worker_id,
+                engine=engine if engine in ("torch", "emulated", "vllm") else self.cfg.engine,
+                role="colocated" if training else spec.role.value,
+                state_dir=state_dir,
+                model=spec.model,
+                job=spec.job,
+                hardware=self.cfg.hardware,
+                time_factor=self.cfg.time_factor,
+                module="agents.trainer" if training else "agents.worker",
+                extra=extra,
+                env_extra=env,
                 secret=self.cfg.dataplane_secret or None,
-                bind=self.cfg.bind_address, advertise=self.cfg.advertise_address,
+                bind=self.cfg.bind_address,
+                advertise=self.cfg.advertise_address,
             )
             health = await WorkerClient(m.proc.endpoint, m.proc.secret, self._http).get("health")
-            if sorted(health.get("devices", [])) != sorted(spec.gpus):  # the binding holds in the process, not only in the database
+            if sorted(health.get("devices", [])) != sorted(
+                spec.gpus
+            ):  # the binding holds in the process, not only in the database
                 await m.proc.stop(2.0)
                 raise RuntimeError(f"worker runs on devices {health.get('devices')}, not its slots {spec.gpus}")
             m.devices = sorted(health["devices"])
@@ -339,7 +404,11 @@ class Reconciler:
             m.restarts += 1
             m.next_start = time.monotonic() + RESTART_BACKOFF_S[min(m.restarts, len(RESTART_BACKOFF_S) - 1)]
             log.warning("worker %s failed to start: %s", spec.worker_id, exc)
-            self.send(link.Fault(epoch=self.epoch, worker_id=spec.worker_id, kind="crashed", detail=f"start failed: {exc}"[:4000]))
+            self.send(
+                link.Fault(
+                    epoch=self.epoch, worker_id=spec.worker_id, kind="crashed", detail=f"start failed: {exc}"[:4000]
+                )
+            )
             return False
         m.client = WorkerClient(m.proc.endpoint, m.proc.secret, self._http)
         m.role = "training" if training else spec.role.value
@@ -359,8 +428,15 @@ class Reconciler:
             await m.proc.stop()
         m.state = "stopped"
         if aborted:
-            self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="drained",
-                                 detail=f"{len(aborted)} requests aborted by the drain", aborted=partials(aborted, m.desired.worker_id)))
+            self.send(
+                link.Fault(
+                    epoch=self.epoch,
+                    worker_id=m.desired.worker_id,
+                    kind="drained",
+                    detail=f"{len(aborted)} requests aborted by the drain",
+                    aborted=partials(aborted, m.desired.worker_id),
+                )
+            )
         return aborted
 
     async def shutdown_workers(self, timeout_s: float) -> None:
@@ -382,8 +458,14 @@ class Reconciler:
             if d is not None and time.monotonic() < d.next_start:
                 continue
             if d is not None:
-                self.send(link.Fault(epoch=self.epoch, worker_id=0, kind="driver_restarted",
-                                     detail=f"the rollout driver of job {job} exited with {d.returncode}; restarting"))
+                self.send(
+                    link.Fault(
+                        epoch=self.epoch,
+                        worker_id=0,
+                        kind="driver_restarted",
+                        detail=f"the rollout driver of job {job} exited with {d.returncode}; restarting",
+                    )
+                )
             restarts = d.restarts + 1 if d is not None else 0
             d = self.drivers[job] = DriverProcess(job=job, restarts=restarts)
             await d.start(self.cfg.control_plane, spec.token, self.cfg.time_factor, self.cfg.state_dir / "drivers")
@@ -409,9 +491,18 @@ class Reconciler:
                 aborted = partials(data["inflight"], m.desired.worker_id)
             journal.unlink()
         await m.proc.reap()
-        log.warning("worker %s (pid %s) exited with %s; %d requests aborted", m.desired.worker_id, m.proc.pid, rc, len(aborted))
-        self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="crashed",
-                             detail=f"pid {m.proc.pid} exited with {rc}", aborted=aborted))
+        log.warning(
+            "worker %s (pid %s) exited with %s; %d requests aborted", m.desired.worker_id, m.proc.pid, rc, len(aborted)
+        )
+        self.send(
+            link.Fault(
+                epoch=self.epoch,
+                worker_id=m.desired.worker_id,
+                kind="crashed",
+                detail=f"pid {m.proc.pid} exited with {rc}",
+                aborted=aborted,
+            )
+        )
         m.restarts += 1
         m.proc, m.client, m.state = None, None, "failed"
         m.next_start = time.monotonic() + RESTART_BACKOFF_S[min(m.restarts - 1, len(RESTART_BACKOFF_S) - 1)]
@@ -420,5 +511,11 @@ class Reconciler:
         if self.desired is not None and m.desired.worker_id in self.workers and not self.stopping.is_set():
             await self.reconcile()
             if m.proc is not None:
-                self.send(link.Fault(epoch=self.epoch, worker_id=m.desired.worker_id, kind="restarted",
-                                     detail=f"restarted as pid {m.proc.pid} (restart #{m.restarts})"))
+                self.send(
+                    link.Fault(
+                        epoch=self.epoch,
+                        worker_id=m.desired.worker_id,
+                        kind="restarted",
+                        detail=f"restarted as pid {m.proc.pid} (restart #{m.restarts})",
+                    )
+                )

@@ -61,12 +61,22 @@ class NodeAgent(Reconciler):
     def register_message(self) -> link.Register:
         mem = self.cfg.memory_mb or HW_MEMORY_MB.get(self.cfg.hardware.lower(), 81920)
         slots = [link.SlotSpec(index=i, hardware=self.cfg.hardware, memory_mb=mem) for i in range(self.cfg.slots)]
-        return link.Register(node=self.cfg.node, pool=Pool(self.cfg.pool), hardware=self.cfg.hardware, slots=slots,
-                             incarnation=self.incarnation, engine=self.cfg.engine, data_plane=self.dataplane_url)
+        return link.Register(
+            node=self.cfg.node,
+            pool=Pool(self.cfg.pool),
+            hardware=self.cfg.hardware,
+            slots=slots,
+            incarnation=self.incarnation,
+            engine=self.cfg.engine,
+            data_plane=self.dataplane_url,
+        )
 
     def heartbeat_message(self) -> link.Heartbeat:
-        return link.Heartbeat(epoch=self.epoch, generation=max(self.generation, 0),
-                              workers=[m.observed() for m in sorted(self.workers.values(), key=lambda m: m.desired.worker_id)])
+        return link.Heartbeat(
+            epoch=self.epoch,
+            generation=max(self.generation, 0),
+            workers=[m.observed() for m in sorted(self.workers.values(), key=lambda m: m.desired.worker_id)],
+        )
 
     def send(self, message: Any) -> None:
         self.outbox.put_nowait(link.dump(message))
@@ -109,15 +119,25 @@ class NodeAgent(Reconciler):
         """Once registered: report the workers the previous incarnation left, with their journaled partials."""
         for x in self.leftovers:
             aborted = partials(x["aborted"], x["worker_id"])
-            self.send(link.Fault(epoch=self.epoch, worker_id=x["worker_id"], kind="orphan_killed" if x["was_running"] else "orphan_gone",
-                                 detail=f"pid {x['pid']} of a previous agent incarnation", aborted=aborted))
+            self.send(
+                link.Fault(
+                    epoch=self.epoch,
+                    worker_id=x["worker_id"],
+                    kind="orphan_killed" if x["was_running"] else "orphan_gone",
+                    detail=f"pid {x['pid']} of a previous agent incarnation",
+                    aborted=aborted,
+                )
+            )
         self.leftovers = []
 
     async def _kill_leftovers(self) -> None:
         self.leftovers = await asyncio.to_thread(kill_leftovers, self.cfg.state_dir)
         if self.leftovers:
-            log.warning("found %d worker(s) of a previous agent incarnation; killed the %d still running",
-                        len(self.leftovers), sum(x["was_running"] for x in self.leftovers))
+            log.warning(
+                "found %d worker(s) of a previous agent incarnation; killed the %d still running",
+                len(self.leftovers),
+                sum(x["was_running"] for x in self.leftovers),
+            )
 
     def _refuse(self, why: str) -> None:
         log.warning("refused: %s", why)
@@ -135,8 +155,9 @@ class NodeAgent(Reconciler):
     async def run(self) -> None:
         """Connect, serve, reconnect with jittered exponential backoff until stopped."""
         async with self.serving():
-            await reconnect_forever(self._connect_once, stop=self.stopping, max_s=RECONNECT_BACKOFF_MAX_S,
-                                    name="agent link")
+            await reconnect_forever(
+                self._connect_once, stop=self.stopping, max_s=RECONNECT_BACKOFF_MAX_S, name="agent link"
+            )
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
@@ -166,7 +187,9 @@ class NodeAgent(Reconciler):
         """One connection, until it closes; returns the close code."""
         assert self._http is not None
         headers = {"Authorization": f"Bearer {self.cfg.token}"}
-        async with self._http.ws_connect(self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES) as ws:
+        async with self._http.ws_connect(
+            self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES
+        ) as ws:
             await ws.send_json(link.dump(self.register_message()))
             self.connected.set()
             sender = asyncio.create_task(self._send_loop(ws))
@@ -245,9 +268,14 @@ class NodeAgent(Reconciler):
             header = request.headers.get("Authorization", "")
             if not (header.startswith("Bearer ") and secrets.compare_digest(header[7:].encode(), secret.encode())):
                 return web.json_response({"error": "missing or bad data-plane secret"}, status=401)
-            return web.json_response({"workers": [
-                {**link.to_json(m.observed()), "secret": m.proc.secret if m.proc else ""} for m in self.workers.values()
-            ]})
+            return web.json_response(
+                {
+                    "workers": [
+                        {**link.to_json(m.observed()), "secret": m.proc.secret if m.proc else ""}
+                        for m in self.workers.values()
+                    ]
+                }
+            )
 
         app = web.Application()
         app.router.add_get("/workers", workers)

@@ -6,5 +6,15 @@ from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer, group_advantages
 from agents.trainer.server import StepBuffer, TrainerServer, main, serve
 
-__all__ = ["EmulatedTrainer", "GRPOConfig", "GRPOTrainer", "StepBuffer", "UpdateStats", "Trainer", "TrainerServer",
-           "group_advantages", "main", "serve"]
+__all__ = [
+    "EmulatedTrainer",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "StepBuffer",
+    "UpdateStats",
+    "Trainer",
+    "TrainerServer",
+    "group_advantages",
+    "main",
+    "serve",
+]

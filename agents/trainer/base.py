@@ -49,8 +49,9 @@ class Trainer(Protocol):
         """Samples per update on the queue path (`POST /samples` without a rollout step)."""
         ...
 
-    async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
-                     training_gpus: int = 1) -> UpdateStats:
+    async def update(
+        self, samples: list[dp.TrainSample], rollout_step: int | None = None, training_gpus: int = 1
+    ) -> UpdateStats:
         """One update on `samples`. With `rollout_step`, the update of that step of the RL loop (recorded
         in `trained_steps`); `training_gpus` is what an emulated update is timed on."""
         ...

@@ -23,8 +23,18 @@ class EmulatedTrainer:
 
     trains_on_tokens = False
 
-    def __init__(self, *, model: str, hardware: str, tp: int, time_factor: float, store: WeightStore,
-                 ckpt_dir: Path | None, job: str = "", batch_size: int = GRPOConfig.batch_size) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        hardware: str,
+        tp: int,
+        time_factor: float,
+        store: WeightStore,
+        ckpt_dir: Path | None,
+        job: str = "",
+        batch_size: int = GRPOConfig.batch_size,
+    ) -> None:
         from controlplane.core.profiles import get_profile
 
         self.profile = get_profile(hardware, model, tp=max(1, tp))
@@ -47,8 +57,9 @@ class EmulatedTrainer:
     def publish(self) -> None:
         self.store.publish(self.version, {"version": torch.tensor([self.version])})
 
-    async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
-                     training_gpus: int = 1) -> UpdateStats:
+    async def update(
+        self, samples: list[dp.TrainSample], rollout_step: int | None = None, training_gpus: int = 1
+    ) -> UpdateStats:
         """The update's duration for the batch's tokens (token counts: the driver sends no tokens).
         A multi-turn trajectory comes as one sample per turn, each carrying the whole context so far;
         its tokens are counted once (its largest sample: the full trajectory), as the loop's STEP
@@ -68,9 +79,17 @@ class EmulatedTrainer:
             self.trained_steps[rollout_step] = self.version
         if self.ckpt_dir is not None:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.ckpt_dir / "emulated.json", json.dumps(
-                {"version": self.version, "steps": self.steps, "consumed": self.consumed,
-                 "trained_steps": {str(k): v for k, v in self.trained_steps.items()}}).encode())
+            atomic_write(
+                self.ckpt_dir / "emulated.json",
+                json.dumps(
+                    {
+                        "version": self.version,
+                        "steps": self.steps,
+                        "consumed": self.consumed,
+                        "trained_steps": {str(k): v for k, v in self.trained_steps.items()},
+                    }
+                ).encode(),
+            )
         self.publish()
         mean_reward = sum(s.reward for s in samples) / max(1, len(samples))
         return UpdateStats(self.version, 0.0, 0.0, mean_reward, len(samples), 0, 0.0, time.perf_counter() - t0)

@@ -42,8 +42,10 @@ def group_advantages(rewards: list[float], groups: list[str], trajectories: list
     trajectory gets its trajectory's advantage: a trajectory with more turns does not weigh more."""
     r = torch.tensor(rewards, dtype=torch.float32)
     adv = torch.zeros_like(r)
-    keys = [f"{g}\x00{t}" if t else f"{g}\x00#{i}" for i, (g, t) in
-            enumerate(zip(groups, trajectories or [""] * len(groups)))]
+    keys = [
+        f"{g}\x00{t}" if t else f"{g}\x00#{i}"
+        for i, (g, t) in enumerate(zip(groups, trajectories or [""] * len(groups)))
+    ]
     for g in set(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
         first: dict[str, int] = {}
@@ -62,15 +64,25 @@ class GRPOTrainer:
 
     trains_on_tokens = True
 
-    def __init__(self, model: str = "tiny", config: GRPOConfig | None = None, *, ckpt_dir: Path | None = None,
-                 store: WeightStore | None = None, threads: int | None = None, job: str = "") -> None:
+    def __init__(
+        self,
+        model: str = "tiny",
+        config: GRPOConfig | None = None,
+        *,
+        ckpt_dir: Path | None = None,
+        store: WeightStore | None = None,
+        threads: int | None = None,
+        job: str = "",
+    ) -> None:
         self.config = config or GRPOConfig()
         models.set_threads(threads)
         torch.manual_seed(self.config.seed)
         self.model = models.load_model(model)
         self.model.train()
         self.ref = models.load_model(model) if self.config.kl_beta > 0 else None
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay)
+        self.optim = torch.optim.AdamW(
+            self.model.parameters(), lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay
+        )
         self.version = 0
         self.steps = 0
         self.stale_rejected = 0
@@ -89,8 +101,9 @@ class GRPOTrainer:
     def batch_size(self) -> int:
         return self.config.batch_size
 
-    async def update(self, samples: list[dp.TrainSample], rollout_step: int | None = None,
-                     training_gpus: int = 1) -> UpdateStats:
+    async def update(
+        self, samples: list[dp.TrainSample], rollout_step: int | None = None, training_gpus: int = 1
+    ) -> UpdateStats:
         """`update_blocking` on the trainer's own thread: the server's event loop keeps answering meanwhile."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.update_blocking, samples, rollout_step)
@@ -166,8 +179,16 @@ class GRPOTrainer:
         self.optim.step()
         self.consumed += len(fresh)
         self._advance(rollout_step)
-        return UpdateStats(self.version, float(loss.detach()), grad_norm, sum(s.reward for s in fresh) / len(fresh), len(fresh),
-                         rejected, float(kl_val.detach()), time.perf_counter() - t0)
+        return UpdateStats(
+            self.version,
+            float(loss.detach()),
+            grad_norm,
+            sum(s.reward for s in fresh) / len(fresh),
+            len(fresh),
+            rejected,
+            float(kl_val.detach()),
+            time.perf_counter() - t0,
+        )
 
     def _advance(self, rollout_step: int | None) -> None:
         self.steps += 1
@@ -203,9 +224,16 @@ class GRPOTrainer:
                 opt_tensors[f"state.{index[id(p)]}.{k}"] = v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optim.param_groups]
-        meta = {"job": self.job, "version": self.version, "steps": self.steps, "stale_rejected": self.stale_rejected,
-                "consumed": self.consumed, "param_groups": groups, "config": asdict(self.config),
-                "trained_steps": {str(k): v for k, v in self.trained_steps.items()}}
+        meta = {
+            "job": self.job,
+            "version": self.version,
+            "steps": self.steps,
+            "stale_rejected": self.stale_rejected,
+            "consumed": self.consumed,
+            "param_groups": groups,
+            "config": asdict(self.config),
+            "trained_steps": {str(k): v for k, v in self.trained_steps.items()},
+        }
         (tmp / "trainer.json").write_text(json.dumps(meta))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:

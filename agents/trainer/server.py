@@ -35,8 +35,9 @@ class TrainerServer:
     """`token` is the trainer's own secret (its agent and the job's driver use it); weights are also
     served to holders of a scoped weights token of this trainer's job (`weights_key`, see agent_link)."""
 
-    def __init__(self, trainer: Trainer, token: str, *, weights_key: str = "",
-                 rotate_s: float = 300.0, job_token: str = "") -> None:
+    def __init__(
+        self, trainer: Trainer, token: str, *, weights_key: str = "", rotate_s: float = 300.0, job_token: str = ""
+    ) -> None:
         from aiohttp import web
 
         from agents.weights import weight_routes
@@ -50,12 +51,14 @@ class TrainerServer:
 
         def may_pull(presented: str) -> bool:
             return secrets.compare_digest(presented.encode(), token.encode()) or (
-                bool(weights_key) and verify_weights_token(weights_key, trainer.job, presented, rotate_s))
+                bool(weights_key) and verify_weights_token(weights_key, trainer.job, presented, rotate_s)
+            )
 
         self.queue: list[dp.TrainSample] = []
         self.buffer = StepBuffer(trainer.ckpt_dir)
         self.history: list[UpdateStats] = []
         self._lock = asyncio.Lock()
+
         @web.middleware
         async def auth(request: Any, handler: Any) -> Any:
             return await self._auth_mw(request, handler)
@@ -76,8 +79,10 @@ class TrainerServer:
             return await handler(request)
         header = request.headers.get(dp.AUTH_HEADER, "")
         presented = header[7:].encode() if header.startswith("Bearer ") else b""
-        ok = bool(presented) and (secrets.compare_digest(presented, self.token.encode()) or
-                                  (bool(self.job_token) and secrets.compare_digest(presented, self.job_token.encode())))
+        ok = bool(presented) and (
+            secrets.compare_digest(presented, self.token.encode())
+            or (bool(self.job_token) and secrets.compare_digest(presented, self.job_token.encode()))
+        )
         if not ok:
             return web.json_response({"error": "missing or bad trainer token"}, status=401)
         return await handler(request)
@@ -90,8 +95,13 @@ class TrainerServer:
         except (ValueError, dp.DataPlaneError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         if self.trainer.trains_on_tokens and any(s.token_count for s in body.samples):
-            return web.json_response({"error": "SubmitSamples.samples: this trainer trains on tokens; "
-                                               "token_count-only samples are for the emulated trainer"}, status=400)
+            return web.json_response(
+                {
+                    "error": "SubmitSamples.samples: this trainer trains on tokens; "
+                    "token_count-only samples are for the emulated trainer"
+                },
+                status=400,
+            )
         if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
             self.buffer.add(body.step, body.samples)
             return web.json_response({"buffered": self.buffer.size(body.step), "version": self.trainer.version})
@@ -99,8 +109,9 @@ class TrainerServer:
         stats = None
         if body.train and len(self.queue) >= self.trainer.batch_size:
             stats = await self._update_queued()
-        return web.json_response({"queued": len(self.queue), "version": self.trainer.version,
-                                  "step": asdict(stats) if stats else None})
+        return web.json_response(
+            {"queued": len(self.queue), "version": self.trainer.version, "step": asdict(stats) if stats else None}
+        )
 
     async def step(self, request: Any) -> Any:
         from aiohttp import web
@@ -141,15 +152,31 @@ class TrainerServer:
         from aiohttp import web
 
         t = self.trainer
-        return web.json_response({"version": t.version, "steps": t.steps, "stale_rejected": t.stale_rejected,
-                                  "consumed": t.consumed, "queued": len(self.queue),
-                                  "last": asdict(self.history[-1]) if self.history else None})
+        return web.json_response(
+            {
+                "version": t.version,
+                "steps": t.steps,
+                "stale_rejected": t.stale_rejected,
+                "consumed": t.consumed,
+                "queued": len(self.queue),
+                "last": asdict(self.history[-1]) if self.history else None,
+            }
+        )
 
     async def health(self, request: Any) -> Any:
         from aiohttp import web
 
-        return web.json_response({"ok": True, "role": "training", "state": "running", "worker_id": 0,
-                                  "weight_version": self.trainer.version, "pid": os.getpid(), "devices": visible_devices()})
+        return web.json_response(
+            {
+                "ok": True,
+                "role": "training",
+                "state": "running",
+                "worker_id": 0,
+                "weight_version": self.trainer.version,
+                "pid": os.getpid(),
+                "devices": visible_devices(),
+            }
+        )
 
 
 class StepBuffer:
@@ -166,7 +193,9 @@ class StepBuffer:
                 for line in f.read_text().splitlines():
                     with contextlib.suppress(ValueError, dp.DataPlaneError):  # a torn last line: that post is resent
                         rec = json.loads(line)
-                        self.steps.setdefault(step, {})[rec["trajectory"]] = [dp.parse(dp.TrainSample, x) for x in rec["samples"]]
+                        self.steps.setdefault(step, {})[rec["trajectory"]] = [
+                            dp.parse(dp.TrainSample, x) for x in rec["samples"]
+                        ]
 
     def add(self, step: int, samples: list[dp.TrainSample]) -> None:
         by_traj: dict[str, list[dp.TrainSample]] = {}
@@ -204,18 +233,36 @@ async def serve(args: argparse.Namespace, token: str) -> None:
     store = WeightStore(Path(args.weights_dir))
     trainer: Trainer
     if args.engine == "emulated" and args.model != "tiny" or args.emulated:
-        trainer = EmulatedTrainer(model=args.model, hardware=args.hardware or "H800", tp=int(args.tp or 1),
-                                  time_factor=float(args.time_factor or 1.0), store=store,
-                                  ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, job=args.job or "",
-                                  batch_size=args.batch_size)
+        trainer = EmulatedTrainer(
+            model=args.model,
+            hardware=args.hardware or "H800",
+            tp=int(args.tp or 1),
+            time_factor=float(args.time_factor or 1.0),
+            store=store,
+            ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None,
+            job=args.job or "",
+            batch_size=args.batch_size,
+        )
     else:
-        trainer = GRPOTrainer(args.model, cfg, ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None, store=store,
-                              threads=args.threads, job=args.job or "")
-    server = TrainerServer(trainer, token, weights_key=os.environ.get("PEARL_WEIGHTS_KEY", ""),
-                           rotate_s=float(os.environ.get("PEARL_WEIGHTS_ROTATE_S", "300")),
-                           job_token=os.environ.get("PEARL_JOB_TOKEN", ""))
+        trainer = GRPOTrainer(
+            args.model,
+            cfg,
+            ckpt_dir=Path(args.ckpt_dir) if args.ckpt_dir else None,
+            store=store,
+            threads=args.threads,
+            job=args.job or "",
+        )
+    server = TrainerServer(
+        trainer,
+        token,
+        weights_key=os.environ.get("PEARL_WEIGHTS_KEY", ""),
+        rotate_s=float(os.environ.get("PEARL_WEIGHTS_ROTATE_S", "300")),
+        job_token=os.environ.get("PEARL_JOB_TOKEN", ""),
+    )
     runner, port, stop = await serve_until_signal(server.app, args.host, args.port)
-    print("PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True)
+    print(
+        "PEARL_WORKER_READY " + json.dumps({"port": port, "pid": os.getpid(), "version": trainer.version}), flush=True
+    )
     await stop.wait()
     async with server._lock:  # let a running step finish (its checkpoint is atomic anyway)
         pass

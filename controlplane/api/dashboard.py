@@ -1,5 +1,6 @@
 """Read models and actions the dashboard and the `pearl` CLI need beyond the core resources: a job's
 status and per-step history, returning a node to service, and simulator comparisons. Thin, as the rest."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,7 +25,9 @@ from controlplane.selectors.jobs import job_series, job_status
 from controlplane.services import nodes, simulations
 from controlplane.services.errors import InvalidInput, NotFound
 
-OBJECT_LIST = build_array_type(build_basic_type(OpenApiTypes.OBJECT))  # a JSON array of objects (the schema said object)
+OBJECT_LIST = build_array_type(
+    build_basic_type(OpenApiTypes.OBJECT)
+)  # a JSON array of objects (the schema said object)
 
 
 class JobStatusView(APIView):
@@ -85,17 +88,22 @@ class SimulationListView(APIView):
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
-    @extend_schema(responses={200: OBJECT_LIST}, operation_id="simulations_list")  # not simulations_retrieve (the detail's)
+    @extend_schema(
+        responses={200: OBJECT_LIST}, operation_id="simulations_list"
+    )  # not simulations_retrieve (the detail's)
     def get(self, request: Request) -> Response:
-        return Response([simulations.run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]])
+        return Response(
+            [simulations.run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]]
+        )
 
     @extend_schema(request=SimulationRequestSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:
         body = SimulationRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         v: dict[str, Any] = body.validated_data
-        run = simulations.request_run(scenario=v["scenario"], seed=v.get("seed"), policies=v.get("policies") or [],
-                                      user=request.user)
+        run = simulations.request_run(
+            scenario=v["scenario"], seed=v.get("seed"), policies=v.get("policies") or [], user=request.user
+        )
         return Response(simulations.run_dict(run), status=status.HTTP_201_CREATED)
 
 
@@ -117,10 +125,12 @@ class TrajectoryPagination(StrictLimitOffsetPagination):
     max_limit = 200
 
 
-@extend_schema(parameters=[
-    OpenApiParameter("step", {"type": "integer", "minimum": 0}, description="the step (all steps if absent)"),
-    OpenApiParameter("status", {"type": "string", "enum": list(TRAJECTORY_STATUSES)}),
-])
+@extend_schema(
+    parameters=[
+        OpenApiParameter("step", {"type": "integer", "minimum": 0}, description="the step (all steps if absent)"),
+        OpenApiParameter("status", {"type": "string", "enum": list(TRAJECTORY_STATUSES)}),
+    ]
+)
 class JobTrajectoriesView(ListAPIView):
     """A job's agent trajectories (environment agent), per step: status, reward, turns, the chat, tokens with
     their loss mask and log-probs, the weight version, worker and latency of each turn, and why one failed."""

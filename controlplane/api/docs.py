@@ -1,5 +1,6 @@
 """The Swagger UI page. drf-spectacular renders it with a template renderer only, so an OPTIONS or
 an error (401, 405) had no template to render and became a 500; those answer JSON here."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ DRF exceptions and service errors go through `exception_handler`; errors Django 
 runs (an oversized or malformed request, an unknown URL) go through `json_error_view`, wired as the
 URLconf's handler400/403/404 so they get the same shape instead of an HTML page.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("not_found", str(exc) or "not found"), status=404)
     if is_transient(exc):  # a deadlock victim (rare: see the lock order in services/locks.py); rolled back
         log.warning("a request lost a database deadlock: %s", str(exc).splitlines()[0])
-        return Response(error_body("conflict", "a concurrent change aborted this one; nothing was changed; send it again"),
-                        status=409)
+        return Response(
+            error_body("conflict", "a concurrent change aborted this one; nothing was changed; send it again"),
+            status=409,
+        )
     if isinstance(exc, DataError):  # a value the database cannot hold: bad input that slipped past parsing
         log.warning("database refused a value: %s", exc)
         return Response(error_body("invalid", "a value is out of range for the database"), status=400)

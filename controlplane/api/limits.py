@@ -5,6 +5,7 @@ parsing), and a lying or missing Content-Length is only caught while reading (GH
 This counts the bytes actually received, so every oversized body gets a JSON 413 in the API's error
 shape, whatever the headers say, and nothing downstream ever sees it.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 async def _answer(send: Send, status: int, code: str, detail: str) -> None:
     body = json.dumps({"error": code, "field": None, "detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

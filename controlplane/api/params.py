@@ -5,6 +5,7 @@ is built: ids are ASCII digits within a 63-bit range (`str.isdigit` also accepts
 carry no control or surrogate characters (PostgreSQL refuses NUL), times are real ISO 8601 instants
 that convert to UTC, and pages have maxima. Anything else is a 400 that names the parameter.
 """
+
 from __future__ import annotations
 
 import re
@@ -60,7 +61,9 @@ def time_param(request: Request, name: str) -> datetime | None:
     refused; a real instant whose UTC form falls outside years 1..9999 (0001-01-01T00:00+05:00) is
     clamped to that range, which compares the same against every stored time."""
     if request.query_params.get(name) == "":
-        raise InvalidInput(f"{name} must be a time such as 2025-01-31T12:00:00Z (leave it out for no bound)", field=name)
+        raise InvalidInput(
+            f"{name} must be a time such as 2025-01-31T12:00:00Z (leave it out for no bound)", field=name
+        )
     raw = text_param(request, name, max_len=64)
     if raw is None:
         return None

@@ -1,5 +1,6 @@
 """JSON only, bounded in size and nesting depth: an oversized body is a 413, a deep, malformed or
 non-finite one a 400, any other media type a 415 (DRF's default when no parser matches)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """OpenAPI generation: every operation documents the 4xx answers it can give, in the one error shape
 (`ErrorSerializer`), so clients and the schema-driven fuzzer know what a refusal looks like."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Request validation and response shapes. Validation only; writes happen in services."""
+
 from __future__ import annotations
 
 from rest_framework import serializers
@@ -55,7 +56,9 @@ class JobCreateSerializer(serializers.Serializer):
     hardware = StrictCharField(max_length=32, default="cpu")
     environment = StrictCharField(max_length=64, default="swe-like")
     policy = StrictChoiceField(choices=list(PRODUCT_POLICIES), default=names.PEARL)
-    policy_options = serializers.DictField(required=False, help_text="options of the policy (GET /api/catalog/ lists them)")
+    policy_options = serializers.DictField(
+        required=False, help_text="options of the policy (GET /api/catalog/ lists them)"
+    )
     tp = StrictIntegerField(min_value=1, max_value=16, default=1)
     batch_size = StrictIntegerField(min_value=1, max_value=1 << 20, default=64)
     group_size = StrictIntegerField(min_value=1, max_value=1024, default=16)
@@ -87,10 +90,37 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "model", "engine", "hardware", "environment", "policy", "policy_options", "tp", "batch_size", "group_size",
-            "max_staleness", "max_trajectory_tokens", "rollout_gpus", "training_gpus", "status", "mode", "n_prefill",
-            "n_decode", "n_colocated", "step", "weight_version", "training_active", "created_by", "created", "updated",
-            "stopped_at", "failure_reason", "status_reason", "remaining", "agent",
+            "id",
+            "name",
+            "model",
+            "engine",
+            "hardware",
+            "environment",
+            "policy",
+            "policy_options",
+            "tp",
+            "batch_size",
+            "group_size",
+            "max_staleness",
+            "max_trajectory_tokens",
+            "rollout_gpus",
+            "training_gpus",
+            "status",
+            "mode",
+            "n_prefill",
+            "n_decode",
+            "n_colocated",
+            "step",
+            "weight_version",
+            "training_active",
+            "created_by",
+            "created",
+            "updated",
+            "stopped_at",
+            "failure_reason",
+            "status_reason",
+            "remaining",
+            "agent",
         ]
         read_only_fields = fields
 
@@ -100,8 +130,10 @@ class OverrideSerializer(serializers.Serializer):
     force_n_prefill = StrictIntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
     force_n_decode = StrictIntegerField(min_value=1, max_value=MAX_GPUS, allow_null=True, required=False)
     force_exact = StrictBooleanField(
-        required=False, help_text="true: force_n_prefill/force_n_decode are exact worker counts (spare workers stay "
-        "unused); false (default): a P:D ratio scaled to the job's worker budget")
+        required=False,
+        help_text="true: force_n_prefill/force_n_decode are exact worker counts (spare workers stay "
+        "unused); false (default): a P:D ratio scaled to the job's worker budget",
+    )
     freeze = StrictBooleanField(required=False)
     borrowing = StrictBooleanField(required=False)
     elasticity = StrictBooleanField(required=False)
@@ -120,9 +152,24 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
-                  "last_heartbeat", "lease_expires", "preemption_deadline", "address", "ray_node_id", "ray_address",
-                  "gpus"]
+        fields = [
+            "id",
+            "name",
+            "pool",
+            "status",
+            "hardware",
+            "engine",
+            "epoch",
+            "generation",
+            "applied_generation",
+            "last_heartbeat",
+            "lease_expires",
+            "preemption_deadline",
+            "address",
+            "ray_node_id",
+            "ray_address",
+            "gpus",
+        ]
         read_only_fields = fields
 
     def get_gpus(self, node: Node) -> int:
@@ -146,8 +193,24 @@ class DecisionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Decision
-        fields = ["id", "job", "created", "signal", "budget", "profile", "candidates", "mode", "n_prefill", "n_decode",
-                  "n_colocated", "borrow", "predicted_makespan_s", "expected_gain", "admitted", "reason"]
+        fields = [
+            "id",
+            "job",
+            "created",
+            "signal",
+            "budget",
+            "profile",
+            "candidates",
+            "mode",
+            "n_prefill",
+            "n_decode",
+            "n_colocated",
+            "borrow",
+            "predicted_makespan_s",
+            "expected_gain",
+            "admitted",
+            "reason",
+        ]
         read_only_fields = fields
 
 
@@ -185,7 +248,26 @@ class TrajectorySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Trajectory
-        fields = ["id", "step", "name", "status", "reward", "turns", "forks", "reason", "stderr", "messages",
-                  "tokens", "mask", "logprobs", "sample_lens", "token_count", "truncated", "weight_versions",
-                  "workers", "latency_s", "created"]
+        fields = [
+            "id",
+            "step",
+            "name",
+            "status",
+            "reward",
+            "turns",
+            "forks",
+            "reason",
+            "stderr",
+            "messages",
+            "tokens",
+            "mask",
+            "logprobs",
+            "sample_lens",
+            "token_count",
+            "truncated",
+            "weight_versions",
+            "workers",
+            "latency_s",
+            "created",
+        ]
         read_only_fields = fields

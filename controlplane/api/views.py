@@ -1,4 +1,5 @@
 """Thin REST adapters: parse, call one service or selector, answer."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -15,7 +16,16 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
-from controlplane.api.params import JOB_PATTERN, KIND_PATTERN, NAME_PATTERN, job_filter, name_param, parse_id, pattern_param, time_param
+from controlplane.api.params import (
+    JOB_PATTERN,
+    KIND_PATTERN,
+    NAME_PATTERN,
+    job_filter,
+    name_param,
+    parse_id,
+    pattern_param,
+    time_param,
+)
 from controlplane.models import Decision, Event, Job, Node, Transition
 from controlplane.selectors.catalog import catalog
 from controlplane.selectors.cluster import cluster_snapshot
@@ -95,7 +105,9 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
         """Training Begin (active=true: borrowed GPUs return first) / Training Finished (active=false)."""
         body = s.TrainingSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        job = jobs.set_training_active(job_id=parse_id(pk), active=body.validated_data["active"], actor=actor_of(request))
+        job = jobs.set_training_active(
+            job_id=parse_id(pk), active=body.validated_data["active"], actor=actor_of(request)
+        )
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(methods=["GET"], responses={200: s.OverrideSerializer})
@@ -107,7 +119,9 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
             return Response(jobs.override_dict(job.override))
         body = s.OverrideSerializer(data=request.data, partial=request.method == "PATCH")
         body.is_valid(raise_exception=True)
-        override = jobs.set_overrides(job_id=job.pk, changes=dict(body.validated_data), actor=actor_of(request), user=request.user)
+        override = jobs.set_overrides(
+            job_id=job.pk, changes=dict(body.validated_data), actor=actor_of(request), user=request.user
+        )
         return Response(jobs.override_dict(override))
 
 
@@ -143,7 +157,12 @@ class AgentTokenView(APIView):
 
     permission_classes = [permissions.IsAdminUser]
 
-    @extend_schema(request=s.AgentTokenSerializer, responses={201: inline_serializer("AgentToken", {"node": serializers.CharField(), "token": serializers.CharField()})})
+    @extend_schema(
+        request=s.AgentTokenSerializer,
+        responses={
+            201: inline_serializer("AgentToken", {"node": serializers.CharField(), "token": serializers.CharField()})
+        },
+    )
     def post(self, request: Request) -> Response:
         body = s.AgentTokenSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -192,13 +211,19 @@ class TransitionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
         return job_filter(self.request, Transition.objects.select_related("job").prefetch_related("steps"))
 
 
-@extend_schema(parameters=[
-    JOB_PARAM,
-    OpenApiParameter("kind", {"type": "string", "pattern": KIND_PATTERN},
-                     description="event kind, or a prefix ending in '.' (e.g. 'node.')"),
-    OpenApiParameter("node", {"type": "string", "pattern": NAME_PATTERN}, description="node name"),
-    OpenApiParameter("since", OpenApiTypes.DATETIME), OpenApiParameter("until", OpenApiTypes.DATETIME),
-])
+@extend_schema(
+    parameters=[
+        JOB_PARAM,
+        OpenApiParameter(
+            "kind",
+            {"type": "string", "pattern": KIND_PATTERN},
+            description="event kind, or a prefix ending in '.' (e.g. 'node.')",
+        ),
+        OpenApiParameter("node", {"type": "string", "pattern": NAME_PATTERN}, description="node name"),
+        OpenApiParameter("since", OpenApiTypes.DATETIME),
+        OpenApiParameter("until", OpenApiTypes.DATETIME),
+    ]
+)
 class EventViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.EventSerializer
 

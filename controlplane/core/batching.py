@@ -14,6 +14,7 @@ is), so the segment time is the sum of per-iteration costs computed in closed fo
 interrupts a decode segment at the next iteration boundary, exactly as continuous batching admits
 new work between iterations. Nothing here evaluates the predictor's closed forms.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -126,8 +127,9 @@ def prefill_records(seg: Segment, **kw: Any) -> list[tm.TelemetryRecord]:
     """One PREFILL record per prompt of a prefill segment, as an engine reports each prompt's prefill:
     its tokens, the cached prefix it attended over, its time, and the decodes that rode in the same
     iterations (the tracker compares those with prefill alone to measure the PD interference)."""
-    return [tm.prefill(tokens=n, prefix_tokens=p, duration_s=s, running_batch=seg.carried, **kw)
-            for n, p, s in seg.parts]
+    return [
+        tm.prefill(tokens=n, prefix_tokens=p, duration_s=s, running_batch=seg.carried, **kw) for n, p, s in seg.parts
+    ]
 
 
 class IterationScheduler:
@@ -135,13 +137,46 @@ class IterationScheduler:
     batch and KV admission, for a colocated (prefill+decode), prefill-only or decode-only worker."""
 
     __slots__ = (
-        "_seq", "busy_s", "chunk_tokens", "costs", "gen", "heap", "homed", "homed_ctx", "it", "iters", "joinq",
-        "kv_capacity", "kv_used", "link_free_s", "mixed_penalty", "pool", "pq", "role", "running", "s0", "seg",
-        "serving", "slot", "stats", "tokens_out", "version",
+        "_seq",
+        "busy_s",
+        "chunk_tokens",
+        "costs",
+        "gen",
+        "heap",
+        "homed",
+        "homed_ctx",
+        "it",
+        "iters",
+        "joinq",
+        "kv_capacity",
+        "kv_used",
+        "link_free_s",
+        "mixed_penalty",
+        "pool",
+        "pq",
+        "role",
+        "running",
+        "s0",
+        "seg",
+        "serving",
+        "slot",
+        "stats",
+        "tokens_out",
+        "version",
     )
 
-    def __init__(self, slot: int, pool: str, role: Role, costs: EngineCosts, *, chunk_tokens: int,
-                 kv_capacity: int, gen: int = 0, mixed_penalty: float = 1.0) -> None:
+    def __init__(
+        self,
+        slot: int,
+        pool: str,
+        role: Role,
+        costs: EngineCosts,
+        *,
+        chunk_tokens: int,
+        kv_capacity: int,
+        gen: int = 0,
+        mixed_penalty: float = 1.0,
+    ) -> None:
         self.slot = slot
         self.mixed_penalty = mixed_penalty  # what-if: prefill next to running decodes costs this much more
         self.pool = pool
@@ -170,8 +205,15 @@ class IterationScheduler:
         # motivation statistics (sim/calibration.py): prefill tokens computed / served from the prefix
         # cache, GPU time in prefill passes and in decode iterations, and the pure-decode segments
         # ("between prefill insertions") on their own
-        self.stats = {"prefill_tokens": 0, "cached_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                      "decode_tokens": 0, "pure_decode_s": 0.0, "pure_decode_tokens": 0}
+        self.stats = {
+            "prefill_tokens": 0,
+            "cached_tokens": 0,
+            "prefill_s": 0.0,
+            "decode_s": 0.0,
+            "decode_tokens": 0,
+            "pure_decode_s": 0.0,
+            "pure_decode_tokens": 0,
+        }
 
     # ------------------------------------------------------------------ queries
     def inflight_tokens(self) -> int:
@@ -303,7 +345,7 @@ class IterationScheduler:
                 req = self.running.pop(sq, None)
                 if req is None:  # removed earlier
                     continue
-                self.tokens_out -= (self.it - req.end_it)  # overshoot inside a prefill segment
+                self.tokens_out -= self.it - req.end_it  # overshoot inside a prefill segment
                 self.s0 -= req.ctx0 - req.join_it
                 self.kv_used -= req.ctx0 + req.remaining
                 done.append(req)

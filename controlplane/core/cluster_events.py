@@ -6,6 +6,7 @@ draining with its deadline, dead with its death reason), never edges: a bridge t
 same levels again and `reconcile` asks for nothing that PEARL's nodes already show. That is what makes
 the bridge stateless.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,13 @@ from typing import Literal
 
 DrainReason = Literal["preemption", "idle_termination", "unknown"]
 # Ray's NodeDeathInfo.Reason names, kept as Ray spells them (they go into PEARL's event as recorded)
-DEATH_REASONS = ("UNSPECIFIED", "EXPECTED_TERMINATION", "UNEXPECTED_TERMINATION", "AUTOSCALER_DRAIN_PREEMPTED",
-                 "AUTOSCALER_DRAIN_IDLE")
+DEATH_REASONS = (
+    "UNSPECIFIED",
+    "EXPECTED_TERMINATION",
+    "UNEXPECTED_TERMINATION",
+    "AUTOSCALER_DRAIN_PREEMPTED",
+    "AUTOSCALER_DRAIN_IDLE",
+)
 POOL_LABEL = "pearl.io/pool"  # a Ray node label: reserved (default), elastic or training
 HARDWARE_LABEL = "pearl.io/hardware"  # the GPUs' hardware profile (default: cpu, logical slots)
 _HEX = re.compile(r"^[0-9a-f]{16,64}$")
@@ -24,6 +30,7 @@ _HEX = re.compile(r"^[0-9a-f]{16,64}$")
 @dataclass(frozen=True, slots=True)
 class NodeUp:
     """An alive node that is not draining."""
+
     ray_node_id: str
     address: str  # the node's IP as Ray knows it (NodeManagerAddress)
     hostname: str = ""
@@ -42,6 +49,7 @@ class NodeDraining:
     Ray (2.60) exposes a live drain's deadline but not its reason; the adapter infers the reason
     (a deadline means preemption: an idle-termination drain is refused on a node whose agent holds
     its GPUs) and the node's death reason confirms it afterwards."""
+
     ray_node_id: str
     address: str
     deadline: float | None
@@ -53,6 +61,7 @@ class NodeDraining:
 class NodeDead:
     """A node Ray declared dead, with Ray's death reason and message (e.g. UNEXPECTED_TERMINATION,
     "health check failed due to missing too many heartbeats")."""
+
     ray_node_id: str
     address: str
     reason: str
@@ -88,6 +97,7 @@ def eligible(up: NodeUp, *, include_head: bool = False) -> bool:
 @dataclass(frozen=True, slots=True)
 class PearlNodeView:
     """What PEARL's database says about a Ray-bound node (read by the bridge's service)."""
+
     name: str
     ray_node_id: str
     status: str  # ready | not_ready | draining | gone
@@ -105,6 +115,7 @@ class PlaceAgent:
 @dataclass(frozen=True, slots=True)
 class Bind:
     """Record the Ray id and address on a PEARL node registered by the bridge's agent."""
+
     name: str
     ray_node_id: str
     address: str
@@ -132,6 +143,7 @@ class Gone:
 @dataclass(frozen=True, slots=True)
 class DeathRecorded:
     """PEARL had already let the node go (its preemption deadline passed first): only Ray's reason is news."""
+
     name: str
     reason: str
     message: str
@@ -141,8 +153,9 @@ Action = PlaceAgent | Bind | Notice | Drain | Gone | DeathRecorded
 DEADLINE_SLACK_S = 1.0  # a PEARL deadline this close to Ray's is the same notice (ms vs s rounding)
 
 
-def reconcile(observed: list[NodeEvent], pearl: dict[str, PearlNodeView], agents: set[str], *,
-              include_head: bool = False) -> list[Action]:
+def reconcile(
+    observed: list[NodeEvent], pearl: dict[str, PearlNodeView], agents: set[str], *, include_head: bool = False
+) -> list[Action]:
     """The actions that make PEARL show what Ray shows; [] when it already does.
 
     `pearl` maps PEARL node name -> its view (Ray-bound nodes and nodes whose agent registered under a

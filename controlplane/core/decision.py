@@ -615,16 +615,28 @@ def evaluate_mixed(
         col = predict_colocated(workload, c, n)
         out.append(
             MixedCandidate(
-                Configuration.colocated(n, h), col.makespan_s, col.feasible, col.prefill_s, col.decode_s, 0.0,
-                col.env_s, col.why_infeasible,
+                Configuration.colocated(n, h),
+                col.makespan_s,
+                col.feasible,
+                col.prefill_s,
+                col.decode_s,
+                0.0,
+                col.env_s,
+                col.why_infeasible,
             )
         )
         table = evaluate(workload, c, n, rule)
         for row in (table.row(i) for i in range(len(table.n_prefill))):
             out.append(
                 MixedCandidate(
-                    Configuration.disaggregated(row.n_prefill, row.n_decode, h), row.makespan_s, row.feasible,
-                    row.prefill_s, row.decode_s, row.kv_transfer_s, row.env_s, row.why_infeasible,
+                    Configuration.disaggregated(row.n_prefill, row.n_decode, h),
+                    row.makespan_s,
+                    row.feasible,
+                    row.prefill_s,
+                    row.decode_s,
+                    row.kv_transfer_s,
+                    row.env_s,
+                    row.why_infeasible,
                 )
             )
     if len(types) > 1:
@@ -634,8 +646,14 @@ def evaluate_mixed(
         sp = predict_colocated_balanced(workload, [(coeffs[h], int(workers[h])) for h in types])
         out.append(
             MixedCandidate(
-                Configuration.colocated(sp.configuration.total, "+".join(types)), sp.makespan_s, sp.feasible,
-                sp.prefill_s, sp.decode_s, 0.0, sp.env_s, sp.why_infeasible,
+                Configuration.colocated(sp.configuration.total, "+".join(types)),
+                sp.makespan_s,
+                sp.feasible,
+                sp.prefill_s,
+                sp.decode_s,
+                0.0,
+                sp.env_s,
+                sp.why_infeasible,
             )
         )
     for a in types:
@@ -648,21 +666,29 @@ def evaluate_mixed(
                 p = predict_cross(workload, coeffs[a], coeffs[b], n_p, n_d, bw, rule)
                 out.append(
                     MixedCandidate(
-                        Configuration.disaggregated(n_p, n_d, a, b), p.makespan_s, p.feasible, p.prefill_s,
-                        p.decode_s, p.kv_transfer_s, p.env_s, p.why_infeasible,
+                        Configuration.disaggregated(n_p, n_d, a, b),
+                        p.makespan_s,
+                        p.feasible,
+                        p.prefill_s,
+                        p.decode_s,
+                        p.kv_transfer_s,
+                        p.env_s,
+                        p.why_infeasible,
                     )
                 )
     return out
 
 
-def _best_mixed(cands: list[MixedCandidate], keep: Callable[[MixedCandidate], bool] = lambda c: True
-                ) -> MixedCandidate | None:
+def _best_mixed(
+    cands: list[MixedCandidate], keep: Callable[[MixedCandidate], bool] = lambda c: True
+) -> MixedCandidate | None:
     ok = [c for c in cands if c.feasible and keep(c)]
     return min(ok, key=lambda c: (c.makespan_s, c.configuration.total)) if ok else None
 
 
 def best_homogeneous(cands: list[MixedCandidate]) -> MixedCandidate | None:
     """The best candidate that runs on one chip type only (the best-homogeneous baseline's choice)."""
+
     def single(c: MixedCandidate) -> bool:
         return not c.configuration.cross_type and "+" not in c.configuration.prefill_hardware
 
@@ -694,19 +720,33 @@ def decide_mixed(
         if cur_ms is not None and best is not None and np.isfinite(cur_ms) and cur_ms > 0:
             gain = (cur_ms - best.makespan_s) / cur_ms
         return MixedDecision(
-            cfg.configuration, tuple(cands), cfg.makespan_s, cur_ms, best.configuration if best else None,
-            float(gain), admitted, forced, reason,
+            cfg.configuration,
+            tuple(cands),
+            cfg.makespan_s,
+            cur_ms,
+            best.configuration if best else None,
+            float(gain),
+            admitted,
+            forced,
+            reason,
         )
 
     if best is None:
         if not cands:
-            empty = MixedCandidate(Configuration.colocated(0), float("inf"), False, 0.0, 0.0, 0.0,
-                                   workload.env_time_s, "no workers")
-            return MixedDecision(empty.configuration, (), float("inf"), None, None, 0.0, True, True,
-                                 "No rollout workers in the pool.")
+            empty = MixedCandidate(
+                Configuration.colocated(0), float("inf"), False, 0.0, 0.0, 0.0, workload.env_time_s, "no workers"
+            )
+            return MixedDecision(
+                empty.configuration, (), float("inf"), None, None, 0.0, True, True, "No rollout workers in the pool."
+            )
         least = min(cands, key=lambda c: c.makespan_s)
-        return out(least, None, True, True, f"No feasible configuration ({least.why_infeasible}); "
-                   f"running {least.label}, the least bad.")
+        return out(
+            least,
+            None,
+            True,
+            True,
+            f"No feasible configuration ({least.why_infeasible}); running {least.label}, the least bad.",
+        )
     if current is None:
         homo = best_homogeneous(cands)
         vs = f" vs {homo.makespan_s:.1f} s for the best single type ({homo.label})" if homo and homo is not best else ""
@@ -717,16 +757,31 @@ def decide_mixed(
         incumbent = _best_mixed(cands, lambda c: c.kind == kind)
         why = "is no longer a candidate on this pool" if cur is None else f"is infeasible ({cur.why_infeasible})"
         if incumbent is None or cur is not None:
-            return out(best, cur.makespan_s if cur else None, True, True,
-                       f"Current {current.label()} {why}; switching to {best.label} ({best.makespan_s:.1f} s).")
+            return out(
+                best,
+                cur.makespan_s if cur else None,
+                True,
+                True,
+                f"Current {current.label()} {why}; switching to {best.label} ({best.makespan_s:.1f} s).",
+            )
         gain = (incumbent.makespan_s - best.makespan_s) / incumbent.makespan_s
         if incumbent is best or gain <= th.mode_switch:
-            return out(incumbent, incumbent.makespan_s, incumbent is best, True,
-                       f"Pool changed: {incumbent.label} ({incumbent.makespan_s:.1f} s) keeps the kind of "
-                       f"{current.label()}; {best.label} gains {gain:.1%} (threshold {th.mode_switch:.1%}).")
-        return out(best, incumbent.makespan_s, True, True,
-                   f"Pool changed: switching to {best.label} ({best.makespan_s:.1f} s), {gain:.1%} faster than "
-                   f"{incumbent.label} (threshold {th.mode_switch:.1%}).")
+            return out(
+                incumbent,
+                incumbent.makespan_s,
+                incumbent is best,
+                True,
+                f"Pool changed: {incumbent.label} ({incumbent.makespan_s:.1f} s) keeps the kind of "
+                f"{current.label()}; {best.label} gains {gain:.1%} (threshold {th.mode_switch:.1%}).",
+            )
+        return out(
+            best,
+            incumbent.makespan_s,
+            True,
+            True,
+            f"Pool changed: switching to {best.label} ({best.makespan_s:.1f} s), {gain:.1%} faster than "
+            f"{incumbent.label} (threshold {th.mode_switch:.1%}).",
+        )
     if best.configuration == current:
         return out(cur, cur.makespan_s, True, False, f"{cur.label} is still the best ({cur.makespan_s:.1f} s).")
     gain = (cur.makespan_s - best.makespan_s) / cur.makespan_s
@@ -734,19 +789,34 @@ def decide_mixed(
     threshold = th.ratio_change if same_kind else th.mode_switch
     what = "ratio change" if same_kind else "switch of mode or chip types"
     if gain > threshold:
-        return out(best, cur.makespan_s, True, False,
-                   f"{what.capitalize()} {cur.label}→{best.label}: {best.makespan_s:.1f} s vs {cur.makespan_s:.1f} s "
-                   f"({gain:.1%} > {threshold:.1%}).")
+        return out(
+            best,
+            cur.makespan_s,
+            True,
+            False,
+            f"{what.capitalize()} {cur.label}→{best.label}: {best.makespan_s:.1f} s vs {cur.makespan_s:.1f} s "
+            f"({gain:.1%} > {threshold:.1%}).",
+        )
     if not same_kind:
         same = _best_mixed(cands, lambda c: c.kind == kind)
         if same is not None and same.configuration != current:
             g = (cur.makespan_s - same.makespan_s) / cur.makespan_s
             if g > th.ratio_change:
-                return out(same, cur.makespan_s, False, False,
-                           f"Ratio change {cur.label}→{same.label} ({g:.1%} > {th.ratio_change:.1%}); "
-                           f"{best.label} gains only {gain:.1%} (< {th.mode_switch:.1%}).")
-    return out(cur, cur.makespan_s, False, False,
-               f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.1%} {what} threshold).")
+                return out(
+                    same,
+                    cur.makespan_s,
+                    False,
+                    False,
+                    f"Ratio change {cur.label}→{same.label} ({g:.1%} > {th.ratio_change:.1%}); "
+                    f"{best.label} gains only {gain:.1%} (< {th.mode_switch:.1%}).",
+                )
+    return out(
+        cur,
+        cur.makespan_s,
+        False,
+        False,
+        f"Keeping {cur.label}: {best.label} would gain only {gain:.1%} (< {threshold:.1%} {what} threshold).",
+    )
 
 
 __all__ = [

@@ -10,6 +10,7 @@ carries the full view; a reconnecting driver gets the current one in `welcome`.
 `parse_driver_message` / `parse_control_message` are strict (unknown types or fields, wrong types,
 out-of-range values raise `LinkError` naming the field).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -112,8 +113,10 @@ class UpdateRequest:
     step: int = field(metadata=bounded(0, 2**31))
 
 
-DRIVER_MESSAGES: dict[str, type] = {c.type: c for c in (Hello, ProgressReport, SignalReport, TelemetryReport,
-                                                         CheckpointReport, UpdateRequest, TrajectoryReport)}
+DRIVER_MESSAGES: dict[str, type] = {
+    c.type: c
+    for c in (Hello, ProgressReport, SignalReport, TelemetryReport, CheckpointReport, UpdateRequest, TrajectoryReport)
+}
 
 
 # ---------------------------------------------------------------- control plane -> driver
@@ -227,8 +230,22 @@ def parse_control_message(data: Any) -> Any:
 
 
 __all__ = [
-    "CheckpointReport", "ClusterView", "ErrorReply", "Hello", "JobView", "LinkError", "ProgressReport",
-    "SignalReport", "TelemetryReport", "TrajectoryReport", "TrajectorySummary", "UpdateGranted", "UpdateRequest",
-    "Welcome", "WorkerView", "dump",
-    "parse_control_message", "parse_driver_message",
+    "CheckpointReport",
+    "ClusterView",
+    "ErrorReply",
+    "Hello",
+    "JobView",
+    "LinkError",
+    "ProgressReport",
+    "SignalReport",
+    "TelemetryReport",
+    "TrajectoryReport",
+    "TrajectorySummary",
+    "UpdateGranted",
+    "UpdateRequest",
+    "Welcome",
+    "WorkerView",
+    "dump",
+    "parse_control_message",
+    "parse_driver_message",
 ]

@@ -316,9 +316,7 @@ def predict_cross(
     )
 
 
-def predict_colocated_spread(
-    workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]
-) -> Prediction:
+def predict_colocated_spread(workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]) -> Prediction:
     """Eq. 1 for a homogeneous-minded policy on a mixed pool: every worker colocated, the batch spread evenly
     over all N workers (B/N trajectories each, whatever the chip); the slowest type sets the makespan.
 
@@ -342,14 +340,10 @@ def predict_colocated_spread(
     overhead = w.turns * w.overhead_s
     makespan = (worst[0] + overhead + w.env_time_s) * w.scale_colocated
     why = "" if fits else "KV of a type's share of the batch exceeds its HBM"
-    return Prediction(
-        config, makespan, worst[1], worst[2], 0.0, w.env_time_s, overhead, fits, why, w.scale_colocated
-    )
+    return Prediction(config, makespan, worst[1], worst[2], 0.0, w.env_time_s, overhead, fits, why, w.scale_colocated)
 
 
-def predict_colocated_balanced(
-    workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]
-) -> Prediction:
+def predict_colocated_balanced(workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]) -> Prediction:
     """Eq. 1 on a mixed pool with the batch balanced across chip types: each type's workers take the share of
     the B trajectories that makes every type finish together (what join-the-shortest-queue dispatch tends
     to, and the best any all-colocated placement can do under Eq. 1). The share b_h per worker solves

@@ -12,6 +12,7 @@ A second dispatch rule, `jsq`, is RLBoost's Algorithm 2 for the RLBoost+ baselin
 prefix cache), and delayed dispatch: while every worker has `cap` turns in flight the turn is held
 (None) and the loop routes it when one finishes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ STICKY_SLACK = 2  # keep the home while it has at most this many more homed traj
 class Router:
     """Serving workers by role, trajectory homes and per-worker load."""
 
-    serving: dict[Role, list[int]] = field(default_factory=lambda: {r: [] for r in (Role.PREFILL, Role.DECODE, Role.COLOCATED)})
+    serving: dict[Role, list[int]] = field(
+        default_factory=lambda: {r: [] for r in (Role.PREFILL, Role.DECODE, Role.COLOCATED)}
+    )
     homed: dict[int, int] = field(default_factory=dict)  # worker -> live trajectories homed there
     home: dict[str, int] = field(default_factory=dict)  # trajectory -> home worker
     decoding: dict[int, int] = field(default_factory=dict)  # decode worker -> decodes routed, not finished
@@ -69,8 +72,12 @@ class Router:
         homed = self.homed
         best = min(pool, key=lambda w: (homed.get(w, 0), w))
         cur = self.home.get(trajectory)
-        if cur is not None and cur in self.role_of and self.role_of[cur] is self.role_of[best] \
-                and homed.get(cur, 0) <= homed.get(best, 0) + STICKY_SLACK:
+        if (
+            cur is not None
+            and cur in self.role_of
+            and self.role_of[cur] is self.role_of[best]
+            and homed.get(cur, 0) <= homed.get(best, 0) + STICKY_SLACK
+        ):
             return cur
         return self._rehome(trajectory, best)
 

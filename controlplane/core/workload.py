@@ -11,6 +11,7 @@ context reaches the maximum trajectory length (the last response is truncated to
 Why pre-drawn: every policy sees the very same batch for a given (seed, step), so a comparison
 between policies is paired and deterministic.
 """
+
 from __future__ import annotations
 
 import math
@@ -120,13 +121,23 @@ def _draw_specs(spec: WorkloadSpec, seed: int, step: int) -> tuple[tuple[str, in
             idx = g * spec.group_size + j
             if idx >= spec.batch_size:
                 break
-            n_turns = min(spec.turns_max, max(1, round(rng.expovariate(1.0) * 0.6 * spec.turns_mean * difficulty
-                                                          + 0.4 * spec.turns_mean * difficulty)))
+            n_turns = min(
+                spec.turns_max,
+                max(
+                    1,
+                    round(
+                        rng.expovariate(1.0) * 0.6 * spec.turns_mean * difficulty + 0.4 * spec.turns_mean * difficulty
+                    ),
+                ),
+            )
             turns: list[TurnSpec] = []
             ctx = 0
             for k in range(n_turns):
-                new = spec.first_prompt_tokens if k == 0 else max(16, int(_lognormal(rng, spec.observation_tokens_mean,
-                                                                                   spec.observation_sigma)))
+                new = (
+                    spec.first_prompt_tokens
+                    if k == 0
+                    else max(16, int(_lognormal(rng, spec.observation_tokens_mean, spec.observation_sigma)))
+                )
                 if ctx + new >= spec.max_length - 1:
                     break
                 gen = max(8, int(_lognormal(rng, spec.response_tokens_mean, spec.response_sigma)))

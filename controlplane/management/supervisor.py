@@ -14,6 +14,7 @@ agents/process.py) and exits at once if it is already gone. The kernel sends tha
 long as the launcher. `hold_lock` keeps a second launcher off the same var directory and
 `port_holder` names what holds a port the launcher needs.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -53,8 +54,14 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, children: list[Child], *, cwd: str, out: TextIO = sys.stdout,
-                 on_restart: Callable[[Child, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        children: list[Child],
+        *,
+        cwd: str,
+        out: TextIO = sys.stdout,
+        on_restart: Callable[[Child, int], None] | None = None,
+    ) -> None:
         self.children = children
         self.cwd = cwd
         self.out = out
@@ -77,8 +84,16 @@ class Supervisor:
 
     def _popen(self, child: Child) -> subprocess.Popen:
         argv = [sys.executable, "-m", __name__, "--parent", str(os.getpid()), "--", *child.argv]
-        return subprocess.Popen(argv, cwd=self.cwd, env=child.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            cwd=self.cwd,
+            env=child.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
 
     def start(self, child: Child) -> None:
         child.proc = self._spawner.submit(self._popen, child).result()

@@ -1,4 +1,5 @@
 """The cluster map (nodes -> GPU slots -> workers) and per-node desired state."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -37,7 +38,13 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
         bind_qs = bind_qs.filter(gpu__node_id__in=ids)
     workers_by_gpu: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for b in bind_qs.values(
-        "gpu_id", "worker_id", "worker__slot", "worker__role", "worker__activity", "worker__job__name", "worker__weight_version"
+        "gpu_id",
+        "worker_id",
+        "worker__slot",
+        "worker__role",
+        "worker__activity",
+        "worker__job__name",
+        "worker__weight_version",
     ):
         workers_by_gpu[b["gpu_id"]].append(
             {
@@ -52,7 +59,10 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
     gpus_by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for g in gpus_qs.values("id", "node_id", "index", "hardware", "memory_mb", "zone", "present"):
         # the active worker owns the slot; else, in the overlap zone, the training worker does
-        ws = sorted(workers_by_gpu.get(g["id"], []), key=lambda w: (w["activity"] != Activity.ACTIVE, w["role"] != Role.TRAINING, w["job"], w["slot"]))
+        ws = sorted(
+            workers_by_gpu.get(g["id"], []),
+            key=lambda w: (w["activity"] != Activity.ACTIVE, w["role"] != Role.TRAINING, w["job"], w["slot"]),
+        )
         active = next((w for w in ws if w["activity"] == Activity.ACTIVE), None)
         gpus_by_node[g["node_id"]].append(
             {
@@ -68,10 +78,25 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
             }
         )
     nodes = []
-    rows = list(nodes_qs.values(
-        "id", "name", "pool", "status", "hardware", "engine", "epoch", "generation", "applied_generation",
-        "last_heartbeat", "lease_expires", "preemption_deadline", "address", "ray_node_id", "ray_address",
-    ))
+    rows = list(
+        nodes_qs.values(
+            "id",
+            "name",
+            "pool",
+            "status",
+            "hardware",
+            "engine",
+            "epoch",
+            "generation",
+            "applied_generation",
+            "last_heartbeat",
+            "lease_expires",
+            "preemption_deadline",
+            "address",
+            "ray_node_id",
+            "ray_address",
+        )
+    )
     # the rows' last-seen is coarse while Redis renews the leases (services/leases.py): the renewal is newer
     renewed = leases.last_seen(n["id"] for n in rows)
     for n in rows:
@@ -140,7 +165,11 @@ def desired_state(node: Node) -> DesiredState:
     drivers = [DesiredDriver(job=j.name, token=job_driver_token(j)) for j in driver_jobs(node)]
     deadline = node.preemption_deadline.timestamp() if node.preemption_deadline else None
     return DesiredState(
-        generation=node.generation, epoch=node.epoch, status=node.status, workers=workers, preemption_deadline=deadline,
+        generation=node.generation,
+        epoch=node.epoch,
+        status=node.status,
+        workers=workers,
+        preemption_deadline=deadline,
         drivers=drivers,
     )
 
@@ -148,8 +177,9 @@ def desired_state(node: Node) -> DesiredState:
 def driver_jobs(node: Node) -> list[Job]:
     """Live jobs whose rollout driver this node runs: those whose first training worker is here."""
     first: dict[int, tuple[int, int]] = {}
-    for job_id, slot, node_id in (Worker.objects.filter(alive=True, role=Role.TRAINING, job__status__in=LIVE_JOBS)
-                                  .values_list("job_id", "slot", "node_id")):
+    for job_id, slot, node_id in Worker.objects.filter(
+        alive=True, role=Role.TRAINING, job__status__in=LIVE_JOBS
+    ).values_list("job_id", "slot", "node_id"):
         if job_id not in first or slot < first[job_id][0]:
             first[job_id] = (slot, node_id)
     ids = [j for j, (_, n) in first.items() if n == node.pk]
@@ -159,8 +189,13 @@ def driver_jobs(node: Node) -> list[Job]:
 def weights_url(job_id: int) -> str:
     """Where the job's rollout workers pull weight snapshots: its trainer's endpoint, which the control
     plane records on the trainer node's own address (an agent cannot point it elsewhere)."""
-    endpoint = (Worker.objects.filter(job_id=job_id, alive=True, role=Role.TRAINING).exclude(endpoint="")
-                .order_by("slot").values_list("endpoint", flat=True).first())
+    endpoint = (
+        Worker.objects.filter(job_id=job_id, alive=True, role=Role.TRAINING)
+        .exclude(endpoint="")
+        .order_by("slot")
+        .values_list("endpoint", flat=True)
+        .first()
+    )
     return endpoint or ""  # the weight-store base; workers pull <base>/weights/latest and <base>/weights/<v>
 
 
@@ -182,8 +217,13 @@ def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int]
         gpus[b["worker_id"]].append(b["gpu_id"])
     return [
         WorkerView(
-            worker_id=r["id"], job=r["job_id"], slot=r["slot"], role=Role(r["role"]),
-            activity=Activity(r["activity"]), zone=Zone(r["zone"]), gpus=tuple(sorted(gpus.get(r["id"], []))),
+            worker_id=r["id"],
+            job=r["job_id"],
+            slot=r["slot"],
+            role=Role(r["role"]),
+            activity=Activity(r["activity"]),
+            zone=Zone(r["zone"]),
+            gpus=tuple(sorted(gpus.get(r["id"], []))),
         )
         for r in rows
     ]
@@ -192,6 +232,9 @@ def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int]
 def training_flags(job_ids: Iterable[int]) -> dict[int, bool]:
     """Job id -> whether its trainer computes (a training worker is active)."""
     ids = list(job_ids)
-    computing = set(Worker.objects.filter(job_id__in=ids, alive=True, role=Role.TRAINING, activity=Activity.ACTIVE)
-                    .values_list("job_id", flat=True))
+    computing = set(
+        Worker.objects.filter(job_id__in=ids, alive=True, role=Role.TRAINING, activity=Activity.ACTIVE).values_list(
+            "job_id", flat=True
+        )
+    )
     return {j: j in computing for j in ids}

@@ -1,4 +1,5 @@
 """What a job's rollout driver is told (the driver link's read models)."""
+
 from __future__ import annotations
 
 import math
@@ -25,9 +26,16 @@ def observed(worker: Worker) -> dict[str, Any] | None:
 def serving(worker: Worker, min_version: int) -> bool:
     """Routable: active here, and its agent reports it awake, in its role, with weights the job allows."""
     o = observed(worker)
-    return (worker.activity == Activity.ACTIVE and worker.node.status == NodeStatus.READY and bool(worker.endpoint)
-            and o is not None and o.get("state") == "running" and o.get("role") == worker.role
-            and o.get("activity") == Activity.ACTIVE and int(o.get("weight_version", 0)) >= min_version)
+    return (
+        worker.activity == Activity.ACTIVE
+        and worker.node.status == NodeStatus.READY
+        and bool(worker.endpoint)
+        and o is not None
+        and o.get("state") == "running"
+        and o.get("role") == worker.role
+        and o.get("activity") == Activity.ACTIVE
+        and int(o.get("weight_version", 0)) >= min_version
+    )
 
 
 def returned(worker: Worker) -> bool:
@@ -43,21 +51,36 @@ def returned(worker: Worker) -> bool:
 
 def not_returned(job: Job) -> list[Worker]:
     """The job's overlap rollout workers that are not (yet) back."""
-    ws = Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING).select_related("node")
+    ws = (
+        Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING).select_related("node")
+    )
     return [w for w in ws if not returned(w)]
 
 
 def job_view(job: Job) -> dl.JobView:
-    return dl.JobView(name=job.name, environment=job.environment, model=job.model, engine=job.engine,
-                      batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
-                      max_trajectory_tokens=job.max_trajectory_tokens, training_gpus=job.training_gpus,
-                      return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)), seed=job.pk,
-                      agent=dict(job.agent or {}))
+    return dl.JobView(
+        name=job.name,
+        environment=job.environment,
+        model=job.model,
+        engine=job.engine,
+        batch_size=job.batch_size,
+        group_size=job.group_size,
+        max_staleness=job.max_staleness,
+        max_trajectory_tokens=job.max_trajectory_tokens,
+        training_gpus=job.training_gpus,
+        return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)),
+        seed=job.pk,
+        agent=dict(job.agent or {}),
+    )
 
 
 def welcome(job: Job) -> dl.Welcome:
-    return dl.Welcome(job=job_view(job), cluster=cluster_view(job), dataplane_token=job_dataplane_token(job),
-                      checkpoint=dict(job.loop_state or {}))
+    return dl.Welcome(
+        job=job_view(job),
+        cluster=cluster_view(job),
+        dataplane_token=job_dataplane_token(job),
+        checkpoint=dict(job.loop_state or {}),
+    )
 
 
 def cluster_view(job: Job) -> dl.ClusterView:
@@ -65,15 +88,32 @@ def cluster_view(job: Job) -> dl.ClusterView:
     # admission): whatever step is in flight, its requests then never find a worker too far behind
     min_version = job.weight_version
     workers = [
-        dl.WorkerView(worker=w.slot, role=Role(w.role), endpoint=w.endpoint, overlap=w.zone == Zone.OVERLAP,
-                      gpus=max(1, w.gpu_count), weight_version=int((observed(w) or {}).get("weight_version", 0)))
-        for w in (Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role=Role.TRAINING)
-                  .select_related("node").annotate(gpu_count=Count("bindings")).order_by("slot"))
+        dl.WorkerView(
+            worker=w.slot,
+            role=Role(w.role),
+            endpoint=w.endpoint,
+            overlap=w.zone == Zone.OVERLAP,
+            gpus=max(1, w.gpu_count),
+            weight_version=int((observed(w) or {}).get("weight_version", 0)),
+        )
+        for w in (
+            Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE)
+            .exclude(role=Role.TRAINING)
+            .select_related("node")
+            .annotate(gpu_count=Count("bindings"))
+            .order_by("slot")
+        )
         if serving(w, min_version)
     ]
-    return dl.ClusterView(workers=workers, weight_version=job.weight_version, training_active=job.training_active,
-                          borrowed=len(not_returned(job)), trainer=weights_url(job.pk),
-                          stopped=job.status in (Job.Status.STOPPED, Job.Status.FAILED), decision=decision_view(job))
+    return dl.ClusterView(
+        workers=workers,
+        weight_version=job.weight_version,
+        training_active=job.training_active,
+        borrowed=len(not_returned(job)),
+        trainer=weights_url(job.pk),
+        stopped=job.status in (Job.Status.STOPPED, Job.Status.FAILED),
+        decision=decision_view(job),
+    )
 
 
 def decision_view(job: Job) -> dl.DecisionView | None:
@@ -81,7 +121,13 @@ def decision_view(job: Job) -> dl.DecisionView | None:
     if d is None:
         return None
     pred = d.predicted_makespan_s
-    return dl.DecisionView(id=d.pk, signal=d.signal, mode=d.mode, n_prefill=d.n_prefill, n_decode=d.n_decode,
-                           n_colocated=d.n_colocated,
-                           predicted_makespan_s=pred if pred is not None and math.isfinite(pred) and pred > 0 else 0.0,
-                           reconfigured=d.transitions.exists())
+    return dl.DecisionView(
+        id=d.pk,
+        signal=d.signal,
+        mode=d.mode,
+        n_prefill=d.n_prefill,
+        n_decode=d.n_decode,
+        n_colocated=d.n_colocated,
+        predicted_makespan_s=pred if pred is not None and math.isfinite(pred) and pred > 0 else 0.0,
+        reconfigured=d.transitions.exists(),
+    )

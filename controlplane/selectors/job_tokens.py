@@ -2,6 +2,7 @@
 rotating tokens (see core.agent_link), the driver-link token and the data-plane token. Nothing is
 stored, so they are read like any other fact of a job (the desired states and the driver's welcome
 carry them); checking a presented token is `services.credentials`."""
+
 from __future__ import annotations
 
 from django.conf import settings

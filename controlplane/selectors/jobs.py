@@ -1,4 +1,5 @@
 """Job read models for the dashboard, the job page and the CLI's `status` (one shape for all three)."""
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -24,8 +25,11 @@ def override_summary(o: dict[str, Any] | None) -> str:
     parts = []
     if o.get("force_n_prefill") and o.get("force_n_decode"):
         pd = f"{o['force_n_prefill']}P{o['force_n_decode']}D"
-        parts.append(f"forced {pd} exactly" if o.get("force_exact") else
-                     f"forced P:D ratio {o['force_n_prefill']}:{o['force_n_decode']} (scaled to the budget)")
+        parts.append(
+            f"forced {pd} exactly"
+            if o.get("force_exact")
+            else f"forced P:D ratio {o['force_n_prefill']}:{o['force_n_decode']} (scaled to the budget)"
+        )
     elif o.get("force_mode"):
         parts.append(f"forced {o['force_mode']}")
     if o.get("freeze"):
@@ -38,15 +42,38 @@ def override_summary(o: dict[str, Any] | None) -> str:
 
 
 def _override_dicts(job_ids: list[int]) -> dict[int, dict[str, Any]]:
-    fields = ("job_id", "force_mode", "force_n_prefill", "force_n_decode", "force_exact", "freeze", "borrowing", "elasticity")
+    fields = (
+        "job_id",
+        "force_mode",
+        "force_n_prefill",
+        "force_n_decode",
+        "force_exact",
+        "freeze",
+        "borrowing",
+        "elasticity",
+    )
     return {row["job_id"]: row for row in Override.objects.filter(job_id__in=job_ids).values(*fields)}
 
 
 def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:
     rows = list(
         Job.objects.order_by("-created").values(
-            "id", "name", "status", "policy", "model", "engine", "mode", "n_prefill", "n_decode", "n_colocated", "step",
-            "weight_version", "training_active", "failure_reason", "status_reason", "remaining",
+            "id",
+            "name",
+            "status",
+            "policy",
+            "model",
+            "engine",
+            "mode",
+            "n_prefill",
+            "n_decode",
+            "n_colocated",
+            "step",
+            "weight_version",
+            "training_active",
+            "failure_reason",
+            "status_reason",
+            "remaining",
         )[:limit]
     )
     overrides = _override_dicts([r["id"] for r in rows])
@@ -56,8 +83,16 @@ def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:
 
 
 def _event_dict(e: Event) -> dict[str, Any]:
-    return {"id": e.id, "kind": e.kind, "message": e.message, "job": e.job.name if e.job else None,
-            "node": e.node.name if e.node else None, "actor": e.actor, "created": e.created.isoformat(), "data": e.data}
+    return {
+        "id": e.id,
+        "kind": e.kind,
+        "message": e.message,
+        "job": e.job.name if e.job else None,
+        "node": e.node.name if e.node else None,
+        "actor": e.actor,
+        "created": e.created.isoformat(),
+        "data": e.data,
+    }
 
 
 def recent_events(limit: int = 30, *, job_id: int | None = None, kind: str = "") -> list[dict[str, Any]]:
@@ -79,7 +114,9 @@ def top_candidates(candidates: list[dict[str, Any]], chosen: str, limit: int = M
     if len(candidates) <= limit:
         return candidates
     keep = {id(c) for c in candidates if c.get("mode") == "colocated" or c.get("label") == chosen}
-    feasible = sorted((c for c in candidates if c.get("feasible") and c.get("makespan_s") is not None), key=lambda c: c["makespan_s"])
+    feasible = sorted(
+        (c for c in candidates if c.get("feasible") and c.get("makespan_s") is not None), key=lambda c: c["makespan_s"]
+    )
     for c in feasible:
         if len(keep) >= limit:
             break
@@ -90,11 +127,24 @@ def top_candidates(candidates: list[dict[str, Any]], chosen: str, limit: int = M
 def decision_dict(d: Decision) -> dict[str, Any]:
     label = configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated)
     return {
-        "id": d.id, "created": d.created.isoformat(), "signal": d.signal, "budget": d.budget, "profile": d.profile,
-        "candidates": top_candidates(d.candidates, label), "candidates_total": len(d.candidates), "mode": d.mode, "n_prefill": d.n_prefill, "n_decode": d.n_decode,
-        "n_colocated": d.n_colocated, "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
-        "borrow": d.borrow, "predicted_makespan_s": d.predicted_makespan_s, "expected_gain": d.expected_gain,
-        "admitted": d.admitted, "reason": d.reason, "confidence": mean_confidence(d.profile),
+        "id": d.id,
+        "created": d.created.isoformat(),
+        "signal": d.signal,
+        "budget": d.budget,
+        "profile": d.profile,
+        "candidates": top_candidates(d.candidates, label),
+        "candidates_total": len(d.candidates),
+        "mode": d.mode,
+        "n_prefill": d.n_prefill,
+        "n_decode": d.n_decode,
+        "n_colocated": d.n_colocated,
+        "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
+        "borrow": d.borrow,
+        "predicted_makespan_s": d.predicted_makespan_s,
+        "expected_gain": d.expected_gain,
+        "admitted": d.admitted,
+        "reason": d.reason,
+        "confidence": mean_confidence(d.profile),
     }
 
 
@@ -109,11 +159,25 @@ def mean_confidence(profile: dict[str, Any]) -> float | None:
 
 def transition_dict(t: Transition) -> dict[str, Any]:
     return {
-        "id": t.id, "status": t.status, "decision": t.decision_id, "plan": t.plan, "created": t.created.isoformat(),
-        "started": t.started.isoformat() if t.started else None, "finished": t.finished.isoformat() if t.finished else None,
+        "id": t.id,
+        "status": t.status,
+        "decision": t.decision_id,
+        "plan": t.plan,
+        "created": t.created.isoformat(),
+        "started": t.started.isoformat() if t.started else None,
+        "finished": t.finished.isoformat() if t.finished else None,
         "error": t.error,
-        "steps": [{"index": s.index, "kind": s.kind, "worker_slot": s.worker_slot, "status": s.status,
-                   "attempts": s.attempts, "error": s.error} for s in t.steps.all()],
+        "steps": [
+            {
+                "index": s.index,
+                "kind": s.kind,
+                "worker_slot": s.worker_slot,
+                "status": s.status,
+                "attempts": s.attempts,
+                "error": s.error,
+            }
+            for s in t.steps.all()
+        ],
     }
 
 
@@ -123,12 +187,21 @@ def staleness(job: Job) -> dict[str, Any]:
     rollout = Worker.objects.filter(job=job, alive=True).exclude(role=Role.TRAINING)
     agg = rollout.filter(activity=Activity.ACTIVE).aggregate(lo=Min("weight_version"), hi=Max("weight_version"))
     asleep = rollout.exclude(activity=Activity.ACTIVE).aggregate(n=Count("id"), lo=Min("weight_version"))
-    last_step = TelemetrySample.objects.filter(job=job, kind="step").order_by("-id").values_list("record", flat=True).first()
+    last_step = (
+        TelemetrySample.objects.filter(job=job, kind="step").order_by("-id").values_list("record", flat=True).first()
+    )
     lag = job.weight_version - agg["lo"] if agg["lo"] is not None else None
-    return {"weight_version": job.weight_version, "max_staleness": job.max_staleness, "workers_min": agg["lo"],
-            "workers_max": agg["hi"], "lag": lag, "within_bound": lag is None or lag <= job.max_staleness,
-            "asleep": asleep["n"], "asleep_min": asleep["lo"],
-            "stale_aborted_last_step": (last_step or {}).get("stale_aborted", 0)}
+    return {
+        "weight_version": job.weight_version,
+        "max_staleness": job.max_staleness,
+        "workers_min": agg["lo"],
+        "workers_max": agg["hi"],
+        "lag": lag,
+        "within_bound": lag is None or lag <= job.max_staleness,
+        "asleep": asleep["n"],
+        "asleep_min": asleep["lo"],
+        "stale_aborted_last_step": (last_step or {}).get("stale_aborted", 0),
+    }
 
 
 def submitted_by(job: Job) -> str:
@@ -150,25 +223,53 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
     trs = list(Transition.objects.filter(job=job).prefetch_related("steps").order_by("-created", "-id")[:transitions])
     return {
         "job": {
-            "id": job.pk, "name": job.name, "status": job.status, "failure_reason": job.failure_reason,
-            "status_reason": job.status_reason, "remaining": job.remaining, "model": job.model, "engine": job.engine, "hardware": job.hardware, "environment": job.environment,
-            "policy": job.policy, "tp": job.tp, "batch_size": job.batch_size, "group_size": job.group_size,
-            "max_staleness": job.max_staleness, "max_trajectory_tokens": job.max_trajectory_tokens,
-            "rollout_gpus": job.rollout_gpus, "training_gpus": job.training_gpus, "mode": job.mode,
-            "n_prefill": job.n_prefill, "n_decode": job.n_decode, "n_colocated": job.n_colocated,
+            "id": job.pk,
+            "name": job.name,
+            "status": job.status,
+            "failure_reason": job.failure_reason,
+            "status_reason": job.status_reason,
+            "remaining": job.remaining,
+            "model": job.model,
+            "engine": job.engine,
+            "hardware": job.hardware,
+            "environment": job.environment,
+            "policy": job.policy,
+            "tp": job.tp,
+            "batch_size": job.batch_size,
+            "group_size": job.group_size,
+            "max_staleness": job.max_staleness,
+            "max_trajectory_tokens": job.max_trajectory_tokens,
+            "rollout_gpus": job.rollout_gpus,
+            "training_gpus": job.training_gpus,
+            "mode": job.mode,
+            "n_prefill": job.n_prefill,
+            "n_decode": job.n_decode,
+            "n_colocated": job.n_colocated,
             "configuration": configuration_label(job.mode, job.n_prefill, job.n_decode, job.n_colocated),
-            "step": job.step, "weight_version": job.weight_version, "training_active": job.training_active,
-            "created_by": job.created_by.username if job.created_by else None, "created": job.created.isoformat(),
-            "submitted_by": submitted_by(job), "agent": job.agent or None,
+            "step": job.step,
+            "weight_version": job.weight_version,
+            "training_active": job.training_active,
+            "created_by": job.created_by.username if job.created_by else None,
+            "created": job.created.isoformat(),
+            "submitted_by": submitted_by(job),
+            "agent": job.agent or None,
             "stopped_at": job.stopped_at.isoformat() if job.stopped_at else None,
         },
         "override": ({k: v for k, v in o.items() if k != "job_id"} if o else None),
         "override_summary": override_summary(o),
         "latest_decision": decision_dict(recent[0]) if recent else None,
         "decisions": [
-            {"id": d.id, "created": d.created.isoformat(), "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
-             "predicted_makespan_s": d.predicted_makespan_s, "expected_gain": d.expected_gain, "admitted": d.admitted,
-             "signal": d.signal, "reason": d.reason, "borrow": d.borrow}
+            {
+                "id": d.id,
+                "created": d.created.isoformat(),
+                "label": configuration_label(d.mode, d.n_prefill, d.n_decode, d.n_colocated),
+                "predicted_makespan_s": d.predicted_makespan_s,
+                "expected_gain": d.expected_gain,
+                "admitted": d.admitted,
+                "signal": d.signal,
+                "reason": d.reason,
+                "borrow": d.borrow,
+            }
             for d in reversed(recent)
         ],
         "transitions": [transition_dict(t) for t in trs],
@@ -180,22 +281,56 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
 def job_series(job_id: int, *, limit: int = 2000) -> dict[str, Any]:
     """Per-step history from the STEP and TRAIN telemetry records (oldest first), with the predictor's
     confidence taken from the decision in force when each step finished."""
-    rows = list(TelemetrySample.objects.filter(job_id=job_id, kind__in=HISTORY_KINDS).order_by("-id")
-                .values_list("kind", "record", "created")[:limit])[::-1]
+    rows = list(
+        TelemetrySample.objects.filter(job_id=job_id, kind__in=HISTORY_KINDS)
+        .order_by("-id")
+        .values_list("kind", "record", "created")[:limit]
+    )[::-1]
     decided = list(Decision.objects.filter(job_id=job_id).order_by("created", "id").values_list("created", "profile"))
     times = [c for c, _ in decided]
     steps: list[dict[str, Any]] = []
     train: list[dict[str, Any]] = []
     for kind, rec, created in rows:
         if kind == "train":
-            train.append({k: rec.get(k, 0) for k in ("step", "duration_s", "return_latency_s", "return_deadline_s", "loss",
-                                                    "weight_version", "time_s")})
+            train.append(
+                {
+                    k: rec.get(k, 0)
+                    for k in (
+                        "step",
+                        "duration_s",
+                        "return_latency_s",
+                        "return_deadline_s",
+                        "loss",
+                        "weight_version",
+                        "time_s",
+                    )
+                }
+            )
             continue
         i = bisect_right(times, created) - 1
-        steps.append({k: rec.get(k, 0) for k in (
-            "step", "makespan_s", "predicted_makespan_s", "predicted_at_start_s", "generated_tokens_total", "train_tokens",
-            "reward_mean", "borrowed_gpu_s", "stale_aborted", "interruptions", "n_prefill", "n_decode", "n_colocated",
-            "batch_size", "time_s")} | {"mode": rec.get("mode", ""), "confidence": mean_confidence(decided[i][1]) if i >= 0 else None})
+        steps.append(
+            {
+                k: rec.get(k, 0)
+                for k in (
+                    "step",
+                    "makespan_s",
+                    "predicted_makespan_s",
+                    "predicted_at_start_s",
+                    "generated_tokens_total",
+                    "train_tokens",
+                    "reward_mean",
+                    "borrowed_gpu_s",
+                    "stale_aborted",
+                    "interruptions",
+                    "n_prefill",
+                    "n_decode",
+                    "n_colocated",
+                    "batch_size",
+                    "time_s",
+                )
+            }
+            | {"mode": rec.get("mode", ""), "confidence": mean_confidence(decided[i][1]) if i >= 0 else None}
+        )
     return {"steps": with_throughput(steps), "train": train}
 
 

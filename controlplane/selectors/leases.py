@@ -1,5 +1,6 @@
 """The node leases as Redis holds them between database writes (written by `services.leases`): read here
 for the heartbeat ages the dashboard and the API show."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,5 +1,6 @@
 """The cluster state as Prometheus gauges: a prometheus_client custom collector over the database read
 model, so every scrape reads the durable state (the same in every process that serves /metrics)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -26,8 +27,12 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         by_status = Counter(dict(Node.objects.values_list("status").annotate(n=Count("id"))))
-        yield _gauge("pearl_nodes", "Nodes by status.", ["status"],
-                     [([s.value], float(by_status.get(s.value, 0))) for s in NodeStatus])
+        yield _gauge(
+            "pearl_nodes",
+            "Nodes by status.",
+            ["status"],
+            [([s.value], float(by_status.get(s.value, 0))) for s in NodeStatus],
+        )
 
         active = dict(WorkerGPU.objects.filter(active=True).values_list("worker__role").annotate(n=Count("id")))
         alive: Counter[tuple[str, str]] = Counter()
@@ -37,25 +42,52 @@ class ClusterCollector(Collector):
         bound = WorkerGPU.objects.filter(alive=True).values("gpu_id").distinct().count()
         samples = [([r.value, a.value], float(alive.get((r.value, a.value), 0))) for r in Role for a in Activity]
         samples.append((["none", "idle"], float(max(0, present - bound))))
-        yield _gauge("pearl_gpus", "GPU slots by the role and activity of the workers bound to them.",
-                     ["role", "activity"], samples)
-        yield _gauge("pearl_gpus_active", "GPU slots with an active worker, by role.", ["role"],
-                     [([r.value], float(active.get(r.value, 0))) for r in Role])
+        yield _gauge(
+            "pearl_gpus",
+            "GPU slots by the role and activity of the workers bound to them.",
+            ["role", "activity"],
+            samples,
+        )
+        yield _gauge(
+            "pearl_gpus_active",
+            "GPU slots with an active worker, by role.",
+            ["role"],
+            [([r.value], float(active.get(r.value, 0))) for r in Role],
+        )
 
         workers = Counter(dict(Worker.objects.filter(alive=True).values_list("role").annotate(n=Count("id"))))
-        yield _gauge("pearl_workers", "Alive workers by role.", ["role"],
-                     [([r.value], float(workers.get(r.value, 0))) for r in Role])
+        yield _gauge(
+            "pearl_workers",
+            "Alive workers by role.",
+            ["role"],
+            [([r.value], float(workers.get(r.value, 0))) for r in Role],
+        )
 
         transitions = Counter(dict(Transition.objects.values_list("status").annotate(n=Count("id"))))
-        yield _gauge("pearl_transitions", "Transitions by status.", ["status"],
-                     [([st.value], float(transitions.get(st.value, 0))) for st in Transition.Status])
+        yield _gauge(
+            "pearl_transitions",
+            "Transitions by status.",
+            ["status"],
+            [([st.value], float(transitions.get(st.value, 0))) for st in Transition.Status],
+        )
 
         jobs = Counter(dict(Job.objects.values_list("status").annotate(n=Count("id"))))
-        yield _gauge("pearl_jobs", "Jobs by status.", ["status"],
-                     [([st.value], float(jobs.get(st.value, 0))) for st in Job.Status])
+        yield _gauge(
+            "pearl_jobs",
+            "Jobs by status.",
+            ["status"],
+            [([st.value], float(jobs.get(st.value, 0))) for st in Job.Status],
+        )
 
         now = timezone.now()
-        leased = (Node.objects.exclude(status=NodeStatus.GONE).exclude(last_heartbeat=None)
-                  .values_list("name", "pool", "last_heartbeat"))
-        yield _gauge("pearl_agent_heartbeat_age_seconds", "Seconds since each node agent's last heartbeat.",
-                     ["node", "pool"], [([n, p], round((now - hb).total_seconds(), 3)) for n, p, hb in leased if hb])
+        leased = (
+            Node.objects.exclude(status=NodeStatus.GONE)
+            .exclude(last_heartbeat=None)
+            .values_list("name", "pool", "last_heartbeat")
+        )
+        yield _gauge(
+            "pearl_agent_heartbeat_age_seconds",
+            "Seconds since each node agent's last heartbeat.",
+            ["node", "pool"],
+            [([n, p], round((now - hb).total_seconds(), 3)) for n, p, hb in leased if hb],
+        )

@@ -1,4 +1,5 @@
 """A job's agent trajectories, as the API and the job page read them."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,7 @@ def trajectories(job_id: int, step: int | None = None, status: str | None = None
 def steps(job_id: int) -> list[dict[str, Any]]:
     """The steps with trajectories, newest first, with counts per status."""
     out: dict[int, dict[str, Any]] = {}
-    rows = (Trajectory.objects.filter(job_id=job_id).values("step", "status").annotate(n=Count("id"))
-            .order_by("-step"))
+    rows = Trajectory.objects.filter(job_id=job_id).values("step", "status").annotate(n=Count("id")).order_by("-step")
     for r in rows:
         entry = out.setdefault(r["step"], {"step": r["step"], "total": 0})
         entry[r["status"]] = r["n"]

@@ -5,6 +5,7 @@ rollout GPUs exist at each moment; on a live cluster the elastic nodes whose age
 supply, and this use case takes nodes away with a preemption notice (the node drains, its partial
 trajectories are kept, it is removed at the deadline) or gives them back, in a stable order, so the
 planner sees the same capacity changes the simulator replays."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,13 @@ def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> Availabil
     elastic = list(Node.objects.filter(pool=Pool.ELASTIC).order_by("name"))
     up = [n for n in elastic if n.status == NodeStatus.READY]
     # taken away by a preemption (not drained by an operator), with an agent still there to serve
-    back = [n for n in elastic if (n.status == NodeStatus.GONE or (n.status == NodeStatus.DRAINING and n.preemption_deadline))
-            and n.lease_expires is not None and n.lease_expires > now]
+    back = [
+        n
+        for n in elastic
+        if (n.status == NodeStatus.GONE or (n.status == NodeStatus.DRAINING and n.preemption_deadline))
+        and n.lease_expires is not None
+        and n.lease_expires > now
+    ]
     before = sum(_gpus(n) for n in up)
     have, preempted, returned = before, [], []
     for n in back:  # grow: the first nodes by name come back while they fit

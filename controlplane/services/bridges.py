@@ -6,6 +6,7 @@ another drain, a death with Ray's reason). Every write goes through the node use
 services.nodes, so the invariants, events and re-plans are the ones a hand-started agent gets.
 An agent the bridge starts is trusted only for its own node, as every agent is (its token is bound
 to the node's name)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -86,9 +87,13 @@ def ray_nodes(*, bridge: BridgePrincipal) -> dict[str, ce.PearlNodeView]:
     """PEARL's view of the nodes a Ray bridge may speak for (named after a Ray node id)."""
     _check(bridge)
     rows = Node.objects.filter(name__startswith="ray-").values_list(
-        "name", "ray_node_id", "status", "pool", "preemption_deadline")
-    recorded = set(Event.objects.filter(kind__in=["node.gone", "node.ray_dead"], node__name__startswith="ray-",
-                                        data__has_key="ray_death_reason").values_list("node__name", flat=True))
+        "name", "ray_node_id", "status", "pool", "preemption_deadline"
+    )
+    recorded = set(
+        Event.objects.filter(
+            kind__in=["node.gone", "node.ray_dead"], node__name__startswith="ray-", data__has_key="ray_death_reason"
+        ).values_list("node__name", flat=True)
+    )
     return {n: ce.PearlNodeView(n, rid, st, pool, _unix(dl), n in recorded) for n, rid, st, pool, dl in rows}
 
 
@@ -119,8 +124,13 @@ def bind(*, bridge: BridgePrincipal, name: str, ray_node_id: str, address: str) 
             return
         node.ray_node_id, node.ray_address = ray_node_id, address[:64]
         node.save(update_fields=["ray_node_id", "ray_address", "updated"])
-        emit(kind="node.ray_bound", message=f"node {name} is Ray node {ray_node_id[:12]} at {address}", node=node,
-             actor=bridge.actor, data={"ray_node_id": ray_node_id, "ray_address": address})
+        emit(
+            kind="node.ray_bound",
+            message=f"node {name} is Ray node {ray_node_id[:12]} at {address}",
+            node=node,
+            actor=bridge.actor,
+            data={"ray_node_id": ray_node_id, "ray_address": address},
+        )
         nodes.push_node(node.pk)
 
 
@@ -135,8 +145,9 @@ def preemption(*, bridge: BridgePrincipal, name: str, deadline: float) -> Node:
     """Ray drains the node for preemption: PEARL's preemption notice, with Ray's deadline."""
     _check(bridge)
     node = _bound(name)
-    return nodes.preemption_notice(node_id=node.pk, deadline=datetime.fromtimestamp(deadline, tz=UTC),
-                                   actor=bridge.actor)
+    return nodes.preemption_notice(
+        node_id=node.pk, deadline=datetime.fromtimestamp(deadline, tz=UTC), actor=bridge.actor
+    )
 
 
 def drain(*, bridge: BridgePrincipal, name: str, why: str) -> Node:
@@ -161,11 +172,18 @@ def gone(*, bridge: BridgePrincipal, name: str, reason: str, message: str) -> No
         Worker.objects.filter(id__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
         WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
         GPU.objects.filter(node=node).update(present=False)
-        nodes._node_lost(node, status=NodeStatus.GONE, kind="node.gone",
-                        message=f"node {node.name} is dead in Ray ({reason}: {message[:200]}); "
-                                f"{len(ids)} worker(s) removed",
-                        data={"ray_death_reason": reason, "ray_death_message": message[:500],
-                              "removed_workers": len(ids), "actor": bridge.actor})
+        nodes._node_lost(
+            node,
+            status=NodeStatus.GONE,
+            kind="node.gone",
+            message=f"node {node.name} is dead in Ray ({reason}: {message[:200]}); {len(ids)} worker(s) removed",
+            data={
+                "ray_death_reason": reason,
+                "ray_death_message": message[:500],
+                "removed_workers": len(ids),
+                "actor": bridge.actor,
+            },
+        )
     return node
 
 
@@ -174,8 +192,13 @@ def death_recorded(*, bridge: BridgePrincipal, name: str, reason: str, message: 
     (e.g. AUTOSCALER_DRAIN_PREEMPTED, Ray's confirmation that the drain was a preemption)."""
     _check(bridge)
     node = _bound(name)
-    emit(kind="node.ray_dead", message=f"node {name} is dead in Ray ({reason}: {message[:200]})", node=node,
-         actor=bridge.actor, data={"ray_death_reason": reason, "ray_death_message": message[:500]})
+    emit(
+        kind="node.ray_dead",
+        message=f"node {name} is dead in Ray ({reason}: {message[:200]})",
+        node=node,
+        actor=bridge.actor,
+        data={"ray_death_reason": reason, "ray_death_message": message[:500]},
+    )
 
 
 def apply(*, bridge: BridgePrincipal, action: ce.Action) -> None:

@@ -1,5 +1,6 @@
 """Per-node agent tokens: random, shown once, stored as SHA-256, revocable, bound to one node name.
 Per-job driver tokens checked: derived (nothing stored, `selectors.job_tokens`), valid while the job lives."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,12 @@ def issue_agent_token(*, node_name: str, actor: str = "system") -> str:
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         AgentCredential.objects.create(node_name=node_name, key_hash=_hash(token), prefix=token[4:12])
-        emit(kind="agent.token_issued", message=f"agent token issued for node {node_name}", actor=actor, data={"node": node_name})
+        emit(
+            kind="agent.token_issued",
+            message=f"agent token issued for node {node_name}",
+            actor=actor,
+            data={"node": node_name},
+        )
     return token
 
 
@@ -49,7 +55,12 @@ def revoke_agent_tokens(*, node_name: str, actor: str = "system") -> int:
         n = AgentCredential.objects.filter(node_name=node_name, revoked__isnull=True).update(revoked=timezone.now())
         if n == 0:
             raise NotFound(f"no active agent token for node {node_name!r}", field="node")
-        emit(kind="agent.token_revoked", message=f"{n} agent token(s) revoked for node {node_name}", actor=actor, data={"node": node_name})
+        emit(
+            kind="agent.token_revoked",
+            message=f"{n} agent token(s) revoked for node {node_name}",
+            actor=actor,
+            data={"node": node_name},
+        )
     return n
 
 
@@ -63,7 +74,7 @@ def authenticate_driver(token: str) -> Job | None:
     """The live job a driver token belongs to, else None (ended jobs take no driver)."""
     if not token or not token.startswith(DRIVER_TOKEN_PREFIX) or len(token) > 200:
         return None
-    job_id, _, _ = token[len(DRIVER_TOKEN_PREFIX):].partition(".")
+    job_id, _, _ = token[len(DRIVER_TOKEN_PREFIX) :].partition(".")
     if not job_id.isascii() or not job_id.isdigit() or len(job_id) > 18:
         return None
     job = Job.objects.filter(pk=int(job_id)).exclude(status__in=[Job.Status.STOPPED, Job.Status.FAILED]).first()

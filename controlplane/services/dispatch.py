@@ -4,6 +4,7 @@ waits for its agents' reports.
 
 `TaskName` is the one spelling of each task's name: `tasks.py` registers its tasks under these names and
 the periodic schedule refers to them. Tasks take ids, never objects (JSON on the broker)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,4 +1,5 @@
 """Service errors map one-to-one onto HTTP answers (see controlplane.api.errors)."""
+
 from __future__ import annotations
 
 

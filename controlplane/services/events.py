@@ -1,4 +1,5 @@
 """The timeline and the dashboard feed: `emit` appends an Event and pushes deltas after commit."""
+
 from __future__ import annotations
 
 import logging

@@ -10,6 +10,7 @@ time is issued again, then fails the transition; a failed bring-up rolls back ev
 transition started (all-or-nothing expansion). Progress lives in the database and a lease keeps two
 executors off one transition, so a killed Celery worker's transition resumes where it was.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -41,8 +42,16 @@ def _phase(step: TransitionStep) -> int:
     kind, forced = step.kind, bool(step.args.get("forced"))
     if kind in (StepKind.STOP_WORKER, StepKind.DEACTIVATE_OVERLAP) and forced:
         return 0
-    return {StepKind.START_WORKER: 1, StepKind.ACTIVATE_OVERLAP: 1, StepKind.SYNC_WEIGHTS: 2, StepKind.DRAIN: 3,
-            StepKind.SET_ROLE: 4, StepKind.STOP_WORKER: 4, StepKind.DEACTIVATE_OVERLAP: 4, FINALIZE: 5}[kind]
+    return {
+        StepKind.START_WORKER: 1,
+        StepKind.ACTIVATE_OVERLAP: 1,
+        StepKind.SYNC_WEIGHTS: 2,
+        StepKind.DRAIN: 3,
+        StepKind.SET_ROLE: 4,
+        StepKind.STOP_WORKER: 4,
+        StepKind.DEACTIVATE_OVERLAP: 4,
+        FINALIZE: 5,
+    }[kind]
 
 
 def _timeout() -> timedelta:
@@ -84,7 +93,9 @@ def advance(*, transition_id: int, owner: str = "", actor: str = "executor") -> 
         outcome = _advance(tr, actor)
     finally:
         if outcome == "waiting":
-            Transition.objects.filter(pk=tr.pk, lease_owner=owner).update(lease_until=timezone.now() + timedelta(seconds=LEASE_S))
+            Transition.objects.filter(pk=tr.pk, lease_owner=owner).update(
+                lease_until=timezone.now() + timedelta(seconds=LEASE_S)
+            )
         else:
             Transition.objects.filter(pk=tr.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
     if outcome in ("done", "failed"):
@@ -92,9 +103,16 @@ def advance(*, transition_id: int, owner: str = "", actor: str = "executor") -> 
     if outcome == "done":
         with transaction.atomic():
             Transition.objects.filter(pk=tr.pk).update(status=Transition.Status.SUCCEEDED, finished=timezone.now())
-            emit(kind="transition.succeeded", job=tr.job, actor=actor,
-                 message=f"{tr.job.name}: transition {tr.pk} applied ({tr.plan.get('target')})", data={"transition": tr.pk})
-            push_delta_on_commit(kind="transition", key=str(tr.pk), data={"id": tr.pk, "job": tr.job.name, "status": "succeeded"})
+            emit(
+                kind="transition.succeeded",
+                job=tr.job,
+                actor=actor,
+                message=f"{tr.job.name}: transition {tr.pk} applied ({tr.plan.get('target')})",
+                data={"transition": tr.pk},
+            )
+            push_delta_on_commit(
+                kind="transition", key=str(tr.pk), data={"id": tr.pk, "job": tr.job.name, "status": "succeeded"}
+            )
     tr.refresh_from_db()
     return tr, outcome
 
@@ -109,15 +127,26 @@ def _advance(tr: Transition, actor: str) -> str:
     lending = [s for s in steps if s.kind == StepKind.ACTIVATE_OVERLAP]
     admitted = any(s.kind == FINALIZE and s.status != TransitionStep.Status.PENDING for s in steps)
     if lending and not admitted and job.training_active:
-        return _fail(tr, lending[0], "Training Begin arrived before the borrowed workers were admitted: they stay "
-                                     "with the trainer and the job is re-planned", actor)
+        return _fail(
+            tr,
+            lending[0],
+            "Training Begin arrived before the borrowed workers were admitted: they stay "
+            "with the trainer and the job is re-planned",
+            actor,
+        )
     for phase in sorted({_phase(s) for s in steps}):
-        group = [s for s in steps if _phase(s) == phase and s.status not in (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED)]
+        group = [
+            s
+            for s in steps
+            if _phase(s) == phase and s.status not in (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED)
+        ]
         for step in group:
             if step.status == TransitionStep.Status.PENDING:
                 try:
                     _issue(job, step, actor)
-                except Exception as exc:  # refused by the state machine: stop here, a re-plan starts from the state reached
+                except (
+                    Exception
+                ) as exc:  # refused by the state machine: stop here, a re-plan starts from the state reached
                     return _fail(tr, step, f"{exc}", actor)
         waiting = False
         for step in group:
@@ -127,17 +156,28 @@ def _advance(tr: Transition, actor: str) -> str:
                 TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.DONE, finished=finished)
                 if step.started is not None:
                     latency.TRANSITION_STEP_SECONDS.labels(kind=step.kind).observe(
-                        max(0.0, (finished - step.started).total_seconds()))
+                        max(0.0, (finished - step.started).total_seconds())
+                    )
                 continue
             waiting = True
             leaving = _node_leaving(job, step)
             if leaving:  # what the step waits for cannot happen there: fail now, so the re-plan runs
-                return _fail(tr, step, f"node {leaving} is leaving (draining, preemption notice or gone) before "
-                                       "the agent confirmed the step", actor)
+                return _fail(
+                    tr,
+                    step,
+                    f"node {leaving} is leaving (draining, preemption notice or gone) before "
+                    "the agent confirmed the step",
+                    actor,
+                )
             if step.started is not None and timezone.now() - step.started > _timeout():
                 if step.attempts >= MAX_ATTEMPTS:
-                    return _fail(tr, step, f"not confirmed by the agent within {_timeout().total_seconds():.0f} s "
-                                           f"({step.attempts} attempts)", actor)
+                    return _fail(
+                        tr,
+                        step,
+                        f"not confirmed by the agent within {_timeout().total_seconds():.0f} s "
+                        f"({step.attempts} attempts)",
+                        actor,
+                    )
                 _reissue(job, step)
         if waiting:
             return "waiting"
@@ -147,30 +187,68 @@ def _advance(tr: Transition, actor: str) -> str:
 def _issue(job: Job, step: TransitionStep, actor: str) -> None:
     """Write the desired state of one step (idempotent: a step already reflected is a no-op)."""
     with transaction.atomic():
-        alive = Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).first() if step.worker_slot is not None else None
+        alive = (
+            Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).first()
+            if step.worker_slot is not None
+            else None
+        )
         role = step.args.get("role")
         if step.kind == StepKind.START_WORKER:
             if alive is None:
-                start_worker(job_id=job.pk, node_id=step.args["node"], gpu_indexes=step.args["gpus"], role=role,
-                             activity=Activity.TRANSITIONING, slot=step.worker_slot, actor=actor)
+                start_worker(
+                    job_id=job.pk,
+                    node_id=step.args["node"],
+                    gpu_indexes=step.args["gpus"],
+                    role=role,
+                    activity=Activity.TRANSITIONING,
+                    slot=step.worker_slot,
+                    actor=actor,
+                )
         elif step.kind == StepKind.DRAIN and alive and alive.activity == Activity.ACTIVE:
-            take_out(job.pk, actor, lambda: change_workers(job_id=job.pk, changes=[
-                WorkerChange(step.worker_slot, activity=Activity.TRANSITIONING)], actor=actor))
+            take_out(
+                job.pk,
+                actor,
+                lambda: change_workers(
+                    job_id=job.pk,
+                    changes=[WorkerChange(step.worker_slot, activity=Activity.TRANSITIONING)],
+                    actor=actor,
+                ),
+            )
         elif step.kind == StepKind.SET_ROLE and alive and alive.role != role:
-            change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)], actor=actor)
+            change_workers(
+                job_id=job.pk,
+                changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)],
+                actor=actor,
+            )
         elif step.kind == StepKind.STOP_WORKER and alive:
             take_out(job.pk, actor, lambda: stop_worker(job_id=job.pk, slot=step.worker_slot, actor=actor))
         elif step.kind == StepKind.DEACTIVATE_OVERLAP and alive and alive.activity != Activity.INACTIVE:
-            take_out(job.pk, actor, lambda: change_workers(job_id=job.pk, changes=[
-                WorkerChange(step.worker_slot, activity=Activity.INACTIVE)], actor=actor))
-        elif step.kind == StepKind.ACTIVATE_OVERLAP and alive and (alive.role != role or alive.activity == Activity.INACTIVE):
+            take_out(
+                job.pk,
+                actor,
+                lambda: change_workers(
+                    job_id=job.pk, changes=[WorkerChange(step.worker_slot, activity=Activity.INACTIVE)], actor=actor
+                ),
+            )
+        elif (
+            step.kind == StepKind.ACTIVATE_OVERLAP
+            and alive
+            and (alive.role != role or alive.activity == Activity.INACTIVE)
+        ):
             if lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing (it returned them)
-                raise Conflict("Training Begin arrived before the borrowed workers were lent: they stay with the trainer")
-            change_workers(job_id=job.pk, changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)], actor=actor)
+                raise Conflict(
+                    "Training Begin arrived before the borrowed workers were lent: they stay with the trainer"
+                )
+            change_workers(
+                job_id=job.pk,
+                changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)],
+                actor=actor,
+            )
         elif step.kind == FINALIZE:
             _finalize(job, step.args["result"], actor)
-        TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.RUNNING, started=timezone.now(),
-                                                         attempts=step.attempts + 1)
+        TransitionStep.objects.filter(pk=step.pk).update(
+            status=TransitionStep.Status.RUNNING, started=timezone.now(), attempts=step.attempts + 1
+        )
 
 
 # steps that need their worker up and serving on its node: they cannot complete on a node that is leaving
@@ -195,8 +273,11 @@ def _reissue(job: Job, step: TransitionStep) -> None:
     if step.kind == FINALIZE:  # every worker it waits for
         workers = _not_serving_yet(job)
     else:
-        w = Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).select_related("node").first() \
-            if step.worker_slot is not None else None
+        w = (
+            Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).select_related("node").first()
+            if step.worker_slot is not None
+            else None
+        )
         workers = [w] if w is not None else []
     with transaction.atomic():
         for node in lock_nodes(w.node_id for w in workers).values():
@@ -210,8 +291,13 @@ def _not_serving_yet(job: Job) -> list[Worker]:
     worker on a node that is leaving (draining, lease expired, gone) is not waited for: it cannot come
     to serve, and taking it out is the next re-plan's work, which this transition holds back."""
     floor = max(0, job.weight_version - job.max_staleness)
-    return [w for w in Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
-            .exclude(role=Role.TRAINING).select_related("node") if not serving(w, floor)]
+    return [
+        w
+        for w in Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
+        .exclude(role=Role.TRAINING)
+        .select_related("node")
+        if not serving(w, floor)
+    ]
 
 
 def _confirmed(job: Job, step: TransitionStep) -> bool:
@@ -236,7 +322,9 @@ def _confirmed(job: Job, step: TransitionStep) -> bool:
     if step.kind == StepKind.START_WORKER:
         return o.get("state") == "running" and o.get("role") == role  # running = holding weights the job allows
     if step.kind == StepKind.SYNC_WEIGHTS:
-        return o.get("state") == "running" and o.get("weight_version", 0) >= max(0, job.weight_version - job.max_staleness)
+        return o.get("state") == "running" and o.get("weight_version", 0) >= max(
+            0, job.weight_version - job.max_staleness
+        )
     if step.kind == StepKind.DRAIN:
         return o.get("inflight", 0) == 0
     if step.kind in (StepKind.SET_ROLE, StepKind.ACTIVATE_OVERLAP):
@@ -249,21 +337,30 @@ def _confirmed(job: Job, step: TransitionStep) -> bool:
 def _fail(tr: Transition, step: TransitionStep, why: str, actor: str) -> str:
     job = tr.job
     now = timezone.now()
-    TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.FAILED, finished=now, error=why[:2000])
+    TransitionStep.objects.filter(pk=step.pk).update(
+        status=TransitionStep.Status.FAILED, finished=now, error=why[:2000]
+    )
     rolled_back = _rollback(tr, actor) if _phase(step) <= 2 else []
     Transition.objects.filter(pk=tr.pk).update(status=Transition.Status.FAILED, finished=now, error=why[:2000])
     with transaction.atomic():
-        emit(kind="transition.failed", job=job, actor=actor,
-             message=f"{job.name}: transition {tr.pk} failed at step {step.index} ({step.kind}): {why}"
-                     + (f"; rolled back the workers it started: {rolled_back}" if rolled_back else ""),
-             data={"transition": tr.pk, "step": step.index, "rolled_back": rolled_back})
+        emit(
+            kind="transition.failed",
+            job=job,
+            actor=actor,
+            message=f"{job.name}: transition {tr.pk} failed at step {step.index} ({step.kind}): {why}"
+            + (f"; rolled back the workers it started: {rolled_back}" if rolled_back else ""),
+            data={"transition": tr.pk, "step": step.index, "rolled_back": rolled_back},
+        )
     return "failed"
 
 
 def _rollback(tr: Transition, actor: str) -> list[int]:
     """All-or-nothing expansion: stop every worker this transition started and never admitted."""
-    slots = list(TransitionStep.objects.filter(transition=tr, kind=StepKind.START_WORKER)
-                 .exclude(status=TransitionStep.Status.PENDING).values_list("worker_slot", flat=True))
+    slots = list(
+        TransitionStep.objects.filter(transition=tr, kind=StepKind.START_WORKER)
+        .exclude(status=TransitionStep.Status.PENDING)
+        .values_list("worker_slot", flat=True)
+    )
     out = []
     for slot in slots:
         w = Worker.objects.filter(job=tr.job, slot=slot, alive=True).first()
@@ -289,8 +386,14 @@ def _finalize(job: Job, result: dict[str, str], actor: str) -> None:
         # roles first (workers are not active yet), then admit the whole group together
         role_changes = [WorkerChange(c.slot, role=c.role) for c in changes if c.role]
         if role_changes:
-            change_workers(job_id=job.pk, changes=[WorkerChange(c.slot, role=c.role, activity=Activity.TRANSITIONING) for c in role_changes], actor=actor)
-        change_workers(job_id=job.pk, changes=[WorkerChange(c.slot, activity=Activity.ACTIVE) for c in changes], actor=actor)
+            change_workers(
+                job_id=job.pk,
+                changes=[WorkerChange(c.slot, role=c.role, activity=Activity.TRANSITIONING) for c in role_changes],
+                actor=actor,
+            )
+        change_workers(
+            job_id=job.pk, changes=[WorkerChange(c.slot, activity=Activity.ACTIVE) for c in changes], actor=actor
+        )
 
 
 __all__ = ["advance", "execute_transition"]

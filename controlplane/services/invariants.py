@@ -1,4 +1,5 @@
 """The invariant check (DESIGN §4) that every write use case runs over the rows it changed."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -14,7 +15,8 @@ def assert_invariants(*, job_ids: Iterable[int] = (), gpu_ids: Iterable[int] = (
     job_ids = list(job_ids)
     # Other jobs' workers on the same GPUs count too: widen to every GPU the jobs hold.
     gpu_ids = set(gpu_ids) | set(
-        WorkerGPU.objects.filter(alive=True, worker__job_id__in=job_ids).values_list("gpu_id", flat=True))
+        WorkerGPU.objects.filter(alive=True, worker__job_id__in=job_ids).values_list("gpu_id", flat=True)
+    )
     views = worker_views(job_ids=job_ids, gpu_ids=gpu_ids)
     problems = check_invariants(views, training_flags({v.job for v in views} | set(job_ids)))
     if problems:

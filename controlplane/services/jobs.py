@@ -1,4 +1,5 @@
 """Job use cases: create, stop, overrides, training begin/finish."""
+
 from __future__ import annotations
 
 import os
@@ -28,17 +29,29 @@ MAX_TASK_FILE_BYTES = 64 << 20  # what submission reads of an agent job's task f
 
 def job_delta(job: Job) -> dict[str, Any]:
     return {
-        "id": job.pk, "name": job.name, "status": job.status, "mode": job.mode, "n_prefill": job.n_prefill,
-        "n_decode": job.n_decode, "n_colocated": job.n_colocated, "step": job.step, "weight_version": job.weight_version,
-        "training_active": job.training_active, "policy": job.policy, "status_reason": job.status_reason,
-        "failure_reason": job.failure_reason, "remaining": job.remaining,
+        "id": job.pk,
+        "name": job.name,
+        "status": job.status,
+        "mode": job.mode,
+        "n_prefill": job.n_prefill,
+        "n_decode": job.n_decode,
+        "n_colocated": job.n_colocated,
+        "step": job.step,
+        "weight_version": job.weight_version,
+        "training_active": job.training_active,
+        "policy": job.policy,
+        "status_reason": job.status_reason,
+        "failure_reason": job.failure_reason,
+        "remaining": job.remaining,
     }
 
 
 def available_gpus() -> dict[str, int]:
     """GPUs present on nodes that can take work, by pool."""
     counts = {p.value: 0 for p in Pool}
-    for pool in GPU.objects.filter(present=True).exclude(node__status=NodeStatus.GONE).values_list("node__pool", flat=True):
+    for pool in (
+        GPU.objects.filter(present=True).exclude(node__status=NodeStatus.GONE).values_list("node__pool", flat=True)
+    ):
         counts[pool] += 1
     return counts
 
@@ -48,8 +61,11 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     policy = spec.get("policy", names.PEARL)
     if policy not in PRODUCT_POLICIES:
         if policy in POLICY_NAMES:
-            raise InvalidInput(f"policy {policy!r} is a reference for reports, not a product policy; "
-                               f"expected one of {list(PRODUCT_POLICIES)}", field="policy")
+            raise InvalidInput(
+                f"policy {policy!r} is a reference for reports, not a product policy; "
+                f"expected one of {list(PRODUCT_POLICIES)}",
+                field="policy",
+            )
         raise InvalidInput(f"unknown policy {policy!r}; expected one of {list(PRODUCT_POLICIES)}", field="policy")
     try:
         spec = {**spec, "policy_options": validate_options(policy, spec.get("policy_options") or {})}
@@ -68,9 +84,14 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     training_gpus = int(spec.get("training_gpus", 0))
     rollout_capacity = gpus[Pool.RESERVED] + gpus[Pool.ELASTIC]
     if rollout_gpus > rollout_capacity:
-        raise InvalidInput(f"rollout_gpus={rollout_gpus} is above the cluster's {rollout_capacity} rollout GPUs", field="rollout_gpus")
+        raise InvalidInput(
+            f"rollout_gpus={rollout_gpus} is above the cluster's {rollout_capacity} rollout GPUs", field="rollout_gpus"
+        )
     if training_gpus > gpus[Pool.TRAINING]:
-        raise InvalidInput(f"training_gpus={training_gpus} is above the cluster's {gpus[Pool.TRAINING]} training GPUs", field="training_gpus")
+        raise InvalidInput(
+            f"training_gpus={training_gpus} is above the cluster's {gpus[Pool.TRAINING]} training GPUs",
+            field="training_gpus",
+        )
     if rollout_gpus % tp or training_gpus % tp:
         raise InvalidInput(f"GPU counts must be multiples of tp={tp}", field="tp")
     with transaction.atomic():
@@ -82,8 +103,13 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         except IntegrityError:
             raise Conflict(f"a job named {spec['name']!r} exists", field="name") from None
         Override.objects.create(job=job)
-        emit(kind="job.created", message=f"job {job.name} created ({job.model}, {job.engine}, policy {job.policy})", job=job,
-             actor=actor, data={"spec": {k: v for k, v in spec.items()}})
+        emit(
+            kind="job.created",
+            message=f"job {job.name} created ({job.model}, {job.engine}, policy {job.policy})",
+            job=job,
+            actor=actor,
+            data={"spec": {k: v for k, v in spec.items()}},
+        )
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         enqueue_plan(job.pk, "step_start")
     return job
@@ -127,7 +153,9 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
         now = timezone.now()
         workers = list(Worker.objects.filter(job=job, alive=True))
         held = lock_nodes(w.node_id for w in workers)  # the lock order: the nodes, then their workers
-        Worker.objects.filter(pk__in=[w.pk for w in workers]).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
+        Worker.objects.filter(pk__in=[w.pk for w in workers]).update(
+            alive=False, activity=Activity.INACTIVE, stopped_at=now
+        )
         WorkerGPU.objects.filter(worker__in=workers).update(alive=False, active=False)
         job.status = status
         job.stopped_at = now
@@ -139,15 +167,32 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
             push_node(node.pk)
         notify_drivers_on_commit([job.pk])
         if status == Job.Status.FAILED:
-            emit(kind="job.failed", message=f"job {job.name} failed: {reason} ({len(workers)} worker(s) released)"[:4000],
-                 job=job, actor=actor)
+            emit(
+                kind="job.failed",
+                message=f"job {job.name} failed: {reason} ({len(workers)} worker(s) released)"[:4000],
+                job=job,
+                actor=actor,
+            )
         else:
-            emit(kind="job.stopped", message=f"job {job.name} stopped ({len(workers)} worker(s) released)", job=job, actor=actor)
+            emit(
+                kind="job.stopped",
+                message=f"job {job.name} stopped ({len(workers)} worker(s) released)",
+                job=job,
+                actor=actor,
+            )
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
     return job
 
 
-OVERRIDE_FIELDS = ("force_mode", "force_n_prefill", "force_n_decode", "force_exact", "freeze", "borrowing", "elasticity")
+OVERRIDE_FIELDS = (
+    "force_mode",
+    "force_n_prefill",
+    "force_n_decode",
+    "force_exact",
+    "freeze",
+    "borrowing",
+    "elasticity",
+)
 
 
 def override_dict(o: Override) -> dict[str, Any]:
@@ -170,14 +215,19 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
         ratio = (o.force_n_prefill, o.force_n_decode)
         if any(x is not None for x in ratio):
             if None in ratio or min(ratio) < 1:  # type: ignore[type-var]
-                raise InvalidInput("a forced ratio needs force_n_prefill >= 1 and force_n_decode >= 1", field="force_n_prefill")
+                raise InvalidInput(
+                    "a forced ratio needs force_n_prefill >= 1 and force_n_decode >= 1", field="force_n_prefill"
+                )
             if o.force_mode == Mode.COLOCATED:
                 raise InvalidInput("a forced P:D ratio contradicts force_mode=colocated", field="force_mode")
             most = (job.rollout_gpus + job.training_gpus) // max(1, job.tp)  # dedicated + every borrowable worker
             if most and ratio[0] + ratio[1] > most:  # type: ignore[operator]
                 field = "force_n_prefill" if "force_n_prefill" in changes else "force_n_decode"
-                raise InvalidInput(f"a forced {ratio[0]}:{ratio[1]} ratio needs {ratio[0] + ratio[1]} rollout workers; "  # type: ignore[operator]
-                                   f"job {job.name} can have at most {most} (GPUs / tp={job.tp})", field=field)
+                raise InvalidInput(
+                    f"a forced {ratio[0]}:{ratio[1]} ratio needs {ratio[0] + ratio[1]} rollout workers; "  # type: ignore[operator]
+                    f"job {job.name} can have at most {most} (GPUs / tp={job.tp})",
+                    field=field,
+                )
         elif changes.get("force_exact"):
             raise InvalidInput("force_exact needs force_n_prefill and force_n_decode", field="force_exact")
         else:
@@ -185,9 +235,16 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
         o.updated_by = user if getattr(user, "is_authenticated", False) else None
         o.save()
         after = override_dict(o)
-        emit(kind="override.set", message=f"{job.name}: overrides changed by {actor}", job=job, actor=actor,
-             data={"before": before, "after": after})
-        push_delta_on_commit(kind="override", key=str(job.pk), data={"job": job.name, **after, "summary": override_summary(after)})
+        emit(
+            kind="override.set",
+            message=f"{job.name}: overrides changed by {actor}",
+            job=job,
+            actor=actor,
+            data={"before": before, "after": after},
+        )
+        push_delta_on_commit(
+            kind="override", key=str(job.pk), data={"job": job.name, **after, "summary": override_summary(after)}
+        )
         enqueue_plan(job.pk, "periodic")
     return o
 
@@ -202,7 +259,9 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
     with transaction.atomic():
         job = lock_job(job_id, live="training cannot begin or finish")
         if job.training_active == active:
-            raise Conflict(f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active")
+            raise Conflict(
+                f"job {job.name} training is already {'active' if active else 'idle'}", field="training_active"
+            )
         held: dict[int, Node] = {}
         if active:
             job.returned_at_training_begin = len(return_borrowed(job, actor=actor))
@@ -216,8 +275,12 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         for node in held.values():
             bump_generation(node)
             push_node(node.pk)
-        emit(kind="training.begin" if active else "training.finished",
-             message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}", job=job, actor=actor)
+        emit(
+            kind="training.begin" if active else "training.finished",
+            message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}",
+            job=job,
+            actor=actor,
+        )
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, "training_begin" if active else "training_finished")
@@ -233,8 +296,10 @@ def start_update(*, job_id: int, actor: str = "system") -> Job:
             raise Conflict(f"job {job.name}: Training Begin comes before the update", field="training_active")
         out = not_returned(job)  # parked here and, where their agents are up, reported asleep
         if out:
-            raise Conflict(f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out)} are not returned yet",
-                           field="borrowed")
+            raise Conflict(
+                f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out)} are not returned yet",
+                field="borrowed",
+            )
         trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING))
         held = lock_nodes(w.node_id for w in trainers)  # the lock order: the nodes, then their workers
         Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.ACTIVE)

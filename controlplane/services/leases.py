@@ -21,6 +21,7 @@ until the agent's next heartbeat writes Redis again (or, with Redis down, the da
 exact lease). What an empty Redis costs is slower detection of nodes that died meanwhile (up to
 LEASE_S + DB_REFRESH_S after their last row write) and one database heartbeat per node to rebuild its record.
 """
+
 from __future__ import annotations
 
 import json
@@ -117,8 +118,10 @@ def notice_empty() -> bool:
     Nothing needs repair then: every row lease reaches at least as far as the Redis renewals it had (see the
     module's docstring), so the nodes keep their leases on the rows until their next heartbeat."""
     if client().set(BOOT, secrets.token_hex(8), nx=True):
-        log.warning("Redis holds no lease generation (new, restarted or emptied): the rows' leases decide "
-                    "until each agent's next heartbeat")
+        log.warning(
+            "Redis holds no lease generation (new, restarted or emptied): the rows' leases decide "
+            "until each agent's next heartbeat"
+        )
         return True
     return False
 

@@ -8,6 +8,7 @@ aborting one of them: a lost heartbeat or a stopped executor. `lock_nodes` is ho
 changes workers takes their nodes first. What is left (a cycle through rows outside this order) is
 retried by the entry points (`services.retry.retry_transient`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

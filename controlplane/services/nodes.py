@@ -1,4 +1,5 @@
 """Node lifecycle: registration, heartbeats (the lease), lease expiry with fencing, drain, preemption."""
+
 from __future__ import annotations
 
 import hashlib
@@ -80,7 +81,9 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
     if credential is None:
         raise PermissionDenied("this agent token is not valid")
     if credential.node_name != message.node:
-        raise PermissionDenied(f"this token belongs to node {credential.node_name!r}, not {message.node!r}", field="node")
+        raise PermissionDenied(
+            f"this token belongs to node {credential.node_name!r}, not {message.node!r}", field="node"
+        )
     if not message.slots:
         raise InvalidInput("a node needs at least one GPU slot", field="slots")
     indexes = [s.index for s in message.slots]
@@ -93,7 +96,10 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         if node is None:
             node = Node.objects.create(name=message.node, pool=message.pool, hardware=message.hardware, epoch=0)
         elif node.pool != message.pool and Worker.objects.filter(node=node, alive=True).exists():
-            raise Conflict(f"node {node.name} has live workers; it cannot move from pool {node.pool} to {message.pool}", field="pool")
+            raise Conflict(
+                f"node {node.name} has live workers; it cannot move from pool {node.pool} to {message.pool}",
+                field="pool",
+            )
         new_incarnation = not created and node.incarnation != message.incarnation
         superseded = node.agent_channel if node.agent_channel != channel else ""
         node.pool = message.pool
@@ -117,9 +123,13 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         for slot in message.slots:
             g = existing.pop(slot.index, None)
             if g is None:
-                GPU.objects.create(node=node, index=slot.index, hardware=slot.hardware, memory_mb=slot.memory_mb, zone=zone)
+                GPU.objects.create(
+                    node=node, index=slot.index, hardware=slot.hardware, memory_mb=slot.memory_mb, zone=zone
+                )
             else:
-                GPU.objects.filter(pk=g.pk).update(hardware=slot.hardware, memory_mb=slot.memory_mb, zone=zone, present=True)
+                GPU.objects.filter(pk=g.pk).update(
+                    hardware=slot.hardware, memory_mb=slot.memory_mb, zone=zone, present=True
+                )
         for g in existing.values():  # slots the agent no longer reports
             GPU.objects.filter(pk=g.pk).update(present=False)
         emit(
@@ -128,8 +138,13 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
             + (" superseding another socket" if superseded else ""),
             node=node,
             actor=f"agent:{node.name}",
-            data={"incarnation": message.incarnation, "new_incarnation": new_incarnation, "created": created,
-                  "superseded": bool(superseded), "address": node.address},
+            data={
+                "incarnation": message.incarnation,
+                "new_incarnation": new_incarnation,
+                "created": created,
+                "superseded": bool(superseded),
+                "address": node.address,
+            },
         )
         push_node(node.pk)
         replan_live_jobs("capacity_change")  # new (or returning) GPUs: every job may grow, pending ones start
@@ -157,7 +172,14 @@ def _endpoint_on(node: Node, reported: str) -> str | None:
         port = url.port
     except ValueError:
         return None
-    if url.scheme != "http" or not url.hostname or port is None or url.path not in ("", "/") or url.query or url.username:
+    if (
+        url.scheme != "http"
+        or not url.hostname
+        or port is None
+        or url.path not in ("", "/")
+        or url.query
+        or url.username
+    ):
         return None
     host = url.hostname
     if _is_loopback(node.address) and host not in (node.address, "127.0.0.1", "localhost", "::1"):
@@ -203,7 +225,9 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         publishing = _publishing_jobs(node_id, message)
         if publishing:
             list(locked(Job.objects.filter(pk__in=publishing)).order_by("pk"))
-            lock_nodes([node_id, *Worker.objects.filter(job_id__in=publishing, alive=True).values_list("node_id", flat=True)])
+            lock_nodes(
+                [node_id, *Worker.objects.filter(job_id__in=publishing, alive=True).values_list("node_id", flat=True)]
+            )
         node = _holder(node_id, channel, message.epoch)
         recovered = node.status == NodeStatus.NOT_READY
         checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
@@ -215,9 +239,15 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         node.observed = _observed(message)
         if recovered:
             node.status = NodeStatus.READY
-        node.save(update_fields=["last_heartbeat", "lease_expires", "applied_generation", "observed", "status", "updated"])
-        mine = {w.id: w for w in Worker.objects.filter(node=node, alive=True, id__in=[o.worker_id for o in message.workers])
-                .select_related("job")}
+        node.save(
+            update_fields=["last_heartbeat", "lease_expires", "applied_generation", "observed", "status", "updated"]
+        )
+        mine = {
+            w.id: w
+            for w in Worker.objects.filter(
+                node=node, alive=True, id__in=[o.worker_id for o in message.workers]
+            ).select_related("job")
+        }
         bindings: dict[int, list[int]] | None = None
         # trainers first: a rollout worker on the same node may already hold the version its trainer
         # publishes in this very heartbeat
@@ -244,10 +274,14 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 if _publishes(w, version, endpoint):
                     _publish_weights(w.job_id, version, node)
                     published[w.job_id] = max(published.get(w.job_id, 0), version)
-            if o.devices and o.state == "running" and checked.get(o.worker_id) != o.devices:  # G_w is fixed for life: once per report change
+            if (
+                o.devices and o.state == "running" and checked.get(o.worker_id) != o.devices
+            ):  # G_w is fixed for life: once per report change
                 if bindings is None:  # one query for the whole heartbeat, only when a worker reports devices
                     bindings = defaultdict(list)
-                    for wid, index in WorkerGPU.objects.filter(worker_id__in=list(mine), alive=True).values_list("worker_id", "gpu__index"):
+                    for wid, index in WorkerGPU.objects.filter(worker_id__in=list(mine), alive=True).values_list(
+                        "worker_id", "gpu__index"
+                    ):
                         bindings[wid].append(index)
                 bound = sorted(bindings[w.pk])
                 if sorted(o.devices) != bound:
@@ -256,14 +290,30 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
             notify_drivers_on_commit(w.job_id for w in mine.values())
             kick_executor_on_commit(w.job_id for w in mine.values())  # transition steps are confirmed by these facts
         if refused:
-            emit(kind="agent.refused", message=f"node {node.name}: refused " + "; ".join(refused)[:1000], node=node,
-                 actor=f"agent:{node.name}", data={"refused": refused[:64]})
+            emit(
+                kind="agent.refused",
+                message=f"node {node.name}: refused " + "; ".join(refused)[:1000],
+                node=node,
+                actor=f"agent:{node.name}",
+                data={"refused": refused[:64]},
+            )
         if recovered:
-            emit(kind="node.recovered", message=f"node {node.name} is heartbeating again", node=node, actor=f"agent:{node.name}")
+            emit(
+                kind="node.recovered",
+                message=f"node {node.name} is heartbeating again",
+                node=node,
+                actor=f"agent:{node.name}",
+            )
         push_delta_on_commit(
-            kind="heartbeat", key=str(node.pk),
-            data={"id": node.pk, "name": node.name, "last_heartbeat": now.isoformat(), "status": node.status,
-                  "applied_generation": node.applied_generation},
+            kind="heartbeat",
+            key=str(node.pk),
+            data={
+                "id": node.pk,
+                "name": node.name,
+                "last_heartbeat": now.isoformat(),
+                "status": node.status,
+                "applied_generation": node.applied_generation,
+            },
         )
         if recovered:
             push_node(node.pk)
@@ -275,9 +325,17 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
 def _observed(message: Heartbeat) -> list[dict[str, Any]]:
     """The report as the row stores it (`Node.observed`)."""
     return [
-        {"worker_id": w.worker_id, "role": w.role, "activity": w.activity, "state": w.state,
-         "weight_version": w.weight_version, "endpoint": w.endpoint, "inflight": w.inflight,
-         "generation": w.generation, "devices": w.devices}
+        {
+            "worker_id": w.worker_id,
+            "role": w.role,
+            "activity": w.activity,
+            "state": w.state,
+            "weight_version": w.weight_version,
+            "endpoint": w.endpoint,
+            "inflight": w.inflight,
+            "generation": w.generation,
+            "devices": w.devices,
+        }
         for w in message.workers
     ]
 
@@ -308,11 +366,18 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
     left (one UPDATE, at most once per DB_REFRESH_S). None: anything differs (another socket, another epoch,
     a recovering node, a new report, a record Redis lacks or that extends another row lease): the full,
     locked path decides, exactly as before."""
-    row = (Node.objects.filter(pk=node_id)
-           .only("id", "epoch", "agent_channel", "generation", "applied_generation", "status", "observed",
-                 "lease_expires").first())
-    if (row is None or row.agent_channel != channel or row.epoch != message.epoch or row.status == NodeStatus.NOT_READY
-            or row.lease_expires is None):
+    row = (
+        Node.objects.filter(pk=node_id)
+        .only("id", "epoch", "agent_channel", "generation", "applied_generation", "status", "observed", "lease_expires")
+        .first()
+    )
+    if (
+        row is None
+        or row.agent_channel != channel
+        or row.epoch != message.epoch
+        or row.status == NodeStatus.NOT_READY
+        or row.lease_expires is None
+    ):
         return None
     if row.applied_generation != min(message.generation, row.generation) or row.observed != _observed(message):
         return None
@@ -326,12 +391,14 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
             leases.renew(node_id, expires=expires)
             return HeartbeatResult([], row.generation)
         new_lease = leases.coarse_row_lease(now)  # the coarse last-seen: one fenced UPDATE, no transaction block
-        written = Node.objects.filter(pk=node_id, epoch=row.epoch, agent_channel=channel,
-                                      lease_expires=row.lease_expires).update(last_heartbeat=now, lease_expires=new_lease)
+        written = Node.objects.filter(
+            pk=node_id, epoch=row.epoch, agent_channel=channel, lease_expires=row.lease_expires
+        ).update(last_heartbeat=now, lease_expires=new_lease)
         if not written:
             return None
-        leases.renew(node_id, expires=expires,
-                     record=leases.Holder(epoch=row.epoch, base=leases.iso(new_lease), digest=digest))
+        leases.renew(
+            node_id, expires=expires, record=leases.Holder(epoch=row.epoch, base=leases.iso(new_lease), digest=digest)
+        )
     except redis.RedisError:
         return None  # the database path renews the row's exact lease, as without Redis
     return HeartbeatResult([], row.generation)
@@ -361,8 +428,14 @@ def _publishing_jobs(node_id: int, message: Heartbeat) -> set[int]:
 
 def _routing_facts(o: dict[str, Any]) -> tuple[Any, ...]:
     """What a driver routes by, of one observed worker (load changes do not count, idleness does)."""
-    return (o.get("state"), o.get("role"), o.get("activity"), o.get("weight_version"), o.get("endpoint"),
-            int(o.get("inflight", 0)) == 0)
+    return (
+        o.get("state"),
+        o.get("role"),
+        o.get("activity"),
+        o.get("weight_version"),
+        o.get("endpoint"),
+        int(o.get("inflight", 0)) == 0,
+    )
 
 
 def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
@@ -379,8 +452,12 @@ def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
             + (f" ({len(message.aborted)} aborted request(s) kept)" if message.aborted else ""),
             node=node,
             actor=principal.actor,
-            data={"worker_id": message.worker_id, "kind": message.kind[:40], "detail": message.detail[:2000],
-                  "aborted": message.aborted},
+            data={
+                "worker_id": message.worker_id,
+                "kind": message.kind[:40],
+                "detail": message.detail[:2000],
+                "aborted": message.aborted,
+            },
         )
 
 
@@ -400,8 +477,14 @@ def _publish_weights(job_id: int, version: int, node: Node) -> None:
     if version > job.weight_version:
         job.weight_version = version
         job.save(update_fields=["weight_version", "updated"])
-        emit(kind="weights.published", message=f"{job.name}: weights v{version}", job=job, node=node,
-             actor=f"agent:{node.name}", data={"version": version})
+        emit(
+            kind="weights.published",
+            message=f"{job.name}: weights v{version}",
+            job=job,
+            node=node,
+            actor=f"agent:{node.name}",
+            data={"version": version},
+        )
     for other in Node.objects.filter(workers__job=job, workers__alive=True).distinct().order_by("pk"):
         bump_generation(other)
 
@@ -446,7 +529,9 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
     except redis.RedisError:
         from_redis = set()
     from_rows = set(
-        Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING], lease_expires__lt=now).values_list("id", flat=True)
+        Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING], lease_expires__lt=now).values_list(
+            "id", flat=True
+        )
     )
     stale: list[int] = []  # Redis renewals that ran out but do not decide (the row was written behind them)
     for node_id in sorted(from_redis | from_rows):
@@ -545,7 +630,9 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
     """Nodes past their preemption deadline are gone: their workers stop and their GPUs leave."""
     now = now or timezone.now()
     gone: list[str] = []
-    for node_id in Node.objects.filter(preemption_deadline__lt=now).exclude(status=NodeStatus.GONE).values_list("id", flat=True):
+    for node_id in (
+        Node.objects.filter(preemption_deadline__lt=now).exclude(status=NodeStatus.GONE).values_list("id", flat=True)
+    ):
         with transaction.atomic():
             node = locked(Node.objects.filter(pk=node_id)).first()
             if node is None or node.status == NodeStatus.GONE:
@@ -554,8 +641,12 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
             Worker.objects.filter(id__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
             WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
             GPU.objects.filter(node=node).update(present=False)
-            _node_lost(node, status=NodeStatus.GONE, kind="node.gone",
-                       message=f"node {node.name} was preempted; {len(ids)} worker(s) removed")
+            _node_lost(
+                node,
+                status=NodeStatus.GONE,
+                kind="node.gone",
+                message=f"node {node.name} was preempted; {len(ids)} worker(s) removed",
+            )
             gone.append(node.name)
     return gone
 
@@ -580,8 +671,13 @@ def undrain_node(*, node_id: int, actor: str) -> Node:
         node.save(update_fields=["status", "preemption_deadline", "updated"])
         GPU.objects.filter(node=node).update(present=True)
         bump_generation(node)
-        emit(kind="node.returned", message=f"node {node.name} returned to service ({before} → {node.status})",
-             node=node, actor=actor, data={"before": before, "after": node.status})
+        emit(
+            kind="node.returned",
+            message=f"node {node.name} returned to service ({before} → {node.status})",
+            node=node,
+            actor=actor,
+            data={"before": before, "after": node.status},
+        )
         push_node(node.pk)
         replan_live_jobs("capacity_change")
     return node

@@ -1,6 +1,7 @@
 """The plan queue: the signals that ask for a job's re-plan, kept in Redis per job, so that one plan task
 at a time (single flight) plans once for every signal queued meanwhile; a job with a transition in
 flight keeps its signals aside until the transition ends. No signal is dropped."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,6 +58,7 @@ def _take_all(r: Any, key: str) -> set[str]:
 
 def resume_deferred_plans(job_id: int) -> None:
     """A transition of the job ended: the signals that came meanwhile are planned now (after commit)."""
+
     def resume() -> None:
         for signal in _take_all(dispatch.redis_client(), f"pearl:plan:{job_id}:deferred"):
             _enqueue_now(job_id, signal)

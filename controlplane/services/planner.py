@@ -8,6 +8,7 @@ A *unit* is a group of `tp` GPU slots on one node. Dedicated units live on ready
 nodes; overlap units are the job's training-GPU groups, where a training worker and an (initially
 inactive) overlap rollout worker share the GPUs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,17 @@ from controlplane.core.profiles import get_profile
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
-from controlplane.models import GPU, Decision, Job, Override, TelemetrySample, Transition, TransitionStep, Worker, WorkerGPU
+from controlplane.models import (
+    GPU,
+    Decision,
+    Job,
+    Override,
+    TelemetrySample,
+    Transition,
+    TransitionStep,
+    Worker,
+    WorkerGPU,
+)
 from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
@@ -47,16 +58,21 @@ def _free_units(tp: int, hardware: str) -> list[Unit]:
     bound = set(WorkerGPU.objects.filter(alive=True, kind="rollout").values_list("gpu_id", flat=True))
     groups: dict[tuple[int, str], list[int]] = {}
     for gid, node_id, pool, index in (
-        GPU.objects.filter(present=True, hardware__iexact=hardware, node__status=NodeStatus.READY,
-                           node__pool__in=[Pool.RESERVED, Pool.ELASTIC])
-        .order_by("node__name", "index").values_list("id", "node_id", "node__pool", "index")
+        GPU.objects.filter(
+            present=True,
+            hardware__iexact=hardware,
+            node__status=NodeStatus.READY,
+            node__pool__in=[Pool.RESERVED, Pool.ELASTIC],
+        )
+        .order_by("node__name", "index")
+        .values_list("id", "node_id", "node__pool", "index")
     ):
         if gid not in bound:
             groups.setdefault((node_id, pool), []).append(index)
     units = []
     for (node_id, pool), idx in groups.items():
         for i in range(0, len(idx) - tp + 1, tp):
-            units.append(Unit(("free", node_id, tuple(idx[i: i + tp])), Pool(pool)))
+            units.append(Unit(("free", node_id, tuple(idx[i : i + tp])), Pool(pool)))
     return units
 
 
@@ -67,16 +83,24 @@ def ensure_training_workers(job: Job) -> int:
     want = job.training_gpus // job.tp
     bound = set(WorkerGPU.objects.filter(alive=True, kind="training").values_list("gpu_id", flat=True))
     groups: dict[int, list[int]] = {}
-    for gid, node_id, index in (GPU.objects.filter(present=True, hardware__iexact=job.hardware,
-                                                   node__status=NodeStatus.READY, node__pool=Pool.TRAINING)
-                                .order_by("node__name", "index").values_list("id", "node_id", "index")):
+    for gid, node_id, index in (
+        GPU.objects.filter(
+            present=True, hardware__iexact=job.hardware, node__status=NodeStatus.READY, node__pool=Pool.TRAINING
+        )
+        .order_by("node__name", "index")
+        .values_list("id", "node_id", "index")
+    ):
         if gid not in bound:
             groups.setdefault(node_id, []).append(index)
-    units = [(n, idx[i: i + job.tp]) for n, idx in groups.items() for i in range(0, len(idx) - job.tp + 1, job.tp)]
+    units = [(n, idx[i : i + job.tp]) for n, idx in groups.items() for i in range(0, len(idx) - job.tp + 1, job.tp)]
     created = 0
     for node_id, gpus in units[: max(0, want - have)]:
-        start_worker(job_id=job.pk, node_id=node_id, gpu_indexes=list(gpus), role=Role.TRAINING, activity=Activity.INACTIVE)
-        start_worker(job_id=job.pk, node_id=node_id, gpu_indexes=list(gpus), role=Role.COLOCATED, activity=Activity.INACTIVE)
+        start_worker(
+            job_id=job.pk, node_id=node_id, gpu_indexes=list(gpus), role=Role.TRAINING, activity=Activity.INACTIVE
+        )
+        start_worker(
+            job_id=job.pk, node_id=node_id, gpu_indexes=list(gpus), role=Role.COLOCATED, activity=Activity.INACTIVE
+        )
         created += 1
     return created
 
@@ -92,8 +116,17 @@ def job_inventory(job: Job) -> Inventory:
             continue
         ready = w.node.status == NodeStatus.READY
         role = Role(w.role) if (w.zone == Zone.ROLLOUT or w.activity != Activity.INACTIVE) else None
-        units.append(Unit(("w", w.slot), Pool(w.node.pool), w.slot, role, leaving=not ready,
-                          busy=w.activity == Activity.TRANSITIONING, inflight=w.inflight))
+        units.append(
+            Unit(
+                ("w", w.slot),
+                Pool(w.node.pool),
+                w.slot,
+                role,
+                leaving=not ready,
+                busy=w.activity == Activity.TRANSITIONING,
+                inflight=w.inflight,
+            )
+        )
     units += _free_units(job.tp, job.hardware)
     cap = job.rollout_gpus // job.tp if job.rollout_gpus else None
     return Inventory(tuple(units), frozenset(taken), cap, job.training_active)
@@ -103,9 +136,16 @@ def job_policy(job: Job) -> Policy:
     """The job's policy with its options, its runtime tracker refitted from stored telemetry and
     the state it carried from the last signal."""
     profile = get_profile(job.hardware, job.model, tp=job.tp)
-    policy = make_policy(job.policy, profile=profile, batch_size=job.batch_size,
-                         max_trajectory_tokens=job.max_trajectory_tokens, **(job.policy_options or {}))
-    samples = TelemetrySample.objects.filter(job=job).order_by("-id").values_list("record", flat=True)[:TELEMETRY_WINDOW]
+    policy = make_policy(
+        job.policy,
+        profile=profile,
+        batch_size=job.batch_size,
+        max_trajectory_tokens=job.max_trajectory_tokens,
+        **(job.policy_options or {}),
+    )
+    samples = (
+        TelemetrySample.objects.filter(job=job).order_by("-id").values_list("record", flat=True)[:TELEMETRY_WINDOW]
+    )
     for raw in reversed(list(samples)):
         policy.observe(TelemetryRecord.from_json(raw))
     policy.load_state(job.policy_state or {})
@@ -117,8 +157,14 @@ def job_overrides(job: Job) -> Overrides:
     if o is None:
         return Overrides()
     ratio = (o.force_n_prefill, o.force_n_decode) if o.force_n_prefill and o.force_n_decode else None
-    return Overrides(force_mode=o.force_mode or None, force_ratio=ratio, exact_ratio=o.force_exact, freeze=o.freeze,
-                     borrowing=o.borrowing, elasticity=o.elasticity)
+    return Overrides(
+        force_mode=o.force_mode or None,
+        force_ratio=ratio,
+        exact_ratio=o.force_exact,
+        freeze=o.freeze,
+        borrowing=o.borrowing,
+        elasticity=o.elasticity,
+    )
 
 
 def _candidates(decision: Any) -> list[dict[str, Any]]:
@@ -130,8 +176,9 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def plan_job(*, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planner",
-             now_s: float | None = None) -> Transition | None:
+def plan_job(
+    *, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planner", now_s: float | None = None
+) -> Transition | None:
     """Run ①–③ for a job; returns the new Transition (executed by `executor.execute_transition`) or None.
     Timed by `latency.PLAN_SECONDS`."""
     with latency.PLAN_SECONDS.labels(signal=latency.signal_label(signal)).time():
@@ -154,8 +201,15 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             inv = replace(inv, returned=job.returned_at_training_begin)
             Job.objects.filter(pk=job.pk).update(returned_at_training_begin=0)  # told once (a driver may repeat TB)
         remaining = job.remaining if job.remaining is not None else job.batch_size
-        p = place(inv, policy, signal=Signal(signal), now_s=timezone.now().timestamp() if now_s is None else now_s,
-                  batch_size=job.batch_size, remaining=remaining, overrides=job_overrides(job))
+        p = place(
+            inv,
+            policy,
+            signal=Signal(signal),
+            now_s=timezone.now().timestamp() if now_s is None else now_s,
+            batch_size=job.batch_size,
+            remaining=remaining,
+            overrides=job_overrides(job),
+        )
         job.policy_state = policy.state()
         target = p.target
         waiting = _admission(job, p)
@@ -166,14 +220,24 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
         if waiting and (job.status == Job.Status.PENDING or target.total == 0):
             return None  # admitted only once it can run: never "running" on nothing
         last = Decision.objects.filter(job=job).first()
-        if (signal == Signal.PERIODIC and last is not None and last.budget == p.budget and last.borrow == p.borrow
-                and (last.mode, last.n_prefill, last.n_decode, last.n_colocated) == (
-                    target.mode, target.n_prefill, target.n_decode, target.n_colocated)
-                and target == p.current):
+        if (
+            signal == Signal.PERIODIC
+            and last is not None
+            and last.budget == p.budget
+            and last.borrow == p.borrow
+            and (last.mode, last.n_prefill, last.n_decode, last.n_colocated)
+            == (target.mode, target.n_prefill, target.n_decode, target.n_colocated)
+            and target == p.current
+        ):
             job.save(update_fields=["policy_state", "updated"])
             return None  # a periodic re-plan that changes nothing leaves no row behind
         decision = _record_decision(job, signal, p)
-        job.mode, job.n_prefill, job.n_decode, job.n_colocated = target.mode, target.n_prefill, target.n_decode, target.n_colocated
+        job.mode, job.n_prefill, job.n_decode, job.n_colocated = (
+            target.mode,
+            target.n_prefill,
+            target.n_decode,
+            target.n_colocated,
+        )
         if job.status == Job.Status.PENDING:
             job.status = Job.Status.RUNNING
         job.save(update_fields=["mode", "n_prefill", "n_decode", "n_colocated", "status", "policy_state", "updated"])
@@ -193,11 +257,15 @@ def _admission(job: Job, p: Placement) -> str:
     want = job.training_gpus // job.tp
     have = Worker.objects.filter(job=job, alive=True, role=Role.TRAINING).count()
     if have < want:
-        reasons.append(f"waiting for training GPUs: {have * job.tp} of {job.training_gpus} bound (no free {job.tp}-GPU "
-                       f"{job.hardware} group on a ready training node; add or undrain one)")
+        reasons.append(
+            f"waiting for training GPUs: {have * job.tp} of {job.training_gpus} bound (no free {job.tp}-GPU "
+            f"{job.hardware} group on a ready training node; add or undrain one)"
+        )
     if p.target.total == 0:
-        reasons.append(f"waiting for rollout GPUs: no free {job.tp}-GPU {job.hardware} group on a ready reserved or elastic node "
-                       f"(other jobs hold them, or none is registered)")
+        reasons.append(
+            f"waiting for rollout GPUs: no free {job.tp}-GPU {job.hardware} group on a ready reserved or elastic node "
+            f"(other jobs hold them, or none is registered)"
+        )
     return "; ".join(reasons)
 
 
@@ -213,13 +281,21 @@ def plan_job_isolated(*, job_id: int, signal: str = Signal.PERIODIC) -> Transiti
         fail_job(job_id=job_id, reason=f"the job cannot be planned: {exc}", actor="planner")
     except ServiceError as exc:
         with transaction.atomic():
-            emit(kind="plan.deferred", job=Job.objects.filter(pk=job_id).first(), actor="planner",
-                 message=f"re-plan of job {job_id} deferred: {exc.message}")
+            emit(
+                kind="plan.deferred",
+                job=Job.objects.filter(pk=job_id).first(),
+                actor="planner",
+                message=f"re-plan of job {job_id} deferred: {exc.message}",
+            )
     except Exception as exc:  # a bug: recorded for a person, the other jobs go on
         log.exception("planning job %s failed", job_id)
         with transaction.atomic():
-            emit(kind="plan.error", job=Job.objects.filter(pk=job_id).first(), actor="planner",
-                 message=f"re-plan of job {job_id} failed: {type(exc).__name__}: {exc}"[:2000])
+            emit(
+                kind="plan.error",
+                job=Job.objects.filter(pk=job_id).first(),
+                actor="planner",
+                message=f"re-plan of job {job_id} failed: {type(exc).__name__}: {exc}"[:2000],
+            )
     return None
 
 
@@ -227,15 +303,34 @@ def _record_decision(job: Job, signal: str, p: Placement) -> Decision:
     d = p.action.decision
     target = p.target
     decision = Decision.objects.create(
-        job=job, signal=str(signal), budget=p.budget,
+        job=job,
+        signal=str(signal),
+        budget=p.budget,
         profile={k: v for k, v in d.inputs.items() if isinstance(v, (int, float, str, bool, dict, list))},
-        candidates=_candidates(d), mode=target.mode, n_prefill=target.n_prefill, n_decode=target.n_decode,
-        n_colocated=target.n_colocated, borrow=p.borrow, predicted_makespan_s=_finite(d.predicted_makespan_s),
-        expected_gain=_finite(d.expected_gain) or 0.0, admitted=d.admitted, reason=d.reason,
+        candidates=_candidates(d),
+        mode=target.mode,
+        n_prefill=target.n_prefill,
+        n_decode=target.n_decode,
+        n_colocated=target.n_colocated,
+        borrow=p.borrow,
+        predicted_makespan_s=_finite(d.predicted_makespan_s),
+        expected_gain=_finite(d.expected_gain) or 0.0,
+        admitted=d.admitted,
+        reason=d.reason,
     )
-    push_delta_on_commit(kind="decision", key=str(decision.pk), data={
-        "id": decision.pk, "job": job.name, "label": target.label(), "admitted": decision.admitted,
-        "reason": decision.reason, "predicted_makespan_s": decision.predicted_makespan_s, "borrow": p.borrow})
+    push_delta_on_commit(
+        kind="decision",
+        key=str(decision.pk),
+        data={
+            "id": decision.pk,
+            "job": job.name,
+            "label": target.label(),
+            "admitted": decision.admitted,
+            "reason": decision.reason,
+            "predicted_makespan_s": decision.predicted_makespan_s,
+            "borrow": p.borrow,
+        },
+    )
     notify_drivers_on_commit([job.pk])  # the loop records the prediction against its step
     return decision
 
@@ -243,10 +338,18 @@ def _record_decision(job: Job, signal: str, p: Placement) -> Decision:
 def _record_transition(job: Job, decision: Decision, p: Placement, actor: str) -> Transition:
     plan = p.plan
     transition = Transition.objects.create(
-        job=job, decision=decision,
-        plan={"add": {str(k): str(v) for k, v in plan.add.items()}, "remove": list(plan.remove),
-              "reassign": {str(k): str(v) for k, v in plan.reassign.items()}, "cost": plan.cost,
-              "d_worker": plan.d_worker, "d_role": plan.d_role, "target": p.target.label(), "borrow": p.borrow},
+        job=job,
+        decision=decision,
+        plan={
+            "add": {str(k): str(v) for k, v in plan.add.items()},
+            "remove": list(plan.remove),
+            "reassign": {str(k): str(v) for k, v in plan.reassign.items()},
+            "cost": plan.cost,
+            "d_worker": plan.d_worker,
+            "d_role": plan.d_role,
+            "target": p.target.label(),
+            "borrow": p.borrow,
+        },
     )
     steps = []
     for i, st in enumerate(plan.steps):
@@ -254,14 +357,27 @@ def _record_transition(job: Job, decision: Decision, p: Placement, actor: str) -
         if st.kind == StepKind.START_WORKER:
             _, node_id, gpus = p.new_workers[st.worker].key  # type: ignore[misc]
             args |= {"node": node_id, "gpus": list(gpus)}
-        steps.append(TransitionStep(transition=transition, index=i, kind=st.kind, worker_slot=st.worker, args=args, key=st.key))
+        steps.append(
+            TransitionStep(transition=transition, index=i, kind=st.kind, worker_slot=st.worker, args=args, key=st.key)
+        )
     final = {str(s): str(r) for s, r in plan.result.items()}
-    steps.append(TransitionStep(transition=transition, index=len(steps), kind="finalize", args={"result": final},
-                                key=f"{plan.plan_id}:finalize"))
+    steps.append(
+        TransitionStep(
+            transition=transition,
+            index=len(steps),
+            kind="finalize",
+            args={"result": final},
+            key=f"{plan.plan_id}:finalize",
+        )
+    )
     TransitionStep.objects.bulk_create(steps)
     current = p.current
-    emit(kind="transition.planned", job=job, actor=actor,
-         message=f"{job.name}: {current.label() if current else 'nothing'} → {p.target.label()} "
-                 f"(+{len(plan.add)} −{len(plan.remove)} re-role {len(plan.reassign)}; borrow {p.borrow})",
-         data={"transition": transition.pk, "decision": decision.pk})
+    emit(
+        kind="transition.planned",
+        job=job,
+        actor=actor,
+        message=f"{job.name}: {current.label() if current else 'nothing'} → {p.target.label()} "
+        f"(+{len(plan.add)} −{len(plan.remove)} re-role {len(plan.reassign)}; borrow {p.borrow})",
+        data={"transition": transition.pk, "decision": decision.pk},
+    )
     return transition

@@ -5,6 +5,7 @@ a node agent may speak for the workers bound to its node and report telemetry fo
 rollout driver (one per job) becomes another constructor here (its job, that job's workers), and
 every intake check (`check_job`, `check_worker`) stays the same.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ Scheduler): progress (step, R), its elastic signals, and the loop's checkpoint.
 The loop runs in the job's rollout driver (`core.loop.RolloutLoop` on asyncio); these use cases are
 its only ways to change control-plane state. R feeds the Eq. 7 gate of every later plan.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,9 +26,14 @@ MAX_CHECKPOINT_BYTES = 8 << 20
 
 def loop_config(job: Job) -> LoopConfig:
     """The loop's parameters for this job (the driver builds its RolloutLoop from them)."""
-    return LoopConfig(batch_size=job.batch_size, group_size=job.group_size, max_staleness=job.max_staleness,
-                      return_deadline_s=float(getattr(settings, "PEARL_RETURN_DEADLINE_S", 30.0)),
-                      periodic_s=None, job=job.name)
+    return LoopConfig(
+        batch_size=job.batch_size,
+        group_size=job.group_size,
+        max_staleness=job.max_staleness,
+        return_deadline_s=float(getattr(settings, "PEARL_RETURN_DEADLINE_S", 30.0)),
+        periodic_s=None,
+        job=job.name,
+    )
 
 
 def report_progress(*, job_id: int, step: int, remaining: int) -> Job:
@@ -51,7 +57,9 @@ def report_signal(*, job_id: int, signal: str, remaining: int, actor: str) -> No
     try:
         sig = Signal(signal)
     except ValueError:
-        raise InvalidInput(f"unknown signal {signal!r}; expected one of {[s.value for s in Signal]}", field="signal") from None
+        raise InvalidInput(
+            f"unknown signal {signal!r}; expected one of {[s.value for s in Signal]}", field="signal"
+        ) from None
     with transaction.atomic():
         job = lock_job(job_id, live="it takes no signals")
         if not 0 <= remaining <= job.batch_size:

@@ -1,5 +1,6 @@
 """Transient database failures: a deadlock victim or a serialization failure is run again, whole, at an
 entry point (a socket message, a task); an API call answers 409 instead (`api.errors`)."""
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,12 @@ def retry_transient(fn: Callable[..., R], *args: Any, attempts: int = 4, **kwarg
         except DatabaseError as exc:
             if attempt == attempts or connection.in_atomic_block or not is_transient(exc):
                 raise
-            log.warning("%s: %s; retrying (%d of %d)", getattr(fn, "__name__", fn), str(exc).splitlines()[0],
-                        attempt, attempts - 1)
-            time.sleep(0.01 * 2 ** attempt)
+            log.warning(
+                "%s: %s; retrying (%d of %d)",
+                getattr(fn, "__name__", fn),
+                str(exc).splitlines()[0],
+                attempt,
+                attempts - 1,
+            )
+            time.sleep(0.01 * 2**attempt)
     raise AssertionError("unreachable")

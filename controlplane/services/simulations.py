@@ -3,6 +3,7 @@
 The summary is exactly `python -m controlplane.sim compare --json` (`compare_json`); the charts add, per
 policy, the throughput per step, the GPU–role timeline, the borrowed windows and each step's configuration
 and predicted vs simulated makespan (the decisions the policy made, step by step)."""
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,15 @@ def scenarios() -> list[dict[str, Any]]:
     out = []
     for name in list_scenarios():
         sc = get_scenario(name)
-        out.append({"name": name, "description": sc.description, "policies": list(sc.policies), "seed": sc.seed,
-                    "duration_s": sc.duration_s})
+        out.append(
+            {
+                "name": name,
+                "description": sc.description,
+                "policies": list(sc.policies),
+                "seed": sc.seed,
+                "duration_s": sc.duration_s,
+            }
+        )
     return out
 
 
@@ -41,12 +49,23 @@ def request_run(*, scenario: str, seed: int | None, policies: list[str], user: A
     sc = get_scenario(scenario)
     unknown = sorted(set(policies) - set(sc.policies))
     if unknown:
-        raise InvalidInput(f"policies {unknown} are not in scenario {scenario} (it has {list(sc.policies)})", field="policies")
+        raise InvalidInput(
+            f"policies {unknown} are not in scenario {scenario} (it has {list(sc.policies)})", field="policies"
+        )
     with transaction.atomic():
-        if SimulationRun.objects.filter(status__in=[SimulationRun.Status.PENDING, SimulationRun.Status.RUNNING]).count() >= 4:
+        if (
+            SimulationRun.objects.filter(
+                status__in=[SimulationRun.Status.PENDING, SimulationRun.Status.RUNNING]
+            ).count()
+            >= 4
+        ):
             raise Conflict("four simulations are already queued or running; wait for one to finish", field="scenario")
-        run = SimulationRun.objects.create(scenario=scenario, seed=sc.seed if seed is None else seed, policies=policies,
-                                           created_by=user if getattr(user, "is_authenticated", False) else None)
+        run = SimulationRun.objects.create(
+            scenario=scenario,
+            seed=sc.seed if seed is None else seed,
+            policies=policies,
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+        )
         dispatch.run_simulation_on_commit(run.pk)
         _push(run)
     return run
@@ -91,20 +110,38 @@ def _series(r: Any, tp: int) -> dict[str, Any]:
         timeline = timeline[::stride] + [timeline[-1]]
     return {
         "throughput": [[s, round(v, 3)] for s, v in per_step_throughput(r)],
-        "steps": [{"step": s.step, "start_s": round(s.start_s, 3), "makespan_s": round(s.makespan_s, 3),
-                   "predicted_makespan_s": s.predicted_makespan_s, "configuration": s.config_label}
-                  for s in r.step_stats],
-        "timeline": [{k: row[k] for k in ("t", "why", "prefill", "decode", "colocated", "borrowed", "transitioning")}
-                     | {"available_workers": row["available_gpus"] / tp} for row in timeline],
+        "steps": [
+            {
+                "step": s.step,
+                "start_s": round(s.start_s, 3),
+                "makespan_s": round(s.makespan_s, 3),
+                "predicted_makespan_s": s.predicted_makespan_s,
+                "configuration": s.config_label,
+            }
+            for s in r.step_stats
+        ],
+        "timeline": [
+            {k: row[k] for k in ("t", "why", "prefill", "decode", "colocated", "borrowed", "transitioning")}
+            | {"available_workers": row["available_gpus"] / tp}
+            for row in timeline
+        ],
         "borrow_windows": [[round(a, 3), round(b, 3), sid] for a, b, sid in r.borrow_windows],
     }
 
 
 def run_dict(sim: SimulationRun, *, full: bool = True) -> dict[str, Any]:
-    out = {"id": sim.pk, "scenario": sim.scenario, "seed": sim.seed, "policies": sim.policies, "status": sim.status,
-           "error": sim.error, "wall_s": sim.wall_s, "created": sim.created.isoformat(),
-           "finished": sim.finished.isoformat() if sim.finished else None,
-           "created_by": sim.created_by.username if sim.created_by_id and sim.created_by else None}
+    out = {
+        "id": sim.pk,
+        "scenario": sim.scenario,
+        "seed": sim.seed,
+        "policies": sim.policies,
+        "status": sim.status,
+        "error": sim.error,
+        "wall_s": sim.wall_s,
+        "created": sim.created.isoformat(),
+        "finished": sim.finished.isoformat() if sim.finished else None,
+        "created_by": sim.created_by.username if sim.created_by_id and sim.created_by else None,
+    }
     if full:
         out["result"] = sim.result
     return out

@@ -1,5 +1,6 @@
 """Telemetry intake: validate every record against the core schema and against what the sender owns,
 then store it for the tracker."""
+
 from __future__ import annotations
 
 from django.db import transaction
@@ -55,8 +56,9 @@ def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int
         created = TelemetrySample.objects.bulk_create(rows)
         for row in created:  # the job page's charts grow by one point per step, live
             if row.kind in HISTORY_KINDS and row.job_id is not None:
-                push_delta_on_commit(kind="series", key=str(row.job_id), data={"job": row.job_id, "kind": row.kind,
-                                                                               "record": row.record})
+                push_delta_on_commit(
+                    kind="series", key=str(row.job_id), data={"job": row.job_id, "kind": row.kind, "record": row.record}
+                )
     for seconds in turns:
         latency.TURN_SECONDS.observe(seconds)
     return len(rows)

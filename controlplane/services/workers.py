@@ -1,4 +1,5 @@
 """Worker lifecycle on the GPU–worker–role map: start, change role/activity (as a group), stop."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,20 +81,34 @@ def start_worker(
         try:
             with transaction.atomic():
                 worker = Worker.objects.create(
-                    job=job, slot=slot, node=node, zone=zone, role=role_, activity=activity_, engine=job.engine,
+                    job=job,
+                    slot=slot,
+                    node=node,
+                    zone=zone,
+                    role=role_,
+                    activity=activity_,
+                    engine=job.engine,
                     generation=node.generation + 1,
                 )
                 WorkerGPU.objects.bulk_create(
-                    [WorkerGPU(worker=worker, gpu=g, kind=kind, alive=True, active=activity_ is Activity.ACTIVE) for g in gpus]
+                    [
+                        WorkerGPU(worker=worker, gpu=g, kind=kind, alive=True, active=activity_ is Activity.ACTIVE)
+                        for g in gpus
+                    ]
                 )
         except IntegrityError as exc:  # database backstop: someone else holds the GPU or slot
-            raise InvariantViolation(f"GPU(s) {gpu_indexes} of node {node.name} are taken: {exc}", field="gpus") from None
+            raise InvariantViolation(
+                f"GPU(s) {gpu_indexes} of node {node.name} are taken: {exc}", field="gpus"
+            ) from None
         assert_invariants(job_ids=[job.pk], gpu_ids=[g.pk for g in gpus])
         bump_generation(node)
         emit(
             kind="worker.started",
             message=f"{job.name}: worker {slot} ({role_}) on {node.name} GPUs {gpu_indexes}",
-            job=job, node=node, actor=actor, data={"slot": slot, "role": role_, "activity": activity_, "gpus": gpu_indexes},
+            job=job,
+            node=node,
+            actor=actor,
+            data={"slot": slot, "role": role_, "activity": activity_, "gpus": gpu_indexes},
         )
         push_node(node.pk)
     return worker
@@ -145,7 +160,10 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
                 touched.append(w)
         # The pure check reads the new worker rows and explains a violation; then the bindings follow,
         # with the database constraints as the backstop.
-        assert_invariants(job_ids=[job.pk], gpu_ids=list(WorkerGPU.objects.filter(worker__in=touched).values_list("gpu_id", flat=True)))
+        assert_invariants(
+            job_ids=[job.pk],
+            gpu_ids=list(WorkerGPU.objects.filter(worker__in=touched).values_list("gpu_id", flat=True)),
+        )
         try:
             with transaction.atomic():
                 for w in touched:
@@ -159,7 +177,9 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
             emit(
                 kind="worker.changed",
                 message=f"{job.name}: " + ", ".join(f"w{w.slot}→{w.role}/{w.activity}" for w in touched),
-                job=job, actor=actor, data={"changes": [{"slot": w.slot, "role": w.role, "activity": w.activity} for w in touched]},
+                job=job,
+                actor=actor,
+                data={"changes": [{"slot": w.slot, "role": w.role, "activity": w.activity} for w in touched]},
             )
     return touched
 
@@ -173,9 +193,14 @@ def take_out(job_id: int, actor: str, change: Callable[[], object]) -> None:
         with transaction.atomic():
             change()
     except InvariantViolation:
-        group = list(Worker.objects.filter(job_id=job_id, alive=True, activity=Activity.ACTIVE).exclude(role=Role.TRAINING)
-                     .values_list("slot", flat=True))
-        change_workers(job_id=job_id, changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group], actor=actor)
+        group = list(
+            Worker.objects.filter(job_id=job_id, alive=True, activity=Activity.ACTIVE)
+            .exclude(role=Role.TRAINING)
+            .values_list("slot", flat=True)
+        )
+        change_workers(
+            job_id=job_id, changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group], actor=actor
+        )
         change()
 
 
@@ -184,11 +209,20 @@ def return_borrowed(job: Job, actor: str = "system") -> list[int]:
     trainer now, in the caller's transaction: its agent aborts in-flight turns (their callers resume
     them elsewhere from their prefixes) and puts it to sleep. The return is due by a deadline, so it
     does not wait for a re-plan; the plan that follows sees the workers parked. Returns their slots."""
-    lent = sorted(Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING)
-                  .exclude(activity=Activity.INACTIVE).values_list("slot", flat=True))
+    lent = sorted(
+        Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP)
+        .exclude(role=Role.TRAINING)
+        .exclude(activity=Activity.INACTIVE)
+        .values_list("slot", flat=True)
+    )
     if lent:
-        take_out(job.pk, actor, lambda: change_workers(
-            job_id=job.pk, changes=[WorkerChange(s, activity=Activity.INACTIVE) for s in lent], actor=actor))
+        take_out(
+            job.pk,
+            actor,
+            lambda: change_workers(
+                job_id=job.pk, changes=[WorkerChange(s, activity=Activity.INACTIVE) for s in lent], actor=actor
+            ),
+        )
     return lent
 
 
@@ -207,8 +241,13 @@ def stop_worker(*, job_id: int, slot: int, actor: str = "system") -> Worker:
         WorkerGPU.objects.filter(worker=worker).update(alive=False, active=False)
         assert_invariants(job_ids=[job_id])
         bump_generation(worker.node)
-        emit(kind="worker.stopped", message=f"{worker.job.name}: worker {slot} stopped", job=worker.job, node=worker.node, actor=actor,
-             data={"slot": slot})
+        emit(
+            kind="worker.stopped",
+            message=f"{worker.job.name}: worker {slot} stopped",
+            job=worker.job,
+            node=worker.node,
+            actor=actor,
+            data={"slot": slot},
+        )
         push_node(worker.node_id)
     return worker
-

@@ -10,6 +10,7 @@ policy gets the scenario's max trajectory length (`max_trajectory_tokens`), whic
 A static pool (the policy's `static_pool` trait) is sized from the scenario: the reserved GPUs, or the
 trace's mean rounded up to TP (`Scenario.large_pool_gpus`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -17,6 +17,7 @@ count as "handled by prefill". We report both: `prefill_token_share` counts ever
 goes through a prefill pass (computed + cache hits, SGLang's #new-token + #cached-token), and
 `computed_prefill_token_share` only the computed ones.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,21 +30,40 @@ from controlplane.sim.scenario import ClusterSpec, Scenario, get_scenario
 from controlplane.sim.traces import AvailabilityTrace
 
 PAPER = {
-    "prefill_token_share": 0.9668, "prefill_time_share": 0.2648, "decode_tok_s_per_gpu": 400.0,
-    "dp_16_to_24": 0.103, "dp_24_to_32": 0.089,
+    "prefill_token_share": 0.9668,
+    "prefill_time_share": 0.2648,
+    "decode_tok_s_per_gpu": 400.0,
+    "dp_16_to_24": 0.103,
+    "dp_24_to_32": 0.089,
 }
 TARGETS = {  # issue 11: the bands the simulator's inputs must reproduce
-    "prefill_token_share": (0.917, 1.0), "prefill_time_share": (0.165, 0.365),
-    "decode_tok_s_per_gpu": (200.0, 800.0), "dp_16_to_24": (0.073, 0.133), "dp_24_to_32": (0.059, 0.119),
+    "prefill_token_share": (0.917, 1.0),
+    "prefill_time_share": (0.165, 0.365),
+    "decode_tok_s_per_gpu": (200.0, 800.0),
+    "dp_16_to_24": (0.073, 0.133),
+    "dp_24_to_32": (0.059, 0.119),
 }
 
 
 def _constant(sc: Scenario, *, model: str, gpus: int, training_gpus: int, duration_s: float) -> Scenario:
-    cl = ClusterSpec(training_gpus=training_gpus, reserved_gpus=gpus, preemptible_gpus=0,
-                     hardware=sc.cluster.hardware, tp=sc.cluster.tp)
-    return replace(sc, name=f"calibration-{model}-{gpus}gpu", model=model, cluster=cl,
-                   trace=AvailabilityTrace((0.0,), (gpus,), name=f"constant-{gpus}"), duration_s=duration_s,
-                   policies=(names.FIXED,), variants={}, policy_options={})
+    cl = ClusterSpec(
+        training_gpus=training_gpus,
+        reserved_gpus=gpus,
+        preemptible_gpus=0,
+        hardware=sc.cluster.hardware,
+        tp=sc.cluster.tp,
+    )
+    return replace(
+        sc,
+        name=f"calibration-{model}-{gpus}gpu",
+        model=model,
+        cluster=cl,
+        trace=AvailabilityTrace((0.0,), (gpus,), name=f"constant-{gpus}"),
+        duration_s=duration_s,
+        policies=(names.FIXED,),
+        variants={},
+        policy_options={},
+    )
 
 
 def engine_stats(result_sim: Simulation) -> dict[str, float]:
@@ -63,27 +83,43 @@ def split_from_stats(st: dict[str, float], tp: int) -> dict[str, float]:
     return {
         "prefill_token_share": prompt / (prompt + dec) if prompt + dec else 0.0,
         "computed_prefill_token_share": st["prefill_tokens"] / (st["prefill_tokens"] + dec)
-        if st["prefill_tokens"] + dec else 0.0,
+        if st["prefill_tokens"] + dec
+        else 0.0,
         "prefill_time_share": st["prefill_s"] / busy if busy else 0.0,
         "decode_tok_s_per_gpu": st["pure_decode_tokens"] / st["pure_decode_s"] / tp if st["pure_decode_s"] else 0.0,
         "cache_hit_rate": st["cached_tokens"] / prompt if prompt else 0.0,
     }
 
 
-def token_time_split(base: Scenario, *, workers: int = 8, batch_size: int = 64, duration_s: float = 7200.0,
-                     model: str = "qwen3-30b-a3b", seed: int | None = None) -> dict[str, float]:
+def token_time_split(
+    base: Scenario,
+    *,
+    workers: int = 8,
+    batch_size: int = 64,
+    duration_s: float = 7200.0,
+    model: str = "qwen3-30b-a3b",
+    seed: int | None = None,
+) -> dict[str, float]:
     """PEARL §1's PD-interference measurement: `workers` colocated TP workers (ROLL), fixed pool."""
     tp = base.cluster.tp
-    sc = _constant(base, model=model, gpus=workers * tp, training_gpus=base.cluster.training_gpus,
-                   duration_s=duration_s)
+    sc = _constant(
+        base, model=model, gpus=workers * tp, training_gpus=base.cluster.training_gpus, duration_s=duration_s
+    )
     sc = replace(sc, workload=replace(sc.workload, batch_size=batch_size))
     sim = Simulation(sc, names.FIXED, seed=seed)
     sim.run()
     return split_from_stats(engine_stats(sim), tp)
 
 
-def dp_scaling(base: Scenario, *, gpus: tuple[int, ...] = (16, 24, 32), training_gpus: int = 8,
-               duration_s: float = 7200.0, model: str = "qwen3-8b", seed: int | None = None) -> dict[str, Any]:
+def dp_scaling(
+    base: Scenario,
+    *,
+    gpus: tuple[int, ...] = (16, 24, 32),
+    training_gpus: int = 8,
+    duration_s: float = 7200.0,
+    model: str = "qwen3-8b",
+    seed: int | None = None,
+) -> dict[str, Any]:
     """Fig. 2a: mean rollout makespan of a fixed colocated DP pool of each size (TP, batch fixed);
     the reductions are normalised to the first pool's time, as the paper's are."""
     warm = base.engine.warmup_steps
@@ -104,8 +140,13 @@ def motivation(base: Scenario | None = None, *, seed: int | None = None) -> dict
     split = token_time_split(base, seed=seed)
     dp = dp_scaling(base, seed=seed)
     stats = {**split, **{k: v for k, v in dp.items() if k.startswith("dp_")}}
-    return {"scenario": base.name, "stats": stats, "rollout_s": dp["rollout_s"], "paper": PAPER,
-            "within": {k: lo <= stats[k] <= hi for k, (lo, hi) in TARGETS.items()}}
+    return {
+        "scenario": base.name,
+        "stats": stats,
+        "rollout_s": dp["rollout_s"],
+        "paper": PAPER,
+        "within": {k: lo <= stats[k] <= hi for k, (lo, hi) in TARGETS.items()},
+    }
 
 
 __all__ = ["PAPER", "TARGETS", "dp_scaling", "engine_stats", "motivation", "split_from_stats", "token_time_split"]

@@ -1,4 +1,5 @@
 """`python -m controlplane.sim list | run | compare | calibrate` (see README.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,19 +43,34 @@ def _table(sc: Scenario, results: dict[str, RunResult], wall: float) -> str:
     rows = [cols]
     base = results.get(names.FIXED)
     for p, r in results.items():
-        rows.append([p, f"{r.throughput_tok_s:,.0f}", str(r.steps), f"{r.rollout_s_mean:.1f}", f"{r.train_s_mean:.1f}",
-                     str(r.transitions), f"{r.borrowed_gpu_s:,.0f}", str(r.return_deadline_misses), str(r.lost_tokens),
-                     "-" if r.predictor_mape is None else f"{r.predictor_mape:.1f}"])
+        rows.append(
+            [
+                p,
+                f"{r.throughput_tok_s:,.0f}",
+                str(r.steps),
+                f"{r.rollout_s_mean:.1f}",
+                f"{r.train_s_mean:.1f}",
+                str(r.transitions),
+                f"{r.borrowed_gpu_s:,.0f}",
+                str(r.return_deadline_misses),
+                str(r.lost_tokens),
+                "-" if r.predictor_mape is None else f"{r.predictor_mape:.1f}",
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = [f"scenario {sc.name} (seed {sc.seed}, {sc.duration_s:.0f} s virtual, trace mean "
-             f"{sc.trace.mean(sc.duration_s):.1f} GPUs) — {wall:.1f} s wall"]
+    lines = [
+        f"scenario {sc.name} (seed {sc.seed}, {sc.duration_s:.0f} s virtual, trace mean "
+        f"{sc.trace.mean(sc.duration_s):.1f} GPUs) — {wall:.1f} s wall"
+    ]
     for i, row in enumerate(rows):
         lines.append("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     if base and base.throughput_tok_s > 0:
-        lines.append("throughput vs fixed (ROLL): " + ", ".join(
-            f"{p} {r.throughput_tok_s / base.throughput_tok_s:.2f}x" for p, r in results.items()))
+        lines.append(
+            "throughput vs fixed (ROLL): "
+            + ", ".join(f"{p} {r.throughput_tok_s / base.throughput_tok_s:.2f}x" for p, r in results.items())
+        )
     return "\n".join(lines)
 
 
@@ -69,8 +85,9 @@ def _with_scenario_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controlplane.sim",
-                                 description="PEARL discrete-event cluster simulator")
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.sim", description="PEARL discrete-event cluster simulator"
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the shipped scenarios")
     r = _with_scenario_args(sub.add_parser("run", help="run one policy on one scenario"))

@@ -8,6 +8,7 @@ the world (`sim.world`: engines, KV links, environments, GPUs coming and going, 
 timings) and the trainer's duration (the profile's training-step cost). A figure from the
 simulator therefore says what the live loop and planner would do on that world.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -161,8 +162,15 @@ class SimCommands:
 class Simulation:
     """One run: `Simulation(scenario, names.PEARL).run()` (a policy or a scenario variant's name)."""
 
-    def __init__(self, scenario: Scenario, policy: str, *, seed: int | None = None,
-                 record_timeline: bool = False, trace: AvailabilityTrace | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: str,
+        *,
+        seed: int | None = None,
+        record_timeline: bool = False,
+        trace: AvailabilityTrace | None = None,
+    ) -> None:
         from controlplane.core.profiles import get_profile, plateau_batch
 
         self.sc = scenario
@@ -203,11 +211,18 @@ class Simulation:
         if dispatch == "jsq":  # RLBoost's Algorithm 2: JSQ with delayed dispatch at the plateau batch
             ctx = wl.max_length / 2  # a trajectory's context grows about linearly to the cap
             cap = plateau_batch(self.profile.coefficients(mean_context=ctx), ctx)
-        self.loop = lp.RolloutLoop(lp.LoopConfig(
-            batch_size=wl.batch_size, group_size=wl.group_size, max_staleness=1,
-            return_deadline_s=scenario.engine.return_deadline_s,
-            periodic_s=None if static else scenario.engine.periodic_s, job=scenario.name,
-            dispatch=dispatch, dispatch_cap=cap))
+        self.loop = lp.RolloutLoop(
+            lp.LoopConfig(
+                batch_size=wl.batch_size,
+                group_size=wl.group_size,
+                max_staleness=1,
+                return_deadline_s=scenario.engine.return_deadline_s,
+                periodic_s=None if static else scenario.engine.periodic_s,
+                job=scenario.name,
+                dispatch=dispatch,
+                dispatch_cap=cap,
+            )
+        )
         self.t = 0.0
         self.heap: list[tuple[float, int, int, Any, Any]] = []
         self._eseq = 0
@@ -261,9 +276,16 @@ class Simulation:
         inv = self.world.inventory(self.training_active)
         if signal is Signal.TRAINING_BEGIN:
             inv = replace(inv, returned=returned)
-        p = place(inv, self.policy, signal=signal, now_s=t,
-                  batch_size=self.sc.workload.batch_size, remaining=remaining, overrides=ov,
-                  future=self._future(t))
+        p = place(
+            inv,
+            self.policy,
+            signal=signal,
+            now_s=t,
+            batch_size=self.sc.workload.batch_size,
+            remaining=remaining,
+            overrides=ov,
+            future=self._future(t),
+        )
         changed = self.world.execute(p, t, self.free or p.action.free_reconfiguration) if p.target.total > 0 else False
         if changed and signal is not Signal.STEP_START:  # the step's own starting transition is not a change
             self.unstable()
@@ -276,16 +298,22 @@ class Simulation:
             if other is not None:
                 st.other_label, st.predicted_other_s = other
         pred = p.action.decision.predicted_makespan_s
-        self.feed(lp.Decided(t, signal, p.target if p.target.total > 0 else None,
-                             pred if math.isfinite(pred) else None, changed))
+        self.feed(
+            lp.Decided(
+                t, signal, p.target if p.target.total > 0 else None, pred if math.isfinite(pred) else None, changed
+            )
+        )
         return p
 
     def _future(self, t: float) -> tuple[AvailabilityPoint, ...]:
         if not self.free:
             return ()
         res, tp = self.sc.cluster.reserved_gpus, self.tp
-        return tuple(AvailabilityPoint(tt, (res + max(0, g - res) // tp * tp) // tp)
-                     for tt, g in self.trace.changes(self.sc.duration_s) if tt > t)
+        return tuple(
+            AvailabilityPoint(tt, (res + max(0, g - res) // tp * tp) // tp)
+            for tt, g in self.trace.changes(self.sc.duration_s)
+            if tt > t
+        )
 
     # ================================================================== run
     def run(self) -> RunResult:
@@ -366,8 +394,11 @@ class Simulation:
         done = [s for s in self.steps if s.end_s > 0]
         ro = [s.makespan_s for s in done]
         tr = [s.train_end_s - s.train_start_s - self.sc.engine.weight_sync_s for s in trained]
-        errs = [abs(s.predicted_makespan_s - s.makespan_s) / s.makespan_s
-                for s in done[warm:] if s.predicted_makespan_s and s.makespan_s > 0]
+        errs = [
+            abs(s.predicted_makespan_s - s.makespan_s) / s.makespan_s
+            for s in done[warm:]
+            if s.predicted_makespan_s and s.makespan_s > 0
+        ]
         mape = 100.0 * sum(errs) / len(errs) if errs else None
         start_mape, stable_n = step_start_mape(done[warm:])
         engine_tokens = sum(s.worker.tokens_out for s in w.slots.values())
@@ -375,17 +406,34 @@ class Simulation:
         loop = self.loop
         in_flight = loop.started_trajectories - loop.finished_trajectories - loop.stale_aborted
         return RunResult(
-            scenario=self.sc.name, policy=self.policy_name, seed=self.seed, throughput_tok_s=round(thr, 3),
-            steps=len(trained), rollout_s_mean=round(sum(ro) / len(ro), 3) if ro else 0.0,
-            train_s_mean=round(sum(tr) / len(tr), 3) if tr else 0.0, transitions=w.transitions,
-            borrowed_gpu_s=round(w.borrowed_gpu_s, 3), return_deadline_misses=loop.deadline_misses,
+            scenario=self.sc.name,
+            policy=self.policy_name,
+            seed=self.seed,
+            throughput_tok_s=round(thr, 3),
+            steps=len(trained),
+            rollout_s_mean=round(sum(ro) / len(ro), 3) if ro else 0.0,
+            train_s_mean=round(sum(tr) / len(tr), 3) if tr else 0.0,
+            transitions=w.transitions,
+            borrowed_gpu_s=round(w.borrowed_gpu_s, 3),
+            return_deadline_misses=loop.deadline_misses,
             lost_tokens=int(engine_tokens - w.traj_generated - inflight_tokens),
-            predictor_mape=None if mape is None else round(mape, 3), predictor_mape_start=start_mape,
-            stable_steps=stable_n, wall_s=wall, events=self.events,
-            step_stats=done, timeline=w.timeline, borrow_windows=w.borrow_windows,
-            conservation={"started": loop.started_trajectories, "done": loop.finished_trajectories,
-                          "in_flight": in_flight, "aborted": loop.stale_aborted, "engine_tokens": int(engine_tokens),
-                          "trajectory_tokens": int(w.traj_generated), "inflight_tokens": int(inflight_tokens)},
+            predictor_mape=None if mape is None else round(mape, 3),
+            predictor_mape_start=start_mape,
+            stable_steps=stable_n,
+            wall_s=wall,
+            events=self.events,
+            step_stats=done,
+            timeline=w.timeline,
+            borrow_windows=w.borrow_windows,
+            conservation={
+                "started": loop.started_trajectories,
+                "done": loop.finished_trajectories,
+                "in_flight": in_flight,
+                "aborted": loop.stale_aborted,
+                "engine_tokens": int(engine_tokens),
+                "trajectory_tokens": int(w.traj_generated),
+                "inflight_tokens": int(inflight_tokens),
+            },
         )
 
 
@@ -394,11 +442,11 @@ def window_throughput(trained: list[StepStats], warm: int, last: int | None = No
     `last` (default: the last trained): from the end of warm-up training to the end of the last one."""
     k = len(trained) - 1 if last is None else last
     if k > warm:
-        body = trained[warm + 1:k + 1]
+        body = trained[warm + 1 : k + 1]
         span = trained[k].train_end_s - trained[warm].train_end_s
         return sum(s.generated_tokens + s.train_tokens for s in body) / span if span > 0 else 0.0
     if trained:
-        return sum(s.generated_tokens + s.train_tokens for s in trained[:k + 1]) / trained[k].train_end_s
+        return sum(s.generated_tokens + s.train_tokens for s in trained[: k + 1]) / trained[k].train_end_s
     return 0.0
 
 
@@ -423,8 +471,11 @@ def step_start_mape(steps: list[StepStats]) -> tuple[dict[str, float | None], di
     out: dict[str, float | None] = {}
     counts: dict[str, int] = {}
     for mode in ("colocated", "disaggregated"):
-        errs = [abs(s.predicted_at_start_s - s.makespan_s) / s.makespan_s for s in steps
-                if s.stable and s.mode == mode and s.predicted_at_start_s and s.makespan_s > 0]
+        errs = [
+            abs(s.predicted_at_start_s - s.makespan_s) / s.makespan_s
+            for s in steps
+            if s.stable and s.mode == mode and s.predicted_at_start_s and s.makespan_s > 0
+        ]
         counts[mode] = len(errs)
         out[mode] = round(100.0 * sum(errs) / len(errs), 3) if errs else None
     return out, counts

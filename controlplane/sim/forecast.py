@@ -14,6 +14,7 @@ no trace change, no transition in flight), separately for
 
     forecast_accuracy(get_scenario("ablation-qwen3-30b-a3b-8gpu"))
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -61,15 +62,25 @@ def forecast_accuracy(scenario: Scenario, *, seed: int | None = None, policy: st
             continue
         if s.other_label not in pinned:
             r = _run(scenario, f"_forecast_pin_{s.other_label}", _pin_overrides(s.other_label), seed, policy)
-            pinned[s.other_label] = {x.step: x.makespan_s for x in r.step_stats
-                                     if x.end_s > 0 and x.stable and x.config_label == s.other_label}
+            pinned[s.other_label] = {
+                x.step: x.makespan_s
+                for x in r.step_stats
+                if x.end_s > 0 and x.stable and x.config_label == s.other_label
+            }
         actual = pinned[s.other_label].get(s.step)
         if actual is None:
             continue
         mode = "colocated" if s.other_label.endswith("C") else "disaggregated"
         other[mode].append((s.predicted_other_s, actual))
-        pairs.append({"step": s.step, "running": s.config_label, "forecast": s.other_label,
-                      "predicted_s": round(s.predicted_other_s, 2), "actual_s": round(actual, 2)})
+        pairs.append(
+            {
+                "step": s.step,
+                "running": s.config_label,
+                "forecast": s.other_label,
+                "predicted_s": round(s.predicted_other_s, 2),
+                "actual_s": round(actual, 2),
+            }
+        )
     return {
         "scenario": scenario.name,
         "own": {m: _mape(v) for m, v in own.items()},

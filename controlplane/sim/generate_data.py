@@ -1,4 +1,5 @@
 """Regenerates the shipped scenario and trace files: `python -m controlplane.sim.generate_data` (seeded)."""
+
 from pathlib import Path
 
 import yaml
@@ -40,8 +41,8 @@ for seg, spec in PAPER_SEGMENTS.items():
     (D / "traces" / f"bamboo-{seg}.csv").write_text(tr.to_csv())
     print(seg, tr.mean(7200), tr.n_changes(7200))
 paper = {
- "qwen3-8b": {"vs_roll": [2.17, 2.37], "vs_rlboost": {"seg1": 0.059, "seg2": 0.269, "seg3": 0.106}},
- "qwen3-30b-a3b": {"vs_roll": [2.43, 2.79], "vs_rlboost": {"seg1": 0.074, "seg2": 0.363, "seg3": 0.190}},
+    "qwen3-8b": {"vs_roll": [2.17, 2.37], "vs_rlboost": {"seg1": 0.059, "seg2": 0.269, "seg3": 0.106}},
+    "qwen3-30b-a3b": {"vs_roll": [2.43, 2.79], "vs_rlboost": {"seg1": 0.074, "seg2": 0.363, "seg3": 0.190}},
 }
 large = {"seg1": 14, "seg2": 10, "seg3": 12}
 short = {"qwen3-8b": "qwen3-8b", "qwen3-30b-a3b": "qwen3-30b-a3b"}
@@ -51,7 +52,7 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
         doc = {
             "name": name,
             "description": f"PEARL §7: {model}, SWE-bench-like, 32 H800 (16 train, 4 reserved, <=12 preemptible), "
-                           f"Bamboo {seg}",
+            f"Bamboo {seg}",
             "model": model,
             "cluster": {"training_gpus": 16, "reserved_gpus": 4, "preemptible_gpus": 12, "hardware": "H800", "tp": 2},
             "workload": {"batch_size": 64, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
@@ -63,8 +64,11 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             # RLBoost+ (RLBoost's Algorithms 1 and 2, simulator only); elastic = ungated seeding for
             # the whole idle window on every preemptible GPU (PEARL's component B without A and C), an ablation
             "policies": list(REGISTRY),
-            "paper": {"pearl_over_roll": paper[model]["vs_roll"], "pearl_over_rlboost": paper[model]["vs_rlboost"][seg],
-                      "segment": seg},
+            "paper": {
+                "pearl_over_roll": paper[model]["vs_roll"],
+                "pearl_over_rlboost": paper[model]["vs_rlboost"][seg],
+                "segment": seg,
+            },
         }
         (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         if seg == "seg1":
@@ -79,8 +83,10 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             het["cluster"] = {**doc["cluster"], "hardware": "H20", "training_hardware": "H800"}
             (D / "scenarios" / f"{het['name']}.yaml").write_text(yaml.safe_dump(het, sort_keys=False))
 # ablation: fixed 4..16 dedicated rollout GPUs, A / A+B / A+B+C vs ROLL on the same GPUs
-abl_paper = {"qwen3-8b": {4: (-0.206, 0.936, 0.923), "8-16": ((0.128, 0.153), (0.162, 0.265), (0.179, 0.265))},
-             "qwen3-30b-a3b": {4: (-0.309, 1.183, 1.295), "8-16": ((0.078, 0.089), (0.094, 0.262), (0.092, 0.275))}}
+abl_paper = {
+    "qwen3-8b": {4: (-0.206, 0.936, 0.923), "8-16": ((0.128, 0.153), (0.162, 0.265), (0.179, 0.265))},
+    "qwen3-30b-a3b": {4: (-0.309, 1.183, 1.295), "8-16": ((0.078, 0.089), (0.094, 0.262), (0.092, 0.275))},
+}
 for model in ("qwen3-8b", "qwen3-30b-a3b"):
     for g in (4, 8, 12, 16):
         name = f"ablation-{model}-{g}gpu"
@@ -96,7 +102,7 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
         doc = {
             "name": name,
             "description": f"PEARL Fig. 7 ablation: {model}, 16 training GPUs, fixed {g} rollout GPUs; "
-                           "A = PD ratio only, B = ungated borrowing, C = gate",
+            "A = PD ratio only, B = ungated borrowing, C = gate",
             "model": model,
             "cluster": {"training_gpus": 16, "reserved_gpus": g, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
             "workload": {"batch_size": 64, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
@@ -105,31 +111,41 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             "duration_s": 7200,
             "policies": [names.FIXED, "A", "A+B", "A+B+C"],
             "variants": {"A": a, "A+B": ab, "A+B+C": abc},
-            "paper": {"A": abl_paper[model][4][0] if g == 4 else list(abl_paper[model]["8-16"][0]),
-                      "A+B": abl_paper[model][4][1] if g == 4 else list(abl_paper[model]["8-16"][1]),
-                      "A+B+C": abl_paper[model][4][2] if g == 4 else list(abl_paper[model]["8-16"][2])},
+            "paper": {
+                "A": abl_paper[model][4][0] if g == 4 else list(abl_paper[model]["8-16"][0]),
+                "A+B": abl_paper[model][4][1] if g == 4 else list(abl_paper[model]["8-16"][1]),
+                "A+B+C": abl_paper[model][4][2] if g == 4 else list(abl_paper[model]["8-16"][2]),
+            },
         }
         (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 for b in (32, 64, 96, 128):
     name = f"sens-batch-{b}"
-    doc = {"name": name,
-           "description": f"PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch {b}, 32K",
-           "model": "qwen3-8b",
-           "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
-           "workload": {"batch_size": b, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200,
-           "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
-           "paper": {"pearl_over_rlboost_range": [0.053, 0.637]}}
+    doc = {
+        "name": name,
+        "description": f"PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch {b}, 32K",
+        "model": "qwen3-8b",
+        "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
+        "workload": {"batch_size": b, "group_size": 16, "max_length": 32768, **CALIBRATED_WORKLOAD},
+        "trace": {"constant_gpus": 8},
+        **({"engine": ENGINE} if ENGINE else {}),
+        "duration_s": 7200,
+        "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
+        "paper": {"pearl_over_rlboost_range": [0.053, 0.637]},
+    }
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 for L in (8192, 16384, 24576, 32768):
     name = f"sens-maxlen-{L // 1024}k"
-    doc = {"name": name,
-           "description": "PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch 64, "
-                          f"max length {L // 1024}K",
-           "model": "qwen3-8b",
-           "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
-           "workload": {"batch_size": 64, "group_size": 16, "max_length": L, **CALIBRATED_WORKLOAD},
-           "trace": {"constant_gpus": 8}, **({"engine": ENGINE} if ENGINE else {}), "duration_s": 7200,
-           "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
-           "paper": {"pearl_over_rlboost_range": [0.098, 0.265]}}
+    doc = {
+        "name": name,
+        "description": "PEARL §7 sensitivity: Qwen3-8B, 16 training + 8 dedicated rollout GPUs, batch 64, "
+        f"max length {L // 1024}K",
+        "model": "qwen3-8b",
+        "cluster": {"training_gpus": 16, "reserved_gpus": 8, "preemptible_gpus": 0, "hardware": "H800", "tp": 2},
+        "workload": {"batch_size": 64, "group_size": 16, "max_length": L, **CALIBRATED_WORKLOAD},
+        "trace": {"constant_gpus": 8},
+        **({"engine": ENGINE} if ENGINE else {}),
+        "duration_s": 7200,
+        "policies": [names.PEARL, names.RLBOOST, names.ELASTIC],
+        "paper": {"pearl_over_rlboost_range": [0.098, 0.265]},
+    }
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

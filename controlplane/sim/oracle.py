@@ -23,6 +23,7 @@ choice stays in force until the next forking signal (a periodic tick does not re
 fork per candidate (≤ 4: colocation and the predictor's best split, each with and without borrowing)
 per forking signal, each run to the end of the step in flight.
 """
+
 from __future__ import annotations
 
 import copy
@@ -56,8 +57,9 @@ def candidates(sim: Simulation, signal: Signal) -> list[Overrides]:
             t = evaluate(w, c, n)
             order = sorted(range(len(t.n_prefill)), key=lambda i: (not bool(t.feasible[i]), float(t.makespan_s[i])))
             for i in order[:SPLITS]:
-                out.append(Overrides(force_ratio=(int(t.n_prefill[i]), int(t.n_decode[i])), exact_ratio=True,
-                                     borrowing=borrow))
+                out.append(
+                    Overrides(force_ratio=(int(t.n_prefill[i]), int(t.n_decode[i])), exact_ratio=True, borrowing=borrow)
+                )
     return out
 
 
@@ -69,9 +71,15 @@ def _fork(sim: Simulation) -> Simulation:
     # Share what is immutable or pure (the scenario, profiles, memoised engine costs, the drawn turn
     # specs) and the executor policy: in a fork every choice comes from the candidate's overrides and
     # the fork learns nothing (its telemetry is dropped), so the policy is only read there.
-    memo: dict[int, Any] = {id(sim.sc): sim.sc, id(sim.profile): sim.profile, id(sim.costs): sim.costs,
-                            id(sim.trace): sim.trace, id(sim.policy): sim.policy,
-                            id(sim.train_profile): sim.train_profile, id(sim.overlap_costs): sim.overlap_costs}
+    memo: dict[int, Any] = {
+        id(sim.sc): sim.sc,
+        id(sim.profile): sim.profile,
+        id(sim.costs): sim.costs,
+        id(sim.trace): sim.trace,
+        id(sim.policy): sim.policy,
+        id(sim.train_profile): sim.train_profile,
+        id(sim.overlap_costs): sim.overlap_costs,
+    }
     for traj in sim.world.trajs.values():
         memo[id(traj.turns)] = traj.turns
     f = copy.deepcopy(sim, memo)

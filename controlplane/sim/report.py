@@ -1,4 +1,5 @@
 """HTML report of one scenario comparison: plotly figures with plotly.js inlined (no CDN)."""
+
 from __future__ import annotations
 
 import html
@@ -36,38 +37,88 @@ def figures(sc: Scenario, results: dict[str, RunResult]) -> list[tuple[str, go.F
     f = go.Figure()
     for p, r in results.items():
         pts = per_step_throughput(r)
-        f.add_trace(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers", name=p,
-                               line={"color": policy_color(p)}))
-    f.update_layout(title="Throughput per step (rollout-generated + training tokens / step time)",
-                    xaxis_title="training step", yaxis_title="tokens/s", height=380)
+        f.add_trace(
+            go.Scatter(
+                x=[a for a, _ in pts],
+                y=[b for _, b in pts],
+                mode="lines+markers",
+                name=p,
+                line={"color": policy_color(p)},
+            )
+        )
+    f.update_layout(
+        title="Throughput per step (rollout-generated + training tokens / step time)",
+        xaxis_title="training step",
+        yaxis_title="tokens/s",
+        height=380,
+    )
     figs.append(("throughput", f))
     focus = names.PEARL if names.PEARL in results else next(iter(results))
     r = results[focus]
     if r.timeline:
         t = [row["t"] for row in r.timeline]
         g = go.Figure()
-        for key, color in (("prefill", "#ff7f0e"), ("decode", "#1f77b4"), ("colocated", "#2ca02c"),
-                           ("transitioning", "#bbbbbb")):
-            g.add_trace(go.Scatter(x=t, y=[row[key] for row in r.timeline], name=f"{key} workers", mode="lines",
-                                   line={"shape": "hv", "width": 0, "color": color}, stackgroup="w"))
-        g.add_trace(go.Scatter(x=t, y=[row["available_gpus"] / sc.cluster.tp for row in r.timeline],
-                               name="dedicated workers available (trace)", mode="lines",
-                               line={"shape": "hv", "dash": "dot", "color": "black"}))
-        g.add_trace(go.Scatter(x=t, y=[row["borrowed"] for row in r.timeline], name="of which borrowed (overlap)",
-                               mode="lines", line={"shape": "hv", "color": "#d62728"}))
-        g.update_layout(title=f"GPU–role timeline ({focus}): serving workers by role (TP{sc.cluster.tp})",
-                        xaxis_title="virtual time (s)", yaxis_title="workers", height=420)
+        for key, color in (
+            ("prefill", "#ff7f0e"),
+            ("decode", "#1f77b4"),
+            ("colocated", "#2ca02c"),
+            ("transitioning", "#bbbbbb"),
+        ):
+            g.add_trace(
+                go.Scatter(
+                    x=t,
+                    y=[row[key] for row in r.timeline],
+                    name=f"{key} workers",
+                    mode="lines",
+                    line={"shape": "hv", "width": 0, "color": color},
+                    stackgroup="w",
+                )
+            )
+        g.add_trace(
+            go.Scatter(
+                x=t,
+                y=[row["available_gpus"] / sc.cluster.tp for row in r.timeline],
+                name="dedicated workers available (trace)",
+                mode="lines",
+                line={"shape": "hv", "dash": "dot", "color": "black"},
+            )
+        )
+        g.add_trace(
+            go.Scatter(
+                x=t,
+                y=[row["borrowed"] for row in r.timeline],
+                name="of which borrowed (overlap)",
+                mode="lines",
+                line={"shape": "hv", "color": "#d62728"},
+            )
+        )
+        g.update_layout(
+            title=f"GPU–role timeline ({focus}): serving workers by role (TP{sc.cluster.tp})",
+            xaxis_title="virtual time (s)",
+            yaxis_title="workers",
+            height=420,
+        )
         figs.append(("timeline", g))
     b = go.Figure()
     for p, rr in results.items():
         if not rr.borrow_windows:
             continue
-        b.add_trace(go.Bar(base=[w[0] for w in rr.borrow_windows], x=[w[1] - w[0] for w in rr.borrow_windows],
-                           y=[f"{p} slot {w[2]}" for w in rr.borrow_windows], orientation="h", name=p,
-                           marker={"color": policy_color(p)}))
-    b.update_layout(title="Borrowed training-GPU windows (activation .. return)", xaxis_title="virtual time (s)",
-                    height=max(300, 22 * sum(len({w[2] for w in rr.borrow_windows}) for rr in results.values())),
-                    barmode="overlay")
+        b.add_trace(
+            go.Bar(
+                base=[w[0] for w in rr.borrow_windows],
+                x=[w[1] - w[0] for w in rr.borrow_windows],
+                y=[f"{p} slot {w[2]}" for w in rr.borrow_windows],
+                orientation="h",
+                name=p,
+                marker={"color": policy_color(p)},
+            )
+        )
+    b.update_layout(
+        title="Borrowed training-GPU windows (activation .. return)",
+        xaxis_title="virtual time (s)",
+        height=max(300, 22 * sum(len({w[2] for w in rr.borrow_windows}) for rr in results.values())),
+        barmode="overlay",
+    )
     figs.append(("borrow", b))
     s = go.Figure()
     hi = 0.0
@@ -76,18 +127,35 @@ def figures(sc: Scenario, results: dict[str, RunResult]) -> list[tuple[str, go.F
         if not pts:
             continue
         hi = max(hi, max(max(a, c) for a, c in pts))
-        s.add_trace(go.Scatter(x=[c for _, c in pts], y=[a for a, _ in pts], mode="markers", name=p,
-                               marker={"color": policy_color(p)}))
+        s.add_trace(
+            go.Scatter(
+                x=[c for _, c in pts], y=[a for a, _ in pts], mode="markers", name=p, marker={"color": policy_color(p)}
+            )
+        )
     s.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"dash": "dash", "color": "black"}))
-    s.update_layout(title="Predicted (core predictor) vs simulated rollout makespan per step",
-                    xaxis_title="simulated makespan (s)", yaxis_title="predicted makespan (s)", height=420)
+    s.update_layout(
+        title="Predicted (core predictor) vs simulated rollout makespan per step",
+        xaxis_title="simulated makespan (s)",
+        yaxis_title="predicted makespan (s)",
+        height=420,
+    )
     figs.append(("predicted", s))
     return figs
 
 
 def summary_table(results: dict[str, RunResult]) -> str:
-    cols = ["policy", "throughput_tok_s", "steps", "rollout_s_mean", "train_s_mean", "transitions", "borrowed_gpu_s",
-            "return_deadline_misses", "lost_tokens", "predictor_mape"]
+    cols = [
+        "policy",
+        "throughput_tok_s",
+        "steps",
+        "rollout_s_mean",
+        "train_s_mean",
+        "transitions",
+        "borrowed_gpu_s",
+        "return_deadline_misses",
+        "lost_tokens",
+        "predictor_mape",
+    ]
     rows = ["<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
     for p, r in results.items():
         d: dict[str, Any] = {"policy": p, **r.summary()}
@@ -97,11 +165,13 @@ def summary_table(results: dict[str, RunResult]) -> str:
 
 def render_html(title: str, sections: list[tuple[str, str, list[tuple[str, go.Figure]]]]) -> str:
     """sections: (heading, html body, figures). plotly.js is inlined once, in the first figure."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<style>body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px}"
-             "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "text-align:right;font-size:13px}th{background:#f4f4f4}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        "<style>body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px}"
+        "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:right;font-size:13px}th{background:#f4f4f4}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
     first = True
     for heading, body, figs in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>{body}")

@@ -3,6 +3,7 @@
 Schema (YAML or JSON; documented with examples in `controlplane/sim/README.md`). Shipped scenarios
 live in `controlplane/sim/scenarios/*.yaml`; their traces in `controlplane/sim/traces/*.csv`.
 """
+
 from __future__ import annotations
 
 import json
@@ -137,8 +138,22 @@ def _trace_from(spec: Any, base: Path, where: str) -> AvailabilityTrace:
 def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: a scenario must be a mapping")
-    known = {"name", "description", "model", "cluster", "workload", "engine", "trace", "duration_s", "seed",
-             "fixed_large_gpus", "policies", "policy_options", "variants", "paper"}
+    known = {
+        "name",
+        "description",
+        "model",
+        "cluster",
+        "workload",
+        "engine",
+        "trace",
+        "duration_s",
+        "seed",
+        "fixed_large_gpus",
+        "policies",
+        "policy_options",
+        "variants",
+        "paper",
+    }
     unknown = set(data) - known
     if unknown:
         raise ScenarioError(f"{source}: unknown keys {sorted(unknown)}")

@@ -6,6 +6,7 @@ request's KV cache crosses a serialised link to the decode worker the loop picks
 keeps its generated prefix; the environment's tool latency separates turns. What happened is reported to
 the loop (`TrajectoryStarted`, `Prefilled`, `TurnGenerated`, `TurnInterrupted`, `EnvStepped`).
 """
+
 from __future__ import annotations
 
 from controlplane.core import loop as lp
@@ -60,8 +61,11 @@ class Serving(WorldState):
             self.unhome(traj)
             traj.home = slot.sid
             w.homed_ctx += traj.context
-        cached = traj.cached_len if (traj.cached_on == slot.sid and traj.cached_gen == w.gen
-                                     and traj.cached_epoch == self.cache_epoch) else 0
+        cached = (
+            traj.cached_len
+            if (traj.cached_on == slot.sid and traj.cached_gen == w.gen and traj.cached_epoch == self.cache_epoch)
+            else 0
+        )
         if cached:
             # Prefix cache under KV pressure: running requests pin their KV; the cached prefixes of
             # the trajectories homed here share what is left (LRU over many waiting trajectories
@@ -70,8 +74,14 @@ class Serving(WorldState):
             demand = max(1, w.homed_ctx)
             resident = 1.0 if demand <= free_kv else max(0.0, free_kv / demand)
             cached = min(int(cached * self.prefix_reuse * resident), traj.context)
-        req = Request(traj, traj.context - cached, cached, traj.context,
-                      traj.turns[traj.turn].generated_tokens - traj.generated_in_turn, arrive_s=t)
+        req = Request(
+            traj,
+            traj.context - cached,
+            cached,
+            traj.context,
+            traj.turns[traj.turn].generated_tokens - traj.generated_in_turn,
+            arrive_s=t,
+        )
         traj.where = slot.sid
         traj.prefilled_in_turn += req.compute
         traj.prefilled_total += req.compute
@@ -123,8 +133,14 @@ class Serving(WorldState):
         if seg.kind == "decode" or (seg.kind == "prefill" and w.role is Role.COLOCATED and n):
             self._iter_sample += 1
             if seg.k >= 16 or self._iter_sample % 16 == 0:  # a sample is plenty for the A, b fit
-                observe(tm.decode_iteration(time_s=t, worker=slot.wid, running_batch=n,
-                                            duration_s=seg.dt if seg.kind == "decode" else (seg.end_s - seg.t0 - seg.prefill_s) / seg.k))
+                observe(
+                    tm.decode_iteration(
+                        time_s=t,
+                        worker=slot.wid,
+                        running_batch=n,
+                        duration_s=seg.dt if seg.kind == "decode" else (seg.end_s - seg.t0 - seg.prefill_s) / seg.k,
+                    )
+                )
         if seg.kind == "prefill":
             for rec in prefill_records(seg, time_s=t, worker=slot.wid):
                 observe(rec)
@@ -140,8 +156,15 @@ class Serving(WorldState):
             req.traj.cached_len = req.ctx0
             req.traj.where = -1
             self.push(start + dur, EV_KV, req, (slot.sid, w.gen, slot.wid))
-            observe(tm.kv_transfer(time_s=start + dur, worker=slot.wid, tokens=req.ctx0,
-                                   kv_bytes=int(req.ctx0 * self.kv_bytes), duration_s=dur))
+            observe(
+                tm.kv_transfer(
+                    time_s=start + dur,
+                    worker=slot.wid,
+                    tokens=req.ctx0,
+                    kv_bytes=int(req.ctx0 * self.kv_bytes),
+                    duration_s=dur,
+                )
+            )
         if w.seg is not None or slot.worker is not w or slot.state in (GONE, INACTIVE):
             return  # re-planned by a nested kick or taken away meanwhile
         if slot.state == DRAINING and slot.after_drain is not None and not w.running and not w.pq and not w.joinq:
@@ -204,8 +227,16 @@ class Serving(WorldState):
             traj.cached_len = traj.context
         traj.where = None
         dec = max(0.0, t - req.join_s) if req.join_s >= 0 else 0.0
-        self.feed(lp.TurnGenerated(t, traj.tid, slot.wid if slot.wid is not None else -1, req.remaining,
-                                   req.compute if slot.role is Role.COLOCATED else 0, decode_s=dec))
+        self.feed(
+            lp.TurnGenerated(
+                t,
+                traj.tid,
+                slot.wid if slot.wid is not None else -1,
+                req.remaining,
+                req.compute if slot.role is Role.COLOCATED else 0,
+                decode_s=dec,
+            )
+        )
         self.complete_turn(traj, t)
 
     def complete_turn(self, traj: Trajectory, t: float) -> None:
@@ -227,5 +258,12 @@ class Serving(WorldState):
         if traj.done or self.trajs.get(traj.tid) is not traj:
             return  # aborted meanwhile
         self.begin_turn(traj, t)
-        self.feed(lp.EnvStepped(t, traj.tid, traj.turns[traj.turn - 1].env_latency_s, False,
-                                observation_tokens=traj.turns[traj.turn].new_prompt_tokens))
+        self.feed(
+            lp.EnvStepped(
+                t,
+                traj.tid,
+                traj.turns[traj.turn - 1].env_latency_s,
+                False,
+                observation_tokens=traj.turns[traj.turn].new_prompt_tokens,
+            )
+        )

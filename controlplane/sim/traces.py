@@ -5,6 +5,7 @@ header `time_s,available_gpus` (the count includes the reserved rollout GPUs, as
 segment means 13.6 / 9.0 / 11.8). `generate_bamboo_like` draws Bamboo-like preemptible traces:
 spot GPUs arrive and are preempted in TP-sized units, with a target mean and change frequency.
 """
+
 from __future__ import annotations
 
 import bisect

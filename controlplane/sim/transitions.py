@@ -5,6 +5,7 @@ additions (admission-paused finalisation for a joining group), and the return of
 worker at Training Begin. What happened is reported to the loop (`WorkerReady`, `WorkerGone`,
 `Admission`, `ReturnConfirmed`).
 """
+
 from __future__ import annotations
 
 from controlplane.core import loop as lp
@@ -12,7 +13,17 @@ from controlplane.core import telemetry as tm
 from controlplane.core.placement import Inventory, Placement, Unit
 from controlplane.core.state import Pool, Role
 from controlplane.sim.units import (
-    _POOL, DRAINING, EV_READY, EV_RETURNED, EV_DRAIN_TIMEOUT, EV_UNPAUSE, IDLE, INACTIVE, PENDING, SERVING, Slot,
+    _POOL,
+    DRAINING,
+    EV_READY,
+    EV_RETURNED,
+    EV_DRAIN_TIMEOUT,
+    EV_UNPAUSE,
+    IDLE,
+    INACTIVE,
+    PENDING,
+    SERVING,
+    Slot,
     WorldState,
 )
 
@@ -29,11 +40,27 @@ class Transitions(WorldState):
                 if s.state == DRAINING and nxt is None:  # being returned: not borrowable until inactive
                     units.append(Unit(s.sid, Pool.TRAINING, s.wid, None, leaving=True))
                     continue
-                units.append(Unit(s.sid, Pool.TRAINING, s.wid, nxt, busy=s.state != SERVING,
-                                  inflight=s.worker.load() if nxt is not None else 0))
+                units.append(
+                    Unit(
+                        s.sid,
+                        Pool.TRAINING,
+                        s.wid,
+                        nxt,
+                        busy=s.state != SERVING,
+                        inflight=s.worker.load() if nxt is not None else 0,
+                    )
+                )
             elif s.state in (IDLE, PENDING, SERVING) or nxt is not None:
-                units.append(Unit(s.sid, _POOL[s.pool], s.wid, nxt, busy=s.state != SERVING and nxt is not None,
-                                  inflight=s.worker.load() if nxt is not None else 0))
+                units.append(
+                    Unit(
+                        s.sid,
+                        _POOL[s.pool],
+                        s.wid,
+                        nxt,
+                        busy=s.state != SERVING and nxt is not None,
+                        inflight=s.worker.load() if nxt is not None else 0,
+                    )
+                )
             elif s.wid is not None:
                 taken.add(s.wid)  # draining to idle: its worker still holds the slot id
         return Inventory(tuple(units), frozenset(taken), None, training_active)
@@ -176,15 +203,24 @@ class Transitions(WorldState):
         self.borrowed_gpu_s += (t + delay - since) * self.tp
         self.borrow_windows.append((since, t + delay, slot.sid))
         slot.borrowed_since = None
-        self.observe(tm.toggle(time_s=t, worker=slot.wid, activation_s=0.0 if free else self.reconf.intra_scale_activation_s,
-                               return_s=delay, duration_s=(0.0 if free else self.reconf.toggle_s)))
+        self.observe(
+            tm.toggle(
+                time_s=t,
+                worker=slot.wid,
+                activation_s=0.0 if free else self.reconf.intra_scale_activation_s,
+                return_s=delay,
+                duration_s=(0.0 if free else self.reconf.toggle_s),
+            )
+        )
 
     def return_borrowed(self, t: float) -> int:
         """Training Begin: every borrowed (or activating) overlap worker goes back at once, before the
         re-plan (as the live control plane parks them in the Training Begin transaction). Returns how many."""
         n = 0
         for s in list(self.slots.values()):
-            if s.pool == "overlap" and (s.state in (SERVING, PENDING) or (s.state == DRAINING and s.after_drain is not None)):
+            if s.pool == "overlap" and (
+                s.state in (SERVING, PENDING) or (s.state == DRAINING and s.after_drain is not None)
+            ):
                 s.after_drain = None
                 self.return_overlap(s, t, self.free)
                 n += 1

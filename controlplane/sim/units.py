@@ -5,6 +5,7 @@ iteration-level scheduler). Elastic units are prepared in the background and pre
 overlap units (training GPUs) are activated when borrowed and deactivated when returned. `WorldState`
 holds what the world's parts share (`sim.transitions`, `sim.serving`); `sim.world.World` is all of them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -43,11 +44,20 @@ class Host(Protocol):
 
     def unstable(self) -> None: ...
 
+
 # heap event kinds handled by the world (ints keep heap tuples cheap); the Simulation owns the rest
 EV_WAKE, EV_ENV, EV_KV, EV_PREP, EV_READY, EV_UNPAUSE, EV_RETURNED, EV_DRAIN_TIMEOUT = range(8)
 
 # unit states
-PREPARING, IDLE, PENDING, SERVING, DRAINING, INACTIVE, GONE = "preparing", "idle", "pending", "serving", "draining", "inactive", "gone"
+PREPARING, IDLE, PENDING, SERVING, DRAINING, INACTIVE, GONE = (
+    "preparing",
+    "idle",
+    "pending",
+    "serving",
+    "draining",
+    "inactive",
+    "gone",
+)
 _POOL = {"reserved": Pool.RESERVED, "elastic": Pool.ELASTIC, "overlap": Pool.TRAINING}
 
 
@@ -72,7 +82,6 @@ class Slot:
         if self.state == DRAINING and self.after_drain is not None and self.after_drain[0] == SERVING:
             return self.after_drain[1]
         return None
-
 
 
 class WorldState:
@@ -131,8 +140,15 @@ class WorldState:
         ovl = pool == "overlap"
         costs = self.sim.overlap_costs if ovl else self.costs
         kv_cap = self.kv_cap_tokens_overlap if ovl else self.kv_cap_tokens
-        w = IterationScheduler(sid, pool, Role.COLOCATED, costs, chunk_tokens=self.sim.sc.engine.chunk_tokens,
-                   kv_capacity=kv_cap, mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty)
+        w = IterationScheduler(
+            sid,
+            pool,
+            Role.COLOCATED,
+            costs,
+            chunk_tokens=self.sim.sc.engine.chunk_tokens,
+            kv_capacity=kv_cap,
+            mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty,
+        )
         slot = Slot(sid, pool, state, w)
         self.slots[sid] = slot
         return slot
@@ -189,7 +205,9 @@ class WorldState:
         return True
 
     def capacity_key(self) -> tuple[int, int]:
-        ready = sum(1 for s in self.slots.values() if s.pool != "overlap" and s.state in (IDLE, PENDING, SERVING, DRAINING))
+        ready = sum(
+            1 for s in self.slots.values() if s.pool != "overlap" and s.state in (IDLE, PENDING, SERVING, DRAINING)
+        )
         return ready, sum(1 for s in self.slots.values() if s.pool == "overlap" and s.state in (PENDING, SERVING))
 
     def unbind(self, slot: Slot) -> None:
@@ -215,9 +233,16 @@ class WorldState:
     def log(self, t: float, why: str) -> None:
         if not self.sim.record_timeline:
             return
-        row: dict[str, Any] = {"t": t, "why": why, "prefill": 0, "decode": 0, "colocated": 0, "borrowed": 0,
-                               "transitioning": 0,
-                               "available_gpus": self.sim.sc.cluster.reserved_gpus + self.elastic_target * self.tp}
+        row: dict[str, Any] = {
+            "t": t,
+            "why": why,
+            "prefill": 0,
+            "decode": 0,
+            "colocated": 0,
+            "borrowed": 0,
+            "transitioning": 0,
+            "available_gpus": self.sim.sc.cluster.reserved_gpus + self.elastic_target * self.tp,
+        }
         for s in self.slots.values():
             if s.state == SERVING and s.role is not None:
                 row[str(s.role)] += 1

@@ -18,13 +18,30 @@ only reports what happened (`sim.feed(event)`).
 By idea: `sim.units` (the units, their states and the world's shared state), `sim.transitions`
 (placement plans in virtual time), `sim.serving` (trajectories and requests on the engines).
 """
+
 from __future__ import annotations
 
 from controlplane.sim.serving import Serving
 from controlplane.sim.transitions import Transitions
 from controlplane.sim.units import (
-    DRAINING, EV_DRAIN_TIMEOUT, EV_ENV, EV_KV, EV_PREP, EV_READY, EV_RETURNED, EV_UNPAUSE, EV_WAKE, GONE, IDLE,
-    INACTIVE, PENDING, PREPARING, SERVING, Host, Slot, WorldState,
+    DRAINING,
+    EV_DRAIN_TIMEOUT,
+    EV_ENV,
+    EV_KV,
+    EV_PREP,
+    EV_READY,
+    EV_RETURNED,
+    EV_UNPAUSE,
+    EV_WAKE,
+    GONE,
+    IDLE,
+    INACTIVE,
+    PENDING,
+    PREPARING,
+    SERVING,
+    Host,
+    Slot,
+    WorldState,
 )
 
 
@@ -34,6 +51,23 @@ class World(Transitions, Serving):
 
 
 __all__ = [
-    "DRAINING", "EV_DRAIN_TIMEOUT", "EV_ENV", "EV_KV", "EV_PREP", "EV_READY", "EV_RETURNED", "EV_UNPAUSE", "EV_WAKE",
-    "GONE", "IDLE", "INACTIVE", "PENDING", "PREPARING", "SERVING", "Host", "Slot", "World", "WorldState",
+    "DRAINING",
+    "EV_DRAIN_TIMEOUT",
+    "EV_ENV",
+    "EV_KV",
+    "EV_PREP",
+    "EV_READY",
+    "EV_RETURNED",
+    "EV_UNPAUSE",
+    "EV_WAKE",
+    "GONE",
+    "IDLE",
+    "INACTIVE",
+    "PENDING",
+    "PREPARING",
+    "SERVING",
+    "Host",
+    "Slot",
+    "World",
+    "WorldState",
 ]

@@ -1,4 +1,5 @@
 """Browser tests: Playwright driving Debian's Chromium against a real Daphne (websockets included)."""
+
 from __future__ import annotations
 
 import os
@@ -8,9 +9,23 @@ import pytest
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # sync Playwright runs an event loop in the test thread
 
-CHROMIUM = next((p for p in (os.environ.get("PEARL_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM = next(
+    (
+        p
+        for p in (os.environ.get("PEARL_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium")
+        if p and os.path.exists(p)
+    ),
+    None,
+)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="module")

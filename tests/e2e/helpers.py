@@ -1,5 +1,6 @@
 """Helpers for the browser tests: service calls off Playwright's event loop, login, a real agent
 registering over /ws/agent/, screenshots kept as artifacts under var/artifacts/e2e/."""
+
 from __future__ import annotations
 
 import json
@@ -67,9 +68,16 @@ class Agent:
         from controlplane.services.credentials import issue_agent_token
 
         token = off_loop(issue_agent_token, node_name=name)
-        self.ws: ClientConnection = connect(ws_url + "/ws/agent/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10)
-        msg = Register(node=name, pool=pool, hardware="cpu", incarnation=f"{name}-1",
-                       slots=[SlotSpec(index=i, hardware="cpu", memory_mb=1024) for i in range(slots)])
+        self.ws: ClientConnection = connect(
+            ws_url + "/ws/agent/", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10
+        )
+        msg = Register(
+            node=name,
+            pool=pool,
+            hardware="cpu",
+            incarnation=f"{name}-1",
+            slots=[SlotSpec(index=i, hardware="cpu", memory_mb=1024) for i in range(slots)],
+        )
         self.ws.send(json.dumps(dump(msg)))
         self.registered: dict[str, Any] = json.loads(self.ws.recv(timeout=10))
         assert self.registered["type"] == "registered", self.registered
@@ -90,12 +98,20 @@ class Agent:
                 return
             if data.get("type") == "desired_state":
                 self.epoch = data["epoch"]
-                workers = [ObservedWorker(worker_id=w["worker_id"], role=w["role"], state="running", inflight=0,
-                                          activity="inactive" if w["role"] == "training" and w["activity"] != "active"
-                                          else w["activity"], weight_version=w.get("min_weight_version", 0),
-                                          endpoint=f"http://127.0.0.1:{20000 + w['worker_id']}", generation=data["generation"],
-                                          devices=list(w["gpus"]))
-                           for w in data["workers"]]
+                workers = [
+                    ObservedWorker(
+                        worker_id=w["worker_id"],
+                        role=w["role"],
+                        state="running",
+                        inflight=0,
+                        activity="inactive" if w["role"] == "training" and w["activity"] != "active" else w["activity"],
+                        weight_version=w.get("min_weight_version", 0),
+                        endpoint=f"http://127.0.0.1:{20000 + w['worker_id']}",
+                        generation=data["generation"],
+                        devices=list(w["gpus"]),
+                    )
+                    for w in data["workers"]
+                ]
                 report = Heartbeat(epoch=self.epoch, generation=data["generation"], workers=workers)
             elif data:
                 continue

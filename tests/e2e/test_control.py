@@ -1,6 +1,7 @@
 """A new user launches, watches and steers a job from the browser alone: the launch form (with field
 errors), the job page (decision, override, charts), the cluster map changing as an agent joins and as
 transitions run, a drain with its confirmation, and the live socket lost and regained."""
+
 from __future__ import annotations
 
 import sys
@@ -16,20 +17,26 @@ pytestmark = pytest.mark.e2e
 
 
 def cell_roles(page, node: str) -> list[str]:  # type: ignore[no-untyped-def]
-    return page.eval_on_selector_all(f"[data-node={node}] .gpu", "els => els.map(e => e.dataset.role + '/' + e.dataset.activity)")
+    return page.eval_on_selector_all(
+        f"[data-node={node}] .gpu", "els => els.map(e => e.dataset.role + '/' + e.dataset.activity)"
+    )
 
 
 def wait_roles(page, node: str, js_condition: str, timeout: int = 30000) -> None:  # type: ignore[no-untyped-def]
     """Wait until the roles of `node`'s GPU cells (a JS array `r` of 'role/activity') satisfy the condition."""
     page.wait_for_function(
         f"(() => {{ const r = [...document.querySelectorAll('[data-node={node}] .gpu')].map(e => e.dataset.role + '/' + e.dataset.activity); return {js_condition}; }})()",
-        timeout=timeout)
+        timeout=timeout,
+    )
 
 
 def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_worker_process, page, tmp_path):
     cp = control_plane_server
     off_loop(helpers.operator_user, "ops", "ops-password-123")
-    agents = [Agent(cp.ws_url, "res-a", pool="reserved", slots=4), Agent(cp.ws_url, "train-a", pool="training", slots=2)]
+    agents = [
+        Agent(cp.ws_url, "res-a", pool="reserved", slots=4),
+        Agent(cp.ws_url, "train-a", pool="training", slots=2),
+    ]
     try:
         helpers.login(page, cp.base_url, "ops", "ops-password-123")
         page.wait_for_selector("#conn[data-state=live]")
@@ -70,7 +77,10 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         assert page.inner_text("#decision-reason")
         # the measured PD interference the colocated candidates carry (1.00 before any mixed prefill is seen)
         assert "× prefill alone" in page.inner_text("#decision-interference")
-        page.wait_for_function("document.querySelector('[data-transition]') && document.querySelector('[data-transition]').dataset.status === 'succeeded'", timeout=30000)
+        page.wait_for_function(
+            "document.querySelector('[data-transition]') && document.querySelector('[data-transition]').dataset.status === 'succeeded'",
+            timeout=30000,
+        )
         page.wait_for_function("window.Plotly && document.querySelector('#chart-makespan .main-svg') !== null")
         shot(page, "job-page-first-decision")
 
@@ -85,8 +95,13 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         assert "P:D ratio 1:1 scaled to the budget" in page.inner_text("#confirm-text")
         page.click("#confirm-ok")
         page.wait_for_function("document.getElementById('override-summary').textContent.includes('ratio 1:1')")
-        page.wait_for_function("(document.getElementById('decision-reason') || {}).textContent?.includes('forced ratio 1:1 gives 3P3D on 6 workers')", timeout=30000)
-        page.wait_for_function("document.querySelector('[data-card=config] .v').textContent.startsWith('3P3D')", timeout=30000)
+        page.wait_for_function(
+            "(document.getElementById('decision-reason') || {}).textContent?.includes('forced ratio 1:1 gives 3P3D on 6 workers')",
+            timeout=30000,
+        )
+        page.wait_for_function(
+            "document.querySelector('[data-card=config] .v').textContent.startsWith('3P3D')", timeout=30000
+        )
         page.wait_for_selector("#candidates tr.chosen[data-label='3P3D']", timeout=30000)
         assert "ops" in page.inner_text("#audit")  # who changed what
         shot(page, "job-page-override-ratio")
@@ -96,7 +111,11 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         page.wait_for_selector("#conn[data-state=live]")
         wait_roles(page, "res-a", "r.includes('prefill/active') && r.includes('decode/active')")
         assert "ratio 1:1" in page.inner_text("#jobs tr[data-job=grpo-web]")
-        wait_roles(page, "train-a", "r.some(x => x.endsWith('/active')) && document.querySelectorAll('[data-node=train-a] .gpu[data-borrowed]').length === 2")
+        wait_roles(
+            page,
+            "train-a",
+            "r.some(x => x.endsWith('/active')) && document.querySelectorAll('[data-node=train-a] .gpu[data-borrowed]').length === 2",
+        )
         shot(page, "cluster-after-override")
 
         # Drain a node, with the confirmation; then return it to service.
@@ -121,8 +140,13 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
 
         off_loop(drain_node, node_id=Node.objects.get(name="res-b").pk, actor="ops")
         port = int(cp.base_url.rsplit(":", 1)[1])
-        cp.procs.append(start_process([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
-                               child_env(), tmp_path / "daphne-2.log"))
+        cp.procs.append(
+            start_process(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+                child_env(),
+                tmp_path / "daphne-2.log",
+            )
+        )
         wait_port(port, proc=cp.procs[-1])
         page.wait_for_selector("#conn[data-state=live]", timeout=20000)
         page.wait_for_selector("[data-node=res-b] [data-status=draining]")  # resynchronised from the new snapshot
@@ -204,7 +228,9 @@ def test_simulator_page_compares_policies_side_by_side(control_plane_server, cel
     page.wait_for_selector("#sim-summary tr[data-policy='A+B+C']")
     assert page.locator("#sim-summary tr[data-policy]").count() == 2
     assert "×" in page.inner_text("#sim-summary tr[data-policy='A+B+C']")  # throughput against ROLL
-    page.wait_for_function("document.querySelectorAll('#sim-throughput .main-svg, #sim-timeline .main-svg').length >= 2")
+    page.wait_for_function(
+        "document.querySelectorAll('#sim-throughput .main-svg, #sim-timeline .main-svg').length >= 2"
+    )
     assert page.locator("#sim-decisions tbody tr").count() > 0  # the configuration each step ran with
     shot(page, "simulator")
     assert page.js_errors == []

@@ -1,4 +1,5 @@
 """A person opens the dashboard: logs in, sees the cluster map, and sees it change live."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,18 +34,28 @@ def test_dashboard_shows_nodes_live_without_reload(control_plane_server, page, d
     names = page.eval_on_selector_all(".node", "els => els.map(e => e.dataset.node)")
     assert names == ["node-b", "node-a"]  # grouped by pool: reserved before elastic
     page.uncheck("#f-group")  # ungrouped: plain name order
-    page.wait_for_function("[...document.querySelectorAll('.node')].map(e => e.dataset.node).join() === 'node-a,node-b'")
+    page.wait_for_function(
+        "[...document.querySelectorAll('.node')].map(e => e.dataset.node).join() === 'node-a,node-b'"
+    )
     assert page.evaluate("window.__marker") == 42  # same document: no reload happened
 
     # A worker starts on node-b GPU 1: that slot turns into an active colocated cell.
     from controlplane.models import Node
 
     job = off_loop(make_job, rollout_gpus=1)
-    off_loop(workers.start_worker, job_id=job.pk, node_id=Node.objects.get(name="node-b").pk, gpu_indexes=[1],
-             role="colocated", activity="active")
+    off_loop(
+        workers.start_worker,
+        job_id=job.pk,
+        node_id=Node.objects.get(name="node-b").pk,
+        gpu_indexes=[1],
+        role="colocated",
+        activity="active",
+    )
     cell = page.locator("[data-node=node-b] .gpu[data-gpu='1']")
     cell.wait_for(state="attached")
-    page.wait_for_function("document.querySelector(\"[data-node=node-b] .gpu[data-gpu='1']\").dataset.role === 'colocated'", timeout=10000)
+    page.wait_for_function(
+        "document.querySelector(\"[data-node=node-b] .gpu[data-gpu='1']\").dataset.role === 'colocated'", timeout=10000
+    )
     assert cell.get_attribute("data-activity") == "active"
     page.wait_for_selector("#jobs tr[data-job=job1]", timeout=10000)
     helpers.shot(page, "dashboard-live")

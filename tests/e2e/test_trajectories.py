@@ -1,6 +1,7 @@
 """A person opens an agent job's page: the trajectory browser lists a step's trajectories, one opens as its
 chat transcript with the tokens not trained on (mask 0) greyed; Staleness ignores asleep workers; Submitted
 names the launcher for a job no user submitted."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,21 +20,42 @@ def _setup():  # type: ignore[no-untyped-def]
     from controlplane.services.trajectories import record_trajectories
 
     make_node("n1", slots=2)
-    job = make_job("calc-agent", rollout_gpus=2, environment="agent",
-                   agent={"agent_command": ["python", "a.py"], "tasks": [{"q": 1}]})
+    job = make_job(
+        "calc-agent",
+        rollout_gpus=2,
+        environment="agent",
+        agent={"agent_command": ["python", "a.py"], "tasks": [{"q": 1}]},
+    )
     Job.objects.filter(pk=job.pk).update(weight_version=168, max_staleness=1)
     node = Node.objects.get(name="n1")
     w = workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
     Worker.objects.filter(pk=w.pk).update(weight_version=168)
     workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[1], role="colocated", activity="inactive")
-    sample = {"tokens": [10, 11, 12, 13, 14], "mask": [0, 0, 1, 1, 0], "logprobs": [0, 0, -0.5, -0.25, 0],
-              "weight_versions": [168], "workers": [1], "latency_s": [0.2]}
-    record_trajectories(job_id=job.pk, step=3, trajectories=[
-        summarize("s3-t0", {"samples": [sample], "reward": 1.0, "turns": 1, "status": "done",
-                            "messages": [{"role": "user", "content": "What is 2+3?"},
-                                         {"role": "assistant", "content": "5"}]}),
-        summarize("s3-t1", {"status": "failed", "reason": "the agent exited with status 1", "stderr": "boom"}),
-    ])
+    sample = {
+        "tokens": [10, 11, 12, 13, 14],
+        "mask": [0, 0, 1, 1, 0],
+        "logprobs": [0, 0, -0.5, -0.25, 0],
+        "weight_versions": [168],
+        "workers": [1],
+        "latency_s": [0.2],
+    }
+    record_trajectories(
+        job_id=job.pk,
+        step=3,
+        trajectories=[
+            summarize(
+                "s3-t0",
+                {
+                    "samples": [sample],
+                    "reward": 1.0,
+                    "turns": 1,
+                    "status": "done",
+                    "messages": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}],
+                },
+            ),
+            summarize("s3-t1", {"status": "failed", "reason": "the agent exited with status 1", "stderr": "boom"}),
+        ],
+    )
     return job
 
 

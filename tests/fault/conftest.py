@@ -5,6 +5,7 @@ database with a short lease. Faults are real: kill -9, SIGSTOP, a Redis restart,
 Timings are recorded, never asserted: with PEARL_FAULT_TIMINGS=<file>, every scenario appends its
 detection and recovery times (benchmarks/bench_faults.py runs the suite and reports them).
 """
+
 from __future__ import annotations
 
 import json
@@ -100,27 +101,61 @@ class Stack:
     def start_redis(self) -> None:
         self.procs["redis"] = subprocess.Popen(
             ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=open(self.tmp / "redis.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=open(self.tmp / "redis.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         wait_port(self.redis_port, proc=self.procs["redis"])
 
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env | env, stdout=open(self.tmp / f"{name}.log", "ab"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=self.env | env,
+            stdout=open(self.tmp / f"{name}.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
-    def agent(self, name: str, pool: str = "reserved", slots: int = 2, engine: str = "emulated",
-              time_factor: float = 0.5) -> subprocess.Popen:
+    def agent(
+        self, name: str, pool: str = "reserved", slots: int = 2, engine: str = "emulated", time_factor: float = 0.5
+    ) -> subprocess.Popen:
         """An agent process; emulated engines take H800 × model timings (qwen3-8b requests run for a while)."""
         from controlplane.services.credentials import issue_agent_token
 
         if name not in self.tokens:
             self.tokens[name] = issue_agent_token(node_name=name)
-        return self.start(f"agent-{name}", [
-            sys.executable, "-m", "agents.node", "--control-plane", self.base_url, "--node", name, "--slots", str(slots),
-            "--pool", pool, "--hardware", "cpu" if engine == "torch" else "H800", "--engine", engine, "--time-factor", str(time_factor),
-            "--state-dir", str(self.tmp / "agents" / name), "--drain-timeout", "2", "-v"],
-            PEARL_AGENT_TOKEN=self.tokens[name], PEARL_DATAPLANE_SECRET=SECRET)
+        return self.start(
+            f"agent-{name}",
+            [
+                sys.executable,
+                "-m",
+                "agents.node",
+                "--control-plane",
+                self.base_url,
+                "--node",
+                name,
+                "--slots",
+                str(slots),
+                "--pool",
+                pool,
+                "--hardware",
+                "cpu" if engine == "torch" else "H800",
+                "--engine",
+                engine,
+                "--time-factor",
+                str(time_factor),
+                "--state-dir",
+                str(self.tmp / "agents" / name),
+                "--drain-timeout",
+                "2",
+                "-v",
+            ],
+            PEARL_AGENT_TOKEN=self.tokens[name],
+            PEARL_DATAPLANE_SECRET=SECRET,
+        )
 
     def kill9(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGKILL)
@@ -153,12 +188,17 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
     redis_port, web_port = free_port(), free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}"
     settings.REDIS_URL = redis_url
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [{"address": f"{redis_url}/1", "socket_timeout": 30}]}}}
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": f"{redis_url}/1", "socket_timeout": 30}]},
+        }
+    }
     settings.PEARL = {**settings.PEARL, "LEASE_S": LEASE_S, "HEARTBEAT_S": HEARTBEAT_S, "SWEEP_S": SWEEP_S}
     channel_layers.backends.clear()
-    env = child_env(REDIS_URL=redis_url, PEARL_LEASE_S=str(LEASE_S), PEARL_HEARTBEAT_S=str(HEARTBEAT_S),
-                    PEARL_SWEEP_S=str(SWEEP_S))
+    env = child_env(
+        REDIS_URL=redis_url, PEARL_LEASE_S=str(LEASE_S), PEARL_HEARTBEAT_S=str(HEARTBEAT_S), PEARL_SWEEP_S=str(SWEEP_S)
+    )
     env.pop("PEARL_AGENT_TOKEN", None)
     s = Stack(base_url=f"http://127.0.0.1:{web_port}", redis_port=redis_port, tmp=tmp_path, env=env)
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
@@ -167,14 +207,36 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
     if replan:  # otherwise the planner stays out: those tests place workers themselves through the services
         seconds = int(replan.args[0])
         every_r, _ = IntervalSchedule.objects.get_or_create(every=seconds, period=IntervalSchedule.SECONDS)
-        PeriodicTask.objects.create(name="replan", task="controlplane.replan_all", interval=every_r,
-                                    expire_seconds=seconds)
+        PeriodicTask.objects.create(
+            name="replan", task="controlplane.replan_all", interval=every_r, expire_seconds=seconds
+        )
     try:
         s.start_redis()
-        s.start("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "pearl_site.asgi:application"])
-        s.start("celery", [sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "-B", "--pool=solo", "-l", "info",
-                           "--without-gossip", "--without-mingle", "-n", f"fault-{os.getpid()}@%h",
-                           "-s", str(tmp_path / "beat-schedule")])
+        s.start(
+            "daphne",
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "pearl_site.asgi:application"],
+        )
+        s.start(
+            "celery",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "pearl_site",
+                "worker",
+                "-B",
+                "--pool=solo",
+                "-l",
+                "info",
+                "--without-gossip",
+                "--without-mingle",
+                "-n",
+                f"fault-{os.getpid()}@%h",
+                "-s",
+                str(tmp_path / "beat-schedule"),
+            ],
+        )
         wait_port(web_port, proc=s.procs["daphne"])
         wait_for(lambda: "ready." in s.log("celery") or s.procs["celery"].poll() is not None, 60, "celery")
         assert s.procs["celery"].poll() is None, s.log("celery")

@@ -4,6 +4,7 @@ Progress lives in the database and a lease keeps two executors off one transitio
 kill a fresh worker's periodic re-plan picks the transition up where it was, once the dead worker's
 lease has run out. The agents here are the heartbeat service answering with the desired state
 (`agents_converge`), between kills: a step issued by one executor is confirmed to the next."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,25 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def _celery(tmp_path: Path, n: int) -> subprocess.Popen:
     log = tmp_path / f"celery-{n}.log"
-    proc = start_process([sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "--pool=solo", "-l", "info",
-                   "--without-gossip", "--without-mingle", "-n", f"kill-{os.getpid()}-{n}@%h"], child_env(), log)
+    proc = start_process(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "pearl_site",
+            "worker",
+            "--pool=solo",
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"kill-{os.getpid()}-{n}@%h",
+        ],
+        child_env(),
+        log,
+    )
     wait_for(lambda: "ready." in log.read_text(errors="ignore") or proc.poll() is not None, 60, "celery")
     assert proc.poll() is None, log.read_text()[-3000:]
     return proc
@@ -48,8 +66,13 @@ def _kill_at_every_phase(tr, tmp_path: Path, proc: subprocess.Popen, n: int) -> 
 
     phases: list[int] = []
     while True:
-        state = wait_for(lambda: (lambda t: t if t.status in ("succeeded", "failed") or _phase_of(t) is not None else None)(
-            Transition.objects.get(pk=tr.pk)), 60, "the executor to wait on the agents")
+        state = wait_for(
+            lambda: (lambda t: t if t.status in ("succeeded", "failed") or _phase_of(t) is not None else None)(
+                Transition.objects.get(pk=tr.pk)
+            ),
+            60,
+            "the executor to wait on the agents",
+        )
         if state.status in ("succeeded", "failed"):
             return proc, n, phases
         phase = _phase_of(state)
@@ -61,7 +84,10 @@ def _kill_at_every_phase(tr, tmp_path: Path, proc: subprocess.Popen, n: int) -> 
         proc = _celery(tmp_path, n)
         # the dead executor's lease runs out; the periodic re-plan hands the transition to this worker
         deadline = time.monotonic() + 60
-        while _phase_of(Transition.objects.get(pk=tr.pk)) == phase and Transition.objects.get(pk=tr.pk).status == "running":
+        while (
+            _phase_of(Transition.objects.get(pk=tr.pk)) == phase
+            and Transition.objects.get(pk=tr.pk).status == "running"
+        ):
             assert time.monotonic() < deadline, f"transition {tr.pk} never resumed after the kill at phase {phase}"
             tasks.replan_all.delay()
             agents_converge()
@@ -78,8 +104,16 @@ def test_a_transition_completes_whichever_phase_its_executor_is_killed_in(tmp_pa
     make_node("t1", pool="training", slots=2, hardware="H800")
     proc, n = _celery(tmp_path, 0), 0
     try:
-        job = make_job("kill-exec", model="qwen3-8b", hardware="h800", tp=1, rollout_gpus=4, training_gpus=2,
-                       batch_size=16, group_size=4)  # the plan task runs in Celery; its transition too
+        job = make_job(
+            "kill-exec",
+            model="qwen3-8b",
+            hardware="h800",
+            tp=1,
+            rollout_gpus=4,
+            training_gpus=2,
+            batch_size=16,
+            group_size=4,
+        )  # the plan task runs in Celery; its transition too
         first = wait_for(lambda: Transition.objects.filter(job=job).first(), 60, "a first transition")
         proc, n, phases = _kill_at_every_phase(first, tmp_path, proc, n)
         first.refresh_from_db()
@@ -88,9 +122,12 @@ def test_a_transition_completes_whichever_phase_its_executor_is_killed_in(tmp_pa
         # move the job off r1: drains and stops there, starts on r2, each phase again under a kill
         make_node("r2", slots=4, hardware="H800")
         agents_converge()
-        node = drain_node(node_id=Job.objects.get(pk=job.pk).workers.filter(node__name="r1").first().node_id,
-                          actor="test")
-        second = wait_for(lambda: Transition.objects.filter(job=job).exclude(pk=first.pk).first(), 60, "a second transition")
+        node = drain_node(
+            node_id=Job.objects.get(pk=job.pk).workers.filter(node__name="r1").first().node_id, actor="test"
+        )
+        second = wait_for(
+            lambda: Transition.objects.filter(job=job).exclude(pk=first.pk).first(), 60, "a second transition"
+        )
         proc, n, more = _kill_at_every_phase(second, tmp_path, proc, n)
         second.refresh_from_db()
         assert second.status == "succeeded", second.steps.values_list("kind", "status")

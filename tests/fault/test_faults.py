@@ -2,6 +2,7 @@
 lease expiry of a paused agent, a preemption. After each: no slot bound twice, nothing outlives its
 agent, partial outputs are reported (nothing lost), borrowed GPUs are back before training, and the
 node recovers on its own."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,10 @@ pytestmark = [pytest.mark.slow]
 def registered(name: str):
     from controlplane.models import Node
 
-    return wait_for(lambda: Node.objects.filter(name=name, status="ready", last_heartbeat__isnull=False).first(),
-                    what=f"{name} to register")
+    return wait_for(
+        lambda: Node.objects.filter(name=name, status="ready", last_heartbeat__isnull=False).first(),
+        what=f"{name} to register",
+    )
 
 
 def converged(node_id: int, worker_ids: list[int], **want) -> dict[int, dict] | None:
@@ -71,8 +74,14 @@ def long_request(endpoint: str, request_id: str) -> dict:
 
     def run() -> None:
         try:
-            out["result"] = call(endpoint, lambda c: c.generate(dp.GenerateRequest(
-                request_id=request_id, prompt="x" * 20, sampling=dp.SamplingParams(max_tokens=8000))))
+            out["result"] = call(
+                endpoint,
+                lambda c: c.generate(
+                    dp.GenerateRequest(
+                        request_id=request_id, prompt="x" * 20, sampling=dp.SamplingParams(max_tokens=8000)
+                    )
+                ),
+            )
         except Exception as exc:  # the connection may drop when the worker dies
             out["error"] = exc
 
@@ -101,7 +110,10 @@ def test_agent_kill9_orphans_die_lease_expires_restart_recovers(stack):
     stack.agent("roll-a")
     node = registered("roll-a")
     job = make_job("fault-agent", model="qwen3-8b", hardware="h800", rollout_gpus=2, training_gpus=0)
-    ws = [start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[i], role="colocated", activity="active") for i in (0, 1)]
+    ws = [
+        start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[i], role="colocated", activity="active")
+        for i in (0, 1)
+    ]
     obs = wait_for(lambda: converged(node.pk, [w.pk for w in ws]), what="workers running")
     pids = {w.pk: call(obs[w.pk]["endpoint"], lambda c: c.get("health"))["pid"] for w in ws}
     long_request(obs[ws[0].pk]["endpoint"], "in-flight")
@@ -122,7 +134,9 @@ def test_agent_kill9_orphans_die_lease_expires_restart_recovers(stack):
     obs = wait_for(lambda: converged(node.pk, [w.pk for w in ws]), what="the node to recover")
     recover_s = time.time() - t_restart
     # nothing lost: the request the dead worker had in flight was reported with its partial output
-    ev = wait_for(lambda: fault_with("roll-a", ("orphan_gone", "orphan_killed"), "in-flight"), what="the orphan's partials")
+    ev = wait_for(
+        lambda: fault_with("roll-a", ("orphan_gone", "orphan_killed"), "in-flight"), what="the orphan's partials"
+    )
     (partial,) = [a for a in ev.data["aborted"] if a["request_id"] == "in-flight"]
     assert partial["tokens"] and partial["finish_reason"] == "abort"
     # the same slots, new processes, each pinned to its slot's device
@@ -153,14 +167,22 @@ def test_worker_kill9_restarted_in_place_with_partials_reported(stack):
     os.kill(pid, signal.SIGKILL)
     crash = wait_for(lambda: fault_with("roll-w", ("crashed",), "w-in-flight"), what="the crash report")
     detect_s = crash.created.timestamp() - t_kill
-    wait_for(lambda: Event.objects.filter(kind="worker.fault", node=node, data__kind="restarted").exists(), what="restart")
-    obs = wait_for(lambda: (o := converged(node.pk, [w.pk])) and o[w.pk]["endpoint"] != obs[w.pk]["endpoint"] and o,
-                   what="the new process to be reported")
+    wait_for(
+        lambda: Event.objects.filter(kind="worker.fault", node=node, data__kind="restarted").exists(), what="restart"
+    )
+    obs = wait_for(
+        lambda: (o := converged(node.pk, [w.pk])) and o[w.pk]["endpoint"] != obs[w.pk]["endpoint"] and o,
+        what="the new process to be reported",
+    )
     recover_s = time.time() - t_kill
     h = call(obs[w.pk]["endpoint"], lambda c: c.get("health"))
     assert h["pid"] != pid and h["devices"] == [0]
-    out = call(obs[w.pk]["endpoint"], lambda c: c.generate(dp.GenerateRequest(request_id="after", prompt="hi",
-                                                                               sampling=dp.SamplingParams(max_tokens=3))))
+    out = call(
+        obs[w.pk]["endpoint"],
+        lambda c: c.generate(
+            dp.GenerateRequest(request_id="after", prompt="hi", sampling=dp.SamplingParams(max_tokens=3))
+        ),
+    )
     assert len(out.tokens) == 3
     assert_invariants()
     record_timing("worker_kill9", detect_s=detect_s, recover_s=recover_s)
@@ -172,8 +194,11 @@ def _train_step(endpoint: str, step: int) -> int:
 
     async def run(c: WorkerClient) -> int:
         auth = {"Authorization": f"Bearer {SECRET}"}
-        async with c.session.post(f"{endpoint}/samples", headers=auth,
-                                  json={"samples": [dp.dump(x) for x in fixed_batch(step)], "train": False}) as r:
+        async with c.session.post(
+            f"{endpoint}/samples",
+            headers=auth,
+            json={"samples": [dp.dump(x) for x in fixed_batch(step)], "train": False},
+        ) as r:
             assert r.status == 200, await r.text()
         async with c.session.post(f"{endpoint}/step", headers=auth) as r:
             return (await r.json())["version"]
@@ -222,8 +247,15 @@ def test_trainer_kill9_resumes_version_and_borrowed_gpus_return_before_training(
     pid = call(old_endpoint, lambda c: c.get("health"))["pid"]
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
-    t_obs = wait_for(lambda: (o := converged(t_node.pk, [trainer.pk], weight_version=1)) and o[trainer.pk]["endpoint"] != old_endpoint and o,
-                     120, "the trainer to come back at v1")
+    t_obs = wait_for(
+        lambda: (
+            (o := converged(t_node.pk, [trainer.pk], weight_version=1))
+            and o[trainer.pk]["endpoint"] != old_endpoint
+            and o
+        ),
+        120,
+        "the trainer to come back at v1",
+    )
     recover_s = time.time() - t_kill
     new_endpoint = t_obs[trainer.pk]["endpoint"]
     assert Worker.objects.get(pk=trainer.pk).endpoint == new_endpoint
@@ -260,7 +292,9 @@ def test_redis_restart_the_link_heals_and_changes_still_arrive(stack):
 
     os.kill(stack.procs["agent-roll-r"].pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: Event.objects.filter(kind="node.lease_expired", node=node).exists(), what="the sweeper after Redis")
+        wait_for(
+            lambda: Event.objects.filter(kind="node.lease_expired", node=node).exists(), what="the sweeper after Redis"
+        )
     finally:
         os.kill(stack.procs["agent-roll-r"].pid, signal.SIGCONT)
     wait_for(lambda: converged(node.pk, [w.pk]), what="recovery after the pause")
@@ -282,7 +316,9 @@ def test_paused_agent_is_fenced_then_resyncs(stack):
     t_pause = time.time()
     os.kill(agent.pid, signal.SIGSTOP)  # a paused lease holder (GC pause, VM stall)
     try:
-        expired = wait_for(lambda: Event.objects.filter(kind="node.lease_expired", node=node).first(), what="lease expiry")
+        expired = wait_for(
+            lambda: Event.objects.filter(kind="node.lease_expired", node=node).first(), what="lease expiry"
+        )
         detect_s = expired.created.timestamp() - t_pause
         fenced = Node.objects.get(pk=node.pk)
         assert fenced.status == "not_ready" and fenced.epoch == node.epoch + 1
@@ -317,7 +353,9 @@ def test_preemption_drains_reports_partials_and_removes_the_node(stack):
 
     t_notice = preempt_via_api(node.pk, 4, "op-fault")
     result = wait_for(lambda: busy.get("result") or busy.get("error"), what="the drained request")
-    assert isinstance(result, dp.GenerationResult) and result.finish_reason == "abort" and result.tokens  # partial back to its caller
+    assert (
+        isinstance(result, dp.GenerationResult) and result.finish_reason == "abort" and result.tokens
+    )  # partial back to its caller
     drained = wait_for(lambda: fault_with("spot-x", ("drained",), "preempted"), what="the drained partial reported")
     assert drained.data["aborted"][0]["tokens"]
     wait_for(lambda: not alive(pid), what="the worker to stop")

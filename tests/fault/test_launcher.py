@@ -1,6 +1,7 @@
 """The one-command launcher under faults: a killed agent is restarted and the stack stays up; SIGTERM
 stops every process it started, workers included; it runs in production mode (DEBUG off) by default.
 And `check --deploy` is clean under the documented production settings."""
+
 from __future__ import annotations
 
 import json
@@ -44,22 +45,43 @@ def agent_pid(var: Path, name: str) -> int | None:
 
 def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
     var, port, redis_port = tmp_path / "var", free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PEARL_TESTING", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")}
-    env |= {"PEARL_VAR_DIR": str(var), "PEARL_PORT": str(port), "REDIS_URL": f"redis://127.0.0.1:{redis_port}",
-            "PEARL_LEASE_S": "4", "PEARL_HEARTBEAT_S": "0.5", "PYTHONPATH": str(ROOT)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "DEBUG", "PEARL_TESTING", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    }
+    env |= {
+        "PEARL_VAR_DIR": str(var),
+        "PEARL_PORT": str(port),
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}",
+        "PEARL_LEASE_S": "4",
+        "PEARL_HEARTBEAT_S": "0.5",
+        "PYTHONPATH": str(ROOT),
+    }
     log = open(tmp_path / "launch.log", "wb")
-    launcher = subprocess.Popen([sys.executable, "manage.py", "launch", "--no-demo-job", "--time-factor", "0.01",
-                                 "--trace", ""],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "manage.py", "launch", "--no-demo-job", "--time-factor", "0.01", "--trace", ""],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: b"PEARL is up" in (tmp_path / "launch.log").read_bytes() or launcher.poll() is not None, 180,
-                 "the stack to come up")
+        wait_for(
+            lambda: b"PEARL is up" in (tmp_path / "launch.log").read_bytes() or launcher.poll() is not None,
+            180,
+            "the stack to come up",
+        )
         assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
         token = json.loads((var / "demo-credentials.json").read_text())["token"]
         assert (var / "secret_key").exists() and oct((var / "secret_key").stat().st_mode & 0o777) == "0o600"
         # production mode: an unknown page is the JSON 404 of handler404 (DEBUG would show its HTML page)
-        assert get(f"{base}/no-such-page") == (404, {"error": "not_found", "field": None, "detail": "no such URL: /no-such-page"})
+        assert get(f"{base}/no-such-page") == (
+            404,
+            {"error": "not_found", "field": None, "detail": "no such URL: /no-such-page"},
+        )
         nodes = {n["name"]: n for n in get(f"{base}/api/nodes/", token)[1]["results"]}
         assert len(nodes) == len(DEMO_NODES) and all(n["status"] == "ready" for n in nodes.values())
 
@@ -68,8 +90,16 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
         # the stack stays up while the agent comes back as a new incarnation (a new epoch)
-        back = wait_for(lambda: (n := {x["name"]: x for x in get(f"{base}/api/nodes/", token)[1].get("results", [])}.get("spot-0"))
-                        and n["epoch"] > nodes["spot-0"]["epoch"] and n["status"] == "ready" and n, 60, "the agent to come back")
+        back = wait_for(
+            lambda: (
+                (n := {x["name"]: x for x in get(f"{base}/api/nodes/", token)[1].get("results", [])}.get("spot-0"))
+                and n["epoch"] > nodes["spot-0"]["epoch"]
+                and n["status"] == "ready"
+                and n
+            ),
+            60,
+            "the agent to come back",
+        )
         record_timing("launcher_agent_kill9", recover_s=time.time() - t_kill)
         assert agent_pid(var, "spot-0") not in (None, victim)
         assert get(f"{base}/healthz")[0] == 200 and launcher.poll() is None
@@ -93,13 +123,25 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
 
 @pytest.mark.parametrize("production, ok", [(True, True), (False, False)])
 def test_check_deploy_is_clean_under_the_documented_production_settings(tmp_path, production, ok):
-    leave_out = ("DEBUG", "PEARL_TESTING", "SECRET_KEY", "PEARL_HTTPS", "DJANGO_ALLOW_ASYNC_UNSAFE")  # the last: set by the test tools
+    leave_out = (
+        "DEBUG",
+        "PEARL_TESTING",
+        "SECRET_KEY",
+        "PEARL_HTTPS",
+        "DJANGO_ALLOW_ASYNC_UNSAFE",
+    )  # the last: set by the test tools
     env = {k: v for k, v in os.environ.items() if k not in leave_out}
     env |= {"PEARL_VAR_DIR": str(tmp_path), "ALLOWED_HOSTS": "pearl.example.com", "PYTHONPATH": str(ROOT)}
     if production:
         env |= {"PEARL_HTTPS": "1"}
-    r = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (r.returncode == 0) == ok, r.stdout + r.stderr
     if not ok:
         assert "SESSION_COOKIE_SECURE" in r.stderr + r.stdout  # the check really looks

@@ -1,6 +1,7 @@
 """The launcher's own supervision (issue 21, item 6), with real processes: children die with a
 launcher killed by SIGKILL (restarted ones too), a second launcher on the same var directory is
 refused with the live one's pid, and a port that is taken is named before anything starts."""
+
 from __future__ import annotations
 
 import json
@@ -39,10 +40,17 @@ def children_of(pid: int) -> list[int]:
 
 
 def launcher_env(var: Path, port: int, redis_port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "DEBUG", "PEARL_TESTING", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")}
-    return env | {"PEARL_VAR_DIR": str(var), "PEARL_PORT": str(port), "REDIS_URL": f"redis://127.0.0.1:{redis_port}",
-                  "PYTHONPATH": str(ROOT)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "DEBUG", "PEARL_TESTING", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    }
+    return env | {
+        "PEARL_VAR_DIR": str(var),
+        "PEARL_PORT": str(port),
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 SUPERVISED = textwrap.dedent("""
@@ -59,9 +67,14 @@ SUPERVISED = textwrap.dedent("""
 
 
 def test_children_die_with_a_supervisor_killed_by_sigkill_restarted_ones_too(tmp_path):
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISED, str(ROOT), str(tmp_path / "sup.log")], cwd=ROOT,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    sup = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISED, str(ROOT), str(tmp_path / "sup.log")],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     seen: set[int] = set()
     try:
         first = [int(p) for p in sup.stdout.readline().split()]  # type: ignore[union-attr]
@@ -88,15 +101,35 @@ def test_children_die_with_a_supervisor_killed_by_sigkill_restarted_ones_too(tmp
 
 def test_a_child_whose_launcher_is_already_gone_does_not_start(tmp_path):
     """The race between fork and prctl: the wrapper checks its parent is still the one it was given."""
-    r = subprocess.run([sys.executable, "-m", "controlplane.management.supervisor", "--parent", "1", "--",
-                        "touch", str(tmp_path / "ran")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "controlplane.management.supervisor",
+            "--parent",
+            "1",
+            "--",
+            "touch",
+            str(tmp_path / "ran"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "gone" in r.stderr
     assert not (tmp_path / "ran").exists()
 
 
 def run_launch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", "launch", "--no-demo-job", "--trace", "", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "manage.py", "launch", "--no-demo-job", "--trace", "", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.mark.parametrize("which", ["web", "redis"])
@@ -120,12 +153,21 @@ def test_a_launcher_killed_by_sigkill_takes_its_stack_with_it_and_a_second_start
     var, port, redis_port = tmp_path / "var", free_port(), free_port()
     env = launcher_env(var, port, redis_port)
     log = open(tmp_path / "launch.log", "wb")
-    launcher = subprocess.Popen([sys.executable, "manage.py", "launch", "--no-demo-job", "--no-agents", "--trace", ""],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "manage.py", "launch", "--no-demo-job", "--no-agents", "--trace", ""],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     children: list[int] = []
     try:
-        wait_for(lambda: b"PEARL is up" in (tmp_path / "launch.log").read_bytes() or launcher.poll() is not None, 240,
-                 "the stack to come up")
+        wait_for(
+            lambda: b"PEARL is up" in (tmp_path / "launch.log").read_bytes() or launcher.poll() is not None,
+            240,
+            "the stack to come up",
+        )
         assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
         children = children_of(launcher.pid)
         assert len(children) >= 4, children  # redis, web, worker, beat

@@ -3,6 +3,7 @@ against emulated engines on real agents, the planner and executor run in Celery,
 away in the middle of generation — its agent killed with SIGKILL, or an elastic node preempted. The
 job's accounting must come out whole: every step trains exactly its batch, no trajectory is lost or
 trained twice, the interrupted ones finish elsewhere from their kept prefixes."""
+
 from __future__ import annotations
 
 import time
@@ -21,18 +22,33 @@ TIME_FACTOR = "0.05"  # emulated H800 time ×0.05: a SWE-like step takes seconds
 def _live_job(name: str, rollout_gpus: int):
     from controlplane.services.jobs import create_job
 
-    return create_job(spec={"name": name, "model": "qwen3-8b", "hardware": "h800", "engine": "emulated",
-                            "environment": "swe-like", "tp": 1, "batch_size": BATCH, "group_size": 4,
-                            "rollout_gpus": rollout_gpus, "training_gpus": 1, "max_staleness": 1,
-                            "max_trajectory_tokens": 8192}, actor="test")
+    return create_job(
+        spec={
+            "name": name,
+            "model": "qwen3-8b",
+            "hardware": "h800",
+            "engine": "emulated",
+            "environment": "swe-like",
+            "tp": 1,
+            "batch_size": BATCH,
+            "group_size": 4,
+            "rollout_gpus": rollout_gpus,
+            "training_gpus": 1,
+            "max_staleness": 1,
+            "max_trajectory_tokens": 8192,
+        },
+        actor="test",
+    )
 
 
 def _records(job, kind: str) -> list[dict]:
     from controlplane.core.telemetry import TelemetryRecord
     from controlplane.models import TelemetrySample
 
-    return [TelemetryRecord.from_json(r).as_dict()
-            for r in TelemetrySample.objects.filter(job=job, kind=kind).order_by("id").values_list("record", flat=True)]
+    return [
+        TelemetryRecord.from_json(r).as_dict()
+        for r in TelemetrySample.objects.filter(job=job, kind=kind).order_by("id").values_list("record", flat=True)
+    ]
 
 
 def _busy_worker_on(node_name: str):
@@ -115,8 +131,11 @@ def test_elastic_node_preempted_mid_generation_partials_finish_elsewhere(stack):
     deadline = t_notice + 20
     agent_pid = stack.procs["agent-spot-p"].pid
     # the node's workers are gone (drained, partials handed back, processes stopped) before the deadline
-    wait_for(lambda: not [p for p in processes_under(stack.tmp / "agents" / "spot-p") if p != agent_pid], 20,
-             "the node's worker processes to stop")
+    wait_for(
+        lambda: not [p for p in processes_under(stack.tmp / "agents" / "spot-p") if p != agent_pid],
+        20,
+        "the node's worker processes to stop",
+    )
     gone_s = time.time() - t_notice
     assert time.time() < deadline, f"workers still ran {gone_s:.1f} s after the notice"
     wait_for(lambda: Node.objects.get(pk=node.pk).status == "gone", 40, "the node to be removed at the deadline")

@@ -1,5 +1,6 @@
 """A live Daphne on the test database with some state to fuzz against (nodes, jobs, workers, events),
 an operator and a read-only user; writes are not rate-limited here, so the fuzzer reaches the logic."""
+
 from __future__ import annotations
 
 import sys
@@ -43,8 +44,11 @@ def fuzz_target(transactional_db, tmp_path) -> Iterator[FuzzTarget]:
         pytest.skip("Redis is not reachable")
     tokens = seed_state()
     port = free_port()
-    proc = start_process([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
-                  child_env(PEARL_WRITE_RATE="1000000/min"), tmp_path / "daphne.log")
+    proc = start_process(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "pearl_site.asgi:application"],
+        child_env(PEARL_WRITE_RATE="1000000/min"),
+        tmp_path / "daphne.log",
+    )
     try:
         wait_port(port, proc=proc)
         yield FuzzTarget(base_url=f"http://127.0.0.1:{port}", tokens=tokens)

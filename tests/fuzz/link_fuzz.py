@@ -3,6 +3,7 @@ text, valid messages with a field replaced, removed or added, deep nesting, NaN,
 are sent on one registered socket. After every frame the link must still be up and still count: a
 heartbeat with the node's current epoch is accepted (no error), and no frame closes it with 1011.
 Used by the CI test (tests/fuzz/test_link_fuzz.py) and benchmarks/bench_fuzz.py."""
+
 from __future__ import annotations
 
 import json
@@ -15,20 +16,45 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
-JSON = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
-                    max_leaves=12)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
+    max_leaves=12,
+)
 
 
 def valid_messages(node: str, epoch: int) -> list[dict[str, Any]]:
     worker = {"worker_id": 1, "role": "decode", "activity": "active", "state": "running", "weight_version": 0}
     return [
         {"type": "heartbeat", "epoch": epoch, "generation": 0, "workers": [worker]},
-        {"type": "telemetry", "epoch": epoch, "records": [{"kind": "decode_iteration", "job": "j", "running_batch": 1, "duration_s": 0.1}]},
-        {"type": "fault", "epoch": epoch, "worker_id": 0, "kind": "crashed", "detail": "x", "aborted": [{"request_id": "r", "tokens": [1]}]},
-        {"type": "register", "node": node, "pool": "reserved", "hardware": "cpu", "incarnation": "fz",
-         "slots": [{"index": 0, "hardware": "cpu", "memory_mb": 1}]},
+        {
+            "type": "telemetry",
+            "epoch": epoch,
+            "records": [{"kind": "decode_iteration", "job": "j", "running_batch": 1, "duration_s": 0.1}],
+        },
+        {
+            "type": "fault",
+            "epoch": epoch,
+            "worker_id": 0,
+            "kind": "crashed",
+            "detail": "x",
+            "aborted": [{"request_id": "r", "tokens": [1]}],
+        },
+        {
+            "type": "register",
+            "node": node,
+            "pool": "reserved",
+            "hardware": "cpu",
+            "incarnation": "fz",
+            "slots": [{"index": 0, "hardware": "cpu", "memory_mb": 1}],
+        },
     ]
 
 
@@ -49,16 +75,32 @@ def _mutate(message: dict[str, Any], how: int, key_pick: int, value: Any, node: 
     return msg
 
 
-RAW = st.sampled_from([
-    "[" * 5000 + "]" * 5000, '{"type": "heartbeat", "epoch": NaN, "generation": 0}', '{"type": "heartbeat", "epoch": Infinity}',
-    '{"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "detail": "\\u0000"}', '{"a": "\\ud800"}', "9" * 5000,
-    '{"type": "heartbeat", "epoch": 1e999, "generation": 0}', "{", "null", '"text"', "[]", " ",
-])
+RAW = st.sampled_from(
+    [
+        "[" * 5000 + "]" * 5000,
+        '{"type": "heartbeat", "epoch": NaN, "generation": 0}',
+        '{"type": "heartbeat", "epoch": Infinity}',
+        '{"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "detail": "\\u0000"}',
+        '{"a": "\\ud800"}',
+        "9" * 5000,
+        '{"type": "heartbeat", "epoch": 1e999, "generation": 0}',
+        "{",
+        "null",
+        '"text"',
+        "[]",
+        " ",
+    ]
+)
 
 
 def frames(node: str) -> st.SearchStrategy[str]:
-    mutated = st.builds(lambda i, how, k, v: json.dumps(_mutate(valid_messages(node, 1)[i % 4], how, k, v, node)),
-                        st.integers(0, 3), st.integers(0, 4), st.integers(0, 50), JSON)
+    mutated = st.builds(
+        lambda i, how, k, v: json.dumps(_mutate(valid_messages(node, 1)[i % 4], how, k, v, node)),
+        st.integers(0, 3),
+        st.integers(0, 4),
+        st.integers(0, 50),
+        JSON,
+    )
     arbitrary = JSON.map(json.dumps)
     text = st.text(max_size=200).filter(lambda t: t != "")
     return st.one_of(mutated, arbitrary, text, RAW)
@@ -78,7 +120,9 @@ class Link:
     """One registered agent socket; tracks the node's epoch from what the control plane says."""
 
     def __init__(self, ws_url: str, token: str, node: str) -> None:
-        self._connection = connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None, open_timeout=20)
+        self._connection = connect(
+            ws_url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None, open_timeout=20
+        )
         self.ws = self._connection.__enter__()
         self.node = node
         self.epoch = 0
@@ -135,11 +179,21 @@ def fuzz_link(ws_url: str, token: str, node: str, *, examples: int, seed_value: 
             report.problems.append(f"closed ({code}) after {frame[:120]!r}")
             link = Link(ws_url, token, node)
             return
-        report.error_replies += sum(1 for m in replies if m.get("type") == "error" and "probe-marker" not in m.get("message", ""))
-        stale = [m for m in replies if m.get("type") == "error" and m.get("code") in ("stale_epoch", "superseded", "not_registered")]
+        report.error_replies += sum(
+            1 for m in replies if m.get("type") == "error" and "probe-marker" not in m.get("message", "")
+        )
+        stale = [
+            m
+            for m in replies
+            if m.get("type") == "error" and m.get("code") in ("stale_epoch", "superseded", "not_registered")
+        ]
         if stale:  # the frame re-registered (a new epoch): the probe raced it; probe once more
             replies = link.probe()
-            stale = [m for m in replies if m.get("type") == "error" and m.get("code") in ("stale_epoch", "superseded", "not_registered")]
+            stale = [
+                m
+                for m in replies
+                if m.get("type") == "error" and m.get("code") in ("stale_epoch", "superseded", "not_registered")
+            ]
         if stale:
             report.problems.append(f"probe refused ({stale[0]['code']}) after {frame[:120]!r}")
         else:

@@ -7,6 +7,7 @@ may still be refused with a 400 by a rule the schema cannot state (more GPUs tha
 batch_size not a multiple of group_size), so schemathesis' positive_data_acceptance check is off. Used by the CI test
 (tests/fuzz/test_api_fuzz.py, small) and by benchmarks/bench_fuzz.py (>= 20,000 calls).
 """
+
 from __future__ import annotations
 
 import time
@@ -49,8 +50,14 @@ def load_schema(base_url: str, token: str) -> Any:
     return schemathesis.openapi.from_dict(raw.json())
 
 
-def fuzz(base_url: str, tokens: dict[str, str], *, examples: int, seed_value: int = 0,
-         modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)) -> FuzzReport:
+def fuzz(
+    base_url: str,
+    tokens: dict[str, str],
+    *,
+    examples: int,
+    seed_value: int = 0,
+    modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE),
+) -> FuzzReport:
     """`examples` generated cases per operation, mode and user (hypothesis `max_examples`)."""
     report = FuzzReport()
     schema = load_schema(base_url, next(iter(tokens.values())))
@@ -64,8 +71,14 @@ def fuzz(base_url: str, tokens: dict[str, str], *, examples: int, seed_value: in
                 strategy = operation.as_strategy(generation_mode=mode)
 
                 @seed(seed_value)
-                @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-                          suppress_health_check=list(HealthCheck), report_multiple_bugs=True)
+                @settings(
+                    max_examples=examples,
+                    deadline=None,
+                    database=None,
+                    derandomize=False,
+                    suppress_health_check=list(HealthCheck),
+                    report_multiple_bugs=True,
+                )
                 @given(case=strategy)
                 def run(case: Any) -> None:
                     response = case.call(base_url=base_url, session=session, headers=headers, timeout=30)
@@ -80,7 +93,11 @@ def fuzz(base_url: str, tokens: dict[str, str], *, examples: int, seed_value: in
                     except (Failure, BaseExceptionGroup) as exc:  # one failed check, or a group of them
                         text = str(exc)
                         report.nonconforming.append(f"{where}: {type(exc).__name__}: {text[:400]}")
-                        why = [line.strip() for line in text.splitlines() if line.strip().startswith(("- ST", "Invalid component", "- violates"))]
+                        why = [
+                            line.strip()
+                            for line in text.splitlines()
+                            if line.strip().startswith(("- ST", "Invalid component", "- violates"))
+                        ]
                         report.failure_kinds[f"{case.method} {operation.path}: " + " | ".join(why)[:200]] += 1
 
                 try:

@@ -1,5 +1,6 @@
 """CI's schema-driven fuzz run (bounded and seeded, about a minute): no 5xx, every answer as the schema
 documents it. The large run (>= 20,000 calls) is benchmarks/bench_fuzz.py."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """CI's agent-link fuzz run over a real Daphne websocket (bounded, seeded): every generated frame gets
 an answer, never a 1011 close, and the socket keeps its lease. The larger run is benchmarks/bench_fuzz.py."""
+
 from __future__ import annotations
 
 import os

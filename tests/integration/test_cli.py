@@ -1,6 +1,7 @@
 """The `pearl` CLI against a live server (a real Daphne on the test database): submit from a ROLL-style
 spec, status with the live configuration and the decision, override (exact and ratio), events, stop,
 drain/undrain, a bad spec rejected with the user's own key named, and actionable connection errors."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,9 @@ def pearl(cp, *args: str, token: str | None = None, env: dict[str, str] | None =
     """Run `python -m pearl_cli` as a user would run `pearl` (its console script calls the same main)."""
     e = dict(os.environ, PEARL_URL=cp.base_url, PEARL_TOKEN=token or "", PEARL_CONFIG=str(Path(cp.tmp) / "none.toml"))
     e.update(env or {})
-    r = subprocess.run([sys.executable, "-m", "pearl_cli", *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "pearl_cli", *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60
+    )
     if check:
         assert r.returncode == 0, r.stderr
     return r
@@ -84,7 +87,9 @@ def test_submit_status_override_events_stop(cp, tmp_path):
     assert status["job"]["configuration"] == "1P3D"
     ratio = pearl(cp, "override", "grpo-cli", "--pd", "1:3", "--ratio", "--borrowing", "off", token=token).stdout
     assert "forced P:D ratio 1:3 (scaled to the budget), borrowing off" in ratio
-    assert "override: none" in pearl(cp, "override", "grpo-cli", "--clear", token=token).stdout.replace("overrides of grpo-cli: none", "override: none")
+    assert "override: none" in pearl(cp, "override", "grpo-cli", "--clear", token=token).stdout.replace(
+        "overrides of grpo-cli: none", "override: none"
+    )
     o.refresh_from_db()
     assert (o.force_mode, o.force_n_prefill, o.force_exact, o.borrowing) == ("", None, False, True)
 
@@ -103,7 +108,9 @@ def test_bad_spec_names_the_users_key_and_creates_nothing(cp, tmp_path):
 
     token = cp.user_token("alice")
     spec = tmp_path / "bad.yaml"
-    spec.write_text(SPEC.replace("rollout_batch_size: 64", "rollout_batch_size: 60").replace("name: grpo-cli", "name: bad"))
+    spec.write_text(
+        SPEC.replace("rollout_batch_size: 64", "rollout_batch_size: 60").replace("name: grpo-cli", "name: bad")
+    )
     r = pearl(cp, "submit", str(spec), token=token, check=False)
     assert r.returncode == 1 and "rollout_batch_size: batch_size must be a multiple of group_size" in r.stderr
     spec.write_text(SPEC.replace("gpus: {rollout: 4, training: 2}", "gpus: {rollout: 400, training: 2}"))
@@ -121,7 +128,10 @@ def test_nodes_drain_undrain_and_errors_a_person_can_act_on(cp, tmp_path):
     assert [n["name"] for n in nodes] == ["res-a", "spot-a", "train-a"]
     assert "node spot-a: draining" in pearl(cp, "drain", "spot-a", token=token).stdout
     assert "node spot-a: returned to service (status ready)" in pearl(cp, "undrain", "spot-a", token=token).stdout
-    assert "preemption notice sent (status draining)" in pearl(cp, "preempt", "spot-a", "--deadline", "600", token=token).stdout
+    assert (
+        "preemption notice sent (status draining)"
+        in pearl(cp, "preempt", "spot-a", "--deadline", "600", token=token).stdout
+    )
     assert "returned to service" in pearl(cp, "undrain", "spot-a", token=token).stdout
     r = pearl(cp, "undrain", "res-a", token=token, check=False)
     assert r.returncode == 1 and "not draining or gone" in r.stderr
@@ -153,18 +163,29 @@ def test_submit_the_agent_example_and_list_its_trajectories(cp):
     assert Job.objects.get(name="calc-agent").agent["agent_concurrency"] == 64
     out = pearl(cp, "trajectories", "calc-agent", token=token)
     assert "no trajectories" in out.stdout
-    sample = {"tokens": [1, 2, 3, 4], "mask": [0, 0, 1, 1], "logprobs": [0, 0, -0.5, -0.5], "weight_versions": [2],
-              "workers": [3], "latency_s": [0.1]}
+    sample = {
+        "tokens": [1, 2, 3, 4],
+        "mask": [0, 0, 1, 1],
+        "logprobs": [0, 0, -0.5, -0.5],
+        "weight_versions": [2],
+        "workers": [3],
+        "latency_s": [0.1],
+    }
     for step in (0, 1):
-        record_trajectories(job_id=job["id"], step=step, trajectories=[
-            summarize(f"s{step}-t0", {"samples": [sample], "reward": 1.0, "turns": 1, "status": "done"}),
-            summarize(f"s{step}-t1", {"status": "failed", "reason": "the agent exited with status 1"}),
-        ])
+        record_trajectories(
+            job_id=job["id"],
+            step=step,
+            trajectories=[
+                summarize(f"s{step}-t0", {"samples": [sample], "reward": 1.0, "turns": 1, "status": "done"}),
+                summarize(f"s{step}-t1", {"status": "failed", "reason": "the agent exited with status 1"}),
+            ],
+        )
     out = pearl(cp, "trajectories", "calc-agent", token=token).stdout  # the latest step by default
     assert "s1-t0" in out and "s0-t0" not in out and "2/4" in out and "v2" in out
     assert "the agent exited with status 1" in out
-    rows = json.loads(pearl(cp, "trajectories", str(job["id"]), "--step", "0", "--status", "done", "--json",
-                            token=token).stdout)
+    rows = json.loads(
+        pearl(cp, "trajectories", str(job["id"]), "--step", "0", "--status", "done", "--json", token=token).stdout
+    )
     assert [r["name"] for r in rows] == ["s0-t0"] and rows[0]["mask"] == [0, 0, 1, 1]
     bad = pearl(cp, "trajectories", "calc-agent", "--limit", "999", token=token, check=False)
     assert bad.returncode != 0 and "limit" in bad.stderr

@@ -5,6 +5,7 @@ a node killed, a node cut off for twice the lease, the bridge restarted.
 Timings are recorded (PEARL_FAULT_TIMINGS=<file>, as tests/fault do), not asserted, except the
 bridge's reaction to a drain, which the issue sets at under a second (asserted at 5 s, a hang guard on
 a loaded 2-core machine; the measured figure goes to the timings file)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -82,8 +83,10 @@ def test_an_agent_appears_on_every_ray_node_and_dials_from_its_own_address(clust
     record("ray_node_cost", rss_mib=rss1, idle_cpu_pct=100 * (cpu1 - cpu0) / 10)  # raylet, its agents, the PEARL agent
     placed = [line for line in cluster.bridge_lines() if line["bridge"] == "place_agent"]
     assert sorted(p["address"] for p in placed) == sorted(cluster.nodes[h] for h in ("n1", "n2")), placed
-    slots = cluster.db.rows("SELECT n.ray_address, count(*) FROM controlplane_gpu g JOIN controlplane_node n "
-                            "ON n.id = g.node_id WHERE g.present GROUP BY n.ray_address")
+    slots = cluster.db.rows(
+        "SELECT n.ray_address, count(*) FROM controlplane_gpu g JOIN controlplane_node n "
+        "ON n.id = g.node_id WHERE g.present GROUP BY n.ray_address"
+    )
     assert dict(slots) == {cluster.nodes["n1"]: 2, cluster.nodes["n2"]: 2}  # the node's GPUs are its slots
 
 
@@ -119,8 +122,11 @@ def test_an_agent_actor_that_dies_is_restarted_by_ray_on_its_node(cluster: Clust
     victim = wait_for(lambda: actor_pid(cluster, "n3"), 30, "the agent actor's process")
     t_kill = time.time()
     os.kill(victim, signal.SIGKILL)
-    back = wait_for(lambda: (n := ready_at(cluster, "n3")) and n["epoch"] > node["epoch"] and n, 120,
-                    "the restarted agent to register again")
+    back = wait_for(
+        lambda: (n := ready_at(cluster, "n3")) and n["epoch"] > node["epoch"] and n,
+        120,
+        "the restarted agent to register again",
+    )
     record("agent_actor_killed", recover_s=time.time() - t_kill)
     assert back["ray_node_id"] == node["ray_node_id"] and actor_pid(cluster, "n3") not in (None, victim)
     assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3  # Ray restarted it
@@ -130,8 +136,11 @@ def test_a_preemption_drain_reaches_pearl_with_its_deadline_and_the_node_goes_at
     node = ready_at(cluster, "n2")
     assert node
     cluster.ray_drain(node["ray_node_id"], 10)
-    notice = wait_for(lambda: [e for e in cluster.db.events("node.preemption_notice") if e["node"] == node["name"]],
-                      30, "PEARL's preemption notice")[0]
+    notice = wait_for(
+        lambda: [e for e in cluster.db.events("node.preemption_notice") if e["node"] == node["name"]],
+        30,
+        "PEARL's preemption notice",
+    )[0]
     ray_deadline = next(x["deadline"] for x in cluster.bridge_lines() if x["bridge"] == "notice")
     t_drain = ray_deadline - 10  # `ray drain-node` sets the deadline 10 s after the moment it drains
     reaction = _ts(notice["created"]) - t_drain
@@ -147,9 +156,16 @@ def test_a_preemption_drain_reaches_pearl_with_its_deadline_and_the_node_goes_at
     record("ray_preempted_gone", gone_after_kill_s=time.time() - t_kill)
     assert gone
     # whichever came first (PEARL's deadline or Ray's death), Ray's death reason ends up on record, once
-    died = wait_for(lambda: [e for k in ("node.gone", "node.ray_dead") for e in cluster.db.events(k)
-                             if e["node"] == node["name"] and "ray_death_reason" in (e["data"] or {})], 60,
-                    "Ray's death reason of the preempted node")
+    died = wait_for(
+        lambda: [
+            e
+            for k in ("node.gone", "node.ray_dead")
+            for e in cluster.db.events(k)
+            if e["node"] == node["name"] and "ray_death_reason" in (e["data"] or {})
+        ],
+        60,
+        "Ray's death reason of the preempted node",
+    )
     assert [e["data"]["ray_death_reason"] for e in died] == ["AUTOSCALER_DRAIN_PREEMPTED"], died
 
 
@@ -160,8 +176,11 @@ def test_a_killed_node_is_gone_with_rays_death_reason(cluster: Cluster):
     cluster.hosts.kill("ray-n1")  # SIGKILL of the raylet's process group: raylet, agent actor, its workers
     fenced = wait_for(lambda: cluster.db.nodes()[node["name"]]["status"] != "ready", 60, "PEARL to see the node lost")
     t_fenced = time.time()
-    events = wait_for(lambda: [e for e in cluster.db.events("node.gone") if e["node"] == node["name"]], 90,
-                      "Ray's death of the node to reach PEARL")
+    events = wait_for(
+        lambda: [e for e in cluster.db.events("node.gone") if e["node"] == node["name"]],
+        90,
+        "Ray's death of the node to reach PEARL",
+    )
     record("ray_node_killed", lost_s=t_fenced - t_kill, gone_s=time.time() - t_kill)
     assert fenced
     assert events[0]["data"]["ray_death_reason"] == "UNEXPECTED_TERMINATION", events
@@ -183,8 +202,9 @@ def test_a_node_cut_off_for_twice_the_lease_is_fenced_and_rejoins_with_a_new_epo
     t_heal = time.time()
     # its heartbeats, queued in TCP through the cut, carry the old epoch: refused; it resyncs to the
     # fenced desired state and holds its lease again at the epoch the fencing gave it
-    back = wait_for(lambda: (n := cluster.db.nodes()[node["name"]])["status"] == "ready" and n, 90,
-                    "the node to re-join")
+    back = wait_for(
+        lambda: (n := cluster.db.nodes()[node["name"]])["status"] == "ready" and n, 90, "the node to re-join"
+    )
     record("partition_one_node", lost_s=t_lost - t_cut, rejoin_s=time.time() - t_heal)
     assert lost and back["epoch"] >= fenced_epoch > node["epoch"]
     assert back["ray_node_id"] == node["ray_node_id"]  # the same raylet: Ray kept it through the cut
@@ -213,8 +233,9 @@ def test_the_control_plane_cut_off_from_every_node_for_30_s(cluster: Cluster):
     after = {h: node_at(cluster, h) for h in live}
     assert all(after[h]["ray_node_id"] == before[h]["ray_node_id"] for h in live)
     assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3
-    assert not [x for x in cluster.bridge_lines() if x["bridge"] == "gone" and x["name"] in
-                {before[h]["name"] for h in live}]  # Ray never lost them
+    assert not [
+        x for x in cluster.bridge_lines() if x["bridge"] == "gone" and x["name"] in {before[h]["name"] for h in live}
+    ]  # Ray never lost them
 
 
 def test_a_restarted_bridge_changes_nothing_that_is_right(cluster: Cluster):
@@ -228,8 +249,9 @@ def test_a_restarted_bridge_changes_nothing_that_is_right(cluster: Cluster):
     lines = [x for x in cluster.bridge_lines() if x["bridge"] != "bridge"]
     assert lines == [], lines  # no agent placed or stopped, no node event sent again
     after = cluster.db.nodes()
-    assert {k: (v["status"], v["epoch"]) for k, v in after.items()} == {k: (v["status"], v["epoch"]) for k, v in
-                                                                        before.items()}
+    assert {k: (v["status"], v["epoch"]) for k, v in after.items()} == {
+        k: (v["status"], v["epoch"]) for k, v in before.items()
+    }
     kinds = [r[0] for r in cluster.db.rows("SELECT kind FROM controlplane_event ORDER BY id")[events_before:]]
     assert not [k for k in kinds if k.startswith(("node.", "agent.token"))], kinds
     cluster.hosts.kill("bridge", signal.SIGTERM)
@@ -239,11 +261,28 @@ def test_ray_refuses_an_idle_termination_drain_of_a_node_whose_agent_holds_its_g
     """What the bridge relies on to read a drain with a deadline as a preemption (docs/deployment.md)."""
     node = ready_at(cluster, "n3")
     assert node
-    code = ("import json, sys; from agents import ray_adapter as r; r.connect(sys.argv[1]); "
-            "print(json.dumps(r.drain(sys.argv[2], reason='idle_termination', message='test')))")
-    out = subprocess.run(["ip", "netns", "exec", cluster.hosts.ns("cp"), sys.executable, "-c", code,
-                          f"{HEAD_IP}:{RAY_PORT}", node["ray_node_id"]], cwd=ROOT, env=cluster.env,
-                         capture_output=True, text=True, timeout=120)
+    code = (
+        "import json, sys; from agents import ray_adapter as r; r.connect(sys.argv[1]); "
+        "print(json.dumps(r.drain(sys.argv[2], reason='idle_termination', message='test')))"
+    )
+    out = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            cluster.hosts.ns("cp"),
+            sys.executable,
+            "-c",
+            code,
+            f"{HEAD_IP}:{RAY_PORT}",
+            node["ray_node_id"],
+        ],
+        cwd=ROOT,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     accepted, why = json.loads(out.stdout.strip().splitlines()[-1])
     assert not accepted and why, (accepted, why)

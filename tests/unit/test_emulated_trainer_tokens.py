@@ -1,5 +1,6 @@
 """The emulated trainer times an update by the batch's tokens counted once per trajectory (the loop's
 STEP train_tokens and the simulator's), not once per turn sample (each carries the context so far)."""
+
 import asyncio
 
 from agents import dataplane as dp
@@ -8,8 +9,9 @@ from agents.weights import WeightStore
 
 
 def test_multi_turn_trajectory_counts_its_tokens_once(tmp_path):
-    t = EmulatedTrainer(model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-9, store=WeightStore(tmp_path / "w"),
-                        ckpt_dir=None)
+    t = EmulatedTrainer(
+        model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-9, store=WeightStore(tmp_path / "w"), ckpt_dir=None
+    )
     seen = []
 
     class Profile:  # the frozen core profile, observed
@@ -20,8 +22,16 @@ def test_multi_turn_trajectory_counts_its_tokens_once(tmp_path):
     t.profile = Profile()
 
     def sample(traj, n):
-        return dp.TrainSample(group="0-0", prompt_tokens=[], completion_tokens=[], logprobs=[], reward=0.0,
-                              weight_version=0, trajectory=traj, token_count=n)
+        return dp.TrainSample(
+            group="0-0",
+            prompt_tokens=[],
+            completion_tokens=[],
+            logprobs=[],
+            reward=0.0,
+            weight_version=0,
+            trajectory=traj,
+            token_count=n,
+        )
 
     # trajectory a: turns with contexts 100, 250, 400 (400 = the whole trajectory); b: one turn of 80
     asyncio.run(t.update([sample("a", 100), sample("a", 250), sample("a", 400), sample("b", 80)], 0, 4))

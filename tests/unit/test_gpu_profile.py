@@ -1,5 +1,6 @@
 """benchmarks/gpu_profile.py at tiny shapes on CPU: the run a lent GPU makes at the Qwen3-8B and
 Qwen3-30B-A3B shapes, small, so the script is known to work before a GPU is ever lent."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_profile_tiny_writes_measured_coefficients(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--tiny", "--out", str(out)],
-                   check=True, timeout=240, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--tiny", "--out", str(out)],
+        check=True,
+        timeout=240,
+        capture_output=True,
+    )
     result = json.loads(out.read_text())
     assert result["hardware"] == "cpu" and result["skipped"] == []
     dense, moe = result["profiles"]

@@ -1,4 +1,5 @@
 """`manage.py launch --nodes FILE`: a logical cluster from YAML, refused with the item named when wrong."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,14 +18,17 @@ def test_the_benchmark_cluster_reads_as_nodes():
     assert sum(s for _, pool, s, _ in nodes if pool == "elastic") == 12
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("- {name: a, pool: spare, slots: 2}", "pool must be one of"),
-    ("- {name: a, pool: reserved, slots: 0}", "slots must be"),
-    ("- {name: a, pool: reserved, slots: 2}\n- {name: a, pool: elastic, slots: 2}", "unique"),
-    ("- {name: a, pool: reserved, slots: 2, gpus: 3}", "exactly name, pool, slots, hardware"),
-    ("{}", "expected a list"),
-    ("[", "--nodes"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("- {name: a, pool: spare, slots: 2}", "pool must be one of"),
+        ("- {name: a, pool: reserved, slots: 0}", "slots must be"),
+        ("- {name: a, pool: reserved, slots: 2}\n- {name: a, pool: elastic, slots: 2}", "unique"),
+        ("- {name: a, pool: reserved, slots: 2, gpus: 3}", "exactly name, pool, slots, hardware"),
+        ("{}", "expected a list"),
+        ("[", "--nodes"),
+    ],
+)
 def test_bad_node_files_are_refused_naming_the_problem(tmp_path, text, problem):
     f = tmp_path / "nodes.yaml"
     f.write_text(text)

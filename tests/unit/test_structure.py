@@ -18,6 +18,7 @@ at run time too. Strings are not imports: the services send Celery tasks by name
 
 and no import cycle between any two modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,8 +38,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models", ("controlplane.models", "controlplane.migrations")),
     ("selectors", ("controlplane.selectors",)),
     ("services", ("controlplane.services",)),
-    ("adapters", ("controlplane.tasks", "controlplane.consumers", "controlplane.api", "controlplane.views",
-                  "controlplane.admin", "controlplane.management")),
+    (
+        "adapters",
+        (
+            "controlplane.tasks",
+            "controlplane.consumers",
+            "controlplane.api",
+            "controlplane.views",
+            "controlplane.admin",
+            "controlplane.management",
+        ),
+    ),
     ("app", ("controlplane.apps", "controlplane")),  # the Django app's package and AppConfig
     ("site", ("pearl_site",)),
     ("cli", ("pearl_cli",)),
@@ -169,7 +179,8 @@ def test_every_module_has_a_layer(graph):
 def test_each_layer_imports_only_the_layers_below_it(graph):
     new = sorted(layer_violations(graph) - KNOWN_LAYER_VIOLATIONS)
     assert not new, "imports across the layers of DESIGN §9:\n" + "\n".join(
-        f"  {a} ({layer_of(a)}) imports {b} ({layer_of(b)})" for a, b in new)
+        f"  {a} ({layer_of(a)}) imports {b} ({layer_of(b)})" for a, b in new
+    )
 
 
 def test_no_import_cycle_between_modules(graph):
@@ -197,13 +208,16 @@ def _graph_of(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
 
 
 def test_the_checker_sees_function_local_relative_and_type_checking_imports(tmp_path):
-    graph = _graph_of(tmp_path, {
-        "controlplane.core.__init__": "",
-        "controlplane.core.a": "def f():\n    from controlplane.services import b\n",
-        "controlplane.services.__init__": "",
-        "controlplane.services.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\n",
-        "controlplane.services.c": "import controlplane.services.b\n",
-    })
+    graph = _graph_of(
+        tmp_path,
+        {
+            "controlplane.core.__init__": "",
+            "controlplane.core.a": "def f():\n    from controlplane.services import b\n",
+            "controlplane.services.__init__": "",
+            "controlplane.services.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\n",
+            "controlplane.services.c": "import controlplane.services.b\n",
+        },
+    )
     assert graph["controlplane.core.a"] == {"controlplane.services.b"}
     assert graph["controlplane.services.b"] == {"controlplane.services.c"}
     assert layer_violations(graph) == {("controlplane.core.a", "controlplane.services.b")}

@@ -3,6 +3,7 @@
 (`agents.worker.WorkerServer`) on a loopback port, with vLLM's NixlConnector moving KV over UCX.
 
 `make test-vllm` runs them in .venv-vllm; elsewhere (no vLLM or no nixl) every test module skips."""
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,9 @@ class Worker:
     runner: web.AppRunner
 
     async def call(self, verb: str, body: dict[str, Any] | None = None, method: str = "POST") -> tuple[int, Any]:
-        async with self.http.request(method, f"{self.url}/{verb}", json=body,
-                                     headers={"Authorization": f"Bearer {SECRET}"}) as resp:
+        async with self.http.request(
+            method, f"{self.url}/{verb}", json=body, headers={"Authorization": f"Bearer {SECRET}"}
+        ) as resp:
             return resp.status, await resp.json()
 
     async def role(self, role: str) -> None:

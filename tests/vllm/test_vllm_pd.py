@@ -1,5 +1,6 @@
 """Prefill → KV hand-off → decode between two real vLLM workers through vLLM's NixlConnector (UCX, DRAM on
 this CPU-only machine), driven through PEARL's worker data plane as the rollout driver drives it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,12 +27,18 @@ def turn(rid: str, tokens: list[int], max_tokens: int = 12) -> dict[str, Any]:
     return {"request_id": rid, "prompt_tokens": tokens, "sampling": {"max_tokens": max_tokens, "stop_at_eos": False}}
 
 
-async def hand_off(p: Worker, d: Worker, rid: str, tokens: list[int],
-                   max_tokens: int = 12) -> tuple[dict, tuple[int, Any]]:
+async def hand_off(
+    p: Worker, d: Worker, rid: str, tokens: list[int], max_tokens: int = 12
+) -> tuple[dict, tuple[int, Any]]:
     status, pre = await p.call("prefill", turn(rid, tokens, max_tokens))
     assert status == 200, pre
-    body = {"request_id": f"{rid}-d", "kv_url": p.url, "handle": pre["handle"], "kv_token": pre["kv_token"],
-            "sampling": {"max_tokens": max_tokens, "stop_at_eos": False}}
+    body = {
+        "request_id": f"{rid}-d",
+        "kv_url": p.url,
+        "handle": pre["handle"],
+        "kv_token": pre["kv_token"],
+        "sampling": {"max_tokens": max_tokens, "stop_at_eos": False},
+    }
     return pre, await d.call("decode", body)
 
 
@@ -73,7 +80,8 @@ def silent_peer() -> socket.socket:
 
 
 async def test_a_decode_whose_kv_pull_fails_answers_an_error_and_one_aborted_mid_pull_returns_at_once(
-        pd: tuple[Worker, Worker]) -> None:
+    pd: tuple[Worker, Worker],
+) -> None:
     """vLLM's handshake with a hung peer times out (5 s) and, under kv_load_failure_policy "fail", the decode
     ends with an error the worker answers 502 to (the driver then runs the turn again: a recompute). A
     decode aborted while its pull is pending comes back as an abort with no tokens, not after the timeout."""
@@ -133,9 +141,16 @@ async def test_the_prefill_side_returning_its_worker_mid_hand_off(pd: tuple[Work
     status, pre = await p.call("prefill", turn("ret-0", tokens))
     status, drained = await p.call("drain", {"mode": "abort", "timeout_s": 0})
     assert status == 200 and drained["aborted"] == []
-    status, res = await d.call("decode", {"request_id": "ret-0-d", "kv_url": p.url, "handle": pre["handle"],
-                                          "kv_token": pre["kv_token"],
-                                          "sampling": {"max_tokens": 12, "stop_at_eos": False}})
+    status, res = await d.call(
+        "decode",
+        {
+            "request_id": "ret-0-d",
+            "kv_url": p.url,
+            "handle": pre["handle"],
+            "kv_token": pre["kv_token"],
+            "sampling": {"max_tokens": 12, "stop_at_eos": False},
+        },
+    )
     assert status == 200 and res["tokens"] == ref["tokens"]
     status, _ = await p.call("resume", {})
     assert status == 200
@@ -143,8 +158,16 @@ async def test_the_prefill_side_returning_its_worker_mid_hand_off(pd: tuple[Work
     assert status == 200
     status, health = await p.call("sleep", {"level": 1})
     assert status == 200 and health["state"] == "sleeping" and health["sleep_mode"] == "pause"
-    status, res = await d.call("decode", {"request_id": "ret-1-d", "kv_url": p.url, "handle": pre["handle"],
-                                          "kv_token": pre["kv_token"], "sampling": {"max_tokens": 12}})
+    status, res = await d.call(
+        "decode",
+        {
+            "request_id": "ret-1-d",
+            "kv_url": p.url,
+            "handle": pre["handle"],
+            "kv_token": pre["kv_token"],
+            "sampling": {"max_tokens": 12},
+        },
+    )
     assert status == 404 and "unknown KV handle" in res["error"]
     status, health = await p.call("wake", {})
     assert status == 200 and health["state"] == "running"
@@ -163,8 +186,16 @@ async def test_a_descriptor_past_its_lease_is_refused(pd: tuple[Worker, Worker])
     p.engine.kv.lease_s = 1.0  # PEARL's lease on descriptors, short for this test (vLLM's was fixed at start)
     try:
         await asyncio.sleep(1.5)
-        status, res = await d.call("decode", {"request_id": "late-0-d", "kv_url": p.url, "handle": pre["handle"],
-                                              "kv_token": pre["kv_token"], "sampling": {"max_tokens": 4}})
+        status, res = await d.call(
+            "decode",
+            {
+                "request_id": "late-0-d",
+                "kv_url": p.url,
+                "handle": pre["handle"],
+                "kv_token": pre["kv_token"],
+                "sampling": {"max_tokens": 4},
+            },
+        )
     finally:
         p.engine.kv.lease_s = PREFILL_LEASE_S
     assert status == 404 and "unknown KV handle" in res["error"]

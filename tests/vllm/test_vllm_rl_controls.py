@@ -1,5 +1,6 @@
 """RL controls on a real vLLM worker: a trainer's weights installed in place (no restart), and pause /
 resume / sleep with the partial outputs of what was in flight returned."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,11 +42,15 @@ def trained_snapshot() -> bytes:
     return save(models.state_dict_for_wire(models.load_model("tiny", seed=TRAINED_SEED)))
 
 
-@pytest.mark.xfail(strict=True, reason="open: after the in-place install the tied tiny model's greedy tokens differ "
-                   "from a fresh engine's on the same weights (vLLM's layer-wise reload reports 'ParallelLMHead: "
-                   "Failed to load weights' for the tied head; re-tying it in the worker did not change the output)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: after the in-place install the tied tiny model's greedy tokens differ "
+    "from a fresh engine's on the same weights (vLLM's layer-wise reload reports 'ParallelLMHead: "
+    "Failed to load weights' for the tied head; re-tying it in the worker did not change the output)",
+)
 async def test_weights_installed_in_place_equal_a_fresh_engine_and_no_stale_kv_is_reused(
-        pd: tuple[Worker, Worker], fresh: Worker) -> None:
+    pd: tuple[Worker, Worker], fresh: Worker
+) -> None:
     from agents.engines.base import Conflict
 
     p, d = pd

@@ -1,4 +1,5 @@
 """The one way a driver feeds its loop: events queued, commands carried out in order, no re-entry."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -1,4 +1,5 @@
 """The RL loop's state machine: `cmds = loop.handle(event)` (the etcd/raft `Ready` pattern, DESIGN §7)."""
+
 from __future__ import annotations
 
 import math
@@ -9,9 +10,34 @@ from typing import Any
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
 from controlplane.core.loop.messages import (
-    Abort, Admission, Command, Decided, EmitSignal, EnvStepped, Event, Prefilled, Progress, PublishWeights, Resubmit,
-    ReturnConfirmed, ReturnOverlap, RouteDecode, RouteTurn, Start, StartStep, Stop, Telemetry, Tick, Train,
-    TrainingDone, TrajectoryRef, TrajectoryStarted, TurnGenerated, TurnInterrupted, WeightsPublished, WorkerGone,
+    Abort,
+    Admission,
+    Command,
+    Decided,
+    EmitSignal,
+    EnvStepped,
+    Event,
+    Prefilled,
+    Progress,
+    PublishWeights,
+    Resubmit,
+    ReturnConfirmed,
+    ReturnOverlap,
+    RouteDecode,
+    RouteTurn,
+    Start,
+    StartStep,
+    Stop,
+    Telemetry,
+    Tick,
+    Train,
+    TrainingDone,
+    TrajectoryRef,
+    TrajectoryStarted,
+    TurnGenerated,
+    TurnInterrupted,
+    WeightsPublished,
+    WorkerGone,
     WorkerReady,
 )
 from controlplane.core.loop.state import StepState, Traj, Trainer, TrajState, decode_into, encode
@@ -132,8 +158,13 @@ class RolloutLoop:
     def _maybe_start_step(self, now: float) -> None:
         j = self.step + 1
         cfg = self.cfg
-        if (self.rollout_active or self.stopped or not self.started or self.version < j - cfg.max_staleness
-                or (cfg.max_steps is not None and j >= cfg.max_steps)):
+        if (
+            self.rollout_active
+            or self.stopped
+            or not self.started
+            or self.version < j - cfg.max_staleness
+            or (cfg.max_steps is not None and j >= cfg.max_steps)
+        ):
             return
         self.step = j
         self.rollout_active = True
@@ -203,11 +234,22 @@ class RolloutLoop:
         self.version = ev.version
         self.trained_next = j + 1
         self.trainer = Trainer.IDLE
-        self._emit(Telemetry(tm.train(
-            time_s=ev.now_s, job=self.cfg.job, step=j, duration_s=ev.now_s - self.train_start_s,
-            return_latency_s=self.return_latency_s, return_deadline_s=self.cfg.return_deadline_s,
-            loss=self.loss, weight_version=ev.version, trajectories=len(self.steps[j].trajectories),
-            missing_trajectories=self.missing)))
+        self._emit(
+            Telemetry(
+                tm.train(
+                    time_s=ev.now_s,
+                    job=self.cfg.job,
+                    step=j,
+                    duration_s=ev.now_s - self.train_start_s,
+                    return_latency_s=self.return_latency_s,
+                    return_deadline_s=self.cfg.return_deadline_s,
+                    loss=self.loss,
+                    weight_version=ev.version,
+                    trajectories=len(self.steps[j].trajectories),
+                    missing_trajectories=self.missing,
+                )
+            )
+        )
         for tid in self.steps[j].trajectories:  # trained: the step's books are closed
             self.trajs.pop(tid, None)
         if self.ready and self.ready[0] == self.trained_next:
@@ -375,9 +417,21 @@ class RolloutLoop:
             return
         t.env_time_s += ev.env_time_s
         t.prefilled += t.pre_in_turn
-        self._emit(Telemetry(tm.turn(time_s=ev.now_s, job=self.cfg.job, step=t.step, trajectory=t.tid, turn=t.turn,
-                                     new_prompt_tokens=t.pre_in_turn, generated_tokens=t.gen_in_turn,
-                                     env_time_s=ev.env_time_s, duration_s=ev.now_s - t.turn_start_s)))
+        self._emit(
+            Telemetry(
+                tm.turn(
+                    time_s=ev.now_s,
+                    job=self.cfg.job,
+                    step=t.step,
+                    trajectory=t.tid,
+                    turn=t.turn,
+                    new_prompt_tokens=t.pre_in_turn,
+                    generated_tokens=t.gen_in_turn,
+                    env_time_s=ev.env_time_s,
+                    duration_s=ev.now_s - t.turn_start_s,
+                )
+            )
+        )
         t.turn += 1
         t.gen_in_turn = t.pre_in_turn = 0
         t.decode_in_turn_s = 0.0
@@ -414,7 +468,9 @@ class RolloutLoop:
         if stale:
             self.stale_aborted += 1
             st.stale_aborted += 1
-            why = f"stale: step {t.step} has data from weights v{t.min_version} (max staleness {self.cfg.max_staleness})"
+            why = (
+                f"stale: step {t.step} has data from weights v{t.min_version} (max staleness {self.cfg.max_staleness})"
+            )
         n = self._replacements.get(t.index, 0) + 1
         self._replacements[t.index] = n
         ref = TrajectoryRef(f"s{t.step}-t{t.index}-r{n}", t.group, t.index)
@@ -474,17 +530,29 @@ class RolloutLoop:
         dec = sum(min(t.decode_time_s, t.gen_time_s) for t in trajs)
         cfg = self.configuration
         return tm.step(
-            time_s=now, job=self.cfg.job, step=st.step, batch_size=n, turns_max=max(turns), turns_mean=sum(turns) / n,
+            time_s=now,
+            job=self.cfg.job,
+            step=st.step,
+            batch_size=n,
+            turns_max=max(turns),
+            turns_mean=sum(turns) / n,
             new_prompt_tokens_mean=sum(t.prefilled for t in trajs) / n_turns,
             generated_tokens_mean=sum(t.generated for t in trajs) / n_turns,
-            env_time_total_s=last.env_time_s, active_decode_fraction=dec / (gen + env) if gen + env > 0 and dec > 0 else 1.0,
-            makespan_s=now - st.start_s, predicted_makespan_s=st.predicted_makespan_s,
+            env_time_total_s=last.env_time_s,
+            active_decode_fraction=dec / (gen + env) if gen + env > 0 and dec > 0 else 1.0,
+            makespan_s=now - st.start_s,
+            predicted_makespan_s=st.predicted_makespan_s,
             predicted_at_start_s=st.predicted_at_start_s,
-            mode=str(cfg.mode) if cfg else "", n_prefill=cfg.n_prefill if cfg else 0,
-            n_decode=cfg.n_decode if cfg else 0, n_colocated=cfg.n_colocated if cfg else 0,
-            generated_tokens_total=st.generated_tokens, train_tokens=sum(t.prompt + t.generated for t in trajs),
-            reward_mean=sum(t.reward for t in trajs) / n, borrowed_gpu_s=st.borrowed_gpu_s,
-            stale_aborted=st.stale_aborted, interruptions=st.interruptions,
+            mode=str(cfg.mode) if cfg else "",
+            n_prefill=cfg.n_prefill if cfg else 0,
+            n_decode=cfg.n_decode if cfg else 0,
+            n_colocated=cfg.n_colocated if cfg else 0,
+            generated_tokens_total=st.generated_tokens,
+            train_tokens=sum(t.prompt + t.generated for t in trajs),
+            reward_mean=sum(t.reward for t in trajs) / n,
+            borrowed_gpu_s=st.borrowed_gpu_s,
+            stale_aborted=st.stale_aborted,
+            interruptions=st.interruptions,
         )
 
     def checkpoint(self) -> dict[str, Any]:
@@ -501,11 +569,19 @@ class RolloutLoop:
 
 
 _HANDLERS: dict[type, Any] = {
-    Start: RolloutLoop._on_start, Stop: RolloutLoop._on_stop, TrajectoryStarted: RolloutLoop._on_trajectory_started,
-    Prefilled: RolloutLoop._on_prefilled, TurnGenerated: RolloutLoop._on_turn_generated,
-    TurnInterrupted: RolloutLoop._on_turn_interrupted, EnvStepped: RolloutLoop._on_env_stepped,
-    WorkerReady: RolloutLoop._on_worker_ready, WorkerGone: RolloutLoop._on_worker_gone,
-    Admission: RolloutLoop._on_admission, ReturnConfirmed: RolloutLoop._on_return_confirmed,
-    TrainingDone: RolloutLoop._on_training_done, WeightsPublished: RolloutLoop._on_weights_published,
-    Decided: RolloutLoop._on_decided, Tick: RolloutLoop._on_tick,
+    Start: RolloutLoop._on_start,
+    Stop: RolloutLoop._on_stop,
+    TrajectoryStarted: RolloutLoop._on_trajectory_started,
+    Prefilled: RolloutLoop._on_prefilled,
+    TurnGenerated: RolloutLoop._on_turn_generated,
+    TurnInterrupted: RolloutLoop._on_turn_interrupted,
+    EnvStepped: RolloutLoop._on_env_stepped,
+    WorkerReady: RolloutLoop._on_worker_ready,
+    WorkerGone: RolloutLoop._on_worker_gone,
+    Admission: RolloutLoop._on_admission,
+    ReturnConfirmed: RolloutLoop._on_return_confirmed,
+    TrainingDone: RolloutLoop._on_training_done,
+    WeightsPublished: RolloutLoop._on_weights_published,
+    Decided: RolloutLoop._on_decided,
+    Tick: RolloutLoop._on_tick,
 }

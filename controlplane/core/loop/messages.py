@@ -3,6 +3,7 @@
 Both are frozen dataclasses and closed unions (`Event`, `Command`): a driver carries out every kind of
 `Command` through `controlplane.core.loop.sink.dispatch`, which makes a missing handler a type error.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -152,8 +153,23 @@ class Tick:
     now_s: float
 
 
-Event = Union[Start, Stop, TrajectoryStarted, Prefilled, TurnGenerated, TurnInterrupted, EnvStepped, WorkerReady,
-              WorkerGone, Admission, ReturnConfirmed, TrainingDone, WeightsPublished, Decided, Tick]
+Event = Union[
+    Start,
+    Stop,
+    TrajectoryStarted,
+    Prefilled,
+    TurnGenerated,
+    TurnInterrupted,
+    EnvStepped,
+    WorkerReady,
+    WorkerGone,
+    Admission,
+    ReturnConfirmed,
+    TrainingDone,
+    WeightsPublished,
+    Decided,
+    Tick,
+]
 
 
 # ==================================================================================== commands
@@ -260,6 +276,16 @@ class Progress:
     batch_size: int
 
 
-Command = Union[StartStep, RouteTurn, Resubmit, RouteDecode, Abort, EmitSignal, ReturnOverlap, Train,
-                PublishWeights, Telemetry, Progress]
-
+Command = Union[
+    StartStep,
+    RouteTurn,
+    Resubmit,
+    RouteDecode,
+    Abort,
+    EmitSignal,
+    ReturnOverlap,
+    Train,
+    PublishWeights,
+    Telemetry,
+    Progress,
+]

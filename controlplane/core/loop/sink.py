@@ -5,13 +5,24 @@ kind, and hands the loop's commands to `dispatch`. The `match` ends in `assert_n
 `Command` union, so a command kind with no case here, or a driver with no method for one, is a type
 error (mypy) instead of a `TypeError` in the middle of a run.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, assert_never
 
 from controlplane.core.loop.messages import (
-    Abort, Command, EmitSignal, Progress, PublishWeights, Resubmit, ReturnOverlap, RouteDecode, RouteTurn, StartStep,
-    Telemetry, Train,
+    Abort,
+    Command,
+    EmitSignal,
+    Progress,
+    PublishWeights,
+    Resubmit,
+    ReturnOverlap,
+    RouteDecode,
+    RouteTurn,
+    StartStep,
+    Telemetry,
+    Train,
 )
 
 

@@ -4,6 +4,7 @@
 (`RolloutLoop.checkpoint` / `RolloutLoop.restore`): the step, the weight version, the trainer's place
 in the handshake and every live trajectory's accounting.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -82,13 +83,23 @@ def encode(loop: Any) -> dict[str, Any]:  # a RolloutLoop (machine imports this 
     """What the loop must not lose, as JSON: the step, the weight version, the trainer's place in
     the handshake and every live trajectory's accounting (turn boundaries and kept tokens)."""
     return {
-        "version": loop.version, "step": loop.step, "rollout_active": loop.rollout_active,
-        "trained_next": loop.trained_next, "ready": list(loop.ready), "trainer": str(loop.trainer),
-        "training_active": loop.training_active, "tb_s": loop.tb_s, "train_start_s": loop.train_start_s,
-        "return_latency_s": loop.return_latency_s, "loss": loop.loss, "missing": loop.missing,
+        "version": loop.version,
+        "step": loop.step,
+        "rollout_active": loop.rollout_active,
+        "trained_next": loop.trained_next,
+        "ready": list(loop.ready),
+        "trainer": str(loop.trainer),
+        "training_active": loop.training_active,
+        "tb_s": loop.tb_s,
+        "train_start_s": loop.train_start_s,
+        "return_latency_s": loop.return_latency_s,
+        "loss": loop.loss,
+        "missing": loop.missing,
         "deadline_misses": loop.deadline_misses,
-        "stale_aborted": loop.stale_aborted, "started_trajectories": loop.started_trajectories,
-        "finished_trajectories": loop.finished_trajectories, "failed_trajectories": loop.failed_trajectories,
+        "stale_aborted": loop.stale_aborted,
+        "started_trajectories": loop.started_trajectories,
+        "finished_trajectories": loop.finished_trajectories,
+        "failed_trajectories": loop.failed_trajectories,
         "replacements": {str(k): v for k, v in loop._replacements.items()},
         "steps": [asdict(s) for s in loop.steps.values()],
         "trajectories": [{**asdict(t), "state": str(t.state)} for t in loop.trajs.values()],
@@ -131,4 +142,3 @@ def _parse_label(label: str) -> Configuration | None:
         return Configuration.colocated(int(label[:-1]))
     p, d = label[:-1].split("P")
     return Configuration(Mode.DISAGGREGATED, n_prefill=int(p), n_decode=int(d))
-

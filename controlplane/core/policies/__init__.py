@@ -19,6 +19,7 @@ The package is split by idea: `names`, `base` (action, interface, options, trait
 `pearl`, `baselines` (ROLL, ROLL-Large, elastic seeding, RLBoost+), `oracle`, `registry`. Callers import
 from here.
 """
+
 from __future__ import annotations
 
 from controlplane.core.policies import names
@@ -52,8 +53,27 @@ from controlplane.core.policies.registry import (
 )
 
 __all__ = [
-    "POLICIES", "POLICY_ALIASES", "POLICY_NAMES", "PRODUCT_POLICIES", "REGISTRY", "Dispatch", "ElasticPolicy",
-    "FixedLargePolicy", "FixedPolicy", "OptionError", "OptionSpec", "OraclePolicy", "PearlPolicy", "Policy",
-    "PolicyAction", "RLBoostPolicy", "StaticPool", "TrackedPolicy", "make_policy", "names", "policy_class",
-    "rlboost_rebalance", "validate_options",
+    "POLICIES",
+    "POLICY_ALIASES",
+    "POLICY_NAMES",
+    "PRODUCT_POLICIES",
+    "REGISTRY",
+    "Dispatch",
+    "ElasticPolicy",
+    "FixedLargePolicy",
+    "FixedPolicy",
+    "OptionError",
+    "OptionSpec",
+    "OraclePolicy",
+    "PearlPolicy",
+    "Policy",
+    "PolicyAction",
+    "RLBoostPolicy",
+    "StaticPool",
+    "TrackedPolicy",
+    "make_policy",
+    "names",
+    "policy_class",
+    "rlboost_rebalance",
+    "validate_options",
 ]

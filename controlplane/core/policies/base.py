@@ -1,5 +1,6 @@
 """What every policy shares: the action it answers with, the interface, user-settable options and the
 tracked base class (a RuntimeTracker fed by `observe`), plus the predictor helpers the policies use."""
+
 from __future__ import annotations
 
 import math
@@ -59,6 +60,7 @@ class OptionSpec:
 
     def parse(self, value: Any) -> Any:
         """Strict: JSON types only, bounds checked; OptionError names the option and the problem."""
+
         def bad(why: str) -> OptionError:
             return OptionError(self.name, f"policy option {self.name} {why}")
 
@@ -117,14 +119,22 @@ class TrackedPolicy:
     def check_options(cls, options: Mapping[str, Any]) -> None:
         """Cross-option rules beyond each OptionSpec's bounds (OptionError names the option)."""
 
-    def __init__(self, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
-                 tracker: RuntimeTracker | None = None, max_trajectory_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        batch_size: int,
+        workload: WorkloadProfile | None = None,
+        tracker: RuntimeTracker | None = None,
+        max_trajectory_tokens: int | None = None,
+    ) -> None:
         if batch_size <= 0:
             raise ValueError("batch_size must be > 0")
         self.profile = profile
         self.batch_size = batch_size
-        self.tracker = tracker or RuntimeTracker(profile, workload, batch_size=batch_size,
-                                                 max_trajectory_tokens=max_trajectory_tokens)
+        self.tracker = tracker or RuntimeTracker(
+            profile, workload, batch_size=batch_size, max_trajectory_tokens=max_trajectory_tokens
+        )
         self.last_action: PolicyAction | None = None
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
@@ -152,8 +162,9 @@ class TrackedPolicy:
         return ctx.dedicated_workers if ctx.overrides.elasticity else min(ctx.reserved_workers, ctx.dedicated_workers)
 
     def _act(self, target: Configuration, borrow: int, decision: Decision) -> PolicyAction:
-        action = PolicyAction(target=target, borrow=borrow, decision=decision,
-                              free_reconfiguration=self.free_reconfiguration)
+        action = PolicyAction(
+            target=target, borrow=borrow, decision=decision, free_reconfiguration=self.free_reconfiguration
+        )
         self.last_action = action
         return action
 

@@ -1,6 +1,7 @@
 """The baselines PEARL is compared with: ROLL's fixed pools (ROLL, ROLL-Large), elastic seeding after
 RLBoost (the ablation's B without A and C) and RLBoost+ (RLBoost's Algorithms 1 and 2 adapted to
 asynchronous RL, a simulator-only reference). Their names are in `names`."""
+
 from __future__ import annotations
 
 import math
@@ -40,9 +41,20 @@ class FixedPolicy(TrackedPolicy):
         cfg = Configuration.colocated(n)
         table = evaluate(w, c, n)
         pred = table.find(cfg)
-        d = Decision(cfg, n, table, pred.makespan_s if pred else math.inf, None, cfg, 0.0, True, False, False,
-                     f"{self.name}: fixed colocated pool of {n} workers ({cfg.label()}).",
-                     {"signal": str(ctx.signal), "pool": n})
+        d = Decision(
+            cfg,
+            n,
+            table,
+            pred.makespan_s if pred else math.inf,
+            None,
+            cfg,
+            0.0,
+            True,
+            False,
+            False,
+            f"{self.name}: fixed colocated pool of {n} workers ({cfg.label()}).",
+            {"signal": str(ctx.signal), "pool": n},
+        )
         return self._act(cfg, 0, d)
 
 
@@ -56,8 +68,14 @@ class FixedLargePolicy(FixedPolicy):
     color = "#1f77b4"
     options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("workers", int, None, "rollout workers in the fixed pool", 1, 65536),
-        OptionSpec("trace_mean_gpus", float, None, "mean rollout GPUs available (the pool is this, rounded up to TP)",
-                   1.0, 1 << 20),
+        OptionSpec(
+            "trace_mean_gpus",
+            float,
+            None,
+            "mean rollout GPUs available (the pool is this, rounded up to TP)",
+            1.0,
+            1 << 20,
+        ),
     )
 
     @classmethod
@@ -94,8 +112,10 @@ class ElasticPolicy(TrackedPolicy):
     """
 
     name = names.ELASTIC
-    summary = ("Elastic seeding after RLBoost: every preemptible GPU joins, training GPUs seeded for an adaptive "
-               "window, colocated only")
+    summary = (
+        "Elastic seeding after RLBoost: every preemptible GPU joins, training GPUs seeded for an adaptive "
+        "window, colocated only"
+    )
     color = "#2ca02c"
     options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("eta", float, 0.5, "Algorithm 1 step size for the seeding window", 1e-6, 100.0),
@@ -140,8 +160,12 @@ class ElasticPolicy(TrackedPolicy):
         if ctx.signal is Signal.TRAINING_BEGIN:
             self._adapt(ctx, dedicated)
         borrow = 0
-        seeding = (ctx.overrides.borrowing and not ctx.training_active and ctx.overlap_workers > 0
-                   and ctx.signal is not Signal.TRAINING_BEGIN)
+        seeding = (
+            ctx.overrides.borrowing
+            and not ctx.training_active
+            and ctx.overlap_workers > 0
+            and ctx.signal is not Signal.TRAINING_BEGIN
+        )
         if seeding:
             start = self._finished_at if self._finished_at is not None else ctx.now_s
             if self._finished_at is None:
@@ -154,10 +178,21 @@ class ElasticPolicy(TrackedPolicy):
         cfg = Configuration.colocated(n)
         table = evaluate(w, c, n)
         pred = table.find(cfg)
-        d = Decision(cfg, n, table, pred.makespan_s if pred else math.inf, None, cfg, 0.0, True, False, False,
-                     f"{self.name}: colocated on {dedicated} dedicated + {borrow} seeding workers; "
-                     f"T_seed {self.t_seed_s:.1f} s.",
-                     {"signal": str(ctx.signal), "dedicated": dedicated, "borrow": borrow, "t_seed_s": self.t_seed_s})
+        d = Decision(
+            cfg,
+            n,
+            table,
+            pred.makespan_s if pred else math.inf,
+            None,
+            cfg,
+            0.0,
+            True,
+            False,
+            False,
+            f"{self.name}: colocated on {dedicated} dedicated + {borrow} seeding workers; "
+            f"T_seed {self.t_seed_s:.1f} s.",
+            {"signal": str(ctx.signal), "dedicated": dedicated, "borrow": borrow, "t_seed_s": self.t_seed_s},
+        )
         return self._act(cfg, borrow, d)
 
     def _adapt(self, ctx: PolicyContext, dedicated: int) -> None:
@@ -229,7 +264,12 @@ class RLBoostPolicy(ElasticPolicy):
         self._step_tokens: dict[int, int] = {}
 
     _STATE: ClassVar[tuple[str, ...]] = (
-        *ElasticPolicy._STATE, "_last_thr", "_memo_count", "_t_remote", "_t_train", "_last_train_end",
+        *ElasticPolicy._STATE,
+        "_last_thr",
+        "_memo_count",
+        "_t_remote",
+        "_t_train",
+        "_last_train_end",
     )
 
     def state(self) -> dict[str, Any]:

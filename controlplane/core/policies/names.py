@@ -1,5 +1,6 @@
 """The policy names, spelled once: every other module refers to a policy through these constants (or a
 class's `name`), and behaviour is read from the policy's traits (`base.TrackedPolicy`), never from its name."""
+
 from __future__ import annotations
 
 PEARL = "pearl"  # the paper's policy

@@ -7,6 +7,7 @@ simulator forks itself, tries each candidate configuration × borrow choice on t
 the winner in as the context's overrides (`sim/oracle.py`). Run on its own (no overrides), it re-decides
 the best configuration for the budget at every signal and borrows every idle overlap worker.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """PEARL's policy (the paper): the PD-adaptive decision on every signal and gated borrowing."""
+
 from __future__ import annotations
 
 import math
@@ -17,6 +18,7 @@ from controlplane.core.tracker import FittedProfile
 
 _TH = Thresholds()  # the default hysteresis thresholds
 
+
 class PearlPolicy(TrackedPolicy):
     """The paper: PD-adaptive decision on every signal + gated borrowing of overlap workers.
 
@@ -29,17 +31,40 @@ class PearlPolicy(TrackedPolicy):
     summary = "PEARL: PD mode and P:D ratio from the online makespan predictor, gated borrowing, elasticity"
     options: ClassVar[tuple[OptionSpec, ...]] = (
         OptionSpec("gate", bool, True, "apply the Eq. 7 borrowing gate (false: borrow every idle window; ablation)"),
-        OptionSpec("ratio_change", float, _TH.ratio_change,
-                   "hysteresis: minimum predicted gain to change the P:D ratio", 0.0, 1.0),
-        OptionSpec("mode_switch", float, _TH.mode_switch,
-                   "hysteresis: minimum predicted gain to switch colocated <-> disaggregated", 0.0, 1.0),
-        OptionSpec("mode_trial", bool, True,
-                   "start colocated and enter a mode never run yet only as a one-step trial at a step start, once "
-                   "the workload is fitted (false: follow the closed form from the first decision)"),
+        OptionSpec(
+            "ratio_change",
+            float,
+            _TH.ratio_change,
+            "hysteresis: minimum predicted gain to change the P:D ratio",
+            0.0,
+            1.0,
+        ),
+        OptionSpec(
+            "mode_switch",
+            float,
+            _TH.mode_switch,
+            "hysteresis: minimum predicted gain to switch colocated <-> disaggregated",
+            0.0,
+            1.0,
+        ),
+        OptionSpec(
+            "mode_trial",
+            bool,
+            True,
+            "start colocated and enter a mode never run yet only as a one-step trial at a step start, once "
+            "the workload is fitted (false: follow the closed form from the first decision)",
+        ),
     )
 
-    def __init__(self, *, gate: bool = True, ratio_change: float = _TH.ratio_change,
-                 mode_switch: float = _TH.mode_switch, mode_trial: bool = True, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        gate: bool = True,
+        ratio_change: float = _TH.ratio_change,
+        mode_switch: float = _TH.mode_switch,
+        mode_trial: bool = True,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.gated = gate
         self.thresholds = Thresholds(ratio_change, mode_switch)
@@ -66,9 +91,15 @@ class PearlPolicy(TrackedPolicy):
 
     def _first_mode_is_the_baselines(self, ctx: PolicyContext, budget: int) -> bool:
         cur, ov = ctx.current, ctx.overrides
-        return (self.mode_trial and budget > 0 and (cur is None or cur.total <= 0) and not ov.force_mode
-                and ov.force_ratio is None and not self.tracker.mode_tried("colocated")
-                and not self.tracker.mode_tried("disaggregated"))
+        return (
+            self.mode_trial
+            and budget > 0
+            and (cur is None or cur.total <= 0)
+            and not ov.force_mode
+            and ov.force_ratio is None
+            and not self.tracker.mode_tried("colocated")
+            and not self.tracker.mode_tried("disaggregated")
+        )
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
         w, c, fp = self.fitted(ctx)
@@ -76,8 +107,12 @@ class PearlPolicy(TrackedPolicy):
         ov = ctx.overrides
         thresholds, trial_note = self._thresholds(ctx, fp)
         borrow, g = 0, None
-        can_borrow = ov.borrowing and not ctx.training_active and ctx.overlap_workers > 0 \
+        can_borrow = (
+            ov.borrowing
+            and not ctx.training_active
+            and ctx.overlap_workers > 0
             and ctx.signal is not Signal.TRAINING_BEGIN
+        )
         if can_borrow:
             if ctx.borrowed > 0:
                 # activation already paid: keep them (returning early saves nothing, the return is due
@@ -105,11 +140,21 @@ class PearlPolicy(TrackedPolicy):
         if first:
             split = d.candidates.best_disaggregated() if d.candidates is not None else None
             rated = f"; the unmeasured closed form rates {split.label} at {split.makespan_s:.1f} s" if split else ""
-            d = replace(d, reason=f"First configuration: {d.configuration.label()} ({d.predicted_makespan_s:.1f} s). "
-                                  f"No mode has run yet, so PEARL starts in the baseline's mode (colocated){rated}; "
-                                  f"disaggregation is tried only for one step, at a fitted step start.")
-        d = with_inputs(d, signal=str(ctx.signal), dedicated=dedicated, borrow=borrow, gate=_gate_note(g, ctx),
-                  confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()}, toggle_s=fp.toggle_s)
+            d = replace(
+                d,
+                reason=f"First configuration: {d.configuration.label()} ({d.predicted_makespan_s:.1f} s). "
+                f"No mode has run yet, so PEARL starts in the baseline's mode (colocated){rated}; "
+                f"disaggregation is tried only for one step, at a fitted step start.",
+            )
+        d = with_inputs(
+            d,
+            signal=str(ctx.signal),
+            dedicated=dedicated,
+            borrow=borrow,
+            gate=_gate_note(g, ctx),
+            confidence={k: round(e.confidence, 3) for k, e in fp.estimates.items()},
+            toggle_s=fp.toggle_s,
+        )
         if trial_note:
             d = with_inputs(d, mode_trial=trial_note)
         d = replace(d, gate=g)
@@ -120,8 +165,13 @@ class PearlPolicy(TrackedPolicy):
     ) -> GateResult:
         t_ded = best_makespan(w, c, n_ded)
         t_full = best_makespan(w, c, n_full)
-        g = gate(remaining=ctx.remaining, batch_size=ctx.batch_size or w.batch_size, t_dedicated_s=t_ded,
-                 t_full_s=t_full, toggle_s=self.tracker.toggle.value)
+        g = gate(
+            remaining=ctx.remaining,
+            batch_size=ctx.batch_size or w.batch_size,
+            t_dedicated_s=t_ded,
+            t_full_s=t_full,
+            toggle_s=self.tracker.toggle.value,
+        )
         if not self.gated:
             return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
         return g

@@ -1,6 +1,7 @@
 """The one registry of policies: name -> class, the views every caller reads, and construction with validated
 options. The live control plane, the simulator, the catalog (API, job form, CLI), the reports and the docs
 read it; what a policy does is in its traits (`base.TrackedPolicy`), its name is in `names`."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -42,17 +43,31 @@ def validate_options(name: str, options: Mapping[str, Any] | None) -> dict[str, 
     for key, value in (options or {}).items():
         spec = specs.get(key)
         if spec is None:
-            raise OptionError(str(key), f"{key!r} is not an option of policy {cls.name!r} "
-                                        f"(its options: {', '.join(specs) or 'none'})")
+            raise OptionError(
+                str(key), f"{key!r} is not an option of policy {cls.name!r} (its options: {', '.join(specs) or 'none'})"
+            )
         out[key] = spec.parse(value)
     cls.check_options(out)
     return out
 
 
-def make_policy(name: str, *, profile: Profile, batch_size: int, workload: WorkloadProfile | None = None,
-                tracker: RuntimeTracker | None = None, max_trajectory_tokens: int | None = None,
-                **options: Any) -> TrackedPolicy:
+def make_policy(
+    name: str,
+    *,
+    profile: Profile,
+    batch_size: int,
+    workload: WorkloadProfile | None = None,
+    tracker: RuntimeTracker | None = None,
+    max_trajectory_tokens: int | None = None,
+    **options: Any,
+) -> TrackedPolicy:
     """Build a policy by name (or alias) with its validated options (see `REGISTRY[name].options`)."""
     cls = policy_class(name)
-    return cls(profile=profile, batch_size=batch_size, workload=workload, tracker=tracker,
-               max_trajectory_tokens=max_trajectory_tokens, **validate_options(name, options))
+    return cls(
+        profile=profile,
+        batch_size=batch_size,
+        workload=workload,
+        tracker=tracker,
+        max_trajectory_tokens=max_trajectory_tokens,
+        **validate_options(name, options),
+    )

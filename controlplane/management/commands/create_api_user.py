@@ -1,4 +1,5 @@
 """Create (or reuse) a user and print an API token for automation."""
+
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token

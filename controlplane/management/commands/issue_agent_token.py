@@ -1,4 +1,5 @@
 """Issue (or revoke) a per-node agent token."""
+
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.services.credentials import issue_agent_token, revoke_agent_tokens

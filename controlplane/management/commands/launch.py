@@ -3,6 +3,7 @@ worker, Celery beat and a few demo node agents on logical slots, each supervised
 is restarted; the stack stays up). Production mode by default: DEBUG off, SECRET_KEY from the
 environment or generated once into the var directory; `--debug` for development. Prints the
 dashboard URL, the API docs URL and a token; Ctrl-C (or SIGTERM) stops every child and its workers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -98,21 +99,43 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-agents", action="store_true", help="start no demo agents")
         parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo jobs")
-        parser.add_argument("--nodes", default="", help="YAML/JSON list of {name, pool, slots, hardware}: the logical "
-                                                        "nodes to start agents for, instead of the demo's")
-        parser.add_argument("--trace", default=DEMO_TRACE, help="availability trace replayed on the elastic nodes ('' for none)")
-        parser.add_argument("--trace-speedup", type=float, default=None,
-                            help="trace seconds per wall second (default: 1 / --time-factor, the emulated job's clock)")
+        parser.add_argument(
+            "--nodes",
+            default="",
+            help="YAML/JSON list of {name, pool, slots, hardware}: the logical "
+            "nodes to start agents for, instead of the demo's",
+        )
+        parser.add_argument(
+            "--trace", default=DEMO_TRACE, help="availability trace replayed on the elastic nodes ('' for none)"
+        )
+        parser.add_argument(
+            "--trace-speedup",
+            type=float,
+            default=None,
+            help="trace seconds per wall second (default: 1 / --time-factor, the emulated job's clock)",
+        )
         parser.add_argument("--time-factor", type=float, default=0.05, help="emulated engine time scale")
-        parser.add_argument("--interference", type=float, default=1.0,
-                            help="emulated engines: prefill next to running decodes costs this x its roofline time")
+        parser.add_argument(
+            "--interference",
+            type=float,
+            default=1.0,
+            help="emulated engines: prefill next to running decodes costs this x its roofline time",
+        )
         parser.add_argument("--ready-timeout", type=float, default=120.0)
         parser.add_argument("--debug", action="store_true", help="development mode (DEBUG on); off by default")
-        parser.add_argument("--ray-address", default="", metavar="HOST:PORT",
-                            help="also run the Ray bridge against this Ray cluster: an agent on every Ray node "
-                                 "(use with --no-agents to start no local demo agents)")
-        parser.add_argument("--ray-control-plane", default="", metavar="URL",
-                            help="the URL the Ray nodes' agents dial (default http://HOST:PORT of this launcher)")
+        parser.add_argument(
+            "--ray-address",
+            default="",
+            metavar="HOST:PORT",
+            help="also run the Ray bridge against this Ray cluster: an agent on every Ray node "
+            "(use with --no-agents to start no local demo agents)",
+        )
+        parser.add_argument(
+            "--ray-control-plane",
+            default="",
+            metavar="URL",
+            help="the URL the Ray nodes' agents dial (default http://HOST:PORT of this launcher)",
+        )
 
     def step(self, text: str) -> None:
         self.stdout.write(self.style.HTTP_INFO(f"==> {text}"))
@@ -127,8 +150,10 @@ class Command(BaseCommand):
         try:
             lock = hold_lock(var)  # held until this process ends, however it ends
         except AlreadyRunning as exc:
-            raise CommandError(f"PEARL is already running from {var}: launcher pid {exc.pid} holds {exc.path}; "
-                               f"stop it first (kill {exc.pid}) or use another PEARL_VAR_DIR") from None
+            raise CommandError(
+                f"PEARL is already running from {var}: launcher pid {exc.pid} holds {exc.path}; "
+                f"stop it first (kill {exc.pid}) or use another PEARL_VAR_DIR"
+            ) from None
         self._check_port(opts["host"], opts["port"], "the web server (--port or PEARL_PORT)")
 
         children: list[tuple[str, str]] = []  # (name, command line)
@@ -140,12 +165,16 @@ class Command(BaseCommand):
             self.step(f"reusing the Redis already answering at {redis_url}")
         else:
             if not shutil.which("redis-server"):
-                raise CommandError("redis-server is not installed and REDIS_URL does not answer; run scripts/setup.sh or set REDIS_URL")
+                raise CommandError(
+                    "redis-server is not installed and REDIS_URL does not answer; run scripts/setup.sh or set REDIS_URL"
+                )
             port = redis_url.rsplit(":", 1)[-1].split("/")[0]
             if port.isdigit():
                 self._check_port("127.0.0.1", int(port), "Redis (REDIS_URL)")
             self.step(f"starting Redis on port {port} (no persistence)")
-            children.append(("redis", f"redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --loglevel warning"))
+            children.append(
+                ("redis", f"redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no --loglevel warning")
+            )
         env["REDIS_URL"] = redis_url
         self.step("migrating the database")
         call_command("migrate", verbosity=0)
@@ -155,9 +184,16 @@ class Command(BaseCommand):
         with _no_dashboard_pushes():  # nothing listens yet, and the launcher's Redis may not be up
             password, token = self._demo_user(var)
         children.append(("web", f"{py} -m daphne -b {opts['host']} -p {opts['port']} pearl_site.asgi:application"))
-        children.append(("worker", f"{py} -m celery -A pearl_site worker --pool=threads --concurrency=4 -l warning "
-                                   "--without-gossip --without-mingle -n pearl-worker@%h"))
-        children.append(("beat", f"{py} -m celery -A pearl_site beat -l warning --schedule {var / 'celerybeat-schedule'}"))
+        children.append(
+            (
+                "worker",
+                f"{py} -m celery -A pearl_site worker --pool=threads --concurrency=4 -l warning "
+                "--without-gossip --without-mingle -n pearl-worker@%h",
+            )
+        )
+        children.append(
+            ("beat", f"{py} -m celery -A pearl_site beat -l warning --schedule {var / 'celerybeat-schedule'}")
+        )
         if not opts["no_agents"]:
             from controlplane.services.credentials import issue_agent_token
 
@@ -169,14 +205,27 @@ class Command(BaseCommand):
                 with _no_dashboard_pushes():
                     env["TOKEN_" + name.upper().replace("-", "_")] = issue_agent_token(node_name=name, actor="launcher")
                 engine = "torch" if hardware == "cpu" else "emulated"
-                interference = f" --interference {opts['interference']}" if engine == "emulated" and opts["interference"] != 1.0 else ""
-                children.append((f"agent-{name}",
-                    f"{py} -m agents.node --control-plane {control} --node {name} --slots {slots} --pool {pool} "
-                    f"--hardware {hardware} --engine {engine} --time-factor {opts['time_factor']}{interference} "
-                    f"--state-dir {var / 'agents' / name}"))
+                interference = (
+                    f" --interference {opts['interference']}"
+                    if engine == "emulated" and opts["interference"] != 1.0
+                    else ""
+                )
+                children.append(
+                    (
+                        f"agent-{name}",
+                        f"{py} -m agents.node --control-plane {control} --node {name} --slots {slots} --pool {pool} "
+                        f"--hardware {hardware} --engine {engine} --time-factor {opts['time_factor']}{interference} "
+                        f"--state-dir {var / 'agents' / name}",
+                    )
+                )
             if opts["trace"]:
-                children.append(("trace", f"{py} manage.py replay_availability --trace {shlex.quote(opts['trace'])} "
-                                          f"--speedup {opts['trace_speedup'] or 1.0 / opts['time_factor']}"))
+                children.append(
+                    (
+                        "trace",
+                        f"{py} manage.py replay_availability --trace {shlex.quote(opts['trace'])} "
+                        f"--speedup {opts['trace_speedup'] or 1.0 / opts['time_factor']}",
+                    )
+                )
         if opts["ray_address"]:
             from controlplane.services.bridges import issue_bridge_token
 
@@ -184,8 +233,13 @@ class Command(BaseCommand):
                 env["PEARL_BRIDGE_TOKEN"] = issue_bridge_token(name="launcher-ray", actor="launcher")
             env.setdefault("PEARL_DATAPLANE_SECRET", secrets.token_urlsafe(24))
             agent_url = opts["ray_control_plane"] or f"http://{opts['host']}:{opts['port']}"
-            children.append(("ray-bridge", f"{py} manage.py ray_bridge --address {shlex.quote(opts['ray_address'])} "
-                                           f"--control-plane {shlex.quote(agent_url)} --time-factor {opts['time_factor']}"))
+            children.append(
+                (
+                    "ray-bridge",
+                    f"{py} manage.py ray_bridge --address {shlex.quote(opts['ray_address'])} "
+                    f"--control-plane {shlex.quote(agent_url)} --time-factor {opts['time_factor']}",
+                )
+            )
         envfile = var / "demo.env"
         envfile.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         os.chmod(envfile, 0o600)
@@ -195,20 +249,31 @@ class Command(BaseCommand):
         metrics_dir = var / "prometheus"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
-        base_env = dict(os.environ, DEBUG="1" if opts["debug"] else "0", PYTHONUNBUFFERED="1", PYTHONPATH=str(root),
-                        PEARL_VAR_DIR=str(var), REDIS_URL=redis_url, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+        base_env = dict(
+            os.environ,
+            DEBUG="1" if opts["debug"] else "0",
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=str(root),
+            PEARL_VAR_DIR=str(var),
+            REDIS_URL=redis_url,
+            PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+        )
         supervised = []
         for name, line in children:
             child_env = {k: v for k, v in base_env.items() if not k.startswith("TOKEN_")}
             if name == "ray-bridge":  # the bridge's own credential, and the secret its agents serve with
-                child_env |= {"PEARL_BRIDGE_TOKEN": env["PEARL_BRIDGE_TOKEN"],
-                              "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"]}
+                child_env |= {
+                    "PEARL_BRIDGE_TOKEN": env["PEARL_BRIDGE_TOKEN"],
+                    "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"],
+                }
             if name.startswith("agent-"):  # each agent gets its own token only
-                key = "TOKEN_" + name[len("agent-"):].upper().replace("-", "_")
+                key = "TOKEN_" + name[len("agent-") :].upper().replace("-", "_")
                 child_env |= {"PEARL_AGENT_TOKEN": env[key], "PEARL_DATAPLANE_SECRET": env["PEARL_DATAPLANE_SECRET"]}
             tier = 2 if name.startswith("agent-") or name in ("trace", "ray-bridge") else 0 if name == "redis" else 1
             supervised.append(Child(name=name, argv=shlex.split(line), env=child_env, tier=tier))
-        self.step(f"starting {len(supervised)} supervised processes ({'debug' if opts['debug'] else 'production'} mode)")
+        self.step(
+            f"starting {len(supervised)} supervised processes ({'debug' if opts['debug'] else 'production'} mode)"
+        )
         sup = Supervisor(supervised, cwd=str(root), out=sys.stdout)
 
         def stop(*_: Any) -> None:
@@ -224,14 +289,17 @@ class Command(BaseCommand):
             if not opts["no_demo_job"] and not opts["no_agents"]:
                 self._demo_job(opts)
             url = f"http://{opts['host']}:{opts['port']}"
-            self.stdout.write(self.style.SUCCESS(
-                f"\nPEARL is up in {time.monotonic() - started:.1f} s\n"
-                f"  dashboard   {url}/            (user: demo, password: {password})\n"
-                f"  API docs    {url}/api/docs/\n"
-                f"  API token   {token}          (curl -H 'Authorization: Token {token}' {url}/api/cluster/)\n"
-                f"  health      {url}/healthz    metrics: {url}/metrics\n"
-                f"  credentials {var / 'demo-credentials.json'}\n"
-                "A process that dies is restarted. Press Ctrl-C to stop everything.\n"))
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"\nPEARL is up in {time.monotonic() - started:.1f} s\n"
+                    f"  dashboard   {url}/            (user: demo, password: {password})\n"
+                    f"  API docs    {url}/api/docs/\n"
+                    f"  API token   {token}          (curl -H 'Authorization: Token {token}' {url}/api/cluster/)\n"
+                    f"  health      {url}/healthz    metrics: {url}/metrics\n"
+                    f"  credentials {var / 'demo-credentials.json'}\n"
+                    "A process that dies is restarted. Press Ctrl-C to stop everything.\n"
+                )
+            )
             self.stdout.flush()
             while not sup.stopping.wait(0.5):
                 pass
@@ -246,8 +314,10 @@ class Command(BaseCommand):
         started anyway would restart-loop its server, or wait on a health check someone else answers)."""
         if not port_free(host, port):
             holder = port_holder(port)
-            raise CommandError(f"port {port} on {host}, needed by {what}, is already in use"
-                               f"{' by ' + holder if holder else ''}; stop that process or choose another port")
+            raise CommandError(
+                f"port {port} on {host}, needed by {what}, is already in use"
+                f"{' by ' + holder if holder else ''}; stop that process or choose another port"
+            )
 
     def _demo_user(self, var: Path) -> tuple[str, str]:
         from django.contrib.auth.models import Group, User
@@ -313,12 +383,36 @@ class Command(BaseCommand):
             return
         n = int(time.time()) % 100000
         jobs = [
-            {"name": f"calc-{n}", "model": "tiny", "hardware": "cpu", "engine": "torch", "environment": "calculator",
-             "tp": 1, "batch_size": 16, "group_size": 8, "rollout_gpus": 2, "training_gpus": 1, "max_staleness": 1},
-            {"name": f"swe-{n}", "model": "qwen3-8b", "hardware": "h800", "engine": "emulated", "environment": "swe-like",
-             "tp": 2, "batch_size": 32, "group_size": 8, "rollout_gpus": 12, "training_gpus": 4, "max_staleness": 1},
+            {
+                "name": f"calc-{n}",
+                "model": "tiny",
+                "hardware": "cpu",
+                "engine": "torch",
+                "environment": "calculator",
+                "tp": 1,
+                "batch_size": 16,
+                "group_size": 8,
+                "rollout_gpus": 2,
+                "training_gpus": 1,
+                "max_staleness": 1,
+            },
+            {
+                "name": f"swe-{n}",
+                "model": "qwen3-8b",
+                "hardware": "h800",
+                "engine": "emulated",
+                "environment": "swe-like",
+                "tp": 2,
+                "batch_size": 32,
+                "group_size": 8,
+                "rollout_gpus": 12,
+                "training_gpus": 4,
+                "max_staleness": 1,
+            },
         ]
         for spec in jobs:
             create_job(spec=spec, actor="launcher")
-            self.step(f"demo job {spec['name']} submitted ({spec['model']} on {spec['hardware']}, {spec['engine']} engine, "
-                      f"{spec['environment']}, policy pearl)")
+            self.step(
+                f"demo job {spec['name']} submitted ({spec['model']} on {spec['hardware']}, {spec['engine']} engine, "
+                f"{spec['environment']}, policy pearl)"
+            )

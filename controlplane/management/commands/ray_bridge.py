@@ -11,6 +11,7 @@ changes nothing that is already right (the agent actors are detached: they outli
 Its credential is a bridge token (PEARL_BRIDGE_TOKEN, from `manage.py ray_bridge --issue-token`),
 not an operator's: it may issue agent tokens for Ray-named nodes and report their events, nothing else.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS", ""), help="Ray GCS HOST:PORT")
-        parser.add_argument("--control-plane", default=os.environ.get("PEARL_CONTROL_PLANE", ""),
-                            help="the URL the agents dial (http://HOST:PORT of Daphne, reachable from every node)")
+        parser.add_argument(
+            "--control-plane",
+            default=os.environ.get("PEARL_CONTROL_PLANE", ""),
+            help="the URL the agents dial (http://HOST:PORT of Daphne, reachable from every node)",
+        )
         parser.add_argument("--token", default="", help="bridge token (prefer env PEARL_BRIDGE_TOKEN)")
-        parser.add_argument("--issue-token", metavar="NAME", default="",
-                            help="issue a bridge token named NAME, print it and exit")
+        parser.add_argument(
+            "--issue-token", metavar="NAME", default="", help="issue a bridge token named NAME, print it and exit"
+        )
         parser.add_argument("--engine", choices=["emulated", "torch", "vllm"], default="emulated")
         parser.add_argument("--time-factor", type=float, default=1.0)
         parser.add_argument("--state-root", default="/tmp/pearl-agents", help="agents' state directories, on each node")
@@ -53,8 +58,9 @@ class Command(BaseCommand):
             return
         principal = bridges.authenticate_bridge(opts["token"] or os.environ.get("PEARL_BRIDGE_TOKEN", ""))
         if principal is None:
-            raise CommandError("no valid bridge token: set PEARL_BRIDGE_TOKEN "
-                               "(manage.py ray_bridge --issue-token NAME)")
+            raise CommandError(
+                "no valid bridge token: set PEARL_BRIDGE_TOKEN (manage.py ray_bridge --issue-token NAME)"
+            )
         if not opts["address"] or not opts["control_plane"]:
             raise CommandError("--address (Ray) and --control-plane (the URL agents dial) are both needed")
         try:
@@ -62,10 +68,14 @@ class Command(BaseCommand):
         except ImportError as exc:
             raise CommandError(f"Ray is not installed ({exc}); pip install -c constraints.txt '.[ray]'") from None
         ray_adapter.connect(opts["address"])
-        spec = ray_adapter.AgentSpec(control_plane=opts["control_plane"], token="",
-                                     dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""),
-                                     engine=opts["engine"], time_factor=opts["time_factor"],
-                                     state_root=opts["state_root"])
+        spec = ray_adapter.AgentSpec(
+            control_plane=opts["control_plane"],
+            token="",
+            dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""),
+            engine=opts["engine"],
+            time_factor=opts["time_factor"],
+            state_root=opts["state_root"],
+        )
         stopping = False
 
         def stop(*_: Any) -> None:
@@ -97,8 +107,13 @@ class Command(BaseCommand):
                 if isinstance(action, ce.PlaceAgent):
                     token = bridges.agent_token(bridge=principal, ray_node_id=action.node.ray_node_id)
                     adapter.place_agent(action.node, type(spec)(**{**spec.__dict__, "token": token}))
-                    self.log("place_agent", node=ce.pearl_node_name(action.node.ray_node_id),
-                             ray_node_id=action.node.ray_node_id, address=action.node.address, gpus=action.node.gpus)
+                    self.log(
+                        "place_agent",
+                        node=ce.pearl_node_name(action.node.ray_node_id),
+                        ray_node_id=action.node.ray_node_id,
+                        address=action.node.address,
+                        gpus=action.node.gpus,
+                    )
                 else:
                     bridges.apply(bridge=principal, action=action)
                     self.log(type(action).__name__.lower(), **{k: getattr(action, k) for k in action.__slots__})

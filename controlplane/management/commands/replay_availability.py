@@ -2,6 +2,7 @@
 cluster: at each change point the elastic pool is held at the trace's level, scaled to this
 cluster's reserved and elastic GPUs, by preemption notices and returns (services.availability).
 Time runs `--speedup` times faster than the trace; the trace repeats until stopped."""
+
 from __future__ import annotations
 
 import signal
@@ -24,9 +25,15 @@ class Command(BaseCommand):
     help = "Hold the elastic pool at an availability trace's level (preemption notices and returns), in real time."
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
-        parser.add_argument("--trace", required=True, help="CSV with time_s,available_gpus (e.g. controlplane/sim/traces/bamboo-seg1.csv)")
+        parser.add_argument(
+            "--trace",
+            required=True,
+            help="CSV with time_s,available_gpus (e.g. controlplane/sim/traces/bamboo-seg1.csv)",
+        )
         parser.add_argument("--speedup", type=float, default=10.0, help="trace seconds per wall second (default 10)")
-        parser.add_argument("--notice-s", type=float, default=10.0, help="preemption notice in wall seconds (default 10)")
+        parser.add_argument(
+            "--notice-s", type=float, default=10.0, help="preemption notice in wall seconds (default 10)"
+        )
         parser.add_argument("--once", action="store_true", help="play the trace once, do not repeat it")
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -58,10 +65,12 @@ class Command(BaseCommand):
             change = set_elastic_capacity(gpus=target, notice_s=opts["notice_s"], actor="trace")
             if (gpus, change.after_gpus) != last or change.preempted or change.returned:
                 last = (gpus, change.after_gpus)
-                self.stdout.write(f"[trace {trace.name} t={t % period:.0f}s] {gpus} GPUs → elastic "
-                                  f"{change.before_gpus}→{change.after_gpus}"
-                                  + (f", notice to {', '.join(change.preempted)}" if change.preempted else "")
-                                  + (f", returned {', '.join(change.returned)}" if change.returned else ""))
+                self.stdout.write(
+                    f"[trace {trace.name} t={t % period:.0f}s] {gpus} GPUs → elastic "
+                    f"{change.before_gpus}→{change.after_gpus}"
+                    + (f", notice to {', '.join(change.preempted)}" if change.preempted else "")
+                    + (f", returned {', '.join(change.returned)}" if change.returned else "")
+                )
                 self.stdout.flush()
             if (opts["once"] and t >= trace.times[-1]) or stop.wait(POLL_S):
                 return

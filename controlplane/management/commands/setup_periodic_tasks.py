@@ -1,4 +1,5 @@
 """Define every periodic task in one idempotent place (django-celery-beat's database schedule)."""
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -20,6 +21,7 @@ class Command(BaseCommand):
             every = max(1, int(round(seconds())))
             schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
             # a run that could not start within its own period is dropped, not queued behind the next one
-            PeriodicTask.objects.update_or_create(name=name, defaults={"task": task, "interval": schedule, "enabled": True,
-                                                                      "expire_seconds": every})
+            PeriodicTask.objects.update_or_create(
+                name=name, defaults={"task": task, "interval": schedule, "enabled": True, "expire_seconds": every}
+            )
             self.stdout.write(f"{name}: {task} every {every}s")

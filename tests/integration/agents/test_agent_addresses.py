@@ -4,6 +4,7 @@ binds its data plane, its workers and its trainer there, advertises them there, 
 records and routes to those endpoints; nothing of it listens on 127.0.0.1. Off loopback the agent
 refuses to start without a data-plane secret; the control plane still records only endpoints on the
 address it saw the agent connect from."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,17 +44,35 @@ def test_config_binds_off_loopback_only_with_a_data_plane_secret():
         AgentConfig(control_plane="", token="t", node="n", bind_address="0.0.0.0", dataplane_secret="s")
     cfg = AgentConfig(control_plane="", token="t", node="n", bind_address="10.77.0.11", dataplane_secret="s")
     assert (cfg.advertise_address, cfg.advertised_host) == ("10.77.0.11", "10.77.0.11")
-    wild = AgentConfig(control_plane="", token="t", node="n", bind_address="::", advertise_address="fd00::7",
-                       dataplane_secret="s")
+    wild = AgentConfig(
+        control_plane="", token="t", node="n", bind_address="::", advertise_address="fd00::7", dataplane_secret="s"
+    )
     assert wild.advertised_host == "[fd00::7]"
     assert AgentConfig(control_plane="", token="t", node="n", bind_address=OTHER).advertise_address == OTHER
 
 
 def test_agent_cli_refuses_a_public_bind_without_a_data_plane_secret(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PEARL_DATAPLANE_SECRET"}
-    out = subprocess.run([sys.executable, "-m", "agents.node", "--control-plane", "http://127.0.0.1:9", "--token", "t",
-                          "--bind-address", "10.77.0.11", "--state-dir", str(tmp_path)],
-                         cwd=ROOT, env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agents.node",
+            "--control-plane",
+            "http://127.0.0.1:9",
+            "--token",
+            "t",
+            "--bind-address",
+            "10.77.0.11",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0 and "needs a secret" in out.stderr
 
 
@@ -75,8 +94,13 @@ def test_endpoint_on_keeps_the_bound_loopback_address_and_only_the_nodes_own_els
 async def generate_and_list(endpoint: str, data_plane: str) -> tuple[dp.GenerationResult, list[dict], int]:
     s = session()
     try:
-        out = await WorkerClient(endpoint, SECRET, s).generate(dp.GenerateRequest(
-            request_id="addr-1", prompt="the quick brown fox", sampling=dp.SamplingParams(max_tokens=6, stop_at_eos=False)))
+        out = await WorkerClient(endpoint, SECRET, s).generate(
+            dp.GenerateRequest(
+                request_id="addr-1",
+                prompt="the quick brown fox",
+                sampling=dp.SamplingParams(max_tokens=6, stop_at_eos=False),
+            )
+        )
         async with s.get(f"{data_plane}/workers", headers={"Authorization": f"Bearer {SECRET}"}) as r:
             listing = (await r.json())["workers"]
         async with s.get(f"{data_plane}/workers") as r:
@@ -89,10 +113,33 @@ async def generate_and_list(endpoint: str, data_plane: str) -> tuple[dp.Generati
 def start_agent(cp, name: str, pool: str, address: str, tmp_path: Path) -> subprocess.Popen:
     env = dict(os.environ, PEARL_AGENT_TOKEN=cp.agent_token(name), PEARL_DATAPLANE_SECRET=SECRET, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "agents.node", "--control-plane", cp.base_url, "--node", name, "--slots", "1",
-         "--pool", pool, "--hardware", "cpu", "--engine", "emulated", "--time-factor", "0.05",
-         "--bind-address", address, "--state-dir", str(tmp_path / name)],
-        cwd=ROOT, env=env, stdout=open(tmp_path / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "agents.node",
+            "--control-plane",
+            cp.base_url,
+            "--node",
+            name,
+            "--slots",
+            "1",
+            "--pool",
+            pool,
+            "--hardware",
+            "cpu",
+            "--engine",
+            "emulated",
+            "--time-factor",
+            "0.05",
+            "--bind-address",
+            address,
+            "--state-dir",
+            str(tmp_path / name),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=open(tmp_path / f"{name}.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -109,11 +156,17 @@ def test_agents_bound_to_other_addresses_advertise_serve_and_are_routed_there(co
             except OSError:
                 pytest.skip(f"{address} is not a local address here")
     cp = control_plane_server
-    agents = [start_agent(cp, "addr-roll", "reserved", OTHER, tmp_path),
-              start_agent(cp, "addr-train", "training", THIRD, tmp_path)]
+    agents = [
+        start_agent(cp, "addr-roll", "reserved", OTHER, tmp_path),
+        start_agent(cp, "addr-train", "training", THIRD, tmp_path),
+    ]
     try:
-        r_node = wait_for(lambda: Node.objects.filter(name="addr-roll", last_heartbeat__isnull=False).first(), what="node")
-        t_node = wait_for(lambda: Node.objects.filter(name="addr-train", last_heartbeat__isnull=False).first(), what="node")
+        r_node = wait_for(
+            lambda: Node.objects.filter(name="addr-roll", last_heartbeat__isnull=False).first(), what="node"
+        )
+        t_node = wait_for(
+            lambda: Node.objects.filter(name="addr-train", last_heartbeat__isnull=False).first(), what="node"
+        )
         for node, address in ((r_node, OTHER), (t_node, THIRD)):
             dp_url = urlsplit(node.data_plane)
             assert dp_url.hostname == address and refused_on("127.0.0.1", dp_url.port)

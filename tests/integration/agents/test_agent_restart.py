@@ -1,5 +1,6 @@
 """A restarted agent kills or reaps what its previous incarnation left running and reports the partial
 outputs those workers journaled; a killed agent's workers do not outlive it (parent-death signal)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,15 +18,33 @@ from tests.support.processes import journaled_tokens
 
 
 def desired(generation: int) -> link.DesiredState:
-    w = link.DesiredWorker(worker_id=1, gpus=[1], role="colocated", activity="active", engine="emulated", model="qwen3-8b", job="j")
+    w = link.DesiredWorker(
+        worker_id=1, gpus=[1], role="colocated", activity="active", engine="emulated", model="qwen3-8b", job="j"
+    )
     return link.DesiredState(generation=generation, epoch=1, status="ready", workers=[w])
 
 
 async def start_agent(cp, state_dir: Path) -> asyncio.subprocess.Process:
     env = dict(os.environ, PEARL_AGENT_TOKEN="node-token", PEARL_DATAPLANE_SECRET="dp", PYTHONPATH=str(REPO_ROOT))
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agents.node", "--control-plane", cp.url, "--node", "n1", "--slots", "2", "--engine", "emulated",
-        "--time-factor", "0.5", "--state-dir", str(state_dir), cwd=str(REPO_ROOT), env=env)
+        sys.executable,
+        "-m",
+        "agents.node",
+        "--control-plane",
+        cp.url,
+        "--node",
+        "n1",
+        "--slots",
+        "2",
+        "--engine",
+        "emulated",
+        "--time-factor",
+        "0.5",
+        "--state-dir",
+        str(state_dir),
+        cwd=str(REPO_ROOT),
+        env=env,
+    )
 
 
 def alive(pid: int) -> bool:
@@ -44,8 +63,11 @@ async def test_killed_agent_takes_its_workers_along_and_the_next_one_reports_the
         pid = (await client.get("health"))["pid"]
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert b"CUDA_VISIBLE_DEVICES=1" in env and b"PEARL_AGENT_TOKEN" not in b" ".join(env)
-        busy = asyncio.create_task(client.generate(dp.GenerateRequest(request_id="left", prompt="x" * 20,
-                                                                      sampling=dp.SamplingParams(max_tokens=8000))))
+        busy = asyncio.create_task(
+            client.generate(
+                dp.GenerateRequest(request_id="left", prompt="x" * 20, sampling=dp.SamplingParams(max_tokens=8000))
+            )
+        )
         await cp.wait_for(lambda c: journaled_tokens(tmp_path / "agent" / "jobs" / "j" / "worker-1"))
         agent.send_signal(signal.SIGKILL)
         await agent.wait()
@@ -69,8 +91,10 @@ async def test_killed_agent_takes_its_workers_along_and_the_next_one_reports_the
 
 
 async def test_kill_leftovers_kills_a_live_group_and_spares_a_reused_pid(tmp_path):
-    w = await spawn_worker(worker_id=3, engine="emulated", role="colocated", state_dir=tmp_path / "w3", secret="s", time_factor=0.01)
-    lease = (tmp_path / "w3" / "process.json")
+    w = await spawn_worker(
+        worker_id=3, engine="emulated", role="colocated", state_dir=tmp_path / "w3", secret="s", time_factor=0.01
+    )
+    lease = tmp_path / "w3" / "process.json"
     assert lease.exists()
     found = await asyncio.to_thread(kill_leftovers, tmp_path)
     assert [(x["worker_id"], x["was_running"]) for x in found] == [(3, True)]

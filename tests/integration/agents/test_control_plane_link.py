@@ -4,6 +4,7 @@ The agent process registers with its node token, receives the desired state, sta
 control plane binds to its GPU slot, reports it through heartbeats, changes its role in place when
 the desired state changes, and drains on SIGTERM.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +37,9 @@ def wait_for(predicate, timeout: float = 90.0, what: str = ""):
 async def _generate(endpoint: str, secret: str) -> dp.GenerationResult:
     s = session()
     try:
-        return await WorkerClient(endpoint, secret, s).generate(dp.GenerateRequest(request_id="it", prompt="hi", sampling=dp.SamplingParams(max_tokens=4, seed=1)))
+        return await WorkerClient(endpoint, secret, s).generate(
+            dp.GenerateRequest(request_id="it", prompt="hi", sampling=dp.SamplingParams(max_tokens=4, seed=1))
+        )
     finally:
         await s.close()
 
@@ -60,12 +63,38 @@ def test_agent_registers_starts_worker_and_follows_desired_state(control_plane_s
     env = dict(os.environ, PEARL_AGENT_TOKEN=token, PEARL_DATAPLANE_SECRET="dp-secret", PYTHONPATH=str(ROOT))
     log = open(tmp_path / "agent.log", "wb")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agents.node", "--control-plane", cp.base_url, "--node", name, "--slots", "2", "--pool", "reserved",
-         "--hardware", "cpu", "--engine", "emulated", "--time-factor", "0.1", "--state-dir", str(tmp_path / "agent"), "-v"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "agents.node",
+            "--control-plane",
+            cp.base_url,
+            "--node",
+            name,
+            "--slots",
+            "2",
+            "--pool",
+            "reserved",
+            "--hardware",
+            "cpu",
+            "--engine",
+            "emulated",
+            "--time-factor",
+            "0.1",
+            "--state-dir",
+            str(tmp_path / "agent"),
+            "-v",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
-        node = wait_for(lambda: Node.objects.filter(name=name, last_heartbeat__isnull=False).first(), what="registration + heartbeat")
+        node = wait_for(
+            lambda: Node.objects.filter(name=name, last_heartbeat__isnull=False).first(),
+            what="registration + heartbeat",
+        )
         assert node.pool == "reserved" and GPU.objects.filter(node=node).count() == 2
         first_beat = node.last_heartbeat
 
@@ -76,7 +105,9 @@ def test_agent_registers_starts_worker_and_follows_desired_state(control_plane_s
             n = Node.objects.get(pk=node.pk)
             obs = {o["worker_id"]: o for o in n.observed}
             o = obs.get(w.pk)
-            return o if o and o["state"] == "running" and o["endpoint"] and n.applied_generation == n.generation else None
+            return (
+                o if o and o["state"] == "running" and o["endpoint"] and n.applied_generation == n.generation else None
+            )
 
         o = wait_for(running, what="the worker to run")
         assert o["role"] == "colocated"
@@ -87,7 +118,9 @@ def test_agent_registers_starts_worker_and_follows_desired_state(control_plane_s
 
         # the control plane changes the role (and parks it): the same process follows, in place
         change_workers(job_id=job.pk, changes=[WorkerChange(slot=w.slot, role="prefill", activity="inactive")])
-        wait_for(lambda: (o2 := running()) and o2["role"] == "prefill" and o2["activity"] == "inactive", what="role change")
+        wait_for(
+            lambda: (o2 := running()) and o2["role"] == "prefill" and o2["activity"] == "inactive", what="role change"
+        )
         h = asyncio.run(_health(o["endpoint"], "dp-secret"))
         assert h["pid"] == pid and h["role"] == "prefill" and h["state"] == "sleeping"
         assert Node.objects.get(pk=node.pk).last_heartbeat > first_beat

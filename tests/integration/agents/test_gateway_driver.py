@@ -49,8 +49,9 @@ class Link:
             d.on_cluster(dataclasses.replace(d.cluster, weight_version=d.waiting_version))
 
 
-async def run_job(tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120,
-                  report: bool = False):
+async def run_job(
+    tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120, report: bool = False
+):
     """`report`: the agent spec comes in the JobView, as from the control plane (the driver configures the
     runner and reports its trajectories); otherwise the test configures it and keeps every record."""
     wrunner, wurl, _ = await start_worker("torch")

@@ -3,6 +3,7 @@ with torch engines and a torch trainer, and the job's rollout driver (started by
 agent). Creating the job is all the test does: the planner places it, the executor starts the workers
 as the agents confirm them, the driver runs the core loop — calculator environments, turns on the
 engines, GRPO updates on the trainer, weights published and pulled — and reports to the control plane."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ def _records(job, kind: str) -> list[dict]:
     from controlplane.core.telemetry import TelemetryRecord
     from controlplane.models import TelemetrySample
 
-    return [TelemetryRecord.from_json(r).as_dict()
-            for r in TelemetrySample.objects.filter(job=job, kind=kind).order_by("id").values_list("record", flat=True)]
+    return [
+        TelemetryRecord.from_json(r).as_dict()
+        for r in TelemetrySample.objects.filter(job=job, kind=kind).order_by("id").values_list("record", flat=True)
+    ]
 
 
 def test_a_job_trains_live_and_survives_a_driver_kill(control_plane_server, celery_worker_process, tmp_path):
@@ -37,14 +40,29 @@ def test_a_job_trains_live_and_survives_a_driver_kill(control_plane_server, cele
     from controlplane.services.jobs import create_job
 
     cp = control_plane_server
-    agents = [start_agent(cp, "train-live", "training", 1, "torch", tmp_path),
-              start_agent(cp, "roll-live", "reserved", 2, "torch", tmp_path)]
+    agents = [
+        start_agent(cp, "train-live", "training", 1, "torch", tmp_path),
+        start_agent(cp, "roll-live", "reserved", 2, "torch", tmp_path),
+    ]
     try:
         for name in ("train-live", "roll-live"):
             wait_for(lambda n=name: Node.objects.filter(name=n, last_heartbeat__isnull=False).first(), what=name)
-        job = create_job(spec={"name": "calc-live", "model": "tiny", "engine": "torch", "hardware": "cpu",
-                               "environment": "calculator", "tp": 1, "batch_size": 16, "group_size": 8,
-                               "rollout_gpus": 2, "training_gpus": 1, "max_staleness": 1}, actor="test")
+        job = create_job(
+            spec={
+                "name": "calc-live",
+                "model": "tiny",
+                "engine": "torch",
+                "hardware": "cpu",
+                "environment": "calculator",
+                "tp": 1,
+                "batch_size": 16,
+                "group_size": 8,
+                "rollout_gpus": 2,
+                "training_gpus": 1,
+                "max_staleness": 1,
+            },
+            actor="test",
+        )
         # the planner placed it, the agents confirmed the workers, the driver runs the loop and trains
         wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= 2, timeout=240, what="two GRPO updates")
         assert Job.objects.get(pk=job.pk).status == "running"
@@ -56,12 +74,18 @@ def test_a_job_trains_live_and_survives_a_driver_kill(control_plane_server, cele
         before = Job.objects.get(pk=job.pk)
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: [p for p in _driver_pids("calc-live") if p != pid] or None, timeout=60, what="a new driver")
-        wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= before.weight_version + 2, timeout=240,
-                 what="training goes on after the driver restart")
+        wait_for(
+            lambda: Job.objects.get(pk=job.pk).weight_version >= before.weight_version + 2,
+            timeout=240,
+            what="training goes on after the driver restart",
+        )
 
         # the driver reports TRAIN once it sees the published version (its telemetry is flushed every 0.5 s)
-        wait_for(lambda: len(_records(job, "train")) >= 3 and len(_records(job, "step")) >= 3, timeout=60,
-                 what="the updates' TRAIN and STEP records")
+        wait_for(
+            lambda: len(_records(job, "train")) >= 3 and len(_records(job, "step")) >= 3,
+            timeout=60,
+            what="the updates' TRAIN and STEP records",
+        )
         steps = _records(job, "step")
         trains = _records(job, "train")
         # every update trained a full batch once: no step trained twice, versions rise one by one
@@ -70,11 +94,16 @@ def test_a_job_trains_live_and_survives_a_driver_kill(control_plane_server, cele
         assert all(s["batch_size"] == 16 and s["makespan_s"] > 0 for s in steps), steps
         assert len({s["step"] for s in steps}) == len(steps)  # one STEP record per step, none repeated
         assert all(t["return_latency_s"] <= t["return_deadline_s"] for t in trains), trains
-        assert Event.objects.filter(job=job, kind="training.begin").exists()  # (a collected batch goes straight into the next update)
+        assert Event.objects.filter(
+            job=job, kind="training.begin"
+        ).exists()  # (a collected batch goes straight into the next update)
         assert Event.objects.filter(job=job, kind="training.update").count() >= 3
         # the driver's checkpoint is written at most every CHECKPOINT_EVERY_S, so it may trail the version
-        wait_for(lambda: (Job.objects.get(pk=job.pk).loop_state or {}).get("version", 0) >= 2, timeout=30,
-                 what="a checkpoint holding the second update")
+        wait_for(
+            lambda: (Job.objects.get(pk=job.pk).loop_state or {}).get("version", 0) >= 2,
+            timeout=30,
+            what="a checkpoint holding the second update",
+        )
         assert Job.objects.get(pk=job.pk).step >= 3
     finally:
         for a in agents:

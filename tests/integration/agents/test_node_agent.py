@@ -3,6 +3,7 @@
 The fake link server stands in for the control plane only here; the agent <-> real Daphne control
 plane test is test_control_plane_link.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,9 @@ SLOW = 0.5  # emulated time factor: slow enough that a long request is still run
 
 
 def worker(wid: int, role: str, activity: str = "active", **kw) -> link.DesiredWorker:
-    return link.DesiredWorker(worker_id=wid, gpus=[wid], role=role, activity=activity, engine="emulated", model="qwen3-8b", **kw)
+    return link.DesiredWorker(
+        worker_id=wid, gpus=[wid], role=role, activity=activity, engine="emulated", model="qwen3-8b", **kw
+    )
 
 
 def observed(cp: FakeControlPlane, generation: int) -> dict[int, dict] | None:
@@ -65,18 +68,39 @@ async def weight_store(tmp_path):
 async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
     store, store_url = weight_store
     store.publish(1, {"w": torch.zeros(4)})
-    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n1", slots=4, state_dir=tmp_path / "agent",
-                                  time_factor=SLOW, drain_timeout_s=2.0))
+    agent = NodeAgent(
+        AgentConfig(
+            control_plane=cp.url,
+            token="node-token",
+            node="n1",
+            slots=4,
+            state_dir=tmp_path / "agent",
+            time_factor=SLOW,
+            drain_timeout_s=2.0,
+        )
+    )
     task = asyncio.create_task(agent.run())
     s = session()
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
-        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[
-            worker(1, "colocated"), worker(2, "prefill"),
-            worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
-        ]))
+        await cp.push(
+            link.DesiredState(
+                generation=1,
+                epoch=1,
+                status="ready",
+                workers=[
+                    worker(1, "colocated"),
+                    worker(2, "prefill"),
+                    worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
+                ],
+            )
+        )
         ws = await cp.wait_for(lambda c: observed(c, 1))
-        assert {w: (o["role"], o["state"]) for w, o in ws.items()} == {1: ("colocated", "running"), 2: ("prefill", "running"), 3: ("decode", "running")}
+        assert {w: (o["role"], o["state"]) for w, o in ws.items()} == {
+            1: ("colocated", "running"),
+            2: ("prefill", "running"),
+            3: ("decode", "running"),
+        }
         assert ws[3]["weight_version"] == 1  # pulled lazily because the job requires >= 1
         clients = {w: WorkerClient(o["endpoint"], agent.workers[w].proc.secret, s) for w, o in ws.items()}
         pids = {w: agent.workers[w].proc.pid for w in ws}
@@ -88,37 +112,80 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         assert pd.tokens == colo.tokens and pd.worker_id == 3
 
         # role change and sleep happen in place (same processes)
-        await cp.push(link.DesiredState(generation=2, epoch=1, status="ready", workers=[
-            worker(1, "colocated", "inactive"), worker(2, "decode"),
-            worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
-        ]))
+        await cp.push(
+            link.DesiredState(
+                generation=2,
+                epoch=1,
+                status="ready",
+                workers=[
+                    worker(1, "colocated", "inactive"),
+                    worker(2, "decode"),
+                    worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
+                ],
+            )
+        )
         ws = await cp.wait_for(lambda c: observed(c, 2))
         assert ws[2]["role"] == "decode" and ws[1]["activity"] == "inactive"
         assert (await clients[1].get("health"))["state"] == "sleeping"
         assert {w: agent.workers[w].proc.pid for w in ws} == pids
 
         # telemetry flows: engine records and the agent's toggle record (sleep after a wake)
-        await cp.wait_for(lambda c: any(r["kind"] == "decode_iteration" for t in c.of_type("telemetry") for r in t["records"]))
+        await cp.wait_for(
+            lambda c: any(r["kind"] == "decode_iteration" for t in c.of_type("telemetry") for r in t["records"])
+        )
 
         # a crash: kill -9 a worker mid-request -> fault with the partial output, then a restart
-        await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[
-            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
-        ]))
+        await cp.push(
+            link.DesiredState(
+                generation=3,
+                epoch=1,
+                status="ready",
+                workers=[
+                    worker(1, "colocated"),
+                    worker(2, "decode"),
+                    worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
+                ],
+            )
+        )
         await cp.wait_for(lambda c: observed(c, 3))
-        await cp.push(link.DesiredState(generation=4, epoch=1, status="ready", workers=[
-            worker(1, "colocated", "inactive"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
-        ]))
-        toggle = await cp.wait_for(lambda c: [r for t in c.of_type("telemetry") for r in t["records"] if r["kind"] == "toggle"])
+        await cp.push(
+            link.DesiredState(
+                generation=4,
+                epoch=1,
+                status="ready",
+                workers=[
+                    worker(1, "colocated", "inactive"),
+                    worker(2, "decode"),
+                    worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
+                ],
+            )
+        )
+        toggle = await cp.wait_for(
+            lambda c: [r for t in c.of_type("telemetry") for r in t["records"] if r["kind"] == "toggle"]
+        )
         assert toggle[0]["worker"] == 1 and toggle[0]["activation_s"] > 0 and toggle[0]["return_s"] > 0
         # in the job's clock: the emulated sleep waits the profile's deactivation time at SLOW x real time
         from controlplane.core.profiles import get_profile
 
         assert toggle[0]["return_s"] >= get_profile("h800", "qwen3-8b", tp=1).reconfig.intra_scale_deactivation_s
-        await cp.push(link.DesiredState(generation=5, epoch=1, status="ready", workers=[
-            worker(1, "colocated"), worker(2, "decode"), worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
-        ]))
+        await cp.push(
+            link.DesiredState(
+                generation=5,
+                epoch=1,
+                status="ready",
+                workers=[
+                    worker(1, "colocated"),
+                    worker(2, "decode"),
+                    worker(3, "decode", min_weight_version=1, weights_url=store_url, weights_token="wtoken"),
+                ],
+            )
+        )
         await cp.wait_for(lambda c: observed(c, 5))
-        long = asyncio.create_task(clients[1].generate(dp.GenerateRequest(request_id="long", prompt="x" * 50, sampling=dp.SamplingParams(max_tokens=8000))))
+        long = asyncio.create_task(
+            clients[1].generate(
+                dp.GenerateRequest(request_id="long", prompt="x" * 50, sampling=dp.SamplingParams(max_tokens=8000))
+            )
+        )
         await cp.wait_for(lambda c: journaled_tokens(agent.workers[1].proc.state_dir))
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(Exception):
@@ -134,19 +201,36 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         assert again.tokens == colo.tokens
 
         # a worker that is no longer desired is drained and stopped
-        await cp.push(link.DesiredState(generation=6, epoch=1, status="ready", workers=[worker(1, "colocated"), worker(2, "decode")]))
+        await cp.push(
+            link.DesiredState(
+                generation=6, epoch=1, status="ready", workers=[worker(1, "colocated"), worker(2, "decode")]
+            )
+        )
         ws = await cp.wait_for(lambda c: observed(c, 6))
         assert set(ws) == {1, 2}
         assert agent.workers.get(3) is None
 
         # a preemption notice: every worker drains and stops before the deadline
-        busy = asyncio.create_task(WorkerClient(new.endpoint, new.secret, s).generate(
-            dp.GenerateRequest(request_id="busy", prompt="y", sampling=dp.SamplingParams(max_tokens=8000))))
+        busy = asyncio.create_task(
+            WorkerClient(new.endpoint, new.secret, s).generate(
+                dp.GenerateRequest(request_id="busy", prompt="y", sampling=dp.SamplingParams(max_tokens=8000))
+            )
+        )
         await asyncio.sleep(0.5)
-        await cp.push(link.DesiredState(generation=7, epoch=1, status="draining", workers=[], preemption_deadline=__import__("time").time() + 3))
+        await cp.push(
+            link.DesiredState(
+                generation=7, epoch=1, status="draining", workers=[], preemption_deadline=__import__("time").time() + 3
+            )
+        )
         result = await busy
         assert result.finish_reason == "abort" and result.tokens  # the partial output comes back to the caller
-        ws = await cp.wait_for(lambda c: (hb := c.of_type("heartbeat")[-1]) and all(w["state"] == "stopped" for w in hb["workers"]) and hb["workers"])
+        ws = await cp.wait_for(
+            lambda c: (
+                (hb := c.of_type("heartbeat")[-1])
+                and all(w["state"] == "stopped" for w in hb["workers"])
+                and hb["workers"]
+            )
+        )
         drained = [f for f in cp.of_type("fault") if f["kind"] == "drained"]
         assert any(a["request_id"] == "busy" for f in drained for a in f["aborted"])
     finally:
@@ -156,10 +240,30 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
 
 
 async def test_sigterm_drains_workers_and_reports(cp, tmp_path):
-    env = dict(os.environ, PEARL_AGENT_TOKEN="node-token", PEARL_DATAPLANE_SECRET="dp-secret", PYTHONPATH=str(REPO_ROOT))
+    env = dict(
+        os.environ, PEARL_AGENT_TOKEN="node-token", PEARL_DATAPLANE_SECRET="dp-secret", PYTHONPATH=str(REPO_ROOT)
+    )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agents.node", "--control-plane", cp.url, "--node", "n2", "--slots", "1", "--engine", "emulated",
-        "--time-factor", str(SLOW), "--state-dir", str(tmp_path / "agent"), "--drain-timeout", "1", cwd=str(REPO_ROOT), env=env)
+        sys.executable,
+        "-m",
+        "agents.node",
+        "--control-plane",
+        cp.url,
+        "--node",
+        "n2",
+        "--slots",
+        "1",
+        "--engine",
+        "emulated",
+        "--time-factor",
+        str(SLOW),
+        "--state-dir",
+        str(tmp_path / "agent"),
+        "--drain-timeout",
+        "1",
+        cwd=str(REPO_ROOT),
+        env=env,
+    )
     s = session()
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
@@ -168,7 +272,9 @@ async def test_sigterm_drains_workers_and_reports(cp, tmp_path):
         ws = await cp.wait_for(lambda c: observed(c, 1))
         client = WorkerClient(ws[1]["endpoint"], "dp-secret", s)
         pid = (await client.get("health"))["pid"]
-        busy = asyncio.create_task(client.generate(dp.GenerateRequest(request_id="b", prompt="z", sampling=dp.SamplingParams(max_tokens=8000))))
+        busy = asyncio.create_task(
+            client.generate(dp.GenerateRequest(request_id="b", prompt="z", sampling=dp.SamplingParams(max_tokens=8000)))
+        )
         await asyncio.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         result = await busy
@@ -192,8 +298,23 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     env.pop("PEARL_AGENT_TOKEN", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agents.node", "--slots", "2", "--engine", "emulated", "--model", "qwen3-8b", "--time-factor", "0.01",
-        "--state-dir", str(tmp_path / "agent"), cwd=str(REPO_ROOT), env=env, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "agents.node",
+        "--slots",
+        "2",
+        "--engine",
+        "emulated",
+        "--model",
+        "qwen3-8b",
+        "--time-factor",
+        "0.01",
+        "--state-dir",
+        str(tmp_path / "agent"),
+        cwd=str(REPO_ROOT),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
     s = session()
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
@@ -202,8 +323,12 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
         listing = json.loads(open(info["secrets_file"]).read())
         assert oct(os.stat(info["secrets_file"]).st_mode & 0o777) == "0o600" and len(listing) == 2
         served = [WorkerClient(w["endpoint"], w["secret"], s) for w in listing]
-        outs = [await served[i].generate(dp.GenerateRequest(request_id=f"s{i}", prompt="q",
-                                                            sampling=dp.SamplingParams(max_tokens=5))) for i in range(2)]
+        outs = [
+            await served[i].generate(
+                dp.GenerateRequest(request_id=f"s{i}", prompt="q", sampling=dp.SamplingParams(max_tokens=5))
+            )
+            for i in range(2)
+        ]
         assert {o.worker_id for o in outs} == {1, 2} and all(len(o.tokens) == 5 for o in outs)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0
@@ -221,14 +346,31 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
     import secrets as _secrets
 
     key = _secrets.token_hex(32)
-    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n3", slots=2, state_dir=tmp_path / "agent",
-                                  time_factor=0.01, hardware="cpu"))
+    agent = NodeAgent(
+        AgentConfig(
+            control_plane=cp.url,
+            token="node-token",
+            node="n3",
+            slots=2,
+            state_dir=tmp_path / "agent",
+            time_factor=0.01,
+            hardware="cpu",
+        )
+    )
     task = asyncio.create_task(agent.run())
     s = session()
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
-        trainer = link.DesiredWorker(worker_id=10, gpus=[0], role="training", activity="active", engine="torch", model="tiny",
-                                     job="j", weights_key=key)
+        trainer = link.DesiredWorker(
+            worker_id=10,
+            gpus=[0],
+            role="training",
+            activity="active",
+            engine="torch",
+            model="tiny",
+            job="j",
+            weights_key=key,
+        )
         await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[trainer]))
         ws = await cp.wait_for(lambda c: observed(c, 1))
         assert ws[10]["role"] == "training" and ws[10]["state"] == "running" and ws[10]["devices"] == [0]
@@ -237,25 +379,48 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
         # train one step through the trainer's data plane -> weight version 1
         from tests.unit.agents.test_trainer import fixed_batch
 
-        async with s.post(f"{turl}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
-                          headers={"Authorization": f"Bearer {secret}"}) as r:
+        async with s.post(
+            f"{turl}/samples",
+            json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
+            headers={"Authorization": f"Bearer {secret}"},
+        ) as r:
             assert r.status == 200
         agent.heartbeat_s = 3600.0  # from now on only an event makes the agent report
         await asyncio.sleep(0.5)  # past the heartbeat loop's current wait
         async with s.post(f"{turl}/step", headers={"Authorization": f"Bearer {secret}"}) as r:
             assert (await r.json())["version"] == 1
         # the new version is reported when the trainer publishes it, not at the next periodic heartbeat
-        await cp.wait_for(lambda c: any(w["worker_id"] == 10 and w["weight_version"] == 1
-                                        for hb in c.of_type("heartbeat") for w in hb["workers"]))
+        await cp.wait_for(
+            lambda c: any(
+                w["worker_id"] == 10 and w["weight_version"] == 1
+                for hb in c.of_type("heartbeat")
+                for w in hb["workers"]
+            )
+        )
         agent.heartbeat_s = cp.heartbeat_s
         rotate = agent.weights_rotate_s
         now = link.token_bucket(rotate)
-        for bad in ("", "pwt_1.00", link.weights_token(key, "other-job", now), link.weights_token(key, "j", now - 5),
-                    link.weights_token(_secrets.token_hex(32), "j", now)):
+        for bad in (
+            "",
+            "pwt_1.00",
+            link.weights_token(key, "other-job", now),
+            link.weights_token(key, "j", now - 5),
+            link.weights_token(_secrets.token_hex(32), "j", now),
+        ):
             async with s.get(f"{turl}/weights/latest", headers={"Authorization": f"Bearer {bad}"}) as r:
                 assert r.status == 401, bad  # another job's, an expired or a forged token opens nothing
-        rollout = link.DesiredWorker(worker_id=11, gpus=[1], role="colocated", activity="active", engine="emulated", model="tiny",
-                                     job="j", min_weight_version=1, weights_url=turl, weights_token=link.weights_token(key, "j", now))
+        rollout = link.DesiredWorker(
+            worker_id=11,
+            gpus=[1],
+            role="colocated",
+            activity="active",
+            engine="emulated",
+            model="tiny",
+            job="j",
+            min_weight_version=1,
+            weights_url=turl,
+            weights_token=link.weights_token(key, "j", now),
+        )
         await cp.push(link.DesiredState(generation=2, epoch=1, status="ready", workers=[trainer, rollout]))
         ws = await cp.wait_for(lambda c: observed(c, 2))
         assert ws[11]["weight_version"] == 1 and ws[11]["state"] == "running" and ws[11]["devices"] == [1]
@@ -269,8 +434,17 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
     """A preemption notice drains the node's workers; the notice is cancelled (the node returns to service)
     while the control plane still wants the worker: it runs again, a new process on its slot, instead of
     staying stopped while a transition waits for it."""
-    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n4", slots=1, state_dir=tmp_path / "agent",
-                                  time_factor=SLOW, drain_timeout_s=1.0))
+    agent = NodeAgent(
+        AgentConfig(
+            control_plane=cp.url,
+            token="node-token",
+            node="n4",
+            slots=1,
+            state_dir=tmp_path / "agent",
+            time_factor=SLOW,
+            drain_timeout_s=1.0,
+        )
+    )
     task = asyncio.create_task(agent.run())
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
@@ -278,8 +452,15 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
         ws = await cp.wait_for(lambda c: observed(c, 1))
         assert ws[1]["state"] == "running"
         first = agent.workers[1].proc.pid
-        await cp.push(link.DesiredState(generation=2, epoch=1, status="draining", preemption_deadline=time.time() + 30,
-                                        workers=[worker(1, "colocated", "transitioning")]))
+        await cp.push(
+            link.DesiredState(
+                generation=2,
+                epoch=1,
+                status="draining",
+                preemption_deadline=time.time() + 30,
+                workers=[worker(1, "colocated", "transitioning")],
+            )
+        )
         await cp.wait_for(lambda c: (o := observed(c, 2)) and o[1]["state"] == "stopped")
         await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[worker(1, "colocated")]))
         ws = await cp.wait_for(lambda c: (o := observed(c, 3)) and o[1]["state"] == "running" and o)
@@ -294,8 +475,17 @@ async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_g
     running decodes then costs twice its roofline time, as their PREFILL records show the control plane."""
     from controlplane.core.profiles import get_profile
 
-    agent = NodeAgent(AgentConfig(control_plane=cp.url, token="node-token", node="n-int", slots=1,
-                                  state_dir=tmp_path / "agent", time_factor=0.02, interference=2.0))
+    agent = NodeAgent(
+        AgentConfig(
+            control_plane=cp.url,
+            token="node-token",
+            node="n-int",
+            slots=1,
+            state_dir=tmp_path / "agent",
+            time_factor=0.02,
+            interference=2.0,
+        )
+    )
     task = asyncio.create_task(agent.run())
     s = session()
     try:
@@ -305,8 +495,9 @@ async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_g
         client = WorkerClient(ws[1]["endpoint"], agent.workers[1].proc.secret, s)
 
         def gen(rid: str, n: int, prompt: str, stop_at_eos: bool = True) -> dp.GenerateRequest:
-            return dp.GenerateRequest(request_id=rid, prompt=prompt,
-                                      sampling=dp.SamplingParams(max_tokens=n, seed=1, stop_at_eos=stop_at_eos))
+            return dp.GenerateRequest(
+                request_id=rid, prompt=prompt, sampling=dp.SamplingParams(max_tokens=n, seed=1, stop_at_eos=stop_at_eos)
+            )
 
         # as long a turn as a worker takes (a few seconds at this time factor): still decoding when they come
         long = asyncio.create_task(client.generate(gen("long", dp.MAX_NEW_TOKENS, "x " * 200, stop_at_eos=False)))
@@ -318,10 +509,18 @@ async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_g
         await asyncio.gather(*[client.generate(gen(f"s{i}", 2, f"prompt {i} " * (50 + 10 * i))) for i in range(4)])
         await long
         prof = get_profile("H800", "qwen3-8b", 1)  # one slot: the worker's TP is 1
-        mixed = await cp.wait_for(lambda c: [r for t in c.of_type("telemetry") for r in t["records"]
-                                             if r["kind"] == "prefill" and r.get("running_batch", 0) > 0])
+        mixed = await cp.wait_for(
+            lambda c: [
+                r
+                for t in c.of_type("telemetry")
+                for r in t["records"]
+                if r["kind"] == "prefill" and r.get("running_batch", 0) > 0
+            ]
+        )
         for r in mixed:
-            assert r["duration_s"] == pytest.approx(2.0 * prof.prefill_s(r["tokens"], r.get("prefix_tokens", 0)), rel=1e-6)
+            assert r["duration_s"] == pytest.approx(
+                2.0 * prof.prefill_s(r["tokens"], r.get("prefix_tokens", 0)), rel=1e-6
+            )
     finally:
         await s.close()
         agent.stopping.set()

@@ -3,6 +3,7 @@
 The same two processes first serve colocated, then switch roles in place (no restart, no reload)
 to prefill and decode; greedy outputs must be identical token for token.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,9 @@ async def pair(tmp_path_factory):
 
 
 def _req(i: int, prompt: str, n: int = 12) -> dp.GenerateRequest:
-    return dp.GenerateRequest(request_id=f"r{i}-{n}", prompt=prompt, sampling=dp.SamplingParams(max_tokens=n, stop_at_eos=False))
+    return dp.GenerateRequest(
+        request_id=f"r{i}-{n}", prompt=prompt, sampling=dp.SamplingParams(max_tokens=n, stop_at_eos=False)
+    )
 
 
 async def test_disaggregated_greedy_equals_colocated(pair):
@@ -64,7 +67,13 @@ async def test_role_admission_and_kv_handles(pair):
     assert err.value.status == 409
     pre = await a.prefill(_req(10, "some prompt"))
     # a handle is pulled once; the second pull is an unknown handle (404), and so is a made-up one
-    dec = dp.DecodeRequest(request_id="d10", kv_url=a.endpoint, handle=pre.handle, kv_token=pre.kv_token, sampling=dp.SamplingParams(max_tokens=4))
+    dec = dp.DecodeRequest(
+        request_id="d10",
+        kv_url=a.endpoint,
+        handle=pre.handle,
+        kv_token=pre.kv_token,
+        sampling=dp.SamplingParams(max_tokens=4),
+    )
     out = await b.decode(dec)
     assert out.tokens[0] == pre.first_token and len(out.tokens) == 4
     with pytest.raises(WorkerCallError) as err:
@@ -87,11 +96,19 @@ async def test_bad_input_gets_4xx(pair):
         assert resp.status == 401  # no secret
     async with s.post(f"{a.endpoint}/generate", data=b"{not json", headers=a.headers) as resp:
         assert resp.status == 400 and "JSON" in (await resp.json())["error"]
-    async with s.post(f"{a.endpoint}/generate", json={"request_id": "x", "prompt": "hi", "bogus": 1}, headers=a.headers) as resp:
+    async with s.post(
+        f"{a.endpoint}/generate", json={"request_id": "x", "prompt": "hi", "bogus": 1}, headers=a.headers
+    ) as resp:
         assert resp.status == 400 and "bogus" in (await resp.json())["error"]
-    async with s.post(f"{a.endpoint}/generate", json={"request_id": "x", "prompt_tokens": [1, 99999]}, headers=a.headers) as resp:
+    async with s.post(
+        f"{a.endpoint}/generate", json={"request_id": "x", "prompt_tokens": [1, 99999]}, headers=a.headers
+    ) as resp:
         assert resp.status == 400 and "vocabulary" in (await resp.json())["error"]
-    async with s.post(f"{a.endpoint}/generate", json={"request_id": "x", "prompt": "hi", "sampling": {"max_tokens": 10**9}}, headers=a.headers) as resp:
+    async with s.post(
+        f"{a.endpoint}/generate",
+        json={"request_id": "x", "prompt": "hi", "sampling": {"max_tokens": 10**9}},
+        headers=a.headers,
+    ) as resp:
         assert resp.status == 400 and "max_tokens" in (await resp.json())["error"]
     async with s.post(f"{a.endpoint}/generate", data=b"x" * (dp.MAX_REQUEST_BYTES + 10), headers=a.headers) as resp:
         assert resp.status == 413

@@ -1,4 +1,5 @@
 """Trainer -> versioned safetensors snapshots over HTTP -> a torch worker pulls them (pull-based)."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,14 +18,21 @@ AUTH = {"Authorization": "Bearer tok"}
 
 @pytest.fixture
 async def stack(tmp_path):
-    trainer = GRPOTrainer("tiny", GRPOConfig(lr=1e-2, batch_size=8, max_staleness=100), store=WeightStore(tmp_path / "w"))
+    trainer = GRPOTrainer(
+        "tiny", GRPOConfig(lr=1e-2, batch_size=8, max_staleness=100), store=WeightStore(tmp_path / "w")
+    )
     engine = TorchEngine()
     tsrv = TestServer(TrainerServer(trainer, "tok").app, host="127.0.0.1")
     wsrv = TestServer(WorkerServer(engine, "wsecret").app, host="127.0.0.1")
     await tsrv.start_server()
     await wsrv.start_server()
     s = session()
-    yield trainer, engine, str(tsrv.make_url("")).rstrip("/"), WorkerClient(str(wsrv.make_url("")).rstrip("/"), "wsecret", s)
+    yield (
+        trainer,
+        engine,
+        str(tsrv.make_url("")).rstrip("/"),
+        WorkerClient(str(wsrv.make_url("")).rstrip("/"), "wsecret", s),
+    )
     await s.close()
     await wsrv.close()
     await tsrv.close()

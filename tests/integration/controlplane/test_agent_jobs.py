@@ -1,5 +1,6 @@
 """Agent jobs (issue 19): submission of `environment: agent` (400 naming the field, nothing changed), the
 driver's JobView, the trajectories the driver reports and `GET /api/jobs/<id>/trajectories/`."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,15 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _body(**agent) -> dict:
-    return {"name": "calc-agent", "environment": "agent", "rollout_gpus": 1, "training_gpus": 1, "batch_size": 8,
-            "group_size": 4, **agent}
+    return {
+        "name": "calc-agent",
+        "environment": "agent",
+        "rollout_gpus": 1,
+        "training_gpus": 1,
+        "batch_size": 8,
+        "group_size": 4,
+        **agent,
+    }
 
 
 @pytest.fixture
@@ -30,8 +38,13 @@ def nodes():
 def test_agent_job_is_created_and_its_driver_gets_the_spec(api, nodes, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"question": "1+1"}\n\n{"question": "2*3"}\n')
-    agent = {"agent_command": ["python", "agent.py"], "agent_workdir": str(tmp_path), "tasks": "tasks.jsonl",
-             "agent_timeout_s": 30, "agent_concurrency": 4}
+    agent = {
+        "agent_command": ["python", "agent.py"],
+        "agent_workdir": str(tmp_path),
+        "tasks": "tasks.jsonl",
+        "agent_timeout_s": 30,
+        "agent_concurrency": 4,
+    }
     r = api.post("/api/jobs/", _body(**agent), format="json")
     assert r.status_code == 201, r.content
     assert r.json()["agent"] == agent and r.json()["environment"] == "agent"
@@ -44,7 +57,6 @@ def test_inline_tasks_and_a_python_agent(api, nodes):
     r = api.post("/api/jobs/", _body(**agent), format="json")
     assert r.status_code == 201, r.content
     assert Job.objects.get().agent == agent
-
 
 
 @pytest.mark.parametrize(
@@ -99,12 +111,24 @@ def test_the_example_job_yaml_submits(api, nodes, monkeypatch):
 def _record(n_tokens: int = 6, status: str = "done", **extra) -> dict:
     """An AgentRunner record as the gateway keeps it: two samples (a fork), prompt 0 / sampled 1."""
     half = n_tokens // 2
-    sample = {"prompt_len": half, "tokens": list(range(n_tokens)), "mask": [0] * half + [1] * (n_tokens - half),
-              "logprobs": [0.0] * half + [-0.25] * (n_tokens - half), "weight_versions": [3], "workers": [2],
-              "latency_s": [0.125]}
-    return {"samples": [sample, {**sample, "weight_versions": [4], "workers": [5]}], "forks": 1, "reward": 1.0,
-            "turns": 2, "status": status, "messages": [{"role": "user", "content": "1+1?"},
-                                                       {"role": "assistant", "content": "2"}], **extra}
+    sample = {
+        "prompt_len": half,
+        "tokens": list(range(n_tokens)),
+        "mask": [0] * half + [1] * (n_tokens - half),
+        "logprobs": [0.0] * half + [-0.25] * (n_tokens - half),
+        "weight_versions": [3],
+        "workers": [2],
+        "latency_s": [0.125],
+    }
+    return {
+        "samples": [sample, {**sample, "weight_versions": [4], "workers": [5]}],
+        "forks": 1,
+        "reward": 1.0,
+        "turns": 2,
+        "status": status,
+        "messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}],
+        **extra,
+    }
 
 
 def _agent_job(api) -> int:
@@ -118,9 +142,14 @@ def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
     from controlplane.services.trajectories import record_trajectories
 
     jid = _agent_job(api)
-    record_trajectories(job_id=jid, step=0, trajectories=[summarize("s0-t0", _record()),
-                                                           summarize("s0-t1", _record(status="failed", reward=None,
-                                                                                      reason="exit 1", stderr="boom"))])
+    record_trajectories(
+        job_id=jid,
+        step=0,
+        trajectories=[
+            summarize("s0-t0", _record()),
+            summarize("s0-t1", _record(status="failed", reward=None, reason="exit 1", stderr="boom")),
+        ],
+    )
     record_trajectories(job_id=jid, step=1, trajectories=[summarize("s1-t0", _record())])
     # a later report of the same trajectory replaces it (the driver resends what it could not deliver)
     record_trajectories(job_id=jid, step=1, trajectories=[summarize("s1-t0", _record(reward=0.5))])
@@ -160,8 +189,10 @@ def test_long_trajectories_are_truncated_and_say_so(api, nodes):
     assert len(t["tokens"]) == dl.MAX_TRAJECTORY_TOKENS
 
 
-@pytest.mark.parametrize("query, field", [("step=-1", "step"), ("step=x", "step"), ("status=odd", "status"),
-                                          ("limit=0", "limit"), ("limit=201", "limit")])
+@pytest.mark.parametrize(
+    "query, field",
+    [("step=-1", "step"), ("step=x", "step"), ("status=odd", "status"), ("limit=0", "limit"), ("limit=201", "limit")],
+)
 def test_trajectory_queries_are_checked(api, nodes, query, field):
     jid = _agent_job(api)
     r = api.get(f"/api/jobs/{jid}/trajectories/?{query}")
@@ -202,8 +233,9 @@ def test_staleness_counts_the_serving_workers_and_the_asleep_apart(nodes):
     Job.objects.filter(pk=job.pk).update(weight_version=168, max_staleness=1)
     node = Node.objects.get(name="n1")
     serving = workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
-    asleep = workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[1], role="colocated",
-                                  activity="inactive")
+    asleep = workers.start_worker(
+        job_id=job.pk, node_id=node.pk, gpu_indexes=[1], role="colocated", activity="inactive"
+    )
     Worker.objects.filter(pk=serving.pk).update(weight_version=168)
     Worker.objects.filter(pk=asleep.pk).update(weight_version=0)  # an overlap worker that pulls lazily
     s = staleness(Job.objects.get(pk=job.pk))
@@ -219,7 +251,8 @@ def test_submitted_by_names_the_launcher_for_jobs_it_created(api, nodes):
 
     launched = make_job("launched")  # created with actor "test", no user (as the launcher does)
     assert job_status(launched.pk)["job"]["submitted_by"] == "test"
-    r = api.post("/api/jobs/", {**_body(agent_command=["python", "a.py"], tasks=[{"q": 1}]), "name": "mine"},
-                 format="json")
+    r = api.post(
+        "/api/jobs/", {**_body(agent_command=["python", "a.py"], tasks=[{"q": 1}]), "name": "mine"}, format="json"
+    )
     st = job_status(r.json()["id"])
     assert st["job"]["submitted_by"] == st["job"]["created_by"] and st["job"]["agent"]["tasks"] == [{"q": 1}]

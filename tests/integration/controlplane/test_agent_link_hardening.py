@@ -1,6 +1,7 @@
 """The audit's agent-link reproductions, over the real ASGI app and Redis channel layer: an agent is
 trusted only for what it owns, every message is fenced by the socket holding the lease and by epoch,
 and malformed frames get an error reply while the link stays up."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,13 +26,21 @@ pytestmark = [
 
 
 def register_msg(name: str, pool: str = "reserved", incarnation: str = "inc-1", slots: int = 2) -> dict:
-    return {"type": "register", "node": name, "pool": pool, "hardware": "cpu", "incarnation": incarnation,
-            "slots": [{"index": i, "hardware": "cpu", "memory_mb": 1024} for i in range(slots)]}
+    return {
+        "type": "register",
+        "node": name,
+        "pool": pool,
+        "hardware": "cpu",
+        "incarnation": incarnation,
+        "slots": [{"index": i, "hardware": "cpu", "memory_mb": 1024} for i in range(slots)],
+    }
 
 
 def socket_for(token: str) -> WebsocketCommunicator:
     # the peer address is what the control plane records as the node's address
-    ws = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())])
+    ws = WebsocketCommunicator(
+        application, "/ws/agent/", headers=[(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())]
+    )
     ws.scope["client"] = ("127.0.0.1", 50000)
     return ws
 
@@ -81,16 +90,20 @@ async def test_an_agent_cannot_redirect_the_clusters_weights():
     await receive_until(tws, "desired_state")
     await receive_until(rws, "desired_state")
     # an honest report first: on the node's own address, one version ahead
-    await tws.send_json_to(hb(treg["epoch"], [observed(trainer.pk, "training", endpoint="http://127.0.0.1:7001", weight_version=1)]))
+    await tws.send_json_to(
+        hb(treg["epoch"], [observed(trainer.pk, "training", endpoint="http://127.0.0.1:7001", weight_version=1)])
+    )
     pushed = await receive_until(rws, "desired_state")
     (w,) = pushed["workers"]
     assert w["weights_url"] == "http://127.0.0.1:7001" and w["min_weight_version"] == 0
     assert w["weights_token"].startswith("pwt_") and "weights_key" not in json.dumps(w).replace('"weights_key": ""', "")
     # the attack: another host, a huge version
-    for evil in ({"endpoint": "http://attacker.example:80", "weight_version": 2},
-                 {"endpoint": "http://127.0.0.1:7001", "weight_version": 2**31 - 1},
-                 {"endpoint": "http://10.9.9.9:7001/steal", "weight_version": 1},
-                 {"endpoint": "https://127.0.0.1:7001", "weight_version": 1}):
+    for evil in (
+        {"endpoint": "http://attacker.example:80", "weight_version": 2},
+        {"endpoint": "http://127.0.0.1:7001", "weight_version": 2**31 - 1},
+        {"endpoint": "http://10.9.9.9:7001/steal", "weight_version": 1},
+        {"endpoint": "https://127.0.0.1:7001", "weight_version": 1},
+    ):
         await tws.send_json_to(hb(treg["epoch"], [observed(trainer.pk, "training", **evil)]))
         err = await receive_until(tws, "error")
         assert err["code"] == "refused" and f"worker {trainer.pk}" in err["message"], err
@@ -144,7 +157,9 @@ async def test_tokens_rotate_with_the_next_heartbeat(settings):
         await asyncio.sleep(0.05)
     await rws.send_json_to(hb(rreg["epoch"]))
     again = await receive_until(rws, "desired_state")
-    assert again["workers"][0]["weights_token"] != first and again["workers"][0]["weights_url"] == "http://127.0.0.1:7001"
+    assert (
+        again["workers"][0]["weights_token"] != first and again["workers"][0]["weights_url"] == "http://127.0.0.1:7001"
+    )
     for ws in (tws, rws):
         await ws.disconnect()
 
@@ -175,7 +190,9 @@ async def test_a_second_socket_supersedes_the_first_whatever_incarnation_it_clai
 async def test_stale_epoch_faults_and_telemetry_are_not_stored():
     ws, reg, _, _ = await connect("gpu-a")
     job = await database_sync_to_async(make_job)("j1", rollout_gpus=1, training_gpus=0)
-    w = await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0], role="colocated")
+    w = await database_sync_to_async(workers.start_worker)(
+        job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0], role="colocated"
+    )
     await receive_until(ws, "desired_state")
     record = {"kind": "decode_iteration", "job": "j1", "running_batch": 8, "duration_s": 0.01}
     faults = await database_sync_to_async(Event.objects.filter(kind="worker.fault").count)()
@@ -199,7 +216,9 @@ async def test_telemetry_and_faults_only_about_what_the_node_runs():
     aws, areg, _, _ = await connect("gpu-a")
     bws, breg, _, _ = await connect("gpu-b")
     job = await database_sync_to_async(make_job)("theirs", rollout_gpus=1, training_gpus=0)
-    wb = await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=breg["node_id"], gpu_indexes=[0], role="colocated")
+    wb = await database_sync_to_async(workers.start_worker)(
+        job_id=job.pk, node_id=breg["node_id"], gpu_indexes=[0], role="colocated"
+    )
     for bad in (
         {"kind": "decode_iteration", "job": "theirs", "running_batch": 999, "duration_s": 99.0},
         {"kind": "decode_iteration", "job": "nobody", "running_batch": 1, "duration_s": 0.1},
@@ -208,11 +227,20 @@ async def test_telemetry_and_faults_only_about_what_the_node_runs():
         await aws.send_json_to({"type": "telemetry", "epoch": areg["epoch"], "records": [bad]})
         err = await receive_until(aws, "error")
         assert err["code"] in ("not_owned", "invalid") and "records[0].job" in err["message"], err
-    await aws.send_json_to({"type": "fault", "epoch": areg["epoch"], "worker_id": wb.pk, "kind": "crashed", "detail": "lies"})
+    await aws.send_json_to(
+        {"type": "fault", "epoch": areg["epoch"], "worker_id": wb.pk, "kind": "crashed", "detail": "lies"}
+    )
     assert (await receive_until(aws, "error"))["code"] == "not_owned"
     # node b's own agent can report both; a record naming one of b's workers from a is refused too
-    await bws.send_json_to({"type": "telemetry", "epoch": breg["epoch"], "records": [
-        {"kind": "decode_iteration", "job": "theirs", "worker": wb.pk, "running_batch": 4, "duration_s": 0.01}]})
+    await bws.send_json_to(
+        {
+            "type": "telemetry",
+            "epoch": breg["epoch"],
+            "records": [
+                {"kind": "decode_iteration", "job": "theirs", "worker": wb.pk, "running_batch": 4, "duration_s": 0.01}
+            ],
+        }
+    )
     await asyncio.sleep(0.3)
     assert await database_sync_to_async(TelemetrySample.objects.filter(job=job).count)() == 1
     assert not await database_sync_to_async(Event.objects.filter(kind="worker.fault").exists)()
@@ -225,14 +253,28 @@ async def test_telemetry_and_faults_only_about_what_the_node_runs():
 
 MALFORMED = [
     ("[" * 5000 + "]" * 5000, "nested"),
-    (json.dumps({"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "aborted": [{"a": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}]}), "nested"),
+    (
+        json.dumps(
+            {
+                "type": "fault",
+                "epoch": 1,
+                "worker_id": 0,
+                "kind": "x",
+                "aborted": [{"a": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}],
+            }
+        ),
+        "nested",
+    ),
     ('{"type": "heartbeat", "epoch": NaN, "generation": 0}', "NaN"),
     ('{"type": "heartbeat", "epoch": 1e999, "generation": 0}', "finite"),
     ('{"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "detail": "a\\u0000b"}', "NUL"),
     ('{"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "detail": "\\ud800"}', "surrogate"),
     ('{"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "aborted": [{"k\\u0000": 1}]}', "NUL"),
     ('{"type": "heartbeat", "epoch": 99999999999999999999999, "generation": 0}', "<="),
-    ('{"type": "heartbeat", "epoch": 1, "generation": 0, "workers": [{"worker_id": 1, "role": "decode", "activity": "active", "state": "running", "weight_version": 4294967296}]}', "<="),
+    (
+        '{"type": "heartbeat", "epoch": 1, "generation": 0, "workers": [{"worker_id": 1, "role": "decode", "activity": "active", "state": "running", "weight_version": 4294967296}]}',
+        "<=",
+    ),
     ("9" * 5000, "malformed"),
     (" ", "malformed"),
     ("null", "JSON object"),
@@ -263,7 +305,9 @@ async def test_malformed_frames_get_an_error_and_the_link_stays_up():
 async def test_a_worker_on_other_devices_than_its_slots_is_reported():
     ws, reg, _, _ = await connect("gpu-a")
     job = await database_sync_to_async(make_job)("j2", rollout_gpus=1, training_gpus=0)
-    w = await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[1], role="colocated")
+    w = await database_sync_to_async(workers.start_worker)(
+        job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[1], role="colocated"
+    )
     await receive_until(ws, "desired_state")
     await ws.send_json_to(hb(reg["epoch"], [observed(w.pk, "colocated", devices=[1])]))
     await ws.send_json_to(hb(reg["epoch"], [observed(w.pk, "colocated", devices=[0])]))

@@ -1,6 +1,7 @@
 """The driver link carries agent trajectories (issue 19): a `trajectories` report from a job's rollout
 driver is kept for the job page; a malformed one is answered with an error naming the field and keeps
 nothing. Over the real ASGI app and Redis channel layer."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,9 @@ def _job():
 
 
 async def _driver(token: str, name: str) -> WebsocketCommunicator:
-    ws = WebsocketCommunicator(application, "/ws/driver/",
-                               headers=[(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())])
+    ws = WebsocketCommunicator(
+        application, "/ws/driver/", headers=[(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())]
+    )
     connected, _ = await ws.connect()
     assert connected
     await ws.send_json_to(dl.dump(dl.Hello(name, "inc-1")))
@@ -41,12 +43,26 @@ async def _driver(token: str, name: str) -> WebsocketCommunicator:
 async def test_a_trajectory_report_is_kept():
     job, token = await database_sync_to_async(_job)()
     ws = await _driver(token, job.name)
-    rec = {"samples": [{"tokens": [5, 6, 7], "mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.25],
-                        "weight_versions": [0], "workers": [1], "latency_s": [0.01]}],
-           "reward": 1.0, "turns": 1, "status": "done", "messages": [{"role": "user", "content": "hi"}]}
+    rec = {
+        "samples": [
+            {
+                "tokens": [5, 6, 7],
+                "mask": [0, 1, 1],
+                "logprobs": [0.0, -0.5, -0.25],
+                "weight_versions": [0],
+                "workers": [1],
+                "latency_s": [0.01],
+            }
+        ],
+        "reward": 1.0,
+        "turns": 1,
+        "status": "done",
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     await ws.send_json_to(dl.dump(dl.TrajectoryReport(0, [summarize("s0-t0", rec)])))
-    await ws.send_json_to({"type": "trajectories", "step": 0, "trajectories": [{"name": "s0-t1", "status": "done",
-                                                                                 "mask": [7]}]})
+    await ws.send_json_to(
+        {"type": "trajectories", "step": 0, "trajectories": [{"name": "s0-t1", "status": "done", "mask": [7]}]}
+    )
     err = await ws.receive_json_from(timeout=5)
     assert err["type"] == "error" and err["error"] == "bad_message" and "mask" in err["detail"]
     await ws.send_json_to(dl.dump(dl.TrajectoryReport(0, [dl.TrajectorySummary("s0-t2", "weird")])))

@@ -1,4 +1,5 @@
 """REST API: authentication everywhere, bad input -> 4xx naming the field and changing nothing."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,9 @@ def test_every_url_refuses_anonymous():
             r = getattr(client, method)(url, data={}, format="json")
             if r.status_code == 405:
                 continue
-            assert r.status_code in (302, 401, 403), f"{method.upper()} {url} ({name}) answered {r.status_code} anonymously"
+            assert r.status_code in (302, 401, 403), (
+                f"{method.upper()} {url} ({name}) answered {r.status_code} anonymously"
+            )
             if r.status_code == 302:
                 assert "/accounts/login/" in r["Location"]
             checked += 1
@@ -71,12 +74,20 @@ def test_viewer_cannot_change_state(viewer):
 def test_job_lifecycle(api):
     make_node("n1", slots=4)
     make_node("t1", pool="training", slots=4)
-    r = api.post("/api/jobs/", {"name": "grpo-1", "rollout_gpus": 4, "training_gpus": 4, "batch_size": 32, "group_size": 8}, format="json")
+    r = api.post(
+        "/api/jobs/",
+        {"name": "grpo-1", "rollout_gpus": 4, "training_gpus": 4, "batch_size": 32, "group_size": 8},
+        format="json",
+    )
     assert r.status_code == 201, r.content
     jid = r.json()["id"]
     assert api.get(f"/api/jobs/{jid}/").json()["name"] == "grpo-1"
     assert api.get("/api/jobs/").json()["count"] == 1
-    r = api.patch(f"/api/jobs/{jid}/overrides/", {"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 3}, format="json")
+    r = api.patch(
+        f"/api/jobs/{jid}/overrides/",
+        {"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 3},
+        format="json",
+    )
     assert r.status_code == 200 and r.json()["force_n_decode"] == 3
     assert api.get(f"/api/jobs/{jid}/overrides/").json()["force_mode"] == "disaggregated"
     assert api.post(f"/api/jobs/{jid}/stop/").json()["status"] == "stopped"
@@ -94,8 +105,20 @@ def test_every_policy_and_its_options_can_be_set_per_job(api):
     assert set(names) == {"pearl", "fixed", "fixed-large", "elastic", "oracle"} and not names["oracle"]["product"]
     assert {o["name"] for o in names["fixed-large"]["options"]} == {"workers", "trace_mean_gpus"}
     assert "qwen3-8b" in catalog["models"] and "H800" in catalog["hardware"] and "emulated" in catalog["engines"]
-    r = api.post("/api/jobs/", {"name": "roll-large", "rollout_gpus": 4, "training_gpus": 4, "tp": 2, "model": "qwen3-8b",
-                                "hardware": "h800", "policy": "fixed-large", "policy_options": {"workers": 2}}, format="json")
+    r = api.post(
+        "/api/jobs/",
+        {
+            "name": "roll-large",
+            "rollout_gpus": 4,
+            "training_gpus": 4,
+            "tp": 2,
+            "model": "qwen3-8b",
+            "hardware": "h800",
+            "policy": "fixed-large",
+            "policy_options": {"workers": 2},
+        },
+        format="json",
+    )
     assert r.status_code == 201, r.content
     assert r.json()["policy_options"] == {"workers": 2}
     from controlplane.services import planner
@@ -120,8 +143,10 @@ def test_every_policy_and_its_options_can_be_set_per_job(api):
         ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy": "fixed-large"}, "policy_options.workers"),
         ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy_options": {"gate": "no"}}, "policy_options.gate"),
         ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy_options": {"eta": 1}}, "policy_options.eta"),
-        ({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy": "elastic", "policy_options": {"eta": -1}},
-         "policy_options.eta"),
+        (
+            {"name": "j", "rollout_gpus": 1, "training_gpus": 1, "policy": "elastic", "policy_options": {"eta": -1}},
+            "policy_options.eta",
+        ),
     ],
 )
 def test_bad_job_input_names_field_and_changes_nothing(api, body, field):
@@ -140,7 +165,11 @@ def test_oversized_and_deeply_nested_json_refused(api):
     deep: object = 1
     for _ in range(40):
         deep = [deep]
-    r = api.post("/api/jobs/", data=json.dumps({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "x": deep}), content_type="application/json")
+    r = api.post(
+        "/api/jobs/",
+        data=json.dumps({"name": "j", "rollout_gpus": 1, "training_gpus": 1, "x": deep}),
+        content_type="application/json",
+    )
     assert r.status_code == 400 and "nested" in r.json()["detail"]
     big = json.dumps({"name": "j", "pad": "x" * 100_000})
     r = api.post("/api/jobs/", data=big, content_type="application/json")
@@ -167,8 +196,12 @@ def test_unknown_ids_get_404(api):
 def test_override_bad_input(api):
     make_node("n1")
     job = make_job()
-    for body, field in [({"force_mode": "hybrid"}, "force_mode"), ({"force_n_prefill": 0}, "force_n_prefill"),
-                        ({"teleport": True}, "teleport"), ({"force_mode": "colocated", "force_n_prefill": 1, "force_n_decode": 1}, "force_mode")]:
+    for body, field in [
+        ({"force_mode": "hybrid"}, "force_mode"),
+        ({"force_n_prefill": 0}, "force_n_prefill"),
+        ({"teleport": True}, "teleport"),
+        ({"force_mode": "colocated", "force_n_prefill": 1, "force_n_decode": 1}, "force_mode"),
+    ]:
         r = api.patch(f"/api/jobs/{job.pk}/overrides/", body, format="json")
         assert r.status_code == 400 and r.json()["field"] == field, (body, r.json())
     o = Override.objects.get(job=job)
@@ -225,7 +258,13 @@ def test_openapi_schema_builds_and_docs_need_login(api):
     r = api.get("/api/schema/")
     assert r.status_code == 200
     body = r.content.decode()
-    for path in ("/api/jobs/", "/api/cluster/", "/api/nodes/{id}/preemption/", "/api/jobs/{id}/overrides/", "/api/events/"):
+    for path in (
+        "/api/jobs/",
+        "/api/cluster/",
+        "/api/nodes/{id}/preemption/",
+        "/api/jobs/{id}/overrides/",
+        "/api/events/",
+    ):
         assert path in body
     assert api.get("/api/docs/").status_code == 200
     assert APIClient().get("/api/schema/").status_code in (401, 403)
@@ -250,7 +289,9 @@ def test_state_changes_are_rate_limited(api, settings):
     settings.PEARL = {**settings.PEARL, "WRITE_RATE": "3/min"}
     make_node("n1")
     job = make_job()
-    codes = [api.patch(f"/api/jobs/{job.pk}/overrides/", {"freeze": i % 2 == 0}, format="json").status_code for i in range(5)]
+    codes = [
+        api.patch(f"/api/jobs/{job.pk}/overrides/", {"freeze": i % 2 == 0}, format="json").status_code for i in range(5)
+    ]
     assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
     assert api.get(f"/api/jobs/{job.pk}/").status_code == 200  # reads are not limited
     cache.clear()

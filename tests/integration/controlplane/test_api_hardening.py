@@ -1,5 +1,6 @@
 """The audit's reproductions against the REST API: every one gets a clear 4xx in the one error shape
 ({error, field, detail}) and changes nothing. Each of these answered 500 (or an HTML page) before."""
+
 from __future__ import annotations
 
 import json
@@ -32,25 +33,31 @@ def assert_error(r, status: int, field: str | None = None) -> dict:
     return body
 
 
-@pytest.mark.parametrize("url, field", [
-    ("/api/jobs/%C2%B2/", "id"),  # '²'.isdigit() is True, int('²') raises
-    ("/api/nodes/%D9%A3/", "id"),  # Arabic-Indic three
-    ("/api/events/?job=%C2%B2", "job"),
-    ("/api/decisions/?job=%EF%BC%91", "job"),  # full-width one: neither an id nor a possible job name
-])
+@pytest.mark.parametrize(
+    "url, field",
+    [
+        ("/api/jobs/%C2%B2/", "id"),  # '²'.isdigit() is True, int('²') raises
+        ("/api/nodes/%D9%A3/", "id"),  # Arabic-Indic three
+        ("/api/events/?job=%C2%B2", "job"),
+        ("/api/decisions/?job=%EF%BC%91", "job"),  # full-width one: neither an id nor a possible job name
+    ],
+)
 def test_unicode_digits_in_ids_and_filters(api, url, field):
     a_job()
     assert_error(api.get(url), 400, field)
     assert api.get("/api/events/?job=job1").json()["count"] >= 1
 
 
-@pytest.mark.parametrize("value", [
-    "2024-02-30T00:00:00Z",  # impossible day
-    "2024-13-01T00:00:00",  # impossible month
-    "2024-01-01T00:00:00%2B99:00",  # impossible offset
-    "2024-01-01T25:00:00Z",
-    "yesterday",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2024-02-30T00:00:00Z",  # impossible day
+        "2024-13-01T00:00:00",  # impossible month
+        "2024-01-01T00:00:00%2B99:00",  # impossible offset
+        "2024-01-01T25:00:00Z",
+        "yesterday",
+    ],
+)
 def test_impossible_times_in_filters(api, value):
     a_job()
     assert_error(api.get(f"/api/events/?since={value}"), 400, "since")
@@ -77,16 +84,19 @@ def test_nul_and_control_characters_in_filters(api, param):
     assert_error(api.get(f"/api/events/?{param}=" + "x" * 300), 400, param)
 
 
-@pytest.mark.parametrize("query, field", [
-    ("limit=99999999999999999999999", "limit"),  # beyond 64 bits
-    ("limit=1001", "limit"),  # above the maximum
-    ("limit=0", "limit"),
-    ("limit=-1", "limit"),
-    ("limit=%C2%B2", "limit"),
-    ("offset=99999999999999999999999", "offset"),
-    ("offset=-5", "offset"),
-    ("offset=1e3", "offset"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("limit=99999999999999999999999", "limit"),  # beyond 64 bits
+        ("limit=1001", "limit"),  # above the maximum
+        ("limit=0", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=%C2%B2", "limit"),
+        ("offset=99999999999999999999999", "offset"),
+        ("offset=-5", "offset"),
+        ("offset=1e3", "offset"),
+    ],
+)
 def test_limits_and_offsets_are_strict(api, query, field):
     a_job()
     for url in ("/api/events/", "/api/jobs/", "/api/nodes/", "/api/decisions/", "/api/transitions/"):
@@ -160,13 +170,30 @@ def test_impossible_override_refused_with_its_field(api):
     make_node("t1", pool="training", slots=2)
     job = make_job(rollout_gpus=4, training_gpus=2)
     before = Event.objects.count()
-    body = assert_error(api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_mode": "disaggregated", "force_n_prefill": 1000,
-                                                                    "force_n_decode": 1}, format="json"), 400, "force_n_prefill")
+    body = assert_error(
+        api.patch(
+            f"/api/jobs/{job.pk}/overrides/",
+            {"force_mode": "disaggregated", "force_n_prefill": 1000, "force_n_decode": 1},
+            format="json",
+        ),
+        400,
+        "force_n_prefill",
+    )
     assert "1000" in body["detail"] and "at most 6" in body["detail"]
-    assert_error(api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": 3, "force_n_decode": 4}, format="json"),
-                 400, "force_n_prefill")
-    assert api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": 2, "force_n_decode": 2}, format="json").status_code == 200
-    assert_error(api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_decode": 5}, format="json"), 400, "force_n_decode")
+    assert_error(
+        api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": 3, "force_n_decode": 4}, format="json"),
+        400,
+        "force_n_prefill",
+    )
+    assert (
+        api.patch(
+            f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": 2, "force_n_decode": 2}, format="json"
+        ).status_code
+        == 200
+    )
+    assert_error(
+        api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_decode": 5}, format="json"), 400, "force_n_decode"
+    )
     api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": None, "force_n_decode": None}, format="json")
     before = Event.objects.count()
     o = Override.objects.get(job=job)
@@ -223,7 +250,9 @@ def test_concurrent_creates_of_one_name(operator):
             c = APIClient()
             c.credentials(HTTP_AUTHORIZATION=f"Token {key}")
             barrier.wait()
-            codes.append(c.post("/api/jobs/", {"name": "same", "rollout_gpus": 1, "training_gpus": 1}, format="json").status_code)
+            codes.append(
+                c.post("/api/jobs/", {"name": "same", "rollout_gpus": 1, "training_gpus": 1}, format="json").status_code
+            )
         finally:
             connection.close()
 
@@ -264,9 +293,14 @@ def test_daphne_bounds_bodies_whatever_content_length_says(control_plane_server)
     for headers, body in [
         (f"Content-Length: {len(big)}\r\n", big),  # honest and too large
         ("Content-Length: 10\r\n", big),  # lying: says 10
-        ("Transfer-Encoding: chunked\r\n", b"".join(b"%x\r\n%s\r\n" % (65536, big[:65536]) for _ in range(8)) + b"0\r\n\r\n"),
+        (
+            "Transfer-Encoding: chunked\r\n",
+            b"".join(b"%x\r\n%s\r\n" % (65536, big[:65536]) for _ in range(8)) + b"0\r\n\r\n",
+        ),
     ]:
-        status, h, payload = _raw(port, f"POST /api/jobs/ HTTP/1.1\r\n{auth}{headers}Connection: close\r\n\r\n".encode() + body)
+        status, h, payload = _raw(
+            port, f"POST /api/jobs/ HTTP/1.1\r\n{auth}{headers}Connection: close\r\n\r\n".encode() + body
+        )
         # an understated length: the server reads the 10 declared bytes, which are not JSON
         expected = (400, "parse_error") if headers == "Content-Length: 10\r\n" else (413, "too_large")
         assert (status, json.loads(payload)["error"]) == expected, (headers, status, payload[:200])

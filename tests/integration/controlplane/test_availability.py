@@ -1,5 +1,6 @@
 """Preemptible capacity held at a trace's level: preemption notices and returns, in a stable order,
 idempotent, never undoing an operator's drain; the replay command plays a trace file."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 tokens only for Ray-named nodes, each good for that node alone; it reports drains and deaths only of
 nodes bound to a Ray id; its token opens no agent link, an agent's token is no bridge token; a
 revoked bridge token stops at its next call. No Ray here: the bridge's side is plain data."""
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,13 @@ RAY_ID = "ab" * 28
 def register(token: str, name: str, pool: str = "elastic") -> Node:
     cred = authenticate_agent(token)
     assert cred is not None
-    msg = Register(node=name, pool=Pool(pool), hardware="H800", incarnation="i1",
-                   slots=[SlotSpec(index=i, hardware="H800", memory_mb=0) for i in range(2)])
+    msg = Register(
+        node=name,
+        pool=Pool(pool),
+        hardware="H800",
+        incarnation="i1",
+        slots=[SlotSpec(index=i, hardware="H800", memory_mb=0) for i in range(2)],
+    )
     return register_node(credential_id=cred.pk, message=msg)
 
 
@@ -60,9 +66,11 @@ def test_binding_and_events_only_for_nodes_named_after_their_ray_id(bridge):
     hand = make_node("rollout-0", pool="elastic")
     with pytest.raises(PermissionDenied):
         bridges.bind(bridge=bridge, name="rollout-0", ray_node_id=RAY_ID, address="10.77.0.11")
-    for call in (lambda: bridges.drain(bridge=bridge, name=hand.name, why="x"),
-                 lambda: bridges.gone(bridge=bridge, name=hand.name, reason="UNEXPECTED_TERMINATION", message=""),
-                 lambda: bridges.preemption(bridge=bridge, name=hand.name, deadline=time.time() + 30)):
+    for call in (
+        lambda: bridges.drain(bridge=bridge, name=hand.name, why="x"),
+        lambda: bridges.gone(bridge=bridge, name=hand.name, reason="UNEXPECTED_TERMINATION", message=""),
+        lambda: bridges.preemption(bridge=bridge, name=hand.name, deadline=time.time() + 30),
+    ):
         with pytest.raises(NotFound):
             call()
     assert Node.objects.get(pk=hand.pk).status == "ready"
@@ -85,10 +93,22 @@ def test_a_ray_drain_and_death_reach_the_node_with_rays_deadline_and_reason(brid
     node = Node.objects.get(name=name)
     assert node.status == "draining" and abs(node.preemption_deadline.timestamp() - deadline) < 0.01
     assert Event.objects.get(kind="node.preemption_notice").actor == "bridge:ray"
-    assert ce.reconcile([ce.NodeDraining(RAY_ID, "10.77.0.11", deadline, "preemption",
-                                         ce.NodeUp(RAY_ID, "10.77.0.11", "", {"GPU": 2.0},
-                                                   {ce.POOL_LABEL: "elastic"}))],
-                        bridges.ray_nodes(bridge=bridge), {RAY_ID}) == []  # PEARL shows it: nothing to do again
+    assert (
+        ce.reconcile(
+            [
+                ce.NodeDraining(
+                    RAY_ID,
+                    "10.77.0.11",
+                    deadline,
+                    "preemption",
+                    ce.NodeUp(RAY_ID, "10.77.0.11", "", {"GPU": 2.0}, {ce.POOL_LABEL: "elastic"}),
+                )
+            ],
+            bridges.ray_nodes(bridge=bridge),
+            {RAY_ID},
+        )
+        == []
+    )  # PEARL shows it: nothing to do again
     bridges.apply(bridge=bridge, action=ce.Gone(name, "AUTOSCALER_DRAIN_PREEMPTED", "preempted"))
     gone = Event.objects.get(kind="node.gone")
     assert gone.data["ray_death_reason"] == "AUTOSCALER_DRAIN_PREEMPTED"

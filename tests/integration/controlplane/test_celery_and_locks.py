@@ -1,4 +1,5 @@
 """A real Celery worker over Redis (not eager mode), and real row locks on PostgreSQL."""
+
 from __future__ import annotations
 
 import subprocess
@@ -73,8 +74,14 @@ def test_two_processes_race_for_the_same_gpu_exactly_one_wins():
     for round_ in range(5):
         go = time.time() + 1.5
         procs = [
-            subprocess.Popen([sys.executable, "-c", RACE, str(job.pk), str(n.pk), str(go)], cwd=ROOT, env=child_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", RACE, str(job.pk), str(n.pk), str(go)],
+                cwd=ROOT,
+                env=child_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for _ in range(2)
         ]
         outs = [p.communicate(timeout=60) for p in procs]

@@ -1,5 +1,6 @@
 """Endpoints and services behind the dashboard and the CLI: undrain/return, job status and per-step
 series, history that survives pruning, exact-or-ratio overrides, simulator runs, the admin."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -54,19 +55,55 @@ def test_status_and_series(api):
     make_node("t1", pool="training", slots=1)
     job = make_job("j", rollout_gpus=4, training_gpus=1, batch_size=16, group_size=4)
     planner.plan_job(job_id=job.pk, signal="step_start")
-    telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=[
-        step(job="j", step=1, makespan_s=10.0, predicted_makespan_s=9.0, generated_tokens_total=900, train_tokens=100,
-             reward_mean=0.2, time_s=100.0, mode="colocated", n_colocated=4).to_json(),
-        train(job="j", step=1, duration_s=4.0, return_latency_s=0.5, return_deadline_s=30.0, weight_version=1, time_s=104.0).to_json(),
-        step(job="j", step=2, makespan_s=8.0, predicted_makespan_s=8.5, generated_tokens_total=1500, train_tokens=500,
-             reward_mean=0.4, time_s=120.0, borrowed_gpu_s=12.0).to_json(),
-    ]))
+    telemetry.ingest(
+        principal=job_principal(job),
+        message=Telemetry(
+            epoch=1,
+            records=[
+                step(
+                    job="j",
+                    step=1,
+                    makespan_s=10.0,
+                    predicted_makespan_s=9.0,
+                    generated_tokens_total=900,
+                    train_tokens=100,
+                    reward_mean=0.2,
+                    time_s=100.0,
+                    mode="colocated",
+                    n_colocated=4,
+                ).to_json(),
+                train(
+                    job="j",
+                    step=1,
+                    duration_s=4.0,
+                    return_latency_s=0.5,
+                    return_deadline_s=30.0,
+                    weight_version=1,
+                    time_s=104.0,
+                ).to_json(),
+                step(
+                    job="j",
+                    step=2,
+                    makespan_s=8.0,
+                    predicted_makespan_s=8.5,
+                    generated_tokens_total=1500,
+                    train_tokens=500,
+                    reward_mean=0.4,
+                    time_s=120.0,
+                    borrowed_gpu_s=12.0,
+                ).to_json(),
+            ],
+        ),
+    )
     st = api.get(f"/api/jobs/{job.pk}/status/").json()
     assert st["job"]["name"] == "j" and st["latest_decision"]["candidates"] and st["override_summary"] == ""
     assert st["latest_decision"]["label"] == st["job"]["configuration"]
     series = api.get(f"/api/jobs/{job.pk}/series/").json()
     s1, s2 = series["steps"]
-    assert (s1["throughput_tok_s"], s2["throughput_tok_s"]) == (100.0, 100.0)  # 1000/10 s (first: its makespan), 2000/20 s
+    assert (s1["throughput_tok_s"], s2["throughput_tok_s"]) == (
+        100.0,
+        100.0,
+    )  # 1000/10 s (first: its makespan), 2000/20 s
     assert s2["borrowed_gpu_s"] == 12.0 and s1["confidence"] is not None
     assert series["train"][0]["return_latency_s"] == 0.5
     assert api.get("/api/jobs/999/series/").status_code == 404
@@ -93,7 +130,11 @@ def test_override_exact_needs_a_pd_and_clearing_the_pd_clears_exact(api):
     job = make_job("j", rollout_gpus=3, training_gpus=1)  # room for the 1 + 3 workers forced below
     r = api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_exact": True}, format="json")
     assert r.status_code == 400 and r.json()["field"] == "force_exact"
-    r = api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": 1, "force_n_decode": 3, "force_exact": True}, format="json")
+    r = api.patch(
+        f"/api/jobs/{job.pk}/overrides/",
+        {"force_n_prefill": 1, "force_n_decode": 3, "force_exact": True},
+        format="json",
+    )
     assert r.status_code == 200 and r.json()["force_exact"] is True
     r = api.patch(f"/api/jobs/{job.pk}/overrides/", {"force_n_prefill": None, "force_n_decode": None}, format="json")
     assert r.json()["force_exact"] is False
@@ -117,8 +158,12 @@ def test_simulations_validate_and_run():
     from controlplane.sim.scenario import get_scenario
 
     sc = get_scenario("ablation-qwen3-8b-4gpu")
-    assert {k: v for k, v in res.items() if k != "series"} == compare_json(sc, compare(sc, ["fixed", "A+B+C"]))  # the CLI's JSON
-    assert res["series"]["A+B+C"]["steps"] and res["series"]["A+B+C"]["timeline"] and res["series"]["A+B+C"]["throughput"]
+    assert {k: v for k, v in res.items() if k != "series"} == compare_json(
+        sc, compare(sc, ["fixed", "A+B+C"])
+    )  # the CLI's JSON
+    assert (
+        res["series"]["A+B+C"]["steps"] and res["series"]["A+B+C"]["timeline"] and res["series"]["A+B+C"]["throughput"]
+    )
 
 
 def test_simulation_api(api):
@@ -126,7 +171,9 @@ def test_simulation_api(api):
     assert r.status_code == 400 and r.json()["field"] == "scenario"
     assert not SimulationRun.objects.exists()
     assert any(s["name"] == "paper-qwen3-8b-seg1" for s in api.get("/api/scenarios/").json())
-    r = api.post("/api/simulations/", {"scenario": "ablation-qwen3-8b-4gpu", "seed": 3, "policies": ["fixed"]}, format="json")
+    r = api.post(
+        "/api/simulations/", {"scenario": "ablation-qwen3-8b-4gpu", "seed": 3, "policies": ["fixed"]}, format="json"
+    )
     assert r.status_code == 201 and r.json()["status"] == "pending" and r.json()["seed"] == 3
     assert api.get(f"/api/simulations/{r.json()['id']}/").json()["scenario"] == "ablation-qwen3-8b-4gpu"
 
@@ -142,8 +189,18 @@ def test_admin_lists_every_pearl_model(django_user_model):
     c = Client()
     c.force_login(staff)
     registered = {model for model in admin.site._registry if model._meta.app_label == "controlplane"}
-    assert registered == {m.Node, m.GPU, m.Job, m.Worker, m.Decision, m.Transition, m.Event, m.AgentCredential,
-                          m.TelemetrySample, m.SimulationRun}
+    assert registered == {
+        m.Node,
+        m.GPU,
+        m.Job,
+        m.Worker,
+        m.Decision,
+        m.Transition,
+        m.Event,
+        m.AgentCredential,
+        m.TelemetrySample,
+        m.SimulationRun,
+    }
     for model in registered:
         assert c.get(f"/admin/controlplane/{model._meta.model_name}/").status_code == 200
     assert c.get(f"/admin/controlplane/node/{Node.objects.get().pk}/change/").status_code == 200

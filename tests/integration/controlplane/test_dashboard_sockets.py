@@ -1,5 +1,6 @@
 """The dashboard socket's views: a large cluster's snapshot in chunks under Daphne's 1 MiB frame limit,
 a job page that gets its job's snapshot and deltas only, unknown views and jobs refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,7 +35,9 @@ async def test_large_snapshot_arrives_in_chunks(monkeypatch):
     ws = socket(await database_sync_to_async(_session_cookie)())
     assert (await ws.connect())[0]
     first = await ws.receive_json_from(timeout=5)
-    assert first["type"] == "snapshot" and first["more"] == 3 and [n["name"] for n in first["cluster"]["nodes"]] == ["n0"]
+    assert (
+        first["type"] == "snapshot" and first["more"] == 3 and [n["name"] for n in first["cluster"]["nodes"]] == ["n0"]
+    )
     rest = [await ws.receive_json_from(timeout=5) for _ in range(3)]
     assert [m["type"] for m in rest] == ["snapshot_more"] * 3 and [m["last"] for m in rest] == [False, False, True]
     assert [n["name"] for m in rest for n in m["nodes"]] == ["n1", "n2", "n3"]
@@ -49,18 +52,30 @@ async def test_job_view_gets_its_job_only():
     ws = socket(await database_sync_to_async(_session_cookie)(), f"?view=job&job={mine.pk}")
     assert (await ws.connect())[0]
     snap = await ws.receive_json_from(timeout=5)
-    assert snap["view"] == "job" and snap["status"]["job"]["name"] == "mine" and snap["series"] == {"steps": [], "train": []}
+    assert (
+        snap["view"] == "job"
+        and snap["status"]["job"]["name"] == "mine"
+        and snap["series"] == {"steps": [], "train": []}
+    )
     await database_sync_to_async(jobs.set_overrides)(job_id=other.pk, changes={"freeze": True}, actor="t")
     node = await database_sync_to_async(make_node)("n2", slots=1)
     await database_sync_to_async(nodes.drain_node)(node_id=node.pk, actor="t")
     await database_sync_to_async(jobs.set_overrides)(job_id=mine.pk, changes={"borrowing": False}, actor="t")
     for job, makespan in ((mine, 5.0), (other, 6.0)):  # each job's driver reports its own steps
-        await database_sync_to_async(lambda j=job, m=makespan: telemetry.ingest(
-            principal=job_principal(j), message=Telemetry(epoch=1, records=[step(job=j.name, step=1, makespan_s=m).to_json()])))()
+        await database_sync_to_async(
+            lambda j=job, m=makespan: telemetry.ingest(
+                principal=job_principal(j),
+                message=Telemetry(epoch=1, records=[step(job=j.name, step=1, makespan_s=m).to_json()]),
+            )
+        )()
     got = []
     while len(got) < 3:
         got.append(await ws.receive_json_from(timeout=5))
-    assert {(m["kind"], m["key"]) for m in got} == {("event", got[0]["key"]), ("override", str(mine.pk)), ("series", str(mine.pk))}
+    assert {(m["kind"], m["key"]) for m in got} == {
+        ("event", got[0]["key"]),
+        ("override", str(mine.pk)),
+        ("series", str(mine.pk)),
+    }
     assert got[0]["data"]["job"] == "mine" and got[1]["data"]["summary"] == "borrowing off"
     assert got[2]["data"]["record"]["makespan_s"] == 5.0
     assert await ws.receive_nothing(timeout=0.3)  # nothing of the other job, no node traffic

@@ -1,6 +1,7 @@
 """Leases renewed in Redis (issue 22): a heartbeat that changes nothing writes no row and opens no
 transaction; a changed report still writes; expiry still fences; the sweep reads only expired nodes; a
 real Redis restart (a private redis-server) or Redis down makes no node look lost."""
+
 from __future__ import annotations
 
 import shutil
@@ -130,8 +131,11 @@ def test_the_sweep_reads_only_the_expired_nodes() -> None:
     leases.client().zadd(leases.LEASES, {str(made[0].pk): time.time() - 1})  # n0's renewals stopped
     with CaptureQueriesContext(connection) as ctx:
         assert nodes.expire_leases() == ["n0"]
-    node_reads = [s for s in statements(ctx) if s.startswith("SELECT") and 'FROM "CONTROLPLANE_NODE"' in s
-                  and '"CONTROLPLANE_NODE"."ID" = ' in s]
+    node_reads = [
+        s
+        for s in statements(ctx)
+        if s.startswith("SELECT") and 'FROM "CONTROLPLANE_NODE"' in s and '"CONTROLPLANE_NODE"."ID" = ' in s
+    ]
     assert len(node_reads) == 1, statements(ctx)  # n0's locked row: the 11 live nodes were not read one by one
 
 
@@ -142,9 +146,23 @@ class PrivateRedis:
         self.port, self.tmp, self.proc = free_port(), tmp, None  # type: subprocess.Popen | None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.tmp)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_port(self.port, proc=self.proc)
 
     def stop(self) -> None:

@@ -6,6 +6,7 @@ Each order test holds one row in a transaction of its own, starts the real use c
 blocked on that row, and then takes the rows the use case must not hold yet with NOWAIT. Before the lock
 order was fixed, the use cases held their workers while waiting for the node: the NOWAIT failed here, and
 in a live cluster PostgreSQL aborted one side (a lost heartbeat, or an executor task that stopped)."""
+
 from __future__ import annotations
 
 import threading
@@ -44,13 +45,16 @@ def _in_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
             return fn()
         finally:
             connections.close_all()
+
     return call
 
 
 def _lock_waiters() -> int:
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
         return int(cur.fetchone()[0])
 
 
@@ -107,24 +111,32 @@ def _hold_node(name: str) -> Callable[[], None]:
 
 def test_changing_a_worker_takes_its_node_first(running_job):
     w = _rollout(running_job)
-    hold_run_check(_hold_node("r1"),
-                   lambda: change_workers(job_id=running_job.pk, changes=[WorkerChange(w.slot, activity="transitioning")]),
-                   lambda: nowait(Worker.objects.filter(pk=w.pk)))
+    hold_run_check(
+        _hold_node("r1"),
+        lambda: change_workers(job_id=running_job.pk, changes=[WorkerChange(w.slot, activity="transitioning")]),
+        lambda: nowait(Worker.objects.filter(pk=w.pk)),
+    )
     w.refresh_from_db()
     assert w.activity == "transitioning"
 
 
 def test_stopping_a_worker_takes_its_node_first(running_job):
     w = _rollout(running_job)
-    hold_run_check(_hold_node("r1"), lambda: stop_worker(job_id=running_job.pk, slot=w.slot),
-                   lambda: nowait(Worker.objects.filter(pk=w.pk)))
+    hold_run_check(
+        _hold_node("r1"),
+        lambda: stop_worker(job_id=running_job.pk, slot=w.slot),
+        lambda: nowait(Worker.objects.filter(pk=w.pk)),
+    )
     w.refresh_from_db()
     assert not w.alive
 
 
 def test_stopping_a_job_takes_its_nodes_first(running_job):
-    hold_run_check(_hold_node("r1"), lambda: jobs.stop_job(job_id=running_job.pk, actor="test"),
-                   lambda: nowait(Worker.objects.filter(job=running_job)))
+    hold_run_check(
+        _hold_node("r1"),
+        lambda: jobs.stop_job(job_id=running_job.pk, actor="test"),
+        lambda: nowait(Worker.objects.filter(job=running_job)),
+    )
     assert not Worker.objects.filter(job=running_job, alive=True).exists()
 
 
@@ -132,12 +144,18 @@ def test_training_begin_finish_and_update_take_the_trainers_node_first(running_j
     trainer = Worker.objects.get(job=running_job, alive=True, role="training")
     jobs.set_training_active(job_id=running_job.pk, active=True, actor="test")
     agents_converge()  # the borrowed worker on t1 is reported back
-    hold_run_check(_hold_node("t1"), lambda: jobs.start_update(job_id=running_job.pk, actor="test"),
-                   lambda: nowait(Worker.objects.filter(pk=trainer.pk)))
+    hold_run_check(
+        _hold_node("t1"),
+        lambda: jobs.start_update(job_id=running_job.pk, actor="test"),
+        lambda: nowait(Worker.objects.filter(pk=trainer.pk)),
+    )
     trainer.refresh_from_db()
     assert trainer.activity == "active"
-    hold_run_check(_hold_node("t1"), lambda: jobs.set_training_active(job_id=running_job.pk, active=False, actor="test"),
-                   lambda: nowait(Worker.objects.filter(pk=trainer.pk)))
+    hold_run_check(
+        _hold_node("t1"),
+        lambda: jobs.set_training_active(job_id=running_job.pk, active=False, actor="test"),
+        lambda: nowait(Worker.objects.filter(pk=trainer.pk)),
+    )
     trainer.refresh_from_db()
     assert trainer.activity == "inactive"
 
@@ -148,12 +166,18 @@ def test_a_trainer_heartbeat_that_publishes_takes_the_job_before_its_node(runnin
     t1 = Node.objects.get(name="t1")
     trainer = Worker.objects.get(job=running_job, alive=True, role="training")
     o = next(w for w in t1.observed if w["worker_id"] == trainer.pk)
-    report = ObservedWorker(**{k: o[k] for k in ("worker_id", "role", "activity", "state", "endpoint", "inflight",
-                                                 "generation", "devices")}, weight_version=running_job.weight_version + 1)
+    report = ObservedWorker(
+        **{
+            k: o[k] for k in ("worker_id", "role", "activity", "state", "endpoint", "inflight", "generation", "devices")
+        },
+        weight_version=running_job.weight_version + 1,
+    )
     beat = Heartbeat(epoch=t1.epoch, generation=t1.generation, workers=[report])
-    hold_run_check(lambda: lock_job(running_job.pk),
-                   lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel),
-                   lambda: nowait(Node.objects.filter(pk=t1.pk)))
+    hold_run_check(
+        lambda: lock_job(running_job.pk),
+        lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel),
+        lambda: nowait(Node.objects.filter(pk=t1.pk)),
+    )
     running_job.refresh_from_db()
     assert running_job.weight_version == report.weight_version
 
@@ -161,11 +185,16 @@ def test_a_trainer_heartbeat_that_publishes_takes_the_job_before_its_node(runnin
 def test_a_heartbeat_that_publishes_nothing_takes_no_job_lock(running_job):
     """The everyday heartbeat stays as cheap as before: its node and its workers only."""
     t1 = Node.objects.get(name="t1")
-    beat = Heartbeat(epoch=t1.epoch, generation=t1.generation,
-                     workers=[ObservedWorker(**{k: v for k, v in o.items()}) for o in t1.observed])
+    beat = Heartbeat(
+        epoch=t1.epoch,
+        generation=t1.generation,
+        workers=[ObservedWorker(**{k: v for k, v in o.items()}) for o in t1.observed],
+    )
     with ThreadPoolExecutor(1) as pool, transaction.atomic():
         lock_job(running_job.pk)
-        beat_done = pool.submit(_in_thread(lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel)))
+        beat_done = pool.submit(
+            _in_thread(lambda: record_heartbeat(node_id=t1.pk, message=beat, channel=t1.agent_channel))
+        )
         assert wait([beat_done], timeout=10).done, "the heartbeat waited for its job's lock"
     assert beat_done.result().refused == []
     renewed = Node.objects.get(pk=t1.pk)  # a report that changes nothing renews in Redis (services/leases.py)
@@ -213,8 +242,12 @@ def test_a_deadlock_victim_runs_again():
     barrier.reset()
     before = dict(Node.objects.values_list("name", "generation"))
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda args: _in_thread(lambda: retry_transient(use_case, *args))(),
-                      [("ab", a.pk, b.pk), ("ba", b.pk, a.pk)]))
+        list(
+            pool.map(
+                lambda args: _in_thread(lambda: retry_transient(use_case, *args))(),
+                [("ab", a.pk, b.pk), ("ba", b.pk, a.pk)],
+            )
+        )
     assert sorted(attempts.values()) == [1, 2]
     after = dict(Node.objects.values_list("name", "generation"))
     assert after == {"a": before["a"] + 1, "b": before["b"] + 1}

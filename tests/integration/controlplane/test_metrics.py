@@ -1,6 +1,7 @@
 """/metrics through prometheus_client: the cluster gauges read from the database, the latency histograms
 counting what this process handled (heartbeats, plans, transition steps, turns), the endpoint's
 authentication, and prometheus_client's multiprocess mode summing another process's histograms."""
+
 from __future__ import annotations
 
 import subprocess
@@ -29,8 +30,11 @@ def scrape(client: APIClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     """Every sample of /metrics, parsed as Prometheus parses it: (sample name, sorted labels) -> value."""
     r = client.get("/metrics")
     assert r.status_code == 200 and r["Content-Type"].startswith("text/plain; version=0.0.4")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(r.content.decode()) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.content.decode())
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels: str) -> float:
@@ -62,10 +66,20 @@ def test_the_cluster_gauges_parse_with_their_names_and_labels(api):
     assert ("pearl_transitions", (("status", "pending"),)) in samples
     assert 0 <= value(samples, "pearl_agent_heartbeat_age_seconds", node="n1", pool="reserved") < 60
     families = {f.name: f.type for f in text_string_to_metric_families(api.get("/metrics").content.decode())}
-    assert {n: families.get(n) for n in ("pearl_heartbeat_handling_seconds", "pearl_plan_seconds",
-                                         "pearl_transition_step_seconds", "pearl_turn_seconds")} == {
-        "pearl_heartbeat_handling_seconds": "histogram", "pearl_plan_seconds": "histogram",
-        "pearl_transition_step_seconds": "histogram", "pearl_turn_seconds": "histogram"}
+    assert {
+        n: families.get(n)
+        for n in (
+            "pearl_heartbeat_handling_seconds",
+            "pearl_plan_seconds",
+            "pearl_transition_step_seconds",
+            "pearl_turn_seconds",
+        )
+    } == {
+        "pearl_heartbeat_handling_seconds": "histogram",
+        "pearl_plan_seconds": "histogram",
+        "pearl_transition_step_seconds": "histogram",
+        "pearl_turn_seconds": "histogram",
+    }
 
 
 @pytest.mark.django_db
@@ -99,8 +113,9 @@ def test_turns_reported_by_the_driver_are_counted_with_their_duration(api):
     make_node("n1", slots=1)
     job = make_job("j")
     before = scrape(api)
-    records = [turn(job="j", step=0, trajectory="s0-t0", turn=i, duration_s=d).to_json()
-               for i, d in enumerate((1.5, 2.0))]
+    records = [
+        turn(job="j", step=0, trajectory="s0-t0", turn=i, duration_s=d).to_json() for i, d in enumerate((1.5, 2.0))
+    ]
     # no duration (a vLLM engine's per-request record): not a turn time
     records.append(turn(job="j", step=0, trajectory="s0-t1", turn=0).to_json())
     assert telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=records)) == 3
@@ -115,12 +130,21 @@ def test_turns_reported_by_the_driver_are_counted_with_their_duration(api):
 @pytest.mark.skipif(not redis_available(), reason="Redis is not reachable")
 async def test_heartbeats_on_the_agent_link_are_counted(api):
     token = await database_sync_to_async(credentials.issue_agent_token)(node_name="hb1")
-    ws = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"host", b"localhost"),
-                                                                  (b"authorization", f"Bearer {token}".encode())])
+    ws = WebsocketCommunicator(
+        application, "/ws/agent/", headers=[(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())]
+    )
     ws.scope["client"] = ("127.0.0.1", 50000)
     assert (await ws.connect())[0]
-    await ws.send_json_to({"type": "register", "node": "hb1", "pool": "reserved", "hardware": "cpu",
-                           "incarnation": "i1", "slots": [{"index": 0, "hardware": "cpu", "memory_mb": 1024}]})
+    await ws.send_json_to(
+        {
+            "type": "register",
+            "node": "hb1",
+            "pool": "reserved",
+            "hardware": "cpu",
+            "incarnation": "i1",
+            "slots": [{"index": 0, "hardware": "cpu", "memory_mb": 1024}],
+        }
+    )
     reg = await ws.receive_json_from(timeout=5)
     assert reg["type"] == "registered"
     before = await database_sync_to_async(scrape)(api)

@@ -1,5 +1,6 @@
 """Parity: one inventory and one sequence of signals, fed to the simulator's scheduler and to the live
 services (real database), give the same decisions, placements and transition plans, step by step."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -42,17 +43,27 @@ def _scenario(policy: str, options: dict, overrides: dict | None = None):
     if overrides:
         ratio = [overrides["force_n_prefill"], overrides["force_n_decode"]]
         variant = {"variants": {"forced": {"base": policy, "overrides": {"force_ratio": ratio}}}}
-    return scenario_from_dict({
-        "name": "parity", "model": "qwen3-8b",
-        "cluster": {"training_gpus": 4, "reserved_gpus": 4, "preemptible_gpus": 8, "hardware": "H800", "tp": 2},
-        "workload": {"batch_size": 64, "group_size": 16}, "trace": {"constant_gpus": 12}, "duration_s": 10_000,
-        "policies": ["forced" if overrides else policy], "policy_options": {policy: options}, **variant,
-    })
+    return scenario_from_dict(
+        {
+            "name": "parity",
+            "model": "qwen3-8b",
+            "cluster": {"training_gpus": 4, "reserved_gpus": 4, "preemptible_gpus": 8, "hardware": "H800", "tp": 2},
+            "workload": {"batch_size": 64, "group_size": 16},
+            "trace": {"constant_gpus": 12},
+            "duration_s": 10_000,
+            "policies": ["forced" if overrides else policy],
+            "policy_options": {policy: options},
+            **variant,
+        }
+    )
 
 
 def _plan_view(add, remove, reassign) -> dict:
-    return {"add": {int(k): str(v) for k, v in add.items()}, "remove": sorted(int(x) for x in remove),
-            "reassign": {int(k): str(v) for k, v in reassign.items()}}
+    return {
+        "add": {int(k): str(v) for k, v in add.items()},
+        "remove": sorted(int(x) for x in remove),
+        "reassign": {int(k): str(v) for k, v in reassign.items()},
+    }
 
 
 def _run_sim(policy: str, options: dict, overrides: dict | None = None) -> list[dict]:
@@ -69,11 +80,21 @@ def _run_sim(policy: str, options: dict, overrides: dict | None = None) -> list[
             w.new_unit("elastic", "idle")
             w.new_unit("elastic", "idle")
         p = sim.signal(signal, remaining)
-        row = {"signal": str(signal), "target": p.target.label(), "borrow": p.borrow, "budget": p.budget,
-               "reason": p.action.decision.reason,
-               "plan": _plan_view(p.plan.add, p.plan.remove, p.plan.reassign) if not p.plan.empty else None}
-        if signal is Signal.PERIODIC and out and row["plan"] is None and p.target == p.current and all(
-                row[k] == out[-1][k] for k in ("target", "borrow", "budget")):
+        row = {
+            "signal": str(signal),
+            "target": p.target.label(),
+            "borrow": p.borrow,
+            "budget": p.budget,
+            "reason": p.action.decision.reason,
+            "plan": _plan_view(p.plan.add, p.plan.remove, p.plan.reassign) if not p.plan.empty else None,
+        }
+        if (
+            signal is Signal.PERIODIC
+            and out
+            and row["plan"] is None
+            and p.target == p.current
+            and all(row[k] == out[-1][k] for k in ("target", "borrow", "budget"))
+        ):
             row["reason"] = "no-op"  # the live planner records no row for a periodic re-plan that changes nothing
         out.append(row)
     return out
@@ -84,8 +105,18 @@ def _run_live(policy: str, options: dict, overrides: dict | None = None) -> list
     make_node("b-ela", pool="elastic", slots=4, hardware="H800")
     c = make_node("c-ela", pool="elastic", slots=4, hardware="H800")
     make_node("t-train", pool="training", slots=4, hardware="H800")
-    job = make_job("parity", model="qwen3-8b", hardware="h800", tp=2, batch_size=64, group_size=16, rollout_gpus=12,
-                   training_gpus=4, policy=policy, policy_options=options)
+    job = make_job(
+        "parity",
+        model="qwen3-8b",
+        hardware="h800",
+        tp=2,
+        batch_size=64,
+        group_size=16,
+        rollout_gpus=12,
+        training_gpus=4,
+        policy=policy,
+        policy_options=options,
+    )
     if overrides:
         jobs.set_overrides(job_id=job.pk, changes=overrides, actor="test")
     out = []
@@ -110,19 +141,30 @@ def _run_live(policy: str, options: dict, overrides: dict | None = None) -> list
             plan = _plan_view(tr.plan["add"], tr.plan["remove"], tr.plan["reassign"])
             assert run_transition(tr).status == Transition.Status.SUCCEEDED
         label = f"{d.n_colocated}C" if d.mode == "colocated" else f"{d.n_prefill}P{d.n_decode}D"
-        out.append({"signal": str(signal), "target": label, "borrow": d.borrow, "budget": d.budget,
-                    "reason": d.reason, "plan": plan})
+        out.append(
+            {
+                "signal": str(signal),
+                "target": label,
+                "borrow": d.borrow,
+                "budget": d.budget,
+                "reason": d.reason,
+                "plan": plan,
+            }
+        )
     assert Node.objects.get(name="c-ela").status == "gone"
     return out
 
 
-@pytest.mark.parametrize("policy,options,overrides", [
-    ("pearl", {}, None),  # starts colocated (no mode run yet) and the gate keeps it from borrowing here
-    ("pearl", {"mode_trial": False}, PD_RATIO),  # disaggregated at a forced ratio: ratio changes and role flips
-    ("pearl", {"gate": False}, None),
-    ("elastic", {"t_seed_s": 200.0}, None),
-    ("fixed", {"workers": 3}, None),
-])
+@pytest.mark.parametrize(
+    "policy,options,overrides",
+    [
+        ("pearl", {}, None),  # starts colocated (no mode run yet) and the gate keeps it from borrowing here
+        ("pearl", {"mode_trial": False}, PD_RATIO),  # disaggregated at a forced ratio: ratio changes and role flips
+        ("pearl", {"gate": False}, None),
+        ("elastic", {"t_seed_s": 200.0}, None),
+        ("fixed", {"workers": 3}, None),
+    ],
+)
 def test_simulator_and_live_planner_decide_and_plan_alike(policy, options, overrides):
     sim = _run_sim(policy, options, overrides)
     live = _run_live(policy, options, overrides)
@@ -134,7 +176,8 @@ def test_simulator_and_live_planner_decide_and_plan_alike(policy, options, overr
     plans = [x["plan"] for x in sim if x["plan"]]
     returned = any(x["signal"] == str(Signal.TRAINING_BEGIN) and x["budget"]["borrowed"] for x in sim)
     resized = len({x["target"] for x in sim}) > 1  # the budget moved the configuration (4C <-> 6C at least)
-    assert (any(p["add"] for p in plans) and (returned or resized or any(p["remove"] or p["reassign"] for p in plans))) \
-        or policy == "fixed"
+    assert (
+        any(p["add"] for p in plans) and (returned or resized or any(p["remove"] or p["reassign"] for p in plans))
+    ) or policy == "fixed"
     if overrides:
         assert any(p["reassign"] for p in plans)  # role flips between prefill and decode went through both paths

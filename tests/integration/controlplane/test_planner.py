@@ -1,4 +1,5 @@
 """The live loop over the core: budget -> decide -> plan -> execute, with resumable steps."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,11 +19,17 @@ def _cluster():
     make_node("r1", slots=4, hardware="H800")
     make_node("e1", pool="elastic", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=4, hardware="H800")
-    return make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16)
+    return make_job(
+        rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16
+    )
 
 
 def _active_roles(job):
-    return sorted(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role="training").values_list("role", flat=True))
+    return sorted(
+        Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE)
+        .exclude(role="training")
+        .values_list("role", flat=True)
+    )
 
 
 def _valid():
@@ -69,8 +76,16 @@ def test_training_begin_returns_the_borrowed_workers_at_once_and_the_update_wait
     make_node("r1", slots=4, hardware="H800")
     make_node("e1", pool="elastic", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=4, hardware="H800")
-    job = make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64, group_size=16,
-                   policy_options={"gate": False})  # ungated: borrow every idle training GPU
+    job = make_job(
+        rollout_gpus=8,
+        training_gpus=4,
+        tp=2,
+        model="qwen3-8b",
+        hardware="h800",
+        batch_size=64,
+        group_size=16,
+        policy_options={"gate": False},
+    )  # ungated: borrow every idle training GPU
     run_transition(planner.plan_job(job_id=job.pk, signal="step_start"))
     assert Decision.objects.get(job=job).borrow == 2
     assert len(_active_roles(job)) == 6
@@ -115,8 +130,11 @@ def test_lease_expiry_shrinks_the_pool():
 
 def test_forced_ratio_override_wins():
     job = _cluster()
-    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 3,
-                                               "borrowing": False}, actor="t")
+    jobs.set_overrides(
+        job_id=job.pk,
+        changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 3, "borrowing": False},
+        actor="t",
+    )
     tr = planner.plan_job(job_id=job.pk)
     run_transition(tr)
     assert _active_roles(job) == ["decode", "decode", "decode", "prefill"]
@@ -127,10 +145,19 @@ def test_returning_the_only_borrowed_decode_worker_pauses_the_group_instead_of_f
     worker alone is no valid configuration, so the group pauses and comes back as planned."""
     make_node("r1", slots=2, hardware="H800")
     make_node("t1", pool="training", slots=2, hardware="H800")
-    job = make_job(rollout_gpus=2, training_gpus=2, tp=2, model="qwen3-8b", hardware="h800", batch_size=64,
-                   group_size=16, policy_options={"gate": False})
-    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1},
-                       actor="test")
+    job = make_job(
+        rollout_gpus=2,
+        training_gpus=2,
+        tp=2,
+        model="qwen3-8b",
+        hardware="h800",
+        batch_size=64,
+        group_size=16,
+        policy_options={"gate": False},
+    )
+    jobs.set_overrides(
+        job_id=job.pk, changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1}, actor="test"
+    )
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
     assert run_transition(tr).status == "succeeded"
     roles = dict(Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).values_list("zone", "role"))
@@ -154,7 +181,9 @@ def test_a_preemption_notice_mid_transition_fails_it_at_once_and_the_replan_runs
 
     job = _cluster()
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
-    assert TransitionStep.objects.filter(transition=tr, kind="start_worker", args__node=Node.objects.get(name="e1").pk).exists()
+    assert TransitionStep.objects.filter(
+        transition=tr, kind="start_worker", args__node=Node.objects.get(name="e1").pk
+    ).exists()
     executor.execute_transition(transition_id=tr.pk)  # workers asked for; no agent has confirmed them yet
     e1 = Node.objects.get(name="e1")
     nodes.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
@@ -206,8 +235,16 @@ def test_training_begin_ends_a_transition_still_lending_workers_at_once():
     make_node("r1", slots=4, hardware="H800")
     make_node("e1", pool="elastic", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=4, hardware="H800")
-    job = make_job(rollout_gpus=8, training_gpus=4, tp=2, model="qwen3-8b", hardware="h800", batch_size=64,
-                   group_size=16, policy="elastic")
+    job = make_job(
+        rollout_gpus=8,
+        training_gpus=4,
+        tp=2,
+        model="qwen3-8b",
+        hardware="h800",
+        batch_size=64,
+        group_size=16,
+        policy="elastic",
+    )
     tr = planner.plan_job(job_id=job.pk, signal="step_start")
     assert TransitionStep.objects.filter(transition=tr, kind="activate_overlap").exists()
     assert TransitionStep.objects.filter(transition=tr, kind="start_worker").exists()
@@ -218,5 +255,9 @@ def test_training_begin_ends_a_transition_still_lending_workers_at_once():
     agents_converge()
     back = planner.plan_job(job_id=job.pk, signal="training_begin")
     assert back is not None and run_transition(back).status == "succeeded"
-    assert not Worker.objects.filter(job=job, alive=True, zone="overlap", activity=Activity.ACTIVE).exclude(role="training").exists()
+    assert (
+        not Worker.objects.filter(job=job, alive=True, zone="overlap", activity=Activity.ACTIVE)
+        .exclude(role="training")
+        .exists()
+    )
     _valid()

@@ -1,4 +1,5 @@
 """The control plane learns the rollout loop's progress, signals and checkpoint (services/progress.py)."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,20 @@ pytestmark = pytest.mark.django_db
 def _job(**kw):
     make_node("r1", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=4, hardware="H800")
-    return make_job(**({"rollout_gpus": 4, "training_gpus": 4, "tp": 2, "model": "qwen3-8b", "hardware": "h800",
-                        "batch_size": 64, "group_size": 16} | kw))
+    return make_job(
+        **(
+            {
+                "rollout_gpus": 4,
+                "training_gpus": 4,
+                "tp": 2,
+                "model": "qwen3-8b",
+                "hardware": "h800",
+                "batch_size": 64,
+                "group_size": 16,
+            }
+            | kw
+        )
+    )
 
 
 def test_progress_feeds_R_into_the_borrowing_gate():
@@ -57,7 +70,11 @@ def test_the_loop_checkpoint_round_trips_and_garbage_is_refused():
     progress.save_loop_checkpoint(job_id=job.pk, state=json.loads(json.dumps(loop.checkpoint())))
     back = progress.restore_loop(job_id=job.pk)
     assert (back.step, back.version, back.remaining, back.started_trajectories) == (
-        loop.step, loop.version, loop.remaining, loop.started_trajectories)
+        loop.step,
+        loop.version,
+        loop.remaining,
+        loop.started_trajectories,
+    )
     for bad in ({}, {"version": "x"}, {**loop.checkpoint(), "trainer": "dancing"}, {**loop.checkpoint(), "steps": [1]}):
         with pytest.raises(InvalidInput):
             progress.save_loop_checkpoint(job_id=job.pk, state=bad)

@@ -1,4 +1,5 @@
 """Service use cases and the invariants of DESIGN §4 (incl. a long random fuzz of service calls)."""
+
 from __future__ import annotations
 
 import random
@@ -73,12 +74,15 @@ def test_mixed_modes_refused_and_group_switch_allowed():
     with pytest.raises(Conflict):  # role change of an active worker without draining
         workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, role="prefill")])
     with pytest.raises(InvariantViolation):  # one drained + re-roled worker re-activated next to a colocated one
-        workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, role="prefill", activity="inactive")]) and \
-            workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, activity="active")])
+        workers.change_workers(
+            job_id=job.pk, changes=[WorkerChange(slot=0, role="prefill", activity="inactive")]
+        ) and workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, activity="active")])
     # drain both, re-role, admit as a group
     workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, activity="transitioning")])
     workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=1, role="decode")])
-    workers.change_workers(job_id=job.pk, changes=[WorkerChange(slot=0, activity="active"), WorkerChange(slot=1, activity="active")])
+    workers.change_workers(
+        job_id=job.pk, changes=[WorkerChange(slot=0, activity="active"), WorkerChange(slot=1, activity="active")]
+    )
     roles = dict(Worker.objects.filter(alive=True, activity="active").values_list("slot", "role"))
     assert roles == {0: "prefill", 1: "decode"}
 
@@ -93,7 +97,10 @@ def test_the_update_waits_until_borrowed_workers_are_back():
     with pytest.raises(Conflict):  # no update before Training Begin
         jobs.start_update(job_id=job.pk)
     jobs.set_training_active(job_id=job.pk, active=True)  # parks it at once
-    assert dict(Worker.objects.filter(alive=True).values_list("role", "activity")) == {"training": "inactive", "colocated": "inactive"}
+    assert dict(Worker.objects.filter(alive=True).values_list("role", "activity")) == {
+        "training": "inactive",
+        "colocated": "inactive",
+    }
     with pytest.raises(Conflict, match=r"borrowed worker\(s\) \[1\] are not returned"):
         jobs.start_update(job_id=job.pk)  # its agent has not confirmed the return yet
     agents_converge()  # the return, reported
@@ -161,10 +168,14 @@ def test_overrides_validated_and_audited():
     make_node("t1", pool="training")
     job = make_job(rollout_gpus=4, training_gpus=1)  # at most 5 rollout workers
     with pytest.raises(InvalidInput):
-        jobs.set_overrides(job_id=job.pk, changes={"force_mode": "colocated", "force_n_prefill": 2, "force_n_decode": 1}, actor="t")
+        jobs.set_overrides(
+            job_id=job.pk, changes={"force_mode": "colocated", "force_n_prefill": 2, "force_n_decode": 1}, actor="t"
+        )
     with pytest.raises(InvalidInput, match="at most 5"):
         jobs.set_overrides(job_id=job.pk, changes={"force_n_prefill": 2, "force_n_decode": 4}, actor="t")
-    jobs.set_overrides(job_id=job.pk, changes={"force_n_prefill": 2, "force_n_decode": 3, "borrowing": False}, actor="alice")
+    jobs.set_overrides(
+        job_id=job.pk, changes={"force_n_prefill": 2, "force_n_decode": 3, "borrowing": False}, actor="alice"
+    )
     ev = Event.objects.filter(kind="override.set").latest("created")
     assert ev.actor == "alice" and ev.data["before"]["borrowing"] is True and ev.data["after"]["borrowing"] is False
 
@@ -202,14 +213,21 @@ def test_fuzz_random_service_calls_keep_invariants():
                 node = rng.choice(all_nodes)
                 k = rng.choice([1, 1, 2])
                 idx = rng.sample(range(4), k)
-                workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=idx, role=rng.choice(roles), activity=rng.choice(acts))
+                workers.start_worker(
+                    job_id=job.pk, node_id=node.pk, gpu_indexes=idx, role=rng.choice(roles), activity=rng.choice(acts)
+                )
             elif op < 0.7:
                 slots = list(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
                 if not slots:
                     continue
                 picks = rng.sample(slots, rng.randint(1, len(slots)))
-                workers.change_workers(job_id=job.pk, changes=[
-                    WorkerChange(slot=s, role=rng.choice([None, *roles[:3]]), activity=rng.choice([None, *acts])) for s in picks])
+                workers.change_workers(
+                    job_id=job.pk,
+                    changes=[
+                        WorkerChange(slot=s, role=rng.choice([None, *roles[:3]]), activity=rng.choice([None, *acts]))
+                        for s in picks
+                    ],
+                )
             elif op < 0.8:
                 slots = list(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
                 if slots:
@@ -234,12 +252,25 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     t = make_node("t1", pool="training", slots=2)
     r = make_node("r1", slots=2)
     job = make_job(training_gpus=2)
-    trainer = workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
+    trainer = workers.start_worker(
+        job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive"
+    )
     workers.start_worker(job_id=job.pk, node_id=r.pk, gpu_indexes=[0], role="colocated", activity="active")
     gen_before = Node.objects.get(pk=r.pk).generation
-    hb = Heartbeat(epoch=t.epoch, generation=0, workers=[ObservedWorker(
-        worker_id=trainer.pk, role="training", activity="inactive", state="running", weight_version=3,
-        endpoint="http://127.0.0.1:9999")])
+    hb = Heartbeat(
+        epoch=t.epoch,
+        generation=0,
+        workers=[
+            ObservedWorker(
+                worker_id=trainer.pk,
+                role="training",
+                activity="inactive",
+                state="running",
+                weight_version=3,
+                endpoint="http://127.0.0.1:9999",
+            )
+        ],
+    )
     assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
     job.refresh_from_db()
     assert job.weight_version == 3
@@ -259,12 +290,33 @@ def test_a_rollout_worker_reported_before_its_trainer_in_one_heartbeat_is_not_re
 
     t = make_node("t1", pool="training", slots=2)
     job = make_job(training_gpus=2, rollout_gpus=0)
-    trainer = workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive")
-    rollout = workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="colocated", activity="inactive")
-    hb = Heartbeat(epoch=t.epoch, generation=0, workers=[
-        ObservedWorker(worker_id=rollout.pk, role="colocated", activity="inactive", state="running", weight_version=1,
-                       endpoint="http://127.0.0.1:9998"),
-        ObservedWorker(worker_id=trainer.pk, role="training", activity="inactive", state="running", weight_version=1,
-                       endpoint="http://127.0.0.1:9999")])
+    trainer = workers.start_worker(
+        job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="training", activity="inactive"
+    )
+    rollout = workers.start_worker(
+        job_id=job.pk, node_id=t.pk, gpu_indexes=[0, 1], role="colocated", activity="inactive"
+    )
+    hb = Heartbeat(
+        epoch=t.epoch,
+        generation=0,
+        workers=[
+            ObservedWorker(
+                worker_id=rollout.pk,
+                role="colocated",
+                activity="inactive",
+                state="running",
+                weight_version=1,
+                endpoint="http://127.0.0.1:9998",
+            ),
+            ObservedWorker(
+                worker_id=trainer.pk,
+                role="training",
+                activity="inactive",
+                state="running",
+                weight_version=1,
+                endpoint="http://127.0.0.1:9999",
+            ),
+        ],
+    )
     assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
     assert Worker.objects.get(pk=rollout.pk).weight_version == 1

@@ -1,6 +1,7 @@
 """Channels tests with WebsocketCommunicator over the real ASGI app and the real Redis channel layer:
 agent register / heartbeat / lease expiry / stale epoch / revocation, dashboard snapshot and deltas,
 refused origins and bad tokens."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,11 @@ pytestmark = [
 ]
 
 REGISTER = {
-    "type": "register", "node": "gpu-a", "pool": "reserved", "hardware": "cpu", "incarnation": "inc-1",
+    "type": "register",
+    "node": "gpu-a",
+    "pool": "reserved",
+    "hardware": "cpu",
+    "incarnation": "inc-1",
     "slots": [{"index": i, "hardware": "cpu", "memory_mb": 1024} for i in range(4)],
 }
 
@@ -95,7 +100,17 @@ async def test_malformed_messages_get_errors_and_change_nothing():
         (json.dumps({"type": "teleport"}), "unknown message type"),
         (json.dumps({"type": "heartbeat", "epoch": "one", "generation": 0}), "heartbeat.epoch"),
         (json.dumps({"type": "heartbeat", "epoch": 1, "generation": 0, "extra": 1}), "unknown fields"),
-        (json.dumps({"type": "heartbeat", "epoch": 1, "generation": 0, "workers": [{"worker_id": 1, "role": "boss", "activity": "active", "state": "running"}]}), "role"),
+        (
+            json.dumps(
+                {
+                    "type": "heartbeat",
+                    "epoch": 1,
+                    "generation": 0,
+                    "workers": [{"worker_id": 1, "role": "boss", "activity": "active", "state": "running"}],
+                }
+            ),
+            "role",
+        ),
         ("x" * (link.MAX_MESSAGE_BYTES + 10), "at most"),
     ]:
         await ws.send_to(text_data=bad)
@@ -111,8 +126,9 @@ async def test_heartbeat_renews_lease_and_stale_epoch_resyncs():
     node = await database_sync_to_async(Node.objects.get)(name="gpu-a")
     old_lease = node.lease_expires
     await asyncio.sleep(0.05)
-    await ws.send_json_to({"type": "heartbeat", "epoch": reg["epoch"], "generation": desired["generation"],
-                           "workers": []})
+    await ws.send_json_to(
+        {"type": "heartbeat", "epoch": reg["epoch"], "generation": desired["generation"], "workers": []}
+    )
     await asyncio.sleep(0.3)
     node = await database_sync_to_async(Node.objects.get)(name="gpu-a")
     assert node.lease_expires > old_lease and node.applied_generation == desired["generation"]
@@ -127,8 +143,9 @@ async def test_heartbeat_renews_lease_and_stale_epoch_resyncs():
 async def test_desired_state_pushed_on_change_and_after_lease_expiry_with_new_epoch():
     ws, reg, desired = await registered_agent()
     job = await database_sync_to_async(make_job)()
-    await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0, 1],
-                                                       role="colocated", activity="active")
+    await database_sync_to_async(workers.start_worker)(
+        job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0, 1], role="colocated", activity="active"
+    )
     pushed = await ws.receive_json_from(timeout=5)
     assert pushed["type"] == "desired_state" and pushed["generation"] > desired["generation"]
     (w,) = pushed["workers"]
@@ -148,8 +165,9 @@ async def test_desired_state_pushed_on_change_and_after_lease_expiry_with_new_ep
 async def test_reconnect_gets_current_desired_state_again():
     ws, reg, _ = await registered_agent()
     job = await database_sync_to_async(make_job)()
-    await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[2],
-                                                       role="decode", activity="inactive")
+    await database_sync_to_async(workers.start_worker)(
+        job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[2], role="decode", activity="inactive"
+    )
     await ws.receive_json_from(timeout=5)
     await ws.disconnect()
     token = await database_sync_to_async(credentials.issue_agent_token)(node_name="gpu-a")
@@ -165,7 +183,9 @@ async def test_reconnect_gets_current_desired_state_again():
 async def test_telemetry_validated_and_stored_all_or_nothing():
     ws, reg, _ = await registered_agent()
     job = await database_sync_to_async(make_job)()
-    await database_sync_to_async(workers.start_worker)(job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0], role="colocated")
+    await database_sync_to_async(workers.start_worker)(
+        job_id=job.pk, node_id=reg["node_id"], gpu_indexes=[0], role="colocated"
+    )
     state = await ws.receive_json_from(timeout=5)
     assert state["type"] == "desired_state"
     good = {"kind": "decode_iteration", "job": job.name, "running_batch": 8, "duration_s": 0.012}
@@ -198,7 +218,11 @@ def dashboard_socket(cookie: str | None, origin: bytes | None = b"http://localho
 
 async def test_dashboard_refuses_anonymous_foreign_origin_and_missing_origin():
     cookie = await database_sync_to_async(_session_cookie)()
-    for ws in (dashboard_socket(None), dashboard_socket(cookie, b"http://evil.example"), dashboard_socket(cookie, None)):
+    for ws in (
+        dashboard_socket(None),
+        dashboard_socket(cookie, b"http://evil.example"),
+        dashboard_socket(cookie, None),
+    ):
         connected, _ = await ws.connect()
         assert not connected
         await ws.wait()  # let the refused application instance finish (else the loop's teardown waits on it)

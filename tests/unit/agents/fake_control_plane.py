@@ -2,6 +2,7 @@
 
 The real `/ws/agent/` consumer is tested against the agent in tests/integration/agents.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,7 +61,9 @@ class FakeControlPlane:
             self.received.append(data)
             self.event.set()
             if data["type"] == "register":
-                await ws.send_json(link.dump(link.Registered(node_id=7, epoch=self.epoch, lease_s=10, heartbeat_s=self.heartbeat_s)))
+                await ws.send_json(
+                    link.dump(link.Registered(node_id=7, epoch=self.epoch, lease_s=10, heartbeat_s=self.heartbeat_s))
+                )
                 if self.desired is not None:
                     await ws.send_json(self.desired)
         self.sockets.remove(ws)
@@ -80,6 +83,7 @@ class FakeControlPlane:
 
     async def wait_for(self, predicate: Any, timeout: float = 60.0) -> Any:
         """Wait until predicate(self) is truthy; returns its value."""
+
         async def loop() -> Any:
             while True:
                 value = predicate(self)

@@ -4,7 +4,14 @@ from agents import dataplane as dp
 
 
 def test_parse_accepts_a_full_request():
-    req = dp.parse(dp.GenerateRequest, {"request_id": "r1", "prompt": "hi", "sampling": {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "seed": 3}})
+    req = dp.parse(
+        dp.GenerateRequest,
+        {
+            "request_id": "r1",
+            "prompt": "hi",
+            "sampling": {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "seed": 3},
+        },
+    )
     assert req.sampling.max_tokens == 4 and req.sampling.temperature == 0.7
 
 

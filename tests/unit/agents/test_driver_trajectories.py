@@ -1,6 +1,7 @@
 """The driver's trajectory reports (issue 19): an agent job's ended trajectories are summarised within the
 link's bounds, grouped per step in frames under the link's limit, sent once and taken from the runner's
 records (which so do not pile up); a failed send keeps them for the next flush."""
+
 from __future__ import annotations
 
 import json
@@ -12,15 +13,38 @@ from agents.driver.trajectories import reports, step_of, summarize
 from agents.envs import agent as agent_env
 from controlplane.core import driver_link as dl
 
-JOB = dl.JobView(name="calc-agent", environment="agent", model="tiny", engine="torch", batch_size=4, group_size=2,
-                 max_staleness=1, max_trajectory_tokens=512, return_deadline_s=30.0,
-                 agent={"agent_command": ["python", "a.py"], "tasks": [{"q": 1}]})
+JOB = dl.JobView(
+    name="calc-agent",
+    environment="agent",
+    model="tiny",
+    engine="torch",
+    batch_size=4,
+    group_size=2,
+    max_staleness=1,
+    max_trajectory_tokens=512,
+    return_deadline_s=30.0,
+    agent={"agent_command": ["python", "a.py"], "tasks": [{"q": 1}]},
+)
 
 
 def _rec(n: int = 4, **extra) -> dict:
-    return {"samples": [{"tokens": list(range(n)), "mask": [0, 1] * (n // 2), "logprobs": [0.0, -1.0] * (n // 2),
-                         "weight_versions": [1], "workers": [0], "latency_s": [0.5]}], "reward": 1.0, "turns": 1,
-            "status": "done", "messages": [], **extra}
+    return {
+        "samples": [
+            {
+                "tokens": list(range(n)),
+                "mask": [0, 1] * (n // 2),
+                "logprobs": [0.0, -1.0] * (n // 2),
+                "weight_versions": [1],
+                "workers": [0],
+                "latency_s": [0.5],
+            }
+        ],
+        "reward": 1.0,
+        "turns": 1,
+        "status": "done",
+        "messages": [],
+        **extra,
+    }
 
 
 class Link:
@@ -42,8 +66,9 @@ def test_step_of_reads_the_loops_trajectory_ids():
 
 def test_summaries_are_bounded_and_storable():
     big = "ü" * 10_000 + "\x00"
-    rec = _rec(reason=big, stderr=big, messages=[{"role": "user", "content": big}] * 200,
-               reward=float("nan"), status="strange")
+    rec = _rec(
+        reason=big, stderr=big, messages=[{"role": "user", "content": big}] * 200, reward=float("nan"), status="strange"
+    )
     s = summarize("s0-t0", rec)
     assert s.reward is None and s.status == "done"
     assert len(s.reason) <= dl.MAX_MESSAGE_CHARS and "\x00" not in s.reason

@@ -1,4 +1,5 @@
 """The emulated engine in-process: same protocol and roles as torch, time from the core profile."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,12 @@ async def test_tokens_are_deterministic_and_pd_equals_colocated(engine):
     assert pre.kv_bytes == 50 * get_profile("H800", "qwen3-8b", 2).kv_bytes_per_token
     blob = engine.pull_kv(pre.handle, pre.kv_token)
     engine.set_role("decode")
-    out = await engine.decode(DecodeRequest(request_id="d2", kv_url="http://p", handle=pre.handle, sampling=SamplingParams(max_tokens=10, seed=42)), blob)
+    out = await engine.decode(
+        DecodeRequest(
+            request_id="d2", kv_url="http://p", handle=pre.handle, sampling=SamplingParams(max_tokens=10, seed=42)
+        ),
+        blob,
+    )
     assert out.tokens == colocated.tokens and out.prompt_len == 50
 
 
@@ -165,7 +171,9 @@ async def test_an_engine_with_more_pd_interference_is_measured_by_the_tracker():
             first = asyncio.create_task(e.generate(req(100 + wave, 400), [wave] * 512))  # alone: nothing decodes yet
             while e.running() == 0:
                 await asyncio.sleep(0.005)
-            await asyncio.gather(first, *[e.generate(req(10 * wave + i, 4), [7 + i] * (256 + 64 * i)) for i in range(6)])
+            await asyncio.gather(
+                first, *[e.generate(req(10 * wave + i, 4), [7 + i] * (256 + 64 * i)) for i in range(6)]
+            )
         records = [TelemetryRecord.from_json(r) for r in e.take_telemetry()]
     finally:
         await e.shutdown()

@@ -1,4 +1,5 @@
 """Agent fencing and reconnect logic against a fake agent-link server (no workers started)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,18 @@ def desired(generation: int, epoch: int, workers: list | None = None, **kw) -> l
 
 
 def make_agent(url: str, tmp_path: Path, token: str = "node-token") -> NodeAgent:
-    return NodeAgent(AgentConfig(control_plane=url, token=token, node="n1", pool="elastic", hardware="H800", slots=2,
-                                 state_dir=tmp_path, time_factor=0.01))
+    return NodeAgent(
+        AgentConfig(
+            control_plane=url,
+            token=token,
+            node="n1",
+            pool="elastic",
+            hardware="H800",
+            slots=2,
+            state_dir=tmp_path,
+            time_factor=0.01,
+        )
+    )
 
 
 def test_stale_generation_and_epoch_are_refused(tmp_path):

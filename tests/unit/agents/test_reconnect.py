@@ -31,8 +31,12 @@ def run_attempts(outcomes: list[object], **kw: object) -> list[float]:
 
 
 def test_failed_attempts_double_the_wait_and_a_close_resets_it():
-    waits = run_attempts([OSError("refused"), OSError("refused"), OSError("refused"), 1000, 1000],
-                         initial_s=0.05, max_s=10.0, jitter=False)
+    waits = run_attempts(
+        [OSError("refused"), OSError("refused"), OSError("refused"), 1000, 1000],
+        initial_s=0.05,
+        max_s=10.0,
+        jitter=False,
+    )
     assert [round(w, 2) for w in waits] == [0.05, 0.1, 0.2, 0.05]
 
 

@@ -1,4 +1,5 @@
 """torch engine: the fast decode path equals the model's own forward; continuous batching is exact."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,7 @@ def test_batched_decode_matches_full_forward_with_joins_and_leaves(runner):
     seqs: list[Seq] = []
 
     def add(i: int) -> None:
-        (logits, kv), = runner.prefill([prompts[i]])
+        ((logits, kv),) = runner.prefill([prompts[i]])
         s = Seq(str(i), "generate", prompts[i], SamplingParams(), 0, None)  # type: ignore[arg-type]
         s.out_tokens.append(int(logits.argmax()))
         runner.join(s, kv)
@@ -60,10 +61,29 @@ async def test_continuous_batching_gives_each_request_its_solo_output():
     await e.start()
     try:
         prompts = ["a", "hello there", "PEARL", "continuous batching joins between iterations"]
-        solo = [await e.generate(GenerateRequest(request_id=f"s{i}", prompt=p, sampling=SamplingParams(max_tokens=6 + 3 * i, stop_at_eos=False)), TOKENIZER.encode(p)) for i, p in enumerate(prompts)]
+        solo = [
+            await e.generate(
+                GenerateRequest(
+                    request_id=f"s{i}", prompt=p, sampling=SamplingParams(max_tokens=6 + 3 * i, stop_at_eos=False)
+                ),
+                TOKENIZER.encode(p),
+            )
+            for i, p in enumerate(prompts)
+        ]
         tasks = []
         for i, p in enumerate(prompts):  # staggered arrivals: each joins a batch that is already running
-            tasks.append(asyncio.create_task(e.generate(GenerateRequest(request_id=f"c{i}", prompt=p, sampling=SamplingParams(max_tokens=6 + 3 * i, stop_at_eos=False)), TOKENIZER.encode(p))))
+            tasks.append(
+                asyncio.create_task(
+                    e.generate(
+                        GenerateRequest(
+                            request_id=f"c{i}",
+                            prompt=p,
+                            sampling=SamplingParams(max_tokens=6 + 3 * i, stop_at_eos=False),
+                        ),
+                        TOKENIZER.encode(p),
+                    )
+                )
+            )
             while i < len(prompts) - 1 and e.counters.decode_iterations < 2 * (i + 1) + solo_iters(solo):
                 await asyncio.sleep(0.001)
         together = await asyncio.gather(*tasks)
@@ -84,7 +104,9 @@ async def test_sampling_is_seeded_and_logprobs_are_consistent():
         p = TOKENIZER.encode("sample me")
 
         async def run(rid: str, **kw) -> list[int]:
-            r = await e.generate(GenerateRequest(request_id=rid, sampling=SamplingParams(max_tokens=12, stop_at_eos=False, **kw)), p)
+            r = await e.generate(
+                GenerateRequest(request_id=rid, sampling=SamplingParams(max_tokens=12, stop_at_eos=False, **kw)), p
+            )
             assert len(r.logprobs) == 12 and all(lp <= 0 for lp in r.logprobs)
             return r.tokens
 
@@ -103,10 +125,19 @@ async def test_bad_kv_and_abort():
         with pytest.raises(EngineError, match="safetensors"):
             await e.decode(DecodeRequest(request_id="x", kv_url="http://p", handle="h"), b"garbage")
         from safetensors.torch import save
-        bad = save({"prompt": torch.tensor([1, 2]), "k.0": torch.zeros(1, 2, 2, 7)}, metadata={"fingerprint": e.runner.fingerprint})
+
+        bad = save(
+            {"prompt": torch.tensor([1, 2]), "k.0": torch.zeros(1, 2, 2, 7)},
+            metadata={"fingerprint": e.runner.fingerprint},
+        )
         with pytest.raises(EngineError, match="does not fit"):
             await e.decode(DecodeRequest(request_id="y", kv_url="http://p", handle="h"), bad)
-        task = asyncio.create_task(e.generate(GenerateRequest(request_id="long", sampling=SamplingParams(max_tokens=4000, stop_at_eos=False)), [1, 2, 3]))
+        task = asyncio.create_task(
+            e.generate(
+                GenerateRequest(request_id="long", sampling=SamplingParams(max_tokens=4000, stop_at_eos=False)),
+                [1, 2, 3],
+            )
+        )
         while not e.inflight() or len(e.inflight()[0]["tokens"]) < 3:
             await asyncio.sleep(0.001)
         partial = await e.abort("long")
@@ -120,7 +151,11 @@ async def test_a_caller_that_goes_away_aborts_its_request():
     e = TorchEngine()
     await e.start()
     try:
-        task = asyncio.create_task(e.generate(GenerateRequest(request_id="gone", sampling=SamplingParams(max_tokens=4000, stop_at_eos=False)), [1, 2]))
+        task = asyncio.create_task(
+            e.generate(
+                GenerateRequest(request_id="gone", sampling=SamplingParams(max_tokens=4000, stop_at_eos=False)), [1, 2]
+            )
+        )
         while e.running() == 0:
             await asyncio.sleep(0.001)
         task.cancel()  # what aiohttp does to a handler whose client disconnected
@@ -156,7 +191,14 @@ async def test_a_local_model_directory_loads_with_the_same_outputs(tmp_path):
         e = TorchEngine(model=spec)
         await e.start()
         try:
-            outs.append((await e.generate(GenerateRequest(request_id="x", sampling=SamplingParams(max_tokens=8, stop_at_eos=False)), [256, 104, 105])).tokens)
+            outs.append(
+                (
+                    await e.generate(
+                        GenerateRequest(request_id="x", sampling=SamplingParams(max_tokens=8, stop_at_eos=False)),
+                        [256, 104, 105],
+                    )
+                ).tokens
+            )
         finally:
             await e.shutdown()
     assert outs[0] == outs[1]

@@ -1,4 +1,5 @@
 """GRPO trainer: learning on a verifiable task, staleness at consumption, atomic checkpoints."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,16 @@ def fixed_batch(step: int) -> list[TrainSample]:
     out = []
     for i in range(8):
         comp = torch.randint(0, 256, (4,), generator=g).tolist()
-        out.append(TrainSample(group=str(i // 4), prompt_tokens=[256, 97, 98], completion_tokens=comp,
-                               logprobs=[-5.5] * 4, reward=float(i % 3), weight_version=step))
+        out.append(
+            TrainSample(
+                group=str(i // 4),
+                prompt_tokens=[256, 97, 98],
+                completion_tokens=comp,
+                logprobs=[-5.5] * 4,
+                reward=float(i % 3),
+                weight_version=step,
+            )
+        )
     return out
 
 
@@ -58,11 +67,34 @@ async def test_mean_reward_rises_on_a_verifiable_task(tmp_path):
     rewards = []
     try:
         for step in range(30):
-            reqs = [(p, engine.generate(GenerateRequest(request_id=f"{step}-{p}-{g}", sampling=SamplingParams(max_tokens=4, temperature=1.0, seed=step * 1000 + pi * 10 + g, stop_at_eos=False)), TOKENIZER.encode(p)))
-                    for pi, p in enumerate(PROMPTS) for g in range(8)]
+            reqs = [
+                (
+                    p,
+                    engine.generate(
+                        GenerateRequest(
+                            request_id=f"{step}-{p}-{g}",
+                            sampling=SamplingParams(
+                                max_tokens=4, temperature=1.0, seed=step * 1000 + pi * 10 + g, stop_at_eos=False
+                            ),
+                        ),
+                        TOKENIZER.encode(p),
+                    ),
+                )
+                for pi, p in enumerate(PROMPTS)
+                for g in range(8)
+            ]
             outs = await asyncio.gather(*[r for _, r in reqs])
-            samples = [TrainSample(group=p, prompt_tokens=TOKENIZER.encode(p), completion_tokens=o.tokens, logprobs=o.logprobs,
-                                   reward=letter_reward(o.tokens), weight_version=o.weight_version) for (p, _), o in zip(reqs, outs)]
+            samples = [
+                TrainSample(
+                    group=p,
+                    prompt_tokens=TOKENIZER.encode(p),
+                    completion_tokens=o.tokens,
+                    logprobs=o.logprobs,
+                    reward=letter_reward(o.tokens),
+                    weight_version=o.weight_version,
+                )
+                for (p, _), o in zip(reqs, outs)
+            ]
             stats = trainer.update_blocking(samples)
             assert stats.accepted == 32 and stats.rejected_stale == 0
             assert stats.grad_norm > 0 or len({x.reward for x in samples}) == 1 or step > 0
@@ -166,10 +198,14 @@ def test_restart_resumes_checkpoint_and_published_version(tmp_path):
 
 
 def test_kill_between_checkpoint_and_publish_publishes_on_restart(tmp_path):
-    t = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    t = GRPOTrainer(
+        "tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j"
+    )
     t.update_blocking(fixed_batch(0))
     t.store.path(1).unlink()  # as if killed after the checkpoint, before the snapshot
-    resumed = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    resumed = GRPOTrainer(
+        "tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j"
+    )
     assert resumed.version == 1 and resumed.store.latest() == 1
     assert weights_hash(resumed.model) == weights_hash(t.model)
 
@@ -177,11 +213,15 @@ def test_kill_between_checkpoint_and_publish_publishes_on_restart(tmp_path):
 def test_store_ahead_of_a_lost_checkpoint_continues_from_the_snapshot(tmp_path):
     import shutil
 
-    t = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    t = GRPOTrainer(
+        "tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j"
+    )
     t.update_blocking(fixed_batch(0))
     t.update_blocking(fixed_batch(1))
     shutil.rmtree(tmp_path / "ck")  # the checkpoints are gone; the published weights are not
-    resumed = GRPOTrainer("tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j")
+    resumed = GRPOTrainer(
+        "tiny", GRPOConfig(max_staleness=10), ckpt_dir=tmp_path / "ck", store=WeightStore(tmp_path / "w"), job="j"
+    )
     assert resumed.version == 2 and weights_hash(resumed.model) == weights_hash(t.model)
     resumed.update_blocking(fixed_batch(2))
     assert resumed.store.latest() == 3

@@ -19,8 +19,16 @@ TOKEN = "trainer-token"
 
 
 def emulated(tmp_path: Path) -> EmulatedTrainer:
-    return EmulatedTrainer(model="qwen3-8b", hardware="H800", tp=1, time_factor=1e-4,
-                           store=WeightStore(tmp_path / "w"), ckpt_dir=tmp_path / "ck", job="j", batch_size=4)
+    return EmulatedTrainer(
+        model="qwen3-8b",
+        hardware="H800",
+        tp=1,
+        time_factor=1e-4,
+        store=WeightStore(tmp_path / "w"),
+        ckpt_dir=tmp_path / "ck",
+        job="j",
+        batch_size=4,
+    )
 
 
 def grpo(tmp_path: Path) -> GRPOTrainer:
@@ -30,9 +38,16 @@ def grpo(tmp_path: Path) -> GRPOTrainer:
 def samples(n: int, *, tokens: bool) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
-        s = dp.TrainSample(group=str(i // 2), prompt_tokens=[256, 97] if tokens else [],
-                           completion_tokens=[98, 99] if tokens else [], logprobs=[-5.5, -5.5] if tokens else [],
-                           reward=float(i % 2), weight_version=0, trajectory=f"t{i}", token_count=0 if tokens else 900)
+        s = dp.TrainSample(
+            group=str(i // 2),
+            prompt_tokens=[256, 97] if tokens else [],
+            completion_tokens=[98, 99] if tokens else [],
+            logprobs=[-5.5, -5.5] if tokens else [],
+            reward=float(i % 2),
+            weight_version=0,
+            trajectory=f"t{i}",
+            token_count=0 if tokens else 900,
+        )
         out.append(dp.dump(s))
     return out
 

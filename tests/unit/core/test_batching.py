@@ -1,4 +1,5 @@
 """The batching model's closed-form segments (core.batching) equal the iteration-by-iteration sum they stand for."""
+
 from __future__ import annotations
 
 from controlplane.core.batching import IterationScheduler, Request, ScaledCosts, prefill_records

@@ -1,4 +1,5 @@
 """Borrow gate (Eq. 7), toggle-cost EMA, and the return deadline at Training Begin."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,9 @@ from controlplane.core.profiles import get_profile, get_reconfig_costs
 
 def _paper_times(dedicated: int, overlap: int) -> tuple[float, float]:
     w = swe_bench_workload(64)
-    c = get_profile("H800", "qwen3-8b").coefficients(new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens,
-                                                     mean_context=w.mean_context)
+    c = get_profile("H800", "qwen3-8b").coefficients(
+        new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+    )
     return decide(w, c, dedicated).predicted_makespan_s, decide(w, c, dedicated + overlap).predicted_makespan_s
 
 

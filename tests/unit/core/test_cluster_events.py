@@ -1,5 +1,6 @@
 """The Ray bridge's one rule (core.cluster_events.reconcile): level in, the missing actions out, and
 nothing when PEARL already shows what Ray shows (what makes a restarted bridge change nothing)."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,9 @@ def test_a_preemption_drain_is_a_notice_with_rays_deadline_once():
     assert reconcile([ev], moved, {A}) == [Notice(pearl_node_name(A), 1_000_010.0)]
 
 
-@pytest.mark.parametrize("reason, deadline, pool", [("idle_termination", None, "elastic"),
-                                                    ("preemption", 1_000_010.0, "reserved")])
+@pytest.mark.parametrize(
+    "reason, deadline, pool", [("idle_termination", None, "elastic"), ("preemption", 1_000_010.0, "reserved")]
+)
 def test_other_drains_and_preemption_of_a_non_elastic_node_are_drains(reason, deadline, pool):
     ev = NodeDraining(A, "10.77.0.2", deadline, reason, up(A, pool=pool))
     actions = reconcile([ev], {pearl_node_name(A): view(A, pool=pool)}, {A})
@@ -63,10 +65,12 @@ def test_other_drains_and_preemption_of_a_non_elastic_node_are_drains(reason, de
 def test_a_dead_node_is_gone_at_once_with_rays_reason_and_only_once():
     ev = NodeDead(A, "10.77.0.2", "UNEXPECTED_TERMINATION", "health check failed")
     assert reconcile([ev], {pearl_node_name(A): view(A)}, set()) == [
-        Gone(pearl_node_name(A), "UNEXPECTED_TERMINATION", "health check failed")]
+        Gone(pearl_node_name(A), "UNEXPECTED_TERMINATION", "health check failed")
+    ]
     gone = view(A, "gone")  # PEARL let it go first (its preemption deadline): Ray's reason is still news, once
     assert reconcile([ev], {pearl_node_name(A): gone}, set()) == [
-        DeathRecorded(pearl_node_name(A), "UNEXPECTED_TERMINATION", "health check failed")]
+        DeathRecorded(pearl_node_name(A), "UNEXPECTED_TERMINATION", "health check failed")
+    ]
     recorded = PearlNodeView(gone.name, A, "gone", "elastic", None, ray_death_recorded=True)
     assert reconcile([ev], {pearl_node_name(A): recorded}, set()) == []
     assert reconcile([ev], {}, set()) == []  # a node PEARL never knew: nothing to do

@@ -1,4 +1,5 @@
 """Decision engine: paper Table 2, the mode crossover, hysteresis, forced switches, overrides."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -27,10 +28,13 @@ TABLE2_PROMPT_TO_GENERATED = {"qwen3-8b": 20.0, "qwen3-30b-a3b": 96.68 / 3.32}
 
 def paper_setup(model: str = "qwen3-8b", batch: int = 64) -> tuple[WorkloadProfile, EngineCoefficients]:
     """Paper §7: H800, TP2 workers, SWE-bench-like workload at the Table 2 point, group 16, 32K trajectories."""
-    w = replace(swe_bench_workload(batch, 32768, prompt_to_generated=TABLE2_PROMPT_TO_GENERATED[model]),
-                overhead_s=TABLE2_T_OVER_S)
-    c = get_profile("H800", model, TP).coefficients(new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens,
-                                                    mean_context=w.mean_context)
+    w = replace(
+        swe_bench_workload(batch, 32768, prompt_to_generated=TABLE2_PROMPT_TO_GENERATED[model]),
+        overhead_s=TABLE2_T_OVER_S,
+    )
+    c = get_profile("H800", model, TP).coefficients(
+        new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+    )
     return w, c
 
 
@@ -114,7 +118,9 @@ def test_hysteresis_ratio_change_below_threshold_keeps_current() -> None:
     d0 = decide(w, c, 16)
     assert d0.label == "4P12D"
     near = Configuration.disaggregated(5, 11)  # within 2% of the best
-    gain = (evaluate(w, c, 16).find(near).makespan_s - d0.predicted_makespan_s) / evaluate(w, c, 16).find(near).makespan_s
+    gain = (evaluate(w, c, 16).find(near).makespan_s - d0.predicted_makespan_s) / evaluate(w, c, 16).find(
+        near
+    ).makespan_s
     assert 0 < gain < 0.03
     kept = decide(w, c, 16, current=near, thresholds=Thresholds(ratio_change=0.03, mode_switch=0.1))
     assert kept.configuration == near and not kept.admitted and kept.best == d0.configuration
@@ -151,8 +157,9 @@ def test_infeasible_current_forces_switch_regardless_of_thresholds() -> None:
 
 def test_overrides_win() -> None:
     w, c = paper_setup()
-    forced_mode = decide(w, c, 8, current=Configuration.disaggregated(3, 5),
-                         overrides=Overrides(force_mode="colocated"))
+    forced_mode = decide(
+        w, c, 8, current=Configuration.disaggregated(3, 5), overrides=Overrides(force_mode="colocated")
+    )
     assert forced_mode.configuration == Configuration.colocated(8) and forced_mode.overridden
     ratio = decide(w, c, 8, overrides=Overrides(force_ratio=(1, 1)))
     assert ratio.label == "4P4D" and ratio.overridden  # scaled to the budget

@@ -1,5 +1,6 @@
 """The RL loop as a pure state machine (core/loop/): step cycle, routing, interruptions, the
 training handshake, staleness, checkpoint/restore, and the same commands on two clocks."""
+
 from __future__ import annotations
 
 import json
@@ -48,11 +49,19 @@ def test_steps_run_route_train_publish_in_order() -> None:
     assert all(len(ws) == 1 for ws in homes.values())
     assert {w for ws in homes.values() for w in ws} == {0, 1}  # both workers used
     # training: Training Begin -> return -> train -> publish -> Training Finished, for each step in order
-    seq = [(type(c).__name__, getattr(c, "signal", getattr(c, "step", getattr(c, "version", None)))) for _, c in cmds
-           if type(c) in (lp.ReturnOverlap, lp.Train, lp.PublishWeights) or
-           (type(c) is lp.EmitSignal and c.signal in (Signal.TRAINING_BEGIN, Signal.TRAINING_FINISHED))]
-    assert seq[:5] == [("EmitSignal", Signal.TRAINING_BEGIN), ("ReturnOverlap", None), ("Train", 0),
-                       ("PublishWeights", 1), ("EmitSignal", Signal.TRAINING_FINISHED)]
+    seq = [
+        (type(c).__name__, getattr(c, "signal", getattr(c, "step", getattr(c, "version", None))))
+        for _, c in cmds
+        if type(c) in (lp.ReturnOverlap, lp.Train, lp.PublishWeights)
+        or (type(c) is lp.EmitSignal and c.signal in (Signal.TRAINING_BEGIN, Signal.TRAINING_FINISHED))
+    ]
+    assert seq[:5] == [
+        ("EmitSignal", Signal.TRAINING_BEGIN),
+        ("ReturnOverlap", None),
+        ("Train", 0),
+        ("PublishWeights", 1),
+        ("EmitSignal", Signal.TRAINING_FINISHED),
+    ]
     trains = kinds(cmds, lp.Train)
     assert [c.step for _, c in trains] == list(range(len(trains))) and len(trains) >= 2
     assert all(sorted(len(g) for g in c.groups) == [2, 2] for _, c in trains)
@@ -65,7 +74,8 @@ def test_steps_run_route_train_publish_in_order() -> None:
     step0 = records(cmds, RecordKind.STEP)[0]
     assert step0.batch_size == 4 and step0.makespan_s > 0 and step0.generated_tokens_total > 0
     assert step0.train_tokens == step0.generated_tokens_total + sum(
-        50 + 30 * (world._task_turns(f"s0-t{i}") - 1) for i in range(4))
+        50 + 30 * (world._task_turns(f"s0-t{i}") - 1) for i in range(4)
+    )
     train0 = records(cmds, RecordKind.TRAIN)[0]
     assert train0.weight_version == 1 and train0.duration_s >= world.train_s and train0.return_latency_s > 0
 
@@ -142,8 +152,9 @@ def test_checkpoint_restore_finishes_the_step_with_the_same_accounting() -> None
     assert (back.step, back.version, back.remaining) == (loop.step, loop.version, loop.remaining)
     out = back.handle(lp.Start(10.0))
     aborted = [c for c in out if type(c) is lp.Abort]
-    assert {c.trajectory for c in aborted} == {t.tid for t in loop.trajs.values()
-                                               if t.step == loop.step and t.state is not lp.TrajState.DONE}
+    assert {c.trajectory for c in aborted} == {
+        t.tid for t in loop.trajs.values() if t.step == loop.step and t.state is not lp.TrajState.DONE
+    }
     assert all(c.replacement is not None for c in aborted)
     assert back.remaining == loop.remaining  # restarts keep R
     assert done_before <= {t.tid for t in back.trajs.values() if t.state is lp.TrajState.DONE}
@@ -177,10 +188,19 @@ roles = st.sampled_from(["coloc", "pd"])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mode=roles, n=st.integers(2, 4), n_overlap=st.integers(0, 2), preempt=st.lists(st.tuples(st.floats(0.1, 30.0), st.integers(0, 3)), max_size=3),
-       stale=st.booleans(), alpha=st.integers(0, 2), train_s=st.floats(0.5, 8.0), ret_s=st.floats(0.1, 3.0))
-def test_no_trajectory_lost_or_twice_returns_before_training_staleness_and_R(mode, n, n_overlap, preempt, stale, alpha,
-                                                                             train_s, ret_s) -> None:
+@given(
+    mode=roles,
+    n=st.integers(2, 4),
+    n_overlap=st.integers(0, 2),
+    preempt=st.lists(st.tuples(st.floats(0.1, 30.0), st.integers(0, 3)), max_size=3),
+    stale=st.booleans(),
+    alpha=st.integers(0, 2),
+    train_s=st.floats(0.5, 8.0),
+    ret_s=st.floats(0.1, 3.0),
+)
+def test_no_trajectory_lost_or_twice_returns_before_training_staleness_and_R(
+    mode, n, n_overlap, preempt, stale, alpha, train_s, ret_s
+) -> None:
     if mode == "coloc":
         workers = {i: C for i in range(n)}
     else:
@@ -255,7 +275,9 @@ def test_jsq_dispatch_holds_turns_while_every_worker_is_at_its_cap_and_loses_non
     expected = sum(world._tokens(f"s0-t{i}", k) for i in range(8) for k in range(world._task_turns(f"s0-t{i}")))
     assert step0.generated_tokens_total == expected
     # without the cap the same batch puts 4 turns on each worker at once: the cap is what held them
-    _, free = run_heap(ToyWorld({0: C, 1: C}, train_s=1.0), cfg(batch_size=8, group_size=4, dispatch="jsq"), [], until=1.0)
+    _, free = run_heap(
+        ToyWorld({0: C, 1: C}, train_s=1.0), cfg(batch_size=8, group_size=4, dispatch="jsq"), [], until=1.0
+    )
     assert max(sum(1 for _, c in kinds(free, lp.RouteTurn) if c.worker == w and c.turn == 0) for w in (0, 1)) == 4
 
 

@@ -1,5 +1,6 @@
 """The typed command sink (core.loop.sink): every command kind reaches the one method of its kind, and
 both loop drivers have a method for every kind (mypy says so too, where it is installed)."""
+
 from __future__ import annotations
 
 import copy
@@ -36,8 +37,18 @@ ONE_OF_EACH: list[lp.Command] = [
     lp.ReturnOverlap(30.0, (3,)),
     lp.Train(0, 0, (("s0-t0",),)),
     lp.PublishWeights(1),
-    lp.Telemetry(tm.turn(time_s=1.0, job="j", step=0, trajectory="s0-t0", turn=0, new_prompt_tokens=3,
-                         generated_tokens=4, env_time_s=0.5)),
+    lp.Telemetry(
+        tm.turn(
+            time_s=1.0,
+            job="j",
+            step=0,
+            trajectory="s0-t0",
+            turn=0,
+            new_prompt_tokens=3,
+            generated_tokens=4,
+            env_time_s=0.5,
+        )
+    ),
     lp.Progress(0, 3, 4),
 ]
 
@@ -106,10 +117,14 @@ def test_both_drivers_have_a_method_for_every_command_kind(driver: type) -> None
 def test_mypy_finds_a_driver_that_lacks_a_handler(tmp_path: Path) -> None:
     """A sink with every method passes; the same sink without `abort` is a type error, naming it."""
     pytest.importorskip("mypy")
-    every = "\n".join(f"    def {m}(self, cmd: lp.{k.__name__}) -> None: ..."
-                      for k in typing.get_args(lp.Command) for m in [_method_of(k)])
+    every = "\n".join(
+        f"    def {m}(self, cmd: lp.{k.__name__}) -> None: ..."
+        for k in typing.get_args(lp.Command)
+        for m in [_method_of(k)]
+    )
     lacking = "\n".join(line for line in every.split("\n") if "def abort" not in line)
-    (tmp_path / "sinks.py").write_text(textwrap.dedent("""\
+    (tmp_path / "sinks.py").write_text(
+        textwrap.dedent("""\
         from controlplane.core import loop as lp
 
         class Complete:
@@ -120,9 +135,14 @@ def test_mypy_finds_a_driver_that_lacks_a_handler(tmp_path: Path) -> None:
 
         lp.dispatch(lp.PublishWeights(1), Complete())
         lp.dispatch(lp.PublishWeights(1), Lacking())
-        """).format(every=every, lacking=lacking))
-    out = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent",
-                          str(tmp_path / "sinks.py")], cwd=ROOT, capture_output=True, text=True)
+        """).format(every=every, lacking=lacking)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent", str(tmp_path / "sinks.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 1, out.stdout
     assert 'incompatible type "Lacking"; expected "CommandSink"' in out.stdout, out.stdout
     assert "Found 1 error" in out.stdout and re.search(r"note:\s+abort$", out.stdout, re.M), out.stdout

@@ -129,9 +129,7 @@ def test_cross_split_prices_each_pool_on_its_chip(model: str, n_p: int, n_d: int
     assert slow.kv_transfer_s == pytest.approx(2 * cross.kv_transfer_s)
 
 
-POOLS = st.fixed_dictionaries(
-    {"H800": st.integers(0, 12), "H20": st.integers(0, 12), "A100": st.integers(0, 6)}
-)
+POOLS = st.fixed_dictionaries({"H800": st.integers(0, 12), "H20": st.integers(0, 12), "A100": st.integers(0, 6)})
 
 
 @settings(max_examples=80, deadline=None)
@@ -293,9 +291,7 @@ def test_placement_counts_units_per_type_and_assigns_roles_by_type_with_minimal_
     assert hardware_counts(units) == {"H800": 3, "H20": 2}
     cfg = Configuration.parse("3P(H800) 2D(H20)")
     roles = assign_typed_roles(units, cfg)
-    assert roles == {
-        "a0": Role.PREFILL, "a1": Role.PREFILL, "a2": Role.PREFILL, "b0": Role.DECODE, "b1": Role.DECODE
-    }
+    assert roles == {"a0": Role.PREFILL, "a1": Role.PREFILL, "a2": Role.PREFILL, "b0": Role.DECODE, "b1": Role.DECODE}
     # a smaller split keeps the in-service units and leaves the free one alone
     small = assign_typed_roles(units, Configuration.parse("2P(H800) 1D(H20)"))
     assert set(small) == {"a0", "a1", "b0"}

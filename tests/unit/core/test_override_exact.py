@@ -1,4 +1,5 @@
 """Forced P:D overrides: a ratio scaled to the worker budget, or exact worker counts."""
+
 from __future__ import annotations
 
 from controlplane.core.context import Overrides, PolicyContext, Signal
@@ -34,9 +35,19 @@ def test_exact_counts_above_the_budget_fall_back_to_the_ratio() -> None:
 def test_pearl_policy_borrows_no_worker_an_exact_override_leaves_idle() -> None:
     profile = get_profile("h800", "qwen3-8b", tp=2)
     policy = make_policy("pearl", profile=profile, batch_size=64)
-    ctx = PolicyContext(now_s=0.0, signal=Signal.STEP_START, dedicated_workers=4, reserved_workers=4,
-                        overlap_workers=2, training_active=False, current=None, borrowed=0, batch_size=64,
-                        remaining=64, overrides=Overrides(force_ratio=(1, 3), exact_ratio=True))
+    ctx = PolicyContext(
+        now_s=0.0,
+        signal=Signal.STEP_START,
+        dedicated_workers=4,
+        reserved_workers=4,
+        overlap_workers=2,
+        training_active=False,
+        current=None,
+        borrowed=0,
+        batch_size=64,
+        remaining=64,
+        overrides=Overrides(force_ratio=(1, 3), exact_ratio=True),
+    )
     action = policy.on_event(ctx)
     assert action.borrow == 0 and action.target == Configuration.disaggregated(1, 3)
     assert action.target.mode is Mode.DISAGGREGATED

@@ -1,4 +1,5 @@
 """Placement (core/placement.py): inventory + policy action -> joins, borrows, returns, departures -> plan."""
+
 from __future__ import annotations
 
 from controlplane.core.context import Overrides, Signal
@@ -21,8 +22,12 @@ def run(inv: Inventory, pol=None, signal=Signal.CAPACITY_CHANGE, remaining=64, *
 
 
 def test_first_placement_starts_workers_on_the_lowest_free_slots_reserved_first() -> None:
-    units = (Unit("e0", Pool.ELASTIC), Unit("r0", Pool.RESERVED), Unit("r1", Pool.RESERVED),
-             Unit("t0", Pool.TRAINING, worker=1))
+    units = (
+        Unit("e0", Pool.ELASTIC),
+        Unit("r0", Pool.RESERVED),
+        Unit("r1", Pool.RESERVED),
+        Unit("t0", Pool.TRAINING, worker=1),
+    )
     p = run(Inventory(units, taken_slots=frozenset({0})), policy("fixed", workers=2), signal=Signal.STEP_START)
     assert p.current is None and p.target == Configuration.colocated(2)
     # slot 0 is the training worker's, 1 the overlap worker's: new workers take 2 and 3, on reserved units
@@ -31,8 +36,12 @@ def test_first_placement_starts_workers_on_the_lowest_free_slots_reserved_first(
 
 
 def test_leaving_units_go_first_and_survivors_keep_their_slots() -> None:
-    units = (Unit("r0", Pool.RESERVED, 0, C), Unit("e0", Pool.ELASTIC, 1, C, leaving=True),
-             Unit("e1", Pool.ELASTIC, 2, C), Unit("e2", Pool.ELASTIC))
+    units = (
+        Unit("r0", Pool.RESERVED, 0, C),
+        Unit("e0", Pool.ELASTIC, 1, C, leaving=True),
+        Unit("e1", Pool.ELASTIC, 2, C),
+        Unit("e2", Pool.ELASTIC),
+    )
     p = run(Inventory(units), policy("elastic"))
     assert p.plan.remove == (1,)  # the preempted one, forced
     assert p.plan.steps[0].kind is StepKind.STOP_WORKER and p.plan.steps[0].forced
@@ -56,8 +65,12 @@ def test_borrowing_follows_the_policy_and_training_returns_everything() -> None:
     assert p.borrow == 4 and set(p.plan.add) == {10, 11, 12, 13}
     assert all(s.kind is StepKind.ACTIVATE_OVERLAP for s in p.plan.steps if s.worker >= 10)
     borrowed = ded + tuple(Unit(f"t{i}", Pool.TRAINING, 10 + i, C) for i in range(4))
-    q = run(Inventory(borrowed, training_active=True), ungated, signal=Signal.TRAINING_BEGIN,
-            overrides=Overrides(force_mode="colocated"))
+    q = run(
+        Inventory(borrowed, training_active=True),
+        ungated,
+        signal=Signal.TRAINING_BEGIN,
+        overrides=Overrides(force_mode="colocated"),
+    )
     assert q.borrow == 0 and set(q.plan.remove) == {10, 11, 12, 13}
     assert q.plan.steps[0].kind is StepKind.DEACTIVATE_OVERLAP
     assert q.budget["overlap_workers"] == 0 and q.context.training_active

@@ -1,5 +1,6 @@
 """Policies behind one interface and one registry: pearl, fixed (ROLL), fixed-large (ROLL-Large), elastic
 (elastic seeding after RLBoost), rlboost+ (RLBoost+, simulator only), oracle."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,18 @@ PROFILE = get_profile("H800", "qwen3-8b")
 
 
 def ctx(**kw) -> PolicyContext:
-    base = dict(now_s=0.0, signal=Signal.STEP_START, dedicated_workers=5, reserved_workers=2, overlap_workers=8,
-                training_active=False, current=None, borrowed=0, batch_size=64, remaining=64)
+    base = dict(
+        now_s=0.0,
+        signal=Signal.STEP_START,
+        dedicated_workers=5,
+        reserved_workers=2,
+        overlap_workers=8,
+        training_active=False,
+        current=None,
+        borrowed=0,
+        batch_size=64,
+        remaining=64,
+    )
     base.update(kw)
     return PolicyContext(**base)
 

@@ -1,4 +1,5 @@
 """Predictor: Eq. 1–3 by hand, the capacity constraints, and properties."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,10 +23,20 @@ from controlplane.core.profiles import EngineCoefficients, get_profile
 from controlplane.core.state import Configuration
 
 # Round numbers so the hand computations below are exact.
-C = EngineCoefficients(t_prefill=1e-5, decode_a=5e-3, decode_b=2e-4, kv_bytes_per_token=1e5,
-                       hbm_kv_capacity=1e11, bandwidth=5e10)
-W = WorkloadProfile(batch_size=64, turns=10, new_prompt_tokens=1000, generated_tokens=50, env_time_s=20.0,
-                    theta=0.5, kv_seq_tokens=20_000, mean_context=10_000, overhead_s=0.1)
+C = EngineCoefficients(
+    t_prefill=1e-5, decode_a=5e-3, decode_b=2e-4, kv_bytes_per_token=1e5, hbm_kv_capacity=1e11, bandwidth=5e10
+)
+W = WorkloadProfile(
+    batch_size=64,
+    turns=10,
+    new_prompt_tokens=1000,
+    generated_tokens=50,
+    env_time_s=20.0,
+    theta=0.5,
+    kv_seq_tokens=20_000,
+    mean_context=10_000,
+    overhead_s=0.1,
+)
 
 
 def test_colocated_is_eq_1() -> None:
@@ -90,9 +101,15 @@ def test_moe_decode_uses_expert_activation() -> None:
 
 workloads = st.builds(
     WorkloadProfile,
-    batch_size=st.integers(1, 256), turns=st.floats(1, 60), new_prompt_tokens=st.floats(10, 20_000),
-    generated_tokens=st.floats(1, 2000), env_time_s=st.floats(0, 500), theta=st.floats(0, 3),
-    kv_seq_tokens=st.floats(100, 40_000), mean_context=st.floats(0, 20_000), prefix_tokens=st.floats(0, 20_000),
+    batch_size=st.integers(1, 256),
+    turns=st.floats(1, 60),
+    new_prompt_tokens=st.floats(10, 20_000),
+    generated_tokens=st.floats(1, 2000),
+    env_time_s=st.floats(0, 500),
+    theta=st.floats(0, 3),
+    kv_seq_tokens=st.floats(100, 40_000),
+    mean_context=st.floats(0, 20_000),
+    prefix_tokens=st.floats(0, 20_000),
     overhead_s=st.floats(0, 1),
 )
 
@@ -101,8 +118,9 @@ workloads = st.builds(
 @given(w=workloads, n=st.integers(1, 64), model=st.sampled_from(["qwen3-8b", "qwen3-30b-a3b"]))
 def test_more_workers_never_predict_a_longer_makespan(w: WorkloadProfile, n: int, model: str) -> None:
     """Property: the best feasible makespan is non-increasing in the budget (per mode and overall)."""
-    c = get_profile("H800", model).coefficients(new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens,
-                                                mean_context=w.mean_context)
+    c = get_profile("H800", model).coefficients(
+        new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+    )
     rule = FeasibilityRule()
     col = [predict_colocated(w, c, k).makespan_s for k in (n, n + 1)]
     assert col[1] <= col[0] + 1e-9

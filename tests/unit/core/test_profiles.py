@@ -1,4 +1,5 @@
 """Profiles: contract, model/hardware constants, and calibration against measured anchors (pd_anchors §4.4)."""
+
 from __future__ import annotations
 
 from dataclasses import FrozenInstanceError, replace
@@ -124,7 +125,14 @@ def test_every_hardware_model_pair_that_fits_has_positive_coefficients() -> None
     for hw in ("H800", "H100", "H200", "H20"):
         for model in ("qwen3-8b", "qwen3-30b-a3b", "tiny"):
             p = get_profile(hw, model)
-            for v in (p.t_prefill, p.decode_a, p.decode_b, p.hbm_kv_capacity, p.bandwidth, p.train_tokens_per_s_per_gpu):
+            for v in (
+                p.t_prefill,
+                p.decode_a,
+                p.decode_b,
+                p.hbm_kv_capacity,
+                p.bandwidth,
+                p.train_tokens_per_s_per_gpu,
+            ):
                 assert v > 0, (hw, model)
     cpu = get_profile("cpu", "tiny")
     assert 2e-3 < cpu.decode_iteration_s(8, 300) < 8e-3  # platform_notes §5: ~3–4 ms per step at B=8

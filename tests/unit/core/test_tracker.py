@@ -1,4 +1,5 @@
 """Runtime tracker: prior fallback, robust recency-weighted refits, confidence."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,9 @@ def test_falls_back_to_the_static_profile_without_data() -> None:
     assert fp.toggle_s == pytest.approx(PROFILE.reconfig.toggle_s)
 
 
-def _noisy_decode(tr: RuntimeTracker, rng: np.random.Generator, a: float, b: float, n: int, outliers: float = 0.05) -> None:
+def _noisy_decode(
+    tr: RuntimeTracker, rng: np.random.Generator, a: float, b: float, n: int, outliers: float = 0.05
+) -> None:
     for _ in range(n):
         batch = int(rng.integers(1, 64))
         t = (a + b * batch) * (1 + 0.05 * rng.standard_normal())
@@ -65,10 +68,28 @@ def test_confidence_grows_with_data_and_needs_a_minimum() -> None:
 def test_step_records_refit_the_workload_robustly() -> None:
     tr = RuntimeTracker(PROFILE, batch_size=64, min_steps=2)
     for i in range(8):
-        tr.observe(step(step=i, batch_size=64, turns_max=30, new_prompt_tokens_mean=900.0,
-                        generated_tokens_mean=80.0, env_time_total_s=150.0, active_decode_fraction=0.8))
-    tr.observe(step(step=8, batch_size=64, turns_max=300, new_prompt_tokens_mean=90000.0,
-                    generated_tokens_mean=8000.0, env_time_total_s=1e5, active_decode_fraction=0.01))  # garbage
+        tr.observe(
+            step(
+                step=i,
+                batch_size=64,
+                turns_max=30,
+                new_prompt_tokens_mean=900.0,
+                generated_tokens_mean=80.0,
+                env_time_total_s=150.0,
+                active_decode_fraction=0.8,
+            )
+        )
+    tr.observe(
+        step(
+            step=8,
+            batch_size=64,
+            turns_max=300,
+            new_prompt_tokens_mean=90000.0,
+            generated_tokens_mean=8000.0,
+            env_time_total_s=1e5,
+            active_decode_fraction=0.01,
+        )
+    )  # garbage
     w, est = tr.workload()
     assert (w.turns, w.new_prompt_tokens, w.generated_tokens, w.env_time_s) == (30, 900, 80, 150)
     assert w.theta == pytest.approx(0.25)
@@ -81,8 +102,9 @@ def test_turn_records_are_aggregated_per_step() -> None:
     for s in range(2):
         for traj, turns in (("a", 3), ("b", 5)):
             for t in range(turns):
-                tr.observe(turn(step=s, trajectory=traj, turn=t, new_prompt_tokens=1000, generated_tokens=100,
-                                env_time_s=2.0))
+                tr.observe(
+                    turn(step=s, trajectory=traj, turn=t, new_prompt_tokens=1000, generated_tokens=100, env_time_s=2.0)
+                )
     tr.end_step(step=1)
     w, est = tr.workload()
     assert w.turns == 5 and w.env_time_s == pytest.approx(10.0)
@@ -116,7 +138,11 @@ def test_prefill_interference_is_measured_against_prefill_alone() -> None:
     def feed(tr: RuntimeTracker, penalty: float, rng: np.random.Generator) -> None:
         for _ in range(300):
             alone = bool(rng.random() < 0.3)
-            n, p = (int(rng.integers(2000, 4000)), 0) if alone else (int(rng.integers(300, 2000)), int(rng.integers(4000, 24000)))
+            n, p = (
+                (int(rng.integers(2000, 4000)), 0)
+                if alone
+                else (int(rng.integers(300, 2000)), int(rng.integers(4000, 24000)))
+            )
             d = PROFILE.prefill_s(n, p) * (1.0 if alone else penalty) * (1 + 0.03 * rng.standard_normal())
             tr.observe(prefill(tokens=n, prefix_tokens=p, duration_s=float(d), running_batch=0 if alone else 6))
 
@@ -130,8 +156,12 @@ def test_prefill_interference_is_measured_against_prefill_alone() -> None:
     assert est["I"].fitted and c_hot.prefill_interference == pytest.approx(2.0, rel=0.03)
     assert c_hot.t_prefill == pytest.approx(c_plain.t_prefill, rel=0.05)  # prefill alone, as measured
     w = plain.workload()[0]
-    assert predict_colocated(w, c_hot, 8).prefill_s == pytest.approx(2 * predict_colocated(w, c_plain, 8).prefill_s, rel=0.06)
-    assert predict_disaggregated(w, c_hot, 3, 5).prefill_s == pytest.approx(predict_disaggregated(w, c_plain, 3, 5).prefill_s, rel=0.05)
+    assert predict_colocated(w, c_hot, 8).prefill_s == pytest.approx(
+        2 * predict_colocated(w, c_plain, 8).prefill_s, rel=0.06
+    )
+    assert predict_disaggregated(w, c_hot, 3, 5).prefill_s == pytest.approx(
+        predict_disaggregated(w, c_plain, 3, 5).prefill_s, rel=0.05
+    )
     # a pool that never mixes them (disaggregated, or a torch engine) measures no interference
     rng = np.random.default_rng(6)
     for _ in range(100):
@@ -154,7 +184,16 @@ def test_fitted_is_memoised_until_new_telemetry() -> None:
     tr = RuntimeTracker(PROFILE, batch_size=64, min_steps=1)
     first = tr.fitted()
     assert tr.fitted() is first
-    tr.observe(step(step=1, batch_size=64, turns_max=40, new_prompt_tokens_mean=500.0, generated_tokens_mean=50.0,
-                    env_time_total_s=10.0, active_decode_fraction=0.5))
+    tr.observe(
+        step(
+            step=1,
+            batch_size=64,
+            turns_max=40,
+            new_prompt_tokens_mean=500.0,
+            generated_tokens_mean=50.0,
+            env_time_total_s=10.0,
+            active_decode_fraction=0.5,
+        )
+    )
     second = tr.fitted()
     assert second is not first and second.workload.turns == 40

@@ -1,5 +1,6 @@
 """The tracker's two guards against the closed forms: the trajectory length cap on K_seq, and the
 online per-mode makespan correction (observed / predicted)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -17,8 +18,15 @@ PROFILE = get_profile("h800", "qwen3-8b", tp=2)
 
 
 def _step(i: int, **kw) -> tm.TelemetryRecord:
-    base = dict(step=i, batch_size=64, turns_max=60, new_prompt_tokens_mean=900.0, generated_tokens_mean=60.0,
-                env_time_total_s=100.0, active_decode_fraction=0.7)
+    base = dict(
+        step=i,
+        batch_size=64,
+        turns_max=60,
+        new_prompt_tokens_mean=900.0,
+        generated_tokens_mean=60.0,
+        env_time_total_s=100.0,
+        active_decode_fraction=0.7,
+    )
     return tm.step(**(base | kw))
 
 

@@ -5,6 +5,7 @@
 * decode-KV feasibility with the expected concurrency B·f once f is measured (worst case B before);
 * a mode counts as tried once a step in it has been scored (the bounded-trial safeguard reads this).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -27,15 +28,31 @@ from controlplane.core.telemetry import RecordKind
 from controlplane.core.tracker import RuntimeTracker
 
 PROFILE = get_profile("h800", "qwen3-8b", tp=2)
-C = EngineCoefficients(t_prefill=1e-5, decode_a=5e-3, decode_b=2e-4, kv_bytes_per_token=1e5,
-                       hbm_kv_capacity=1e11, bandwidth=5e10)
-W = WorkloadProfile(batch_size=64, turns=10, new_prompt_tokens=1000, generated_tokens=50, env_time_s=20.0,
-                    theta=0.5, kv_seq_tokens=20_000, mean_context=10_000)
+C = EngineCoefficients(
+    t_prefill=1e-5, decode_a=5e-3, decode_b=2e-4, kv_bytes_per_token=1e5, hbm_kv_capacity=1e11, bandwidth=5e10
+)
+W = WorkloadProfile(
+    batch_size=64,
+    turns=10,
+    new_prompt_tokens=1000,
+    generated_tokens=50,
+    env_time_s=20.0,
+    theta=0.5,
+    kv_seq_tokens=20_000,
+    mean_context=10_000,
+)
 
 
 def _step(i: int, **kw) -> tm.TelemetryRecord:
-    base = dict(step=i, batch_size=64, turns_max=30, new_prompt_tokens_mean=900.0, generated_tokens_mean=100.0,
-                env_time_total_s=100.0, active_decode_fraction=0.5)
+    base = dict(
+        step=i,
+        batch_size=64,
+        turns_max=30,
+        new_prompt_tokens_mean=900.0,
+        generated_tokens_mean=100.0,
+        env_time_total_s=100.0,
+        active_decode_fraction=0.5,
+    )
     return tm.step(**(base | kw))
 
 
@@ -104,8 +121,11 @@ def test_mode_tried_only_after_a_scored_step_in_that_mode():
         w, _ = tr.workload()
         c, _ = tr.coefficients(w)
         pred = predict_colocated(w, c, 8).makespan_s
-        tr.observe(_step(i, makespan_s=0.7 * pred / w.scale_colocated, predicted_makespan_s=pred,
-                         mode="colocated", n_colocated=8))
+        tr.observe(
+            _step(
+                i, makespan_s=0.7 * pred / w.scale_colocated, predicted_makespan_s=pred, mode="colocated", n_colocated=8
+            )
+        )
     assert tr.mode_tried("colocated") and not tr.mode_tried("disaggregated")
     assert not tr.mode_tried("nonsense")
 
@@ -141,7 +161,6 @@ def test_f_counts_decode_time_only():
     assert _one_turn_step(None, "disaggregated").active_decode_fraction == pytest.approx(0.25)
     # ...and the whole service time on a colocated one (all the loop knows)
     assert _one_turn_step(None, "colocated").active_decode_fraction == pytest.approx(0.75)
-
 
 
 def test_t_over_is_prior_only():

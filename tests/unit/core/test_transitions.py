@@ -1,4 +1,5 @@
 """Transition plans: minimal D_worker + D_role (brute force), stable slots, step order, idempotency."""
+
 from __future__ import annotations
 
 import itertools

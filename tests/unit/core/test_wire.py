@@ -1,5 +1,6 @@
 """The wire parser's whole-list fast path for numbers accepts and refuses exactly what the item-by-item
 rules do, and names the first bad item when it refuses."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,17 +27,20 @@ def test_well_formed_lists_pass_unchanged_and_ints_become_floats_where_floats_ar
     assert parse({"tokens": []}).tokens == []
 
 
-@pytest.mark.parametrize("data,message", [
-    ({"tokens": [1, 2, -1]}, r"body.tokens\[2\]: must be >= 0"),
-    ({"tokens": [1, 1001]}, r"body.tokens\[1\]: must be <= 1000"),
-    ({"tokens": [1, True]}, r"body.tokens\[1\]: must be an integer"),
-    ({"tokens": [1, 2.0]}, r"body.tokens\[1\]: must be an integer"),
-    ({"tokens": [1, "2"]}, r"body.tokens\[1\]: must be an integer"),
-    ({"tokens": [1], "logprobs": [0.1, float("nan")]}, r"body.logprobs\[1\]: must be finite"),
-    ({"tokens": [1], "logprobs": [0.1, 10 ** 400]}, r"body.logprobs\[1\]: must be finite"),
-    ({"tokens": [1], "logprobs": [False]}, r"body.logprobs\[0\]: must be a number"),
-    ({"tokens": list(range(101))}, r"body.tokens: at most 100 items"),
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        ({"tokens": [1, 2, -1]}, r"body.tokens\[2\]: must be >= 0"),
+        ({"tokens": [1, 1001]}, r"body.tokens\[1\]: must be <= 1000"),
+        ({"tokens": [1, True]}, r"body.tokens\[1\]: must be an integer"),
+        ({"tokens": [1, 2.0]}, r"body.tokens\[1\]: must be an integer"),
+        ({"tokens": [1, "2"]}, r"body.tokens\[1\]: must be an integer"),
+        ({"tokens": [1], "logprobs": [0.1, float("nan")]}, r"body.logprobs\[1\]: must be finite"),
+        ({"tokens": [1], "logprobs": [0.1, 10**400]}, r"body.logprobs\[1\]: must be finite"),
+        ({"tokens": [1], "logprobs": [False]}, r"body.logprobs\[0\]: must be a number"),
+        ({"tokens": list(range(101))}, r"body.tokens: at most 100 items"),
+    ],
+)
 def test_a_bad_item_is_refused_with_its_index(data, message):
     with pytest.raises(ValueError, match=message):
         parse(data)

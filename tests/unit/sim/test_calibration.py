@@ -1,4 +1,5 @@
 """The calibration statistics (sim/calibration.py) and the physical causes of prefix-cache loss."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,15 @@ from controlplane.sim.cluster import Simulation
 
 
 def test_split_from_counters():
-    st = {"prefill_tokens": 600, "cached_tokens": 300, "decode_tokens": 100, "prefill_s": 1.0, "decode_s": 3.0,
-          "pure_decode_tokens": 80, "pure_decode_s": 2.0}
+    st = {
+        "prefill_tokens": 600,
+        "cached_tokens": 300,
+        "decode_tokens": 100,
+        "prefill_s": 1.0,
+        "decode_s": 3.0,
+        "pure_decode_tokens": 80,
+        "pure_decode_s": 2.0,
+    }
     out = split_from_stats(st, tp=2)
     assert out["prefill_token_share"] == pytest.approx(0.9)  # (600 + 300) / 1000
     assert out["computed_prefill_token_share"] == pytest.approx(600 / 700)
@@ -60,13 +68,29 @@ def test_prefix_reuse_sets_the_computed_prefill(small):
 def test_calibrate_cli_json(small_file, capsys, monkeypatch):
     import controlplane.sim.calibration as cal
 
-    monkeypatch.setattr(cal, "token_time_split", lambda base, **kw: {"prefill_token_share": 0.95,
-                        "computed_prefill_token_share": 0.9, "prefill_time_share": 0.2,
-                        "decode_tok_s_per_gpu": 300.0, "cache_hit_rate": 0.5})
-    monkeypatch.setattr(cal, "dp_scaling", lambda base, **kw: {"rollout_s": {16: 100.0, 24: 90.0, 32: 82.0},
-                                                              "dp_16_to_24": 0.1, "dp_24_to_32": 0.08})
+    monkeypatch.setattr(
+        cal,
+        "token_time_split",
+        lambda base, **kw: {
+            "prefill_token_share": 0.95,
+            "computed_prefill_token_share": 0.9,
+            "prefill_time_share": 0.2,
+            "decode_tok_s_per_gpu": 300.0,
+            "cache_hit_rate": 0.5,
+        },
+    )
+    monkeypatch.setattr(
+        cal,
+        "dp_scaling",
+        lambda base, **kw: {"rollout_s": {16: 100.0, 24: 90.0, 32: 82.0}, "dp_16_to_24": 0.1, "dp_24_to_32": 0.08},
+    )
     assert main(["calibrate", "--scenario-file", str(small_file), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["within"] == {"prefill_token_share": True, "prefill_time_share": True, "decode_tok_s_per_gpu": True,
-                             "dp_16_to_24": True, "dp_24_to_32": True}
+    assert out["within"] == {
+        "prefill_token_share": True,
+        "prefill_time_share": True,
+        "decode_tok_s_per_gpu": True,
+        "dp_16_to_24": True,
+        "dp_24_to_32": True,
+    }
     assert out["paper"]["prefill_token_share"] == pytest.approx(0.9668)

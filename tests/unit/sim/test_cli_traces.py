@@ -1,4 +1,5 @@
 """CLI smoke (list / run / compare --json) and trace files (generator, user CSV, bad files)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,18 @@ from controlplane.sim.cli import main
 from controlplane.sim.scenario import get_scenario, list_scenarios
 from controlplane.sim.traces import PAPER_SEGMENTS, TraceError, generate_bamboo_like, load_trace, parse_trace_csv
 
-KEYS = {"throughput_tok_s", "steps", "rollout_s_mean", "train_s_mean", "transitions", "borrowed_gpu_s",
-        "return_deadline_misses", "lost_tokens", "predictor_mape", "predictor_mape_start"}
+KEYS = {
+    "throughput_tok_s",
+    "steps",
+    "rollout_s_mean",
+    "train_s_mean",
+    "transitions",
+    "borrowed_gpu_s",
+    "return_deadline_misses",
+    "lost_tokens",
+    "predictor_mape",
+    "predictor_mape_start",
+}
 
 
 def test_list_names_the_paper_scenarios(capsys):
@@ -41,35 +52,44 @@ def test_compare_json_has_exactly_the_contract_keys(small_file, capsys):
 
 def test_run_subprocess_and_html(small_file, tmp_path):
     py = sys.executable
-    out = subprocess.run([py, "-m", "controlplane.sim", "run", "--scenario-file", str(small_file), "--policy", "fixed",
-                          "--json"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [py, "-m", "controlplane.sim", "run", "--scenario-file", str(small_file), "--policy", "fixed", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     row = json.loads(out)
     assert row["policy"] == "fixed" and row["steps"] >= 1
     html = tmp_path / "r.html"
     assert main(["compare", "--scenario-file", str(small_file), "--policies", "pearl,fixed", "--html", str(html)]) == 0
     text = html.read_text()
     # plotly.js is inlined (the bundle itself is in the page) and no script is fetched from anywhere
-    assert "<script src=" not in text.replace("<script src=\"data:", "")
+    assert "<script src=" not in text.replace('<script src="data:', "")
     assert "Plotly.newPlot" in text and len(text) > 3_000_000
 
 
 def test_user_trace_csv_is_used(small_file, tmp_path, capsys):
     csv = tmp_path / "mine.csv"
     csv.write_text("time_s,available_gpus\n0,4\n300,8\n")
-    assert main(["compare", "--scenario-file", str(small_file), "--trace", str(csv), "--policies", "fixed", "--json"]) == 0
+    assert (
+        main(["compare", "--scenario-file", str(small_file), "--trace", str(csv), "--policies", "fixed", "--json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["policies"]["fixed"]["steps"] >= 1
     tr = load_trace(csv)
     assert tr.at(0) == 4 and tr.at(299.9) == 4 and tr.at(300) == 8
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("time,gpus\n0,4\n", "header"),
-    ("time_s,available_gpus\n0,4\n10,abc\n", ":3: available_gpus"),
-    ("time_s,available_gpus\n0,4\n10,6\n5,8\n", ":4: time_s must be strictly increasing"),
-    ("time_s,available_gpus\n5,4\n", "first row must be at time_s 0"),
-    ("time_s,available_gpus\n0,-2\n", "must be >= 0"),
-    ("", "empty"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("time,gpus\n0,4\n", "header"),
+        ("time_s,available_gpus\n0,4\n10,abc\n", ":3: available_gpus"),
+        ("time_s,available_gpus\n0,4\n10,6\n5,8\n", ":4: time_s must be strictly increasing"),
+        ("time_s,available_gpus\n5,4\n", "first row must be at time_s 0"),
+        ("time_s,available_gpus\n0,-2\n", "must be >= 0"),
+        ("", "empty"),
+    ],
+)
 def test_bad_trace_gives_a_clear_error(text, needle):
     with pytest.raises(TraceError) as exc:
         parse_trace_csv(text, source="bad.csv")

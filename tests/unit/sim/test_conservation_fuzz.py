@@ -1,4 +1,5 @@
 """Property test: under arbitrary preemption traces nothing is lost, duplicated or generated twice."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -15,8 +16,13 @@ gaps = st.lists(st.floats(min_value=5.0, max_value=200.0), min_size=8, max_size=
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(levels=levels, gaps=gaps, seed=st.integers(0, 1000), policy=st.sampled_from(["pearl", "elastic", "oracle"]),
-       end=st.floats(min_value=120.0, max_value=700.0))
+@given(
+    levels=levels,
+    gaps=gaps,
+    seed=st.integers(0, 1000),
+    policy=st.sampled_from(["pearl", "elastic", "oracle"]),
+    end=st.floats(min_value=120.0, max_value=700.0),
+)
 def test_conservation_under_random_traces(levels, gaps, seed, policy, end):
     t, points = 0.0, []
     for g, dt in zip(levels, gaps):

@@ -2,6 +2,7 @@
 running decodes costs more than the roofline's additive model, the colocated closed form pays for it
 and a disaggregated split, which has none, is found. A what-if engine (`mixed_prefill_penalty`), never
 a shipped scenario."""
+
 from __future__ import annotations
 
 import statistics
@@ -14,13 +15,22 @@ from controlplane.sim.traces import AvailabilityTrace
 
 def _replay(penalty: float):
     """Qwen3-30B-A3B, 8 TP2 workers held constant (the paper's §1 crossover pool), batch 32."""
-    variants = {"pearl-fixed": {"base": "pearl", "overrides": {"borrowing": False}},
-                "8C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}}}
+    variants = {
+        "pearl-fixed": {"base": "pearl", "overrides": {"borrowing": False}},
+        "8C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}},
+    }
     base = get_scenario("paper-qwen3-30b-a3b-seg1")
-    sc = replace(base, name="interference", cluster=ClusterSpec(training_gpus=16, reserved_gpus=16, preemptible_gpus=0),
-                 trace=AvailabilityTrace((0.0,), (16,)), duration_s=1800.0, policies=tuple(variants), variants=variants,
-                 workload=replace(base.workload, batch_size=32),
-                 engine=replace(base.engine, mixed_prefill_penalty=penalty))
+    sc = replace(
+        base,
+        name="interference",
+        cluster=ClusterSpec(training_gpus=16, reserved_gpus=16, preemptible_gpus=0),
+        trace=AvailabilityTrace((0.0,), (16,)),
+        duration_s=1800.0,
+        policies=tuple(variants),
+        variants=variants,
+        workload=replace(base.workload, batch_size=32),
+        engine=replace(base.engine, mixed_prefill_penalty=penalty),
+    )
     return run_policy(sc, "pearl-fixed"), run_policy(sc, "8C")
 
 

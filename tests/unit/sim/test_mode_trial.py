@@ -1,5 +1,6 @@
 """PEARL's safeguard for a mode never run (issue 11, item 4): the closed form of an unmeasured mode
 may only be tried for one step, at a step start, and the tried step's outcome then governs."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,8 +16,18 @@ PROFILE = get_profile("h800", "qwen3-8b", tp=2)
 
 
 def _ctx(signal: Signal, current: Configuration) -> PolicyContext:
-    return PolicyContext(now_s=0.0, signal=signal, dedicated_workers=8, reserved_workers=8, overlap_workers=0,
-                         training_active=False, current=current, borrowed=0, batch_size=64, remaining=64)
+    return PolicyContext(
+        now_s=0.0,
+        signal=signal,
+        dedicated_workers=8,
+        reserved_workers=8,
+        overlap_workers=0,
+        training_active=False,
+        current=current,
+        borrowed=0,
+        batch_size=64,
+        remaining=64,
+    )
 
 
 def _policy(**options):
@@ -24,9 +35,21 @@ def _policy(**options):
     options.setdefault("mode_switch", 0.0)
     pol = make_policy("pearl", profile=PROFILE, batch_size=64, max_trajectory_tokens=32768, **options)
     for i in range(4):  # colocated steps, scored exactly as predicted
-        pol.observe(tm.step(step=i, batch_size=64, turns_max=25, generated_tokens_mean=60.0,
-                            new_prompt_tokens_mean=1000.0, env_time_total_s=50.0, active_decode_fraction=0.9,
-                            mode="colocated", n_colocated=8, makespan_s=600.0, predicted_makespan_s=600.0))
+        pol.observe(
+            tm.step(
+                step=i,
+                batch_size=64,
+                turns_max=25,
+                generated_tokens_mean=60.0,
+                new_prompt_tokens_mean=1000.0,
+                env_time_total_s=50.0,
+                active_decode_fraction=0.9,
+                mode="colocated",
+                n_colocated=8,
+                makespan_s=600.0,
+                predicted_makespan_s=600.0,
+            )
+        )
     return pol
 
 
@@ -48,10 +71,22 @@ def test_a_failed_trial_sends_the_policy_back_and_keeps_it_there():
     trial = pol.on_event(_ctx(Signal.STEP_START, Configuration.colocated(8))).target
     predicted = pol.last_action.decision.predicted_makespan_s
     # the trial step ran 40% slower than its forecast
-    pol.observe(tm.step(step=4, batch_size=64, turns_max=25, generated_tokens_mean=60.0,
-                        new_prompt_tokens_mean=1060.0, env_time_total_s=50.0,
-                        active_decode_fraction=0.9, mode="disaggregated", n_prefill=trial.n_prefill,
-                        n_decode=trial.n_decode, makespan_s=1.4 * predicted, predicted_makespan_s=predicted))
+    pol.observe(
+        tm.step(
+            step=4,
+            batch_size=64,
+            turns_max=25,
+            generated_tokens_mean=60.0,
+            new_prompt_tokens_mean=1060.0,
+            env_time_total_s=50.0,
+            active_decode_fraction=0.9,
+            mode="disaggregated",
+            n_prefill=trial.n_prefill,
+            n_decode=trial.n_decode,
+            makespan_s=1.4 * predicted,
+            predicted_makespan_s=predicted,
+        )
+    )
     assert pol.tracker.mode_tried("disaggregated")
     back = pol.on_event(_ctx(Signal.STEP_START, trial))
     assert back.target == Configuration.colocated(8)
@@ -72,8 +107,18 @@ def test_the_option_is_validated():
 def test_with_no_mode_run_yet_pearl_starts_colocated_as_the_baseline_it_extends():
     """Neither closed form is measured at the first placement: PEARL starts in the baseline's mode
     and leaves disaggregation to the trial, where the unfitted prior alone would start disaggregated."""
-    ctx = PolicyContext(now_s=0.0, signal=Signal.STEP_START, dedicated_workers=5, reserved_workers=2, overlap_workers=0,
-                        training_active=False, current=None, borrowed=0, batch_size=64, remaining=64)
+    ctx = PolicyContext(
+        now_s=0.0,
+        signal=Signal.STEP_START,
+        dedicated_workers=5,
+        reserved_workers=2,
+        overlap_workers=0,
+        training_active=False,
+        current=None,
+        borrowed=0,
+        batch_size=64,
+        remaining=64,
+    )
     # a prior whose closed form rates a split first (the Table 2 operating point, PROFILES.md §5)
     table2 = replace(swe_bench_workload(64, prompt_to_generated=20.0), overhead_s=0.15)
     fresh = make_policy("pearl", profile=PROFILE, batch_size=64, workload=table2)

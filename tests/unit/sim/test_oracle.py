@@ -1,5 +1,6 @@
 """The oracle chooses by simulated outcome (sim/oracle.py): forks of the whole simulation, one per
 candidate, each run to the end of the step in flight. It must be an upper bound on PEARL."""
+
 from __future__ import annotations
 
 from controlplane.core.context import Signal

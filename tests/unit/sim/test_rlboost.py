@@ -1,4 +1,5 @@
 """RLBoost+ (core.policies.RLBoostPolicy, built by the simulator as `rlboost+`): RLBoost's Algorithm 1."""
+
 from __future__ import annotations
 
 from controlplane.core import telemetry as tm
@@ -12,9 +13,18 @@ PROFILE = get_profile("h800", "qwen3-8b", tp=2)
 
 
 def _ctx(signal: Signal, now: float, *, dedicated: int = 6, borrowed: int = 0, training: bool = False):
-    return PolicyContext(now_s=now, signal=signal, dedicated_workers=dedicated, reserved_workers=2,
-                         overlap_workers=0 if training else 8, training_active=training, current=None,
-                         borrowed=borrowed, batch_size=64, remaining=64)
+    return PolicyContext(
+        now_s=now,
+        signal=signal,
+        dedicated_workers=dedicated,
+        reserved_workers=2,
+        overlap_workers=0 if training else 8,
+        training_active=training,
+        current=None,
+        borrowed=borrowed,
+        batch_size=64,
+        remaining=64,
+    )
 
 
 def test_seeding_window_follows_the_eta_rule_with_the_floor():

@@ -1,4 +1,5 @@
 """Determinism, conservation under preemption, the oracle bound and workload accounting."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Ablation variants reach core's policy as overrides/options, and the executor honours them."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,15 +12,22 @@ from .conftest import SMALL
 
 
 def _scenario(**variants):
-    data = dict(SMALL, name="variants", trace={"constant_gpus": 4},
-                cluster=dict(SMALL["cluster"], reserved_gpus=4, preemptible_gpus=0), duration_s=900)
+    data = dict(
+        SMALL,
+        name="variants",
+        trace={"constant_gpus": 4},
+        cluster=dict(SMALL["cluster"], reserved_gpus=4, preemptible_gpus=0),
+        duration_s=900,
+    )
     data["variants"] = variants
     return scenario_from_dict(data)
 
 
 def test_borrowing_off_never_borrows_and_forced_disaggregation_is_applied():
-    sc = _scenario(A={"base": "pearl", "overrides": {"borrowing": False, "force_mode": "disaggregated"}},
-                   AB={"base": "pearl", "gate": False, "overrides": {"force_mode": "disaggregated"}})
+    sc = _scenario(
+        A={"base": "pearl", "overrides": {"borrowing": False, "force_mode": "disaggregated"}},
+        AB={"base": "pearl", "gate": False, "overrides": {"force_mode": "disaggregated"}},
+    )
     a = run_policy(sc, "A")
     assert a.borrowed_gpu_s == 0.0
     assert all("P" in s.config_label for s in a.step_stats)  # 1P1D on 2 workers
