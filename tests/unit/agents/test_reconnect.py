@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -27,7 +28,7 @@ def run_attempts(outcomes: list[object], **kw: object) -> list[float]:
         return outcome  # type: ignore[return-value]
 
     asyncio.run(reconnect_forever(connect_once, stop=stop, **kw))  # type: ignore[arg-type]
-    return [b - a for a, b in zip(starts, starts[1:])]
+    return [b - a for a, b in itertools.pairwise(starts)]
 
 
 def test_failed_attempts_double_the_wait_and_a_close_resets_it():

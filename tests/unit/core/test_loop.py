@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -82,7 +83,7 @@ def test_steps_run_route_train_publish_in_order() -> None:
 
 def test_disaggregated_turns_go_prefill_then_decode_shortest_queue() -> None:
     world = ToyWorld({0: P, 1: D, 2: D})
-    loop, cmds = run_heap(world, cfg(batch_size=6, group_size=3), [], until=20.0)
+    _loop, cmds = run_heap(world, cfg(batch_size=6, group_size=3), [], until=20.0)
     firsts = kinds(cmds, lp.RouteTurn)
     decodes = kinds(cmds, lp.RouteDecode)
     assert firsts and all(c.worker == 0 for _, c in firsts)
@@ -93,7 +94,7 @@ def test_disaggregated_turns_go_prefill_then_decode_shortest_queue() -> None:
 def test_an_interrupted_turn_resumes_elsewhere_with_its_prefix_and_nothing_twice() -> None:
     world = ToyWorld({0: C, 1: C})
     script = [(0.5, lambda now: world.take_away(0, now, "preempt"))]  # mid-generation of the first turns
-    loop, cmds = run_heap(world, cfg(), script, until=40.0)
+    _loop, cmds = run_heap(world, cfg(), script, until=40.0)
     resub = kinds(cmds, lp.Resubmit)
     assert resub and all(c.worker == 1 and c.kept_tokens > 0 for _, c in resub)
     # the trained samples have exactly their turns' tokens: the kept prefix was not generated twice
@@ -144,7 +145,7 @@ def test_data_from_too_old_weights_is_aborted_counted_and_replaced() -> None:
 
 def test_checkpoint_restore_finishes_the_step_with_the_same_accounting() -> None:
     world = ToyWorld({0: C, 1: C})
-    loop, cmds = run_heap(world, cfg(batch_size=8, group_size=4), [], until=3.0)
+    loop, _cmds = run_heap(world, cfg(batch_size=8, group_size=4), [], until=3.0)
     assert loop.rollout_active and 0 < loop.remaining < 8
     done_before = {t.tid for t in loop.trajs.values() if t.state is lp.TrajState.DONE}
     snap = json.loads(json.dumps(loop.checkpoint()))  # JSON on the wire
@@ -208,7 +209,7 @@ def test_no_trajectory_lost_or_twice_returns_before_training_staleness_and_R(
     overlap = {10 + i: (C if mode == "coloc" else D) for i in range(n_overlap)}
     world = ToyWorld(workers, overlap=overlap, train_s=train_s, return_s=ret_s, stale_engine=(n - 1) if stale else None)
     # preempt at most n-1 dedicated workers (the first one stays, or nothing could serve)
-    script = [(t, (lambda w: lambda now: world.take_away(w, now, "preempt"))(w)) for t, w in preempt if 0 < w < n]
+    script = [(t, partial(world.take_away, w, why="preempt")) for t, w in preempt if 0 < w < n]
     config = cfg(batch_size=6, group_size=3, max_staleness=alpha, return_deadline_s=10.0, periodic_s=5.0)
     loop, cmds = run_heap(world, config, script, until=90.0)
 
@@ -267,7 +268,7 @@ def test_jsq_dispatch_holds_turns_while_every_worker_is_at_its_cap_and_loses_non
         return out
 
     world.react = watched
-    loop, cmds = run_heap(world, cfg(batch_size=8, group_size=4, dispatch="jsq", dispatch_cap=2), [], until=60.0)
+    _loop, cmds = run_heap(world, cfg(batch_size=8, group_size=4, dispatch="jsq", dispatch_cap=2), [], until=60.0)
     assert peak and max(peak.values()) == 2
     trains = kinds(cmds, lp.Train)
     assert len(trains) >= 2 and all(sum(len(g) for g in c.groups) == 8 for _, c in trains)

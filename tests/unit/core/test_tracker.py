@@ -119,7 +119,7 @@ def test_prefill_bandwidth_and_toggle_refits() -> None:
         n = int(rng.integers(256, 8192))
         tr.observe(prefill(tokens=n, duration_s=float((2e-3 + 30e-6 * n) * (1 + 0.03 * rng.standard_normal()))))
         tr.observe(kv_transfer(kv_bytes=n * 147456, duration_s=n * 147456 / 40e9))
-    c, est = tr.coefficients()
+    c, _est = tr.coefficients()
     w = tr.workload()[0]
     assert c.t_prefill == pytest.approx(30e-6 + 2e-3 / w.new_prompt_tokens, rel=0.05)
     assert c.bandwidth == pytest.approx(40e9, rel=0.01)
@@ -163,7 +163,6 @@ def test_prefill_interference_is_measured_against_prefill_alone() -> None:
         predict_disaggregated(w, c_plain, 3, 5).prefill_s, rel=0.05
     )
     # a pool that never mixes them (disaggregated, or a torch engine) measures no interference
-    rng = np.random.default_rng(6)
     for _ in range(100):
         never.observe(prefill(tokens=2048, prefix_tokens=8000, duration_s=float(PROFILE.prefill_s(2048, 8000) * 1.7)))
     assert not never.interference().fitted and never.coefficients()[0].prefill_interference == 1.0

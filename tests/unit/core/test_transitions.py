@@ -115,7 +115,7 @@ def test_step_order_keeps_serving_capacity() -> None:
     start = kinds.index((StepKind.START_WORKER, 9))
     sync = kinds.index((StepKind.SYNC_WEIGHTS, 9))
     assert start < sync
-    for s, role in plan.reassign.items():
+    for s in plan.reassign:
         drain = kinds.index((StepKind.DRAIN, s))
         set_role = kinds.index((StepKind.SET_ROLE, s))
         assert start < drain < set_role  # bring up before tear down; drain before role change
