@@ -10,8 +10,9 @@ repeated message changes nothing. Fencing: a desired state with a generation low
 applied one, or an epoch lower than the node's current epoch, is refused (ignored and reported).
 Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on ports of
 the agent's bind address (loopback by default; the node's address with `--bind-address` when drivers
-and workers on other hosts call them) with per-worker secrets, each pinned to its slots' devices (CUDA_VISIBLE_DEVICES = the slot
-indexes of its GPU set G_w) and in its own process group; the agent restarts a crashed worker and
+and workers on other hosts call them) with per-worker secrets, each pinned to its slots' devices
+(CUDA_VISIBLE_DEVICES = the slot indexes of its GPU set G_w) and in its own process group; the agent
+restarts a crashed worker and
 reports the crash with the partial outputs of the requests it had in flight (from the worker's
 journal). A restarted agent first kills whatever its previous incarnation left running (lease files,
 see agents.process) and reports their journals. SIGTERM or a preemption notice drains the workers

@@ -21,10 +21,10 @@ TIME_FACTOR = "0.2"  # emulated time: turns long enough that a node killed while
 
 def start_bridge(cluster: Cluster) -> None:
     """The bridge, as `Cluster.start_bridge` starts it, at this scenario's time factor."""
-    cluster.hosts.start("bridge", "cp", [sys.executable, "manage.py", "ray_bridge", "--address", f"{HEAD_IP}:{RAY_PORT}",
-                                         "--control-plane", cluster.control_plane, "--time-factor", TIME_FACTOR,
-                                         "--state-root", str(cluster.hosts.tmp / "agents"), "--interval", "0.5"],
-                        cluster.env)
+    argv = [sys.executable, "manage.py", "ray_bridge", "--address", f"{HEAD_IP}:{RAY_PORT}",
+            "--control-plane", cluster.control_plane, "--time-factor", TIME_FACTOR,
+            "--state-root", str(cluster.hosts.tmp / "agents"), "--interval", "0.5"]
+    cluster.hosts.start("bridge", "cp", argv, cluster.env)
 
 
 def _json(value: Any) -> Any:
