@@ -8,16 +8,15 @@ Level-triggered, like a kubelet: every `desired_state` is the node's full desire
 recomputes what to do from (desired, observed) every time and again periodically, so a missed or
 repeated message changes nothing. Fencing: a desired state with a generation lower than the last
 applied one, or an epoch lower than the node's current epoch, is refused (ignored and reported).
-Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on ports of
-the agent's bind address (loopback by default; the node's address with `--bind-address` when drivers
-and workers on other hosts call them) with per-worker secrets, each pinned to its slots' devices
+Workers are separate processes (`agents.worker`, or `agents.trainer` for role training) on ports of the
+agent's bind address (loopback by default; the node's address with `--bind-address` when drivers and
+workers on other hosts call them) with per-worker secrets, each pinned to its slots' devices
 (CUDA_VISIBLE_DEVICES = the slot indexes of its GPU set G_w) and in its own process group; the agent
-restarts a crashed worker and
-reports the crash with the partial outputs of the requests it had in flight (from the worker's
-journal). A restarted agent first kills whatever its previous incarnation left running (lease files,
-see agents.process) and reports their journals. SIGTERM or a preemption notice drains the workers
-gracefully before the deadline. Weights are pulled with the scoped token of the desired state; the
-agent holds no cluster-wide weights secret.
+restarts a crashed worker and reports the crash with the partial outputs of the requests it had in flight
+(from the worker's journal). A restarted agent first kills whatever its previous incarnation left running
+(lease files, see agents.process) and reports their journals. SIGTERM or a preemption notice drains the
+workers gracefully before the deadline. Weights are pulled with the scoped token of the desired state;
+the agent holds no cluster-wide weights secret.
 """
 
 from __future__ import annotations
