@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.core.agent_spec import AGENT_FIELDS
@@ -9,41 +12,42 @@ from controlplane.core.policies import PRODUCT_POLICIES, names
 from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
 from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Trajectory, Transition, TransitionStep
+from controlplane.selectors import leases
 
 MAX_GPUS = 65536
 
 
 # JSON types are part of the contract: DRF's fields also take "5" for 5, 1 for true and 5 for "5".
 class StrictCharField(serializers.CharField):
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+    def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             raise serializers.ValidationError("must be a JSON string")
         return super().to_internal_value(data)
 
 
 class StrictIntegerField(serializers.IntegerField):
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+    def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or not isinstance(data, int):
             raise serializers.ValidationError("must be a JSON integer")
         return super().to_internal_value(data)
 
 
 class StrictFloatField(serializers.FloatField):
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+    def to_internal_value(self, data: Any) -> float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise serializers.ValidationError("must be a JSON number")
         return super().to_internal_value(data)
 
 
 class StrictBooleanField(serializers.BooleanField):
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+    def to_internal_value(self, data: Any) -> bool:
         if not isinstance(data, bool):
             raise serializers.ValidationError("must be true or false")
         return data
 
 
 class StrictChoiceField(serializers.ChoiceField):
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+    def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             raise serializers.ValidationError("must be a JSON string")
         return super().to_internal_value(data)
@@ -85,7 +89,9 @@ class JobCreateSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Job
@@ -139,7 +145,7 @@ class OverrideSerializer(serializers.Serializer):
     elasticity = StrictBooleanField(required=False)
     updated = serializers.DateTimeField(read_only=True, allow_null=True)
 
-    def to_internal_value(self, data):  # type: ignore[override]
+    def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = set(data) - set(self.fields)
             if unknown:
@@ -147,8 +153,26 @@ class OverrideSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+LAST_SEEN = "last_seen"  # context key: node id -> effective last-seen (selectors.leases.effective_last_seen)
+
+
+class NodeListSerializer(serializers.ListSerializer):
+    """Nodes as a list: their effective last-seen read for the whole page in one Redis round trip (unless the
+    view's context already carries it), not once per row."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        page = list(data.all() if hasattr(data, "all") else data)
+        if LAST_SEEN not in self.context:
+            rows = {n.pk: n.last_heartbeat for n in page}
+            self._context = {**self.context, LAST_SEEN: leases.effective_last_seen(rows)}
+        return super().to_representation(page)
+
+
 class NodeSerializer(serializers.ModelSerializer):
+    """A node; `last_heartbeat` is the effective one (the row's is coarse while Redis renews the lease)."""
+
     gpus = serializers.SerializerMethodField()
+    last_heartbeat = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -171,6 +195,15 @@ class NodeSerializer(serializers.ModelSerializer):
             "gpus",
         ]
         read_only_fields = fields
+        list_serializer_class = NodeListSerializer
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_last_heartbeat(self, node: Node) -> str | None:
+        seen = self.context.get(LAST_SEEN)
+        if seen is None or node.pk not in seen:  # one node on its own (a drain's answer): its own round trip
+            seen = leases.effective_last_seen({node.pk: node.last_heartbeat})
+        hb = seen[node.pk]
+        return serializers.DateTimeField().to_representation(hb) if hb else None
 
     def get_gpus(self, node: Node) -> int:
         return node.gpus.filter(present=True).count()
@@ -189,7 +222,7 @@ class AgentTokenSerializer(serializers.Serializer):
 
 
 class DecisionSerializer(serializers.ModelSerializer):
-    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    job: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
     class Meta:
         model = Decision
@@ -222,7 +255,7 @@ class StepSerializer(serializers.ModelSerializer):
 
 
 class TransitionSerializer(serializers.ModelSerializer):
-    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    job: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="name", read_only=True)
     steps = StepSerializer(many=True, read_only=True)
 
     class Meta:
@@ -232,8 +265,12 @@ class TransitionSerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    job = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    job: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
+    node: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Event

@@ -3,7 +3,7 @@ for the heartbeat ages the dashboard and the API show."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from functools import lru_cache
 
@@ -49,3 +49,10 @@ def all_last_seen() -> dict[int, float]:
         return {}
     span = lease_s()
     return {int(m): float(s) - span for m, s in pairs}
+
+
+def effective_last_seen(rows: Mapping[int, datetime | None]) -> dict[int, datetime | None]:
+    """Node id -> its effective last-seen: the later of the row's coarse `last_heartbeat` and its Redis
+    renewal, read for all the nodes in one round trip; the row's alone when Redis is unreachable."""
+    renewed = last_seen(rows)
+    return {i: max(filter(None, (hb, renewed.get(i))), default=None) for i, hb in rows.items()}

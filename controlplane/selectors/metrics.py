@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from controlplane.core.state import Activity, NodeStatus, Role
 from controlplane.models import GPU, Job, Node, Transition, Worker, WorkerGPU
+from controlplane.selectors import leases
 
 
 def _gauge(name: str, help_: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:
@@ -80,14 +81,12 @@ class ClusterCollector(Collector):
         )
 
         now = timezone.now()
-        leased = (
-            Node.objects.exclude(status=NodeStatus.GONE)
-            .exclude(last_heartbeat=None)
-            .values_list("name", "pool", "last_heartbeat")
-        )
+        leased = list(Node.objects.exclude(status=NodeStatus.GONE).values_list("id", "name", "pool", "last_heartbeat"))
+        # the rows' last-seen is coarse while Redis renews the leases (services/leases.py): one round trip
+        seen = leases.effective_last_seen({i: hb for i, _, _, hb in leased})
         yield _gauge(
             "pearl_agent_heartbeat_age_seconds",
             "Seconds since each node agent's last heartbeat.",
             ["node", "pool"],
-            [([n, p], round((now - hb).total_seconds(), 3)) for n, p, hb in leased if hb],
+            [([n, p], round((now - hb).total_seconds(), 3)) for i, n, p, _ in leased if (hb := seen[i])],
         )

@@ -9,13 +9,13 @@ planner sees the same capacity changes the simulator replays."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 
 from controlplane.core.state import NodeStatus, Pool
 from controlplane.models import Node
-from controlplane.services import nodes
+from controlplane.services import leases, nodes
 from controlplane.services.errors import InvalidInput
 
 
@@ -32,6 +32,13 @@ class AvailabilityChange:
 
 def _gpus(node: Node) -> int:
     return node.gpus.count()
+
+
+def _leased(node: Node, now: datetime) -> bool:
+    """Whether the node's agent still holds its lease: the effective expiry (its Redis renewal, else the row's),
+    as `nodes.undrain_node` decides it; the row's lease alone is coarse while Redis renews."""
+    expiry, _ = leases.effective_expiry(node.pk, epoch=node.epoch, row_lease=node.lease_expires)
+    return expiry is not None and expiry > now
 
 
 def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> AvailabilityChange:
@@ -51,8 +58,7 @@ def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> Availabil
         n
         for n in elastic
         if (n.status == NodeStatus.GONE or (n.status == NodeStatus.DRAINING and n.preemption_deadline))
-        and n.lease_expires is not None
-        and n.lease_expires > now
+        and _leased(n, now)
     ]
     before = sum(_gpus(n) for n in up)
     have, preempted, returned = before, [], []
