@@ -9,6 +9,7 @@ import pytest
 _spec = importlib.util.spec_from_file_location(
     "bench_live", Path(__file__).resolve().parents[2] / "benchmarks" / "bench_live.py"
 )
+assert _spec is not None and _spec.loader is not None
 bl = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bl)
 

@@ -250,9 +250,12 @@ def test_submitted_by_names_the_launcher_for_jobs_it_created(api, nodes):
     from tests.support.cluster import make_job
 
     launched = make_job("launched")  # created with actor "test", no user (as the launcher does)
-    assert job_status(launched.pk)["job"]["submitted_by"] == "test"
+    launched_status = job_status(launched.pk)
+    assert launched_status is not None
+    assert launched_status["job"]["submitted_by"] == "test"
     r = api.post(
         "/api/jobs/", {**_body(agent_command=["python", "a.py"], tasks=[{"q": 1}]), "name": "mine"}, format="json"
     )
     st = job_status(r.json()["id"])
+    assert st is not None
     assert st["job"]["submitted_by"] == st["job"]["created_by"] and st["job"]["agent"]["tasks"] == [{"q": 1}]

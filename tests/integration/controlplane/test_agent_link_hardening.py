@@ -123,7 +123,7 @@ async def test_an_agent_cannot_redirect_the_clusters_weights():
 async def test_weights_tokens_are_scoped_per_job_and_the_key_goes_only_to_the_trainer():
     tws, treg, _, _ = await connect("train-a", pool="training")
     rws, _, _, _ = await connect("roll-a")
-    job, trainer, _ = await cluster_with_trainer()
+    _job, trainer, _ = await cluster_with_trainer()
     t_state = await receive_until(tws, "desired_state")
     await receive_until(rws, "desired_state")  # the worker's start, before the trainer has an endpoint
     await tws.send_json_to(hb(treg["epoch"], [observed(trainer.pk, "training", endpoint="http://127.0.0.1:7001")]))
@@ -148,7 +148,7 @@ async def test_tokens_rotate_with_the_next_heartbeat(settings):
     settings.PEARL = {**settings.PEARL, "WEIGHTS_TOKEN_ROTATE_S": 0.5}
     tws, treg, _, _ = await connect("train-a", pool="training")
     rws, rreg, _, _ = await connect("roll-a")
-    job, trainer, _ = await cluster_with_trainer()
+    _job, trainer, _ = await cluster_with_trainer()
     await receive_until(rws, "desired_state")
     await tws.send_json_to(hb(treg["epoch"], [observed(trainer.pk, "training", endpoint="http://127.0.0.1:7001")]))
     first = (await receive_until(rws, "desired_state"))["workers"][0]["weights_token"]
@@ -272,7 +272,8 @@ MALFORMED = [
     ('{"type": "fault", "epoch": 1, "worker_id": 0, "kind": "x", "aborted": [{"k\\u0000": 1}]}', "NUL"),
     ('{"type": "heartbeat", "epoch": 99999999999999999999999, "generation": 0}', "<="),
     (
-        '{"type": "heartbeat", "epoch": 1, "generation": 0, "workers": [{"worker_id": 1, "role": "decode", "activity": "active", "state": "running", "weight_version": 4294967296}]}',
+        '{"type": "heartbeat", "epoch": 1, "generation": 0, "workers": [{"worker_id": 1, "role": "decode", '
+        '"activity": "active", "state": "running", "weight_version": 4294967296}]}',
         "<=",
     ),
     ("9" * 5000, "malformed"),

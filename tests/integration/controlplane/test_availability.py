@@ -67,6 +67,7 @@ def test_replay_plays_a_trace_file(tmp_path):
     make_node("e2", pool="elastic", slots=4, hardware="H800")
     trace = tmp_path / "t.csv"
     trace.write_text("time_s,available_gpus\n0,16\n5,8\n")  # peak 16 → 12 GPUs here; then 8 → 6: no elastic node
-    call_command("replay_availability", trace=str(trace), speedup=10.0, once=True, stdout=open(tmp_path / "out", "w"))
+    with open(tmp_path / "out", "w") as out:
+        call_command("replay_availability", trace=str(trace), speedup=10.0, once=True, stdout=out)
     assert status() == {"e1": ("draining", True), "e2": ("draining", True)}
     assert "notice to e2, e1" in (tmp_path / "out").read_text()

@@ -71,7 +71,7 @@ def test_two_processes_race_for_the_same_gpu_exactly_one_wins():
 
     n = make_node("n1", slots=2)
     job = make_job()
-    for round_ in range(5):
+    for _round in range(5):
         go = time.time() + 1.5
         procs = [
             subprocess.Popen(

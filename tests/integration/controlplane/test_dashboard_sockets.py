@@ -3,6 +3,8 @@ a job page that gets its job's snapshot and deltas only, unknown views and jobs 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -68,7 +70,7 @@ async def test_job_view_gets_its_job_only():
                 message=Telemetry(epoch=1, records=[step(job=j.name, step=1, makespan_s=m).to_json()]),
             )
         )()
-    got = []
+    got: list[dict[str, Any]] = []
     while len(got) < 3:
         got.append(await ws.receive_json_from(timeout=5))
     assert {(m["kind"], m["key"]) for m in got} == {

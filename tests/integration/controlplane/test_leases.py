@@ -68,7 +68,8 @@ def test_a_heartbeat_that_changes_nothing_writes_no_row_and_opens_no_transaction
     assert again.generation == node.generation and again.refused == []
     assert writes(ctx) == [] and transactions(ctx) == [], statements(ctx)
     assert len(ctx.captured_queries) == 1  # one read: the row (fencing: channel, epoch)
-    assert leases.client().zscore(leases.LEASES, str(node.pk)) > before  # the lease was renewed, in Redis
+    after = leases.client().zscore(leases.LEASES, str(node.pk))
+    assert after is not None and before is not None and after > before  # the lease was renewed, in Redis
 
 
 def test_a_changed_report_still_writes_the_row() -> None:
@@ -92,7 +93,8 @@ def test_the_row_gets_a_coarse_last_seen_at_most_once_per_refresh_span(settings)
     with CaptureQueriesContext(connection) as ctx:
         nodes.record_heartbeat(node_id=node.pk, message=beat(node))
     assert [s.split()[0] for s in writes(ctx)] == ["UPDATE"] and transactions(ctx) == []
-    assert Node.objects.get(pk=node.pk).last_heartbeat > seen
+    last = Node.objects.get(pk=node.pk).last_heartbeat
+    assert last is not None and seen is not None and last > seen
     with CaptureQueriesContext(connection) as ctx:  # the record follows the row: the next beat is fast again
         nodes.record_heartbeat(node_id=node.pk, message=beat(node))
     assert len(writes(ctx)) == 1 and transactions(ctx) == []
@@ -104,6 +106,7 @@ def test_expiry_decided_by_redis_still_fences() -> None:
         nodes.record_heartbeat(node_id=node.pk, message=beat(node))
     row = Node.objects.get(pk=node.pk)
     lease = leases.lease_s()
+    assert row.lease_expires is not None
     assert (row.lease_expires - timezone.now()).total_seconds() > lease * 2  # the row's lease is coarse
     assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=lease / 2)) == []
     assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=lease + 1)) == ["n1"]
@@ -143,7 +146,8 @@ class PrivateRedis:
     """A redis-server of this test's own, on a free port, that the test can restart (empty)."""
 
     def __init__(self, tmp: Path) -> None:
-        self.port, self.tmp, self.proc = free_port(), tmp, None  # type: subprocess.Popen | None
+        self.port, self.tmp = free_port(), tmp
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -226,6 +230,7 @@ def test_redis_down_the_database_renews_the_exact_lease(private_redis: PrivateRe
         assert nodes.record_heartbeat(node_id=node.pk, message=beat(node)).refused == []
     assert any(s.startswith("UPDATE") for s in writes(ctx))  # the old path: a row-locked transaction
     row = Node.objects.get(pk=node.pk)
+    assert row.lease_expires is not None
     assert row.lease_expires <= t0 + timedelta(seconds=leases.lease_s() + 1)  # the exact lease, not the coarse
     assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=1)) == []
     assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=leases.lease_s() + 1)) == ["n1"]

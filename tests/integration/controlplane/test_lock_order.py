@@ -58,7 +58,7 @@ def _lock_waiters() -> int:
         return int(cur.fetchone()[0])
 
 
-def hold_run_check(hold: Callable[[], None], run: Callable[[], Any], free: Callable[[], None]) -> Any:
+def hold_run_check(hold: Callable[[], object], run: Callable[[], Any], free: Callable[[], object]) -> Any:
     """`hold` locks a row in its own transaction; `run` (the use case) must come to wait for it; while it
     waits, `free` must get the rows it names at once (NOWAIT): the use case has not taken them yet."""
     held, release = threading.Event(), threading.Event()
@@ -102,10 +102,12 @@ def running_job() -> Job:
 
 
 def _rollout(job: Job) -> Worker:
-    return Worker.objects.filter(job=job, alive=True, node__name="r1").order_by("slot").first()
+    worker = Worker.objects.filter(job=job, alive=True, node__name="r1").order_by("slot").first()
+    assert worker is not None
+    return worker
 
 
-def _hold_node(name: str) -> Callable[[], None]:
+def _hold_node(name: str) -> Callable[[], object]:
     return lambda: locked(Node.objects.filter(name=name)).get()
 
 
@@ -198,6 +200,7 @@ def test_a_heartbeat_that_publishes_nothing_takes_no_job_lock(running_job):
         assert wait([beat_done], timeout=10).done, "the heartbeat waited for its job's lock"
     assert beat_done.result().refused == []
     renewed = Node.objects.get(pk=t1.pk)  # a report that changes nothing renews in Redis (services/leases.py)
+    assert renewed.last_heartbeat is not None and t1.last_heartbeat is not None
     seen = max(renewed.last_heartbeat, leases.last_seen([t1.pk]).get(t1.pk, renewed.last_heartbeat))
     assert seen > t1.last_heartbeat
 

@@ -4,6 +4,7 @@ services (real database), give the same decisions, placements and transition pla
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -70,7 +71,7 @@ def _run_sim(policy: str, options: dict, overrides: dict | None = None) -> list[
     sim = Simulation(_scenario(policy, options, overrides), "forced" if overrides else policy)
     sim.setup()
     w = sim.world
-    out = []
+    out: list[dict[str, Any]] = []
     for t, signal, remaining, change in SEQUENCE:
         sim.advance(t)
         if change == "lose c":
@@ -119,7 +120,7 @@ def _run_live(policy: str, options: dict, overrides: dict | None = None) -> list
     )
     if overrides:
         jobs.set_overrides(job_id=job.pk, changes=overrides, actor="test")
-    out = []
+    out: list[dict[str, Any]] = []
     for t, signal, remaining, change in SEQUENCE:
         if change == "lose c":
             nodes.preemption_notice(node_id=c.pk, deadline=timezone.now() + timedelta(seconds=1), actor="test")
@@ -168,8 +169,8 @@ def _run_live(policy: str, options: dict, overrides: dict | None = None) -> list
 def test_simulator_and_live_planner_decide_and_plan_alike(policy, options, overrides):
     sim = _run_sim(policy, options, overrides)
     live = _run_live(policy, options, overrides)
-    for i, (s, l) in enumerate(zip(sim, live)):
-        assert s == l, f"step {i} ({SEQUENCE[i][1]}): simulator {s} != live {l}"
+    for i, (s, lv) in enumerate(zip(sim, live)):
+        assert s == lv, f"step {i} ({SEQUENCE[i][1]}): simulator {s} != live {lv}"
     assert len(sim) == len(live) == len(SEQUENCE)
     # the sequence really moved things: workers joined, left, were borrowed and returned (Training Begin
     # returns them before its plan, which records how many it took back)

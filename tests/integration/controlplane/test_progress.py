@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -17,23 +18,19 @@ from tests.unit.core.loop_world import ToyWorld, run_heap
 pytestmark = pytest.mark.django_db
 
 
-def _job(**kw):
+def _job(**kw: Any) -> Job:
     make_node("r1", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=4, hardware="H800")
-    return make_job(
-        **(
-            {
-                "rollout_gpus": 4,
-                "training_gpus": 4,
-                "tp": 2,
-                "model": "qwen3-8b",
-                "hardware": "h800",
-                "batch_size": 64,
-                "group_size": 16,
-            }
-            | kw
-        )
-    )
+    spec: dict[str, Any] = {
+        "rollout_gpus": 4,
+        "training_gpus": 4,
+        "tp": 2,
+        "model": "qwen3-8b",
+        "hardware": "h800",
+        "batch_size": 64,
+        "group_size": 16,
+    }
+    return make_job(**(spec | kw))
 
 
 def test_progress_feeds_R_into_the_borrowing_gate():

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.core.invariants import check_invariants
-from controlplane.core.state import Activity, NodeStatus
+from controlplane.core.state import Activity, NodeStatus, Pool, Role
 from controlplane.models import Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import desired_state, training_flags, worker_views
 from controlplane.services import jobs, nodes, workers
@@ -34,7 +34,7 @@ def test_token_of_node_a_cannot_register_node_b():
 
     issue_agent_token(node_name="node-a")
     cred = AgentCredential.objects.get(node_name="node-a")
-    msg = Register(node="node-b", pool="reserved", hardware="cpu", incarnation="x", slots=[SlotSpec(0, "cpu", 1)])
+    msg = Register(node="node-b", pool=Pool.RESERVED, hardware="cpu", incarnation="x", slots=[SlotSpec(0, "cpu", 1)])
     with pytest.raises(PermissionDenied):
         nodes.register_node(credential_id=cred.pk, message=msg)
     assert not Node.objects.filter(name="node-b").exists()
@@ -263,8 +263,8 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
         workers=[
             ObservedWorker(
                 worker_id=trainer.pk,
-                role="training",
-                activity="inactive",
+                role=Role.TRAINING,
+                activity=Activity.INACTIVE,
                 state="running",
                 weight_version=3,
                 endpoint="http://127.0.0.1:9999",
@@ -302,16 +302,16 @@ def test_a_rollout_worker_reported_before_its_trainer_in_one_heartbeat_is_not_re
         workers=[
             ObservedWorker(
                 worker_id=rollout.pk,
-                role="colocated",
-                activity="inactive",
+                role=Role.COLOCATED,
+                activity=Activity.INACTIVE,
                 state="running",
                 weight_version=1,
                 endpoint="http://127.0.0.1:9998",
             ),
             ObservedWorker(
                 worker_id=trainer.pk,
-                role="training",
-                activity="inactive",
+                role=Role.TRAINING,
+                activity=Activity.INACTIVE,
                 state="running",
                 weight_version=1,
                 endpoint="http://127.0.0.1:9999",

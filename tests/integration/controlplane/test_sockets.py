@@ -67,7 +67,7 @@ async def test_agent_registers_and_gets_desired_state():
 async def test_bad_or_missing_token_refused():
     for token in (None, "", "pna_not-a-real-token", "Token abc"):
         ws = agent_socket(token)
-        connected, code = await ws.connect()
+        connected, _code = await ws.connect()
         assert not connected
     assert not await database_sync_to_async(Node.objects.exists)()
 
@@ -93,7 +93,7 @@ async def test_revoked_token_stops_working():
 
 
 async def test_malformed_messages_get_errors_and_change_nothing():
-    ws, reg, _ = await registered_agent()
+    ws, _reg, _ = await registered_agent()
     before = await database_sync_to_async(lambda: Node.objects.get(name="gpu-a").last_heartbeat)()
     for bad, fragment in [
         ("{nope", "malformed JSON"),
@@ -235,7 +235,7 @@ async def test_dashboard_snapshot_then_deltas_after_commit():
     assert connected
     snap = await ws.receive_json_from(timeout=5)
     assert snap["type"] == "snapshot" and snap["cluster"]["nodes"] == [] and snap["events"] == []
-    agent, reg, _ = await registered_agent("gpu-z")
+    agent, _reg, _ = await registered_agent("gpu-z")
     kinds = {}
     for _ in range(4):
         msg = await ws.receive_json_from(timeout=5)

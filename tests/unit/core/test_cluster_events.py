@@ -12,6 +12,7 @@ from controlplane.core.cluster_events import (
     Gone,
     NodeDead,
     NodeDraining,
+    NodeEvent,
     NodeUp,
     Notice,
     PearlNodeView,
@@ -32,7 +33,7 @@ def view(rid: str, status: str = "ready", pool: str = "elastic", deadline: float
 
 
 def test_new_nodes_get_an_agent_and_the_head_and_gpu_less_nodes_do_not():
-    observed = [up(A), up(B, gpus=0), up(H, head=True)]
+    observed: list[NodeEvent] = [up(A), up(B, gpus=0), up(H, head=True)]
     assert reconcile(observed, {}, set()) == [PlaceAgent(up(A))]
     assert reconcile(observed, {}, set(), include_head=True) == [PlaceAgent(up(A)), PlaceAgent(up(H, head=True))]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.policies import make_policy
@@ -51,7 +52,7 @@ def test_a_training_step_borrows_returns_and_follows_preemption() -> None:
     pearl = make_policy(
         "pearl", profile=get_profile("H800", "qwen3-8b"), batch_size=64, workload=table2, mode_trial=False
     )
-    base = dict(reserved_workers=2, batch_size=64, training_active=False)
+    base: dict[str, Any] = dict(reserved_workers=2, batch_size=64, training_active=False)
     dedicated = list(range(5))  # slots 0-4 dedicated (reserved + preemptible), 100-107 overlap
     overlap = list(range(100, 108))
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
@@ -32,7 +34,7 @@ PROFILE = get_profile("H800", "qwen3-8b")
 
 
 def ctx(**kw) -> PolicyContext:
-    base = dict(
+    base: dict[str, Any] = dict(
         now_s=0.0,
         signal=Signal.STEP_START,
         dedicated_workers=5,

@@ -80,6 +80,7 @@ def test_decode_iteration_grows_with_batch_and_context_and_is_vectorised() -> No
     p = get_profile("H800", "qwen3-30b-a3b")
     b = np.array([1.0, 4.0, 16.0, 64.0])
     t = p.decode_iteration_s(b, 8192)
+    assert isinstance(t, np.ndarray)  # an array of batch sizes gives an array
     assert np.all(np.diff(t) > 0)
     assert p.decode_iteration_s(8, 16000) > p.decode_iteration_s(8, 1000)
     assert t[1] == pytest.approx(p.decode_iteration_s(4.0, 8192))

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-SMALL = {
+SMALL: dict[str, Any] = {
     "name": "small-test",
     "description": "short scenario with frequent preemptions for tests",
     "model": "qwen3-8b",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
+from typing import Any
 
 from controlplane.sim.cluster import run_policy
 from controlplane.sim.scenario import ClusterSpec, get_scenario
@@ -15,7 +16,7 @@ from controlplane.sim.traces import AvailabilityTrace
 
 def _replay(penalty: float):
     """Qwen3-30B-A3B, 8 TP2 workers held constant (the paper's §1 crossover pool), batch 32."""
-    variants = {
+    variants: dict[str, str | dict[str, Any]] = {
         "pearl-fixed": {"base": "pearl", "overrides": {"borrowing": False}},
         "8C": {"base": "pearl", "overrides": {"borrowing": False, "force_mode": "colocated"}},
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controlplane.core.policies.pearl import PearlPolicy
 from controlplane.sim.adapters import make_sim_policy, parse_variant, resolve_policy
 from controlplane.sim.cluster import run_policy
 from controlplane.sim.scenario import ScenarioError, scenario_from_dict
@@ -40,6 +41,7 @@ def test_ungated_variant_uses_cores_gate_switch_and_names_are_checked():
 
     sc = _scenario(AB={"base": "pearl", "gate": False})
     policy, variant = make_sim_policy("AB", sc, get_profile(sc.cluster.hardware, sc.model, tp=sc.cluster.tp))
+    assert isinstance(policy, PearlPolicy)
     assert variant.base == "pearl" and policy.gated is False
     assert policy.tracker.max_trajectory_tokens == sc.workload.max_length
     assert resolve_policy("pearl", {}).base == "pearl"
