@@ -10,11 +10,14 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agents.tokenizer import VOCAB_SIZE
+
+if TYPE_CHECKING:  # transformers is imported lazily: it is slow to import and only the torch paths need it
+    from transformers import PreTrainedModel, Qwen3ForCausalLM
 
 TINY_SEED = 0
 
@@ -42,7 +45,7 @@ def tiny_config(**overrides: Any) -> Any:
     return cfg
 
 
-def load_model(spec: str = "tiny", *, seed: int = TINY_SEED) -> torch.nn.Module:
+def load_model(spec: str = "tiny", *, seed: int = TINY_SEED) -> Qwen3ForCausalLM:
     """`tiny` (seeded random weights) or a local `save_pretrained` directory. Eval mode, fp32."""
     from transformers import Qwen3ForCausalLM
 
@@ -88,7 +91,7 @@ def tied_keys(model: torch.nn.Module) -> set[str]:
     return tied
 
 
-def load_wire_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+def load_wire_state(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
     """Load a wire state dict strictly (only tied keys may be absent); shapes must match."""
     expected = model.state_dict()
     missing = set(expected) - set(tensors) - tied_keys(model)
@@ -104,10 +107,13 @@ def load_wire_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
             model.tie_weights()
 
 
-def fingerprint(model: torch.nn.Module) -> str:
+def fingerprint(model: PreTrainedModel) -> str:
     """Short hash of the architecture, so a KV cache is only imported into a matching model."""
     cfg = model.config
-    text = f"{cfg.model_type}/{cfg.num_hidden_layers}/{cfg.num_key_value_heads}/{cfg.head_dim}/{cfg.hidden_size}/{cfg.vocab_size}"
+    text = (
+        f"{cfg.model_type}/{cfg.num_hidden_layers}/{cfg.num_key_value_heads}/{cfg.head_dim}/{cfg.hidden_size}"
+        f"/{cfg.vocab_size}"
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

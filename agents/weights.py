@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +76,7 @@ class WeightStore:
     def path(self, version: int) -> Path:
         return self.root / f"v{version:08d}.safetensors"
 
-    def publish(self, version: int, tensors: dict[str, "torch.Tensor"]) -> Path:
+    def publish(self, version: int, tensors: dict[str, torch.Tensor]) -> Path:
         from safetensors.torch import save as st_save
 
         if version <= self.latest() and self.path(version).exists():

@@ -90,7 +90,7 @@ async def generate_disaggregated(
 ) -> dp.GenerationResult:
     """One request through a prefill worker, then the KV hand-off to a decode worker (tests, benchmarks)."""
     pre = await prefill.prefill(req)
-    if pre.first_token == 257 and req.sampling.stop_at_eos or req.sampling.max_tokens == 1:
+    if (pre.first_token == 257 and req.sampling.stop_at_eos) or req.sampling.max_tokens == 1:
         # nothing to decode: the prefill worker's first token is the whole output
         return dp.GenerationResult(
             request_id=req.request_id,

@@ -162,10 +162,10 @@ class Engine(ABC):
             )
 
     # ---- lifecycle
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 (a default no-op hook that engines may override, not abstract)
         """Start background loops (called once the event loop runs)."""
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> None:  # noqa: B027 (a default no-op hook that engines may override, not abstract)
         """Stop loops; in-flight work is aborted first by the caller (drain)."""
 
     # ---- admission
@@ -261,7 +261,7 @@ class Engine(ABC):
         )
 
     def take_telemetry(self, limit: int = 2048) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         while self.telemetry and len(out) < limit:
             out.append(self.telemetry.popleft().to_json())
         return out

@@ -390,8 +390,8 @@ class EmulatedEngine(LoopEngine):
             if w.seg is None:
                 now = self._now()
                 # drift-free: a segment starts where the previous one ended, unless the loop fell far behind
-                on_time = self._next_t is not None and now - self._next_t <= LATE_S / self.time_factor
-                t = self._next_t if on_time else now
+                nxt = self._next_t
+                t = nxt if nxt is not None and now - nxt <= LATE_S / self.time_factor else now
                 if w.plan(t) is None:
                     self._next_t = None
                     self._work.clear()

@@ -305,7 +305,8 @@ class TorchEngine(LoopEngine):
                     (
                         s,
                         EngineError(
-                            f"prompt ({len(prompt)}) + max_tokens exceeds the model's {self.runner.max_positions} positions"
+                            f"prompt ({len(prompt)}) + max_tokens exceeds the model's "
+                            f"{self.runner.max_positions} positions"
                         ),
                     )
                 )

@@ -3,7 +3,12 @@ prefill is the `transformers` model's own forward, in the runner)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from transformers import Qwen3ForCausalLM
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -11,6 +16,17 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return w * xf.to(x.dtype)
+
+
+def _fuse(*ts: torch.Tensor) -> torch.Tensor:
+    """One weight from several projections' weights, stacked on the output dimension."""
+    return torch.cat([t.detach() for t in ts])
+
+
+def _fuse_bias(*ts: torch.Tensor | None) -> torch.Tensor | None:
+    """The fused projections' bias, or None when any of them has none (Qwen3 has none)."""
+    present = [t for t in ts if t is not None]
+    return _fuse(*present) if len(present) == len(ts) else None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -28,15 +44,16 @@ class FastDecoder:
     parameters, so loading new weights into the model is seen at the next iteration.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Qwen3ForCausalLM) -> None:
         cfg = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.norm_w, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
         self.lm_head = model.lm_head.weight.detach()
-        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        # the config fills an unset num_key_value_heads with num_attention_heads (MHA); `or` says so to the types
+        self.nh, self.hd = cfg.num_attention_heads, cfg.head_dim
+        self.nkv: int = cfg.num_key_value_heads or cfg.num_attention_heads
         self.layers = []
-        cat = lambda *ts: torch.cat([t.detach() for t in ts]) if all(t is not None for t in ts) else None  # noqa: E731
         for layer in inner.layers:
             a, mlp = layer.self_attn, layer.mlp
             if getattr(a, "sliding_window", None):
@@ -46,8 +63,8 @@ class FastDecoder:
                 (
                     layer.input_layernorm.weight.detach(),
                     layer.input_layernorm.variance_epsilon,
-                    cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-                    cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+                    _fuse(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    _fuse_bias(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
                     a.o_proj.weight.detach(),
                     None if a.o_proj.bias is None else a.o_proj.bias.detach(),
                     a.q_norm.weight.detach(),
@@ -55,7 +72,7 @@ class FastDecoder:
                     a.q_norm.variance_epsilon,
                     layer.post_attention_layernorm.weight.detach(),
                     layer.post_attention_layernorm.variance_epsilon,
-                    cat(mlp.gate_proj.weight, mlp.up_proj.weight),
+                    _fuse(mlp.gate_proj.weight, mlp.up_proj.weight),
                     mlp.down_proj.weight.detach(),
                 )
             )

@@ -5,7 +5,7 @@ per layer, and sampling."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load as st_load
@@ -16,6 +16,9 @@ from agents.dataplane import SamplingParams
 from agents.engines.base import EngineError
 from agents.engines.torch_model import FastDecoder
 from agents.engines.torch_scheduler import Seq
+
+if TYPE_CHECKING:
+    from transformers import Qwen3ForCausalLM
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) -> tuple[int, float]:
@@ -49,11 +52,12 @@ class TorchRunner:
     `width`, so an iteration is one slice write per layer. Rows are re-packed only when membership changes.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Qwen3ForCausalLM) -> None:
         self.model = model
         cfg = model.config
         self.n_layers = cfg.num_hidden_layers
-        self.kv_heads = cfg.num_key_value_heads
+        # the config fills an unset num_key_value_heads with num_attention_heads (MHA); `or` says so to the types
+        self.kv_heads: int = cfg.num_key_value_heads or cfg.num_attention_heads
         self.head_dim = cfg.head_dim
         self.max_positions = cfg.max_position_embeddings
         self.dtype = next(model.parameters()).dtype

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agents.tokenizer import TOKENIZER
 
@@ -33,14 +33,14 @@ class Environment(abc.ABC):
     temperature: float = 1.0  # sampling temperature the driver uses for this environment's turns
     stop_at_eos: bool = False  # a turn ends at EOS (an external agent's answer does) rather than at its budget
 
-    def observe(self, logprobs: list[float], weight_version: int, worker: int) -> None:
+    def observe(self, logprobs: list[float], weight_version: int, worker: int) -> None:  # noqa: B027 (optional hook)
         """The sampled turn's log-probs, weights and worker, just before `step` (an external agent gets them)."""
 
     def take_context(self) -> list[int] | None:
         """After `step`: a context that replaces the driver's (an agent rewrote its history), once."""
         return None
 
-    async def aclose(self, why: str = "aborted") -> None:
+    async def aclose(self, why: str = "aborted") -> None:  # noqa: B027 (an optional hook, not abstract)
         """The trajectory was aborted or the job stops: end what the episode runs (an agent's processes)."""
 
     @abc.abstractmethod
