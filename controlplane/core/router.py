@@ -123,4 +123,4 @@ class Router:
                 self.homed.pop(w, None)
 
 
-__all__ = ["Router", "STICKY_SLACK"]
+__all__ = ["STICKY_SLACK", "Router"]

@@ -38,7 +38,7 @@ def _finite(text: str) -> float:
     return value
 
 
-def loads(raw: str | bytes, *, max_depth: int, error: type[ValueError] = ValueError, storable: bool = False) -> Any:
+def loads(raw: str | bytes, *, max_depth: int, error: type[Exception] = ValueError, storable: bool = False) -> Any:
     """Decode one JSON document strictly: no NaN/Infinity, at most `max_depth` levels of nesting
     (checked without recursion, and a decoder RecursionError is a refusal, not a crash), and with
     `storable`, no string (key or value) holding NUL or a lone surrogate."""

@@ -60,7 +60,7 @@ from controlplane.core.loop.messages import (
     WorkerReady,
 )
 from controlplane.core.loop.sink import CommandSink, Dispatcher, dispatch
-from controlplane.core.loop.state import StepState, Traj, Trainer, TrajState
+from controlplane.core.loop.state import StepState, Traj, TrajState
 
 __all__ = [
     "Abort",

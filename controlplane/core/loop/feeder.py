@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from controlplane.core.loop.machine import RolloutLoop
 from controlplane.core.loop.messages import Command, Event
@@ -17,7 +17,7 @@ class Feeder:
     simulator's heap, asyncio) sees the same commands for the same events.
     """
 
-    __slots__ = ("loop", "dispatch", "_queue", "_draining")
+    __slots__ = ("_draining", "_queue", "dispatch", "loop")
 
     def __init__(self, loop: RolloutLoop, dispatch: Callable[[Command], None]) -> None:
         self.loop = loop

@@ -40,7 +40,7 @@ from controlplane.core.loop.messages import (
     WorkerGone,
     WorkerReady,
 )
-from controlplane.core.loop.state import StepState, Traj, Trainer, TrajState, decode_into, encode
+from controlplane.core.loop.state import StepState, Trainer, Traj, TrajState, decode_into, encode
 from controlplane.core.router import Router
 from controlplane.core.state import Configuration
 
@@ -560,7 +560,7 @@ class RolloutLoop:
         return encode(self)
 
     @classmethod
-    def restore(cls, config: LoopConfig, data: dict[str, Any]) -> "RolloutLoop":
+    def restore(cls, config: LoopConfig, data: dict[str, Any]) -> RolloutLoop:
         """Rebuild a loop from `checkpoint()`. Workers are learnt again from WorkerReady events; on
         `Start`, unfinished turns are routed again from their kept progress."""
         loop = cls(config)

@@ -7,7 +7,7 @@ Both are frozen dataclasses and closed unions (`Event`, `Command`): a driver car
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
@@ -153,23 +153,23 @@ class Tick:
     now_s: float
 
 
-Event = Union[
-    Start,
-    Stop,
-    TrajectoryStarted,
-    Prefilled,
-    TurnGenerated,
-    TurnInterrupted,
-    EnvStepped,
-    WorkerReady,
-    WorkerGone,
-    Admission,
-    ReturnConfirmed,
-    TrainingDone,
-    WeightsPublished,
-    Decided,
-    Tick,
-]
+Event: TypeAlias = (
+    Start
+    | Stop
+    | TrajectoryStarted
+    | Prefilled
+    | TurnGenerated
+    | TurnInterrupted
+    | EnvStepped
+    | WorkerReady
+    | WorkerGone
+    | Admission
+    | ReturnConfirmed
+    | TrainingDone
+    | WeightsPublished
+    | Decided
+    | Tick
+)
 
 
 # ==================================================================================== commands
@@ -276,16 +276,16 @@ class Progress:
     batch_size: int
 
 
-Command = Union[
-    StartStep,
-    RouteTurn,
-    Resubmit,
-    RouteDecode,
-    Abort,
-    EmitSignal,
-    ReturnOverlap,
-    Train,
-    PublishWeights,
-    Telemetry,
-    Progress,
-]
+Command: TypeAlias = (
+    StartStep
+    | RouteTurn
+    | Resubmit
+    | RouteDecode
+    | Abort
+    | EmitSignal
+    | ReturnOverlap
+    | Train
+    | PublishWeights
+    | Telemetry
+    | Progress
+)
