@@ -1,6 +1,7 @@
 """Regenerates the shipped scenario and trace files: `python -m controlplane.sim.generate_data` (seeded)."""
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,7 +41,7 @@ for seg, spec in PAPER_SEGMENTS.items():
     tr = generate_bamboo_like(spec, seed=seeds[seg])
     (D / "traces" / f"bamboo-{seg}.csv").write_text(tr.to_csv())
     print(seg, tr.mean(7200), tr.n_changes(7200))
-paper = {
+paper: dict[str, dict[str, Any]] = {
     "qwen3-8b": {"vs_roll": [2.17, 2.37], "vs_rlboost": {"seg1": 0.059, "seg2": 0.269, "seg3": 0.106}},
     "qwen3-30b-a3b": {"vs_roll": [2.43, 2.79], "vs_rlboost": {"seg1": 0.074, "seg2": 0.363, "seg3": 0.190}},
 }
@@ -49,7 +50,7 @@ short = {"qwen3-8b": "qwen3-8b", "qwen3-30b-a3b": "qwen3-30b-a3b"}
 for model in ("qwen3-8b", "qwen3-30b-a3b"):
     for seg in ("seg1", "seg2", "seg3"):
         name = f"paper-{model}-{seg}"
-        doc = {
+        doc: dict[str, Any] = {
             "name": name,
             "description": f"PEARL §7: {model}, SWE-bench-like, 32 H800 (16 train, 4 reserved, <=12 preemptible), "
             f"Bamboo {seg}",
@@ -73,7 +74,7 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
         (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         if seg == "seg1":
             # issue 23 (b): the same cluster with an all-H20 rollout pool beside the H800 trainer
-            het = {k: v for k, v in doc.items() if k != "paper"}
+            het: dict[str, Any] = {k: v for k, v in doc.items() if k != "paper"}
             het["name"] = f"hetero-{model}-seg1-h20"
             het["description"] = (
                 f"Issue 23 (b): {model}, the paper's seg1 cluster with an all-H20 rollout pool (4 reserved, <=12 "
@@ -83,20 +84,20 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             het["cluster"] = {**doc["cluster"], "hardware": "H20", "training_hardware": "H800"}
             (D / "scenarios" / f"{het['name']}.yaml").write_text(yaml.safe_dump(het, sort_keys=False))
 # ablation: fixed 4..16 dedicated rollout GPUs, A / A+B / A+B+C vs ROLL on the same GPUs
-abl_paper = {
+abl_paper: dict[str, dict[int | str, Any]] = {
     "qwen3-8b": {4: (-0.206, 0.936, 0.923), "8-16": ((0.128, 0.153), (0.162, 0.265), (0.179, 0.265))},
     "qwen3-30b-a3b": {4: (-0.309, 1.183, 1.295), "8-16": ((0.078, 0.089), (0.094, 0.262), (0.092, 0.275))},
 }
 for model in ("qwen3-8b", "qwen3-30b-a3b"):
     for g in (4, 8, 12, 16):
         name = f"ablation-{model}-{g}gpu"
-        a = {"base": names.PEARL, "overrides": {"borrowing": False}}
+        a: dict[str, Any] = {"base": names.PEARL, "overrides": {"borrowing": False}}
         if g == 4:
             a["overrides"]["force_mode"] = "disaggregated"
-        ab = {"base": names.PEARL, "gate": False}
+        ab: dict[str, Any] = {"base": names.PEARL, "gate": False}
         if g == 4:
             ab["overrides"] = {"force_mode": "disaggregated"}
-        abc = {"base": names.PEARL}
+        abc: dict[str, Any] = {"base": names.PEARL}
         if g == 4:
             abc["overrides"] = {"force_mode": "disaggregated"}
         doc = {

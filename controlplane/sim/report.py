@@ -123,13 +123,17 @@ def figures(sc: Scenario, results: dict[str, RunResult]) -> list[tuple[str, go.F
     s = go.Figure()
     hi = 0.0
     for p, rr in results.items():
-        pts = [(st.predicted_makespan_s, st.makespan_s) for st in rr.step_stats if st.predicted_makespan_s]
-        if not pts:
+        makespans = [(st.predicted_makespan_s, st.makespan_s) for st in rr.step_stats if st.predicted_makespan_s]
+        if not makespans:
             continue
-        hi = max(hi, max(max(a, c) for a, c in pts))
+        hi = max(hi, max(max(a, c) for a, c in makespans))
         s.add_trace(
             go.Scatter(
-                x=[c for _, c in pts], y=[a for a, _ in pts], mode="markers", name=p, marker={"color": policy_color(p)}
+                x=[c for _, c in makespans],
+                y=[a for a, _ in makespans],
+                mode="markers",
+                name=p,
+                marker={"color": policy_color(p)},
             )
         )
     s.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"dash": "dash", "color": "black"}))

@@ -79,7 +79,8 @@ class Scenario:
     fixed_large_gpus: int | None = None  # ROLL-Large pool; default: trace mean rounded up to TP
     policies: tuple[str, ...] = DEFAULT_POLICIES
     policy_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per policy name (or variant)
-    variants: dict[str, str] = field(default_factory=dict)  # variant name -> base policy (ablation)
+    # variant name -> base policy, or {base, overrides, gate, options} (ablation; sim.adapters.parse_variant)
+    variants: dict[str, str | dict[str, Any]] = field(default_factory=dict)
     paper: dict[str, Any] = field(default_factory=dict)  # the paper's figures for this scenario
 
     @property

@@ -56,7 +56,7 @@ class AvailabilityTrace:
     def n_changes(self, duration_s: float) -> int:
         return len(self.changes(duration_s))
 
-    def constant(self, gpus: int) -> "AvailabilityTrace":
+    def constant(self, gpus: int) -> AvailabilityTrace:
         return AvailabilityTrace((0.0,), (gpus,), name=f"constant-{gpus}")
 
     def to_csv(self) -> str:

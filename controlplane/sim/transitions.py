@@ -15,9 +15,9 @@ from controlplane.core.state import Pool, Role
 from controlplane.sim.units import (
     _POOL,
     DRAINING,
+    EV_DRAIN_TIMEOUT,
     EV_READY,
     EV_RETURNED,
-    EV_DRAIN_TIMEOUT,
     EV_UNPAUSE,
     IDLE,
     INACTIVE,

@@ -248,7 +248,9 @@ class WorldState:
                 row[str(s.role)] += 1
                 if s.pool == "overlap":
                     row["borrowed"] += 1
-            elif s.state in (PENDING, DRAINING) and s.pool != "overlap" or (s.pool == "overlap" and s.state == PENDING):
+            elif (s.state in (PENDING, DRAINING) and s.pool != "overlap") or (
+                s.pool == "overlap" and s.state == PENDING
+            ):
                 row["transitioning"] += 1
         self.timeline.append(row)
 
