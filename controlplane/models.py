@@ -15,10 +15,11 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from controlplane.core.state import Activity, EngineKind, Mode, NodeStatus, Pool, Role, Zone
 from controlplane.core.policies import names
+from controlplane.core.state import Activity, EngineKind, Mode, NodeStatus, Pool, Role, Zone
 
-NAME_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9._-]{0,62}$", "lowercase letters, digits, '.', '_' or '-' (max 63)")
+NAME_RE = r"[a-z0-9][a-z0-9._-]{0,62}"  # also the API's query-parameter check (api/params.py)
+NAME_VALIDATOR = RegexValidator(f"^{NAME_RE}$", "lowercase letters, digits, '.', '_' or '-' (max 63)")
 
 
 def choices(enum: type[StrEnum]) -> list[tuple[str, str]]:

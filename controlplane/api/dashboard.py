@@ -3,7 +3,7 @@ status and per-step history, returning a node to service, and simulator comparis
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import QuerySet
 from drf_spectacular.plumbing import build_array_type, build_basic_type
@@ -25,9 +25,8 @@ from controlplane.selectors.jobs import job_series, job_status
 from controlplane.services import nodes, simulations
 from controlplane.services.errors import InvalidInput, NotFound
 
-OBJECT_LIST = build_array_type(
-    build_basic_type(OpenApiTypes.OBJECT)
-)  # a JSON array of objects (the schema said object)
+# a JSON array of objects (the schema said object); build_basic_type is None only for OpenApiTypes.NONE
+OBJECT_LIST = build_array_type(cast("dict[str, Any]", build_basic_type(OpenApiTypes.OBJECT)))
 
 
 class JobStatusView(APIView):

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 
 class DocsView(SpectacularSwaggerView):
-    def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:  # type: ignore[override]
+    def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
         if request.method not in ("GET", "HEAD") or response.status_code >= 400:
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type

@@ -8,6 +8,7 @@ URLconf's handler400/403/404 so they get the same shape instead of an HTML page.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -17,8 +18,8 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from controlplane.services.retry import is_transient
 from controlplane.services.errors import ServiceError
+from controlplane.services.retry import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,10 @@ class ErrorSerializer(serializers.Serializer):
     error = serializers.CharField(help_text="machine-readable code, e.g. invalid, not_found, conflict, too_large")
     field = serializers.CharField(allow_null=True, help_text="the offending field or parameter, if one")
     detail = serializers.CharField(help_text="what was wrong, in one sentence")
-    errors = serializers.JSONField(required=False, help_text="every field error (validation failures only)")
+    # DRF's metaclass moves declared fields off the class, so this does not shadow Serializer.errors at run time
+    errors = serializers.JSONField(  # type: ignore[assignment]
+        required=False, help_text="every field error (validation failures only)"
+    )
 
 
 def error_body(code: str, detail: str, field: str | None = None) -> dict[str, Any]:
@@ -68,14 +72,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is None:
         return None
     codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
-    detail = exc.detail if isinstance(exc, exceptions.APIException) else "error"
-    response.data = error_body(codes if isinstance(codes, str) else "error", str(detail) or "error")
+    shown = exc.detail if isinstance(exc, exceptions.APIException) else "error"
+    response.data = error_body(codes if isinstance(codes, str) else "error", str(shown) or "error")
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response.data["detail"] = response.data["detail"] or "authentication required"
     return response
 
 
-def json_error_view(status_code: int, code: str, default: str):  # type: ignore[no-untyped-def]
+def json_error_view(status_code: int, code: str, default: str) -> Callable[..., JsonResponse]:
     """A URLconf error handler (handler400/403/404) that answers JSON in the API's shape."""
 
     def view(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

@@ -9,14 +9,14 @@ that convert to UTC, and pages have maxima. Anything else is a 400 that names th
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 
-from controlplane.models import NAME_VALIDATOR
+from controlplane.models import NAME_RE
 from controlplane.services.errors import InvalidInput
 
 MAX_ID = 2**63 - 1
@@ -24,7 +24,7 @@ MAX_TEXT = 200
 MAX_LIMIT = 1000
 MAX_OFFSET = 2**31 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: re's \d would accept other scripts' digits
-_NAME = re.compile(NAME_VALIDATOR.regex.pattern.strip("^$"))
+_NAME = re.compile(NAME_RE)
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
@@ -74,12 +74,12 @@ def time_param(request: Request, name: str) -> datetime | None:
     if value is None:
         raise InvalidInput(f"{name} must be an ISO 8601 time such as 2025-01-31T12:00:00Z, got {raw!r}", field=name)
     if value.tzinfo is None:
-        return value.replace(tzinfo=dt_timezone.utc)
+        return value.replace(tzinfo=UTC)
     try:
-        return value.astimezone(dt_timezone.utc)
+        return value.astimezone(UTC)
     except OverflowError:
         edge = datetime.min if value.year < 5000 else datetime.max
-        return edge.replace(tzinfo=dt_timezone.utc)
+        return edge.replace(tzinfo=UTC)
 
 
 # Filters the schema documents with these same patterns; an empty value means no filter.
@@ -119,13 +119,13 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
     default_limit = 100
     max_limit = MAX_LIMIT
 
-    def get_limit(self, request: Request) -> int:  # type: ignore[override]
+    def get_limit(self, request: Request) -> int:
         raw = request.query_params.get(self.limit_query_param)
         if raw is None:
             return self.default_limit
         return parse_count(raw, self.limit_query_param, lo=1, hi=self.max_limit)
 
-    def get_offset(self, request: Request) -> int:  # type: ignore[override]
+    def get_offset(self, request: Request) -> int:
         raw = request.query_params.get(self.offset_query_param)
         if raw is None:
             return 0

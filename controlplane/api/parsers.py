@@ -22,7 +22,7 @@ class PayloadTooLarge(APIException):
 
 
 class BoundedJSONParser(JSONParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:  # type: ignore[override]
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         raw = stream.read(MAX_BODY_BYTES + 1) if stream is not None else b""
         if len(raw) > MAX_BODY_BYTES:
             raise PayloadTooLarge()

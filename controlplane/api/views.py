@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -68,12 +69,15 @@ class WriteThrottle(ScopedRateThrottle):
 
 
 class IdLookupMixin:
-    lookup_value_regex = "[^/]+"
+    """Parse the `pk` URL part as an id first (a 400 for a bad one, not a 500 from the database)."""
 
-    def get_object(self):  # type: ignore[override]
+    lookup_value_regex = "[^/]+"
+    kwargs: dict[str, Any]  # set by the DRF view this is mixed into
+
+    def get_object(self) -> Any:
         pk = parse_id(self.kwargs["pk"])
         self.kwargs["pk"] = pk
-        return super().get_object()  # type: ignore[misc]
+        return super().get_object()  # type: ignore[misc]  # GenericAPIView's, next in the view's MRO
 
 
 class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -83,7 +87,7 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
-    def get_queryset(self):  # type: ignore[override]
+    def get_queryset(self) -> QuerySet[Job]:
         return _name_filter(self.request, super().get_queryset())
 
     @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobSerializer})
@@ -132,7 +136,7 @@ class NodeViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixi
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
-    def get_queryset(self):  # type: ignore[override]
+    def get_queryset(self) -> QuerySet[Node]:
         return _name_filter(self.request, super().get_queryset())
 
     @extend_schema(request=None, responses={200: s.NodeSerializer})
@@ -199,7 +203,7 @@ JOB_PARAM = OpenApiParameter("job", {"type": "string", "pattern": JOB_PATTERN}, 
 class DecisionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.DecisionSerializer
 
-    def get_queryset(self):  # type: ignore[override]
+    def get_queryset(self) -> QuerySet[Decision]:
         return job_filter(self.request, Decision.objects.select_related("job"))
 
 
@@ -207,7 +211,7 @@ class DecisionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
 class TransitionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.TransitionSerializer
 
-    def get_queryset(self):  # type: ignore[override]
+    def get_queryset(self) -> QuerySet[Transition]:
         return job_filter(self.request, Transition.objects.select_related("job").prefetch_related("steps"))
 
 
@@ -227,7 +231,7 @@ class TransitionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
 class EventViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.EventSerializer
 
-    def get_queryset(self):  # type: ignore[override]
+    def get_queryset(self) -> QuerySet[Event]:
         qs = job_filter(self.request, Event.objects.select_related("job", "node"))
         kind = pattern_param(self.request, "kind", KIND_PATTERN)
         if kind:
