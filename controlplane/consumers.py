@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -80,8 +81,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         snapshot["cluster"]["nodes"] = chunks[0]
         snapshot["more"] = len(chunks) - 1
         await self.send_json(snapshot)
-        for i, nodes in enumerate(chunks[1:], start=1):
-            await self.send_json({"type": "snapshot_more", "nodes": nodes, "last": i == len(chunks) - 1})
+        for i, chunk in enumerate(chunks[1:], start=1):
+            await self.send_json({"type": "snapshot_more", "nodes": chunk, "last": i == len(chunks) - 1})
 
     async def disconnect(self, code: int) -> None:
         if self.flusher is not None:
@@ -241,10 +242,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         # every message re-checks the token; a registered socket's heartbeat does it in the same trip to the
         # database thread as the heartbeat itself (one hop per beat: Daphne runs all of a process' database
         # work on one thread)
-        if not (isinstance(message, link.Heartbeat) and self.node_id is not None):
-            if not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
-                await self._revoked()
-                return
+        if not (isinstance(message, link.Heartbeat) and self.node_id is not None) and not await database_sync_to_async(
+            credentials.credential_is_valid
+        )(self.credential_id):
+            await self._revoked()
+            return
         if isinstance(message, link.LinkError):
             await self._error("bad_message", str(message))
             return
@@ -358,6 +360,8 @@ def _heartbeat(
 
 def _desired(node_id: int | None, channel: str) -> link.DesiredState | None:
     """The node's desired state, for the socket holding its lease only."""
+    if node_id is None:  # not registered on this socket yet
+        return None
     node = Node.objects.filter(pk=node_id, agent_channel=channel).first()
     return desired_state(node) if node else None
 

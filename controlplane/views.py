@@ -152,7 +152,9 @@ HELP = {
     "engine": "emulated: profile-timed; torch: a real transformer; vllm: the vLLM adapter",
     "hardware": "GPU model of the profile (h800, h100, h200, h20, cpu)",
     "environment": "the agentic environment",
-    "policy": "pearl adapts mode, P:D and borrowing; fixed = ROLL; elastic = RLBoost-style adaptive borrowing, colocated",
+    "policy": (
+        "pearl adapts mode, P:D and borrowing; fixed = ROLL; elastic = RLBoost-style adaptive borrowing, colocated"
+    ),
     "policy_options": "optional JSON object of the policy's options (GET /api/catalog/ lists them)",
     "tp": "GPUs per worker (tensor parallel)",
     "batch_size": "rollout batch size B (trajectories per step); a multiple of the group size",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import Count, Max, Min
 
@@ -56,25 +56,29 @@ def _override_dicts(job_ids: list[int]) -> dict[int, dict[str, Any]]:
 
 
 def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:
-    rows = list(
-        Job.objects.order_by("-created").values(
-            "id",
-            "name",
-            "status",
-            "policy",
-            "model",
-            "engine",
-            "mode",
-            "n_prefill",
-            "n_decode",
-            "n_colocated",
-            "step",
-            "weight_version",
-            "training_active",
-            "failure_reason",
-            "status_reason",
-            "remaining",
-        )[:limit]
+    # plain dicts (the stubs type them as a closed TypedDict): each gets its "override" added below
+    rows = cast(
+        "list[dict[str, Any]]",
+        list(
+            Job.objects.order_by("-created").values(
+                "id",
+                "name",
+                "status",
+                "policy",
+                "model",
+                "engine",
+                "mode",
+                "n_prefill",
+                "n_decode",
+                "n_colocated",
+                "step",
+                "weight_version",
+                "training_active",
+                "failure_reason",
+                "status_reason",
+                "remaining",
+            )[:limit]
+        ),
     )
     overrides = _override_dicts([r["id"] for r in rows])
     for r in rows:

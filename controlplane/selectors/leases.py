@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -44,7 +45,8 @@ def last_seen(node_ids: Iterable[int]) -> dict[int, datetime]:
 def all_last_seen() -> dict[int, float]:
     """Every node's last renewal in Redis (Unix seconds); {} if Redis is unreachable."""
     try:
-        pairs = client().zrange(LEASES, 0, -1, withscores=True)
+        # redis-py types every member as any reply; with scores each is (member bytes, score)
+        pairs = cast("list[tuple[bytes, float]]", client().zrange(LEASES, 0, -1, withscores=True))
     except redis.RedisError:
         return {}
     span = lease_s()

@@ -69,7 +69,12 @@ def notify_drivers_on_commit(job_ids: Any) -> None:
     """Tell these jobs' rollout drivers that what they route by may have changed (they get the new view)."""
     ids = sorted({int(j) for j in job_ids})
     if ids:
-        transaction.on_commit(lambda: [_group_send(driver_group(j), {"type": "driver.changed"}) for j in ids])
+
+        def send() -> None:
+            for j in ids:
+                _group_send(driver_group(j), {"type": "driver.changed"})
+
+        transaction.on_commit(send)
 
 
 def _group_send(group: str, message: dict[str, Any]) -> None:

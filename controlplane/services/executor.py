@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -23,14 +22,14 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
-from controlplane.models import Job, Node, Transition, TransitionStep, Worker
+from controlplane.models import Job, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
 from controlplane.services import latency
-from controlplane.services.locks import lock_job, lock_nodes, locked
-from controlplane.services.plan_queue import resume_deferred_plans
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.nodes import bump_generation, push_node
+from controlplane.services.plan_queue import resume_deferred_plans
 from controlplane.services.planner import ACTIVE_TRANSITION
 from controlplane.services.workers import WorkerChange, change_workers, start_worker, stop_worker, take_out
 
@@ -210,24 +209,24 @@ def _issue(job: Job, step: TransitionStep, actor: str) -> None:
                 actor,
                 lambda: change_workers(
                     job_id=job.pk,
-                    changes=[WorkerChange(step.worker_slot, activity=Activity.TRANSITIONING)],
+                    changes=[WorkerChange(alive.slot, activity=Activity.TRANSITIONING)],
                     actor=actor,
                 ),
             )
         elif step.kind == StepKind.SET_ROLE and alive and alive.role != role:
             change_workers(
                 job_id=job.pk,
-                changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)],
+                changes=[WorkerChange(alive.slot, role=role, activity=Activity.TRANSITIONING)],
                 actor=actor,
             )
         elif step.kind == StepKind.STOP_WORKER and alive:
-            take_out(job.pk, actor, lambda: stop_worker(job_id=job.pk, slot=step.worker_slot, actor=actor))
+            take_out(job.pk, actor, lambda: stop_worker(job_id=job.pk, slot=alive.slot, actor=actor))
         elif step.kind == StepKind.DEACTIVATE_OVERLAP and alive and alive.activity != Activity.INACTIVE:
             take_out(
                 job.pk,
                 actor,
                 lambda: change_workers(
-                    job_id=job.pk, changes=[WorkerChange(step.worker_slot, activity=Activity.INACTIVE)], actor=actor
+                    job_id=job.pk, changes=[WorkerChange(alive.slot, activity=Activity.INACTIVE)], actor=actor
                 ),
             )
         elif (
@@ -241,7 +240,7 @@ def _issue(job: Job, step: TransitionStep, actor: str) -> None:
                 )
             change_workers(
                 job_id=job.pk,
-                changes=[WorkerChange(step.worker_slot, role=role, activity=Activity.TRANSITIONING)],
+                changes=[WorkerChange(alive.slot, role=role, activity=Activity.TRANSITIONING)],
                 actor=actor,
             )
         elif step.kind == FINALIZE:
@@ -306,7 +305,11 @@ def _confirmed(job: Job, step: TransitionStep) -> bool:
         return False
     if step.kind == FINALIZE:
         return not _not_serving_yet(job)
-    stopped = Worker.objects.filter(job=job, slot=step.worker_slot).order_by("-id").select_related("node").first()
+    stopped = (
+        Worker.objects.filter(job=job, slot=step.worker_slot).order_by("-id").select_related("node").first()
+        if step.worker_slot is not None
+        else None  # no worker has a null slot
+    )
     if stopped is None:
         return step.kind in (StepKind.STOP_WORKER, StepKind.DRAIN)
     w, node = stopped, stopped.node
@@ -356,11 +359,13 @@ def _fail(tr: Transition, step: TransitionStep, why: str, actor: str) -> str:
 
 def _rollback(tr: Transition, actor: str) -> list[int]:
     """All-or-nothing expansion: stop every worker this transition started and never admitted."""
-    slots = list(
-        TransitionStep.objects.filter(transition=tr, kind=StepKind.START_WORKER)
+    slots = [
+        s
+        for s in TransitionStep.objects.filter(transition=tr, kind=StepKind.START_WORKER)
         .exclude(status=TransitionStep.Status.PENDING)
         .values_list("worker_slot", flat=True)
-    )
+        if s is not None  # a start step always names its slot; no worker has a null one
+    ]
     out = []
     for slot in slots:
         w = Worker.objects.filter(job=tr.job, slot=slot, alive=True).first()

@@ -11,16 +11,16 @@ from django.utils import timezone
 from controlplane.core.agent_spec import SpecError, validate_agent_spec
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
 from controlplane.core.profiles import get_profile
-from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role, Zone
+from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role
 from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
 from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import override_summary
-from controlplane.services.invariants import assert_invariants
-from controlplane.services.locks import lock_job, lock_nodes
-from controlplane.services.plan_queue import enqueue_plan
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
+from controlplane.services.invariants import assert_invariants
+from controlplane.services.locks import lock_job, lock_nodes
 from controlplane.services.nodes import bump_generation, push_node
+from controlplane.services.plan_queue import enqueue_plan
 from controlplane.services.workers import return_borrowed
 
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
@@ -212,19 +212,19 @@ def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any
             setattr(o, k, v if v is not None or k in ("force_n_prefill", "force_n_decode") else "")
         if o.force_mode and o.force_mode not in (Mode.COLOCATED, Mode.DISAGGREGATED):
             raise InvalidInput(f"unknown mode {o.force_mode!r}", field="force_mode")
-        ratio = (o.force_n_prefill, o.force_n_decode)
-        if any(x is not None for x in ratio):
-            if None in ratio or min(ratio) < 1:  # type: ignore[type-var]
+        n_p, n_d = o.force_n_prefill, o.force_n_decode
+        if n_p is not None or n_d is not None:
+            if n_p is None or n_d is None or min(n_p, n_d) < 1:
                 raise InvalidInput(
                     "a forced ratio needs force_n_prefill >= 1 and force_n_decode >= 1", field="force_n_prefill"
                 )
             if o.force_mode == Mode.COLOCATED:
                 raise InvalidInput("a forced P:D ratio contradicts force_mode=colocated", field="force_mode")
             most = (job.rollout_gpus + job.training_gpus) // max(1, job.tp)  # dedicated + every borrowable worker
-            if most and ratio[0] + ratio[1] > most:  # type: ignore[operator]
+            if most and n_p + n_d > most:
                 field = "force_n_prefill" if "force_n_prefill" in changes else "force_n_decode"
                 raise InvalidInput(
-                    f"a forced {ratio[0]}:{ratio[1]} ratio needs {ratio[0] + ratio[1]} rollout workers; "  # type: ignore[operator]
+                    f"a forced {n_p}:{n_d} ratio needs {n_p + n_d} rollout workers; "
                     f"job {job.name} can have at most {most} (GPUs / tp={job.tp})",
                     field=field,
                 )

@@ -30,6 +30,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -110,7 +111,8 @@ def forget(node_ids: Iterable[int]) -> None:
 
 def expired_ids(now: float) -> list[int]:
     """The nodes whose Redis lease ran out by `now` (ZRANGEBYSCORE: only those). Raises redis.RedisError."""
-    return [int(m) for m in client().zrangebyscore(LEASES, "-inf", now)]
+    members = cast("list[bytes]", client().zrangebyscore(LEASES, "-inf", now))  # redis-py: any reply
+    return [int(m) for m in members]
 
 
 def notice_empty() -> bool:

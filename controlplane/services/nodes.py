@@ -20,11 +20,8 @@ from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Job, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import node_summary
-from controlplane.services import leases
+from controlplane.services import leases, telemetry
 from controlplane.services.dispatch import kick_executor_on_commit
-from controlplane.services.locks import lock_nodes, locked
-from controlplane.services.plan_queue import replan_live_jobs
-from controlplane.services import telemetry
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import (
     emit,
@@ -33,6 +30,8 @@ from controlplane.services.events import (
     push_delta_on_commit,
     send_delta_now,
 )
+from controlplane.services.locks import lock_nodes, locked
+from controlplane.services.plan_queue import replan_live_jobs
 from controlplane.services.principals import node_principal
 
 MAX_PREEMPTION_NOTICE_S = 24 * 3600
@@ -134,8 +133,8 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
             GPU.objects.filter(pk=g.pk).update(present=False)
         emit(
             kind="node.registered",
-            message=f"node {node.name} registered ({node.pool}, {len(message.slots)}× {message.hardware}, epoch {node.epoch})"
-            + (" superseding another socket" if superseded else ""),
+            message=f"node {node.name} registered ({node.pool}, {len(message.slots)}× {message.hardware}, "
+            f"epoch {node.epoch})" + (" superseding another socket" if superseded else ""),
             node=node,
             actor=f"agent:{node.name}",
             data={
@@ -262,7 +261,10 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
             if recorded is None:
                 why = f"endpoint {o.endpoint[:80]!r} is not on this node's address {node.address!r}"
             elif w.role == Role.TRAINING and version > w.job.weight_version + MAX_VERSION_STEP:
-                why = f"weight version {version} is more than {MAX_VERSION_STEP} ahead of job {w.job.name}'s {w.job.weight_version}"
+                why = (
+                    f"weight version {version} is more than {MAX_VERSION_STEP} ahead of job {w.job.name}'s "
+                    f"{w.job.weight_version}"
+                )
             elif w.role != Role.TRAINING and version > max(w.job.weight_version, published.get(w.job_id, 0)):
                 why = f"weight version {version} was never published for job {w.job.name}"
             if why:  # a refused report changes nothing about its worker

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
-from typing import Any, Hashable
+from typing import Any, cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -355,7 +355,8 @@ def _record_transition(job: Job, decision: Decision, p: Placement, actor: str) -
     for i, st in enumerate(plan.steps):
         args: dict[str, Any] = {"role": str(st.role) if st.role else None, "forced": st.forced}
         if st.kind == StepKind.START_WORKER:
-            _, node_id, gpus = p.new_workers[st.worker].key  # type: ignore[misc]
+            # a new worker starts on a free unit, keyed ("free", node id, GPU indexes) by _free_units
+            _, node_id, gpus = cast("tuple[str, int, tuple[int, ...]]", p.new_workers[st.worker].key)
             args |= {"node": node_id, "gpus": list(gpus)}
         steps.append(
             TransitionStep(transition=transition, index=i, kind=st.kind, worker_slot=st.worker, args=args, key=st.key)

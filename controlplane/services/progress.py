@@ -15,10 +15,10 @@ from django.db import transaction
 from controlplane.core.context import Signal
 from controlplane.core.loop import LoopConfig, RolloutLoop
 from controlplane.models import Job
-from controlplane.services.locks import lock_job
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import push_delta_on_commit
 from controlplane.services.jobs import job_delta, set_training_active
+from controlplane.services.locks import lock_job
 from controlplane.services.plan_queue import enqueue_plan
 
 MAX_CHECKPOINT_BYTES = 8 << 20

@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from controlplane.models import SimulationRun
 from controlplane.services import dispatch
-from controlplane.services.locks import locked
 from controlplane.services.errors import Conflict, InvalidInput, NotFound
 from controlplane.services.events import push_delta_on_commit
+from controlplane.services.locks import locked
 
 MAX_TIMELINE_POINTS = 2000
 
@@ -107,7 +107,7 @@ def _series(r: Any, tp: int) -> dict[str, Any]:
     timeline = r.timeline
     if len(timeline) > MAX_TIMELINE_POINTS:  # keep the page light: every n-th change plus the last
         stride = len(timeline) // MAX_TIMELINE_POINTS + 1
-        timeline = timeline[::stride] + [timeline[-1]]
+        timeline = [*timeline[::stride], timeline[-1]]
     return {
         "throughput": [[s, round(v, 3)] for s, v in per_step_throughput(r)],
         "steps": [

@@ -79,7 +79,12 @@ def prune(*, keep: int = RETAIN_PER_JOB) -> int:
     kinds = [k.value for k in RecordKind if k.value not in HISTORY_KINDS]
     for job_id in [*Job.objects.values_list("pk", flat=True), None]:
         for kind in kinds:
-            mine = TelemetrySample.objects.filter(job_id=job_id, kind=kind)
+            of_job = (
+                TelemetrySample.objects.filter(job__isnull=True)
+                if job_id is None
+                else TelemetrySample.objects.filter(job_id=job_id)
+            )
+            mine = of_job.filter(kind=kind)
             cutoff = mine.order_by("-id").values_list("id", flat=True)[keep : keep + 1]
             if cutoff:
                 removed += mine.filter(id__lte=cutoff[0]).delete()[0]

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
-from controlplane.services.invariants import assert_invariants
-from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit
+from controlplane.services.invariants import assert_invariants
+from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.nodes import bump_generation, push_node
 
 MAX_WORKER_GPUS = 16
