@@ -29,9 +29,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, NoReturn, TextIO
+from typing import IO, NoReturn, TextIO
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 STABLE_S = 30.0  # a child that ran this long starts its backoff again from the first step
@@ -156,7 +157,7 @@ def hold_lock(directory: Path) -> IO[str]:
     return the open file: the lock lasts as long as it stays open, and the kernel drops it when this
     process dies however it dies. Raises `AlreadyRunning` with the holder's pid if another has it."""
     directory.mkdir(parents=True, exist_ok=True)
-    f = open(directory / LOCK_FILE, "a+")  # not inherited by children (PEP 446): they never hold it
+    f = open(directory / LOCK_FILE, "a+")  # noqa: SIM115 returned open: the lock lasts while it is; not inherited by children (PEP 446): they never hold it
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

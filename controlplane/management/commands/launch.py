@@ -18,12 +18,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.management.supervisor import AlreadyRunning, Child, Supervisor, hold_lock, port_free, port_holder
 
@@ -94,7 +95,7 @@ def _redis_ok(url: str) -> bool:
 class Command(BaseCommand):
     help = "Start the whole PEARL stack locally (Redis, Daphne, Celery worker + beat, demo agents, a demo job)."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=int(os.environ.get("PEARL_PORT", "8000")))
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-agents", action="store_true", help="start no demo agents")
@@ -178,7 +179,8 @@ class Command(BaseCommand):
         env["REDIS_URL"] = redis_url
         self.step("migrating the database")
         call_command("migrate", verbosity=0)
-        call_command("setup_periodic_tasks", verbosity=0, stdout=open(os.devnull, "w"))
+        with open(os.devnull, "w") as devnull:
+            call_command("setup_periodic_tasks", verbosity=0, stdout=devnull)
 
         self.step("creating the demo operator and tokens")
         with _no_dashboard_pushes():  # nothing listens yet, and the launcher's Redis may not be up
@@ -326,7 +328,7 @@ class Command(BaseCommand):
         creds = var / "demo-credentials.json"
         user, created = User.objects.get_or_create(username="demo", defaults={"is_staff": True, "is_superuser": True})
         saved = json.loads(creds.read_text()) if creds.exists() else {}
-        password = saved.get("password") if not created and saved.get("password") else secrets.token_urlsafe(9)
+        password: str = saved["password"] if not created and saved.get("password") else secrets.token_urlsafe(9)
         user.set_password(password)
         user.save()
         user.groups.add(Group.objects.get_or_create(name="operators")[0])

@@ -10,13 +10,12 @@ import threading
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.core.state import Pool
 from controlplane.models import GPU
 from controlplane.services.availability import elastic_target, set_elastic_capacity
 from controlplane.sim.traces import TraceError, load_trace
-
 
 POLL_S = 1.0
 
@@ -24,7 +23,7 @@ POLL_S = 1.0
 class Command(BaseCommand):
     help = "Hold the elastic pool at an availability trace's level (preemption notices and returns), in real time."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--trace",
             required=True,

@@ -1,5 +1,7 @@
 """Define every periodic task in one idempotent place (django-celery-beat's database schedule)."""
 
+from typing import Any
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -16,7 +18,7 @@ PERIODIC = [
 class Command(BaseCommand):
     help = "Create or update the periodic tasks (sweeper, periodic re-plan)."
 
-    def handle(self, *args, **opts):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, **opts: Any) -> None:
         for name, task, seconds in PERIODIC:
             every = max(1, int(round(seconds())))
             schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
