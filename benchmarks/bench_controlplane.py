@@ -105,6 +105,7 @@ def seed_cluster(n_nodes: int, gpus_per_node: int) -> str:
     from rest_framework.authtoken.models import Token
 
     from controlplane.core.agent_link import Register, SlotSpec
+    from controlplane.core.state import Pool
     from controlplane.models import AgentCredential
     from controlplane.services.credentials import issue_agent_token
     from controlplane.services.jobs import create_job
@@ -122,7 +123,7 @@ def seed_cluster(n_nodes: int, gpus_per_node: int) -> str:
             credential_id=cred.pk,
             message=Register(
                 node=name,
-                pool=pool,
+                pool=Pool(pool),
                 hardware="H800",
                 incarnation="b",
                 slots=[SlotSpec(index=g, hardware="H800", memory_mb=81920) for g in range(gpus_per_node)],

@@ -24,11 +24,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_controlplane import PY, ROOT, free_port, pct, setup_django, wait_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page  # imported lazily at run time: an optional dependency
+
+T = TypeVar("T")
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # reads from the Playwright thread; writes go off_loop
 CHROMIUM_ARGS = [
@@ -109,7 +116,7 @@ def seed(n_nodes: int, gpus_per_node: int = 8, first: int = 0) -> int:
     return job.pk
 
 
-def off_loop(fn, *a, **kw):  # type: ignore[no-untyped-def]
+def off_loop(fn: Callable[..., T], *a: Any, **kw: Any) -> T:
     """Service calls from a plain thread (Playwright's sync API keeps an event loop in this one)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -117,7 +124,7 @@ def off_loop(fn, *a, **kw):  # type: ignore[no-untyped-def]
         return pool.submit(fn, *a, **kw).result()
 
 
-def first_render(page, base: str, mode: str = "auto") -> tuple[float, int]:  # type: ignore[no-untyped-def]
+def first_render(page: Page, base: str, mode: str = "auto") -> tuple[float, int]:
     page.goto(base + "/accounts/login/")  # same origin, to set the view preference before the map loads
     page.evaluate(f"localStorage.setItem('pearl.map', JSON.stringify({{mode: '{mode}'}}))")
     page.goto(base + "/")
@@ -127,7 +134,7 @@ def first_render(page, base: str, mode: str = "auto") -> tuple[float, int]:  # t
     return took, cells
 
 
-def change_latency(page, base: str, node_id: int, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+def change_latency(page: Page, base: str, node_id: int, n: int) -> list[float]:
     from controlplane.services.nodes import drain_node, undrain_node
 
     page.goto(base + "/")
@@ -271,6 +278,8 @@ def main() -> None:
             }
             page.evaluate("localStorage.removeItem('pearl.map')")
             node_id = Node.objects.filter(pool="reserved").order_by("name").values_list("id", flat=True).first()
+            if node_id is None:
+                raise SystemExit("the seeded cluster has no reserved node to drain")
             lat = change_latency(page, base, node_id, args.changes)
             out["change_to_dom"] = {
                 "n": len(lat),

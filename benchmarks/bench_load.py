@@ -263,9 +263,9 @@ def run_step(
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=open(tmp / f"gen-{g}.log", "a"),
+                stderr=open(tmp / f"gen-{g}.log", "a"),  # noqa: SIM115 the child keeps writing to it after this block
                 text=True,
-            )  # noqa: SIM115
+            )
             cfg = {
                 "urls": urls,
                 "agents": part,
@@ -434,7 +434,7 @@ def main() -> None:
     redis_url = f"redis://127.0.0.1:{rport}"
     sizes = [int(x) for x in args.agents.split(",")]
     results: list[dict[str, Any]] = []
-    procs: dict[str, subprocess.Popen[bytes]] = {"redis": redis}  # type: ignore[dict-item]
+    procs: dict[str, subprocess.Popen[bytes]] = {"redis": redis}
     try:
         setup(db_url, redis_url, tmp)
         from django_celery_beat.models import IntervalSchedule, PeriodicTask

@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new points after this")
     p.add_argument("--out", default="", help="write the profile JSON here (default: print)")
     args = p.parse_args(argv)
-    plan = dict(TINY if args.tiny else FULL)
+    plan: dict[str, Any] = dict(TINY if args.tiny else FULL)
     if args.models:
         plan["models"] = args.models.split(",")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")

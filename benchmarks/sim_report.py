@@ -253,7 +253,7 @@ def varied_section(md: list[str]) -> None:
         "| 0.9 ≤ PEARL/oracle ≤ 1 (own / same steps) | misses/lost = 0 |"
     )
     md.append("|---|---|---|---|---|---|---|---|---|")
-    cases = [
+    cases: list[tuple[str, str, dict[str, Any]]] = [
         ("paper-qwen3-8b-seg1", "seed 7", {"seed": 7}),
         ("paper-qwen3-30b-a3b-seg2", "seed 11", {"seed": 11}),
         ("paper-qwen3-8b-seg2", "trace rotated by 1 h", {"rotate": 3600.0}),
@@ -426,7 +426,7 @@ def whatif_section(md: list[str]) -> None:
     )
     md.append("| scenario | PEARL | no-gate | coloc | no-trial | B-only | PEARL, interference ×2 (PEARL/ROLL) |")
     md.append("|---|---|---|---|---|---|---|")
-    variants = {
+    variants: dict[str, str | dict[str, Any]] = {
         "no-gate": {"base": PEARL, "gate": False},
         "coloc": {"base": PEARL, "overrides": {"force_mode": "colocated"}},
         "no-trial": {"base": PEARL, "options": {"mode_trial": False}},
@@ -576,7 +576,7 @@ def table2_section(md: list[str], pred_points: list[tuple[str, float, float]]) -
 
     def replay(n: int, penalty: float, points: list[tuple[str, float, float]] | None) -> tuple[str, str, float]:
         selected, means = replay_every_configuration("qwen3-8b", n, penalty=penalty, points=points)
-        best = min(means, key=means.get)
+        best = min(means, key=means.__getitem__)
         return selected, best, means.get(selected, float("nan")) / means[best] - 1
 
     for ded in (10, 12, 16):
@@ -615,7 +615,7 @@ def crossover_section(md: list[str]) -> None:
     def replay(b: int, penalty: float) -> tuple[dict[str, float], str, str]:
         selected, means = replay_every_configuration("qwen3-30b-a3b", 8, batch=b, penalty=penalty)
         dis = {k: v for k, v in means.items() if k != "8C"}
-        return means, min(dis, key=dis.get), selected
+        return means, min(dis, key=dis.__getitem__), selected
 
     for b in (32, 64, 96):
         means, best, sel = replay(b, 1.0)

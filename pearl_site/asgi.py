@@ -11,9 +11,8 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.urls import path  # noqa: E402
-
 from django.conf import settings  # noqa: E402
+from django.urls import path  # noqa: E402
 
 from controlplane.api.limits import BodyLimit  # noqa: E402
 from controlplane.consumers import AgentConsumer, DashboardConsumer, DriverConsumer  # noqa: E402
