@@ -21,7 +21,7 @@ NOTABLE = ("WARNING", "ERROR", "CRITICAL", "Traceback", "Error:", "deadlock")
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(item, call):
     """A failed test that ran servers (Daphne, Celery, agents) shows what they logged of note: on CI the
     report is all there is, and the subprocesses' logs die with the runner's temporary directory."""
     outcome = yield
@@ -38,7 +38,7 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(autouse=True)
-def _fresh_throttle_counters(request):  # type: ignore[no-untyped-def]
+def _fresh_throttle_counters(request):
     """API rate-limit counters live in the (per-process) cache, queued re-plan signals in Redis (keyed by
     job id, which tests reuse): no test inherits another's. (`make test-vllm` runs without Django.)"""
     if not request.config.pluginmanager.hasplugin("django"):
@@ -115,9 +115,9 @@ def control_plane_server(transactional_db, tmp_path) -> Iterator[ControlPlane]:
     )
     try:
         wait_port(port, proc=proc)
-    except Exception:
+    except Exception as err:
         stop_processes([proc])
-        raise RuntimeError((tmp_path / "daphne.log").read_text()[-3000:])
+        raise RuntimeError((tmp_path / "daphne.log").read_text()[-3000:]) from err
     cp = ControlPlane(base_url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}", procs=[proc])
     yield cp
     stop_processes(cp.procs)

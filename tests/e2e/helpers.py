@@ -12,14 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "var" / "artifacts" / "e2e"
 
 
-def off_loop(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+def off_loop(fn, *args, **kwargs):
     """Run a service call in a plain thread: Playwright's sync API keeps an event loop in this thread,
     where the after-commit websocket push (async_to_sync) may not run."""
     from concurrent.futures import ThreadPoolExecutor
 
     from django.db import connections
 
-    def call():  # type: ignore[no-untyped-def]
+    def call():
         try:
             return fn(*args, **kwargs)
         finally:
@@ -29,7 +29,7 @@ def off_loop(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         return pool.submit(call).result()
 
 
-def login(page, base_url: str, username: str, password: str, path: str = "/") -> None:  # type: ignore[no-untyped-def]
+def login(page, base_url: str, username: str, password: str, path: str = "/") -> None:
     page.goto(base_url + path)
     assert "/accounts/login/" in page.url  # anonymous users are sent to the login page
     page.fill("input[name=username]", username)
@@ -37,14 +37,14 @@ def login(page, base_url: str, username: str, password: str, path: str = "/") ->
     page.click("button[type=submit]")
 
 
-def shot(page, name: str) -> Path:  # type: ignore[no-untyped-def]
+def shot(page, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / (re.sub(r"[^a-z0-9_-]+", "-", name.lower()) + ".png")
     page.screenshot(path=str(path), full_page=True)
     return path
 
 
-def operator_user(username: str = "ops", password: str = "ops-password-123"):  # type: ignore[no-untyped-def]
+def operator_user(username: str = "ops", password: str = "ops-password-123"):
     from django.contrib.auth.models import Group, User
 
     user = User.objects.create_user(username=username, password=password)
@@ -65,6 +65,7 @@ class Agent:
         from websockets.sync.client import ClientConnection, connect
 
         from controlplane.core.agent_link import Register, SlotSpec, dump
+        from controlplane.core.state import Pool
         from controlplane.services.credentials import issue_agent_token
 
         token = off_loop(issue_agent_token, node_name=name)
@@ -73,7 +74,7 @@ class Agent:
         )
         msg = Register(
             node=name,
-            pool=pool,
+            pool=Pool(pool),
             hardware="cpu",
             incarnation=f"{name}-1",
             slots=[SlotSpec(index=i, hardware="cpu", memory_mb=1024) for i in range(slots)],
@@ -87,6 +88,7 @@ class Agent:
 
     def _serve(self) -> None:
         from controlplane.core.agent_link import Heartbeat, ObservedWorker, dump
+        from controlplane.core.state import Activity
 
         report = Heartbeat(epoch=self.epoch, generation=0, workers=[])
         while True:
@@ -104,7 +106,9 @@ class Agent:
                         role=w["role"],
                         state="running",
                         inflight=0,
-                        activity="inactive" if w["role"] == "training" and w["activity"] != "active" else w["activity"],
+                        activity=Activity.INACTIVE
+                        if w["role"] == "training" and w["activity"] != "active"
+                        else Activity(w["activity"]),
                         weight_version=w.get("min_weight_version", 0),
                         endpoint=f"http://127.0.0.1:{20000 + w['worker_id']}",
                         generation=data["generation"],

@@ -16,16 +16,17 @@ from tests.support.processes import start_process, wait_port
 pytestmark = pytest.mark.e2e
 
 
-def cell_roles(page, node: str) -> list[str]:  # type: ignore[no-untyped-def]
+def cell_roles(page, node: str) -> list[str]:
     return page.eval_on_selector_all(
         f"[data-node={node}] .gpu", "els => els.map(e => e.dataset.role + '/' + e.dataset.activity)"
     )
 
 
-def wait_roles(page, node: str, js_condition: str, timeout: int = 30000) -> None:  # type: ignore[no-untyped-def]
+def wait_roles(page, node: str, js_condition: str, timeout: int = 30000) -> None:
     """Wait until the roles of `node`'s GPU cells (a JS array `r` of 'role/activity') satisfy the condition."""
     page.wait_for_function(
-        f"(() => {{ const r = [...document.querySelectorAll('[data-node={node}] .gpu')].map(e => e.dataset.role + '/' + e.dataset.activity); return {js_condition}; }})()",
+        f"(() => {{ const r = [...document.querySelectorAll('[data-node={node}] .gpu')]"
+        f".map(e => e.dataset.role + '/' + e.dataset.activity); return {js_condition}; }})()",
         timeout=timeout,
     )
 
@@ -78,7 +79,8 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         # the measured PD interference the colocated candidates carry (1.00 before any mixed prefill is seen)
         assert "× prefill alone" in page.inner_text("#decision-interference")
         page.wait_for_function(
-            "document.querySelector('[data-transition]') && document.querySelector('[data-transition]').dataset.status === 'succeeded'",
+            "document.querySelector('[data-transition]')"
+            " && document.querySelector('[data-transition]').dataset.status === 'succeeded'",
             timeout=30000,
         )
         page.wait_for_function("window.Plotly && document.querySelector('#chart-makespan .main-svg') !== null")
@@ -96,7 +98,8 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         page.click("#confirm-ok")
         page.wait_for_function("document.getElementById('override-summary').textContent.includes('ratio 1:1')")
         page.wait_for_function(
-            "(document.getElementById('decision-reason') || {}).textContent?.includes('forced ratio 1:1 gives 3P3D on 6 workers')",
+            "(document.getElementById('decision-reason') || {}).textContent"
+            "?.includes('forced ratio 1:1 gives 3P3D on 6 workers')",
             timeout=30000,
         )
         page.wait_for_function(
@@ -114,7 +117,8 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         wait_roles(
             page,
             "train-a",
-            "r.some(x => x.endsWith('/active')) && document.querySelectorAll('[data-node=train-a] .gpu[data-borrowed]').length === 2",
+            "r.some(x => x.endsWith('/active'))"
+            " && document.querySelectorAll('[data-node=train-a] .gpu[data-borrowed]').length === 2",
         )
         shot(page, "cluster-after-override")
 
@@ -168,7 +172,7 @@ def test_api_docs_and_charts_render_with_the_network_blocked(control_plane_serve
     job = off_loop(make_job, "offline", rollout_gpus=2, training_gpus=1)
     outside: list[str] = []
 
-    def only_local(route):  # type: ignore[no-untyped-def]
+    def only_local(route):
         if route.request.url.startswith(cp.base_url) or route.request.url.startswith(cp.ws_url):
             return route.continue_()
         outside.append(route.request.url)

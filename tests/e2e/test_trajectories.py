@@ -13,7 +13,7 @@ from tests.support.cluster import make_job, make_node
 pytestmark = pytest.mark.e2e
 
 
-def _setup():  # type: ignore[no-untyped-def]
+def _setup():
     from agents.driver.trajectories import summarize
     from controlplane.models import Job, Node, Worker
     from controlplane.services import workers

@@ -99,23 +99,27 @@ class Stack:
     tokens: dict[str, str] = field(default_factory=dict)
 
     def start_redis(self) -> None:
-        self.procs["redis"] = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=open(self.tmp / "redis.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1"]
+        argv += ["--save", "", "--appendonly", "no"]
+        with open(self.tmp / "redis.log", "ab") as log:
+            self.procs["redis"] = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_port(self.redis_port, proc=self.procs["redis"])
 
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=self.env | env,
-            stdout=open(self.tmp / f"{name}.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.tmp / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=self.env | env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 

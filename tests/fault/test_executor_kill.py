@@ -76,6 +76,7 @@ def _kill_at_every_phase(tr, tmp_path: Path, proc: subprocess.Popen, n: int) -> 
         if state.status in ("succeeded", "failed"):
             return proc, n, phases
         phase = _phase_of(state)
+        assert phase is not None
         phases.append(phase)
         proc.send_signal(signal.SIGKILL)  # mid-transition: steps issued, none confirmed
         proc.wait()

@@ -58,15 +58,15 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
         "PEARL_HEARTBEAT_S": "0.5",
         "PYTHONPATH": str(ROOT),
     }
-    log = open(tmp_path / "launch.log", "wb")
-    launcher = subprocess.Popen(
-        [sys.executable, "manage.py", "launch", "--no-demo-job", "--time-factor", "0.01", "--trace", ""],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(tmp_path / "launch.log", "wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "manage.py", "launch", "--no-demo-job", "--time-factor", "0.01", "--trace", ""],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(
@@ -107,6 +107,7 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.send_signal(signal.SIGTERM)
+        rc: int | None
         try:
             rc = launcher.wait(timeout=90)
         except subprocess.TimeoutExpired:
@@ -115,7 +116,6 @@ def test_launcher_restarts_a_dead_agent_and_stops_everything(tmp_path):
         left = processes_under(var)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-        log.close()
     assert rc == 0, (tmp_path / "launch.log").read_text()[-3000:]
     assert not left, f"processes outlived the launcher: {left}"
     assert get(f"{base}/healthz")[0] == 0  # nothing listens any more

@@ -77,12 +77,12 @@ def test_children_die_with_a_supervisor_killed_by_sigkill_restarted_ones_too(tmp
     )
     seen: set[int] = set()
     try:
-        first = [int(p) for p in sup.stdout.readline().split()]  # type: ignore[union-attr]
+        first = [int(p) for p in sup.stdout.readline().split()]
         assert len(first) == 2 and all(alive(p) for p in first)
         seen |= set(first)
         os.kill(first[0], signal.SIGKILL)  # restarted by the watcher thread, not the main one
         while True:
-            pids = [int(p) for p in sup.stdout.readline().split()]  # type: ignore[union-attr]
+            pids = [int(p) for p in sup.stdout.readline().split()]
             if len(pids) == 2 and pids[0] != first[0]:
                 break
         seen |= set(pids)
@@ -152,15 +152,15 @@ def test_a_taken_port_is_named_before_anything_starts(tmp_path, which):
 def test_a_launcher_killed_by_sigkill_takes_its_stack_with_it_and_a_second_start_is_refused(tmp_path):
     var, port, redis_port = tmp_path / "var", free_port(), free_port()
     env = launcher_env(var, port, redis_port)
-    log = open(tmp_path / "launch.log", "wb")
-    launcher = subprocess.Popen(
-        [sys.executable, "manage.py", "launch", "--no-demo-job", "--no-agents", "--trace", ""],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(tmp_path / "launch.log", "wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "manage.py", "launch", "--no-demo-job", "--no-agents", "--trace", ""],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     children: list[int] = []
     try:
         wait_for(
@@ -190,5 +190,4 @@ def test_a_launcher_killed_by_sigkill_takes_its_stack_with_it_and_a_second_start
         left = [p for p in children if alive(p)]
         for pid in left:
             os.killpg(pid, signal.SIGKILL)
-        log.close()
     assert not left, f"outlived the launcher: {left}"

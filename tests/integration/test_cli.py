@@ -30,7 +30,7 @@ gpus: {rollout: 4, training: 2}
 """
 
 
-def pearl(cp, *args: str, token: str | None = None, env: dict[str, str] | None = None, check: bool = True):  # type: ignore[no-untyped-def]
+def pearl(cp, *args: str, token: str | None = None, env: dict[str, str] | None = None, check: bool = True):
     """Run `python -m pearl_cli` as a user would run `pearl` (its console script calls the same main)."""
     e = dict(os.environ, PEARL_URL=cp.base_url, PEARL_TOKEN=token or "", PEARL_CONFIG=str(Path(cp.tmp) / "none.toml"))
     e.update(env or {})
@@ -71,7 +71,7 @@ def test_submit_status_override_events_stop(cp, tmp_path):
 
     replan("step_start")
     text = pearl(cp, "status", "grpo-cli", token=token).stdout
-    assert "job grpo-cli (#%d) running" % job["id"] in text
+    assert f"job grpo-cli (#{job['id']}) running" in text
     db = Job.objects.get(pk=job["id"])
     label = f"{db.n_prefill}P{db.n_decode}D" if db.mode == "disaggregated" else f"{db.n_colocated}C"
     assert f"configuration: {label} {db.mode}" in text

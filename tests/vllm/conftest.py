@@ -76,7 +76,7 @@ async def start_worker(model: Path, worker_id: int, http: ClientSession, **engin
     await runner.setup()  # starts the engine (the app's on_startup)
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]
     return Worker(engine, f"http://127.0.0.1:{port}", http, runner)
 
 

@@ -13,18 +13,25 @@ from agents import dataplane as dp
 from agents.process import REPO_ROOT, kill_leftovers, spawn_worker, start_time
 from agents.worker_client import WorkerClient, session
 from controlplane.core import agent_link as link
+from controlplane.core.state import Activity, Role
 from tests.integration.agents.test_node_agent import cp, observed  # noqa: F401  (the fake link server fixture)
 from tests.support.processes import journaled_tokens
 
 
 def desired(generation: int) -> link.DesiredState:
     w = link.DesiredWorker(
-        worker_id=1, gpus=[1], role="colocated", activity="active", engine="emulated", model="qwen3-8b", job="j"
+        worker_id=1,
+        gpus=[1],
+        role=Role.COLOCATED,
+        activity=Activity.ACTIVE,
+        engine="emulated",
+        model="qwen3-8b",
+        job="j",
     )
     return link.DesiredState(generation=generation, epoch=1, status="ready", workers=[w])
 
 
-async def start_agent(cp, state_dir: Path) -> asyncio.subprocess.Process:
+async def start_agent(cp, state_dir: Path) -> asyncio.subprocess.Process:  # noqa: F811  (the `cp` fixture imported above)
     env = dict(os.environ, PEARL_AGENT_TOKEN="node-token", PEARL_DATAPLANE_SECRET="dp", PYTHONPATH=str(REPO_ROOT))
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -51,7 +58,7 @@ def alive(pid: int) -> bool:
     return start_time(pid) is not None
 
 
-async def test_killed_agent_takes_its_workers_along_and_the_next_one_reports_their_partials(cp, tmp_path):
+async def test_killed_agent_takes_its_workers_along_and_the_next_one_reports_their_partials(cp, tmp_path):  # noqa: F811  (the `cp` fixture imported above)
     agent = await start_agent(cp, tmp_path / "agent")
     s = session()
     try:

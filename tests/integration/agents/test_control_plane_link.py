@@ -61,35 +61,35 @@ def test_agent_registers_starts_worker_and_follows_desired_state(control_plane_s
     name = "agent-it-1"
     token = cp.agent_token(name)
     env = dict(os.environ, PEARL_AGENT_TOKEN=token, PEARL_DATAPLANE_SECRET="dp-secret", PYTHONPATH=str(ROOT))
-    log = open(tmp_path / "agent.log", "wb")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agents.node",
-            "--control-plane",
-            cp.base_url,
-            "--node",
-            name,
-            "--slots",
-            "2",
-            "--pool",
-            "reserved",
-            "--hardware",
-            "cpu",
-            "--engine",
-            "emulated",
-            "--time-factor",
-            "0.1",
-            "--state-dir",
-            str(tmp_path / "agent"),
-            "-v",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with open(tmp_path / "agent.log", "wb") as log:
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agents.node",
+                "--control-plane",
+                cp.base_url,
+                "--node",
+                name,
+                "--slots",
+                "2",
+                "--pool",
+                "reserved",
+                "--hardware",
+                "cpu",
+                "--engine",
+                "emulated",
+                "--time-factor",
+                "0.1",
+                "--state-dir",
+                str(tmp_path / "agent"),
+                "-v",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         node = wait_for(
             lambda: Node.objects.filter(name=name, last_heartbeat__isnull=False).first(),
@@ -133,4 +133,3 @@ def test_agent_registers_starts_worker_and_follows_desired_state(control_plane_s
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-        log.close()

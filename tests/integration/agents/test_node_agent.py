@@ -11,7 +11,9 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
+import aiohttp
 import pytest
 import torch
 from aiohttp import web
@@ -22,6 +24,7 @@ from agents.process import REPO_ROOT
 from agents.weights import WeightStore, weight_routes
 from agents.worker_client import WorkerClient, generate_disaggregated, session
 from controlplane.core import agent_link as link
+from controlplane.core.state import Activity, Role
 from tests.support.processes import journaled_tokens
 from tests.unit.agents.fake_control_plane import FakeControlPlane
 
@@ -30,7 +33,13 @@ SLOW = 0.5  # emulated time factor: slow enough that a long request is still run
 
 def worker(wid: int, role: str, activity: str = "active", **kw) -> link.DesiredWorker:
     return link.DesiredWorker(
-        worker_id=wid, gpus=[wid], role=role, activity=activity, engine="emulated", model="qwen3-8b", **kw
+        worker_id=wid,
+        gpus=[wid],
+        role=Role(role),
+        activity=Activity(activity),
+        engine="emulated",
+        model="qwen3-8b",
+        **kw,
     )
 
 
@@ -188,7 +197,7 @@ async def test_agent_reconciles_restarts_and_drains(cp, weight_store, tmp_path):
         )
         await cp.wait_for(lambda c: journaled_tokens(agent.workers[1].proc.state_dir))
         os.kill(pids[1], signal.SIGKILL)
-        with pytest.raises(Exception):
+        with pytest.raises(aiohttp.ClientError):
             await long  # the caller sees the connection drop ...
         crash = await cp.wait_for(lambda c: [f for f in c.of_type("fault") if f["kind"] == "crashed"])
         aborted = crash[0]["aborted"]  # ... and the agent reports what was generated so far
@@ -267,7 +276,7 @@ async def test_sigterm_drains_workers_and_reports(cp, tmp_path):
     s = session()
     try:
         await cp.wait_for(lambda c: c.of_type("register"))
-        assert "node-token" not in " ".join(open(f"/proc/{proc.pid}/cmdline").read().split("\0"))
+        assert "node-token" not in " ".join(Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0"))
         await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
         ws = await cp.wait_for(lambda c: observed(c, 1))
         client = WorkerClient(ws[1]["endpoint"], "dp-secret", s)
@@ -320,7 +329,7 @@ async def test_standalone_mode_serves_without_a_control_plane(tmp_path):
         line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
         assert line.startswith("PEARL_AGENT_READY ")
         info = json.loads(line.split(" ", 1)[1])
-        listing = json.loads(open(info["secrets_file"]).read())
+        listing = json.loads(Path(info["secrets_file"]).read_text())
         assert oct(os.stat(info["secrets_file"]).st_mode & 0o777) == "0o600" and len(listing) == 2
         served = [WorkerClient(w["endpoint"], w["secret"], s) for w in listing]
         outs = [
@@ -364,8 +373,8 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
         trainer = link.DesiredWorker(
             worker_id=10,
             gpus=[0],
-            role="training",
-            activity="active",
+            role=Role.TRAINING,
+            activity=Activity.ACTIVE,
             engine="torch",
             model="tiny",
             job="j",
@@ -412,8 +421,8 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
         rollout = link.DesiredWorker(
             worker_id=11,
             gpus=[1],
-            role="colocated",
-            activity="active",
+            role=Role.COLOCATED,
+            activity=Activity.ACTIVE,
             engine="emulated",
             model="tiny",
             job="j",

@@ -37,7 +37,7 @@ def _req(i: int, prompt: str, n: int = 12) -> dp.GenerateRequest:
 
 
 async def test_disaggregated_greedy_equals_colocated(pair):
-    a, b, pa, pb = pair
+    a, b, pa, _pb = pair
     colocated = [await a.generate(_req(i, p)) for i, p in enumerate(PROMPTS)]
     assert all(len(r.tokens) == 12 and r.finish_reason == "length" for r in colocated)
 

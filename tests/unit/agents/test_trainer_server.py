@@ -57,7 +57,7 @@ async def serving(server: TrainerServer) -> tuple[web.AppRunner, str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)  # a free port
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]
     return runner, f"http://127.0.0.1:{port}"
 
 

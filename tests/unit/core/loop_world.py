@@ -15,6 +15,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal
@@ -96,15 +97,15 @@ class ToyWorld:
         if k is lp.ReturnOverlap:
             # the agents take a while to act on the return: until then the workers would still take turns
             out: list[Reaction] = [
-                (self.return_s / 2 + self._eps(), lambda n, w=w: self.take_away(w, n, "return"))
+                (self.return_s / 2 + self._eps(), partial(self.take_away, w, why="return"))
                 for w in sorted(self.overlap)
             ]
             out.append((self.return_s + self._eps(), lambda n: lp.ReturnConfirmed(n)))
             return out
         if k is lp.Train:
-            return [(self.train_s + self._eps(), lambda n, s=cmd.step: lp.TrainingDone(n, s, loss=0.5))]
+            return [(self.train_s + self._eps(), partial(lp.TrainingDone, step=cmd.step, loss=0.5))]
         if k is lp.PublishWeights:
-            return [(self.sync_s + self._eps(), lambda n, v=cmd.version: lp.WeightsPublished(n, v))]
+            return [(self.sync_s + self._eps(), partial(lp.WeightsPublished, version=cmd.version))]
         if k is lp.EmitSignal and cmd.signal is Signal.TRAINING_FINISHED:
             return [(self.activation_s + self._eps(), self._ready(w, r, True)) for w, r in sorted(self.overlap.items())]
         if k is lp.Abort:
@@ -187,7 +188,7 @@ class ToyWorld:
             done = 0 if role is Role.PREFILL else int(round(max(0.0, decoding) / self.token_s, 6))
             done = max(0, min(done, req.tokens - 1))
             self.kept[tid] = self.kept.get(tid, 0) + done
-            out.append((self._eps(), lambda n, tid=tid, d=done: lp.TurnInterrupted(n, tid, w, generated_tokens=d)))
+            out.append((self._eps(), partial(lp.TurnInterrupted, trajectory=tid, worker=w, generated_tokens=done)))
         return out
 
 
@@ -215,7 +216,7 @@ def run_heap(
     for d, m in world.start():
         push(d, m)
     for t, f in script:
-        push(t, lambda n, f=f: _inject(f(n), push))
+        push(t, _injector(f, push))
     while heap:
         t, _, make = heapq.heappop(heap)
         if t > until:
@@ -239,6 +240,15 @@ def _inject(reactions: list[Reaction], push: Callable[[float, Make], None]) -> N
     return None
 
 
+def _injector(fault: Callable[[float], list[Reaction]], push: Callable[[float, Make], None]) -> Callable[[float], None]:
+    """A scripted fault as a scheduled event: at its time, the reactions it answers go on the clock."""
+
+    def make(now: float) -> None:
+        _inject(fault(now), push)
+
+    return make
+
+
 async def run_asyncio(
     world: ToyWorld, config: lp.LoopConfig, script: list[tuple[float, Callable[[float], list[Reaction]]]], until: float
 ) -> tuple[lp.RolloutLoop, list[tuple[float, lp.Command]]]:
@@ -253,7 +263,8 @@ async def run_asyncio(
         def fire(now: float) -> lp.Event | None:
             ev = make(now)
             if isinstance(ev, list):
-                return _inject(ev, schedule)
+                _inject(ev, schedule)
+                return None
             if ev is not None:
                 for d, m in world.after(ev):
                     schedule(d, m)
@@ -270,6 +281,6 @@ async def run_asyncio(
     for d, m in world.start():
         schedule(d, m)
     for t, f in script:
-        runner.later(t, lambda n, f=f: _inject(f(n), schedule))
+        runner.later(t, _injector(f, schedule))
     await asyncio.sleep(until)
     return loop, cmds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
 
 import pytest
@@ -16,7 +17,7 @@ from controlplane.core.context import Signal
 from controlplane.core.state import Role
 from controlplane.core.telemetry import RecordKind
 
-from .loop_world import ToyWorld, run_asyncio, run_heap
+from .loop_world import Reaction, ToyWorld, run_asyncio, run_heap
 
 C, P, D = Role.COLOCATED, Role.PREFILL, Role.DECODE
 
@@ -209,7 +210,9 @@ def test_no_trajectory_lost_or_twice_returns_before_training_staleness_and_R(
     overlap = {10 + i: (C if mode == "coloc" else D) for i in range(n_overlap)}
     world = ToyWorld(workers, overlap=overlap, train_s=train_s, return_s=ret_s, stale_engine=(n - 1) if stale else None)
     # preempt at most n-1 dedicated workers (the first one stays, or nothing could serve)
-    script = [(t, partial(world.take_away, w, why="preempt")) for t, w in preempt if 0 < w < n]
+    script: list[tuple[float, Callable[[float], list[Reaction]]]] = [
+        (t, partial(world.take_away, w, why="preempt")) for t, w in preempt if 0 < w < n
+    ]
     config = cfg(batch_size=6, group_size=3, max_staleness=alpha, return_deadline_s=10.0, periodic_s=5.0)
     loop, cmds = run_heap(world, config, script, until=90.0)
 
@@ -259,15 +262,17 @@ def test_jsq_dispatch_holds_turns_while_every_worker_is_at_its_cap_and_loses_non
     """RLBoost's Algorithm 2 (the RLBoost+ baseline): join-shortest-queue on turns in flight, delayed
     dispatch at the cap; held turns go out as turns finish, and the batch still completes exactly."""
     world = ToyWorld({0: C, 1: C}, train_s=1.0)
-    react, peak = world.react, defaultdict(int)
+    react = world.react
+    peak: defaultdict[int, int] = defaultdict(int)
 
-    def watched(cmd, now):  # the world's own books: turns in flight on each worker, never above the cap
+    def watched(cmd: lp.Command, now: float) -> list[Reaction]:
+        # the world's own books: turns in flight on each worker, never above the cap
         out = react(cmd, now)
         for r in world.inflight.values():
             peak[r.worker] = max(peak[r.worker], sum(1 for q in world.inflight.values() if q.worker == r.worker))
         return out
 
-    world.react = watched
+    world.react = watched  # type: ignore[method-assign]  # the test watches the world's own reactions
     _loop, cmds = run_heap(world, cfg(batch_size=8, group_size=4, dispatch="jsq", dispatch_cap=2), [], until=60.0)
     assert peak and max(peak.values()) == 2
     trains = kinds(cmds, lp.Train)
