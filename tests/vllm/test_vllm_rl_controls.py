@@ -42,12 +42,6 @@ def trained_snapshot() -> bytes:
     return save(models.state_dict_for_wire(models.load_model("tiny", seed=TRAINED_SEED)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: after the in-place install the tied tiny model's greedy tokens differ "
-    "from a fresh engine's on the same weights (vLLM's layer-wise reload reports 'ParallelLMHead: "
-    "Failed to load weights' for the tied head; re-tying it in the worker did not change the output)",
-)
 async def test_weights_installed_in_place_equal_a_fresh_engine_and_no_stale_kv_is_reused(
     pd: tuple[Worker, Worker], fresh: Worker
 ) -> None:
@@ -65,7 +59,11 @@ async def test_weights_installed_in_place_equal_a_fresh_engine_and_no_stale_kv_i
     assert await d.engine.llm.get_weight_version() == "3"  # vLLM's own record of it
     status, after = await d.call("generate", turn("w-after", tokens))
     status, ref = await fresh.call("generate", turn("w-ref", tokens))
-    assert status == 200 and after["tokens"] == ref["tokens"] != before["tokens"]
+    assert status == 200 and after["tokens"] == ref["tokens"]
+    assert after["logprobs"] == pytest.approx(ref["logprobs"], abs=1e-3)
+    # a weak random model with tied embeddings tends to repeat the prompt's last token under any seed, so the
+    # tokens alone may not show the install: the log-probabilities do
+    assert after["logprobs"] != pytest.approx(before["logprobs"], abs=1e-3)
     assert after["weight_version"] == 3
     others = [prompt(n, 30 + n) for n in (7, 64, 129)]
     for i, other in enumerate(others):
