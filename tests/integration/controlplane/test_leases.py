@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
+from controlplane.core.state import Activity, Role
 from controlplane.models import Node
 from controlplane.services import leases, nodes
 from controlplane.services.errors import StaleEpoch
@@ -52,7 +53,11 @@ def transactions(ctx: CaptureQueriesContext) -> list[str]:
 
 
 def beat(node: Node, *, generation: int | None = None, inflight: int = 0) -> Heartbeat:
-    workers = [ObservedWorker(worker_id=999_999, role="rollout", activity="active", state="running", inflight=inflight)]
+    workers = [
+        ObservedWorker(
+            worker_id=999_999, role=Role.DECODE, activity=Activity.ACTIVE, state="running", inflight=inflight
+        )
+    ]
     applied = node.generation if generation is None else generation
     return Heartbeat(epoch=node.epoch, generation=applied, workers=workers)
 
