@@ -11,6 +11,7 @@ leaves the namespaces) when one answers there, else SQLite. Only the namespaces 
 touched; every process is started here in its own process group and killed by that group; `ray stop`
 is never run (it would end every Ray process on the host). Root only: skipped with a reason otherwise.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,12 @@ HEAD_IP = f"{SUBNET}.2"  # the Ray head: its own host, so cutting the control pl
 WEB_PORT, REDIS_PORT, RAY_PORT = 8000, 6379, 6380
 LEASE_S, HEARTBEAT_S, SWEEP_S = 3.0, 0.5, 1.0
 PG_SOCKET = "/var/run/postgresql"
-RAY_HEALTH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
-              "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "10"}
+RAY_HEALTH = {
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "10",
+}
 # Ray declares a silent node dead after ~10 s: longer than a partition of twice the lease (6 s), which PEARL
 # fences on its own; a killed node is not_ready after one lease and gone when Ray says so
 
@@ -84,6 +89,7 @@ def sh(*argv: str) -> None:
 @dataclass
 class Hosts:
     """The namespaces, their links and the processes started in them (by process group)."""
+
     prefix: str
     tmp: Path
     namespaces: list[str] = field(default_factory=list)
@@ -120,8 +126,14 @@ class Hosts:
 
     def start(self, name: str, host: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns(host), *argv],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
@@ -162,7 +174,7 @@ class Database:
 
     def rows(self, sql: str, *params: Any) -> list[tuple]:
         if self.url.startswith("sqlite:///"):
-            with sqlite3.connect(self.url[len("sqlite:///"):], timeout=10) as c:
+            with sqlite3.connect(self.url[len("sqlite:///") :], timeout=10) as c:
                 return c.execute(sql.replace("%s", "?"), params).fetchall()
         import psycopg
 
@@ -176,10 +188,19 @@ class Database:
     def events(self, kind: str) -> list[dict[str, Any]]:
         out = []
         for k, message, data, created, node in self.rows(
-                "SELECT e.kind, e.message, e.data, e.created, n.name FROM controlplane_event e "
-                "LEFT JOIN controlplane_node n ON n.id = e.node_id WHERE e.kind = %s ORDER BY e.id", kind):
-            out.append({"kind": k, "message": message, "data": json.loads(data) if isinstance(data, str) else data,
-                        "created": created, "node": node})
+            "SELECT e.kind, e.message, e.data, e.created, n.name FROM controlplane_event e "
+            "LEFT JOIN controlplane_node n ON n.id = e.node_id WHERE e.kind = %s ORDER BY e.id",
+            kind,
+        ):
+            out.append(
+                {
+                    "kind": k,
+                    "message": message,
+                    "data": json.loads(data) if isinstance(data, str) else data,
+                    "created": created,
+                    "node": node,
+                }
+            )
         return out
 
 
@@ -189,8 +210,9 @@ def _database(prefix: str, tmp: Path) -> tuple[str, Callable[[], None]]:
         import psycopg
 
         name = f"multihost_{prefix}".replace("-", "_")
-        with psycopg.connect(host=PG_SOCKET, user="postgres", dbname="postgres", autocommit=True,
-                             connect_timeout=3) as c:
+        with psycopg.connect(
+            host=PG_SOCKET, user="postgres", dbname="postgres", autocommit=True, connect_timeout=3
+        ) as c:
             c.execute(f"CREATE DATABASE {name}")
 
         def drop() -> None:
@@ -214,8 +236,9 @@ class Cluster:
         return f"http://{CONTROL_IP}:{WEB_PORT}"
 
     def manage(self, *args: str) -> str:
-        r = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
         if r.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)}: {r.stdout[-2000:]}{r.stderr[-2000:]}")
         return r.stdout
@@ -223,11 +246,31 @@ class Cluster:
     def start_ray_node(self, host: str, *, gpus: int = 2, pool: str = "elastic") -> None:
         """A Ray worker node in its own namespace (its own address), `gpus` logical GPUs."""
         ip = self.nodes[host]
-        self.hosts.start(f"ray-{host}", host, [
-            str(Path(sys.executable).parent / "ray"), "start", "--block", "--address", f"{HEAD_IP}:{RAY_PORT}",
-            "--node-ip-address", ip, "--num-cpus", "1", "--num-gpus", str(gpus), "--object-store-memory", "80000000",
-            "--labels", f"pearl.io/pool={pool},pearl.io/hardware=H800", "--disable-usage-stats",
-            "--temp-dir", str(ray_tmp(self.hosts.prefix) / host)], self.env | RAY_HEALTH)
+        self.hosts.start(
+            f"ray-{host}",
+            host,
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "start",
+                "--block",
+                "--address",
+                f"{HEAD_IP}:{RAY_PORT}",
+                "--node-ip-address",
+                ip,
+                "--num-cpus",
+                "1",
+                "--num-gpus",
+                str(gpus),
+                "--object-store-memory",
+                "80000000",
+                "--labels",
+                f"pearl.io/pool={pool},pearl.io/hardware=H800",
+                "--disable-usage-stats",
+                "--temp-dir",
+                str(ray_tmp(self.hosts.prefix) / host),
+            ],
+            self.env | RAY_HEALTH,
+        )
 
     def add_node(self, host: str, **kw: Any) -> str:
         ip = f"{SUBNET}.{10 + len(self.nodes) + 1}"
@@ -237,12 +280,26 @@ class Cluster:
         return ip
 
     def start_bridge(self) -> None:
-        self.hosts.start("bridge", "cp", [sys.executable, "manage.py", "ray_bridge",
-                                          "--address", f"{HEAD_IP}:{RAY_PORT}",
-                                          "--control-plane", self.control_plane,
-                                          "--time-factor", "0.05",
-                                          "--state-root", str(self.hosts.tmp / "agents"), "--interval", "0.5"],
-                         self.env)
+        self.hosts.start(
+            "bridge",
+            "cp",
+            [
+                sys.executable,
+                "manage.py",
+                "ray_bridge",
+                "--address",
+                f"{HEAD_IP}:{RAY_PORT}",
+                "--control-plane",
+                self.control_plane,
+                "--time-factor",
+                "0.05",
+                "--state-root",
+                str(self.hosts.tmp / "agents"),
+                "--interval",
+                "0.5",
+            ],
+            self.env,
+        )
 
     def bridge_lines(self) -> list[dict[str, Any]]:
         out = []
@@ -255,18 +312,39 @@ class Cluster:
     def ray_node_of(self, host: str) -> str:
         """The Ray node id of the node at host's address, from PEARL's database (bound by the bridge)."""
         ip = self.nodes[host]
-        return wait_for(lambda: next((n for n in self.db.nodes().values()
-                                      if n["ray_address"] == ip and n["ray_node_id"]), None),
-                        120, f"the node at {ip} to be bound")
+        return wait_for(
+            lambda: next((n for n in self.db.nodes().values() if n["ray_address"] == ip and n["ray_node_id"]), None),
+            120,
+            f"the node at {ip} to be bound",
+        )
 
     def ray_drain(self, ray_node_id: str, deadline_s: int) -> float:
         """What KubeRay or a cloud watcher does: `ray drain-node` with reason PREEMPTION. Returns when."""
         t = time.time()
-        r = subprocess.run(["ip", "netns", "exec", self.hosts.ns("cp"), str(Path(sys.executable).parent / "ray"),
-                            "drain-node", "--address", f"{HEAD_IP}:{RAY_PORT}", "--node-id", ray_node_id,
-                            "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot notice (test)",
-                            "--deadline-remaining-seconds", str(deadline_s)], env=self.env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.hosts.ns("cp"),
+                str(Path(sys.executable).parent / "ray"),
+                "drain-node",
+                "--address",
+                f"{HEAD_IP}:{RAY_PORT}",
+                "--node-id",
+                ray_node_id,
+                "--reason",
+                "DRAIN_NODE_REASON_PREEMPTION",
+                "--reason-message",
+                "spot notice (test)",
+                "--deadline-remaining-seconds",
+                str(deadline_s),
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         return t
 
@@ -282,12 +360,21 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     url, drop = _database(prefix, tmp)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PEARL_", "RAY_", "DJANGO_ALLOW"))}
     redis_password = secrets.token_urlsafe(12)  # Redis listens on the control host's address: not without a password
-    env |= {"DATABASE_URL": url, "REDIS_URL": f"redis://:{redis_password}@{CONTROL_IP}:{REDIS_PORT}",
-            "PEARL_TESTING": "1", "DEBUG": "0",
-            "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "PEARL_VAR_DIR": str(tmp / "var"),
-            "ALLOWED_HOSTS": f"{CONTROL_IP},localhost,127.0.0.1", "PEARL_LEASE_S": str(LEASE_S),
-            "PEARL_HEARTBEAT_S": str(HEARTBEAT_S), "PEARL_SWEEP_S": str(SWEEP_S), "RAY_USAGE_STATS_ENABLED": "0",
-            "PEARL_DATAPLANE_SECRET": "multihost-dp-secret"}
+    env |= {
+        "DATABASE_URL": url,
+        "REDIS_URL": f"redis://:{redis_password}@{CONTROL_IP}:{REDIS_PORT}",
+        "PEARL_TESTING": "1",
+        "DEBUG": "0",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "PEARL_VAR_DIR": str(tmp / "var"),
+        "ALLOWED_HOSTS": f"{CONTROL_IP},localhost,127.0.0.1",
+        "PEARL_LEASE_S": str(LEASE_S),
+        "PEARL_HEARTBEAT_S": str(HEARTBEAT_S),
+        "PEARL_SWEEP_S": str(SWEEP_S),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PEARL_DATAPLANE_SECRET": "multihost-dp-secret",
+    }
     c = Cluster(hosts=hosts, db=Database(url), env=env)
     try:
         hosts.add_switch()
@@ -295,22 +382,85 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         c.manage("migrate", "--verbosity", "0")
         c.manage("setup_periodic_tasks")
         c.env["PEARL_BRIDGE_TOKEN"] = c.manage("ray_bridge", "--issue-token", "ray").strip().splitlines()[-1]
-        hosts.start("redis", "cp", ["redis-server", "--port", str(REDIS_PORT), "--bind", CONTROL_IP, "--save", "",
-                                    "--appendonly", "no", "--requirepass", redis_password], env)
-        hosts.start("daphne", "cp", [sys.executable, "-m", "daphne", "-b", CONTROL_IP, "-p", str(WEB_PORT),
-                                     "pearl_site.asgi:application"], env)
-        hosts.start("celery", "cp", [sys.executable, "-m", "celery", "-A", "pearl_site", "worker", "-B",
-                                     "--pool=threads", "--concurrency=2", "-l", "info", "--without-gossip",
-                                     "--without-mingle",
-                                     "-n", f"multihost-{prefix}@%h", "-s", str(tmp / "beat-schedule")], env)
+        hosts.start(
+            "redis",
+            "cp",
+            [
+                "redis-server",
+                "--port",
+                str(REDIS_PORT),
+                "--bind",
+                CONTROL_IP,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--requirepass",
+                redis_password,
+            ],
+            env,
+        )
+        hosts.start(
+            "daphne",
+            "cp",
+            [sys.executable, "-m", "daphne", "-b", CONTROL_IP, "-p", str(WEB_PORT), "pearl_site.asgi:application"],
+            env,
+        )
+        hosts.start(
+            "celery",
+            "cp",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "pearl_site",
+                "worker",
+                "-B",
+                "--pool=threads",
+                "--concurrency=2",
+                "-l",
+                "info",
+                "--without-gossip",
+                "--without-mingle",
+                "-n",
+                f"multihost-{prefix}@%h",
+                "-s",
+                str(tmp / "beat-schedule"),
+            ],
+            env,
+        )
         hosts.add_host("head", HEAD_IP)
-        hosts.start("ray-head", "head", [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-                                       "--node-ip-address", HEAD_IP, "--port", str(RAY_PORT), "--num-cpus", "1",
-                                       "--num-gpus", "0", "--object-store-memory", "80000000", "--disable-usage-stats",
-                                       "--include-dashboard=false", "--temp-dir", str(ray_tmp(prefix) / "head")],
-                     env | RAY_HEALTH)
-        wait_for(lambda: "Ray runtime started" in hosts.log("ray-head") or hosts.procs["ray-head"].poll() is not None,
-                 180, "the Ray head")
+        hosts.start(
+            "ray-head",
+            "head",
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address",
+                HEAD_IP,
+                "--port",
+                str(RAY_PORT),
+                "--num-cpus",
+                "1",
+                "--num-gpus",
+                "0",
+                "--object-store-memory",
+                "80000000",
+                "--disable-usage-stats",
+                "--include-dashboard=false",
+                "--temp-dir",
+                str(ray_tmp(prefix) / "head"),
+            ],
+            env | RAY_HEALTH,
+        )
+        wait_for(
+            lambda: "Ray runtime started" in hosts.log("ray-head") or hosts.procs["ray-head"].poll() is not None,
+            180,
+            "the Ray head",
+        )
         assert hosts.procs["ray-head"].poll() is None, hosts.log("ray-head")[-3000:]
         wait_for(lambda: "ready." in hosts.log("celery") or hosts.procs["celery"].poll() is not None, 120, "celery")
         assert hosts.procs["celery"].poll() is None, hosts.log("celery")[-3000:]
