@@ -143,7 +143,7 @@ async def stop_group(proc: asyncio.subprocess.Process, timeout_s: float) -> None
         _signal_group(proc.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
     _signal_group(proc.pid, signal.SIGKILL)
@@ -180,10 +180,8 @@ class WorkerProcess:
         await self.proc.wait()
         (self.state_dir / LEASE_FILE).unlink(missing_ok=True)
         if self.proc.stdout is not None:
-            try:
+            with contextlib.suppress(TimeoutError, OSError):
                 await asyncio.wait_for(self.proc.stdout.read(), 5)
-            except (asyncio.TimeoutError, OSError):
-                pass
         transport = getattr(self.proc, "_transport", None)
         if transport is not None:
             transport.close()

@@ -18,15 +18,16 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agents import dataplane as dp
-from agents.process import die_with_parent, orphaned, serve_until_signal, visible_devices
 from agents.engines.base import Engine, EngineError, NotFound
+from agents.process import die_with_parent, orphaned, serve_until_signal, visible_devices
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 

@@ -8,7 +8,7 @@ the same events both drivers see the same commands.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from controlplane.core.loop import Command, Event, Feeder, RolloutLoop
 

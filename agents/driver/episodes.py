@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import ClientSession
 

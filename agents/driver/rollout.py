@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Protocol
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 from aiohttp import ClientError, ClientSession
 
@@ -290,7 +291,7 @@ class RolloutDriver(EpisodeRunner):
                         text = await resp.text()
                     if resp.status not in (401, 502, 503):  # 401: a port reused by another process
                         raise RuntimeError(f"trainer /{verb}: HTTP {resp.status}: {text[:500]}")
-                except (ClientError, OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, ClientError, OSError) as exc:
                     log.warning("trainer /%s unreachable (%r); retrying", verb, exc)
             await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
         raise RuntimeError(f"trainer /{verb}: no trainer answered")

@@ -209,8 +209,8 @@ class Reconciler:
                 if ds.preemption_deadline is not None:
                     timeout = max(0.0, min(timeout, ds.preemption_deadline - time.time() - 1.0))
                 await self.shutdown_workers(timeout)
-                for m in self.workers.values():
-                    m.generation = ds.generation
+                for retired in self.workers.values():
+                    retired.generation = ds.generation
                 return
             await self._reconcile_drivers(ds)
             wanted = {w.worker_id: w for w in ds.workers}

@@ -6,9 +6,9 @@ half is `agents.node.reconciler.Reconciler`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +22,7 @@ from agents.process import kill_leftovers
 from agents.reconnect import reconnect_forever
 from controlplane.core import agent_link as link
 from controlplane.core.state import Pool
+from controlplane.core.wire import to_json
 
 log = logging.getLogger("pearl.agent")
 
@@ -181,7 +182,8 @@ class NodeAgent(Reconciler):
         await self.shutdown_workers(self.cfg.drain_timeout_s)
         if self._dp_runner:
             await self._dp_runner.cleanup()
-        await self._http.close()
+        if self._http is not None:
+            await self._http.close()
 
     async def _connect_once(self) -> int | None:
         """One connection, until it closes; returns the close code."""
@@ -271,7 +273,7 @@ class NodeAgent(Reconciler):
             return web.json_response(
                 {
                     "workers": [
-                        {**link.to_json(m.observed()), "secret": m.proc.secret if m.proc else ""}
+                        {**to_json(m.observed()), "secret": m.proc.secret if m.proc else ""}
                         for m in self.workers.values()
                     ]
                 }

@@ -1,7 +1,7 @@
 """The trainer (`python -m agents.trainer`): GRPO (`grpo`), the emulated trainer (`emulated`), both
 implementing `Trainer` (`base`), served over the trainer's data plane (`server`)."""
 
-from agents.trainer.base import UpdateStats, Trainer
+from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer, group_advantages
 from agents.trainer.server import StepBuffer, TrainerServer, main, serve
@@ -11,9 +11,9 @@ __all__ = [
     "GRPOConfig",
     "GRPOTrainer",
     "StepBuffer",
-    "UpdateStats",
     "Trainer",
     "TrainerServer",
+    "UpdateStats",
     "group_advantages",
     "main",
     "serve",

@@ -131,8 +131,8 @@ class GRPOTrainer:
 
     # ---- one GRPO update
     def update_blocking(self, samples: list[dp.TrainSample], rollout_step: int | None = None) -> UpdateStats:
-        """One GRPO update, on the calling thread. With `rollout_step`, the update of that step of the RL loop: it publishes a
-        new version even if no sample survives the staleness check (one version per step)."""
+        """One GRPO update, on the calling thread. With `rollout_step`, the update of that step of the RL loop: it
+        publishes a new version even if no sample survives the staleness check (one version per step)."""
         t0 = time.perf_counter()
         fresh = self.admit(samples)
         rejected = len(samples) - len(fresh)

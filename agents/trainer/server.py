@@ -25,7 +25,7 @@ from typing import Any
 
 from agents import dataplane as dp
 from agents.process import die_with_parent, serve_until_signal, visible_devices
-from agents.trainer.base import UpdateStats, Trainer
+from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.weights import WeightStore
@@ -232,7 +232,7 @@ async def serve(args: argparse.Namespace, token: str) -> None:
     cfg = GRPOConfig(lr=args.lr, kl_beta=args.kl_beta, max_staleness=args.max_staleness, batch_size=args.batch_size)
     store = WeightStore(Path(args.weights_dir))
     trainer: Trainer
-    if args.engine == "emulated" and args.model != "tiny" or args.emulated:
+    if (args.engine == "emulated" and args.model != "tiny") or args.emulated:
         trainer = EmulatedTrainer(
             model=args.model,
             hardware=args.hardware or "H800",
