@@ -11,10 +11,9 @@ test:
 
 # `make lint`: the whole tree, as the issue asks of a clean house. `make lint-ci` (what .ci/run runs) lints only
 # the paths listed here, those that pass today; it becomes `lint` once the tree is clean (LINT_CLEAN = .).
-LINT_CLEAN = tests/support pearl_cli/__init__.py pearl_cli/__main__.py pearl_cli/client.py \
-  pearl_cli/manage.py controlplane/admin.py controlplane/apps.py \
-  controlplane/core/agent_link.py controlplane/core/borrowing.py controlplane/core/context.py controlplane/core/invariants.py controlplane/core/placement.py controlplane/core/profiles.py \
-  controlplane/core/state.py controlplane/core/telemetry.py controlplane/core/tracker.py controlplane/core/transitions.py controlplane/core/wire.py
+LINT_CLEAN = tests/support controlplane/admin.py controlplane/apps.py controlplane/core controlplane/api \
+  controlplane/services controlplane/sim controlplane/management controlplane/selectors controlplane/consumers.py \
+  controlplane/views.py controlplane/tasks.py controlplane/models.py pearl_site pearl_cli benchmarks examples
 RUFF = .venv/bin/ruff
 MYPY = .venv/bin/mypy
 
