@@ -125,15 +125,15 @@ class Hosts:
         sh("ip", "-n", self.switch, "link", "set", f"v-{host}", "up" if up else "down")
 
     def start(self, name: str, host: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(host), *argv],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.tmp / f"{name}.log", "ab") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(host), *argv],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 

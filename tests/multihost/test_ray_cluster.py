@@ -9,12 +9,14 @@ a loaded 2-core machine; the measured figure goes to the timings file)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -56,12 +58,14 @@ def group_usage(pgid: int) -> tuple[float, float]:
     return rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, ticks / os.sysconf("SC_CLK_TCK")
 
 
-def node_at(cluster: Cluster, host: str) -> dict | None:
+def node_at(cluster: Cluster, host: str) -> Any:
+    """The node summary (JSON) of the PEARL node on `host`'s address, or None."""
     ip = cluster.nodes[host]
     return next((n for n in cluster.db.nodes().values() if n["ray_address"] == ip), None)
 
 
-def ready_at(cluster: Cluster, host: str) -> dict | None:
+def ready_at(cluster: Cluster, host: str) -> Any:
+    """That node's summary once it is ready and bound to its Ray node, else None."""
     n = node_at(cluster, host)
     return n if n and n["status"] == "ready" and n["ray_node_id"] else None
 
@@ -72,7 +76,7 @@ def test_an_agent_appears_on_every_ray_node_and_dials_from_its_own_address(clust
     cluster.add_node("n2")
     cluster.start_bridge()
     for host in ("n1", "n2"):
-        n = wait_for(lambda h=host: ready_at(cluster, h), 240, f"the agent on {host} to register")
+        n = wait_for(functools.partial(ready_at, cluster, host), 240, f"the agent on {host} to register")
         assert n["address"] == cluster.nodes[host], n  # the control plane saw it dial from the node's own address
         assert n["name"] == "ray-" + n["ray_node_id"][:12] and n["pool"] == "elastic"
     record("ray_agents_up", up_s=time.time() - t0, nodes=2)
@@ -228,7 +232,7 @@ def test_the_control_plane_cut_off_from_every_node_for_30_s(cluster: Cluster):
     t_heal = time.time()
     assert all(cluster.db.nodes()[before[h]["name"]]["status"] == "not_ready" for h in live)  # fenced meanwhile
     for h in live:
-        wait_for(lambda h=h: ready_at(cluster, h), 120, f"{h} to hold its lease again")
+        wait_for(functools.partial(ready_at, cluster, h), 120, f"{h} to hold its lease again")
     record("partition_control_plane_30s", rejoin_s=time.time() - t_heal, cut_s=t_heal - t_cut, nodes=len(live))
     after = {h: node_at(cluster, h) for h in live}
     assert all(after[h]["ray_node_id"] == before[h]["ray_node_id"] for h in live)

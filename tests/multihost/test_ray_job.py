@@ -7,6 +7,7 @@ lost or trained twice), as `tests/fault/test_live_faults.py` checks on one host.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -21,9 +22,21 @@ TIME_FACTOR = "0.2"  # emulated time: turns long enough that a node killed while
 
 def start_bridge(cluster: Cluster) -> None:
     """The bridge, as `Cluster.start_bridge` starts it, at this scenario's time factor."""
-    argv = [sys.executable, "manage.py", "ray_bridge", "--address", f"{HEAD_IP}:{RAY_PORT}",
-            "--control-plane", cluster.control_plane, "--time-factor", TIME_FACTOR,
-            "--state-root", str(cluster.hosts.tmp / "agents"), "--interval", "0.5"]
+    argv = [
+        sys.executable,
+        "manage.py",
+        "ray_bridge",
+        "--address",
+        f"{HEAD_IP}:{RAY_PORT}",
+        "--control-plane",
+        cluster.control_plane,
+        "--time-factor",
+        TIME_FACTOR,
+        "--state-root",
+        str(cluster.hosts.tmp / "agents"),
+        "--interval",
+        "0.5",
+    ]
     cluster.hosts.start("bridge", "cp", argv, cluster.env)
 
 
@@ -66,14 +79,14 @@ def test_a_job_across_hosts_survives_a_killed_rollout_node(cluster: Cluster):
     cluster.add_node("r1", gpus=2, pool="reserved")
     cluster.add_node("r2", gpus=2, pool="reserved")
     start_bridge(cluster)
-    for host in ("t1", "r1", "r2"):
-        wait_for(
-            lambda h=host: any(
-                n["ray_address"] == cluster.nodes[h] and n["status"] == "ready" for n in cluster.db.nodes().values()
-            ),
-            240,
-            f"the agent on {host}",
+
+    def ready(host: str) -> bool:
+        return any(
+            n["ray_address"] == cluster.nodes[host] and n["status"] == "ready" for n in cluster.db.nodes().values()
         )
+
+    for host in ("t1", "r1", "r2"):
+        wait_for(functools.partial(ready, host), 240, f"the agent on {host}")
     spec = {
         "name": "across",
         "model": "qwen3-8b",

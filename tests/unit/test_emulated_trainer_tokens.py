@@ -2,24 +2,28 @@
 STEP train_tokens and the simulator's), not once per turn sample (each carries the context so far)."""
 
 import asyncio
+import dataclasses
 
 from agents import dataplane as dp
 from agents.trainer import EmulatedTrainer
 from agents.weights import WeightStore
+from controlplane.core.profiles import Profile
 
 
 def test_multi_turn_trajectory_counts_its_tokens_once(tmp_path):
     t = EmulatedTrainer(
         model="qwen3-8b", hardware="H800", tp=2, time_factor=1e-9, store=WeightStore(tmp_path / "w"), ckpt_dir=None
     )
-    seen = []
+    seen: list[float] = []
 
-    class Profile:  # the frozen core profile, observed
-        def train_step_s(self, tokens, gpus):
+    class Observed(Profile):  # the frozen core profile, its training time observed
+        __slots__ = ()
+
+        def train_step_s(self, tokens: float, gpus: int) -> float:
             seen.append(tokens)
             return 0.0
 
-    t.profile = Profile()
+    t.profile = Observed(**{f.name: getattr(t.profile, f.name) for f in dataclasses.fields(t.profile)})
 
     def sample(traj, n):
         return dp.TrainSample(
