@@ -103,7 +103,7 @@ def test_the_example_job_yaml_submits(api, nodes, monkeypatch):
     body = {**body, "rollout_gpus": 1, "training_gpus": 1}
     r = api.post("/api/jobs/", body, format="json")
     assert r.status_code == 201, r.content
-    assert r.json()["agent"]["agent_command"] == ["python", "examples/agents/calculator_agent.py"]
+    assert r.json()["agent"]["agent_command"] == [".venv/bin/python", "examples/agents/calculator_agent.py"]
     assert json.dumps(r.json()["agent"])  # JSON all the way
 
 
