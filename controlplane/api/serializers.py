@@ -13,6 +13,7 @@ from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
 from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Trajectory, Transition, TransitionStep
 from controlplane.selectors import leases
+from controlplane.services import trajectories
 
 MAX_GPUS = 65536
 
@@ -285,26 +286,5 @@ class TrajectorySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Trajectory
-        fields = [
-            "id",
-            "step",
-            "name",
-            "status",
-            "reward",
-            "turns",
-            "forks",
-            "reason",
-            "stderr",
-            "messages",
-            "tokens",
-            "mask",
-            "logprobs",
-            "sample_lens",
-            "token_count",
-            "truncated",
-            "weight_versions",
-            "workers",
-            "latency_s",
-            "created",
-        ]
+        fields = ["id", "step", "name", *trajectories.FIELDS, "created"]  # the fields the driver reports
         read_only_fields = fields
