@@ -16,6 +16,7 @@ incarnation re-registers with a new epoch and kills what the old one left).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import threading
@@ -110,7 +111,9 @@ def drain(ray_node_id: str, *, reason: str, message: str, deadline_s: float | No
     """Ask Ray to drain a node (PEARL shrinking its elastic pool, or a test playing the cloud):
     (accepted, Ray's rejection message). Ray does not kill the node at the deadline: the caller does."""
     from ray._private.worker import global_worker
-    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled; no stub
+
+    # ray._raylet is compiled and has no stub; looked up at run time so mypy sees it alike with or without Ray.
+    GcsClient = importlib.import_module("ray._raylet").GcsClient
 
     if global_worker.node is None:
         raise RuntimeError("not connected to Ray: call connect() first")
