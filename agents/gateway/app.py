@@ -66,6 +66,18 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> Open
     return OpenAIError(400, message, param=param, code=code)
 
 
+def no_alternatives(param: str) -> OpenAIError:
+    """Why a 400 and not a made-up answer: PEARL's engines return the log-prob of each sampled token (what
+    the trainer needs), not the engine's top-k alternatives; echoing the sampled token as its only
+    "alternative" would look like data and mean nothing."""
+    return bad(
+        f"{param}: this engine returns the sampled token's log-prob only, not top-k alternatives; ask for "
+        + ("logprobs: true without top_logprobs" if param == "top_logprobs" else "logprobs: 0"),
+        param,
+        "unsupported_parameter",
+    )
+
+
 # ------------------------------------------------------------------ request validation
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
     v = body.get(name)
@@ -353,7 +365,8 @@ class Gateway:
         tools, parse_tools = _tools(body)
         stops = _stops(body)
         want_lp = bool(body.get("logprobs"))
-        _int(body, "top_logprobs", 0, 20)
+        if _int(body, "top_logprobs", 0, 20):
+            raise no_alternatives("top_logprobs")
         stream = bool(body.get("stream"))
         async with s.lock:
             key = json.dumps(tools, sort_keys=True) if tools else ""
@@ -430,7 +443,7 @@ class Gateway:
         for t, lp in zip(tokens, lps):
             text = self.fmt.decode([t])
             entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-            out.append(entry | {"top_logprobs": [dict(entry)]})  # only the sampled token's is known
+            out.append(entry | {"top_logprobs": []})  # top_logprobs > 0 is refused (`no_alternatives`)
         return out
 
     async def _stream_chat(
@@ -501,7 +514,10 @@ class Gateway:
         if body.get("echo"):
             raise bad("echo is not supported", "echo")
         stops = _stops(body)
-        want_lp = body.get("logprobs") is not None and body.get("logprobs") is not False
+        lp_in = body.get("logprobs")
+        if lp_in is not None and lp_in is not False and _int(body, "logprobs", 0, 5):
+            raise no_alternatives("logprobs")
+        want_lp = lp_in is not None and lp_in is not False
         sampling = self._sampling(body, len(ids))
         async with s.lock:
             held = s.tokens.current.tokens if s.tokens.samples else None
