@@ -91,6 +91,9 @@ class Job(models.Model):
     model = models.CharField(max_length=64, default="tiny")
     engine = models.CharField(max_length=16, choices=choices(EngineKind), default=EngineKind.EMULATED)
     hardware = models.CharField(max_length=32, default="cpu")
+    # the chip types its rollout pool may gather (issue 23), canonical names as core.profiles spells them;
+    # [] = only `hardware`. Training stays on `hardware`; a TP group never mixes types (one node, one type)
+    hardware_types = models.JSONField(default=list, blank=True)
     environment = models.CharField(max_length=64, default="swe-like")
     policy = models.CharField(max_length=16, default=names.PEARL)
     policy_options = models.JSONField(default=dict, blank=True)  # validated by core.policies.validate_options
@@ -129,6 +132,11 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def rollout_hardware(self) -> list[str]:
+        """The chip types its rollout workers may run on (`hardware` alone unless it names several)."""
+        return list(self.hardware_types) or [self.hardware]
 
 
 class Override(models.Model):

@@ -94,6 +94,9 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
     ]
     if j.get("failure_reason"):
         lines.append(f"  failed: {j['failure_reason']}")
+    types = j.get("hardware_types") or [j["hardware"]]
+    if types != [j["hardware"]]:
+        lines.append(f"hardware: training on {j['hardware']}, rollout on {', '.join(types)}")
     lines.append(
         f"configuration: {j['configuration']} {j['mode']}; trainer {'computing' if j['training_active'] else 'idle'}"
     )
@@ -251,6 +254,38 @@ def cmd_override(c: Client, args: argparse.Namespace) -> None:
     )
 
 
+def workers_text(st: dict[str, Any]) -> str:
+    """A job's alive workers, one a line: slot, role, activity, the node and chip type it runs on, its GPUs."""
+    ws = st.get("workers") or []
+    if not ws:
+        return f"job {st['job']['name']} has no workers (yet)"
+    rows = [["SLOT", "ROLE", "ACTIVITY", "NODE", "POOL", "HARDWARE", "GPUS", "WEIGHTS"]]
+    for w in ws:
+        rows.append(
+            [
+                f"w{w['slot']}",
+                w["role"],
+                w["activity"],
+                w["node"],
+                w["pool"],
+                w["hardware"],
+                ",".join(str(g) for g in w["gpus"]),
+                f"v{w['weight_version']}",
+            ]
+        )
+    counts: dict[str, int] = {}
+    for w in ws:
+        if w["role"] != "training":
+            counts[w["hardware"]] = counts.get(w["hardware"], 0) + 1
+    summary = ", ".join(f"{n} on {hw}" for hw, n in sorted(counts.items()))
+    return _table(rows) + (f"\nrollout workers: {summary}" if summary else "")
+
+
+def cmd_workers(c: Client, args: argparse.Namespace) -> None:
+    st = c.get(f"/api/jobs/{c.job_id(args.job)}/status/")
+    _out(args, st.get("workers") or [], workers_text(st))
+
+
 def cmd_nodes(c: Client, args: argparse.Namespace) -> None:
     nodes = c.get("/api/cluster/")["nodes"]
     rows = [
@@ -344,6 +379,8 @@ def parser() -> argparse.ArgumentParser:
     p = add("list", cmd_list, "list jobs")
     p.add_argument("--limit", type=int, default=50)
     p = add("status", cmd_status, "a job's status, live configuration, override, latest decision and why")
+    p.add_argument("job", help="job id or name")
+    p = add("workers", cmd_workers, "a job's workers: role, activity, node, chip type (hardware) and GPUs")
     p.add_argument("job", help="job id or name")
     p = add("events", cmd_events, "the event timeline (optionally of one job), optionally followed")
     p.add_argument("job", nargs="?")

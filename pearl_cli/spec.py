@@ -3,7 +3,8 @@
 name: grpo-swe
 model: qwen3-8b                      # or pretrain:
 engine: emulated                     # or infer_backend: (emulated | torch | vllm)
-hardware: h800
+hardware: h800                       # the training GPUs' chip (and the rollout pool's, unless:)
+hardware_types: [H800, H20]          # chip types the rollout pool may gather (GET /api/catalog/ lists them)
 environment: swe-like                # or env:
 rollout_batch_size: 64               # or batch_size:
 num_return_sequences_in_group: 16    # or group_size:
@@ -33,6 +34,7 @@ ALIASES = {
     "engine": "engine",
     "infer_backend": "engine",
     "hardware": "hardware",
+    "hardware_types": "hardware_types",
     "environment": "environment",
     "env": "environment",
     "policy": "policy",

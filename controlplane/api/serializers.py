@@ -59,6 +59,13 @@ class JobCreateSerializer(serializers.Serializer):
     model = StrictChoiceField(choices=list(known_models()), default="tiny")
     engine = StrictChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
     hardware = StrictCharField(max_length=32, default="cpu")
+    hardware_types = serializers.ListField(
+        child=StrictCharField(max_length=32),
+        required=False,
+        max_length=16,
+        help_text='chip types the rollout pool may gather (e.g. ["H800", "H20"]); default: only `hardware`. '
+        "Training stays on `hardware`; a TP group is one node's GPUs, so it never mixes types",
+    )
     environment = StrictCharField(max_length=64, default="swe-like")
     policy = StrictChoiceField(choices=list(PRODUCT_POLICIES), default=names.PEARL)
     policy_options = serializers.DictField(
@@ -102,6 +109,7 @@ class JobSerializer(serializers.ModelSerializer):
             "model",
             "engine",
             "hardware",
+            "hardware_types",
             "environment",
             "policy",
             "policy_options",

@@ -46,6 +46,7 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
         "worker__activity",
         "worker__job__name",
         "worker__weight_version",
+        "gpu__hardware",
     ):
         workers_by_gpu[b["gpu_id"]].append(
             {
@@ -55,6 +56,7 @@ def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]
                 "role": b["worker__role"],
                 "activity": b["worker__activity"],
                 "weight_version": b["worker__weight_version"],
+                "hardware": b["gpu__hardware"],  # the chip the worker runs on (one node's GPUs: one type)
             }
         )
     gpus_by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -8,7 +8,7 @@ from typing import Any, cast
 from django.db.models import Count, Max, Min
 
 from controlplane.core.state import Activity, Role
-from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker
+from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker, WorkerGPU
 
 HISTORY_KINDS = ("step", "train")
 
@@ -236,6 +236,7 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
             "model": job.model,
             "engine": job.engine,
             "hardware": job.hardware,
+            "hardware_types": job.rollout_hardware,
             "environment": job.environment,
             "policy": job.policy,
             "tp": job.tp,
@@ -278,8 +279,40 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
         ],
         "transitions": [transition_dict(t) for t in trs],
         "staleness": staleness(job),
+        "workers": job_workers(job),
         "events": recent_events(events, job_id=job.pk),
     }
+
+
+def job_workers(job: Job) -> list[dict[str, Any]]:
+    """The job's alive workers in slot order, each with its node, chip type and GPU indexes (one query): a
+    mixed pool shows which type each worker runs on (a worker's GPUs are one node's, so one type)."""
+    out: dict[int, dict[str, Any]] = {}
+    for w in (
+        Worker.objects.filter(job=job, alive=True)
+        .order_by("slot", "id")
+        .values(
+            "id", "slot", "role", "activity", "zone", "weight_version", "node__name", "node__pool", "node__hardware"
+        )
+    ):
+        out[w["id"]] = {
+            "slot": w["slot"],
+            "role": w["role"],
+            "activity": w["activity"],
+            "zone": w["zone"],
+            "node": w["node__name"],
+            "pool": w["node__pool"],
+            "hardware": w["node__hardware"],
+            "weight_version": w["weight_version"],
+            "gpus": [],
+        }
+    for wid, index in (
+        WorkerGPU.objects.filter(worker_id__in=list(out), alive=True)
+        .order_by("gpu__index")
+        .values_list("worker_id", "gpu__index")
+    ):
+        out[wid]["gpus"].append(index)
+    return list(out.values())
 
 
 def job_series(job_id: int, *, limit: int = 2000) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from controlplane.core.agent_spec import SpecError, validate_agent_spec
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
-from controlplane.core.profiles import get_profile
+from controlplane.core.profiles import get_hardware, get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role
 from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
 from controlplane.selectors.driver import not_returned
@@ -79,6 +79,7 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         msg = str(exc)
         field = next((f for f in ("hardware", "model") if msg.startswith(f"unknown {f}")), "tp")
         raise InvalidInput(msg, field=field) from None
+    spec = _with_hardware_types(spec, tp)
     gpus = available_gpus()
     rollout_gpus = int(spec.get("rollout_gpus", 0))
     training_gpus = int(spec.get("training_gpus", 0))
@@ -113,6 +114,28 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         enqueue_plan(job.pk, "step_start")
     return job
+
+
+def _with_hardware_types(spec: dict[str, Any], tp: int) -> dict[str, Any]:
+    """`hardware_types`: the chip types the job's rollout pool may gather (issue 23), each one the profiles know
+    and the model fits on at the job's TP, named once; kept as core.profiles spells them (H800, H20, A100), so
+    the planner matches them against the GPUs' hardware. Absent or empty: only the job's `hardware`."""
+    types = spec.get("hardware_types")
+    if types is None or types == []:
+        return {k: v for k, v in spec.items() if k != "hardware_types"}
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise InvalidInput("hardware_types must be a list of chip type names", field="hardware_types")
+    out: list[str] = []
+    for t in types:
+        try:
+            name = get_hardware(t).name
+            get_profile(name, spec.get("model", "tiny"), tp)
+        except ValueError as exc:
+            raise InvalidInput(f"hardware_types: {exc}", field="hardware_types") from None
+        if name in out:
+            raise InvalidInput(f"hardware_types names {name} twice", field="hardware_types")
+        out.append(name)
+    return {**spec, "hardware_types": out}
 
 
 def _with_agent(spec: dict[str, Any]) -> dict[str, Any]:

@@ -17,12 +17,13 @@ from dataclasses import replace
 from typing import Any, cast
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.core.context import Overrides, Signal
 from controlplane.core.placement import Inventory, Placement, Unit, place
 from controlplane.core.policies import Policy, make_policy
-from controlplane.core.profiles import get_profile
+from controlplane.core.profiles import get_hardware, get_profile
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
@@ -52,27 +53,45 @@ TELEMETRY_WINDOW = 5000
 ACTIVE_TRANSITION = (Transition.Status.PENDING, Transition.Status.RUNNING)
 
 
-def _free_units(tp: int, hardware: str) -> list[Unit]:
-    """Free `tp`-GPU groups of the job's hardware on ready reserved/elastic nodes, in stable (node
-    name, index) order."""
+def _chip(hardware: str) -> str:
+    """A GPU's chip type as core.profiles spells it (the node agent's name, case-insensitive), for `Unit.hardware`."""
+    try:
+        return get_hardware(hardware).name
+    except ValueError:  # a type the profiles do not know: no job accepts it, but its workers may still be listed
+        return hardware
+
+
+def _typed(job: Job) -> bool:
+    """Whether the job's units name their chip types: its rollout pool may gather a type other than the one it
+    trains on (issue 23). A one-hardware job's units carry "" (`Unit.hardware`: the job's one hardware)."""
+    return len({_chip(h) for h in [job.hardware, *job.rollout_hardware]}) > 1
+
+
+def _free_units(tp: int, hardware: list[str], *, typed: bool = True) -> list[Unit]:
+    """Free `tp`-GPU groups of the job's accepted chip types on ready reserved/elastic nodes, in stable (node
+    name, index) order. A group is one node's GPUs of one type, so it never mixes types; `typed`: each unit
+    carries its type (else "")."""
     bound = set(WorkerGPU.objects.filter(alive=True, kind="rollout").values_list("gpu_id", flat=True))
-    groups: dict[tuple[int, str], list[int]] = {}
-    for gid, node_id, pool, index in (
+    types = Q()
+    for t in hardware:
+        types |= Q(hardware__iexact=t)
+    groups: dict[tuple[int, str, str], list[int]] = {}
+    for gid, node_id, pool, index, chip in (
         GPU.objects.filter(
+            types,
             present=True,
-            hardware__iexact=hardware,
             node__status=NodeStatus.READY,
             node__pool__in=[Pool.RESERVED, Pool.ELASTIC],
         )
         .order_by("node__name", "index")
-        .values_list("id", "node_id", "node__pool", "index")
+        .values_list("id", "node_id", "node__pool", "index", "hardware")
     ):
         if gid not in bound:
-            groups.setdefault((node_id, pool), []).append(index)
+            groups.setdefault((node_id, pool, _chip(chip)), []).append(index)
     units = []
-    for (node_id, pool), idx in groups.items():
+    for (node_id, pool, chip), idx in groups.items():
         for i in range(0, len(idx) - tp + 1, tp):
-            units.append(Unit(("free", node_id, tuple(idx[i : i + tp])), Pool(pool)))
+            units.append(Unit(("free", node_id, tuple(idx[i : i + tp])), Pool(pool), hardware=chip if typed else ""))
     return units
 
 
@@ -110,6 +129,7 @@ def job_inventory(job: Job) -> Inventory:
     the free GPU groups it could start new workers on."""
     units: list[Unit] = []
     taken: set[int] = set()
+    typed = _typed(job)
     for w in Worker.objects.filter(job=job, alive=True).select_related("node").order_by("slot"):
         if w.role == Role.TRAINING:
             taken.add(w.slot)
@@ -125,9 +145,10 @@ def job_inventory(job: Job) -> Inventory:
                 leaving=not ready,
                 busy=w.activity == Activity.TRANSITIONING,
                 inflight=w.inflight,
+                hardware=_chip(w.node.hardware) if typed else "",
             )
         )
-    units += _free_units(job.tp, job.hardware)
+    units += _free_units(job.tp, job.rollout_hardware, typed=typed)
     cap = job.rollout_gpus // job.tp if job.rollout_gpus else None
     return Inventory(tuple(units), frozenset(taken), cap, job.training_active)
 
@@ -263,7 +284,8 @@ def _admission(job: Job, p: Placement) -> str:
         )
     if p.target.total == 0:
         reasons.append(
-            f"waiting for rollout GPUs: no free {job.tp}-GPU {job.hardware} group on a ready reserved or elastic node "
+            f"waiting for rollout GPUs: no free {job.tp}-GPU {'/'.join(job.rollout_hardware)} group on a ready "
+            "reserved or elastic node "
             f"(other jobs hold them, or none is registered)"
         )
     return "; ".join(reasons)

@@ -24,7 +24,7 @@
   }
 
   function gpuTitle(n, g, v) {
-    const who = v.workers.map((w) => `${w.job}/w${w.slot} ${w.role} (${w.activity}, weights v${w.weight_version})`).join("\n");
+    const who = v.workers.map((w) => `${w.job}/w${w.slot} ${w.role} on ${w.hardware || g.hardware} (${w.activity}, weights v${w.weight_version})`).join("\n");
     const lent = v.borrowed ? `\nlent by ${v.trainer ? v.trainer.job + "/w" + v.trainer.slot + " training" : "training"} to ${v.role}` : "";
     return `${n.name} GPU ${g.index} · ${g.hardware} · ${g.zone}${g.present ? "" : " · gone"}${lent}${who ? "\n" + who : "\nidle"}`;
   }
@@ -73,7 +73,7 @@
 
   function nodeHtml(n) {
     const cd = n.preemption_deadline ? `<span class="countdown" data-deadline="${esc(n.preemption_deadline)}"></span>` : "";
-    return `<div class="node status-${esc(n.status)}" data-node="${esc(n.name)}" data-id="${n.id}" data-pool="${esc(n.pool)}">` +
+    return `<div class="node status-${esc(n.status)}" data-node="${esc(n.name)}" data-id="${n.id}" data-pool="${esc(n.pool)}" data-hardware="${esc(n.hardware)}">` +
       `<div class="node-head"><strong class="node-name">${esc(n.name)}</strong><span class="pill pool-${esc(n.pool)}">${esc(n.pool)}</span>` +
       `<span class="pill st-${esc(n.status)}" data-status="${esc(n.status)}">${esc(n.status)}</span>` +
       `<span class="muted">${esc(n.hardware)} · ${n.gpus.length} GPU · epoch ${n.epoch} · gen ${n.applied_generation}/${n.generation}` +

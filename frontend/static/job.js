@@ -28,12 +28,32 @@
         (st8.asleep ? ` · ${st8.asleep} asleep (pull on wake)` : "") +
         (st8.stale_aborted_last_step ? ` · ${st8.stale_aborted_last_step} aborted` : ""), "staleness"],
       ["Trainer", j.training_active ? "computing (borrowed GPUs returned)" : "idle (training GPUs may be lent)", "training"],
-      ["Spec", `${j.model} · ${j.engine} · ${j.hardware} · TP${j.tp} · B=${j.batch_size} · G=${j.group_size} · ${j.rollout_gpus}+${j.training_gpus} GPUs`, "spec"],
+      ["Spec", `${j.model} · ${j.engine} · ${hardwareText(j)} · TP${j.tp} · B=${j.batch_size} · G=${j.group_size} · ${j.rollout_gpus}+${j.training_gpus} GPUs`, "spec"],
       ["Submitted", `${j.submitted_by || j.created_by || "unknown"} at ${fmt.time(j.created)}`, "submitted"],
     ];
     const box = $("cards"); box.replaceChildren();
     for (const [k, v, id] of cards) { const c = el("div", "card"); c.dataset.card = id; c.append(el("div", "k", k), el("div", "v", v)); box.appendChild(c); }
     $("override-summary").textContent = S.override_summary || "none — the policy decides";
+  }
+
+  // training on `hardware`; the rollout pool on the types the job accepts (issue 23: mixed pools)
+  function hardwareText(j) {
+    const types = j.hardware_types && j.hardware_types.length ? j.hardware_types : [j.hardware];
+    return types.length === 1 && types[0].toLowerCase() === j.hardware.toLowerCase() ? j.hardware : `train ${j.hardware}, rollout ${types.join("+")}`;
+  }
+
+  // ---- workers: each one's node and chip type ------------------------------------------------------
+  function renderWorkers() {
+    const ws = S.workers || [], body = $("workers").querySelector("tbody"); body.replaceChildren();
+    $("workers-empty").hidden = ws.length > 0;
+    const counts = {};
+    for (const w of ws) {
+      const tr = el("tr"); tr.dataset.slot = w.slot; tr.dataset.hardware = w.hardware;
+      for (const v of [`w${w.slot}`, w.role, w.activity, w.node, w.pool, w.hardware, w.gpus.join(","), `v${w.weight_version}`]) tr.appendChild(el("td", null, v));
+      body.appendChild(tr);
+      if (w.role !== "training") counts[w.hardware] = (counts[w.hardware] || 0) + 1;
+    }
+    $("workers-summary").textContent = Object.keys(counts).length ? "rollout workers: " + Object.entries(counts).sort().map(([h, n]) => `${n} on ${h}`).join(", ") : "";
   }
 
   // ---- overrides ---------------------------------------------------------------------------------
@@ -289,7 +309,7 @@
     clearTimeout(refreshTimer);
     refreshTimer = setTimeout(async () => { const r = await api("GET", `/api/jobs/${jobId}/status/`); if (r.ok) { S = r.data; renderAll(false); } }, 150);
   }
-  function renderAll(resetForm) { renderHeader(); if (resetForm) fillOverrides(); renderDecision(); renderTransitions(); renderEvents(); charts(); }
+  function renderAll(resetForm) { renderHeader(); if (resetForm) fillOverrides(); renderDecision(); renderTransitions(); renderWorkers(); renderEvents(); charts(); }
 
   function apply(msg) {
     if (msg.type === "snapshot") {
