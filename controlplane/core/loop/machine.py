@@ -40,7 +40,7 @@ from controlplane.core.loop.messages import (
     WorkerGone,
     WorkerReady,
 )
-from controlplane.core.loop.state import StepState, Trainer, Traj, TrajState, decode_into, encode
+from controlplane.core.loop.state import CheckpointCache, StepState, Trainer, Traj, TrajState, decode_into, encode
 from controlplane.core.router import Router
 from controlplane.core.state import Configuration
 
@@ -94,6 +94,7 @@ class RolloutLoop:
         self.missing = 0
         self.resumed = False  # restored from a checkpoint: unfinished trajectories restart on Start
         self.waiting: deque[str] = deque()  # trajectories with a turn to route and no worker yet
+        self._on_first: dict[int, int] = {}  # colocated or prefill worker -> trajectories FIRST on it (jsq's load)
         self.admission_open = True
         self.overlap: dict[int, tuple[float, int]] = {}  # serving overlap worker -> (since, gpus)
         self.last_periodic_s = 0.0
@@ -106,13 +107,26 @@ class RolloutLoop:
         self.failed_trajectories = 0  # environments that failed (external agents): restarted, never rewarded
         self._out: list[Command] = []
         self._replacements: dict[int, int] = {}  # batch index -> restarts (replacement ids)
+        # made by the first checkpoint: which trajectories changed since the last one (state.CheckpointCache)
+        self._checkpoint_cache: CheckpointCache | None = None
 
     # ------------------------------------------------------------------ entry point
     def handle(self, ev: Event) -> list[Command]:
         out = self._out = []
         fn = _HANDLERS[type(ev)]
         fn(self, ev)
+        cache = self._checkpoint_cache
+        if cache is not None:  # the event's trajectory may have changed; the handlers mark the others they touch
+            tid = getattr(ev, "trajectory", None)
+            if tid is not None:
+                cache.dirty[tid] = None
         return out
+
+    def _touched(self, tid: str) -> None:
+        """`tid`'s record changed (or it was made, or dropped): the next checkpoint encodes it anew."""
+        cache = self._checkpoint_cache
+        if cache is not None:
+            cache.dirty[tid] = None
 
     def _emit(self, cmd: Command) -> None:
         self._out.append(cmd)
@@ -173,6 +187,7 @@ class RolloutLoop:
         self.steps[j] = st
         for r in refs:
             self.trajs[r.trajectory] = Traj(r.trajectory, j, r.group, r.index, self.version, self.version, now)
+            self._touched(r.trajectory)
         self.started_trajectories += len(refs)
         self.last_periodic_s = now
         self._emit(EmitSignal(Signal.STEP_START, cfg.batch_size))
@@ -252,6 +267,7 @@ class RolloutLoop:
         )
         for tid in self.steps[j].trajectories:  # trained: the step's books are closed
             self.trajs.pop(tid, None)
+            self._touched(tid)
         if self.ready and self.ready[0] == self.trained_next:
             self._maybe_train(ev.now_s)  # the next update starts at once: no borrow window
         else:
@@ -283,12 +299,28 @@ class RolloutLoop:
         if not self.waiting or not self.admission_open or self.router.mode is None:
             return
         q, self.waiting = self.waiting, deque()
-        for tid in q:
-            t = self.trajs.get(tid)
+        while q:
+            t = self.trajs.get(q.popleft())
             if t is not None and t.state is TrajState.WAITING:
                 self._route(t)
+                if t.state is TrajState.WAITING:
+                    # no worker for it, so none for the rest either (every turn is routed by the same rule, on
+                    # the same load): they wait, in order, without a routing pass each (a jsq cap is hit per turn)
+                    self.waiting.extend(q)
+                    return
+
+    def _leave_first(self, t: Traj) -> None:
+        """`t` stops being a turn in flight on its first worker (jsq's load)."""
+        if t.state is TrajState.FIRST and t.worker is not None:
+            n = self._on_first.get(t.worker, 0)
+            if n > 1:
+                self._on_first[t.worker] = n - 1
+            else:
+                self._on_first.pop(t.worker, None)
 
     def _route(self, t: Traj) -> None:
+        self._touched(t.tid)
+        self._leave_first(t)
         t.state = TrajState.WAITING
         t.worker = None
         if not self.admission_open:
@@ -303,6 +335,7 @@ class RolloutLoop:
             return
         t.state = TrajState.FIRST
         t.worker = w
+        self._on_first[w] = self._on_first.get(w, 0) + 1
         mv = self.min_weight_version(t)
         if t.gen_in_turn:
             self._emit(Resubmit(t.tid, w, t.turn, t.gen_in_turn, mv))
@@ -310,12 +343,9 @@ class RolloutLoop:
             self._emit(RouteTurn(t.tid, w, t.turn, mv))
 
     def _first_load(self) -> dict[int, int]:
-        """Turns in flight on each colocated or prefill worker (routed there, not yet back)."""
-        load: dict[int, int] = {}
-        for t in self.trajs.values():
-            if t.state is TrajState.FIRST and t.worker is not None:
-                load[t.worker] = load.get(t.worker, 0) + 1
-        return load
+        """Turns in flight on each colocated or prefill worker (routed there, not yet back), kept as
+        trajectories enter and leave FIRST: no pass over every trajectory per turn."""
+        return self._on_first
 
     def _turn_left(self, now: float) -> None:
         """A worker has one turn fewer in flight: a turn held by delayed dispatch may go now."""
@@ -353,6 +383,7 @@ class RolloutLoop:
             self.steps[t.step].interruptions += 1
             self._route(t)
             return
+        self._leave_first(t)
         t.state = TrajState.DECODE
         t.worker = d
         t.decode_since_s = ev.now_s
@@ -390,6 +421,7 @@ class RolloutLoop:
             return
         self._took_tokens(t, ev)
         t.gen_time_s += ev.now_s - t.turn_start_s
+        self._leave_first(t)
         t.state = TrajState.ENV
         t.worker = None
         self._turn_left(ev.now_s)
@@ -462,7 +494,9 @@ class RolloutLoop:
         """Abort `t` and start a replacement on the same task (same group, same batch position)."""
         if t.state is TrajState.DECODE and t.worker is not None:
             self.router.decode_done(t.worker)
+        self._leave_first(t)
         t.state = TrajState.ABORTED
+        self._touched(t.tid)
         self.router.unhome(t.tid)
         st = self.steps[t.step]
         if stale:
@@ -476,6 +510,7 @@ class RolloutLoop:
         ref = TrajectoryRef(f"s{t.step}-t{t.index}-r{n}", t.group, t.index)
         st.trajectories[st.trajectories.index(t.tid)] = ref.trajectory
         self.trajs[ref.trajectory] = Traj(ref.trajectory, t.step, t.group, t.index, self.version, self.version, now)
+        self._touched(ref.trajectory)
         self.started_trajectories += 1
         self._emit(Abort(t.tid, why, ref))
 
@@ -565,6 +600,9 @@ class RolloutLoop:
         `Start`, unfinished turns are routed again from their kept progress."""
         loop = cls(config)
         decode_into(loop, data)
+        for t in loop.trajs.values():  # what jsq counts as in flight (the Start that follows routes them again)
+            if t.state is TrajState.FIRST and t.worker is not None:
+                loop._on_first[t.worker] = loop._on_first.get(t.worker, 0) + 1
         return loop
 
 

@@ -2,13 +2,16 @@
 
 `encode` and `decode_into` are the JSON form of what a loop must not lose across a driver restart
 (`RolloutLoop.checkpoint` / `RolloutLoop.restore`): the step, the weight version, the trainer's place
-in the handshake and every live trajectory's accounting.
+in the handshake and every live trajectory's accounting. A loop that is checkpointed keeps a
+`CheckpointCache`: a trajectory's JSON is rebuilt only when an event touched it since the last
+checkpoint, and a trained step's only once, so a checkpoint's Python work follows what changed, not
+B·G (its JSON text is still the whole state: the control plane keeps the last one whole).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -79,9 +82,74 @@ class StepState:
 
 
 # ==================================================================================== checkpoint codec
-def encode(loop: Any) -> dict[str, Any]:  # a RolloutLoop (machine imports this module, not the reverse)
+_TRAJ_FIELDS = tuple(f.name for f in fields(Traj))
+_STEP_FIELDS = tuple(f.name for f in fields(StepState))
+
+
+def traj_json(t: Traj) -> dict[str, Any]:
+    """A trajectory's checkpoint record (`asdict` without its deep copies: every field is a scalar)."""
+    out = {name: getattr(t, name) for name in _TRAJ_FIELDS}
+    out["state"] = str(t.state)
+    return out
+
+
+def step_json(s: StepState) -> dict[str, Any]:
+    out = {name: getattr(s, name) for name in _STEP_FIELDS}
+    out["trajectories"] = list(s.trajectories)
+    return out
+
+
+class CheckpointCache:
+    """The JSON of the trajectories and trained steps as of the last checkpoint, and which trajectories
+    events touched since (the loop marks them): `encode` rebuilds only those. Cached records are
+    replaced, never mutated, so a checkpoint handed out earlier stays what it was."""
+
+    __slots__ = ("dirty", "steps", "trajs")
+
+    def __init__(self) -> None:
+        self.trajs: dict[str, dict[str, Any]] = {}  # in the loop's order (new trajectories are marked as made)
+        self.dirty: dict[str, None] = {}  # an ordered set: touched since the last checkpoint
+        self.steps: dict[int, dict[str, Any]] = {}  # trained steps before the current one: final
+
+    def trajectories(self, trajs: dict[str, Traj]) -> list[dict[str, Any]]:
+        cache = self.trajs
+        for tid in self.dirty:
+            t = trajs.get(tid)
+            if t is None:
+                cache.pop(tid, None)
+            else:
+                cache[tid] = traj_json(t)
+        self.dirty.clear()
+        if len(cache) != len(trajs):  # something unmarked (a restored loop's first checkpoint): all again
+            self.trajs = cache = {tid: traj_json(t) for tid, t in trajs.items()}
+        return list(cache.values())
+
+    def step_records(self, loop: Any) -> list[dict[str, Any]]:
+        out = []
+        final = min(loop.trained_next, loop.step)  # trained, and not the step borrowed GPU time is added to
+        for j, s in loop.steps.items():
+            if j < final:
+                rec = self.steps.get(j)
+                if rec is None:
+                    rec = self.steps[j] = step_json(s)
+                out.append(rec)
+            else:
+                out.append(step_json(s))
+        return out
+
+
+def encode(loop: Any, *, cached: bool = True) -> dict[str, Any]:  # a RolloutLoop (machine imports this module)
     """What the loop must not lose, as JSON: the step, the weight version, the trainer's place in
-    the handshake and every live trajectory's accounting (turn boundaries and kept tokens)."""
+    the handshake and every live trajectory's accounting (turn boundaries and kept tokens). `cached`:
+    through the loop's `CheckpointCache` (made on the first checkpoint); else every record anew."""
+    if cached:
+        if loop._checkpoint_cache is None:
+            loop._checkpoint_cache = CheckpointCache()
+        cache = loop._checkpoint_cache
+        steps, trajectories = cache.step_records(loop), cache.trajectories(loop.trajs)
+    else:
+        steps = [step_json(s) for s in loop.steps.values()]
+        trajectories = [traj_json(t) for t in loop.trajs.values()]
     return {
         "version": loop.version,
         "step": loop.step,
@@ -101,8 +169,8 @@ def encode(loop: Any) -> dict[str, Any]:  # a RolloutLoop (machine imports this 
         "finished_trajectories": loop.finished_trajectories,
         "failed_trajectories": loop.failed_trajectories,
         "replacements": {str(k): v for k, v in loop._replacements.items()},
-        "steps": [asdict(s) for s in loop.steps.values()],
-        "trajectories": [{**asdict(t), "state": str(t.state)} for t in loop.trajs.values()],
+        "steps": steps,
+        "trajectories": trajectories,
         "configuration": loop.configuration.label() if loop.configuration else "",
     }
 
