@@ -13,11 +13,17 @@ The job spec (`environment: agent`):
   tasks: "tasks.jsonl" | [{...}, ...]         # one JSON object per task (GRPO runs group_size runs of each)
   agent_timeout_s: 600                        # wall clock per trajectory
   agent_concurrency: 64                       # agents running at once
+  agent_max_attempts: 3                       # failed runs per group member before the failure is final
 The agent's environment has OPENAI_BASE_URL, OPENAI_API_KEY, PEARL_TASK (the task's JSON) and
 PEARL_REWARD_URL. The reward is a POST of {"reward": r} to that URL or the agent's last stdout line
 {"reward": r}. An agent that exits non-zero, times out or ends without a reward is a *failed*
 trajectory (`AgentFailed`: counted, kept with its stderr tail, resampled by the driver), never a silent
-zero reward.
+zero reward. Resampled, but not forever: a group member (the loop's batch slot `s<step>-t<i>`, whatever
+its replacement suffix) that failed `agent_max_attempts` times is given up (`AgentGaveUp`): that last
+failure is reported as final (its reason says so, the driver logs it as an error), and no agent is run
+for the member again: its replacement waits, so its step waits, until the job is stopped. (The loop has no
+way yet to finish a step without one of its members; a broken agent stalls its job visibly instead of
+spawning agents without end.)
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -61,6 +68,15 @@ class AgentFailed(EnvironmentFailed):
         super().__init__(reason)
         self.reason = reason
         self.stderr_tail = stderr_tail
+
+
+class AgentGaveUp(AgentFailed):
+    """A group member's last allowed attempt failed: final, no agent runs for the member again."""
+
+
+def member_of(trajectory: str) -> str:
+    """The group member a trajectory is an attempt of: the loop's `s<step>-t<i>` without `-r<n>`."""
+    return re.sub(r"-r\d+$", "", trajectory)
 
 
 def _read_task_file(path: str) -> str:
@@ -120,6 +136,9 @@ class AgentRunner:
         self.records: dict[str, dict[str, Any]] = {}  # trajectory -> its record (status, reward, tokens, ...)
         self.failed = 0
         self.done = 0
+        self.attempts: dict[str, int] = {}  # group member -> failed attempts
+        self.gave_up: dict[str, str] = {}  # group member -> its final failure
+        self.stopping = asyncio.Event()
         self._function: Any = None
 
     async def start(self) -> None:
@@ -132,6 +151,7 @@ class AgentRunner:
 
     async def stop(self) -> None:
         """The job stops: every running agent is ended, the gateway closed."""
+        self.stopping.set()
         for env in list(self.live):
             await env.aclose("the job stopped")
         if self._runner is not None:
@@ -170,6 +190,10 @@ class AgentEnvironment(Environment):
     async def reset(self) -> Turn:
         r = self.runner
         await r.start()
+        final = r.gave_up.get(member_of(self.trajectory))
+        if final is not None:  # out of attempts (reported once, as final): no agent runs again for it
+            await r.stopping.wait()
+            raise AgentGaveUp(final)
         assert r._slots is not None
         await r._slots.acquire()  # bounded concurrency: waits before the trajectory's session starts
         self._holding_slot = True
@@ -330,9 +354,17 @@ class AgentEnvironment(Environment):
 
     async def _fail(self, reason: str) -> None:
         tail = self._stderr.decode("utf-8", "replace")
-        self._finish("failed", reason=reason, stderr=tail)
+        r, member = self.runner, member_of(self.trajectory)
+        n = r.attempts[member] = r.attempts.get(member, 0) + 1
+        cls = AgentFailed
+        if n >= r.spec.max_attempts:
+            cls = AgentGaveUp
+            reason = f"{reason} [attempt {n} of {r.spec.max_attempts} for {member}: final, not resampled again]"
+            r.gave_up[member] = reason
+            log.error("agent trajectory %s gave up: %s", member, reason)
+        self._finish("failed", reason=reason, stderr=tail, attempt=n, final=cls is AgentGaveUp)
         await self.aclose("failed")
-        raise AgentFailed(reason, tail)
+        raise cls(reason, tail)
 
     def _finish(self, status: str, **extra: Any) -> None:
         if self.status != "running":
@@ -400,6 +432,7 @@ register("agent", _factory)
 __all__ = [
     "AgentEnvironment",
     "AgentFailed",
+    "AgentGaveUp",
     "AgentRunner",
     "AgentSpec",
     "SpecError",

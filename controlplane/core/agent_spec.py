@@ -33,6 +33,7 @@ class AgentSpec:
     workdir: str = ""
     timeout_s: float = 600.0
     concurrency: int = 64
+    max_attempts: int = 3  # failed runs per group member before its failure is final (not resampled again)
     model: str = "tiny"
     host: str = "127.0.0.1"
     port: int = 0
@@ -100,6 +101,9 @@ def validate_agent_spec(
     conc = spec.get("agent_concurrency", 64)
     if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 65536:
         raise SpecError("agent_concurrency", "must be an integer in [1, 65536]")
+    attempts = spec.get("agent_max_attempts", 3)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100:
+        raise SpecError("agent_max_attempts", "must be an integer in [1, 100]")
     if "tasks" not in spec:
         raise SpecError("tasks", "environment 'agent' needs tasks (a JSONL path or a list of JSON objects)")
     return AgentSpec(
@@ -109,5 +113,6 @@ def validate_agent_spec(
         workdir=workdir,
         timeout_s=float(timeout),
         concurrency=conc,
+        max_attempts=attempts,
         model=str(spec.get("model", "tiny")),
     )

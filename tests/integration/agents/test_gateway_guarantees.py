@@ -134,12 +134,12 @@ async def run_job(
     group: int = 1,
     max_staleness: int = 1,
     timeout_s: float = 120.0,
+    spec: dict[str, Any] | None = None,
 ) -> tuple[RolloutDriver, agent_env.AgentRunner]:
     """The driver of one agent job over `workers`; `act` (awaited every 0.05 s) plays the control plane's
     part beyond `Link.pump` (a kill, a return), `until` ends the run."""
-    spec = {"tasks": [{"n": 1}], "agent_command": agent, "agent_timeout_s": 60}
     os.environ["OUT"] = str(out)
-    runner = agent_env.configure(spec)
+    runner = agent_env.configure({"tasks": [{"n": 1}], "agent_command": agent, "agent_timeout_s": 60, **(spec or {})})
     job = dl.JobView(
         name="agent-job",
         environment="agent",
