@@ -11,11 +11,12 @@ status other than 200 raises `WorkerCallError`; a worker that cannot be reached 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout
+from yarl import URL
 
 from agents import dataplane as dp
 
@@ -55,17 +56,25 @@ class WorkerClient:
     endpoint: str  # http://127.0.0.1:PORT
     secret: str
     session: ClientSession
+    # a driver sends thousands of turns a second through a few clients: each verb's URL is parsed once
+    _urls: dict[str, URL] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def headers(self) -> dict[str, str]:
         return {dp.AUTH_HEADER: f"Bearer {self.secret}"}
 
+    def _url(self, verb: str) -> URL:
+        url = self._urls.get(verb)
+        if url is None:
+            url = self._urls[verb] = URL(f"{self.endpoint}/{verb}")
+        return url
+
     async def call(self, verb: str, body: dict[str, Any] | None = None, *, epoch: int | None = None) -> dict[str, Any]:
         """POST `body` to `/<verb>` (a control verb carries the agent's fencing `epoch`)."""
-        headers = self.headers | {"Content-Type": "application/json"}
+        headers = {dp.AUTH_HEADER: f"Bearer {self.secret}", "Content-Type": "application/json"}
         if epoch is not None:
             headers[dp.EPOCH_HEADER] = str(epoch)
-        async with self.session.post(f"{self.endpoint}/{verb}", data=orjson.dumps(body or {}), headers=headers) as resp:
+        async with self.session.post(self._url(verb), data=orjson.dumps(body or {}), headers=headers) as resp:
             return _answer(resp.status, await resp.read(), self.endpoint)
 
     async def get(self, what: str) -> dict[str, Any]:

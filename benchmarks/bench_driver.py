@@ -230,7 +230,10 @@ class Sections:
                 s[0] += 1
                 s[1] += clock() - t0
 
-        setattr(owner, name, timed)
+        import inspect
+
+        static = isinstance(inspect.getattr_static(owner, name), staticmethod)
+        setattr(owner, name, staticmethod(timed) if static else timed)
 
     def snapshot(self) -> dict[str, list[float]]:
         return {k: list(v) for k, v in self.t.items()}
@@ -243,6 +246,7 @@ def _cpu() -> float:
 
 async def _measure(driver: Any, args: argparse.Namespace, sections: Sections | None) -> None:
     await asyncio.sleep(args.warmup)
+    Path(args.stats + ".start").write_text("")  # for a profiler to start now
     t0, c0, n0 = time.monotonic(), _cpu(), driver.turns
     s0 = sections.snapshot() if sections else {}
     await asyncio.sleep(args.duration)
@@ -285,7 +289,7 @@ def driver_main(args: argparse.Namespace) -> None:
         sections.wrap(RolloutDriver, "telemetry", "telemetry")
         sections.wrap(RolloutDriver, "_checkpoint_due", "checkpoint")
         sections.wrap(RolloutLoop, "checkpoint", "checkpoint:encode")
-        sections.wrap(lk.ControlLink, "encode", lambda _self, msg: f"wire:{msg.type}")
+        sections.wrap(lk.ControlLink, "encode", lambda msg: f"wire:{msg.type}")
         sections.wrap(dl, "dump", lambda msg: f"wire-dump:{msg.type}")
 
     class BenchDriver(RolloutDriver):
@@ -394,7 +398,8 @@ def run_one(args: argparse.Namespace, batch: int, tmp: Path) -> dict[str, Any]:
         if args.py_spy:
             out = Path(args.py_spy) / f"driver-{batch}{'-http' if args.http_only else ''}.txt"
             spy_bin = Path(sys.executable).parent / "py-spy"
-            time.sleep(args.warmup)
+            while not Path(f"{stats}.start").exists() and drv.poll() is None:
+                time.sleep(0.05)
             spy_args = ["record", "-p", str(drv.pid), "-d", str(int(args.duration)), "-r", "200", "--format", "raw"]
             spy = subprocess.Popen(
                 [str(spy_bin), *spy_args, "-o", str(out), "--nonblocking"],

@@ -75,6 +75,7 @@ class EpisodeRunner:
     loop: lp.RolloutLoop
     episodes: dict[str, Episode]
     workers: dict[int, dl.WorkerView]
+    clients: dict[str, WorkerClient]  # endpoint -> its client
 
     def _now(self) -> float:
         raise NotImplementedError
@@ -194,8 +195,12 @@ class EpisodeRunner:
         )
 
     def _client(self, w: dl.WorkerView) -> WorkerClient:
+        """The worker's client, one per endpoint (it keeps the verbs' parsed URLs)."""
         assert self.http is not None
-        return WorkerClient(w.endpoint, self.token, self.http)
+        client = self.clients.get(w.endpoint)
+        if client is None or client.session is not self.http:
+            client = self.clients[w.endpoint] = WorkerClient(w.endpoint, self.token, self.http)
+        return client
 
     def _start_turn(self, tid: str, wid: int, min_version: int) -> None:
         ep = self.episodes.get(tid)

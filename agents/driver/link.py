@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import secrets
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout
+import orjson
+from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
 from agents.driver.rollout import RolloutDriver
 from agents.reconnect import reconnect_forever
@@ -40,7 +42,21 @@ class ControlLink:
 
     async def send(self, msg: Any) -> None:
         await self._ready.wait()
-        await self.ws.send_str(json.dumps(dl.dump(msg), default=str))
+        await self.ws.send_str(self.encode(msg))
+
+    @staticmethod
+    def encode(msg: Any) -> str:
+        """A report as its JSON frame. Telemetry records and the checkpoint are JSON-ready already (the
+        records' `to_json`, the loop's `checkpoint`): they are encoded as they are, without `dl.dump`'s
+        walk over every record and every trajectory of the state."""
+        if isinstance(msg, dl.TelemetryReport):
+            return json.dumps({"type": msg.type, "records": msg.records}, default=str)
+        if isinstance(msg, dl.CheckpointReport):  # the whole state (hundreds of KiB at B·G = 1,024), every 2 s
+            try:
+                return orjson.dumps({"type": msg.type, "state": msg.state}).decode()
+            except TypeError:  # what orjson does not take (a key that is not a string): as json does
+                return json.dumps({"type": msg.type, "state": msg.state}, default=str)
+        return json.dumps(dl.dump(msg), default=str)
 
     async def run_forever(self) -> None:
         """Connect, say hello, receive until the socket closes; again, with backoff, until stopped. Any
@@ -91,9 +107,23 @@ class ControlLink:
                 )
 
 
+def _allow_sockets(n: int) -> None:
+    """Raise the soft limit on open files towards `n` (a socket per trajectory's turn), as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n if hard == resource.RLIM_INFINITY else min(n, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit to %d: %r", want, exc)
+
+
 async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0) -> RolloutDriver:
     """Connect, take the job and the loop's checkpoint from the welcome, run the driver until the job stops."""
-    async with ClientSession(timeout=ClientTimeout(total=600)) as http:
+    _allow_sockets(4096)
+    # no cap on connections: every trajectory may have its turn in flight (aiohttp's default of 100 held
+    # B·G = 1,024 trajectories to 100 turns at once, whatever the engines could batch)
+    async with ClientSession(timeout=ClientTimeout(total=600), connector=TCPConnector(limit=0)) as http:
         link = ControlLink(url, job, token, http)
         link_task = asyncio.create_task(link.run_forever())
         welcome = await link.welcome

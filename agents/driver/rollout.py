@@ -18,6 +18,7 @@ from aiohttp import ClientError, ClientSession
 
 from agents.driver.clock import AsyncLoopRunner
 from agents.driver.episodes import Episode, EpisodeRunner
+from agents.worker_client import WorkerClient
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal
@@ -68,6 +69,7 @@ class RolloutDriver(EpisodeRunner):
         self.runner: AsyncLoopRunner | None = None
         self.episodes: dict[str, Episode] = {}
         self.workers: dict[int, dl.WorkerView] = {}
+        self.clients: dict[str, WorkerClient] = {}
         self.cluster: dl.ClusterView | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
         self.records: list[dict[str, Any]] = []  # telemetry records not yet sent
@@ -156,6 +158,9 @@ class RolloutDriver(EpisodeRunner):
             if old is None or old.role != w.role or old.endpoint != w.endpoint:
                 self._feed(lp.WorkerReady(now, wid, Role(w.role), overlap=w.overlap, gpus=w.gpus))
         self.workers = new
+        if len(self.clients) > len(new):  # clients of endpoints gone (a restarted worker serves on a new port)
+            live = {w.endpoint for w in new.values()}
+            self.clients = {e: c for e, c in self.clients.items() if e in live}
         if self.waiting_return and view.training_active and view.borrowed == 0:
             self.waiting_return = False
             self._feed(lp.ReturnConfirmed(now))
@@ -308,11 +313,19 @@ class RolloutDriver(EpisodeRunner):
         if progress != self._last_progress and loop.step >= 0:
             self._last_progress = progress
             await self.link.send(dl.ProgressReport(*progress))
-        if time.monotonic() - self._checkpoint_sent_at >= CHECKPOINT_EVERY_S:
-            state = loop.checkpoint() | {"clock_epoch": self.epoch}
-            if state != self._checkpointed:  # level-triggered: whatever changed since the last one that was sent
-                await self.link.send(dl.CheckpointReport(state))
-                self._checkpointed, self._checkpoint_sent_at = state, time.monotonic()
+        state = self._checkpoint_due()
+        if state is not None:
+            await self.link.send(dl.CheckpointReport(state))
+            self._checkpointed, self._checkpoint_sent_at = state, time.monotonic()
+
+    def _checkpoint_due(self) -> dict[str, Any] | None:
+        """The loop's checkpoint if one is due and differs from the last one sent (level-triggered). The
+        loop re-encodes only the trajectories that changed, and unchanged records are the same objects
+        as in the last one, so the comparison skips them by identity: the cost follows the changes."""
+        if time.monotonic() - self._checkpoint_sent_at < CHECKPOINT_EVERY_S:
+            return None
+        state = self.loop.checkpoint() | {"clock_epoch": self.epoch}
+        return state if state != self._checkpointed else None
 
     async def _report_trajectories(self) -> None:
         """The agent trajectories that ended since the last flush, summarised per step (the job page's

@@ -80,14 +80,13 @@ class TelemetryRecord:
     return_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        """Only non-default fields, so the record stays small on the wire."""
+        """Only non-default fields, so the record stays small on the wire (a driver makes one per turn:
+        the fields and their defaults are looked up once, in `_DEFAULTS`)."""
         out: dict[str, Any] = {"kind": str(self.kind)}
-        for f in fields(self):
-            if f.name == "kind":
-                continue
-            value = getattr(self, f.name)
-            if value != f.default:
-                out[f.name] = value
+        for name, default in _DEFAULTS:
+            value = getattr(self, name)
+            if value != default:
+                out[name] = value
         return out
 
     @classmethod
@@ -124,6 +123,9 @@ class TelemetryRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_DEFAULTS = tuple((f.name, f.default) for f in fields(TelemetryRecord) if f.name != "kind")
 
 
 def turn(**kw: Any) -> TelemetryRecord:

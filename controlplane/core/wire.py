@@ -112,11 +112,17 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
 def to_json(obj: Any) -> Any:
     """A message dataclass as JSON-ready dicts and lists: `dataclasses.asdict` without copying lists of
-    scalars item by item (token ids, logprobs; the result is encoded at once, never mutated)."""
+    scalars item by item (token ids, logprobs; the result is encoded at once, never mutated). A class's
+    field names are looked up once (a rollout driver dumps a request per turn, thousands a second)."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_json(getattr(obj, f.name)) for f in fields(obj)}
+        return {name: to_json(getattr(obj, name)) for name in _field_names(type(obj))}
     if isinstance(obj, (list, tuple)):
         # message lists are homogeneous (list[X]): the first item tells whether there is anything to convert
         if obj and (is_dataclass(obj[0]) or isinstance(obj[0], (list, tuple, dict))):
