@@ -33,6 +33,9 @@ class Overrides:
     freeze: bool = False  # keep the current configuration unless it is infeasible
     borrowing: bool = True  # False: never borrow training GPUs
     elasticity: bool = True  # False: ignore preemptible GPUs beyond the reserved pool
+    # a configuration label that names chip types ('3P(H800) 5D(H20)'): on a mixed pool, run exactly it (the
+    # oracle's choice); None: no such override
+    force_configuration: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,17 @@ class PolicyContext:
     remaining: int  # R: unfinished trajectories of the current step
     overrides: Overrides = field(default_factory=Overrides)
     future: Sequence[AvailabilityPoint] = ()  # only the oracle may read this
+    # Mixed pools (issue 23): dedicated workers per chip type and the overlap workers' chip; empty / "" on a
+    # pool whose units name no chip (one hardware: every homogeneous job, as before)
+    hardware: tuple[tuple[str, int], ...] = ()
+    overlap_hardware: str = ""
+    # worker slot -> chip type of every worker in service (routes engine telemetry to its type's tracker)
+    worker_hardware: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def mixed(self) -> bool:
+        """The pool names chip types (its units carry their hardware)."""
+        return bool(self.hardware) or bool(self.overlap_hardware)
 
 
 __all__ = ["AvailabilityPoint", "Overrides", "PolicyContext", "Signal"]

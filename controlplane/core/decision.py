@@ -24,6 +24,7 @@ from controlplane.core.predictor import (
     disaggregated_table,
     predict_colocated,
     predict_colocated_balanced,
+    predict_colocated_spread,
     predict_cross,
 )
 from controlplane.core.profiles import EngineCoefficients
@@ -63,16 +64,53 @@ class Candidate:
     kv_transfer_s: float
     env_s: float
     why_infeasible: str = ""
+    # on a mixed pool, the chip types of the prefill (or colocated) and decode workers ("" = the job's one)
+    prefill_hardware: str = ""
+    decode_hardware: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        config: Configuration,
+        makespan_s: float,
+        feasible: bool,
+        prefill_s: float,
+        decode_s: float,
+        kv_transfer_s: float,
+        env_s: float,
+        why_infeasible: str = "",
+    ) -> Candidate:
+        """The candidate of a (possibly typed) configuration with its predicted parts."""
+        return cls(
+            config.mode,
+            config.n_prefill,
+            config.n_decode,
+            config.n_colocated,
+            makespan_s,
+            feasible,
+            prefill_s,
+            decode_s,
+            kv_transfer_s,
+            env_s,
+            why_infeasible,
+            config.prefill_hardware,
+            config.decode_hardware,
+        )
 
     @property
     def configuration(self) -> Configuration:
         if self.mode is Mode.COLOCATED:
-            return Configuration.colocated(self.n_colocated)
-        return Configuration.disaggregated(self.n_prefill, self.n_decode)
+            return Configuration.colocated(self.n_colocated, self.prefill_hardware)
+        return Configuration.disaggregated(self.n_prefill, self.n_decode, self.prefill_hardware, self.decode_hardware)
 
     @property
     def label(self) -> str:
         return self.configuration.label()
+
+    @property
+    def kind(self) -> tuple[Mode, str, str]:
+        """What a switch changes besides counts: the mode and the chip types of each role."""
+        return self.mode, self.prefill_hardware, self.decode_hardware
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +190,60 @@ class CandidateTable:
 
 
 @dataclass(frozen=True, slots=True)
+class CandidateList:
+    """Every candidate of one decision on a mixed pool (typed configurations), with `CandidateTable`'s
+    reading interface, so a `Decision` reads the same whichever pool it was made on."""
+
+    rows: tuple[Candidate, ...]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return iter(self.rows)
+
+    @property
+    def colocated(self) -> Candidate | None:
+        """The best feasible colocated candidate (else the best colocated one)."""
+        col = [c for c in self.rows if c.mode is Mode.COLOCATED]
+        ok = [c for c in col if c.feasible] or col
+        return min(ok, key=lambda c: c.makespan_s) if ok else None
+
+    def find(self, config: Configuration) -> Candidate | None:
+        return next((c for c in self.rows if c.configuration == config), None)
+
+    def best_disaggregated(self) -> Candidate | None:
+        return _best_mixed(list(self.rows), lambda c: c.mode is Mode.DISAGGREGATED)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "label": c.label,
+                "mode": str(c.mode),
+                "n_prefill": c.n_prefill,
+                "n_decode": c.n_decode,
+                "n_colocated": c.n_colocated,
+                "makespan_s": c.makespan_s,
+                "feasible": c.feasible,
+                "prefill_s": c.prefill_s,
+                "decode_s": c.decode_s,
+                "kv_transfer_s": c.kv_transfer_s,
+                "env_s": c.env_s,
+                "why_infeasible": c.why_infeasible,
+                "prefill_hardware": c.prefill_hardware,
+                "decode_hardware": c.decode_hardware,
+            }
+            for c in self.rows
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What the engine chose and why (the dashboard shows this)."""
 
     configuration: Configuration
     budget: int
-    candidates: CandidateTable
+    candidates: CandidateTable | CandidateList
     predicted_makespan_s: float  # of the chosen configuration
     current_makespan_s: float | None  # of the current configuration at this budget (None if not comparable)
     best: Configuration | None  # the best feasible candidate, admitted or not
@@ -549,28 +635,8 @@ def _vs_other_mode(table: CandidateTable, best: Candidate) -> str:
 # Mixed pools: one job's rollout workers on several chip types (issue 23)
 
 
-@dataclass(frozen=True, slots=True)
-class MixedCandidate:
-    """One configuration on a mixed pool: its typed configuration and its predicted parts (seconds)."""
-
-    configuration: Configuration
-    makespan_s: float
-    feasible: bool
-    prefill_s: float
-    decode_s: float
-    kv_transfer_s: float
-    env_s: float
-    why_infeasible: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.configuration.label()
-
-    @property
-    def kind(self) -> tuple[Mode, str, str]:
-        """What a switch changes besides counts: the mode and the chip types of each role."""
-        c = self.configuration
-        return c.mode, c.prefill_hardware, c.decode_hardware
+MixedCandidate = Candidate
+"""The one candidate type also on mixed pools (its configuration names the chip types); the old name kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,7 +644,7 @@ class MixedDecision:
     """What the engine chose on a mixed pool and why."""
 
     configuration: Configuration
-    candidates: tuple[MixedCandidate, ...]
+    candidates: tuple[Candidate, ...]
     predicted_makespan_s: float
     current_makespan_s: float | None
     best: Configuration | None
@@ -591,6 +657,23 @@ class MixedDecision:
     def label(self) -> str:
         return self.configuration.label()
 
+    def as_decision(self, budget: int, inputs: Mapping[str, Any] | None = None, overridden: bool = False) -> Decision:
+        """The same choice as a `Decision` (what a policy action carries), its candidates a `CandidateList`."""
+        return Decision(
+            self.configuration,
+            budget,
+            CandidateList(self.candidates),
+            self.predicted_makespan_s,
+            self.current_makespan_s,
+            self.best,
+            self.expected_gain,
+            self.admitted,
+            self.forced,
+            overridden,
+            self.reason,
+            dict(inputs or {}),
+        )
+
 
 LinkBandwidth = Callable[[str, str], float]
 
@@ -601,20 +684,22 @@ def evaluate_mixed(
     workers: Mapping[str, int],
     link: LinkBandwidth,
     rule: FeasibilityRule = FeasibilityRule(),
-) -> list[MixedCandidate]:
+    *,
+    even_colocation: bool = False,
+) -> list[Candidate]:
     """Every candidate over a mixed pool of `workers[type]` workers per chip type.
 
     Colocated on each type (all its workers); disaggregated within each type (every split); and every
     cross-type split: N_P = 1..N_a prefill workers of type a, decode on all N_b workers of type b (Eq. 2
     never gets slower with more decode workers), the KV crossing `link(a, b)` per worker link. Workers a
     candidate leaves out stay unused. `coeffs` are each type's coefficients (the tracker's, per type)."""
-    out: list[MixedCandidate] = []
+    out: list[Candidate] = []
     types = sorted(h for h, k in workers.items() if k > 0)
     for h in types:
         c, n = coeffs[h], int(workers[h])
         col = predict_colocated(workload, c, n)
         out.append(
-            MixedCandidate(
+            Candidate.of(
                 Configuration.colocated(n, h),
                 col.makespan_s,
                 col.feasible,
@@ -628,7 +713,7 @@ def evaluate_mixed(
         table = evaluate(workload, c, n, rule)
         for row in (table.row(i) for i in range(len(table.n_prefill))):
             out.append(
-                MixedCandidate(
+                Candidate.of(
                     Configuration.disaggregated(row.n_prefill, row.n_decode, h),
                     row.makespan_s,
                     row.feasible,
@@ -643,9 +728,12 @@ def evaluate_mixed(
         # every worker colocated with the batch balanced across the types (so they finish together), labelled
         # with every type, e.g. '8C(H20+H800)': the best all-colocated placement, and what a homogeneous-minded
         # policy with join-the-shortest-queue dispatch tends to
-        sp = predict_colocated_balanced(workload, [(coeffs[h], int(workers[h])) for h in types])
+        # even_colocation: a router that homes each trajectory on the worker with the fewest (PEARL's sticky
+        # dispatch) spreads the batch evenly whatever the chip, so the slowest type sets the makespan
+        colocate = predict_colocated_spread if even_colocation else predict_colocated_balanced
+        sp = colocate(workload, [(coeffs[h], int(workers[h])) for h in types])
         out.append(
-            MixedCandidate(
+            Candidate.of(
                 Configuration.colocated(sp.configuration.total, "+".join(types)),
                 sp.makespan_s,
                 sp.feasible,
@@ -665,7 +753,7 @@ def evaluate_mixed(
             for n_p in range(1, int(workers[a]) + 1):
                 p = predict_cross(workload, coeffs[a], coeffs[b], n_p, n_d, bw, rule)
                 out.append(
-                    MixedCandidate(
+                    Candidate.of(
                         Configuration.disaggregated(n_p, n_d, a, b),
                         p.makespan_s,
                         p.feasible,
@@ -679,20 +767,19 @@ def evaluate_mixed(
     return out
 
 
-def _best_mixed(
-    cands: list[MixedCandidate], keep: Callable[[MixedCandidate], bool] = lambda c: True
-) -> MixedCandidate | None:
+def _best_mixed(cands: list[Candidate], keep: Callable[[Candidate], bool] = lambda c: True) -> Candidate | None:
     ok = [c for c in cands if c.feasible and keep(c)]
     return min(ok, key=lambda c: (c.makespan_s, c.configuration.total)) if ok else None
 
 
-def best_homogeneous(cands: list[MixedCandidate]) -> MixedCandidate | None:
+def single_type(c: Candidate) -> bool:
+    """The candidate runs on one chip type only (no cross-type split, no colocation over several types)."""
+    return not c.configuration.cross_type and "+" not in c.prefill_hardware
+
+
+def best_homogeneous(cands: list[Candidate]) -> Candidate | None:
     """The best candidate that runs on one chip type only (the best-homogeneous baseline's choice)."""
-
-    def single(c: MixedCandidate) -> bool:
-        return not c.configuration.cross_type and "+" not in c.configuration.prefill_hardware
-
-    return _best_mixed(cands, single)
+    return _best_mixed(cands, single_type)
 
 
 def decide_mixed(
@@ -704,18 +791,23 @@ def decide_mixed(
     current: Configuration | None = None,
     thresholds: Thresholds | None = None,
     rule: FeasibilityRule | None = None,
+    allow: Callable[[Candidate], bool] | None = None,
+    even_colocation: bool = False,
 ) -> MixedDecision:
     """Choose the rollout configuration on a mixed pool, with `decide`'s hysteresis.
 
     A change of counts within the same mode and chip types is a ratio change; a change of mode or of the
     chip type of either role re-roles workers like a mode switch and needs the larger threshold. When the
     current configuration is no longer a candidate (its pool changed), the best candidate of its own kind
-    is the incumbent and the switch is forced, as `decide` does on a budget change."""
+    is the incumbent and the switch is forced, as `decide` does on a budget change. `allow` keeps only the
+    candidates it accepts."""
     th = thresholds or Thresholds()
-    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule())
+    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule(), even_colocation=even_colocation)
+    if allow is not None:  # e.g. `single_type`: the best-homogeneous baseline plans over one chip type only
+        cands = [c for c in cands if allow(c)]
     best = _best_mixed(cands)
 
-    def out(cfg: MixedCandidate, cur_ms: float | None, admitted: bool, forced: bool, reason: str) -> MixedDecision:
+    def out(cfg: Candidate, cur_ms: float | None, admitted: bool, forced: bool, reason: str) -> MixedDecision:
         gain = 0.0
         if cur_ms is not None and best is not None and np.isfinite(cur_ms) and cur_ms > 0:
             gain = (cur_ms - best.makespan_s) / cur_ms
@@ -733,7 +825,7 @@ def decide_mixed(
 
     if best is None:
         if not cands:
-            empty = MixedCandidate(
+            empty = Candidate.of(
                 Configuration.colocated(0), float("inf"), False, 0.0, 0.0, 0.0, workload.env_time_s, "no workers"
             )
             return MixedDecision(
@@ -821,6 +913,7 @@ def decide_mixed(
 
 __all__ = [
     "Candidate",
+    "CandidateList",
     "CandidateTable",
     "Decision",
     "MixedCandidate",
@@ -831,4 +924,5 @@ __all__ = [
     "decide_mixed",
     "evaluate",
     "evaluate_mixed",
+    "single_type",
 ]

@@ -17,13 +17,14 @@ Rules (why):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.core.context import AvailabilityPoint, Overrides, PolicyContext, Signal
 from controlplane.core.policies import Policy, PolicyAction
 from controlplane.core.state import Configuration, Mode, Pool, Role
-from controlplane.core.transitions import TransitionPlan, plan_transition
+from controlplane.core.transitions import Step, StepKind, TransitionPlan, plan_transition
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +61,18 @@ class Inventory:
     # a plan: it is due by the deadline); the policy still learns that borrowing ran into Training Begin
     returned: int = 0
 
+    @property
+    def typed(self) -> bool:
+        """Its units name their chip types (a mixed pool, issue 23); else one hardware, as before."""
+        return any(u.hardware for u in self.units)
+
     def current(self) -> Configuration | None:
-        """The configuration served once in-flight transitions complete (leaving units excluded)."""
-        return configuration_of(u.role for u in self.units if u.in_service and not u.leaving)
+        """The configuration served once in-flight transitions complete (leaving units excluded); on a typed
+        pool it names the chip types (`typed_configuration_of`)."""
+        serving = [u for u in self.units if u.in_service and not u.leaving]
+        if self.typed:
+            return typed_configuration_of(serving)
+        return configuration_of(u.role for u in serving)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +106,22 @@ def configuration_of(roles: object) -> Configuration | None:
     if p and d and not c:
         return Configuration.disaggregated(p, d)
     return None
+
+
+def typed_configuration_of(units: Sequence[Unit]) -> Configuration | None:
+    """In-service units with their chip types → the typed configuration they serve: '8C(H20+H800)',
+    '3P5D(H20)', '3P(H800) 5D(H20)'. None when it is no valid configuration, or prefill (decode) workers
+    span several types (no candidate the decision makes has that shape)."""
+    cfg = configuration_of(u.role for u in units)
+    if cfg is None:
+        return None
+    if cfg.mode is Mode.COLOCATED:
+        return Configuration.colocated(cfg.n_colocated, "+".join(sorted({u.hardware for u in units})))
+    pre = {u.hardware for u in units if u.role is Role.PREFILL}
+    dec = {u.hardware for u in units if u.role is Role.DECODE}
+    if len(pre) != 1 or len(dec) != 1:
+        return None
+    return Configuration.disaggregated(cfg.n_prefill, cfg.n_decode, pre.pop(), dec.pop())
 
 
 def fit(target: Configuration, total: int) -> Configuration:
@@ -156,6 +182,7 @@ def place(
     )
     borrowed = [u for u in overlap if u.in_service]
     current = inv.current()
+    typed = inv.typed
     ctx = PolicyContext(
         now_s=now_s,
         signal=signal,
@@ -169,9 +196,18 @@ def place(
         remaining=remaining,
         overrides=overrides,
         future=tuple(future),
+        hardware=tuple(sorted(hardware_counts(cand).items())) if typed else (),
+        overlap_hardware=(ovl[0].hardware if ovl and not inv.training_active else "") if typed else "",
+        worker_hardware=tuple(
+            sorted((u.worker, u.hardware) for u in inv.units if u.worker is not None and u.in_service)
+        )
+        if typed
+        else (),
     )
     # ② decide
     action = policy.on_event(ctx)
+    if typed and action.target.prefill_hardware:
+        return _place_typed(inv, ctx, action, current, cand, ovl, overlap, leaving)
     # ③ fit the target to what exists and choose the concrete workers
     borrow = 0 if inv.training_active else max(0, min(int(action.borrow), len(ovl)))
     want_ded = max(0, min(action.target.total - borrow, len(cand)))
@@ -204,6 +240,142 @@ def place(
         "leaving": sorted(u.worker for u in leaving if u.worker is not None),
     }
     return Placement(ctx, action, current, target, borrow, plan, new_workers, budget)
+
+
+def _place_typed(
+    inv: Inventory,
+    ctx: PolicyContext,
+    action: PolicyAction,
+    current: Configuration | None,
+    cand: list[Unit],
+    ovl: list[Unit],
+    overlap: list[Unit],
+    leaving: list[Unit],
+) -> Placement:
+    """③ for a target that names chip types: each type's units take only that type's roles (a TP group never
+    mixes types), dedicated units first, then borrowed overlap units of the type (at most `action.borrow`);
+    one minimal-change plan per type (`plan_transition`), merged into one plan."""
+    target = action.target
+    borrow_cap = 0 if inv.training_active else max(0, min(int(action.borrow), len(ovl)))
+    if target.mode is Mode.COLOCATED:
+        wants: list[tuple[set[str], int]] = [(set(target.prefill_hardware.split("+")), target.n_colocated)]
+    elif target.cross_type:
+        wants = [({target.decode_hardware}, target.n_decode), ({target.prefill_hardware}, target.n_prefill)]
+    else:
+        wants = [({target.prefill_hardware}, target.total)]
+    chosen: list[Unit] = []
+    taken: set[Hashable] = set()
+    borrowed_n = 0
+    for types, n in wants:
+        got = 0
+        for u in cand + ovl:
+            if got >= n:
+                break
+            if u.hardware not in types or u.key in taken or (u.overlap and borrowed_n >= borrow_cap):
+                continue
+            taken.add(u.key)
+            chosen.append(u)
+            got += 1
+            borrowed_n += u.overlap
+    # the configuration the chosen units can serve (fewer units than asked: the counts shrink, types kept)
+    hw_of = {u.key: u.hardware for u in chosen}
+    if target.mode is Mode.COLOCATED:
+        fitted = Configuration.colocated(len(chosen), target.prefill_hardware) if chosen else Configuration.colocated(0)
+        counts = {h: {Role.COLOCATED: sum(1 for k in hw_of if hw_of[k] == h)} for h in set(hw_of.values())}
+    elif target.cross_type:
+        n_d = sum(1 for h in hw_of.values() if h == target.decode_hardware)
+        n_p = len(chosen) - n_d
+        fitted = (
+            Configuration.disaggregated(n_p, n_d, target.prefill_hardware, target.decode_hardware)
+            if n_p and n_d
+            else Configuration.colocated(len(chosen), target.decode_hardware if n_d else target.prefill_hardware)
+        )
+        counts = {h: {r: n for r, n in fitted.role_counts().items() if n > 0} for h in set(hw_of.values())}
+        if n_p and n_d:
+            counts = {target.prefill_hardware: {Role.PREFILL: n_p}, target.decode_hardware: {Role.DECODE: n_d}}
+    else:
+        f = fit(Configuration(target.mode, target.n_prefill, target.n_decode, target.n_colocated), len(chosen))
+        h = target.prefill_hardware
+        fitted = (
+            Configuration.colocated(f.n_colocated, h)
+            if f.mode is Mode.COLOCATED
+            else Configuration.disaggregated(f.n_prefill, f.n_decode, h)
+        )
+        counts = {h: {r: n for r, n in f.role_counts().items() if n > 0}} if chosen else {}
+    used = {u.worker for u in inv.units if u.worker is not None} | set(inv.taken_slots)
+    free_units = [u for u in chosen if u.worker is None]
+    new_slots = lowest_free_slots(len(free_units), used)
+    new_workers = dict(zip(new_slots, free_units, strict=True))
+    slot_of = {u.key: u.worker for u in chosen if u.worker is not None} | {u.key: s for s, u in new_workers.items()}
+    chosen_slots = {slot_of[u.key] for u in chosen}
+    in_service = [u for u in inv.units if u.in_service]
+    overlap_slots = [u.worker for u in overlap if u.worker is not None]
+    plans: list[TransitionPlan] = []
+    for h in sorted({u.hardware for u in in_service} | set(hw_of.values())):
+        mine = [u for u in in_service if u.hardware == h and u.worker is not None]
+        plans.append(
+            plan_transition(
+                {u.worker: u.role for u in mine if u.worker is not None and u.role is not None},
+                counts.get(h, {}),
+                joining=[slot_of[u.key] for u in chosen if u.hardware == h and not u.in_service],
+                leaving=[u.worker for u in mine if u.worker is not None and u.worker not in chosen_slots],
+                inflight={u.worker: u.inflight for u in mine if u.worker is not None},
+                overlap=overlap_slots,
+            )
+        )
+    budget: dict[str, object] = {
+        "dedicated_workers": len(cand),
+        "overlap_workers": ctx.overlap_workers,
+        "borrowed": ctx.borrowed,
+        "training_active": inv.training_active,
+        "leaving": sorted(u.worker for u in leaving if u.worker is not None),
+        "hardware": dict(ctx.hardware),
+    }
+    return Placement(ctx, action, current, fitted, borrowed_n, merge_plans(plans), new_workers, budget)
+
+
+_PHASE = {StepKind.START_WORKER: 1, StepKind.ACTIVATE_OVERLAP: 1, StepKind.SYNC_WEIGHTS: 1}
+
+
+def merge_plans(plans: Sequence[TransitionPlan]) -> TransitionPlan:
+    """One plan from per-type plans over disjoint workers, its steps in the executor's phase order
+    (forced removals, additions, role changes, voluntary removals), each plan's own order kept within a phase."""
+    if len(plans) == 1:
+        return plans[0]
+    add: dict[int, Role] = {}
+    reassign: dict[int, Role] = {}
+    result: dict[int, Role] = {}
+    remove: list[int] = []
+    keyed: list[tuple[int, int, int, Step]] = []
+    for plan in plans:
+        add |= plan.add
+        reassign |= plan.reassign
+        result |= plan.result
+        remove += plan.remove
+        for i, st in enumerate(plan.steps):
+            if st.forced:
+                phase = 0
+            elif st.kind in _PHASE:
+                phase = 1
+            elif st.worker in plan.reassign:
+                phase = 2
+            else:
+                phase = 3
+            keyed.append((phase, len(keyed), i, st))
+    keyed.sort(key=lambda k: (k[0], k[1]))
+    h = hashlib.blake2b(digest_size=8)
+    for plan in plans:
+        h.update(plan.plan_id.encode())
+    return TransitionPlan(
+        add,
+        tuple(remove),
+        reassign,
+        tuple(k[3] for k in keyed),
+        sum(p.d_worker for p in plans),
+        sum(p.d_role for p in plans),
+        result,
+        h.hexdigest(),
+    )
 
 
 def hardware_counts(units: Sequence[Unit]) -> dict[str, int]:
@@ -254,5 +426,7 @@ __all__ = [
     "fit",
     "hardware_counts",
     "lowest_free_slots",
+    "merge_plans",
     "place",
+    "typed_configuration_of",
 ]

@@ -477,13 +477,22 @@ class HardwareTrackers:
         *,
         batch_size: int | None = None,
         max_trajectory_tokens: int | None = None,
+        pooled: RuntimeTracker | None = None,
     ) -> None:
-        if not profiles:
+        if not profiles and pooled is None:
             raise ValueError("a mixed pool needs at least one hardware profile")
-        first = next(iter(profiles.values()))
-        kw = {"batch_size": batch_size, "max_trajectory_tokens": max_trajectory_tokens}
-        self.pooled = RuntimeTracker(first, workload_prior, **kw)  # type: ignore[arg-type]
-        self.by_type = {h: RuntimeTracker(p, workload_prior, **kw) for h, p in profiles.items()}  # type: ignore[arg-type]
+        first = next(iter(profiles.values())) if profiles else None
+        self._prior = workload_prior
+        self._kw = {"batch_size": batch_size, "max_trajectory_tokens": max_trajectory_tokens}
+        # `pooled`: share the job's own tracker (a policy's) instead of fitting the workload twice
+        self.pooled = pooled or RuntimeTracker(first, workload_prior, **self._kw)  # type: ignore[arg-type]
+        self.by_type = {h: RuntimeTracker(p, workload_prior, **self._kw) for h, p in profiles.items()}  # type: ignore[arg-type]
+
+    def add(self, hardware: str, profile: Profile) -> RuntimeTracker:
+        """Track one more chip type, from its prior (a type that joins the pool later)."""
+        if hardware not in self.by_type:
+            self.by_type[hardware] = RuntimeTracker(profile, self._prior, **self._kw)  # type: ignore[arg-type]
+        return self.by_type[hardware]
 
     def observe(self, record: TelemetryRecord, hardware: str | None = None) -> None:
         self.pooled.observe(record)

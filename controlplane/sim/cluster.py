@@ -186,6 +186,15 @@ class Simulation:
         if cl.training_hardware and get_profile(cl.training_hardware, scenario.model, cl.tp) != self.profile:
             self.train_profile = get_profile(cl.training_hardware, scenario.model, cl.tp)
             self.overlap_costs = ScaledCosts(self.train_profile, scenario.engine.engine_slowdown)
+        # per chip type (mixed pools, issue 23): each unit's engine is timed by its own chip's profile
+        self._profiles: dict[str, Any] = {self.profile.hardware.upper(): self.profile}
+        self._costs: dict[str, ScaledCosts] = {self.profile.hardware.upper(): self.costs}
+        if self.train_profile is not self.profile:
+            self._profiles[self.train_profile.hardware.upper()] = self.train_profile
+            self._costs[self.train_profile.hardware.upper()] = self.overlap_costs
+        # what-if only (never set in a shipped scenario): every KV hand-off takes this many times its time
+        kv = scenario.engine.kv_transfer_scale
+        self.kv_link_scale = math.inf if kv == 0 else 1.0 / kv
         self.policy, variant = make_sim_policy(policy, scenario, self.profile)
         pol = self.policy
         self.base_policy = variant.base
@@ -235,6 +244,21 @@ class Simulation:
         self.training_active = False
 
     # ================================================================== plumbing
+    def profile_for(self, hardware: str) -> Any:
+        """The profile of one chip type (a TP group of `tp` GPUs of the scenario's model)."""
+        from controlplane.core.profiles import get_profile
+
+        key = hardware.upper()
+        if key not in self._profiles:
+            self._profiles[key] = get_profile(key, self.sc.model, self.tp)
+        return self._profiles[key]
+
+    def costs_for(self, hardware: str) -> ScaledCosts:
+        key = hardware.upper()
+        if key not in self._costs:
+            self._costs[key] = ScaledCosts(self.profile_for(key), self.sc.engine.engine_slowdown)
+        return self._costs[key]
+
     @property
     def slots(self) -> dict[int, wd.Slot]:
         return self.world.slots

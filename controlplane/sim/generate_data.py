@@ -64,7 +64,7 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
             "fixed_large_gpus": large[seg],
             # RLBoost+ (RLBoost's Algorithms 1 and 2, simulator only); elastic = ungated seeding for
             # the whole idle window on every preemptible GPU (PEARL's component B without A and C), an ablation
-            "policies": list(REGISTRY),
+            "policies": [n for n, c in REGISTRY.items() if not c.mixed_pools_only],
             "paper": {
                 "pearl_over_roll": paper[model]["vs_roll"],
                 "pearl_over_rlboost": paper[model]["vs_rlboost"][seg],
@@ -82,7 +82,22 @@ for model in ("qwen3-8b", "qwen3-30b-a3b"):
                 "specs in core/PROFILES.md"
             )
             het["cluster"] = {**doc["cluster"], "hardware": "H20", "training_hardware": "H800"}
+            het["policies"] = list(REGISTRY)
             (D / "scenarios" / f"{het['name']}.yaml").write_text(yaml.safe_dump(het, sort_keys=False))
+            # issue 23 (c): H800 reserved and trainer, a mixed elastic pool (H20, H800, A100 in turn)
+            mix: dict[str, Any] = {**het, "name": f"hetero-{model}-seg1-mixed"}
+            mix["description"] = (
+                f"Issue 23 (c): {model}, the paper's seg1 cluster (16 H800 training, 4 H800 reserved rollout, <=12 "
+                "preemptible) with a mixed elastic pool: the k-th elastic TP2 group is H20, H800, A100 in turn "
+                "(Bamboo records no chip types; the rotation is our choice, not sourced); chip specs in "
+                "core/PROFILES.md"
+            )
+            mix["cluster"] = {
+                **doc["cluster"],
+                "training_hardware": "H800",
+                "elastic_hardware": ["H20", "H800", "A100"],
+            }
+            (D / "scenarios" / f"{mix['name']}.yaml").write_text(yaml.safe_dump(mix, sort_keys=False))
 # ablation: fixed 4..16 dedicated rollout GPUs, A / A+B / A+B+C vs ROLL on the same GPUs
 abl_paper: dict[str, dict[int | str, Any]] = {
     "qwen3-8b": {4: (-0.206, 0.936, 0.923), "8-16": ((0.128, 0.153), (0.162, 0.265), (0.179, 0.265))},

@@ -47,6 +47,8 @@ def candidates(sim: Simulation, signal: Signal) -> list[Overrides]:
     borrow_opts = [False, True] if overlap > 0 and signal is not Signal.TRAINING_BEGIN else [False]
     fp = sim.policy.tracker.fitted()
     w, c = fp.workload, fp.coefficients
+    if sim.world.mixed:
+        return _mixed_candidates(sim, inv, borrow_opts, w)
     out: list[Overrides] = []
     for borrow in borrow_opts:
         n = dedicated + (overlap if borrow else 0)
@@ -61,6 +63,45 @@ def candidates(sim: Simulation, signal: Signal) -> list[Overrides]:
                     Overrides(force_ratio=(int(t.n_prefill[i]), int(t.n_decode[i])), exact_ratio=True, borrowing=borrow)
                 )
     return out
+
+
+def _mixed_candidates(sim: Simulation, inv: Any, borrow_opts: list[bool], w: Any) -> list[Overrides]:
+    """On a mixed pool: per borrow choice, the predictor's best candidate, the best on one chip type and every
+    worker colocated (the baselines' configuration), as typed configurations (`force_configuration`)."""
+    from controlplane.core.decision import best_homogeneous, evaluate_mixed
+    from controlplane.core.placement import hardware_counts
+    from controlplane.core.profiles import link_bytes_per_s
+
+    ded = hardware_counts(inv.units)
+    ovl = [u for u in inv.units if u.overlap and not u.leaving]
+    tp = sim.tp
+    co = {h: _coeffs(sim, h, w) for h in set(ded) | {u.hardware for u in ovl}}
+    out: list[Overrides] = []
+    for borrow in borrow_opts:
+        pool = dict(ded)
+        if borrow:
+            for u in ovl:
+                pool[u.hardware] = pool.get(u.hardware, 0) + 1
+        cands = evaluate_mixed(w, co, pool, lambda a, b: link_bytes_per_s(a, b, tp))
+        ok = sorted((x for x in cands if x.feasible), key=lambda x: x.makespan_s)
+        picks = [ok[0]] if ok else []
+        homo = best_homogeneous(cands)
+        allcol = [x for x in cands if x.mode.value == "colocated" and x.n_colocated == sum(pool.values())]
+        for x in [homo, *allcol[:1]]:
+            if x is not None and all(x.configuration != p.configuration for p in picks):
+                picks.append(x)
+        out += [Overrides(force_configuration=x.label, borrowing=borrow) for x in picks]
+    return out
+
+
+def _coeffs(sim: Simulation, hardware: str, w: Any) -> Any:
+    """The coefficients the policy plans with for one chip type (its per-type tracker, else the prior)."""
+    trackers = getattr(sim.policy, "hw_trackers", None)
+    if trackers is not None and hardware in trackers.by_type:
+        return trackers.by_type[hardware].coefficients(w)[0]
+    return sim.profile_for(hardware).coefficients(
+        new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+    )
 
 
 def _ignore(record: Any) -> None:
@@ -79,6 +120,8 @@ def _fork(sim: Simulation) -> Simulation:
         id(sim.policy): sim.policy,
         id(sim.train_profile): sim.train_profile,
         id(sim.overlap_costs): sim.overlap_costs,
+        id(sim._profiles): sim._profiles,
+        id(sim._costs): sim._costs,
     }
     for traj in sim.world.trajs.values():
         memo[id(traj.turns)] = traj.turns

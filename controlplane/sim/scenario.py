@@ -41,10 +41,32 @@ class ClusterSpec:
     # the training GPUs' chip ("" = `hardware`): the trainer's step time and the overlap rollout workers
     # borrowed from it run on it (e.g. an H20 elastic pool beside an H800 trainer, RollArt's split)
     training_hardware: str = ""
+    # Mixed elastic pool (issue 23): the chip of each elastic TP group, by its place in the pool: the k-th
+    # elastic unit is `elastic_hardware[k % len]` for life (a node keeps its chips; the trace takes the most
+    # recently joined first, so the list's head is the most stable part). Empty: every elastic unit is
+    # `hardware`.
+    elastic_hardware: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.training_gpus < 0 or self.reserved_gpus < self.tp or self.preemptible_gpus < 0:
             raise ScenarioError("cluster: need tp >= 1, reserved_gpus >= tp, training/preemptible >= 0")
+        if isinstance(self.elastic_hardware, str) or not all(isinstance(h, str) for h in self.elastic_hardware):
+            raise ScenarioError("cluster: elastic_hardware must be a list of chip names")
+        object.__setattr__(self, "elastic_hardware", tuple(self.elastic_hardware))
+
+    @property
+    def chips(self) -> tuple[str, ...]:
+        """Every chip type of the cluster (rollout pool, elastic pool, trainer), upper-case, sorted."""
+        return tuple(
+            sorted(
+                {h.upper() for h in (self.hardware, self.training_hardware or self.hardware, *self.elastic_hardware)}
+            )
+        )
+
+    @property
+    def mixed(self) -> bool:
+        """More than one chip type: the units name their hardware and the policies see a mixed pool."""
+        return len(self.chips) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +85,8 @@ class EngineSpec:
     # What-if only (no source; never set in a shipped scenario): multiplies the prefill time of a chunk
     # that carries running decodes on a colocated worker. 1.0 = the additive roofline, the calibrated model.
     mixed_prefill_penalty: float = 1.0
+    # What-if only (never set in a shipped scenario): multiplies every KV hand-off's time (0: free, 2: twice).
+    kv_transfer_scale: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,7 +148,7 @@ class Serving(WorldState):
             self.turn_done(req, t, slot)
         for req in prefilled:  # prefill role: hand the KV to a decode worker
             start = max(t, w.link_free_s)
-            dur = req.ctx0 * self.kv_bytes / self.bw
+            dur = req.ctx0 * self.kv_bytes / self.link_bw(slot)
             w.link_free_s = start + dur
             req.traj.cached_on = slot.sid
             req.traj.cached_gen = w.gen

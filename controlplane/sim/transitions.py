@@ -34,11 +34,16 @@ class Transitions(WorldState):
     def inventory(self, training_active: bool) -> Inventory:
         units: list[Unit] = []
         taken = set(self.taken_wids)
+        mixed = self.mixed
+
+        def hw(s: Slot) -> str:
+            return s.hardware if mixed else ""  # one hardware: untyped units, as before
+
         for s in self.slots.values():
             nxt = s.next_role()
             if s.pool == "overlap":
                 if s.state == DRAINING and nxt is None:  # being returned: not borrowable until inactive
-                    units.append(Unit(s.sid, Pool.TRAINING, s.wid, None, leaving=True))
+                    units.append(Unit(s.sid, Pool.TRAINING, s.wid, None, leaving=True, hardware=hw(s)))
                     continue
                 units.append(
                     Unit(
@@ -48,6 +53,7 @@ class Transitions(WorldState):
                         nxt,
                         busy=s.state != SERVING,
                         inflight=s.worker.load() if nxt is not None else 0,
+                        hardware=hw(s),
                     )
                 )
             elif s.state in (IDLE, PENDING, SERVING) or nxt is not None:
@@ -59,6 +65,7 @@ class Transitions(WorldState):
                         nxt,
                         busy=s.state != SERVING and nxt is not None,
                         inflight=s.worker.load() if nxt is not None else 0,
+                        hardware=hw(s),
                     )
                 )
             elif s.wid is not None:

@@ -36,6 +36,13 @@ class Host(Protocol):
     @property
     def overlap_costs(self) -> EngineCosts: ...
 
+    def costs_for(self, hardware: str) -> EngineCosts: ...
+
+    def profile_for(self, hardware: str) -> Profile: ...
+
+    @property
+    def kv_link_scale(self) -> float: ...
+
     def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None: ...
 
     def feed(self, event: Any) -> None: ...
@@ -74,6 +81,7 @@ class Slot:
     ready_at: float = 0.0
     after_drain: tuple[str, Role | None] | None = None  # (next state, next role) once drained
     borrowed_since: float | None = None
+    hardware: str = ""  # its chip type (the units of a TP group are one node's: one type)
 
     def next_role(self) -> Role | None:
         """The role once in-flight transitions complete (None: not in service)."""
@@ -99,6 +107,11 @@ class WorldState:
         self.kv_cap_tokens_overlap = int(sim.train_profile.hbm_kv_capacity // sim.train_profile.kv_bytes_per_token)
         self.kv_bytes = sim.profile.kv_bytes_per_token
         self.bw = sim.profile.bandwidth
+        cl = sc.cluster
+        self.mixed = cl.mixed  # units name their chip types (issue 23); else one hardware, as before
+        self.rollout_hw = cl.hardware.upper()
+        self.training_hw = (cl.training_hardware or cl.hardware).upper()
+        self.elastic_hw = tuple(h.upper() for h in cl.elastic_hardware)
         self.prefix_reuse = sc.workload.prefix_reuse
         self.push = sim.push
         self.feed: Callable[[Any], None] = sim.feed
@@ -140,6 +153,13 @@ class WorldState:
         ovl = pool == "overlap"
         costs = self.sim.overlap_costs if ovl else self.costs
         kv_cap = self.kv_cap_tokens_overlap if ovl else self.kv_cap_tokens
+        hw = self.training_hw if ovl else self.rollout_hw
+        if pool == "elastic" and self.elastic_hw:
+            k = sum(1 for s in self.slots.values() if s.pool == "elastic")
+            hw = self.elastic_hw[k % len(self.elastic_hw)]
+            prof = self.sim.profile_for(hw)
+            costs = self.sim.costs_for(hw)
+            kv_cap = int(prof.hbm_kv_capacity // prof.kv_bytes_per_token)
         w = IterationScheduler(
             sid,
             pool,
@@ -149,9 +169,22 @@ class WorldState:
             kv_capacity=kv_cap,
             mixed_penalty=self.sim.sc.engine.mixed_prefill_penalty,
         )
-        slot = Slot(sid, pool, state, w)
+        slot = Slot(sid, pool, state, w, hardware=hw)
         self.slots[sid] = slot
         return slot
+
+    def link_bw(self, src: Slot) -> float:
+        """KV bandwidth of one hand-off from prefill unit `src`: its own profile's within one type; on a mixed
+        pool the link to the decode pool's chip (the slowest one if decode spans several), bounded by the
+        slower end (`profiles.link_bytes_per_s`)."""
+        if not self.mixed:
+            return self.bw * self.sim.kv_link_scale
+        from controlplane.core.profiles import link_bytes_per_s
+
+        dec = {s.hardware for s in self.slots.values() if s.role is Role.DECODE and s.state == "serving"}
+        if not dec:
+            dec = {src.hardware}
+        return min(link_bytes_per_s(src.hardware, h, self.tp) for h in dec) * self.sim.kv_link_scale
 
     def add_training_units(self, n: int) -> None:
         """Training GPU groups: a training worker and an (inactive) overlap rollout worker per unit,

@@ -40,7 +40,7 @@ from controlplane.core.policies.baselines import (
     rlboost_rebalance,
 )
 from controlplane.core.policies.oracle import OraclePolicy
-from controlplane.core.policies.pearl import PearlPolicy
+from controlplane.core.policies.pearl import BestHomogeneousPolicy, PearlPolicy
 from controlplane.core.policies.registry import (
     POLICIES,
     POLICY_ALIASES,
@@ -58,6 +58,7 @@ __all__ = [
     "POLICY_NAMES",
     "PRODUCT_POLICIES",
     "REGISTRY",
+    "BestHomogeneousPolicy",
     "Dispatch",
     "ElasticPolicy",
     "FixedLargePolicy",

@@ -114,6 +114,7 @@ class TrackedPolicy:
     free_reconfiguration: ClassVar[bool] = False  # its plans are applied at zero cost (and it sees the future)
     chooses_by_simulation: ClassVar[bool] = False  # the simulator forks itself to choose for it (sim/oracle.py)
     color: ClassVar[str | None] = None  # in the simulator's reports (None: plotly's default)
+    mixed_pools_only: ClassVar[bool] = False  # a reference that differs from another policy only on mixed pools
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

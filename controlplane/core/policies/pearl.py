@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from controlplane.core.borrowing import GateResult, gate
 from controlplane.core.context import PolicyContext, Signal
-from controlplane.core.decision import Thresholds, decide
+from controlplane.core.decision import Candidate, Thresholds, decide, decide_mixed, single_type
 from controlplane.core.policies import names
 from controlplane.core.policies.base import OptionSpec, PolicyAction, TrackedPolicy, best_makespan, with_inputs
 from controlplane.core.predictor import WorkloadProfile
-from controlplane.core.profiles import EngineCoefficients
-from controlplane.core.state import Configuration
-from controlplane.core.tracker import FittedProfile
+from controlplane.core.profiles import EngineCoefficients, get_profile, link_bytes_per_s
+from controlplane.core.state import Configuration, Mode
+from controlplane.core.telemetry import TelemetryRecord
+from controlplane.core.tracker import FittedProfile, HardwareTrackers
 
 _TH = Thresholds()  # the default hysteresis thresholds
 
@@ -69,6 +71,32 @@ class PearlPolicy(TrackedPolicy):
         self.gated = gate
         self.thresholds = Thresholds(ratio_change, mode_switch)
         self.mode_trial = mode_trial
+        # mixed pools (issue 23): one tracker per chip type, sharing the job's workload fit
+        self.hw_trackers: HardwareTrackers | None = None
+        self._worker_hw: dict[int, str] = {}
+        self._kinds_run: set[str] = set()  # configuration kinds (mode, prefill chip, decode chip) that have run
+
+    # a mixed decision chooses only among candidates on one chip type (the best-homogeneous baseline)
+    single_type_only: ClassVar[bool] = False
+
+    @property
+    def allow(self) -> Callable[[Candidate], bool] | None:
+        """The candidates a mixed decision may choose from (None: all)."""
+        return single_type if self.single_type_only else None
+
+    def observe(self, record: TelemetryRecord) -> None:
+        if self.hw_trackers is None:
+            super().observe(record)
+            return
+        wid = getattr(record, "worker", None)
+        self.hw_trackers.observe(record, self._worker_hw.get(wid) if isinstance(wid, int) else None)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "kinds_run": sorted(self._kinds_run)} if self._kinds_run else super().state()
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        self._kinds_run = set(state.get("kinds_run") or ())
 
     def _thresholds(self, ctx: PolicyContext, fp: FittedProfile) -> tuple[Thresholds, str]:
         """The safeguard for a mode never run: its closed form has no measured correction yet, so it
@@ -102,6 +130,8 @@ class PearlPolicy(TrackedPolicy):
         )
 
     def on_event(self, ctx: PolicyContext) -> PolicyAction:
+        if ctx.mixed:
+            return self._on_event_mixed(ctx)
         w, c, fp = self.fitted(ctx)
         dedicated = self._dedicated(ctx)
         ov = ctx.overrides
@@ -176,6 +206,199 @@ class PearlPolicy(TrackedPolicy):
             return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
         return g
 
+    # ------------------------------------------------------------------------------------ mixed pools
+    def _type_coefficients(self, ctx: PolicyContext, w: WorkloadProfile) -> dict[str, EngineCoefficients]:
+        """Each chip type's coefficients at the job's fitted workload: its prior (the chip's roofline)
+        corrected by that type's own engine telemetry (`HardwareTrackers`); a type never seen is its prior."""
+        if self.hw_trackers is None:
+            self.hw_trackers = HardwareTrackers({}, batch_size=self.batch_size, pooled=self.tracker)
+        types = {h for h, _ in ctx.hardware} | ({ctx.overlap_hardware} if ctx.overlap_hardware else set())
+        for h in types:
+            self.hw_trackers.add(h, get_profile(h, self.profile.model, self.profile.tp))
+        return {h: self.hw_trackers.by_type[h].coefficients(w)[0] for h in types}
+
+    def _link(self) -> Callable[[str, str], float]:
+        tp = self.profile.tp
+        return lambda a, b: link_bytes_per_s(a, b, tp)
+
+    def _mixed_best(
+        self,
+        w: WorkloadProfile,
+        co: Mapping[str, EngineCoefficients],
+        pool: Mapping[str, int],
+        allow: Callable[[Candidate], bool] | None,
+    ) -> float:
+        if sum(pool.values()) <= 0:
+            return math.inf
+        d = decide_mixed(w, co, pool, self._link(), even_colocation=self.dispatch == "sticky", allow=allow)
+        return d.predicted_makespan_s
+
+    def _on_event_mixed(self, ctx: PolicyContext) -> PolicyAction:
+        """The decision over a mixed pool: colocated per type, disaggregated within a type, cross-type splits
+        (`decide_mixed`), with the same hysteresis, the borrowing gate over the mixed best makespans and the
+        bounded-trial safeguard per configuration kind (a kind never run is entered only as a one-step trial
+        at a fitted step start; the first configuration is the baselines': every worker colocated)."""
+        self._worker_hw = dict(ctx.worker_hardware)
+        w, _, fp = self.fitted(ctx)
+        co = self._type_coefficients(ctx, w)
+        ded = {h: n for h, n in ctx.hardware if n > 0}
+        if not ctx.overrides.elasticity:
+            ded = dict(ded)  # the pool's reserved share is not typed in the context: keep every dedicated type
+        ov = ctx.overrides
+        cur = ctx.current
+        if cur is not None and cur.total > 0:
+            self._kinds_run.add(_kind(cur))
+        oh = ctx.overlap_hardware
+
+        def with_borrow(k: int) -> dict[str, int]:
+            pool = dict(ded)
+            if k > 0 and oh:
+                pool[oh] = pool.get(oh, 0) + k
+            return pool
+
+        # Mid-step a switch of kind (mode or chip types of a role) re-roles workers whose in-flight trajectories
+        # then lose their prefix caches and drain, and the pool that made it look better changes back at the next
+        # Training Begin / Finished; at a step start the new batch has no cache to lose. So within a step only the
+        # membership changes (workers join or leave the running kind: borrowed ones too); a switch of kind waits
+        # for the next step start. Forced switches (no candidate of the kind) bypass this.
+        mid_step = (
+            self.mode_trial
+            and cur is not None
+            and cur.total > 0
+            and ctx.signal is not Signal.STEP_START
+            and not ov.force_mode
+            and not ov.force_configuration
+        )
+        base_allow = self.allow
+        if mid_step and cur is not None:
+            keep = cur
+            allow_now: Callable[[Candidate], bool] | None = lambda c: (
+                _same_kind(c.configuration, keep) and (base_allow is None or base_allow(c))
+            )
+        else:
+            allow_now = base_allow
+        borrow, g = 0, None
+        can_borrow = (
+            ov.borrowing
+            and not ctx.training_active
+            and ctx.overlap_workers > 0
+            and ctx.signal is not Signal.TRAINING_BEGIN
+        )
+        if can_borrow:
+            t_full = self._mixed_best(w, co, with_borrow(ctx.overlap_workers), allow_now)
+            have = min(ctx.borrowed, ctx.overlap_workers)
+            if have > 0:
+                borrow = have
+                if ctx.overlap_workers > have:
+                    g = self._gate_times(ctx, w, self._mixed_best(w, co, with_borrow(have), allow_now), t_full)
+                    borrow = ctx.overlap_workers if g.admit else have
+            else:
+                g = self._gate_times(ctx, w, self._mixed_best(w, co, ded, allow_now), t_full)
+                borrow = ctx.overlap_workers if g.admit else 0
+        pool = with_borrow(borrow)
+        budget = sum(pool.values())
+        inputs: dict[str, Any] = {
+            "signal": str(ctx.signal),
+            "pool": pool,
+            "borrow": borrow,
+            "gate": _gate_note(g, ctx),
+            "confidence": {k: round(e.confidence, 3) for k, e in fp.estimates.items()},
+            "toggle_s": fp.toggle_s,
+        }
+        if ov.force_configuration:
+            cfg = Configuration.parse(ov.force_configuration)
+            md = decide_mixed(
+                w,
+                co,
+                pool,
+                self._link(),
+                even_colocation=self.dispatch == "sticky",
+                current=cfg,
+                thresholds=Thresholds(math.inf, math.inf),
+            )
+            d = replace(md, configuration=cfg, reason=f"Override: {cfg.label()}.").as_decision(budget, inputs, True)
+            return self._act(cfg, borrow, replace(d, gate=g))
+        allow = self.allow
+        if ov.force_mode:
+            forced = Mode(ov.force_mode)
+            base = allow
+            allow = (lambda c: c.mode is forced and (base is None or base(c))) if base else (lambda c: c.mode is forced)
+        th, note = self.thresholds, ""
+        current = cur if cur is not None and cur.total > 0 else None
+        if self.mode_trial and not ov.force_mode:
+            if current is None and not self._kinds_run:
+                # the baselines' configuration: every worker colocated (over every type, balanced)
+                types = sorted(h for h, n in pool.items() if n > 0)
+                if types and (
+                    allow is None
+                    or allow(Candidate.of(Configuration.colocated(budget, "+".join(types)), 0, True, 0, 0, 0, 0))
+                ):
+                    current = Configuration.colocated(budget, "+".join(types))
+                th, note = Thresholds(th.ratio_change, math.inf), "no configuration run yet: starting colocated"
+            elif mid_step:
+                allow = allow_now
+                note = "within a step only membership changes; a switch of kind waits for a step start"
+            else:
+                fitted = all(fp.estimates[k].fitted for k in ("S", "r", "delta_L") if k in fp.estimates)
+                if not fitted:
+                    base = allow
+                    run = set(self._kinds_run) | ({_kind(current)} if current is not None else set())
+                    allow = lambda c: _kind(c.configuration) in run and (base is None or base(c))
+                    note = "kinds never run are entered only as a one-step trial at a fitted step start"
+                else:
+                    note = "a kind never run may be entered now, as a one-step trial"
+        if ov.freeze and current is not None:
+            th = Thresholds(math.inf, math.inf)
+        md = decide_mixed(
+            w,
+            co,
+            pool,
+            self._link(),
+            even_colocation=self.dispatch == "sticky",
+            current=current,
+            thresholds=th,
+            allow=allow,
+        )
+        if not md.candidates and allow is not self.allow:  # nothing of a kind already run: any candidate
+            md = decide_mixed(
+                w,
+                co,
+                pool,
+                self._link(),
+                even_colocation=self.dispatch == "sticky",
+                current=current,
+                thresholds=th,
+                allow=self.allow,
+            )
+        if note:
+            inputs["mode_trial"] = note
+        d = md.as_decision(budget, inputs, bool(ov.force_mode) or ov.freeze)
+        return self._act(md.configuration, borrow, replace(d, gate=g))
+
+    def _gate_times(self, ctx: PolicyContext, w: WorkloadProfile, t_ded: float, t_full: float) -> GateResult:
+        g = gate(
+            remaining=ctx.remaining,
+            batch_size=ctx.batch_size or w.batch_size,
+            t_dedicated_s=t_ded,
+            t_full_s=t_full,
+            toggle_s=self.tracker.toggle.value,
+        )
+        if not self.gated:
+            return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
+        return g
+
+
+def _kind(cfg: Configuration) -> str:
+    return f"{cfg.mode}|{cfg.prefill_hardware}|{cfg.decode_hardware}"
+
+
+def _same_kind(a: Configuration, b: Configuration) -> bool:
+    """No surviving worker changes role between a and b: both colocated (whichever types: workers only join
+    or leave), or both disaggregated with the same chip type per role."""
+    if a.mode is Mode.COLOCATED and b.mode is Mode.COLOCATED:
+        return True
+    return _kind(a) == _kind(b)
+
 
 def _gate_note(g: GateResult | None, ctx: PolicyContext) -> str:
     """Why borrowing was (not) considered, for the decision record."""
@@ -188,3 +411,17 @@ def _gate_note(g: GateResult | None, ctx: PolicyContext) -> str:
     if ctx.training_active:
         return "trainer computing: nothing to borrow"
     return "no overlap workers to borrow"
+
+
+class BestHomogeneousPolicy(PearlPolicy):
+    """The best-homogeneous baseline (issue 23): PEARL confined to one chip type — on a mixed pool it plans over
+    the candidates that run on a single type (colocated or disaggregated within it) and leaves the other types'
+    GPUs unused; on a pool of one type it is PEARL. What a homogeneous system does given its best chip."""
+
+    name = names.BEST_HOMOGENEOUS
+    summary = "Best homogeneous: PEARL on the best single chip type of a mixed pool (the other types unused)"
+    product = False
+    listed = False
+    color = "#8c564b"
+    single_type_only = True
+    mixed_pools_only = True

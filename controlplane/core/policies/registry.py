@@ -11,13 +11,22 @@ from controlplane.core.policies.base import OptionError, TrackedPolicy
 from controlplane.core.policies.baselines import ElasticPolicy, FixedLargePolicy, FixedPolicy, RLBoostPolicy
 from controlplane.core.policies.names import ALIASES
 from controlplane.core.policies.oracle import OraclePolicy
-from controlplane.core.policies.pearl import PearlPolicy
+from controlplane.core.policies.pearl import BestHomogeneousPolicy, PearlPolicy
 from controlplane.core.predictor import WorkloadProfile
 from controlplane.core.profiles import Profile
 from controlplane.core.tracker import RuntimeTracker
 
 REGISTRY: dict[str, type[TrackedPolicy]] = {
-    cls.name: cls for cls in (PearlPolicy, FixedPolicy, FixedLargePolicy, RLBoostPolicy, ElasticPolicy, OraclePolicy)
+    cls.name: cls
+    for cls in (
+        PearlPolicy,
+        FixedPolicy,
+        FixedLargePolicy,
+        RLBoostPolicy,
+        ElasticPolicy,
+        BestHomogeneousPolicy,
+        OraclePolicy,
+    )
 }
 """Every policy, in the order of the simulator's reports."""
 POLICIES: dict[str, type[TrackedPolicy]] = {n: c for n, c in REGISTRY.items() if c.listed}

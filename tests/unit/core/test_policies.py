@@ -173,11 +173,19 @@ def test_pearl_without_gate_borrows_even_for_the_last_trajectories() -> None:
 
 
 def test_one_registry_with_views_for_the_catalog_and_the_job_api() -> None:
-    assert list(REGISTRY) == ["pearl", "fixed", "fixed-large", "rlboost+", "elastic", "oracle"]
+    assert list(REGISTRY) == ["pearl", "fixed", "fixed-large", "rlboost+", "elastic", "best-homogeneous", "oracle"]
     assert POLICY_NAMES == tuple(POLICIES) == ("pearl", "fixed", "fixed-large", "elastic", "oracle")
     assert PRODUCT_POLICIES == ("pearl", "fixed", "fixed-large", "elastic")
     assert all(cls.name == n for n, cls in REGISTRY.items())
-    assert {names.PEARL, names.FIXED, names.FIXED_LARGE, names.ELASTIC, names.RLBOOST, names.ORACLE} == set(REGISTRY)
+    assert {
+        names.PEARL,
+        names.FIXED,
+        names.FIXED_LARGE,
+        names.ELASTIC,
+        names.RLBOOST,
+        names.BEST_HOMOGENEOUS,
+        names.ORACLE,
+    } == set(REGISTRY)
 
 
 def test_rlboost_plus_is_rlboosts_algorithm_not_an_alias_of_elastic() -> None:
