@@ -10,7 +10,10 @@ token ids (what the driver does for a built-in environment), then as OpenAI chat
 gateway (messages in, ChatML-templated, tokens accounted). Reported per turn, p50 / p95:
   * client latency direct vs through the gateway, and their difference;
   * the gateway's own time per turn, measured inside it: the handler's time minus the time awaiting the
-    worker (parsing, templating, token accounting, response encoding).
+    worker (parsing, templating, token accounting, response encoding);
+  * CPU milliseconds per turn of each process (load generator, gateway, worker), from their own CPU clocks:
+    where a closed loop of N sessions spends its time. Whichever process is at one core's worth of CPU sets
+    the turns/s, and then a turn's latency is N / (turns/s) (Little's law), whatever its own work.
 """
 
 from __future__ import annotations
@@ -102,7 +105,13 @@ async def loadgen(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         await asyncio.gather(*(run(i) for i in range(args.sessions)))
         wall = time.perf_counter() - t0
-    print(json.dumps({"latencies": lat, "wall_s": wall}))
+    print(json.dumps({"latencies": lat, "wall_s": wall, "cpu_s": time.process_time()}))
+
+
+def proc_cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------- the gateway process
@@ -180,6 +189,7 @@ async def bench(args: argparse.Namespace) -> dict:
                         keys_file.close()
                         waits.clear()
                         handler.clear()
+                        cpu0, wcpu0 = time.process_time(), proc_cpu_s(worker.pid)
                         proc = await asyncio.create_subprocess_exec(
                             sys.executable,
                             __file__,
@@ -206,6 +216,14 @@ async def bench(args: argparse.Namespace) -> dict:
                             "p50_ms": 1e3 * pct(lat, 0.5),
                             "p95_ms": 1e3 * pct(lat, 0.95),
                             "turns_per_s": len(lat) / data["wall_s"],
+                            # CPU per turn, ms: the load generator (its whole process, start-up included),
+                            # the gateway (this process; idle in direct mode), the worker
+                            "cpu_ms_per_turn": {
+                                "loadgen": 1e3 * data["cpu_s"] / len(lat),
+                                "gateway": 1e3 * (time.process_time() - cpu0) / len(lat),
+                                "worker": 1e3 * (proc_cpu_s(worker.pid) - wcpu0) / len(lat),
+                            },
+                            "gateway_cpu_share": (time.process_time() - cpu0) / data["wall_s"],
                         }
                         if mode == "gateway":
                             own = [h - w for h, w in zip(handler, waits)]

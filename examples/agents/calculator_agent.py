@@ -8,6 +8,9 @@ PEARL's built-in calculator: 0.1 for using the tool, up to 0.4 for a digit close
 The reward goes to PEARL_REWARD_URL when set, and is always printed as the last stdout line.
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... python examples/agents/calculator_agent.py
+
+The same agent as a Python function for `agent_function: "examples.agents.calculator_agent:run"` (no process
+per trajectory): `run(client, task)` with an `openai.AsyncOpenAI` client, returning the reward.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import random
 import urllib.request
 from typing import Any
 
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 
 def score(answer: str, result: int, called: bool) -> float:
@@ -28,6 +31,23 @@ def score(answer: str, result: int, called: bool) -> float:
         if int(answer) == result:
             r += 0.5
     return r
+
+
+async def run(client: AsyncOpenAI, task: dict[str, Any]) -> float:
+    """The agent's loop with an async client (as `main`, which runs it with a sync one)."""
+    a, b = int(task["a"]), int(task["b"])
+    messages: list[Any] = [{"role": "user", "content": f"{a}+{b}?"}]
+    called, answer = False, ""
+    for _ in range(3):
+        out = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+        answer = (out.choices[0].message.content or "").strip()
+        messages.append({"role": "assistant", "content": out.choices[0].message.content or ""})
+        if len(answer) == 1 and answer.islower() and not called:
+            called = True
+            messages.append({"role": "user", "content": f"={a + b}"})
+            continue
+        break
+    return score(answer, a + b, called)
 
 
 def main() -> None:
