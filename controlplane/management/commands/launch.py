@@ -29,16 +29,21 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from controlplane.management.supervisor import AlreadyRunning, Child, Supervisor, hold_lock, port_free, port_holder
 
 DEMO_NODES = [
-    # name, pool, slots, hardware: logical slots; H800 slots host the emulated Qwen3-8B job, cpu slots
-    # the tiny torch model that really trains here
-    ("rollout-0", "reserved", 4, "H800"),
-    ("spot-0", "elastic", 4, "H800"),
-    ("spot-1", "elastic", 4, "H800"),
-    ("train-0", "training", 4, "H800"),
+    # name, pool, slots, hardware: logical slots; H800 slots host the emulated Qwen3-8B job, cpu slots the tiny
+    # torch model that really trains here. The H800 part is the paper's Qwen3-8B cluster (PEARL §7: 16 training,
+    # 4 reserved, <= 12 preemptible GPUs) at half scale: 8 training, 2 reserved, <= 6 preemptible as three 2-GPU
+    # nodes (one TP2 worker each, so the replay holds Bamboo's levels exactly). Rollout-dominated as the paper's
+    # premise (§2: rollout 4.5-5.7x training): the simulator puts its rollout at 3.2x the training step on
+    # dedicated GPUs alone, so the training GPUs idle between updates and are borrowed (README, "What you see").
+    ("rollout-0", "reserved", 2, "H800"),
+    ("spot-0", "elastic", 2, "H800"),
+    ("spot-1", "elastic", 2, "H800"),
+    ("spot-2", "elastic", 2, "H800"),
+    ("train-0", "training", 8, "H800"),
     ("cpu-roll", "reserved", 2, "cpu"),
     ("cpu-train", "training", 1, "cpu"),
 ]
-DEMO_TRACE = "controlplane/sim/traces/bamboo-seg1.csv"  # replayed on the elastic nodes (spot-0, spot-1)
+DEMO_TRACE = "controlplane/sim/traces/bamboo-seg1.csv"  # replayed on the elastic nodes (spot-0 … spot-2)
 POOLS = ("reserved", "elastic", "training")
 
 
@@ -52,6 +57,8 @@ def read_nodes(path: str) -> list[tuple[str, str, int, str]]:
         raise CommandError(f"--nodes {path}: {exc}") from None
     if not isinstance(items, list) or not items:
         raise CommandError(f"--nodes {path}: expected a list of {{name, pool, slots, hardware}}")
+    from controlplane.core.profiles import get_hardware
+
     nodes, seen = [], set()
     for i, n in enumerate(items):
         if not isinstance(n, dict) or set(n) - {"name", "pool", "slots", "hardware"}:
@@ -63,8 +70,12 @@ def read_nodes(path: str) -> list[tuple[str, str, int, str]]:
             raise CommandError(f"--nodes {path}: {name}: pool must be one of {', '.join(POOLS)}")
         if not isinstance(slots, int) or not 1 <= slots <= 64:
             raise CommandError(f"--nodes {path}: {name}: slots must be an integer in 1..64")
+        try:  # a mixed cluster names each node's chip; the emulated engines are timed by that chip's profile
+            hardware = get_hardware(str(hardware)).name
+        except ValueError as exc:
+            raise CommandError(f"--nodes {path}: {name}: {exc}") from None
         seen.add(name)
-        nodes.append((name, pool, slots, str(hardware)))
+        nodes.append((name, pool, slots, hardware))
     return nodes
 
 
@@ -376,45 +387,69 @@ class Command(BaseCommand):
         raise CommandError("the stack did not become ready in time")
 
     def _demo_job(self, opts: dict[str, Any]) -> None:
-        """Two jobs: the tiny torch model learning the calculator task on the cpu nodes, and an
-        emulated Qwen3-8B/H800 SWE-like job on the training, reserved and elastic H800 nodes."""
+        """Two jobs: the tiny torch model learning the calculator task on the cpu nodes, and an emulated
+        Qwen3-8B SWE-like job on the cluster's GPU nodes (training on the training nodes' chip, rolling out on
+        every chip type of the reserved and elastic nodes: a mixed `--nodes` cluster gives a mixed pool).
+
+        The SWE job's shape is the paper's (PEARL §7: GRPO group 16, TP2, max staleness 1, 32K trajectories,
+        rollout batch 64 on 16 training + 4 reserved + <= 12 preemptible GPUs), its batch scaled with the
+        cluster: B = 32 on the demo's half-scale cluster. Each step's rollout then takes about 3x its update
+        (on the dedicated GPUs alone), so the trainer idles and its GPUs are borrowed between updates."""
         from controlplane.models import Job
         from controlplane.services.jobs import create_job
 
         if Job.objects.filter(status__in=["pending", "running"]).exists():
             return
         n = int(time.time()) % 100000
-        jobs = [
-            {
-                "name": f"calc-{n}",
-                "model": "tiny",
-                "hardware": "cpu",
-                "engine": "torch",
-                "environment": "calculator",
-                "tp": 1,
-                "batch_size": 16,
-                "group_size": 8,
-                "rollout_gpus": 2,
-                "training_gpus": 1,
-                "max_staleness": 1,
-            },
-            {
-                "name": f"swe-{n}",
-                "model": "qwen3-8b",
-                "hardware": "h800",
-                "engine": "emulated",
-                "environment": "swe-like",
-                "tp": 2,
-                "batch_size": 32,
-                "group_size": 8,
-                "rollout_gpus": 12,
-                "training_gpus": 4,
-                "max_staleness": 1,
-            },
-        ]
+        cluster = opts["cluster"]
+        slots = {pool: sum(s for _, p, s, hw in cluster if p == pool and hw != "cpu") for pool in POOLS}
+        cpu = {pool: sum(s for _, p, s, hw in cluster if p == pool and hw == "cpu") for pool in POOLS}
+        train_hw = sorted({hw for _, p, _, hw in cluster if p == "training" and hw != "cpu"})
+        roll_hw = sorted({hw for _, p, _, hw in cluster if p != "training" and hw != "cpu"})
+        jobs: list[dict[str, Any]] = []
+        if cpu["training"] and cpu["reserved"] + cpu["elastic"]:
+            jobs.append(
+                {
+                    "name": f"calc-{n}",
+                    "model": "tiny",
+                    "hardware": "cpu",
+                    "engine": "torch",
+                    "environment": "calculator",
+                    "tp": 1,
+                    "batch_size": 16,
+                    "group_size": 8,
+                    "rollout_gpus": min(2, cpu["reserved"] + cpu["elastic"]),
+                    "training_gpus": 1,
+                    "max_staleness": 1,
+                }
+            )
+        rollout, training = slots["reserved"] + slots["elastic"], slots["training"]
+        if len(train_hw) == 1 and rollout >= 2 and training >= 2:
+            groups = max(1, round(4 * (training + rollout) / 32))  # the paper's 4 groups of 16 on 32 GPUs
+            jobs.append(
+                {
+                    "name": f"swe-{n}",
+                    "model": "qwen3-8b",
+                    "hardware": train_hw[0],
+                    **({"hardware_types": roll_hw} if roll_hw != train_hw else {}),
+                    "engine": "emulated",
+                    "environment": "swe-like",
+                    "tp": 2,
+                    "batch_size": 16 * groups,
+                    "group_size": 16,
+                    "rollout_gpus": rollout - rollout % 2,
+                    "training_gpus": training - training % 2,
+                    "max_staleness": 1,
+                    "max_trajectory_tokens": 32768,
+                }
+            )
         for spec in jobs:
             create_job(spec=spec, actor="launcher")
+            where = spec["hardware"] + (
+                f", rollout on {'+'.join(spec['hardware_types'])}" if "hardware_types" in spec else ""
+            )
             self.step(
-                f"demo job {spec['name']} submitted ({spec['model']} on {spec['hardware']}, {spec['engine']} engine, "
-                f"{spec['environment']}, policy pearl)"
+                f"demo job {spec['name']} submitted ({spec['model']} on {where}, {spec['engine']} engine, "
+                f"{spec['environment']}, B={spec['batch_size']}, {spec['rollout_gpus']}+{spec['training_gpus']} GPUs, "
+                "policy pearl)"
             )
