@@ -6,8 +6,10 @@
     node ns K   10.77.0.1K  a Ray raylet (`ray start --address 10.77.0.2:6380`, logical GPUs), on which the
                             bridge places the node's PEARL agent as a detached actor
 
-The database is PostgreSQL over its Unix socket (a file, so every namespace reaches it; no TCP
-leaves the namespaces) when one answers there, else SQLite. Only the namespaces made here are
+The database is a PostgreSQL server of the harness's own (initdb in /tmp, started on the control
+host, reached over its Unix socket: a file, so no TCP leaves the namespaces), which a scenario may
+crash and restart; without PostgreSQL's binaries, the system's server over its socket if one answers,
+else SQLite. Only the namespaces made here are
 touched; every process is started here in its own process group and killed by that group; `ray stop`
 is never run (it would end every Ray process on the host). Root only: skipped with a reason otherwise.
 """
@@ -37,15 +39,16 @@ SUBNET = "10.77.0"
 CONTROL_IP = f"{SUBNET}.1"
 HEAD_IP = f"{SUBNET}.2"  # the Ray head: its own host, so cutting the control plane off is not a Ray partition
 WEB_PORT, REDIS_PORT, RAY_PORT = 8000, 6379, 6380
-LEASE_S, HEARTBEAT_S, SWEEP_S = 3.0, 0.5, 1.0
-PG_SOCKET = "/var/run/postgresql"
+LEASE_S, HEARTBEAT_S, SWEEP_S = 5.0, 0.5, 1.0  # 3 s flapped on two cores at load ~25 (every node, no fault)
+PG_SOCKET = "/var/run/postgresql"  # the system's server (the fallback without PostgreSQL's binaries)
+PG_BIN = Path("/usr/lib/postgresql")
 RAY_HEALTH = {
     "RAY_health_check_initial_delay_ms": "1000",
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "1000",
-    "RAY_health_check_failure_threshold": "10",
+    "RAY_health_check_failure_threshold": "15",
 }
-# Ray declares a silent node dead after ~10 s: longer than a partition of twice the lease (6 s), which PEARL
+# Ray declares a silent node dead after ~15 s: longer than a partition of twice the lease (10 s), which PEARL
 # fences on its own; a killed node is not_ready after one lease and gone when Ray says so
 
 
@@ -94,6 +97,7 @@ class Hosts:
     tmp: Path
     namespaces: list[str] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    pg_argv: list[str] = field(default_factory=list)  # the harness's PostgreSQL, if it runs one
 
     @property
     def switch(self) -> str:
@@ -169,8 +173,9 @@ class Hosts:
 class Database:
     """Read-only looks at the control plane's database from the test (PostgreSQL or SQLite)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, socket_dir: str = PG_SOCKET) -> None:
         self.url = url
+        self.socket_dir = socket_dir
 
     def rows(self, sql: str, *params: Any) -> list[tuple]:
         if self.url.startswith("sqlite:///"):
@@ -178,8 +183,14 @@ class Database:
                 return c.execute(sql.replace("%s", "?"), params).fetchall()
         import psycopg
 
-        with psycopg.connect(host=PG_SOCKET, user="postgres", dbname=self.url.rsplit("/", 1)[1]) as c:
+        with psycopg.connect(host=self.socket_dir, user="postgres", dbname=self.url.rsplit("/", 1)[1]) as c:
             return c.execute(sql, params).fetchall()
+
+    def answers(self) -> bool:
+        try:
+            return bool(self.rows("SELECT 1"))
+        except Exception:  # down, or still replaying its WAL
+            return False
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         cols = ("name", "status", "epoch", "pool", "ray_node_id", "ray_address", "address", "preemption_deadline")
@@ -204,8 +215,83 @@ class Database:
         return out
 
 
-def _database(prefix: str, tmp: Path) -> tuple[str, Callable[[], None]]:
-    """A fresh database for the control plane: PostgreSQL over its socket if it answers, else SQLite."""
+def _pg_bin() -> Path | None:
+    """The newest installed PostgreSQL's bin directory (Debian's layout), if any."""
+    found = sorted(
+        PG_BIN.glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0
+    )
+    return found[-1].parent if found else None
+
+
+def pg_dir(prefix: str) -> Path:
+    """The harness's own PostgreSQL: its data and its socket (a short path: the socket's must fit in 107 bytes)."""
+    return Path("/tmp") / f"{prefix}-pg"
+
+
+def _private_database(prefix: str, hosts: Hosts) -> tuple[str, Callable[[], None], str] | None:
+    """initdb a PostgreSQL of the harness's own and start it on the control host (as the postgres user:
+    PostgreSQL refuses root); None without its binaries or that user."""
+    bin_dir = _pg_bin()
+    if bin_dir is None or subprocess.run(["id", "postgres"], capture_output=True).returncode != 0:
+        return None
+    root = pg_dir(prefix)
+    root.mkdir()
+    shutil.chown(root, "postgres")
+    r = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            str(bin_dir / "initdb"),
+            "-D",
+            str(root / "data"),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        return None
+    hosts.pg_argv = [
+        "runuser", "-u", "postgres", "--", str(bin_dir / "postgres"), "-D", str(root / "data"), "-k", str(root),
+        "-c", "listen_addresses=", "-c", "fsync=off", "-c", "max_connections=200",
+    ]  # fmt: skip
+    start_database(hosts)
+    name = "pearl"
+    wait_for(lambda: (root / ".s.PGSQL.5432").exists(), 60, "the harness's PostgreSQL")
+    import psycopg
+
+    def create() -> bool:
+        try:
+            with psycopg.connect(host=str(root), user="postgres", dbname="postgres", autocommit=True) as c:
+                c.execute(f"CREATE DATABASE {name}")
+            return True
+        except psycopg.OperationalError:  # still starting
+            return False
+
+    wait_for(create, 60, "the harness's PostgreSQL to accept a connection")
+    return f"postgres://postgres@{str(root).replace('/', '%2F')}/{name}", lambda: None, str(root)
+
+
+def start_database(hosts: Hosts) -> None:
+    """(Re)start the harness's PostgreSQL on the control host, in its own process group."""
+    hosts.start("postgres", "cp", hosts.pg_argv, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C"})
+
+
+def _database(prefix: str, hosts: Hosts) -> tuple[str, Callable[[], None], str]:
+    """A fresh database for the control plane: (url, drop, socket dir). The harness's own PostgreSQL;
+    else the system's over its socket if it answers; else SQLite."""
+    own = _private_database(prefix, hosts)
+    if own is not None:
+        return own
     try:
         import psycopg
 
@@ -219,9 +305,9 @@ def _database(prefix: str, tmp: Path) -> tuple[str, Callable[[], None]]:
             with psycopg.connect(host=PG_SOCKET, user="postgres", dbname="postgres", autocommit=True) as c:
                 c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
-        return f"postgres://postgres@%2Fvar%2Frun%2Fpostgresql/{name}", drop
+        return f"postgres://postgres@%2Fvar%2Frun%2Fpostgresql/{name}", drop, PG_SOCKET
     except Exception:
-        return f"sqlite:///{tmp / 'pearl.sqlite3'}", lambda: None
+        return f"sqlite:///{hosts.tmp / 'pearl.sqlite3'}", lambda: None, ""
 
 
 @dataclass
@@ -242,6 +328,24 @@ class Cluster:
         if r.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)}: {r.stdout[-2000:]}{r.stderr[-2000:]}")
         return r.stdout
+
+    def start_daphne(self) -> None:
+        argv = [sys.executable, "-m", "daphne", "-b", CONTROL_IP, "-p", str(WEB_PORT), "pearl_site.asgi:application"]
+        self.hosts.start("daphne", "cp", argv, self.env)
+
+    def restart_database_and_daphne(self, down_s: float) -> tuple[float, float]:
+        """Crash the database and Daphne (SIGKILL of their process groups: PostgreSQL recovers from its
+        WAL), keep them down `down_s`, start both again. Returns (down at, up at), Unix seconds."""
+        if not self.hosts.pg_argv:
+            pytest.skip("the harness runs no PostgreSQL of its own here (no initdb): nothing to restart")
+        t_down = time.time()
+        self.hosts.kill("daphne")
+        self.hosts.kill("postgres")
+        time.sleep(down_s)
+        start_database(self.hosts)
+        wait_for(self.db.answers, 60, "PostgreSQL to recover and accept connections")
+        self.start_daphne()
+        return t_down, time.time()
 
     def start_ray_node(self, host: str, *, gpus: int = 2, pool: str = "elastic") -> None:
         """A Ray worker node in its own namespace (its own address), `gpus` logical GPUs."""
@@ -357,7 +461,14 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     prefix = "pl" + secrets.token_hex(2)
     tmp = tmp_path_factory.mktemp("multihost")
     hosts = Hosts(prefix=prefix, tmp=tmp)
-    url, drop = _database(prefix, tmp)
+    try:
+        hosts.add_switch()
+        hosts.add_host("cp", CONTROL_IP)
+        url, drop, socket_dir = _database(prefix, hosts)
+    except BaseException:
+        hosts.teardown()
+        shutil.rmtree(pg_dir(prefix), ignore_errors=True)
+        raise
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PEARL_", "RAY_", "DJANGO_ALLOW"))}
     redis_password = secrets.token_urlsafe(12)  # Redis listens on the control host's address: not without a password
     env |= {
@@ -375,10 +486,8 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         "RAY_USAGE_STATS_ENABLED": "0",
         "PEARL_DATAPLANE_SECRET": "multihost-dp-secret",
     }
-    c = Cluster(hosts=hosts, db=Database(url), env=env)
+    c = Cluster(hosts=hosts, db=Database(url, socket_dir), env=env)
     try:
-        hosts.add_switch()
-        hosts.add_host("cp", CONTROL_IP)
         c.manage("migrate", "--verbosity", "0")
         c.manage("setup_periodic_tasks")
         c.env["PEARL_BRIDGE_TOKEN"] = c.manage("ray_bridge", "--issue-token", "ray").strip().splitlines()[-1]
@@ -400,12 +509,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             ],
             env,
         )
-        hosts.start(
-            "daphne",
-            "cp",
-            [sys.executable, "-m", "daphne", "-b", CONTROL_IP, "-p", str(WEB_PORT), "pearl_site.asgi:application"],
-            env,
-        )
+        c.start_daphne()
         hosts.start(
             "celery",
             "cp",
@@ -469,3 +573,4 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         hosts.teardown()
         drop()
         shutil.rmtree(ray_tmp(prefix), ignore_errors=True)
+        shutil.rmtree(pg_dir(prefix), ignore_errors=True)

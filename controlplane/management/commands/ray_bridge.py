@@ -6,7 +6,8 @@ Ray), asks core.cluster_events.reconcile what PEARL does not show yet, and does 
 missing agent actor (with a fresh per-node token), binds a registered node to its Ray id, turns a
 preemption drain into PEARL's notice with Ray's deadline, another drain into a drain, a dead node
 into a node gone at once. It keeps no state of its own: restarted, it reads the same levels again and
-changes nothing that is already right (the agent actors are detached: they outlive it).
+changes nothing that is already right (the agent actors are detached: they outlive it). A pass that
+finds the database or Ray out of reach is skipped, not fatal: the next one reads the levels again.
 
 Its credential is a bridge token (PEARL_BRIDGE_TOKEN, from `manage.py ray_bridge --issue-token`),
 not an operator's: it may issue agent tokens for Ray-named nodes and report their events, nothing else.
@@ -22,6 +23,7 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
 from controlplane.core import cluster_events as ce
 from controlplane.services import bridges
@@ -85,10 +87,20 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         self.log("bridge", address=opts["address"], control_plane=opts["control_plane"], as_=principal.actor)
+        db_down = 0.0  # since when the database is out of reach (monotonic), 0 while it answers
         try:
             while not stopping:
                 t0 = time.monotonic()
-                self.reconcile_once(principal, spec, ray_adapter, include_head=opts["include_head"])
+                try:
+                    self.reconcile_once(principal, spec, ray_adapter, include_head=opts["include_head"])
+                    if db_down:
+                        self.log("database_back", after_s=round(time.monotonic() - db_down, 3))
+                        db_down = 0.0
+                except DatabaseError as exc:  # the database restarting: nothing was half done; look again later
+                    if not db_down:
+                        self.log("database_unreachable", detail=f"{type(exc).__name__}: {exc}"[:300])
+                        db_down = time.monotonic()
+                    connections.close_all()  # the next pass opens a fresh connection
                 if opts["once"]:
                     break
                 time.sleep(max(0.0, opts["interval"] - (time.monotonic() - t0)))
