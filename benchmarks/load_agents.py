@@ -5,6 +5,13 @@ Reads a JSON spec on stdin: {"urls": [...], "agents": [[name, token, [worker ids
 "period": s, "duration": s, "probe_every": k, "change_every": k, "job": name} (see `main` for the handshake);
 writes one JSON line of results on stdout.
 
+With "reconcile": true in the spec (bench_plan_scale.py) an agent reports its desired state instead of a fixed
+pair of workers: every desired worker running in its role and activity at the weights the job allows, idle,
+sent in a heartbeat at once after each desired state (the real agent heartbeats as soon as a reconcile changed
+something); "slots" and "pool" set what it registers, "slow": {name: delay s} delays a node's reports (a
+negative delay: it never reports a change), and the results count the desired states each node got after the
+go line ("desired_counts"). A {"stop": true} line on stdin ends the run.
+
 Measured here, per heartbeat of a probing agent (every `probe_every`-th agent): heartbeat sent -> lease
 renewed. The link answers nothing to a heartbeat, so right after it the agent sends a frame the server
 refuses at once (`{"type": "probe"}`: unknown message type); a consumer handles its socket's frames one at a
@@ -38,6 +45,8 @@ async def agent(
 ) -> None:
     name, token, workers = spec
     period = float(cfg["period"])
+    reconcile = bool(cfg.get("reconcile"))
+    delay = float(cfg.get("slow", {}).get(name, 0.0))
     probe = idx % int(cfg["probe_every"]) == 0
     change = int(cfg["change_every"]) > 0 and idx % int(cfg["change_every"]) == 1
     async with session.ws_connect(
@@ -47,25 +56,76 @@ async def agent(
             {
                 "type": "register",
                 "node": name,
-                "pool": "reserved",
+                "pool": cfg.get("pool", "reserved"),
                 "hardware": "H800",
                 "incarnation": f"load-{os.getpid()}",
                 "data_plane": "",
-                "slots": [{"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(2)],
+                "slots": [
+                    {"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(int(cfg.get("slots", 2)))
+                ],
             }
         )
         epoch = generation = 0
+        desired: list[dict[str, Any]] = []
         while True:
             msg = await ws.receive_json(timeout=300)
             if msg["type"] == "registered":
                 epoch = msg["epoch"]
             elif msg["type"] == "desired_state":
                 generation = msg["generation"]
+                desired = msg["workers"]
                 break
         out["registered"] += 1
         if out["registered"] == len(cfg["agents"]):
             all_registered.set()
         pending: list[float] = []  # send times of probes not answered yet
+
+        applied = {"workers": desired, "generation": generation}  # what this agent reports as done
+
+        def report() -> list[dict[str, Any]]:
+            if reconcile:
+                return [
+                    {
+                        "worker_id": w["worker_id"],
+                        "role": w["role"],
+                        "activity": w["activity"],
+                        "state": "running",
+                        "weight_version": w["min_weight_version"],
+                        "endpoint": f"http://127.0.0.1:{20000 + w['worker_id'] % 40000}",
+                        "inflight": 0,
+                        "generation": applied["generation"],
+                        "devices": w["gpus"],
+                    }
+                    for w in applied["workers"]
+                ]
+            return [
+                {
+                    "worker_id": w,
+                    "role": "colocated",
+                    "activity": "active",
+                    "state": "running",
+                    "weight_version": 0,
+                    "endpoint": "",
+                    "inflight": (beat % 2) + 1 if change else 1,
+                    "generation": generation,
+                    "devices": [i],
+                }
+                for i, w in enumerate(workers)
+            ]
+
+        async def confirm(gen: int, workers: list[dict[str, Any]]) -> None:
+            """Report a desired state as done (late, for a slow node; never, for a negative delay)."""
+            if delay < 0:
+                return
+            if delay:
+                await asyncio.sleep(delay)
+            if gen >= applied["generation"]:
+                applied["workers"], applied["generation"] = workers, gen
+                await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": gen, "workers": report()})
+
+        confirming: set[asyncio.Task[None]] = set()
+        if reconcile:
+            await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": generation, "workers": report()})
 
         async def reader() -> None:
             nonlocal generation, epoch
@@ -81,31 +141,26 @@ async def agent(
                     else:
                         out["errors"].append(f"{name}: {d.get('code')}: {d.get('message', '')[:80]}")
                 elif d.get("type") == "desired_state":
-                    generation, epoch = d["generation"], d["epoch"]
+                    nonlocal desired
+                    generation, epoch, desired = d["generation"], d["epoch"], d["workers"]
+                    if window["start"] < time.time():
+                        counts[name] = counts.get(name, 0) + 1
+                    if reconcile:
+                        task = asyncio.create_task(confirm(generation, desired))
+                        confirming.add(task)
+                        task.add_done_callback(confirming.discard)
 
+        counts = out["desired_counts"]
+        beat = 0
         rd = asyncio.create_task(reader())
         await asyncio.sleep(random.random() * period)
-        beat = 0
         try:
             while time.time() < window["end"]:
                 beat += 1
-                inflight = (beat % 2) + 1 if change else 1
-                observed = [
-                    {
-                        "worker_id": w,
-                        "role": "colocated",
-                        "activity": "active",
-                        "state": "running",
-                        "weight_version": 0,
-                        "endpoint": "",
-                        "inflight": inflight,
-                        "generation": generation,
-                        "devices": [i],
-                    }
-                    for i, w in enumerate(workers)
-                ]
+                observed = report()
                 t = time.time()
-                await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": generation, "workers": observed})
+                gen = applied["generation"] if reconcile else generation
+                await ws.send_json({"type": "heartbeat", "epoch": epoch, "generation": gen, "workers": observed})
                 if window["start"] <= t < window["end"]:
                     out["sent"] += 1
                     if change:
@@ -113,7 +168,7 @@ async def agent(
                 if probe:
                     pending.append(t)
                     await ws.send_str('{"type": "probe"}')
-                if beat % 5 == 0:
+                if beat % 5 == 0 and not reconcile:
                     await ws.send_json(
                         {
                             "type": "telemetry",
@@ -140,7 +195,14 @@ async def main() -> None:
     line 2 on stdin: {"t_start": wall s}, the start of the measured window; then the results on stdout."""
     loop = asyncio.get_running_loop()
     cfg = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
-    out: dict[str, Any] = {"registered": 0, "sent": 0, "renew_s": [], "changed": [], "errors": []}
+    out: dict[str, Any] = {
+        "registered": 0,
+        "sent": 0,
+        "renew_s": [],
+        "changed": [],
+        "errors": [],
+        "desired_counts": {},
+    }
     window = {"start": float("inf"), "end": float("inf")}
     urls, offset = cfg["urls"], int(cfg.get("offset", 0))
     all_registered = asyncio.Event()
@@ -157,8 +219,16 @@ async def main() -> None:
         go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
         window["start"] = float(go["t_start"])
         window["end"] = window["start"] + float(cfg["duration"])
+        if cfg.get("reconcile"):  # runs until told to stop
+            await loop.run_in_executor(None, sys.stdin.readline)
+            window["end"] = time.time()
+            for t in tasks:
+                t.cancel()
         done = await asyncio.gather(*tasks, return_exceptions=True)
-    out["failed_agents"] = sum(1 for d in done if isinstance(d, BaseException))
+    out["failed_agents"] = sum(
+        1 for d in done if isinstance(d, BaseException) and not isinstance(d, asyncio.CancelledError)
+    )
+    done = [d for d in done if not isinstance(d, asyncio.CancelledError)]
     out["errors"] = out["errors"][:10] + [repr(d)[:120] for d in done if isinstance(d, BaseException)][:5]
     print(json.dumps(out), flush=True)
 

@@ -18,11 +18,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
-from controlplane.models import Job, Transition, TransitionStep, Worker
+from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
 from controlplane.services import latency
 from controlplane.services.errors import Conflict, NotFound
@@ -31,7 +32,15 @@ from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.nodes import bump_generation, push_node
 from controlplane.services.plan_queue import resume_deferred_plans
 from controlplane.services.planner import ACTIVE_TRANSITION
-from controlplane.services.workers import WorkerChange, change_workers, start_worker, stop_worker, take_out
+from controlplane.services.workers import (
+    WorkerChange,
+    WorkerStart,
+    change_workers,
+    start_workers,
+    stop_worker,
+    stop_workers,
+    take_out,
+)
 
 FINALIZE = "finalize"
 MAX_ATTEMPTS = 3
@@ -116,8 +125,30 @@ def advance(*, transition_id: int, owner: str = "", actor: str = "executor") -> 
     return tr, outcome
 
 
+def _ready(step: TransitionStep, steps: list[TransitionStep]) -> bool:
+    """Whether a step may be issued: a step waits only for what its meaning needs, never for another
+    node's agent. Forced removals and bring-ups go at once; a worker's later step waits for its own
+    earlier ones (start -> sync weights, drain -> set role or stop); a tear-down (drain, role change,
+    voluntary removal) waits for every bring-up (capacity before tear-down); the finalisation waits for all."""
+    phase = _phase(step)
+    if phase <= 1:
+        return True
+    for s in steps:
+        if s.index == step.index or s.status in (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED):
+            continue
+        ps = _phase(s)
+        if ps >= phase:
+            continue
+        if phase == 5 or (phase >= 3 and ps <= 2) or s.worker_slot == step.worker_slot:
+            return False
+    return True
+
+
 def _advance(tr: Transition, actor: str) -> str:
-    """'done', 'waiting' or 'failed'."""
+    """'done', 'waiting' or 'failed'. Every pass issues each step that is ready (one batch: one desired-state
+    message per node, whatever number of its workers the batch touches) and checks every issued step
+    against the agents' reports (one query for all): a slow or silent node holds up only its own
+    workers' later steps and the finalisation, and its steps are issued again, then fail, on the timeout."""
     job = tr.job
     steps = list(TransitionStep.objects.filter(transition=tr).order_by("index"))
     # A transition that lends overlap workers and has not admitted them yet cannot finish once Training
@@ -133,33 +164,28 @@ def _advance(tr: Transition, actor: str) -> str:
             "with the trainer and the job is re-planned",
             actor,
         )
-    for phase in sorted({_phase(s) for s in steps}):
-        group = [
-            s
-            for s in steps
-            if _phase(s) == phase and s.status not in (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED)
-        ]
-        for step in group:
-            if step.status == TransitionStep.Status.PENDING:
-                try:
-                    _issue(job, step, actor)
-                except (
-                    Exception
-                ) as exc:  # refused by the state machine: stop here, a re-plan starts from the state reached
-                    return _fail(tr, step, f"{exc}", actor)
-        waiting = False
-        for step in group:
-            step.refresh_from_db()
-            if _confirmed(job, step):
-                finished = timezone.now()
-                TransitionStep.objects.filter(pk=step.pk).update(status=TransitionStep.Status.DONE, finished=finished)
-                if step.started is not None:
-                    latency.TRANSITION_STEP_SECONDS.labels(kind=step.kind).observe(
-                        max(0.0, (finished - step.started).total_seconds())
-                    )
+    closed = (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED)
+    first = True  # a pass times steps out once, whatever later steps it issues
+    while True:
+        batch = [s for s in steps if s.status == TransitionStep.Status.PENDING and _ready(s, steps)]
+        if batch:
+            try:
+                _issue(job, batch, actor)
+            except Exception as exc:  # refused by the state machine: stop here, a re-plan starts from the state reached
+                return _fail(tr, batch[0], f"{exc}", actor)
+        issued = [s for s in steps if s.status == TransitionStep.Status.RUNNING]
+        if not issued:
+            break
+        latest = _latest_workers(job, issued)
+        done: list[TransitionStep] = []
+        late: list[TransitionStep] = []
+        now = timezone.now()
+        for step in issued:
+            w = latest.get(step.worker_slot) if step.worker_slot is not None else None
+            if _confirmed(job, step, w):
+                done.append(step)
                 continue
-            waiting = True
-            leaving = _node_leaving(job, step)
+            leaving = _node_leaving(step, w)
             if leaving:  # what the step waits for cannot happen there: fail now, so the re-plan runs
                 return _fail(
                     tr,
@@ -168,7 +194,7 @@ def _advance(tr: Transition, actor: str) -> str:
                     "the agent confirmed the step",
                     actor,
                 )
-            if step.started is not None and timezone.now() - step.started > _timeout():
+            if first and step.started is not None and now - step.started > _timeout():
                 if step.attempts >= MAX_ATTEMPTS:
                     return _fail(
                         tr,
@@ -177,143 +203,162 @@ def _advance(tr: Transition, actor: str) -> str:
                         f"({step.attempts} attempts)",
                         actor,
                     )
-                _reissue(job, step)
-        if waiting:
-            return "waiting"
-    return "done"
+                late.append(step)
+        if late:
+            _reissue(job, late, latest)
+        first = False
+        if not done:
+            break
+        TransitionStep.objects.filter(pk__in=[s.pk for s in done]).update(
+            status=TransitionStep.Status.DONE, finished=now
+        )
+        for step in done:
+            step.status = TransitionStep.Status.DONE
+            if step.started is not None:
+                latency.TRANSITION_STEP_SECONDS.labels(kind=step.kind).observe(
+                    max(0.0, (now - step.started).total_seconds())
+                )
+        # what was confirmed may let later steps go in this same pass
+    if all(s.status in closed for s in steps):
+        return "done"
+    return "waiting"
 
 
-def _issue(job: Job, step: TransitionStep, actor: str) -> None:
-    """Write the desired state of one step (idempotent: a step already reflected is a no-op)."""
+def _latest_workers(job: Job, steps: list[TransitionStep]) -> dict[int, Worker]:
+    """Each step's worker (its slot's newest row, alive or stopped) with its node, in one query."""
+    slots = {s.worker_slot for s in steps if s.worker_slot is not None}
+    latest: dict[int, Worker] = {}
+    if slots:
+        for w in Worker.objects.filter(job=job, slot__in=slots).select_related("node").order_by("slot", "-id"):
+            latest.setdefault(w.slot, w)
+    return latest
+
+
+def _issue(job: Job, steps: list[TransitionStep], actor: str) -> None:
+    """Write the desired state of a batch of steps in one transaction (idempotent: a step already
+    reflected is a no-op): the bring-ups in one `start_workers`, the removals in one `stop_workers`, the
+    role and activity changes in one `change_workers` each, so each node gets one new generation."""
     with transaction.atomic():
-        alive = (
-            Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).first()
-            if step.worker_slot is not None
-            else None
+        lock_job(job.pk)
+        slots = [s.worker_slot for s in steps if s.worker_slot is not None]
+        alive = {w.slot: w for w in Worker.objects.filter(job=job, slot__in=slots, alive=True)}
+        # the lock order (job -> nodes -> workers): every node the batch touches, at once, in id order
+        lock_nodes([w.node_id for w in alive.values()] + [s.args["node"] for s in steps if "node" in s.args])
+        starts: list[WorkerStart] = []
+        out: list[WorkerChange] = []  # out of service: drains, deactivations
+        roles: list[WorkerChange] = []  # role changes and activations
+        stops: list[int] = []
+        lend = False
+        finalize: TransitionStep | None = None
+        for step in steps:
+            w = alive.get(step.worker_slot) if step.worker_slot is not None else None
+            role = step.args.get("role")
+            if step.kind == StepKind.START_WORKER:
+                if w is None:
+                    starts.append(
+                        WorkerStart(
+                            step.args["node"], step.args["gpus"], role, Activity.TRANSITIONING, step.worker_slot
+                        )
+                    )
+            elif step.kind == StepKind.DRAIN and w and w.activity == Activity.ACTIVE:
+                out.append(WorkerChange(w.slot, activity=Activity.TRANSITIONING))
+            elif step.kind == StepKind.SET_ROLE and w and w.role != role:
+                roles.append(WorkerChange(w.slot, role=role, activity=Activity.TRANSITIONING))
+            elif step.kind == StepKind.STOP_WORKER and w:
+                stops.append(w.slot)
+            elif step.kind == StepKind.DEACTIVATE_OVERLAP and w and w.activity != Activity.INACTIVE:
+                out.append(WorkerChange(w.slot, activity=Activity.INACTIVE))
+            elif step.kind == StepKind.ACTIVATE_OVERLAP and w and (w.role != role or w.activity == Activity.INACTIVE):
+                lend = True
+                roles.append(WorkerChange(w.slot, role=role, activity=Activity.TRANSITIONING))
+            elif step.kind == FINALIZE:
+                finalize = step
+        if stops:
+            take_out(job.pk, actor, lambda: stop_workers(job_id=job.pk, slots=stops, actor=actor))
+        if out:
+            take_out(job.pk, actor, lambda: change_workers(job_id=job.pk, changes=out, actor=actor))
+        if starts:
+            start_workers(job_id=job.pk, starts=starts, actor=actor)
+        if lend and lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing (it returned them)
+            raise Conflict("Training Begin arrived before the borrowed workers were lent: they stay with the trainer")
+        if roles:
+            change_workers(job_id=job.pk, changes=roles, actor=actor)
+        if finalize is not None:
+            _finalize(job, finalize.args["result"], actor)
+        now = timezone.now()
+        TransitionStep.objects.filter(pk__in=[s.pk for s in steps]).update(
+            status=TransitionStep.Status.RUNNING, started=now, attempts=F("attempts") + 1
         )
-        role = step.args.get("role")
-        if step.kind == StepKind.START_WORKER:
-            if alive is None:
-                start_worker(
-                    job_id=job.pk,
-                    node_id=step.args["node"],
-                    gpu_indexes=step.args["gpus"],
-                    role=role,
-                    activity=Activity.TRANSITIONING,
-                    slot=step.worker_slot,
-                    actor=actor,
-                )
-        elif step.kind == StepKind.DRAIN and alive and alive.activity == Activity.ACTIVE:
-            take_out(
-                job.pk,
-                actor,
-                lambda: change_workers(
-                    job_id=job.pk,
-                    changes=[WorkerChange(alive.slot, activity=Activity.TRANSITIONING)],
-                    actor=actor,
-                ),
-            )
-        elif step.kind == StepKind.SET_ROLE and alive and alive.role != role:
-            change_workers(
-                job_id=job.pk,
-                changes=[WorkerChange(alive.slot, role=role, activity=Activity.TRANSITIONING)],
-                actor=actor,
-            )
-        elif step.kind == StepKind.STOP_WORKER and alive:
-            take_out(job.pk, actor, lambda: stop_worker(job_id=job.pk, slot=alive.slot, actor=actor))
-        elif step.kind == StepKind.DEACTIVATE_OVERLAP and alive and alive.activity != Activity.INACTIVE:
-            take_out(
-                job.pk,
-                actor,
-                lambda: change_workers(
-                    job_id=job.pk, changes=[WorkerChange(alive.slot, activity=Activity.INACTIVE)], actor=actor
-                ),
-            )
-        elif (
-            step.kind == StepKind.ACTIVATE_OVERLAP
-            and alive
-            and (alive.role != role or alive.activity == Activity.INACTIVE)
-        ):
-            if lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing (it returned them)
-                raise Conflict(
-                    "Training Begin arrived before the borrowed workers were lent: they stay with the trainer"
-                )
-            change_workers(
-                job_id=job.pk,
-                changes=[WorkerChange(alive.slot, role=role, activity=Activity.TRANSITIONING)],
-                actor=actor,
-            )
-        elif step.kind == FINALIZE:
-            _finalize(job, step.args["result"], actor)
-        TransitionStep.objects.filter(pk=step.pk).update(
-            status=TransitionStep.Status.RUNNING, started=timezone.now(), attempts=step.attempts + 1
-        )
+    for step in steps:
+        step.status, step.started, step.attempts = TransitionStep.Status.RUNNING, now, step.attempts + 1
 
 
 # steps that need their worker up and serving on its node: they cannot complete on a node that is leaving
 _NEEDS_NODE = (StepKind.START_WORKER, StepKind.SYNC_WEIGHTS, StepKind.SET_ROLE, StepKind.ACTIVATE_OVERLAP)
 
 
-def _node_leaving(job: Job, step: TransitionStep) -> str:
+def _node_leaving(step: TransitionStep, w: Worker | None) -> str:
     """The name of the step's worker's node if that node is draining (an operator's drain or a
     preemption notice that arrived after the plan) or gone, for a step that needs the worker serving
     there; "" otherwise. Waiting for such a step would hold the job's single-flight re-plan for
     MAX_ATTEMPTS step timeouts while the capacity it counts on leaves."""
-    if step.kind not in _NEEDS_NODE or step.worker_slot is None:
+    if step.kind not in _NEEDS_NODE or w is None:
         return ""
-    w = Worker.objects.filter(job=job, slot=step.worker_slot).order_by("-id").select_related("node").first()
-    if w is None or w.node.status not in (NodeStatus.DRAINING, NodeStatus.GONE):
+    if w.node.status not in (NodeStatus.DRAINING, NodeStatus.GONE):
         return ""
     return w.node.name
 
 
-def _reissue(job: Job, step: TransitionStep) -> None:
-    """The agent has not shown the step done in time: send the desired state again."""
-    if step.kind == FINALIZE:  # every worker it waits for
-        workers = _not_serving_yet(job)
-    else:
-        w = (
-            Worker.objects.filter(job=job, slot=step.worker_slot, alive=True).select_related("node").first()
-            if step.worker_slot is not None
-            else None
-        )
-        workers = [w] if w is not None else []
+def _reissue(job: Job, steps: list[TransitionStep], latest: dict[int, Worker]) -> None:
+    """The agents have not shown these steps done in time: send their nodes' desired state again (once
+    per node)."""
+    node_ids: set[int] = set()
+    for step in steps:
+        if step.kind == FINALIZE:  # every worker it waits for
+            node_ids.update(w.node_id for w in _not_serving_yet(job))
+        elif step.worker_slot is not None:
+            w = latest.get(step.worker_slot)
+            if w is not None and w.alive:
+                node_ids.add(w.node_id)
+    now = timezone.now()
     with transaction.atomic():
-        for node in lock_nodes(w.node_id for w in workers).values():
+        for node in lock_nodes(node_ids).values():
             bump_generation(node)
             push_node(node.pk)
-        TransitionStep.objects.filter(pk=step.pk).update(started=timezone.now(), attempts=step.attempts + 1)
+        TransitionStep.objects.filter(pk__in=[s.pk for s in steps]).update(started=now, attempts=F("attempts") + 1)
+    for step in steps:
+        step.started, step.attempts = now, step.attempts + 1
 
 
 def _not_serving_yet(job: Job) -> list[Worker]:
     """The job's active rollout workers on ready nodes that do not serve yet at the staleness floor. A
     worker on a node that is leaving (draining, lease expired, gone) is not waited for: it cannot come
-    to serve, and taking it out is the next re-plan's work, which this transition holds back."""
+    to serve, and taking it out is the next re-plan's work, which this transition holds back. One query
+    for the workers and one for their nodes (a node's report is read once, not once per worker)."""
     floor = max(0, job.weight_version - job.max_staleness)
-    return [
-        w
-        for w in Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
+    workers = list(
+        Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
         .exclude(role=Role.TRAINING)
-        .select_related("node")
-        if not serving(w, floor)
-    ]
+        .only("id", "slot", "node_id", "role", "activity", "endpoint", "alive")
+    )
+    nodes = Node.objects.in_bulk({w.node_id for w in workers})
+    out = []
+    for w in workers:
+        w.node = nodes[w.node_id]
+        if not serving(w, floor):
+            out.append(w)
+    return out
 
 
-def _confirmed(job: Job, step: TransitionStep) -> bool:
-    """Whether the agents' reported state shows the step done."""
+def _confirmed(job: Job, step: TransitionStep, w: Worker | None) -> bool:
+    """Whether the agents' reported state shows the step done (`w`: the newest worker of its slot)."""
     if step.status in (TransitionStep.Status.PENDING,):
         return False
     if step.kind == FINALIZE:
         return not _not_serving_yet(job)
-    stopped = (
-        Worker.objects.filter(job=job, slot=step.worker_slot).order_by("-id").select_related("node").first()
-        if step.worker_slot is not None
-        else None  # no worker has a null slot
-    )
-    if stopped is None:
+    if w is None:  # no worker has a null slot
         return step.kind in (StepKind.STOP_WORKER, StepKind.DRAIN)
-    w, node = stopped, stopped.node
-    if node.status in (NodeStatus.NOT_READY, NodeStatus.GONE):
+    if w.node.status in (NodeStatus.NOT_READY, NodeStatus.GONE):
         # its agent is gone (fenced): what needs the worker gone is done, nothing else can be
         return step.kind in (StepKind.STOP_WORKER, StepKind.DEACTIVATE_OVERLAP, StepKind.DRAIN)
     o = observed(w)
@@ -377,16 +422,28 @@ def _rollback(tr: Transition, actor: str) -> list[int]:
 
 def _finalize(job: Job, result: dict[str, str], actor: str) -> None:
     """Atomic finalisation: every worker of the target map becomes active at once (role as planned),
-    except those on a node that began leaving since the plan: they stay out, for the next re-plan."""
+    except those on a node that began leaving since the plan: they stay out, for the next re-plan. The
+    target map's workers are read in one query."""
+    training = Job.objects.filter(pk=job.pk, training_active=True).exists()
+    live = {
+        slot: (role, activity, zone, node_id)
+        for slot, role, activity, zone, node_id in Worker.objects.filter(
+            job=job, alive=True, slot__in=[int(s) for s in result]
+        ).values_list("slot", "role", "activity", "zone", "node_id")
+    }
+    ready = set(
+        Node.objects.filter(pk__in={v[3] for v in live.values()}, status=NodeStatus.READY).values_list("id", flat=True)
+    )
     changes = []
     for slot, role in result.items():
-        w = Worker.objects.filter(job=job, slot=int(slot), alive=True).select_related("node").first()
-        if w is not None and w.node.status != NodeStatus.READY:
+        w = live.get(int(slot))
+        if w is None or w[3] not in ready:
             continue
-        if w is not None and w.zone == Zone.OVERLAP and Job.objects.filter(pk=job.pk, training_active=True).exists():
+        w_role, w_activity, w_zone, _ = w
+        if w_zone == Zone.OVERLAP and training:
             raise Conflict("training began meanwhile; overlap workers must not be activated")
-        if w is not None and (w.role != role or w.activity != Activity.ACTIVE):
-            changes.append(WorkerChange(int(slot), role=role if w.role != role else None, activity=Activity.ACTIVE))
+        if w_role != role or w_activity != Activity.ACTIVE:
+            changes.append(WorkerChange(int(slot), role=role if w_role != role else None, activity=Activity.ACTIVE))
     if changes:
         # roles first (workers are not active yet), then admit the whole group together
         role_changes = [WorkerChange(c.slot, role=c.role) for c in changes if c.role]

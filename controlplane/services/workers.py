@@ -6,10 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
-from controlplane.models import GPU, Job, Node, Worker, WorkerGPU
+from controlplane.models import GPU, Job, Worker, WorkerGPU
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit
 from controlplane.services.invariants import assert_invariants
@@ -35,12 +36,15 @@ def _activity(value: str) -> Activity:
         ) from None
 
 
-def _lowest_free_slot(job: Job) -> int:
-    taken = set(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
-    slot = 0
-    while slot in taken:
-        slot += 1
-    return slot
+@dataclass(frozen=True, slots=True)
+class WorkerStart:
+    """One new worker: its node, its GPU slots there (G_w, fixed for life), role, activity, job slot."""
+
+    node_id: int
+    gpu_indexes: list[int]
+    role: str
+    activity: str = Activity.TRANSITIONING
+    slot: int | None = None
 
 
 def start_worker(
@@ -54,64 +58,113 @@ def start_worker(
     actor: str = "system",
 ) -> Worker:
     """Bind a new worker to GPUs of one node. Its GPU set G_w is fixed for life."""
-    role_, activity_ = _role(role), _activity(activity)
-    if not gpu_indexes or len(gpu_indexes) > MAX_WORKER_GPUS:
-        raise InvalidInput(f"a worker needs 1..{MAX_WORKER_GPUS} GPUs", field="gpus")
-    if len(set(gpu_indexes)) != len(gpu_indexes):
-        raise InvalidInput("a worker's GPUs must be distinct", field="gpus")
+    return start_workers(job_id=job_id, starts=[WorkerStart(node_id, gpu_indexes, role, activity, slot)], actor=actor)[
+        0
+    ]
+
+
+def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "system") -> list[Worker]:
+    """Bind several new workers of a job at once (a transition's bring-ups): one transaction, one invariant
+    check on the result, one new generation (one desired-state message) per node, however many workers
+    a node gets."""
+    if not starts:
+        raise InvalidInput("no workers given", field="workers")
+    for st in starts:
+        _role(st.role), _activity(st.activity)
+        if not st.gpu_indexes or len(st.gpu_indexes) > MAX_WORKER_GPUS:
+            raise InvalidInput(f"a worker needs 1..{MAX_WORKER_GPUS} GPUs", field="gpus")
+        if len(set(st.gpu_indexes)) != len(st.gpu_indexes):
+            raise InvalidInput("a worker's GPUs must be distinct", field="gpus")
     with transaction.atomic():
         job = lock_job(job_id, field="job", live="it cannot get new workers")
-        node = locked(Node.objects.filter(pk=node_id)).first()
-        if node is None:
-            raise NotFound(f"node {node_id} does not exist", field="node")
-        if node.status != NodeStatus.READY:
-            raise Conflict(f"node {node.name} is {node.status}; new workers go only to ready nodes", field="node")
-        zone = Zone.OVERLAP if node.pool == Pool.TRAINING else Zone.ROLLOUT
-        if role_ is Role.TRAINING and zone is not Zone.OVERLAP:
-            raise InvalidInput("training workers live on training nodes", field="role")
-        gpus = list(locked(GPU.objects.filter(node=node, index__in=gpu_indexes, present=True)).order_by("index"))
-        if len(gpus) != len(gpu_indexes):
-            missing = sorted(set(gpu_indexes) - {g.index for g in gpus})
-            raise InvalidInput(f"node {node.name} has no GPU slot(s) {missing}", field="gpus")
-        if slot is None:
-            slot = _lowest_free_slot(job)
-        elif Worker.objects.filter(job=job, slot=slot, alive=True).exists():
-            raise Conflict(f"slot {slot} of job {job.name} is taken", field="slot")
-        kind = "training" if role_ is Role.TRAINING else "rollout"
+        held = lock_nodes(st.node_id for st in starts)
+        for st in starts:
+            node = held.get(st.node_id)
+            if node is None:
+                raise NotFound(f"node {st.node_id} does not exist", field="node")
+            if node.status != NodeStatus.READY:
+                raise Conflict(f"node {node.name} is {node.status}; new workers go only to ready nodes", field="node")
+            zone = Zone.OVERLAP if node.pool == Pool.TRAINING else Zone.ROLLOUT
+            if _role(st.role) is Role.TRAINING and zone is not Zone.OVERLAP:
+                raise InvalidInput("training workers live on training nodes", field="role")
+        by_node: dict[int, set[int]] = {}
+        for st in starts:
+            by_node.setdefault(st.node_id, set()).update(st.gpu_indexes)
+        gpu_q = Q()
+        for node_id, idx in by_node.items():
+            gpu_q |= Q(node_id=node_id, index__in=sorted(idx))
+        gpus = {(g.node_id, g.index): g for g in locked(GPU.objects.filter(gpu_q, present=True)).order_by("pk")}
+        taken = set(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
+        slots: list[int] = []
+        for st in starts:
+            missing = sorted(i for i in st.gpu_indexes if (st.node_id, i) not in gpus)
+            if missing:
+                raise InvalidInput(f"node {held[st.node_id].name} has no GPU slot(s) {missing}", field="gpus")
+            if st.slot is None:
+                slot = 0
+                while slot in taken:
+                    slot += 1
+            elif st.slot in taken:
+                raise Conflict(f"slot {st.slot} of job {job.name} is taken", field="slot")
+            else:
+                slot = st.slot
+            taken.add(slot)
+            slots.append(slot)
         try:
             with transaction.atomic():
-                worker = Worker.objects.create(
-                    job=job,
-                    slot=slot,
-                    node=node,
-                    zone=zone,
-                    role=role_,
-                    activity=activity_,
-                    engine=job.engine,
-                    generation=node.generation + 1,
+                workers = Worker.objects.bulk_create(
+                    [
+                        Worker(
+                            job=job,
+                            slot=slot,
+                            node=held[st.node_id],
+                            zone=Zone.OVERLAP if held[st.node_id].pool == Pool.TRAINING else Zone.ROLLOUT,
+                            role=_role(st.role),
+                            activity=_activity(st.activity),
+                            engine=job.engine,
+                            generation=held[st.node_id].generation + 1,
+                        )
+                        for st, slot in zip(starts, slots, strict=True)
+                    ]
                 )
                 WorkerGPU.objects.bulk_create(
                     [
-                        WorkerGPU(worker=worker, gpu=g, kind=kind, alive=True, active=activity_ is Activity.ACTIVE)
-                        for g in gpus
+                        WorkerGPU(
+                            worker=w,
+                            gpu=gpus[(st.node_id, i)],
+                            kind="training" if _role(st.role) is Role.TRAINING else "rollout",
+                            alive=True,
+                            active=_activity(st.activity) is Activity.ACTIVE,
+                        )
+                        for st, w in zip(starts, workers, strict=True)
+                        for i in st.gpu_indexes
                     ]
                 )
-        except IntegrityError as exc:  # database backstop: someone else holds the GPU or slot
-            raise InvariantViolation(
-                f"GPU(s) {gpu_indexes} of node {node.name} are taken: {exc}", field="gpus"
-            ) from None
-        assert_invariants(job_ids=[job.pk], gpu_ids=[g.pk for g in gpus])
-        bump_generation(node)
-        emit(
-            kind="worker.started",
-            message=f"{job.name}: worker {slot} ({role_}) on {node.name} GPUs {gpu_indexes}",
-            job=job,
-            node=node,
-            actor=actor,
-            data={"slot": slot, "role": role_, "activity": activity_, "gpus": gpu_indexes},
-        )
-        push_node(node.pk)
-    return worker
+        except IntegrityError as exc:  # database backstop: someone else holds a GPU or slot
+            raise InvariantViolation(f"GPU(s) or slot(s) are taken: {exc}", field="gpus") from None
+        assert_invariants(job_ids=[job.pk], gpu_ids=[g.pk for g in gpus.values()])
+        for node_id in sorted(by_node):
+            bump_generation(held[node_id])
+            push_node(node_id)
+        for node_id in sorted(by_node):  # one timeline entry per node
+            mine = [(st, w) for st, w in zip(starts, workers, strict=True) if st.node_id == node_id]
+            node = held[node_id]
+            emit(
+                kind="worker.started",
+                message=f"{job.name}: "
+                + ", ".join(f"worker {w.slot} ({w.role}) on {node.name} GPUs {st.gpu_indexes}" for st, w in mine),
+                job=job,
+                node=node,
+                actor=actor,
+                data={
+                    "slot": mine[0][1].slot,
+                    "role": mine[0][1].role,
+                    "activity": mine[0][1].activity,
+                    "gpus": mine[0][0].gpu_indexes,
+                    "workers": [{"slot": w.slot, "role": w.role, "gpus": st.gpu_indexes} for st, w in mine],
+                },
+            )
+    return workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +192,7 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
             raise NotFound(f"job {job.name} has no live worker in slot(s) {missing}", field="slot")
         nodes: set[int] = set()
         touched: list[Worker] = []
+        now = timezone.now()
         for c in changes:
             w = workers[c.slot]
             old = (w.role, w.activity)
@@ -155,9 +209,11 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
                 w.activity = _activity(c.activity)
             if (w.role, w.activity) != old:
                 w.generation += 1
-                w.save(update_fields=["role", "activity", "generation", "updated"])
+                w.updated = now
                 nodes.add(w.node_id)
                 touched.append(w)
+        if touched:  # one statement for the group, however large
+            Worker.objects.bulk_update(touched, ["role", "activity", "generation", "updated"], batch_size=1000)
         # The pure check reads the new worker rows and explains a violation; then the bindings follow,
         # with the database constraints as the backstop.
         assert_invariants(
@@ -165,9 +221,13 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
             gpu_ids=list(WorkerGPU.objects.filter(worker__in=touched).values_list("gpu_id", flat=True)),
         )
         try:
-            with transaction.atomic():
-                for w in touched:
-                    WorkerGPU.objects.filter(worker=w).update(active=w.activity == Activity.ACTIVE)
+            with transaction.atomic():  # the bindings that go inactive first, so a GPU never has two active
+                WorkerGPU.objects.filter(worker__in=[w for w in touched if w.activity != Activity.ACTIVE]).update(
+                    active=False
+                )
+                WorkerGPU.objects.filter(worker__in=[w for w in touched if w.activity == Activity.ACTIVE]).update(
+                    active=True
+                )
         except IntegrityError as exc:
             raise InvariantViolation(f"a GPU would get two active workers: {exc}") from None
         for node_id in sorted(nodes):
@@ -228,26 +288,40 @@ def return_borrowed(job: Job, actor: str = "system") -> list[int]:
 
 def stop_worker(*, job_id: int, slot: int, actor: str = "system") -> Worker:
     """Stop a worker: it leaves the map (its row stays as history) and its slot becomes free."""
+    return stop_workers(job_id=job_id, slots=[slot], actor=actor)[0]
+
+
+def stop_workers(*, job_id: int, slots: list[int], actor: str = "system") -> list[Worker]:
+    """Stop several workers of a job at once: one transaction, one invariant check, one new generation (one
+    desired-state message) per node."""
     with transaction.atomic():
-        live = Worker.objects.filter(job_id=job_id, slot=slot, alive=True)
-        lock_nodes(live.values_list("node_id", flat=True))  # the lock order: its node, then the worker
-        worker = locked(live.select_related("job", "node")).first()
-        if worker is None:
-            raise NotFound(f"job {job_id} has no live worker in slot {slot}", field="slot")
-        worker.alive = False
-        worker.activity = Activity.INACTIVE
-        worker.stopped_at = timezone.now()
-        worker.save(update_fields=["alive", "activity", "stopped_at", "updated"])
-        WorkerGPU.objects.filter(worker=worker).update(alive=False, active=False)
+        live = Worker.objects.filter(job_id=job_id, slot__in=slots, alive=True)
+        held = lock_nodes(live.values_list("node_id", flat=True))  # the lock order: their nodes, then the workers
+        workers = list(locked(live.select_related("job")).order_by("pk"))
+        missing = sorted(set(slots) - {w.slot for w in workers})
+        if missing:
+            what = f"slot {missing[0]}" if len(missing) == 1 else f"slots {missing}"
+            raise NotFound(f"job {job_id} has no live worker in {what}", field="slot")
+        now = timezone.now()
+        ids = [w.pk for w in workers]
+        Worker.objects.filter(pk__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
+        WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
+        for w in workers:
+            w.alive, w.activity, w.stopped_at = False, Activity.INACTIVE, now
         assert_invariants(job_ids=[job_id])
-        bump_generation(worker.node)
-        emit(
-            kind="worker.stopped",
-            message=f"{worker.job.name}: worker {slot} stopped",
-            job=worker.job,
-            node=worker.node,
-            actor=actor,
-            data={"slot": slot},
-        )
-        push_node(worker.node_id)
-    return worker
+        for node_id in sorted(held):
+            bump_generation(held[node_id])
+            mine = sorted(w.slot for w in workers if w.node_id == node_id)
+            emit(
+                kind="worker.stopped",
+                message=f"{workers[0].job.name}: worker{'s' if len(mine) > 1 else ''} "
+                + ", ".join(map(str, mine))
+                + " stopped",
+                job=workers[0].job,
+                node=held[node_id],
+                actor=actor,
+                data={"slot": mine[0], "slots": mine},
+            )
+            push_node(node_id)
+    order = {s: i for i, s in enumerate(slots)}
+    return sorted(workers, key=lambda w: order[w.slot])

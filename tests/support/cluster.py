@@ -39,17 +39,18 @@ def make_job(name: str = "job1", **spec: Any) -> Job:
     return create_job(spec=full, actor="test")
 
 
-def agents_converge() -> None:
-    """Every live node's agent reports its desired state as done, through the heartbeat service: each
-    worker running in its role and activity, holding the weights the job allows, idle, on an endpoint
-    of the node. What a real agent does after reconciling (agents/node.py), without processes."""
+def agents_converge(*, skip: tuple[str, ...] = ()) -> None:
+    """Every live node's agent (but those named in `skip`: slow or silent ones) reports its desired state as
+    done, through the heartbeat service: each worker running in its role and activity, holding the weights
+    the job allows, idle, on an endpoint of the node. What a real agent does after reconciling
+    (agents/node.py), without processes."""
     from controlplane.core.agent_link import Heartbeat, ObservedWorker
     from controlplane.core.state import Activity, NodeStatus, Role
     from controlplane.models import Job, Node
     from controlplane.selectors.cluster import desired_state
     from controlplane.services.nodes import record_heartbeat
 
-    for node in Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING]):
+    for node in Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING]).exclude(name__in=skip):
         ds = desired_state(node)
         versions = dict(Job.objects.values_list("name", "weight_version"))
         workers = [

@@ -1,0 +1,89 @@
+"""The executor at scale (issue 22): a transition's steps are issued per node in batches (one new generation,
+so one desired-state message, per node and batch, however many of its workers the batch touches), and one
+slow or silent node never holds up the other nodes' steps; the slow one is issued again on the step timeout
+and, after MAX_ATTEMPTS, fails the transition as the executor's rules say."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.core.state import Activity
+from controlplane.models import Job, Node, Transition, TransitionStep, Worker
+from controlplane.services import executor, jobs, nodes, planner
+from tests.support.cluster import agents_converge, make_job, make_node, run_transition
+
+pytestmark = pytest.mark.django_db
+
+
+def _preempted_cluster() -> tuple[Job, Transition]:
+    """Three elastic nodes of two slots, a colocated job of four one-GPU workers on n1 and n2; then a
+    preemption notice on n1: the plan stops n1's two workers (forced) and starts two on n3."""
+    for name in ("n1", "n2", "n3"):
+        make_node(name, pool="elastic", slots=2, hardware="H800")
+    job = make_job(rollout_gpus=4, training_gpus=0, tp=1, hardware="h800", model="qwen3-8b")
+    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "colocated"}, actor="t")
+    first = planner.plan_job(job_id=job.pk, signal="step_start")
+    assert run_transition(first).status == "succeeded"
+    assert sorted(Worker.objects.filter(job=job, alive=True).values_list("node__name", flat=True)) == [
+        "n1",
+        "n1",
+        "n2",
+        "n2",
+    ]
+    n1 = Node.objects.get(name="n1")
+    nodes.preemption_notice(node_id=n1.pk, deadline=timezone.now() + timedelta(minutes=10), actor="t")
+    agents_converge()
+    tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
+    assert tr is not None
+    kinds = sorted(TransitionStep.objects.filter(transition=tr).values_list("kind", flat=True))
+    assert kinds == ["finalize", "start_worker", "start_worker", "stop_worker", "stop_worker"] + ["sync_weights"] * 2
+    return job, tr
+
+
+def _steps(tr: Transition, node: str) -> set[str]:
+    """The statuses of the transition's steps whose worker is (or was) on `node`."""
+    slots = set(Worker.objects.filter(job=tr.job, node__name=node).values_list("slot", flat=True))
+    return set(TransitionStep.objects.filter(transition=tr, worker_slot__in=slots).values_list("status", flat=True))
+
+
+def test_a_batch_sends_each_node_one_desired_state_and_a_slow_node_holds_up_no_other_node():
+    job, tr = _preempted_cluster()
+    n3_before = Node.objects.get(name="n3").generation
+    tr = executor.execute_transition(transition_id=tr.pk)
+    # the forced stops (n1) and the bring-ups (n3) went out together, n3's two workers in one generation
+    assert Node.objects.get(name="n3").generation == n3_before + 1
+    assert Worker.objects.filter(job=job, node__name="n3", alive=True).count() == 2
+    agents_converge(skip=("n1",))  # n1's agent, going away, is slow to confirm its stops
+    tr = executor.execute_transition(transition_id=tr.pk)
+    assert tr.status == "running"
+    assert _steps(tr, "n3") == {"done"}  # started and synced while n1 still has not confirmed
+    assert _steps(tr, "n1") == {"running"}
+    assert TransitionStep.objects.get(transition=tr, kind="finalize").status == "pending"  # it waits for all
+    agents_converge()  # n1 confirms, late
+    assert run_transition(tr).status == "succeeded"
+    active = Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE)
+    assert sorted(active.values_list("node__name", flat=True)) == ["n2", "n2", "n3", "n3"]
+
+
+def test_a_silent_node_is_issued_again_on_the_timeout_then_fails_the_transition(settings):
+    job, tr = _preempted_cluster()
+    executor.execute_transition(transition_id=tr.pk)
+    settings.PEARL = {**settings.PEARL, "STEP_TIMEOUT_S": 0.0}  # every step issued so far is late from here on
+    n3 = Node.objects.get(name="n3")
+    agents_converge(skip=("n3",))  # n3's agent never confirms its bring-ups
+    tr = executor.execute_transition(transition_id=tr.pk)  # timed out once: issued again, n1's stops done
+    assert tr.status == "running"
+    assert _steps(tr, "n1") == {"done"}
+    starts = TransitionStep.objects.filter(transition=tr, kind="start_worker")
+    assert {s.attempts for s in starts} == {2}
+    assert Node.objects.get(name="n3").generation == n3.generation + 1  # one resend for its two workers
+    for _ in range(executor.MAX_ATTEMPTS):
+        tr = executor.execute_transition(transition_id=tr.pk)
+        if tr.status != "running":
+            break
+    assert tr.status == "failed" and "not confirmed by the agent" in tr.error
+    # all-or-nothing expansion: the workers it started on n3 are rolled back
+    assert not Worker.objects.filter(job=job, node__name="n3", alive=True).exists()
