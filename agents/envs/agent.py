@@ -140,6 +140,7 @@ class AgentRunner:
         self.gave_up: dict[str, str] = {}  # group member -> its final failure
         self.stopping = asyncio.Event()
         self._function: Any = None
+        self._http: Any = None  # one httpx client for every agent function's AsyncOpenAI (see `_call_function`)
 
     async def start(self) -> None:
         if self._runner is None:
@@ -154,6 +155,9 @@ class AgentRunner:
         self.stopping.set()
         for env in list(self.live):
             await env.aclose("the job stopped")
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -296,15 +300,19 @@ class AgentEnvironment(Environment):
         return await proc.wait()
 
     async def _call_function(self) -> Any:
-        from openai import AsyncOpenAI
+        """The agent function with its own AsyncOpenAI client (its session's key) over the runner's one
+        httpx client: a client of its own per trajectory would build an SSL context and open a connection
+        each time, which py-spy showed as most of the driver's CPU per trajectory (bench_gateway_job.py)."""
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-        s = self.session
+        s, r = self.session, self.runner
         assert s is not None
-        client = AsyncOpenAI(base_url=f"{self.runner.gateway.base_url}/v1", api_key=s.key, max_retries=0)
-        try:
-            return await self.runner._function(client, self.task)
-        finally:
-            await client.close()
+        if r._http is None:
+            r._http = DefaultAsyncHttpxClient(timeout=r.spec.timeout_s)
+        client = AsyncOpenAI(
+            base_url=f"{r.gateway.base_url}/v1", api_key=s.key, max_retries=0, http_client=r._http
+        )  # not closed here: closing it would close the shared httpx client
+        return await r._function(client, self.task)
 
     async def _next(self) -> Pending | None:
         """The agent's next request, or None once it has ended (fails on the wall-clock limit)."""
