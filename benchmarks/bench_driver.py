@@ -238,6 +238,22 @@ class Sections:
     def snapshot(self) -> dict[str, list[float]]:
         return {k: list(v) for k, v in self.t.items()}
 
+    def watch_gc(self) -> None:
+        """The garbage collector's pauses, as section `gc` (they land on whatever allocates)."""
+        import gc
+
+        clock, t, started = time.thread_time, self.t, [0.0]
+
+        def callback(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                started[0] = clock()
+            else:
+                s = t.setdefault(f"gc{info['generation']}", [0, 0.0])
+                s[0] += 1
+                s[1] += clock() - started[0]
+
+        gc.callbacks.append(callback)
+
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -284,6 +300,7 @@ def driver_main(args: argparse.Namespace) -> None:
         from controlplane.core.loop import RolloutLoop
         from controlplane.core.router import Router
 
+        sections.watch_gc()
         sections.wrap(RolloutLoop, "handle", "loop")
         sections.wrap(Router, "pick_first", "router")
         sections.wrap(RolloutDriver, "telemetry", "telemetry")
