@@ -87,6 +87,28 @@ def default_connector() -> str | None:
     return "NixlConnector" if importlib.util.find_spec("nixl") is not None else None
 
 
+def tiny_checkpoint() -> Path:
+    """The seeded tiny Qwen3 saved as a checkpoint at one path per content on this machine, shared by every
+    worker: NIXL's handshake compares the two engines' model paths (part of vLLM's compatibility hash), so a
+    prefill and a decode worker that each saved their own copy could never hand KV over. Written to a fresh
+    directory and renamed into place (atomic: workers starting side by side agree on one)."""
+    import hashlib
+
+    from agents import models
+
+    fresh = Path(tempfile.mkdtemp(prefix="pearl-vllm-tiny-new-"))
+    models.load_model("tiny").save_pretrained(fresh, safe_serialization=True)
+    digest = hashlib.sha256()
+    for name in sorted(p.name for p in fresh.iterdir()):
+        digest.update(name.encode() + (fresh / name).read_bytes())
+    final = fresh.parent / f"pearl-vllm-tiny-{digest.hexdigest()[:16]}"
+    try:
+        fresh.rename(final)
+    except OSError:  # another worker put the same checkpoint there first
+        shutil.rmtree(fresh, ignore_errors=True)
+    return final
+
+
 class VLLMEngine(Engine):
     kind = "vllm"
 
@@ -108,13 +130,8 @@ class VLLMEngine(Engine):
     ) -> None:
         super().__init__(worker_id=worker_id, role=role, job=job)
         import_vllm()
-        self._own_model: Path | None = None
         if model in ("tiny", "") or model.startswith("tiny"):  # the seeded tiny Qwen3 every PEARL process builds
-            self._own_model = model_path = Path(tempfile.mkdtemp(prefix="pearl-vllm-tiny-"))
-            from agents import models
-
-            models.load_model("tiny").save_pretrained(model_path, safe_serialization=True)
-            model = str(model_path)
+            model = str(tiny_checkpoint())
         if not Path(model).is_dir():
             raise EngineError("the vllm engine needs --model 'tiny' or a local save_pretrained directory")
         self.model_dir = Path(model)
@@ -209,8 +226,6 @@ class VLLMEngine(Engine):
             self.llm.shutdown()
             self.llm = None
         shutil.rmtree(self._snapshots, ignore_errors=True)
-        if self._own_model is not None:
-            shutil.rmtree(self._own_model, ignore_errors=True)
 
     def admit(self, verb: str, min_weight_version: int = 0) -> None:
         super().admit(verb, min_weight_version)

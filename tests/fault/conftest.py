@@ -146,7 +146,7 @@ class Stack:
                 "--pool",
                 pool,
                 "--hardware",
-                "cpu" if engine == "torch" else "H800",
+                "cpu" if engine in ("torch", "vllm") else "H800",
                 "--engine",
                 engine,
                 "--time-factor",

