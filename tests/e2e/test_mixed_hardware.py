@@ -38,7 +38,7 @@ def test_job_page_and_cluster_map_show_each_workers_hardware(control_plane_serve
     django_user_model.objects.create_user(username="alice", password="alice-password-1")
     job_id = off_loop(_mixed_job)
     helpers.login(page, control_plane_server.base_url, "alice", "alice-password-1", path=f"/jobs/{job_id}/")
-    page.wait_for_selector("#workers tbody tr")
+    page.wait_for_selector("#workers tbody tr", timeout=60000)  # the page loads plotly: slow on a busy machine
     rows = page.eval_on_selector_all(
         "#workers tbody tr", "els => els.map(e => [e.cells[3].textContent, e.dataset.hardware])"
     )
@@ -51,7 +51,7 @@ def test_job_page_and_cluster_map_show_each_workers_hardware(control_plane_serve
     assert page.js_errors == []
 
     page.goto(control_plane_server.base_url + "/")
-    page.wait_for_selector("[data-node=res-h20]")
+    page.wait_for_selector("[data-node=res-h20]", timeout=60000)
     assert page.get_attribute("[data-node=res-h20]", "data-hardware") == "H20"
     assert page.get_attribute("[data-node=spot-a100]", "data-hardware") == "A100"
     tip = page.get_attribute("[data-node=res-h20] .gpu[data-gpu='0']", "title") or ""
