@@ -285,26 +285,6 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
         for pt in ports
     ]
     procs += web
-    celery = subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "celery",
-            "-A",
-            "pearl_site",
-            "worker",
-            "--pool=threads",
-            "-c",
-            str(args.celery_threads),
-            "-l",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=open(tmp / "celery.log", "ab"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-    )
-    procs.append(celery)
     gens: list[subprocess.Popen[str]] = []
     try:
         for pt in ports:
@@ -344,6 +324,28 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
             if p.stdout.readline().strip() != "READY":
                 raise RuntimeError(f"a load generator failed: see {tmp}/gen-*.log")
         registered_s = time.time() - started
+        # the planner starts once every agent registered: the signals queued meanwhile are planned on the whole
+        # cluster (started earlier, it would shrink the job to the nodes registered so far, then grow it back)
+        celery = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "pearl_site",
+                "worker",
+                "--pool=threads",
+                "-c",
+                str(args.celery_threads),
+                "-l",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=open(tmp / "celery.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        procs.append(celery)
 
         def settled() -> bool:
             behind = Node.objects.filter(status="ready", applied_generation__lt=models_F("generation")).count()
@@ -363,7 +365,16 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
         gcpu0 = sum(cpu_s(p.pid) for p in gens)
         last = Transition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         t0, _ = preempt(n_pre)
-        wait_for(lambda: Transition.objects.filter(pk__gt=last).exists(), 600, "the capacity change's transition", 0.05)
+        try:
+            wait_for(
+                lambda: Transition.objects.filter(pk__gt=last).exists(), 300, "the capacity change's transition", 0.05
+            )
+        except TimeoutError:
+            from controlplane.models import Event
+
+            for e in Event.objects.order_by("-id")[:15]:
+                print(e.created, e.kind, e.message[:200], file=sys.stderr)
+            raise
         tr_id = Transition.objects.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[0]
         wait_for(
             lambda: Transition.objects.filter(pk=tr_id).exclude(status__in=["pending", "running"]).exists(),
