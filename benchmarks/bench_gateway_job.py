@@ -11,6 +11,9 @@ driver each, for `--seconds` of wall clock each:
               calculator as an openai-SDK agent (AsyncOpenAI) in the driver's process, through the gateway;
   * command:  `environment: agent` with `agent_command: [python, examples/agents/calculator_agent.py]`, the
               same agent unmodified as a process per trajectory (what a user brings).
+With `--train` the updates run (GRPO on the tiny model, max staleness 1), and on a loaded CPU they set the
+pace of all variants alike; without it (the default) updates are never granted and the loop's staleness
+bound is lifted, so the figures are the rollout side's alone, where the gateway sits.
 Reported per variant: generated tokens/s and finished trajectories/s over the window (startup included),
 steps trained, failed runs, and each agent variant's ratio to builtin. Both calculators sample one token
 per turn, at most three turns: the figures are per-turn and per-trajectory overheads, not decode speed.
@@ -26,6 +29,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,26 +42,34 @@ TASKS = str(ROOT / "examples" / "agents" / "tasks.jsonl")
 
 
 class Link:
-    """The control plane's part of the driver link, in process: updates granted at once, Training Begin
-    confirmed at once, weights published as soon as the trainer has them."""
+    """The control plane's part of the driver link, in process: updates granted at once (if `train`),
+    Training Begin confirmed at once, weights published as soon as the trainer has them."""
 
-    def __init__(self) -> None:
+    def __init__(self, train: bool) -> None:
         self.driver: Any = None
+        self.train = train
 
     async def send(self, msg: Any) -> None:
         from controlplane.core import driver_link as dl
 
-        if isinstance(msg, dl.UpdateRequest) and self.driver is not None:
+        if isinstance(msg, dl.UpdateRequest) and self.driver is not None and self.train:
             asyncio.get_running_loop().call_soon(self.driver.on_update_granted, msg.step)
 
-    def pump(self) -> None:
+    async def pump(self, http: Any, wurl: str, turl: str) -> None:
+        """Training Begin confirmed at once; a published version is installed on the worker (pulled from
+        the trainer, as the control plane has workers do) before the driver is told of it."""
         d = self.driver
         if d is None or d.cluster is None:
             return
         if d.waiting_return:
             d.on_cluster(dataclasses.replace(d.cluster, training_active=True))
         if d.waiting_version is not None:
-            d.on_cluster(dataclasses.replace(d.cluster, weight_version=d.waiting_version))
+            v = d.waiting_version
+            body = {"url": turl, "version": v, "token": "trainer-token"}
+            async with http.post(f"{wurl}/weights", json=body, headers={"Authorization": f"Bearer {SECRET}"}) as r:
+                if r.status != 200:
+                    return  # the trainer may not serve it yet: asked again on the next pump
+            d.on_cluster(dataclasses.replace(d.cluster, weight_version=v))
 
 
 def start_worker() -> tuple[subprocess.Popen[str], str]:
@@ -86,7 +98,10 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
         agent = {"tasks": TASKS, "agent_function": "examples.agents.calculator_agent:run"}
     elif name == "command":
         agent = {"tasks": TASKS, "agent_command": [sys.executable, str(ROOT / "examples/agents/calculator_agent.py")]}
-    trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=args.batch, max_staleness=1), job="bench")
+    from agents.weights import WeightStore
+
+    store = WeightStore(Path(tempfile.mkdtemp(prefix="bench-weights-")))  # what workers pull versions from
+    trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=args.batch, max_staleness=1), store=store, job="bench")
     tserver = TrainerServer(trainer, "trainer-token", job_token=SECRET)
     trunner = web.AppRunner(tserver.app, access_log=None)
     await trunner.setup()
@@ -99,12 +114,12 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
         engine="torch",
         batch_size=args.batch,
         group_size=args.group,
-        max_staleness=1,
+        max_staleness=1 if args.train else 1000,
         max_trajectory_tokens=512,
         return_deadline_s=30.0,
         agent=agent,
     )
-    link = Link()
+    link = Link(args.train)
     cpu0 = time.process_time()
     try:
         async with ClientSession() as http:
@@ -121,7 +136,7 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
             task = asyncio.create_task(driver.run())
             while time.perf_counter() - t0 < args.seconds:
                 await asyncio.sleep(0.05)
-                link.pump()
+                await link.pump(http, wurl, turl)
                 if task.done():
                     task.result()
             wall = time.perf_counter() - t0
@@ -169,6 +184,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         "batch": args.batch,
         "group": args.group,
+        "train": args.train,
         "rows": rows,
     }
 
@@ -179,6 +195,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--variants", default="builtin,function,command")
+    p.add_argument("--train", action="store_true", help="run the updates too (they pace every variant)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     out = asyncio.run(bench(args))
