@@ -17,6 +17,7 @@ is never run (it would end every Ray process on the host). Root only: skipped wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -377,11 +378,25 @@ class Cluster:
         )
 
     def add_node(self, host: str, **kw: Any) -> str:
+        """A new host with a Ray node on it, started one at a time: `ray start` gives its raylet a fixed
+        30 s to register with the GCS, which several starting at once on two loaded cores overrun; one
+        that gives up so is started again (twice at most)."""
         ip = f"{SUBNET}.{10 + len(self.nodes) + 1}"
         self.hosts.add_host(host, ip)
         self.nodes[host] = ip
-        self.start_ray_node(host, **kw)
-        return ip
+        name = f"ray-{host}"
+        for _ in range(3):
+            seen = len(self.hosts.log(name))
+            self.start_ray_node(host, **kw)
+            proc = self.hosts.procs[name]
+            wait_for(functools.partial(self._started_or_dead, name, proc, seen), 180, f"the Ray node on {host}")
+            if proc.poll() is None:
+                return ip
+            self.hosts.kill(name)  # what is left of its process group
+        raise AssertionError(f"the Ray node on {host} did not start: {self.hosts.log(name)[-2000:]}")
+
+    def _started_or_dead(self, name: str, proc: subprocess.Popen, seen: int) -> bool:
+        return "Ray runtime started" in self.hosts.log(name)[seen:] or proc.poll() is not None
 
     def start_bridge(self) -> None:
         self.hosts.start(
