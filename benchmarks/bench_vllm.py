@@ -207,6 +207,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     http, tp_url, td_url, prompts(args.requests, args.prompt_tokens, 2), args.new_tokens, "tpd", td
                 )
                 out["torch_1p1d"] = res
+                installs = []
+                for v in (1, 2, 3):
+                    t0 = time.perf_counter()
+                    await tp.load_weights(v, snapshot)
+                    installs.append(time.perf_counter() - t0)
+                out["torch_weight_install_s"] = statistics.median(installs)
             finally:
                 for r in runners:
                     await r.cleanup()
