@@ -91,8 +91,9 @@ class ControlLink:
             self._ready.set()
             if not self.welcome.done():
                 self.welcome.set_result(msg)
-            elif self.driver is not None:
+            elif self.driver is not None:  # a reconnection: the view first, then what may have been lost
                 self.driver.on_cluster(msg.cluster)
+                self.driver.resend_unacknowledged()
         elif isinstance(msg, dl.ClusterView):
             if self.driver is not None:
                 self.driver.on_cluster(msg)
@@ -101,7 +102,10 @@ class ControlLink:
                 self.driver.on_update_granted(msg.step)
         elif isinstance(msg, dl.ErrorReply):
             log.warning("driver link error: %s %s %s", msg.error, msg.field, msg.detail)
-            if msg.error == "not_returned" and self.driver is not None and self.driver.pending_train is not None:
+            if msg.field == "training_active" and self.driver is not None and self.driver.pending_train is not None:
+                # the update was asked before the control plane took Training Begin (lost): both again
+                asyncio.get_running_loop().call_later(0.5, self.driver.resend_unacknowledged)
+            elif msg.error == "not_returned" and self.driver is not None and self.driver.pending_train is not None:
                 step = self.driver.pending_train.step  # ask again once the next push shows the return
                 asyncio.get_running_loop().call_later(
                     0.5, lambda: asyncio.ensure_future(self.send(dl.UpdateRequest(step)))

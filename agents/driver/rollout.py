@@ -76,6 +76,7 @@ class RolloutDriver(EpisodeRunner):
         self.waiting_return = False
         self.waiting_version: int | None = None
         self.pending_train: lp.Train | None = None
+        self.training_signal: dl.SignalReport | None = None  # the last Training Begin / Finished sent
         self.done = asyncio.Event()
         self._checkpointed: dict[str, Any] | None = None
         self._decision_seen = -1
@@ -187,6 +188,22 @@ class RolloutDriver(EpisodeRunner):
         if view.stopped:
             self.stop()
 
+    def resend_unacknowledged(self) -> None:
+        """Resend what a dead socket (or a control plane that lost its database) may have swallowed and
+        no level-triggered report carries: the training state's last signal, then an update request not
+        granted yet. Both are idempotent at the control plane; without them a Training Begin or an update
+        request sent into a partition the socket had not noticed yet left the step waiting for good
+        (seen in tests/multihost)."""
+        resend: list[Any] = [] if self.training_signal is None else [self.training_signal]
+        if self.pending_train is not None:
+            resend.append(dl.UpdateRequest(self.pending_train.step))
+        if resend:
+            self._spawn(self._send_in_order(resend), "resend after reconnect")
+
+    async def _send_in_order(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            await self.link.send(msg)
+
     def on_update_granted(self, step: int) -> None:
         if self.pending_train is not None and self.pending_train.step == step:
             cmd, self.pending_train = self.pending_train, None
@@ -212,7 +229,10 @@ class RolloutDriver(EpisodeRunner):
 
     def emit_signal(self, cmd: lp.EmitSignal) -> None:
         log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
-        self._spawn(self.link.send(dl.SignalReport(cmd.signal, cmd.remaining)), "signal")
+        report = dl.SignalReport(cmd.signal, cmd.remaining)
+        if cmd.signal in (Signal.TRAINING_BEGIN, Signal.TRAINING_FINISHED):
+            self.training_signal = report
+        self._spawn(self.link.send(report), "signal")
 
     def start_step(self, cmd: lp.StartStep) -> None:
         log.info(
