@@ -26,7 +26,15 @@ from typing import Any
 from pearl_cli.client import CliError
 
 # environment "agent" (controlplane.core.agent_spec.AGENT_FIELDS; the CLI needs no control plane code)
-AGENT_FIELDS = ("agent_command", "agent_function", "agent_workdir", "tasks", "agent_timeout_s", "agent_concurrency")
+AGENT_FIELDS = (
+    "agent_command",
+    "agent_function",
+    "agent_workdir",
+    "tasks",
+    "agent_timeout_s",
+    "agent_concurrency",
+    "agent_max_attempts",
+)
 ALIASES = {
     "name": "name",
     "model": "model",

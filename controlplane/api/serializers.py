@@ -86,6 +86,9 @@ class JobCreateSerializer(serializers.Serializer):
     tasks = serializers.JSONField(required=False, help_text="a JSONL file path or a list of JSON objects")
     agent_timeout_s = serializers.JSONField(required=False, help_text="wall-clock limit per trajectory (s)")
     agent_concurrency = serializers.JSONField(required=False, help_text="agents running at once")
+    agent_max_attempts = serializers.JSONField(
+        required=False, help_text="failed runs per group member before it is final"
+    )
 
     def validate(self, attrs: dict) -> dict:
         if attrs["batch_size"] % attrs["group_size"]:

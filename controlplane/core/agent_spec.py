@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_TASKS = 1 << 20
-AGENT_FIELDS = ("agent_command", "agent_function", "agent_workdir", "tasks", "agent_timeout_s", "agent_concurrency")
+AGENT_FIELDS = (
+    "agent_command",
+    "agent_function",
+    "agent_workdir",
+    "tasks",
+    "agent_timeout_s",
+    "agent_concurrency",
+    "agent_max_attempts",
+)
 
 
 class SpecError(ValueError):

@@ -160,7 +160,8 @@ def test_submit_the_agent_example_and_list_its_trajectories(cp):
     token = cp.user_token("alice")
     job = json.loads(pearl(cp, "submit", "examples/agents/job.yaml", "--json", token=token).stdout)
     assert job["environment"] == "agent" and job["agent"]["tasks"] == "examples/agents/tasks.jsonl"
-    assert Job.objects.get(name="calc-agent").agent["agent_concurrency"] == 64
+    agent = Job.objects.get(name="calc-agent").agent
+    assert agent["agent_concurrency"] == 64 and agent["agent_max_attempts"] == 3  # every agent field arrives
     out = pearl(cp, "trajectories", "calc-agent", token=token)
     assert "no trajectories" in out.stdout
     sample = {

@@ -44,6 +44,7 @@ def test_agent_job_is_created_and_its_driver_gets_the_spec(api, nodes, tmp_path)
         "tasks": "tasks.jsonl",
         "agent_timeout_s": 30,
         "agent_concurrency": 4,
+        "agent_max_attempts": 2,
     }
     r = api.post("/api/jobs/", _body(**agent), format="json")
     assert r.status_code == 201, r.content
@@ -75,6 +76,7 @@ def test_inline_tasks_and_a_python_agent(api, nodes):
         ({"agent_command": ["python"], "tasks": [{"q": 1}], "agent_workdir": "/nonexistent"}, "agent_workdir"),
         ({"agent_command": ["python"], "tasks": [{"q": 1}], "agent_timeout_s": 0}, "agent_timeout_s"),
         ({"agent_command": ["python"], "tasks": [{"q": 1}], "agent_concurrency": "8"}, "agent_concurrency"),
+        ({"agent_command": ["python"], "tasks": [{"q": 1}], "agent_max_attempts": 0}, "agent_max_attempts"),
     ],
 )
 def test_bad_agent_spec_names_the_field_and_changes_nothing(api, nodes, tmp_path, agent, field):
