@@ -254,6 +254,9 @@ PEARL: dict[str, Any] = {  # numbers and rate strings: read by key where each is
     "WRITE_RATE": os.environ.get("PEARL_WRITE_RATE", "120/min"),
     # a transition step the agents have not shown done in this long is issued again (then fails)
     "STEP_TIMEOUT_S": float(os.environ.get("PEARL_STEP_TIMEOUT_S", "120")),
+    # ... for a vLLM job's steps: a vLLM engine may take minutes to start (the agent waits up to
+    # PEARL_VLLM_START_TIMEOUT_S, 600 s, for it); longer than that, so the agent's report of a failed start comes first
+    "VLLM_STEP_TIMEOUT_S": float(os.environ.get("PEARL_VLLM_STEP_TIMEOUT_S", "660")),
     # borrowed workers must be back this long after Training Begin (the return deadline)
     "RETURN_DEADLINE_S": float(os.environ.get("PEARL_RETURN_DEADLINE_S", "30")),
 }

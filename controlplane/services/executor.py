@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.core.state import Activity, NodeStatus, Role, Zone
+from controlplane.core.state import Activity, EngineKind, NodeStatus, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
@@ -62,8 +62,12 @@ def _phase(step: TransitionStep) -> int:
     }[kind]
 
 
-def _timeout() -> timedelta:
-    return timedelta(seconds=float(settings.PEARL.get("STEP_TIMEOUT_S", 120.0)))
+def _timeout(job: Job) -> timedelta:
+    """How long an issued step may wait for its agent's confirmation; a vLLM job's workers start slowly."""
+    seconds = float(settings.PEARL.get("STEP_TIMEOUT_S", 120.0))
+    if job.engine == EngineKind.VLLM:
+        seconds = max(seconds, float(settings.PEARL.get("VLLM_STEP_TIMEOUT_S", 660.0)))
+    return timedelta(seconds=seconds)
 
 
 LEASE_S = 5.0  # an executor waiting on agents renews its lease on every pass (every fraction of a second)
@@ -194,12 +198,12 @@ def _advance(tr: Transition, actor: str) -> str:
                     "the agent confirmed the step",
                     actor,
                 )
-            if first and step.started is not None and now - step.started > _timeout():
+            if first and step.started is not None and now - step.started > _timeout(job):
                 if step.attempts >= MAX_ATTEMPTS:
                     return _fail(
                         tr,
                         step,
-                        f"not confirmed by the agent within {_timeout().total_seconds():.0f} s "
+                        f"not confirmed by the agent within {_timeout(job).total_seconds():.0f} s "
                         f"({step.attempts} attempts)",
                         actor,
                     )

@@ -33,9 +33,9 @@ START_S = 900  # hang guards (not timings): three vLLM engines start side by sid
 @pytest.fixture(autouse=True)
 def _vllm_start_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
     """A vLLM engine takes minutes to start on these loaded cores (three processes, each importing torch and
-    vLLM): the executor must not give a worker's start up after its default 120 s and roll it back. Set before
-    the stack's servers start (an autouse fixture comes first), so its Celery worker reads it."""
-    monkeypatch.setenv("PEARL_STEP_TIMEOUT_S", "900")
+    vLLM): the executor must not give a worker's start up (its vLLM step timeout, 660 s by default) and roll it
+    back. Set before the stack's servers start (an autouse fixture comes first), so its Celery worker reads it."""
+    monkeypatch.setenv("PEARL_VLLM_STEP_TIMEOUT_S", "900")
 
 
 def _rollout_roles(job: Any) -> dict[str, str]:

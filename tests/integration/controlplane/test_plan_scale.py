@@ -87,3 +87,18 @@ def test_a_silent_node_is_issued_again_on_the_timeout_then_fails_the_transition(
     assert tr.status == "failed" and "not confirmed by the agent" in tr.error
     # all-or-nothing expansion: the workers it started on n3 are rolled back
     assert not Worker.objects.filter(job=job, node__name="n3", alive=True).exists()
+
+
+def test_a_vllm_jobs_steps_wait_the_longer_vllm_step_timeout(settings):
+    """A vLLM engine takes minutes to start: its job's steps are late only after VLLM_STEP_TIMEOUT_S."""
+    job, tr = _preempted_cluster()
+    Job.objects.filter(pk=job.pk).update(engine="vllm")
+    executor.execute_transition(transition_id=tr.pk)
+    settings.PEARL = {**settings.PEARL, "STEP_TIMEOUT_S": 0.0, "VLLM_STEP_TIMEOUT_S": 3600.0}
+    agents_converge(skip=("n3",))  # n3's engines are still starting
+    tr = executor.execute_transition(transition_id=tr.pk)
+    assert tr.status == "running"
+    assert {s.attempts for s in TransitionStep.objects.filter(transition=tr, kind="start_worker")} == {1}
+    settings.PEARL = {**settings.PEARL, "VLLM_STEP_TIMEOUT_S": 0.0}  # past it, as any other job's
+    tr = executor.execute_transition(transition_id=tr.pk)
+    assert {s.attempts for s in TransitionStep.objects.filter(transition=tr, kind="start_worker")} == {2}
