@@ -283,6 +283,8 @@ class EpisodeRunner:
                 self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled, weight_version=res.weight_version
             )
         )
+        if self.episodes.get(ep.tid) is not ep:  # the loop ended it on this turn (stale): no answer reaches its agent
+            return
         await self._env_step(ep, response, lps, ep.version, wid)
 
 

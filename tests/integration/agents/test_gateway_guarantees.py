@@ -353,6 +353,8 @@ async def test_a_stale_trajectory_is_aborted_its_agent_ended_and_restarted(tmp_p
         assert all(r["reason"].startswith("stale: step 1 has data from weights v0") for r in stale.values()), stale
         assert driver.loop.stale_aborted == driver.loop.steps[1].stale_aborted == len(stale)
         assert runner.failed == 0  # aborted, not failed: a stale run is no fault of the agent
+        # the stale turn's answer never reached the agent: the loop ended the run on that turn
+        assert all(r["turns"] == 0 and not r["messages"] for r in stale.values()), stale
         for name in stale:  # the aborted run's agent (its process group) was ended
             proc = envs[name].proc
             assert proc is not None and proc.returncode is not None
