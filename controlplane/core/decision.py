@@ -112,6 +112,26 @@ class Candidate:
         """What a switch changes besides counts: the mode and the chip types of each role."""
         return self.mode, self.prefill_hardware, self.decode_hardware
 
+    def to_json(self, *, typed: bool = False) -> dict[str, Any]:
+        """The candidate as the decision's record and the dashboard show it; `typed` adds its chip types."""
+        out: dict[str, Any] = {
+            "label": self.label,
+            "mode": str(self.mode),
+            "n_prefill": self.n_prefill,
+            "n_decode": self.n_decode,
+            "n_colocated": self.n_colocated,
+            "makespan_s": self.makespan_s,
+            "feasible": self.feasible,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "kv_transfer_s": self.kv_transfer_s,
+            "env_s": self.env_s,
+            "why_infeasible": self.why_infeasible,
+        }
+        if typed:
+            out["prefill_hardware"], out["decode_hardware"] = self.prefill_hardware, self.decode_hardware
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class CandidateTable:
@@ -170,23 +190,7 @@ class CandidateTable:
         return self.row(int(np.argmin(ms)))
 
     def to_list(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "label": c.label,
-                "mode": str(c.mode),
-                "n_prefill": c.n_prefill,
-                "n_decode": c.n_decode,
-                "n_colocated": c.n_colocated,
-                "makespan_s": c.makespan_s,
-                "feasible": c.feasible,
-                "prefill_s": c.prefill_s,
-                "decode_s": c.decode_s,
-                "kv_transfer_s": c.kv_transfer_s,
-                "env_s": c.env_s,
-                "why_infeasible": c.why_infeasible,
-            }
-            for c in self
-        ]
+        return [c.to_json() for c in self]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,25 +220,7 @@ class CandidateList:
         return _best_mixed(list(self.rows), lambda c: c.mode is Mode.DISAGGREGATED)
 
     def to_list(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "label": c.label,
-                "mode": str(c.mode),
-                "n_prefill": c.n_prefill,
-                "n_decode": c.n_decode,
-                "n_colocated": c.n_colocated,
-                "makespan_s": c.makespan_s,
-                "feasible": c.feasible,
-                "prefill_s": c.prefill_s,
-                "decode_s": c.decode_s,
-                "kv_transfer_s": c.kv_transfer_s,
-                "env_s": c.env_s,
-                "why_infeasible": c.why_infeasible,
-                "prefill_hardware": c.prefill_hardware,
-                "decode_hardware": c.decode_hardware,
-            }
-            for c in self.rows
-        ]
+        return [c.to_json(typed=True) for c in self.rows]
 
 
 @dataclass(frozen=True, slots=True)
