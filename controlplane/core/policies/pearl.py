@@ -193,18 +193,7 @@ class PearlPolicy(TrackedPolicy):
     def _gate(
         self, w: WorkloadProfile, c: EngineCoefficients, ctx: PolicyContext, n_ded: int, n_full: int
     ) -> GateResult:
-        t_ded = best_makespan(w, c, n_ded)
-        t_full = best_makespan(w, c, n_full)
-        g = gate(
-            remaining=ctx.remaining,
-            batch_size=ctx.batch_size or w.batch_size,
-            t_dedicated_s=t_ded,
-            t_full_s=t_full,
-            toggle_s=self.tracker.toggle.value,
-        )
-        if not self.gated:
-            return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
-        return g
+        return self._gate_times(ctx, w, best_makespan(w, c, n_ded), best_makespan(w, c, n_full))
 
     # ------------------------------------------------------------------------------------ mixed pools
     def _type_coefficients(self, ctx: PolicyContext, w: WorkloadProfile) -> dict[str, EngineCoefficients]:
@@ -376,6 +365,7 @@ class PearlPolicy(TrackedPolicy):
         return self._act(md.configuration, borrow, replace(d, gate=g))
 
     def _gate_times(self, ctx: PolicyContext, w: WorkloadProfile, t_ded: float, t_full: float) -> GateResult:
+        """Eq. 7 on the dedicated and the full pool's predicted makespans (admitted anyway when ungated)."""
         g = gate(
             remaining=ctx.remaining,
             batch_size=ctx.batch_size or w.batch_size,
