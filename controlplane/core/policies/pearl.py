@@ -137,13 +137,7 @@ class PearlPolicy(TrackedPolicy):
         ov = ctx.overrides
         thresholds, trial_note = self._thresholds(ctx, fp)
         borrow, g = 0, None
-        can_borrow = (
-            ov.borrowing
-            and not ctx.training_active
-            and ctx.overlap_workers > 0
-            and ctx.signal is not Signal.TRAINING_BEGIN
-        )
-        if can_borrow:
+        if _may_borrow(ctx):
             if ctx.borrowed > 0:
                 # activation already paid: keep them (returning early saves nothing, the return is due
                 # anyway); borrow more only if the gate admits the extra workers
@@ -267,13 +261,7 @@ class PearlPolicy(TrackedPolicy):
         else:
             allow_now = base_allow
         borrow, g = 0, None
-        can_borrow = (
-            ov.borrowing
-            and not ctx.training_active
-            and ctx.overlap_workers > 0
-            and ctx.signal is not Signal.TRAINING_BEGIN
-        )
-        if can_borrow:
+        if _may_borrow(ctx):
             t_full = self._mixed_best(w, co, with_borrow(ctx.overlap_workers), allow_now)
             have = min(ctx.borrowed, ctx.overlap_workers)
             if have > 0:
@@ -376,6 +364,16 @@ class PearlPolicy(TrackedPolicy):
         if not self.gated:
             return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
         return g
+
+
+def _may_borrow(ctx: PolicyContext) -> bool:
+    """Overlap workers may be lent now: borrowing allowed, the trainer idle, and not at Training Begin."""
+    return (
+        ctx.overrides.borrowing
+        and not ctx.training_active
+        and ctx.overlap_workers > 0
+        and ctx.signal is not Signal.TRAINING_BEGIN
+    )
 
 
 def _kind(cfg: Configuration) -> str:
