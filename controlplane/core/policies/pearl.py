@@ -254,9 +254,11 @@ class PearlPolicy(TrackedPolicy):
         )
         base_allow = self.allow
         if mid_step and cur is not None:
-            keep = cur
+            keep, present = cur, {h for h, n in ctx.hardware if n > 0} | ({oh} if oh else set())
             allow_now: Callable[[Candidate], bool] | None = lambda c: (
-                _same_kind(c.configuration, keep) and (base_allow is None or base_allow(c))
+                _same_kind(c.configuration, keep)
+                and _keeps_running(c.configuration, keep, present)
+                and (base_allow is None or base_allow(c))
             )
         else:
             allow_now = base_allow
@@ -386,6 +388,21 @@ def _same_kind(a: Configuration, b: Configuration) -> bool:
     if a.mode is Mode.COLOCATED and b.mode is Mode.COLOCATED:
         return True
     return _kind(a) == _kind(b)
+
+
+def _types(cfg: Configuration) -> set[str]:
+    return {h for h in f"{cfg.prefill_hardware}+{cfg.decode_hardware}".split("+") if h}
+
+
+def _keeps_running(cand: Configuration, cur: Configuration, present: set[str]) -> bool:
+    """Mid-step, a colocated configuration keeps every chip type it runs on that the pool still has: only the
+    pool takes running workers away (preemption, Training Begin). Dropping a running worker re-homes its
+    trajectories, whose prefix caches are lost and re-prefilled elsewhere (a cost Eq. 1 does not price), and
+    the even spread that makes dropping a slower type look better overstates its share: the sticky router
+    re-homes a lagging worker's trajectories once it holds STICKY_SLACK more than the least-loaded one."""
+    if cand.mode is not Mode.COLOCATED or cur.mode is not Mode.COLOCATED:
+        return True
+    return (_types(cur) & present) <= _types(cand) or not _types(cur)
 
 
 def _gate_note(g: GateResult | None, ctx: PolicyContext) -> str:

@@ -53,6 +53,21 @@ def test_pearl_on_a_mixed_pool_starts_as_the_baselines_then_may_trial_a_cross_ty
     assert forced.target == Configuration.disaggregated(4, 4, "H800", "H20") and forced.decision.overridden
 
 
+def test_mid_step_pearl_keeps_every_running_chip_type_the_pool_still_has() -> None:
+    p = make_policy(names.PEARL, profile=PROFILE, batch_size=64)
+    first = p.on_event(mixed_ctx())
+    assert first.target == Configuration.colocated(8, "H20+H800")
+    # priced as an even spread, the four H800 alone beat all eight (the H20's prefill sets the makespan) ...
+    cands = {c.label: c.makespan_s for c in p.on_event(mixed_ctx(current=None)).decision.candidates}
+    assert cands["4C(H800)"] < cands["8C(H20+H800)"]
+    # ... but mid-step a running colocated worker leaves only when the pool takes it: no H20 is dropped
+    mid = p.on_event(mixed_ctx(signal=Signal.PERIODIC, current=first.target))
+    assert mid.target == Configuration.colocated(8, "H20+H800")
+    # the pool taking the H20 away (preemption) is followed
+    gone = p.on_event(mixed_ctx(signal=Signal.CAPACITY_CHANGE, current=first.target, hardware=(("H800", 4),)))
+    assert gone.target.total == 4 and gone.target.mode is Mode.COLOCATED
+
+
 def test_best_homogeneous_uses_one_chip_type() -> None:
     p = make_policy(names.BEST_HOMOGENEOUS, profile=PROFILE, batch_size=64)
     a = p.on_event(mixed_ctx())
