@@ -253,4 +253,6 @@ class StepRequest:
     all: bool = False
     step: int = field(default=-1, metadata=bounded(-1, 2**31))  # >= 0: train that rollout step, once
     trajectories: list[str] = field(default_factory=list, metadata=bounded(max_len=1 << 20))  # its batch
+    # finished trajectories of the step left out of it (their group lost members: `core.loop` Train.dropped)
+    dropped: list[str] = field(default_factory=list, metadata=bounded(max_len=1 << 20))
     training_gpus: int = field(default=0, metadata=bounded(0, 1 << 20))

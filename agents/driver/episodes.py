@@ -123,8 +123,9 @@ class EpisodeRunner:
         self._feed(lp.TrajectoryStarted(self._now(), ep.tid, prompt_tokens=len(turn.observation)))
 
     def _env_failed(self, ep: Episode, exc: EnvironmentFailed) -> None:
-        log.warning("trajectory %s failed: %s", ep.tid, exc)
-        self._feed(lp.EnvStepped(self._now(), ep.tid, 0.0, True, failed=str(exc)[:500] or type(exc).__name__))
+        log.warning("trajectory %s failed%s: %s", ep.tid, " (final)" if exc.final else "", exc)
+        why = str(exc)[:500] or type(exc).__name__
+        self._feed(lp.EnvStepped(self._now(), ep.tid, 0.0, True, failed=why, final=exc.final))
 
     async def _env_step(
         self, ep: Episode, response: list[int], logprobs: list[float], version: int, worker: int = -1

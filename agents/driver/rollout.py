@@ -247,7 +247,12 @@ class RolloutDriver(EpisodeRunner):
             self.on_cluster(self.cluster)
 
     def train(self, cmd: lp.Train) -> None:
-        log.info("update for step %d requested", cmd.step)
+        log.info(
+            "update for step %d requested (%d groups; %d trajectories of groups too small dropped)",
+            cmd.step,
+            len(cmd.groups),
+            len(cmd.dropped),
+        )
         self.pending_train = cmd
         self._spawn(self.link.send(dl.UpdateRequest(cmd.step)), "update request")
 
@@ -272,14 +277,20 @@ class RolloutDriver(EpisodeRunner):
         tids = [t for g in cmd.groups for t in g]
         res = (
             await self._trainer_post(
-                "step", {"step": cmd.step, "trajectories": tids, "training_gpus": self.job.training_gpus}
+                "step",
+                {
+                    "step": cmd.step,
+                    "trajectories": tids,
+                    "dropped": list(cmd.dropped),
+                    "training_gpus": self.job.training_gpus,
+                },
             )
             or {}
         )
         stats = res.get("step") or {}
         if res.get("missing"):
             log.error("the trainer lacked the samples of %d trajectories of step %d", len(res["missing"]), cmd.step)
-        for tid in tids:
+        for tid in (*tids, *cmd.dropped):
             self.episodes.pop(tid, None)
         loss = float(stats.get("loss", 0.0))
         self.trained.append(

@@ -19,11 +19,11 @@ PEARL_REWARD_URL. The reward is a POST of {"reward": r} to that URL or the agent
 {"reward": r}. An agent that exits non-zero, times out or ends without a reward is a *failed*
 trajectory (`AgentFailed`: counted, kept with its stderr tail, resampled by the driver), never a silent
 zero reward. Resampled, but not forever: a group member (the loop's batch slot `s<step>-t<i>`, whatever
-its replacement suffix) that failed `agent_max_attempts` times is given up (`AgentGaveUp`): that last
-failure is reported as final (its reason says so, the driver logs it as an error), and no agent is run
-for the member again: its replacement waits, so its step waits, until the job is stopped. (The loop has no
-way yet to finish a step without one of its members; a broken agent stalls its job visibly instead of
-spawning agents without end.)
+its replacement suffix) that failed `agent_max_attempts` times is given up (`AgentGaveUp`, a *final*
+failure): its reason says so, the driver logs it as an error, no agent is run for the member again, and
+the loop takes the member out of its step's batch: the step trains its group's surviving members, a group
+left with fewer than 2 is dropped (both counted in the step's STEP record and on the job page), so one
+broken task never stalls its job.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class AgentFailed(EnvironmentFailed):
 
 class AgentGaveUp(AgentFailed):
     """A group member's last allowed attempt failed: final, no agent runs for the member again."""
+
+    final = True
 
 
 def member_of(trajectory: str) -> str:
@@ -195,8 +197,7 @@ class AgentEnvironment(Environment):
         r = self.runner
         await r.start()
         final = r.gave_up.get(member_of(self.trajectory))
-        if final is not None:  # out of attempts (reported once, as final): no agent runs again for it
-            await r.stopping.wait()
+        if final is not None:  # out of attempts: no agent runs again for it (the loop leaves it out)
             raise AgentGaveUp(final)
         assert r._slots is not None
         await r._slots.acquire()  # bounded concurrency: waits before the trajectory's session starts

@@ -24,7 +24,10 @@ class Turn:
 
 class EnvironmentFailed(RuntimeError):
     """The episode cannot go on (an external agent crashed, timed out, gave no reward): the driver reports a
-    failed trajectory, which the loop restarts on its task; never a made-up reward."""
+    failed trajectory, which the loop restarts on its task; never a made-up reward. A `final` failure is not
+    restarted: the trajectory leaves its step's batch (its group trains with the members it has left)."""
+
+    final: bool = False
 
 
 class Environment(abc.ABC):

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ class TrainerServer:
             t = self.trainer
             if body.step in t.trained_steps:
                 return {"version": t.trained_steps[body.step], "step": None, "already": True, "missing": []}
-            samples, missing = self.buffer.take(body.step, body.trajectories)
+            samples, missing = self.buffer.take(body.step, body.trajectories, body.dropped)
             stats = await t.update(samples, body.step, body.training_gpus)
             self.buffer.drop_through(body.step)
             self.history.append(stats)
@@ -213,9 +214,13 @@ class StepBuffer:
     def size(self, step: int) -> int:
         return len(self.steps.get(step, {}))
 
-    def take(self, step: int, trajectories: list[str]) -> tuple[list[dp.TrainSample], list[str]]:
+    def take(
+        self, step: int, trajectories: list[str], dropped: Sequence[str] = ()
+    ) -> tuple[list[dp.TrainSample], list[str]]:
+        """The samples of `trajectories` (none named: every buffered one but `dropped`) and the names missing."""
         have = self.steps.get(step, {})
-        wanted = trajectories or list(have)
+        out = set(dropped)
+        wanted = trajectories or [t for t in have if t not in out]
         return [s for t in wanted for s in have.get(t, [])], [t for t in wanted if t not in have]
 
     def drop_through(self, step: int) -> None:

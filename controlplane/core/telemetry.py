@@ -61,6 +61,8 @@ class TelemetryRecord:
     borrowed_gpu_s: float = 0.0  # overlap (training-GPU) GPU-seconds serving this step's rollout
     stale_aborted: int = 0  # trajectories aborted by the staleness bound
     interruptions: int = 0  # requests interrupted (preemption, drain, return) and resumed elsewhere
+    given_up: int = 0  # group members whose failure was final (agent_max_attempts): out of the batch
+    dropped_groups: int = 0  # groups that lost members and kept fewer than 2: not trained
     # TRAIN (also uses step, duration_s)
     return_latency_s: float = 0.0  # Training Begin -> every borrowed worker confirmed returned
     return_deadline_s: float = 0.0

@@ -227,7 +227,9 @@
     const sel = $("tr-step"), keep = sel.value;
     sel.replaceChildren();
     for (const s of tr.steps) {
-      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted)`);
+      // given up: members that failed agent_max_attempts times (out of the batch); groups dropped: left with < 2
+      const untrained = (s.given_up ? `, ${s.given_up} given up` : "") + (s.dropped_groups ? `, ${s.dropped_groups} groups dropped` : "");
+      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted${untrained})`);
       o.value = String(s.step); sel.appendChild(o);
     }
     if (!tr.steps.length) { $("tr-empty").hidden = false; return; }

@@ -56,6 +56,12 @@ def _setup():
             summarize("s3-t1", {"status": "failed", "reason": "the agent exited with status 1", "stderr": "boom"}),
         ],
     )
+    # the step's STEP record: one member given up (its slot not trained), its group dropped
+    from controlplane.core import telemetry as tm
+    from controlplane.models import TelemetrySample
+
+    rec = tm.step(job=job.name, step=3, batch_size=2, given_up=1, dropped_groups=1).to_json()
+    TelemetrySample.objects.create(job=job, kind="step", record=rec)
     return job
 
 
@@ -66,7 +72,7 @@ def test_the_trajectory_browser_and_the_cards(control_plane_server, page):
     helpers.login(page, cp.base_url, "ops", "ops-password-123", path=f"/jobs/{job.pk}/")
     page.wait_for_selector("#trajectories tbody tr[data-name='s3-t0']", timeout=15000)
     assert page.locator("#trajectories tbody tr").count() == 2
-    assert "step 3" in page.inner_text("#tr-step")
+    assert "step 3" in page.inner_text("#tr-step") and "1 given up, 1 groups dropped" in page.inner_text("#tr-step")
     staleness = page.inner_text("[data-card=staleness] .v")
     assert "lag 0 / bound 1" in staleness and "over" not in staleness and "1 asleep" in staleness
     assert page.inner_text("[data-card=submitted] .v").startswith("test at")  # its job.created actor

@@ -14,6 +14,9 @@ and the live rollout driver (`agents.driver`, asyncio). What it owns:
   partial progress and resubmitting them, queueing turns while nothing can serve them;
 - the staleness bound: a trajectory whose data comes from weights older than
   `step − max_staleness` is aborted, counted and restarted on the same task;
+- failed environments (external agents): a failed trajectory is restarted on its task; a *final* failure
+  (its member out of attempts) leaves the batch instead, and its step trains the group's surviving members
+  (a group left with fewer than 2 is dropped; both counted in the STEP record), so no step waits for it;
 - the progress figure R, the elastic signals, and the TURN / STEP / TRAIN telemetry records.
 
 What happens to a command is the driver's business (the simulator's world, or real engines,

@@ -196,6 +196,8 @@ class RolloutLoop:
 
     def _batch_complete(self, st: StepState, now: float) -> None:
         st.end_s = now
+        if st.given_up:
+            self._drop_small_groups(st)
         self.rollout_active = False
         self._account_overlap(now)
         self._emit(Telemetry(self._step_record(st, now)))
@@ -232,7 +234,8 @@ class RolloutLoop:
         groups: dict[int, list[str]] = {}
         for tid in self.steps[j].trajectories:
             groups.setdefault(self.trajs[tid].group, []).append(tid)
-        return Train(j, self.version, tuple(tuple(g) for _, g in sorted(groups.items())))
+        st = self.steps[j]
+        return Train(j, self.version, tuple(tuple(g) for _, g in sorted(groups.items())), tuple(st.dropped))
 
     def _on_training_done(self, ev: TrainingDone) -> None:
         if self.trainer is not Trainer.TRAINING or not self.ready or ev.step != self.ready[0]:
@@ -265,7 +268,8 @@ class RolloutLoop:
                 )
             )
         )
-        for tid in self.steps[j].trajectories:  # trained: the step's books are closed
+        st = self.steps[j]
+        for tid in (*st.trajectories, *st.dropped):  # trained: the step's books are closed
             self.trajs.pop(tid, None)
             self._touched(tid)
         if self.ready and self.ready[0] == self.trained_next:
@@ -443,7 +447,10 @@ class RolloutLoop:
         t = self._live(ev.trajectory)
         if t is not None and ev.failed:  # at reset or after a turn: a failed trajectory, never a reward
             self.failed_trajectories += 1
-            self._restart(t, ev.now_s, f"failed: {ev.failed}", stale=False)
+            if ev.final:
+                self._give_up(t, ev.now_s, f"failed: {ev.failed}")
+            else:
+                self._restart(t, ev.now_s, f"failed: {ev.failed}", stale=False)
             return
         if t is None or t.state is not TrajState.ENV:
             return
@@ -485,6 +492,41 @@ class RolloutLoop:
         self._emit(Progress(st.step, st.remaining, self.cfg.batch_size))
         if st.remaining == 0:
             self._batch_complete(st, ev.now_s)
+
+    def _give_up(self, t: Traj, now: float, why: str) -> None:
+        """`t`'s failure is final: it leaves its step's batch with no replacement, so the step finishes
+        without it (its group trains with the members it has left, `_drop_small_groups`)."""
+        if t.state is TrajState.DECODE and t.worker is not None:
+            self.router.decode_done(t.worker)
+        self._leave_first(t)
+        self.router.unhome(t.tid)
+        del self.trajs[t.tid]
+        self._touched(t.tid)
+        st = self.steps[t.step]
+        st.trajectories.remove(t.tid)
+        st.given_up += 1
+        st.remaining -= 1
+        self._emit(Abort(t.tid, why, None))
+        self._emit(Progress(st.step, st.remaining, self.cfg.batch_size))
+        if st.remaining == 0:
+            self._batch_complete(st, now)
+
+    def _drop_small_groups(self, st: StepState) -> None:
+        """A group that lost members and kept fewer than 2 leaves the batch: GRPO has no advantage to
+        learn from one member (a job whose groups are of one member keeps them)."""
+        keep = min(2, self.cfg.group_size)
+        groups: dict[int, list[str]] = {}
+        for tid in st.trajectories:
+            groups.setdefault(self.trajs[tid].group, []).append(tid)
+        for members in groups.values():
+            if len(members) < keep:
+                st.dropped_groups += 1
+                st.dropped += members
+        lost = self.cfg.batch_size // self.cfg.group_size - len(groups)  # groups whose every member gave up
+        st.dropped_groups += max(0, lost)
+        if st.dropped:
+            out = set(st.dropped)
+            st.trajectories = [tid for tid in st.trajectories if tid not in out]
 
     def _stale(self, t: Traj) -> bool:
         """Batch j is trained from weights j: data from weights older than j − α is too stale."""
@@ -555,24 +597,27 @@ class RolloutLoop:
                 self.overlap[w] = (now, gpus)
 
     def _step_record(self, st: StepState, now: float) -> tm.TelemetryRecord:
+        # the workload figures are of every finished trajectory (a dropped group's ran too); the batch's of the
+        # trained ones. A step whose every member gave up finished none: its record is of an empty batch
         trajs = [self.trajs[tid] for tid in st.trajectories]
-        n = len(trajs)
-        turns = [t.turn for t in trajs]
+        ran = trajs + [self.trajs[tid] for tid in st.dropped] or [Traj("", st.step, 0, 0, 0, 0, st.start_s)]
+        n = max(1, len(trajs))
+        turns = [t.turn for t in ran]
         n_turns = max(1, sum(turns))
-        last = max(trajs, key=lambda t: t.end_s)
-        gen = sum(t.gen_time_s for t in trajs)
-        env = sum(t.env_time_s for t in trajs)
-        dec = sum(min(t.decode_time_s, t.gen_time_s) for t in trajs)
+        last = max(ran, key=lambda t: t.end_s)
+        gen = sum(t.gen_time_s for t in ran)
+        env = sum(t.env_time_s for t in ran)
+        dec = sum(min(t.decode_time_s, t.gen_time_s) for t in ran)
         cfg = self.configuration
         return tm.step(
             time_s=now,
             job=self.cfg.job,
             step=st.step,
-            batch_size=n,
+            batch_size=self.cfg.batch_size,  # the slots the step ran (the tracker's B); trained: less the two below
             turns_max=max(turns),
-            turns_mean=sum(turns) / n,
-            new_prompt_tokens_mean=sum(t.prefilled for t in trajs) / n_turns,
-            generated_tokens_mean=sum(t.generated for t in trajs) / n_turns,
+            turns_mean=sum(turns) / len(ran),
+            new_prompt_tokens_mean=sum(t.prefilled for t in ran) / n_turns,
+            generated_tokens_mean=sum(t.generated for t in ran) / n_turns,
             env_time_total_s=last.env_time_s,
             active_decode_fraction=dec / (gen + env) if gen + env > 0 and dec > 0 else 1.0,
             makespan_s=now - st.start_s,
@@ -588,6 +633,8 @@ class RolloutLoop:
             borrowed_gpu_s=st.borrowed_gpu_s,
             stale_aborted=st.stale_aborted,
             interruptions=st.interruptions,
+            given_up=st.given_up,
+            dropped_groups=st.dropped_groups,
         )
 
     def checkpoint(self) -> dict[str, Any]:

@@ -86,6 +86,9 @@ class EnvStepped:
     reward: float = 0.0
     observation_tokens: int = 0  # prompt tokens appended for the next turn
     failed: str = ""  # why the environment failed (an external agent's run): the trajectory restarts on its task
+    # the failure is final (the member's last allowed attempt): no restart; the member leaves its step's batch,
+    # which trains its group's survivors (a group left with fewer than 2 is dropped)
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,11 +251,13 @@ class ReturnOverlap:
 
 @dataclass(frozen=True, slots=True)
 class Train:
-    """Run the update for batch `step` on these GRPO groups (trajectory ids); report TrainingDone."""
+    """Run the update for batch `step` on these GRPO groups (trajectory ids); report TrainingDone. `dropped`:
+    finished trajectories of the step not to train (their group lost members and kept fewer than 2)."""
 
     step: int
     weight_version: int
     groups: tuple[tuple[str, ...], ...]
+    dropped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ B·G (its JSON text is still the whole state: the control plane keeps the last o
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -79,6 +79,9 @@ class StepState:
     borrowed_gpu_s: float = 0.0
     stale_aborted: int = 0
     interruptions: int = 0
+    given_up: int = 0  # members whose failure was final: out of the batch (each leaves its slot empty)
+    dropped_groups: int = 0  # groups that lost members and kept fewer than 2: not trained
+    dropped: list[str] = field(default_factory=list)  # the finished trajectories of those groups
 
 
 # ==================================================================================== checkpoint codec
@@ -96,6 +99,7 @@ def traj_json(t: Traj) -> dict[str, Any]:
 def step_json(s: StepState) -> dict[str, Any]:
     out = {name: getattr(s, name) for name in _STEP_FIELDS}
     out["trajectories"] = list(s.trajectories)
+    out["dropped"] = list(s.dropped)
     return out
 
 

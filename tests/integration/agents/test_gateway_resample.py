@@ -1,6 +1,7 @@
-"""A failed agent run is resampled, but not forever: inside the real driver, a group member whose agent
-fails `agent_max_attempts` times is given up; its last failure is reported as final and no agent is run
-for it again (its replacement waits without a process)."""
+"""A failed agent run is resampled, but not forever, and never stalls its job: inside the real driver, a group
+member whose agent fails `agent_max_attempts` times is given up (its last failure is reported as final, no
+agent is run for it again) and the loop trains its step on the group's surviving members; the job goes on to
+its next step. Before, the member's replacement waited without an agent and the step never trained."""
 
 from __future__ import annotations
 
@@ -15,21 +16,32 @@ from agents.envs import agent as agent_env
 from agents.worker import WorkerServer
 from controlplane.core import driver_link as dl
 from controlplane.core.state import Role
+from controlplane.core.telemetry import RecordKind
 from tests.integration.agents.test_gateway import SECRET
+from tests.integration.agents.test_gateway_driver import Link
 from tests.integration.agents.test_gateway_guarantees import run_job
 
-# a broken agent: one request (with the official SDK), then its tool crashes
+# Agents run one at a time (agent_concurrency 1), in the order they start; each claims its place in that order
+# (an O_EXCL file) and the ones whose place is in argv break: one request with the official SDK, then the tool
+# crashes. The rest answer with a reward.
 AGENT = """
-import os, sys
+import itertools, json, os, sys
 from openai import OpenAI
-open(os.path.join(os.environ["OUT"], "pid-" + str(os.getpid())), "w").write(os.environ["PEARL_TASK"])
+for i in itertools.count():
+    try:
+        os.close(os.open(os.path.join(os.environ["OUT"], f"start-{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        break
+    except FileExistsError:
+        continue
 OpenAI(max_retries=0).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
-sys.stderr.write("the tool is broken\\n")
-sys.exit(2)
+if str(i) in sys.argv[1:]:
+    sys.stderr.write("the tool is broken\\n")
+    sys.exit(2)
+print(json.dumps({"reward": float(i % 2)}))
 """
 
 
-async def test_a_failing_group_member_is_resampled_a_bounded_number_of_times_then_reported(tmp_path):
+async def test_a_member_that_keeps_failing_is_given_up_and_its_step_trains_the_rest_of_its_group(tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
     server = WorkerServer(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1), SECRET)
     wrunner = web.AppRunner(server.app, access_log=None)
@@ -40,39 +52,41 @@ async def test_a_failing_group_member_is_resampled_a_bounded_number_of_times_the
     async def nothing(driver: RolloutDriver, http: ClientSession) -> None:
         return None
 
-    def settled(d: RolloutDriver, r: agent_env.AgentRunner) -> bool:
-        # the failing member gave up and its replacement is waiting (no agent); the other member is done
-        waiting = [
-            ep.env
-            for ep in d.episodes.values()
-            if isinstance(ep.env, agent_env.AgentEnvironment) and agent_env.member_of(ep.env.trajectory) in r.gave_up
-        ]
-        return bool(waiting)
+    def two_steps_trained(d: RolloutDriver, r: agent_env.AgentRunner) -> bool:
+        return len(d.trained) >= 2
 
     try:
+        # step 0: its three members start one after another, then the first one's resample: places 0 and 3 break
         driver, runner = await run_job(
             [dl.WorkerView(1, Role.COLOCATED, url)],
-            [sys.executable, str(tmp_path / "agent.py")],
+            [sys.executable, str(tmp_path / "agent.py"), "0", "3"],
             tmp_path,
             act=nothing,
-            until=settled,
-            spec={"agent_max_attempts": 2},
+            until=two_steps_trained,
+            batch=3,
+            group=3,
+            spec={"agent_max_attempts": 2, "agent_concurrency": 1},
         )
         failed = {n: rec for n, rec in runner.records.items() if rec["status"] == "failed"}
-        members = {agent_env.member_of(n) for n in failed}
-        assert len(members) == 1 and len(failed) == 2 == runner.failed  # exactly agent_max_attempts runs
-        (member,) = members
-        assert member == "s0-t0"
-        assert runner.gave_up == {member: failed[f"{member}-r1"]["reason"]}
+        (member,) = {agent_env.member_of(n) for n in failed}  # whichever started first (their order may vary)
+        assert member.startswith("s0-t") and sorted(failed) == [member, f"{member}-r1"]
+        assert runner.failed == 2  # exactly agent_max_attempts runs
         first, last = failed[member], failed[f"{member}-r1"]
         assert not first["final"] and first["attempt"] == 1 and "not resampled again" not in first["reason"]
         assert last["final"] and last["attempt"] == 2 and "final, not resampled again" in last["reason"]
+        assert runner.gave_up == {member: last["reason"]}
         assert all("the tool is broken" in rec["stderr"] for rec in failed.values())
+        assert f"{member}-r2" not in runner.records and f"{member}-r2" not in driver.episodes  # no third run
+        # the step trained on the two members left, and the job went on to step 1 with a full group
+        assert [t["step"] for t in driver.trained[:2]] == [0, 1]
+        assert driver.trained[0]["samples"] == 2 and driver.trained[1]["samples"] == 3
+        link = driver.link
+        assert isinstance(link, Link)
+        sent = [x for m in link.sent if isinstance(m, dl.TelemetryReport) for x in m.records]
+        steps = [r for r in driver.records + sent if r.get("kind") == RecordKind.STEP]
+        s0 = next(r for r in steps if r.get("step", 0) == 0)
+        assert s0["given_up"] == 1 and "dropped_groups" not in s0 and s0["batch_size"] == 3
         assert driver.loop.failed_trajectories == 2
-        # no agent was started for the member's third try: it waits, with no process
-        third = driver.episodes[f"{member}-r2"].env
-        assert isinstance(third, agent_env.AgentEnvironment) and third.proc is None and third.session is None
-        assert len(list(tmp_path.glob("pid-*"))) == 2  # agent processes started: one per attempt
     finally:
         os.environ.pop("OUT", None)
         await wrunner.cleanup()

@@ -173,7 +173,17 @@ def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
     page = api.get(f"/api/jobs/{jid}/trajectories/?limit=1&offset=1").json()
     assert page["count"] == 3 and len(page["results"]) == 1 and page["next"]
     steps = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
-    assert steps == [{"step": 1, "total": 1, "done": 1}, {"step": 0, "total": 2, "done": 1, "failed": 1}]
+    zero = {"given_up": 0, "dropped_groups": 0}
+    assert steps == [{"step": 1, "total": 1, "done": 1} | zero, {"step": 0, "total": 2, "done": 1, "failed": 1} | zero]
+    # a step's STEP record (as the driver reports it) says which of its slots were not trained
+    from controlplane.core import telemetry as tm
+    from controlplane.models import TelemetrySample
+
+    for step, given_up, dropped in ((0, 1, 1), (1, 0, 0), (5, 2, 0)):  # step 0's record has no "step" key
+        rec = tm.step(job="j", step=step, batch_size=4, given_up=given_up, dropped_groups=dropped).to_json()
+        TelemetrySample.objects.create(job_id=jid, kind="step", record=rec)
+    steps = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
+    assert [(s["step"], s["given_up"], s["dropped_groups"]) for s in steps] == [(1, 0, 0), (0, 1, 1)]
 
 
 def test_long_trajectories_are_truncated_and_say_so(api, nodes):
