@@ -94,3 +94,15 @@ def test_the_queue_path_trains_a_full_batch_and_on_request(tmp_path: Path, kind:
 
     asyncio.run(main())
     assert trainer.version == 3 and trainer.trained_steps == {7: 3}
+
+
+def test_a_step_trains_its_named_trajectories_or_every_buffered_one_but_the_dropped() -> None:
+    from agents.trainer.server import StepBuffer
+
+    buf = StepBuffer(None)
+    buf.add(3, [dp.parse(dp.TrainSample, s) for s in samples(3, tokens=True)])
+    names = lambda got: sorted(s.trajectory for s in got[0])
+    assert names(buf.take(3, ["t0", "t2"])) == ["t0", "t2"]
+    assert names(buf.take(3, [], ["t1"])) == ["t0", "t2"]
+    assert buf.take(3, [], ["t0", "t1", "t2"]) == ([], [])  # a step whose every group was dropped: nothing
+    assert buf.take(3, ["t0", "t9"])[1] == ["t9"]
