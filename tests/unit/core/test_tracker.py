@@ -196,3 +196,24 @@ def test_fitted_is_memoised_until_new_telemetry() -> None:
     )
     second = tr.fitted()
     assert second is not first and second.workload.turns == 40
+
+
+def test_huber_fit_is_weighted_least_squares_without_outliers() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(1, 300, 200)
+    y = 0.01 + 2e-4 * x + rng.normal(0, 1e-5, 200)
+    w = rng.uniform(0.1, 1.0, 200)
+    a, b, _ = huber_fit(x, y, w, iters=1)  # one IRLS pass: plain weighted least squares
+    ref_b, ref_a = np.polyfit(x, y, 1, w=np.sqrt(w))
+    assert a == pytest.approx(ref_a, rel=1e-9) and b == pytest.approx(ref_b, rel=1e-9)
+
+
+def test_engine_fits_follow_each_new_record_through_their_memo() -> None:
+    tr = RuntimeTracker(PROFILE, batch_size=64, min_engine_samples=4)
+    for n in (1, 2, 4, 8, 16):
+        tr.observe(decode_iteration(running_batch=n, duration_s=0.01 + 1e-3 * n))
+    b1 = tr.coefficients()[0].decode_b
+    assert tr.coefficients()[0].decode_b == b1  # nothing new: the memoised fit
+    for n in (1, 2, 4, 8, 16):
+        tr.observe(decode_iteration(running_batch=n, duration_s=0.01 + 3e-3 * n))
+    assert tr.coefficients()[0].decode_b > b1  # refitted on the new records
