@@ -28,6 +28,8 @@ log = logging.getLogger("pearl.agent")
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 RECONCILE_PERIOD_S = 2.0
+STOP_GRACE_S = 15.0  # SIGTERM -> SIGKILL for a worker being retired (it drained already; this is its shutdown)
+PREEMPTION_MARGIN_S = 2.0  # a preempted node's workers are gone this long before the deadline (at most a fifth of it)
 
 
 def partials(entries: list[dict[str, Any]], worker_id: int) -> list[dict[str, Any]]:
@@ -205,10 +207,14 @@ class Reconciler:
             if ds is None:
                 return
             if ds.status in ("draining", "gone") or ds.preemption_deadline is not None:
-                timeout = self.cfg.drain_timeout_s
+                timeout, by = self.cfg.drain_timeout_s, None
                 if ds.preemption_deadline is not None:
-                    timeout = max(0.0, min(timeout, ds.preemption_deadline - time.time() - 1.0))
-                await self.shutdown_workers(timeout)
+                    # the workers' processes are gone by `by`, a margin before the deadline; their drain
+                    # ends a second before that, leaving the rest for their own shutdown
+                    left = max(0.0, ds.preemption_deadline - time.time())
+                    by = ds.preemption_deadline - min(PREEMPTION_MARGIN_S, 0.2 * left)
+                    timeout = max(0.0, min(timeout, by - time.time() - 1.0))
+                await self.shutdown_workers(timeout, by=by)
                 for retired in self.workers.values():
                     retired.generation = ds.generation
                 return
@@ -415,17 +421,20 @@ class Reconciler:
         m.engine_state, m.weight_version, m.pulled_for = "running", 0, -1
         return True
 
-    async def _retire(self, m: Managed, timeout_s: float) -> list[dict[str, Any]]:
-        """Drain (partials go back to the callers and are reported), then stop the process."""
+    async def _retire(self, m: Managed, timeout_s: float, by: float | None = None) -> list[dict[str, Any]]:
+        """Drain (partials go back to the callers and are reported), then stop the process. `by` (wall
+        clock, a preemption's deadline less a margin) bounds the whole: the drain's answer is not awaited
+        past it, and the process group gets SIGKILL at it, however slow a loaded worker is to shut down."""
         aborted: list[dict[str, Any]] = []
         m.stopping = True
         if m.client and m.proc and m.proc.proc.returncode is None and m.desired.role != Role.TRAINING:
             m.state = "draining"
             with contextlib.suppress(Exception):
-                res = await m.client.call("drain", {"mode": "wait", "timeout_s": timeout_s}, epoch=self.epoch)
+                drain = m.client.call("drain", {"mode": "wait", "timeout_s": timeout_s}, epoch=self.epoch)
+                res = await (drain if by is None else asyncio.wait_for(drain, max(0.0, by - time.time())))
                 aborted = res["aborted"]
         if m.proc:
-            await m.proc.stop()
+            await m.proc.stop(STOP_GRACE_S if by is None else max(0.0, min(STOP_GRACE_S, by - time.time())))
         m.state = "stopped"
         if aborted:
             self.send(
@@ -439,9 +448,11 @@ class Reconciler:
             )
         return aborted
 
-    async def shutdown_workers(self, timeout_s: float) -> None:
+    async def shutdown_workers(self, timeout_s: float, by: float | None = None) -> None:
         ms = list(self.workers.values())
-        await asyncio.gather(*[self._retire(m, timeout_s) for m in ms if m.state != "stopped"], return_exceptions=True)
+        await asyncio.gather(
+            *[self._retire(m, timeout_s, by) for m in ms if m.state != "stopped"], return_exceptions=True
+        )
         await asyncio.gather(*[d.stop() for d in self.drivers.values()], return_exceptions=True)
         self.drivers.clear()
 

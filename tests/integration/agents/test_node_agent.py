@@ -479,6 +479,41 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
         await asyncio.wait_for(task, 60)
 
 
+async def test_a_preempted_worker_that_hangs_is_killed_before_the_deadline(cp, tmp_path):
+    """A worker that neither answers the drain nor exits on SIGTERM (here SIGSTOPped: a loaded machine's
+    vLLM worker can be as slow) is SIGKILLed by the agent before its node's preemption deadline, instead of
+    being waited for the drain's answer and then the 15 s SIGTERM grace."""
+    agent = NodeAgent(
+        AgentConfig(
+            control_plane=cp.url,
+            token="node-token",
+            node="n5",
+            slots=1,
+            state_dir=tmp_path / "agent",
+            time_factor=SLOW,
+            drain_timeout_s=10.0,
+        )
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        assert ws[1]["state"] == "running"
+        proc = agent.workers[1].proc
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.time() + 8
+        await cp.push(
+            link.DesiredState(generation=2, epoch=1, status="draining", preemption_deadline=deadline, workers=[])
+        )
+        rc = await asyncio.wait_for(proc.proc.wait(), 60)
+        assert time.time() < deadline, "the worker outlived its node's preemption deadline"
+        assert rc == -signal.SIGKILL
+    finally:
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)
+
+
 async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_given(cp, tmp_path):
     """`agents.node --interference 2`: the agent passes it to its emulated workers, whose prefill next to
     running decodes then costs twice its roofline time, as their PREFILL records show the control plane."""
