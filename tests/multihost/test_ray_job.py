@@ -3,9 +3,14 @@ nodes, each in its own network namespace; every agent binds and advertises its n
 job's rollout driver (on the trainer's node) reaches the rollout workers on the two other nodes, and
 they pull weights from the trainer. Under that one job, in order (they share its setup):
 
+- the bridge is SIGKILLed and restarted;
 - the database and Daphne are crashed mid-step and restarted;
 - the control plane is cut off from every node for 30 s;
-- one rollout node is SIGKILLed (its raylet's process group) in the middle of generation.
+- one rollout node (r2) is SIGKILLed (its raylet's process group) in the middle of generation;
+- a spot node (r3, elastic) joins and the next plan puts the job's rollout workers on it;
+- r3 is drained by Ray for preemption with a 10 s deadline and killed at the deadline.
+
+The last three build on each other (run them alone as `-k "killed or joins or spot"`).
 
 After each, the job goes on and every step trains exactly its batch: nothing lost or trained twice (the
 loop's TRAIN and STEP records, its checkpointed books), as `tests/fault/test_live_faults.py` checks on
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -152,6 +156,12 @@ def books(cluster: Cluster, job: int) -> dict[str, int]:
         "short_updates": sum(1 for t in trains if t["trajectories"] != BATCH),
         "interruptions": sum(s["interruptions"] for s in steps),
         "stale_aborted": int(loop["stale_aborted"]),
+        # trajectories started again from scratch for any reason but staleness or a failed environment (a
+        # fault's cut turns resume from their prefixes instead): every step starts BATCH, each restart one more
+        "restarted": loop["started_trajectories"]
+        - BATCH * len(loop["steps"])
+        - int(loop["stale_aborted"])
+        - int(loop.get("failed_trajectories", 0)),
     }
     assert trains, "no TRAIN record"
     assert figures["lost"] == figures["duplicated"] == figures["short_updates"] == 0, (figures, trains, loop)
@@ -159,6 +169,29 @@ def books(cluster: Cluster, job: int) -> dict[str, int]:
     assert all(s["batch_size"] == BATCH for s in steps), steps
     assert state["status"] == "running", state
     return figures
+
+
+def goes_on(
+    cluster: Cluster, job: int, before: dict[str, int], fault: str, *, since: float, updates: int = 1, **figures: Any
+) -> dict[str, int]:
+    """After a fault: the job trains `updates` more versions (counted from now) and its books still balance
+    (`books`); the fault's figures are recorded with recovery (seconds from `since`) and what the books
+    gained since `before`: trajectories resumed, lost, duplicated, updates. Returns the books after."""
+    v = _job(cluster, job)["weight_version"]
+    wait_for(
+        lambda: _job(cluster, job)["weight_version"] >= v + updates, 300 * updates, f"{updates} update(s) after {fault}"
+    )
+    after = books(cluster, job)
+    record(
+        fault,
+        **figures,
+        recover_s=time.time() - since,
+        resumed=after["interruptions"] - before["interruptions"],
+        lost=after["lost"] - before["lost"],
+        duplicated=after["duplicated"] - before["duplicated"],
+        updates=after["updates"] - before["updates"],
+    )
+    return after
 
 
 def _beat_since(cluster: Cluster, host: str, t: float) -> bool:
@@ -203,18 +236,7 @@ def test_the_bridge_restarted_mid_run(cluster: Cluster, job: int):
     (cluster.hosts.tmp / "bridge.log").rename(cluster.hosts.tmp / "bridge-1.log")
     start_bridge(cluster)
     wait_for(lambda: any(x["bridge"] == "bridge" for x in cluster.bridge_lines()), 60, "the bridge to start again")
-    t_back = time.time()
-    v = _job(cluster, job)["weight_version"]
-    wait_for(lambda: _job(cluster, job)["weight_version"] >= v + 1, 300, "an update after the bridge's restart")
-    after = books(cluster, job)
-    record(
-        "bridge_restart_job",
-        back_s=t_back - t_kill,
-        resumed=after["interruptions"] - before["interruptions"],
-        lost=after["lost"] - before["lost"],
-        duplicated=after["duplicated"] - before["duplicated"],
-        updates=after["updates"] - before["updates"],
-    )
+    goes_on(cluster, job, before, "bridge_restart_job", since=t_kill, back_s=time.time() - t_kill)
     assert [x for x in cluster.bridge_lines() if x["bridge"] != "bridge"] == []  # nothing placed, stopped, sent
     assert {k: (v["status"], v["epoch"]) for k, v in cluster.db.nodes().items()} == nodes_before
 
@@ -229,21 +251,16 @@ def test_the_database_and_daphne_restarted_mid_step(cluster: Cluster, job: int):
     placed = _placed(cluster)
     wait_for(functools.partial(_generating, cluster), 180, "generation in flight")
     t_down, t_up = cluster.restart_database_and_daphne(down_s=5.0)
-    v = _job(cluster, job)["weight_version"]
     wait_for(lambda: all(_beat_since(cluster, h, t_up) for h in ("t1", "r1", "r2")), 120, "every agent linked again")
-    t_linked = time.time()
     # an update after the restart: it trains the step whose turns were in flight through it
-    wait_for(lambda: _job(cluster, job)["weight_version"] >= v + 1, 300, "an update after the restart")
-    after = books(cluster, job)
-    record(
+    goes_on(
+        cluster,
+        job,
+        before,
         "db_daphne_restart",
+        since=t_up,
         down_s=t_up - t_down,
-        relinked_s=t_linked - t_up,
-        recover_s=time.time() - t_up,
-        resumed=after["interruptions"] - before["interruptions"],
-        lost=after["lost"] - before["lost"],
-        duplicated=after["duplicated"] - before["duplicated"],
-        updates=after["updates"] - before["updates"],
+        relinked_s=time.time() - t_up,
         fenced_nodes=len([e for e in cluster.db.events("node.lease_expired") if _ts(e["created"]) > t_down]),
         workers_replaced=len(workers - _worker_ids(cluster, job)),
     )
@@ -270,25 +287,20 @@ def test_the_control_plane_cut_off_from_every_node_for_30_s(cluster: Cluster, jo
     finally:
         cluster.hosts.link("cp", up=True)
     t_heal = time.time()
-    v = _job(cluster, job)["weight_version"]  # no update is granted through the cut
     fenced: dict[str, float] = {}  # each node's first fencing in the cut, seconds after it began
     for e in cluster.db.events("node.lease_expired"):
         if t_cut < _ts(e["created"]) < t_heal + LEASE_S:  # the sweeper may run a pass late on loaded cores
             fenced.setdefault(e["node"], _ts(e["created"]) - t_cut)
     assert set(fenced) == {nodes_before[h]["name"] for h in live}, fenced  # every lease ran out
     wait_for(lambda: all(_ready(cluster, h) for h in live), 120, "every node to hold its lease again")
-    t_back = time.time()
-    wait_for(lambda: _job(cluster, job)["weight_version"] >= v + 1, 300, "an update after the heal")
-    after = books(cluster, job)
-    record(
+    goes_on(
+        cluster,
+        job,
+        before,
         "partition_control_plane_30s_job",
+        since=t_heal,
         fenced_s=max(fenced.values()),
-        rejoin_s=t_back - t_heal,
-        recover_s=time.time() - t_heal,
-        resumed=after["interruptions"] - before["interruptions"],
-        lost=after["lost"] - before["lost"],
-        duplicated=after["duplicated"] - before["duplicated"],
-        updates=after["updates"] - before["updates"],
+        rejoin_s=time.time() - t_heal,
     )
     nodes_after = {
         h: next(n for n in cluster.db.nodes().values() if n["ray_address"] == cluster.nodes[h]) for h in live
@@ -312,80 +324,85 @@ def test_a_killed_rollout_node_its_trajectories_resume_elsewhere(cluster: Cluste
         60,
         "PEARL to see r2 lost",
     )
-    t_lost = time.time()
-    v = _job(cluster, job)["weight_version"]
     # two updates: the first may train the step before the one the kill cut (max staleness 1), whose STEP record
     # (with its interruptions) is written only when its rollout is complete
-    wait_for(lambda: _job(cluster, job)["weight_version"] >= v + 2, 600, "two updates without r2")
-    after = books(cluster, job)
-    record(
-        "ray_node_killed_job",
-        detect_s=t_lost - t_kill,
-        recover_s=time.time() - t_kill,
-        resumed=after["interruptions"] - before["interruptions"],
-        lost=after["lost"] - before["lost"],
-        duplicated=after["duplicated"] - before["duplicated"],
-        updates=after["updates"] - before["updates"],
-    )
+    after = goes_on(cluster, job, before, "ray_node_killed_job", since=t_kill, updates=2, detect_s=time.time() - t_kill)
     assert after["interruptions"] > before["interruptions"]  # turns were cut on r2 and routed again
 
 
-EXTRA = os.environ.get("PEARL_MULTIHOST_EXTRA") == "1"
-
-
-@pytest.mark.skipif(not EXTRA, reason="benchmark scenario: PEARL_MULTIHOST_EXTRA=1 (benchmarks/bench_multihost.py)")
-def test_a_joining_node_takes_over_and_a_preempted_node_goes_at_its_deadline(cluster: Cluster, job: int):
-    """A new Ray node joins mid-run and the next plan puts rollout workers on it; then r1 is drained
-    for preemption with a 10 s deadline and killed at the deadline: its workers are gone before it,
-    partial trajectories resume on the new node, every step trains exactly its batch."""
-    t_join = time.time()
-    cluster.add_node("r3", gpus=2, pool="reserved")
-    wait_for(functools.partial(_ready, cluster, "r3"), 240, "the agent on r3")
-    r3 = next(n for n in cluster.db.nodes().values() if n["ray_address"] == cluster.nodes["r3"])
-    wait_for(
-        lambda: cluster.db.rows(
-            "SELECT 1 FROM controlplane_worker w JOIN controlplane_node n ON n.id = w.node_id "
-            "WHERE w.job_id = %s AND w.alive AND n.name = %s",
-            job,
-            r3["name"],
-        ),
-        240,
-        "workers of the job on r3",
+def _workers_on(cluster: Cluster, job: int, host: str) -> int:
+    """The job's live rollout workers on the node at host's address."""
+    rows = cluster.db.rows(
+        "SELECT count(*) FROM controlplane_worker w JOIN controlplane_node n ON n.id = w.node_id "
+        "WHERE w.job_id = %s AND w.alive AND w.role <> 'training' AND n.ray_address = %s",
+        job,
+        cluster.nodes[host],
     )
-    record("ray_node_joins_job", used_s=time.time() - t_join)
+    return int(rows[0][0])
+
+
+def test_a_new_node_joins_and_the_next_plan_uses_it(cluster: Cluster, job: int):
+    """A spot (elastic) Ray node joins mid-run, while the job is two rollout GPUs short (r2 died above):
+    the bridge places an agent on it, the agent registers, the next plan starts the job's rollout
+    workers on it and they serve turns, and the job goes on, every step training exactly its batch.
+    (Follows the kill above: alone, run it as `-k "killed or joins"`.)"""
+    r2 = [n for n in cluster.db.nodes().values() if n["ray_address"] == cluster.nodes["r2"]]
+    assert r2 and r2[0]["status"] != "ready", "r2 must be gone (the kill scenario runs first)"
     before = books(cluster, job)
-    r1 = next(n for n in cluster.db.nodes().values() if n["ray_address"] == cluster.nodes["r1"])
-    wait_for(lambda: _busy(cluster, "r1"), 180, "generation on r1")
-    cluster.ray_drain(r1["ray_node_id"], 10)
+    placed = _placed(cluster)
+    t_join = time.time()
+    cluster.add_node("r3", gpus=2, pool="elastic")
+    wait_for(functools.partial(_ready, cluster, "r3"), 240, "the agent on r3")
+    t_ready = time.time()
+    wait_for(lambda: _workers_on(cluster, job, "r3") == 2, 240, "the job's rollout workers on r3")
+    t_used = time.time()
+    wait_for(lambda: _busy(cluster, "r3", fresh_s=1.0, inflight=1), 240, "turns served on r3")
+    goes_on(
+        cluster,
+        job,
+        before,
+        "ray_node_joins_job",
+        since=t_join,
+        registered_s=t_ready - t_join,
+        used_s=t_used - t_join,
+    )
+    assert _placed(cluster) == placed + 1  # one agent, for the new node only
+
+
+def test_a_spot_node_drained_with_a_10_s_deadline_then_killed_at_it(cluster: Cluster, job: int):
+    """Ray drains the spot node r3 for preemption with a 10 s deadline while it serves turns (what
+    KubeRay does on a cloud's spot notice), and its machine dies at the deadline: PEARL's notice carries
+    Ray's deadline, the job's workers on r3 are gone before it, the cut trajectories resume on r1 from
+    their prefixes, and the job goes on, every step training exactly its batch. (Follows the join above.)"""
+    assert _workers_on(cluster, job, "r3") > 0, "r3 must serve the job (the join scenario runs first)"
+    before = books(cluster, job)
+    r3 = next(n for n in cluster.db.nodes().values() if n["ray_address"] == cluster.nodes["r3"])
+    wait_for(functools.partial(_busy, cluster, "r3"), 180, "generation on r3")
+    t_drain = cluster.ray_drain(r3["ray_node_id"], 10)
     notice = wait_for(
-        lambda: [e for e in cluster.db.events("node.preemption_notice") if e["node"] == r1["name"]], 30, "the notice"
+        lambda: [e for e in cluster.db.events("node.preemption_notice") if e["node"] == r3["name"]], 30, "the notice"
     )[0]
-    deadline = _ts(cluster.db.nodes()[r1["name"]]["preemption_deadline"])
+    deadline = _ts(cluster.db.nodes()[r3["name"]]["preemption_deadline"])
+    assert t_drain + 10 - 1 < deadline <= time.time() + 10, (t_drain, deadline)  # Ray's 10 s, not a default
     wait_for(
-        lambda: (
-            not cluster.db.rows(
-                "SELECT 1 FROM controlplane_worker w JOIN controlplane_node n ON n.id = w.node_id "
-                "WHERE w.job_id = %s AND w.alive AND n.name = %s",
-                job,
-                r1["name"],
-            )
-        ),
-        max(1.0, deadline - time.time()),
-        "r1's workers to be gone before its deadline",
+        lambda: _workers_on(cluster, job, "r3") == 0,
+        max(0.1, deadline - time.time()),
+        "r3's workers to be gone before its deadline",
     )
-    t_workers_gone = time.time()
+    gone_before_s = deadline - time.time()
     time.sleep(max(0.0, deadline - time.time()))
-    cluster.hosts.kill("ray-r1")  # the cloud takes the machine at the deadline
-    v = _job(cluster, job)["weight_version"]
-    wait_for(lambda: _job(cluster, job)["weight_version"] >= v + 1, 300, "an update without r1")
-    after = books(cluster, job)
-    record(
+    cluster.hosts.kill("ray-r3")  # the cloud takes the machine at the deadline
+    # two updates, as after the kill: the STEP record of the step the drain cut comes when its rollout completes
+    after = goes_on(
+        cluster,
+        job,
+        before,
         "ray_preemption_job",
+        since=deadline,
+        updates=2,
         notice_s=_ts(notice["created"]) - (deadline - 10),
-        workers_gone_before_deadline_s=deadline - t_workers_gone,
-        recover_s=time.time() - deadline,
-        resumed=after["interruptions"] - before["interruptions"],
-        lost=after["lost"] - before["lost"],
-        duplicated=after["duplicated"] - before["duplicated"],
-        updates=after["updates"] - before["updates"],
+        workers_gone_before_deadline_s=gone_before_s,
     )
+    # partial trajectories are kept: the drain lets r3's turns in flight finish (or cuts them: resumed), and the
+    # trajectories go on on r1 with their turns so far; none starts again from scratch
+    assert after["restarted"] == before["restarted"], (before, after)
