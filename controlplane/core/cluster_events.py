@@ -104,6 +104,7 @@ class PearlNodeView:
     pool: str
     preemption_deadline: float | None = None  # Unix time
     ray_death_recorded: bool = False  # an event of this node already carries Ray's death reason
+    live_workers: int = 0  # PEARL workers still alive on it (a drain is over when none is left)
 
 
 # What the bridge must do; each is idempotent and asked for only when PEARL does not show it yet.
@@ -149,12 +150,40 @@ class DeathRecorded:
     message: str
 
 
-Action = PlaceAgent | Bind | Notice | Drain | Gone | DeathRecorded
+@dataclass(frozen=True, slots=True)
+class Release:
+    """PEARL let an elastic node go on its own (it drained it: its pool shrank, or an operator drained it)
+    and no worker is left there: stop its agent (which frees the node's GPUs in Ray) and ask Ray to drain
+    the node as idle, so the cluster's autoscaler can give the machine back (DrainNode IDLE_TERMINATION)."""
+
+    name: str
+    ray_node_id: str
+
+
+Action = PlaceAgent | Bind | Notice | Drain | Gone | DeathRecorded | Release
 DEADLINE_SLACK_S = 1.0  # a PEARL deadline this close to Ray's is the same notice (ms vs s rounding)
 
 
+def released(ev: NodeEvent, view: PearlNodeView | None) -> bool:
+    """PEARL is done with this elastic node but Ray is not draining it: PEARL drained it itself (a Ray drain
+    shows as NodeDraining) and its last worker is gone."""
+    return (
+        isinstance(ev, NodeUp)
+        and view is not None
+        and view.ray_node_id == ev.ray_node_id
+        and view.pool == "elastic"
+        and view.status == "draining"
+        and view.live_workers == 0
+    )
+
+
 def reconcile(
-    observed: list[NodeEvent], pearl: dict[str, PearlNodeView], agents: set[str], *, include_head: bool = False
+    observed: list[NodeEvent],
+    pearl: dict[str, PearlNodeView],
+    agents: set[str],
+    *,
+    include_head: bool = False,
+    release_drained: bool = False,
 ) -> list[Action]:
     """The actions that make PEARL show what Ray shows; [] when it already does.
 
@@ -162,7 +191,8 @@ def reconcile(
     Ray name); `agents` holds the Ray node ids that have a live agent actor. A node Ray lists as dead is
     gone in PEARL at once (its lease need not run out), a preemption drain becomes PEARL's notice with
     Ray's deadline (a non-elastic node cannot be preempted in PEARL: it is drained), any other drain a
-    drain."""
+    drain. With `release_drained`, an elastic node PEARL drained itself is handed back to Ray once its
+    workers are gone (`Release`), and no agent is placed on it again."""
     actions: list[Action] = []
     for ev in observed:
         name = pearl_node_name(ev.ray_node_id)
@@ -175,6 +205,9 @@ def reconcile(
             continue
         up = ev if isinstance(ev, NodeUp) else ev.up
         if up is None or not eligible(up, include_head=include_head):
+            continue
+        if release_drained and released(ev, view):
+            actions.append(Release(name, ev.ray_node_id))  # stateless: asked again until Ray drains it
             continue
         if isinstance(ev, NodeUp) and ev.ray_node_id not in agents:
             actions.append(PlaceAgent(ev))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from controlplane.core import cluster_events as ce
@@ -86,15 +87,19 @@ def _unix(value: datetime | None) -> float | None:
 def ray_nodes(*, bridge: BridgePrincipal) -> dict[str, ce.PearlNodeView]:
     """PEARL's view of the nodes a Ray bridge may speak for (named after a Ray node id)."""
     _check(bridge)
-    rows = Node.objects.filter(name__startswith="ray-").values_list(
-        "name", "ray_node_id", "status", "pool", "preemption_deadline"
+    rows = (
+        Node.objects.filter(name__startswith="ray-")
+        .annotate(live=Count("workers", filter=Q(workers__alive=True)))
+        .values_list("name", "ray_node_id", "status", "pool", "preemption_deadline", "live")
     )
     recorded = set(
         Event.objects.filter(
             kind__in=["node.gone", "node.ray_dead"], node__name__startswith="ray-", data__has_key="ray_death_reason"
         ).values_list("node__name", flat=True)
     )
-    return {n: ce.PearlNodeView(n, rid, st, pool, _unix(dl), n in recorded) for n, rid, st, pool, dl in rows}
+    return {
+        n: ce.PearlNodeView(n, rid, st, pool, _unix(dl), n in recorded, live) for n, rid, st, pool, dl, live in rows
+    }
 
 
 def agent_token(*, bridge: BridgePrincipal, ray_node_id: str) -> str:
@@ -198,6 +203,25 @@ def death_recorded(*, bridge: BridgePrincipal, name: str, reason: str, message: 
         node=node,
         actor=bridge.actor,
         data={"ray_death_reason": reason, "ray_death_message": message[:500]},
+    )
+
+
+def released(*, bridge: BridgePrincipal, name: str, accepted: bool, why: str) -> None:
+    """The bridge handed a node PEARL had drained back to Ray (its agent stopped, an idle-termination drain
+    asked of Ray): on record, with Ray's answer (Ray refuses while anything else holds the node's resources)."""
+    _check(bridge)
+    node = _bound(name)
+    last = Event.objects.filter(node=node).order_by("-id").values_list("kind", flat=True).first()
+    if not accepted and last == "node.ray_release_refused":
+        return  # asked again each look while Ray refuses: on record once
+    emit(
+        kind="node.ray_released" if accepted else "node.ray_release_refused",
+        message=f"node {name} handed back to Ray (idle-termination drain)"
+        if accepted
+        else f"node {name}: Ray refused the idle-termination drain: {why[:200]}",
+        node=node,
+        actor=bridge.actor,
+        data={"accepted": accepted, "ray_rejection": why[:500]},
     )
 
 

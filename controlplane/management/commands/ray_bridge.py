@@ -48,6 +48,12 @@ class Command(BaseCommand):
         parser.add_argument("--time-factor", type=float, default=1.0)
         parser.add_argument("--state-root", default="/tmp/pearl-agents", help="agents' state directories, on each node")
         parser.add_argument("--include-head", action="store_true", help="place an agent on the head node too")
+        parser.add_argument(
+            "--release-drained",
+            action="store_true",
+            help="hand an elastic node PEARL drained (its pool shrank) back to Ray once its workers are gone: stop "
+            "its agent and ask Ray to drain the node as idle (IDLE_TERMINATION), so an autoscaler can remove it",
+        )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between looks at Ray")
         parser.add_argument("--once", action="store_true", help="reconcile once and exit")
 
@@ -92,7 +98,13 @@ class Command(BaseCommand):
             while not stopping:
                 t0 = time.monotonic()
                 try:
-                    self.reconcile_once(principal, spec, ray_adapter, include_head=opts["include_head"])
+                    self.reconcile_once(
+                        principal,
+                        spec,
+                        ray_adapter,
+                        include_head=opts["include_head"],
+                        release_drained=opts["release_drained"],
+                    )
                     if db_down:
                         self.log("database_back", after_s=round(time.monotonic() - db_down, 3))
                         db_down = 0.0
@@ -107,13 +119,27 @@ class Command(BaseCommand):
         finally:
             ray_adapter.disconnect()  # the agents stay: they are detached actors
 
-    def reconcile_once(self, principal: bridges.BridgePrincipal, spec: Any, adapter: Any, *, include_head: bool) -> int:
+    def reconcile_once(
+        self,
+        principal: bridges.BridgePrincipal,
+        spec: Any,
+        adapter: Any,
+        *,
+        include_head: bool,
+        release_drained: bool = False,
+    ) -> int:
         try:
             observed, agents = adapter.observe(), adapter.agent_actors()
         except Exception as exc:  # Ray's GCS out of reach (a partition, a head restart): look again later
             self.log("ray_unreachable", detail=f"{type(exc).__name__}: {exc}"[:300])
             return 0
-        actions = ce.reconcile(observed, bridges.ray_nodes(bridge=principal), agents, include_head=include_head)
+        actions = ce.reconcile(
+            observed,
+            bridges.ray_nodes(bridge=principal),
+            agents,
+            include_head=include_head,
+            release_drained=release_drained,
+        )
         for action in actions:
             try:
                 if isinstance(action, ce.PlaceAgent):
@@ -126,6 +152,8 @@ class Command(BaseCommand):
                         address=action.node.address,
                         gpus=action.node.gpus,
                     )
+                elif isinstance(action, ce.Release):
+                    self.release(principal, adapter, action)
                 else:
                     bridges.apply(bridge=principal, action=action)
                     self.log(type(action).__name__.lower(), **{k: getattr(action, k) for k in action.__slots__})
@@ -134,6 +162,20 @@ class Command(BaseCommand):
             except ValueError as exc:  # Ray: an actor of that name appeared meanwhile
                 self.log("skipped", action=type(action).__name__, detail=str(exc))
         return len(actions)
+
+    def release(self, principal: bridges.BridgePrincipal, adapter: Any, action: ce.Release) -> None:
+        """Stop the node's agent (its workers are gone already; this frees its GPUs in Ray), then ask Ray to
+        drain the node as idle. Ray refuses while anything else holds resources there: the next look asks again."""
+        try:
+            adapter.stop_agent(action.ray_node_id)
+            accepted, why = adapter.drain(
+                action.ray_node_id, reason="idle_termination", message=f"PEARL released {action.name}"
+            )
+        except Exception as exc:  # Ray out of reach mid-way: the next look finds the same level and asks again
+            self.log("ray_unreachable", detail=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        bridges.released(bridge=principal, name=action.name, accepted=accepted, why=why)
+        self.log("release", name=action.name, ray_node_id=action.ray_node_id, accepted=accepted, rejection=why)
 
     def log(self, what: str, **data: Any) -> None:
         """One JSON line per action (what a log shipper or a test reads)."""

@@ -136,6 +136,35 @@ def test_a_node_let_go_at_its_deadline_still_gets_rays_death_reason_once(bridge)
     assert ce.reconcile([dead], bridges.ray_nodes(bridge=bridge), set()) == []
 
 
+def test_a_node_pearl_drains_as_its_pool_shrinks_is_released_to_ray_once_its_workers_are_gone(bridge):
+    from controlplane.core.state import Activity, Role
+    from controlplane.models import Worker
+    from controlplane.services.availability import set_elastic_capacity
+    from controlplane.services.workers import start_worker
+    from tests.support.cluster import make_job
+
+    name = ce.pearl_node_name(RAY_ID)
+    register(bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID), name)
+    bridges.bind(bridge=bridge, name=name, ray_node_id=RAY_ID, address="10.77.0.11")
+    node = Node.objects.get(name=name)
+    job = make_job()
+    if not Worker.objects.filter(node=node, alive=True).exists():  # the job's first plan may have placed one
+        start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role=Role.COLOCATED, activity=Activity.ACTIVE)
+    up = ce.NodeUp(RAY_ID, "10.77.0.11", "", {"GPU": 2.0}, {ce.POOL_LABEL: "elastic"})
+    assert set_elastic_capacity(gpus=0, notice_s=60, actor="trace").preempted == (name,)  # the pool shrinks
+    view = bridges.ray_nodes(bridge=bridge)[name]
+    assert view.status == "draining" and view.live_workers >= 1
+    assert ce.reconcile([up], bridges.ray_nodes(bridge=bridge), {RAY_ID}, release_drained=True) == []  # drains on
+    Worker.objects.filter(node=node).update(alive=False)  # the drain is over
+    actions = ce.reconcile([up], bridges.ray_nodes(bridge=bridge), {RAY_ID}, release_drained=True)
+    assert actions == [ce.Release(name, RAY_ID)]
+    bridges.released(bridge=bridge, name=name, accepted=False, why="node is not idle")
+    bridges.released(bridge=bridge, name=name, accepted=False, why="node is not idle")  # asked again: on record once
+    assert Event.objects.filter(kind="node.ray_release_refused").count() == 1
+    bridges.released(bridge=bridge, name=name, accepted=True, why="")
+    assert Event.objects.get(kind="node.ray_released").actor == "bridge:ray"
+
+
 def test_a_revoked_bridge_token_stops_at_its_next_call(bridge):
     AgentCredential.objects.filter(pk=bridge.credential_id).update(revoked=timezone.now())
     with pytest.raises(PermissionDenied):

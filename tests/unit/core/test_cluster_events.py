@@ -17,6 +17,7 @@ from controlplane.core.cluster_events import (
     Notice,
     PearlNodeView,
     PlaceAgent,
+    Release,
     pearl_node_name,
     reconcile,
 )
@@ -81,3 +82,28 @@ def test_ray_names_are_derived_from_ray_ids_only():
     assert pearl_node_name(A) == "ray-" + A[:12]
     with pytest.raises(ValueError):
         pearl_node_name("../../etc")
+
+
+def _drained(rid: str, *, workers: int = 0, pool: str = "elastic", status: str = "draining") -> PearlNodeView:
+    return PearlNodeView(pearl_node_name(rid), rid, status, pool, 1_000_060.0, live_workers=workers)
+
+
+def test_an_elastic_node_pearl_drained_goes_back_to_ray_once_its_workers_are_gone():
+    name = pearl_node_name(A)
+    assert reconcile([up(A)], {name: _drained(A)}, {A}, release_drained=True) == [Release(name, A)]
+    # stateless: the agent already stopped (a bridge restarted between its two calls): released, not placed again
+    assert reconcile([up(A)], {name: _drained(A)}, set(), release_drained=True) == [Release(name, A)]
+    assert reconcile([up(A)], {name: _drained(A)}, {A}) == []  # not asked for: the agent stays
+    assert reconcile([up(A)], {name: _drained(A, workers=1)}, {A}, release_drained=True) == []  # still draining
+
+
+@pytest.mark.parametrize("pool, status", [("reserved", "draining"), ("elastic", "ready"), ("elastic", "gone")])
+def test_only_a_draining_elastic_node_is_released(pool, status):
+    name = pearl_node_name(A)
+    assert reconcile([up(A)], {name: _drained(A, pool=pool, status=status)}, {A}, release_drained=True) == []
+
+
+def test_a_node_ray_drains_after_the_release_is_left_alone():
+    name = pearl_node_name(A)
+    ev = NodeDraining(A, "10.77.0.2", None, "idle_termination", up(A))
+    assert reconcile([ev], {name: _drained(A)}, set(), release_drained=True) == []  # already draining in PEARL
