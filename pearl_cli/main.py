@@ -183,12 +183,17 @@ def trajectories_text(step: int | None, rows: list[dict[str, Any]], count: int) 
                 str(t["forks"]),
                 tokens,
                 ",".join(f"v{v}" for v in sorted(set(t["weight_versions"]))),
-                ",".join(str(w) for w in sorted(set(t["workers"]))),
+                ",".join(str(w) for w in sorted({w for turn in t["workers"] for w in _listed(turn)})),
                 (t["reason"] or "")[:60],
             ]
         )
     more = f"\n({len(rows)} of {count}; --limit shows more)" if count > len(rows) else ""
     return _table(table) + more
+
+
+def _listed(turn: Any) -> list[int]:
+    """A turn's workers (a list; a row stored before turns listed every worker has one id)."""
+    return turn if isinstance(turn, list) else [turn]
 
 
 def cmd_trajectories(c: Client, args: argparse.Namespace) -> None:

@@ -52,6 +52,7 @@ class Episode:
     temperature: float = 1.0
     kept: list[int] = field(default_factory=list)  # tokens of this turn generated before an interruption
     kept_logprobs: list[float] = field(default_factory=list)
+    kept_workers: list[int] = field(default_factory=list)  # the workers that produced `kept` (and its KV), in order
     version: int = 0  # oldest weights that produced any of its tokens
     new_tokens: int = 0  # prompt tokens appended for this turn (ΔL)
     samples: list[dict[str, Any]] = field(default_factory=list)  # one per finished turn
@@ -128,7 +129,7 @@ class EpisodeRunner:
         self._feed(lp.EnvStepped(self._now(), ep.tid, 0.0, True, failed=why, final=exc.final))
 
     async def _env_step(
-        self, ep: Episode, response: list[int], logprobs: list[float], version: int, worker: int = -1
+        self, ep: Episode, response: list[int], logprobs: list[float], version: int, workers: list[int]
     ) -> None:
         ep.samples.append(
             {
@@ -139,7 +140,7 @@ class EpisodeRunner:
             }
         )
         t0 = self._now()
-        ep.env.observe(logprobs, version, worker)
+        ep.env.observe(logprobs, version, workers)
         try:
             turn = await ep.env.step(response)
         except EnvironmentFailed as exc:
@@ -265,20 +266,28 @@ class EpisodeRunner:
             await asyncio.sleep(RETRY_REFUSED_S)
             self._feed(lp.TurnInterrupted(self._now(), ep.tid, cmd.worker))
             return
-        await self._generated(ep, cmd.worker, res, 0)
+        await self._generated(ep, cmd.worker, res, 0, source=cmd.source)
 
-    async def _generated(self, ep: Episode, wid: int, res: dp.GenerationResult, prefilled: int) -> None:
+    async def _generated(
+        self, ep: Episode, wid: int, res: dp.GenerationResult, prefilled: int, source: int | None = None
+    ) -> None:
+        """A worker's answer to the turn (`source`: the prefill worker whose KV it decoded from)."""
         tokens, logprobs = list(res.tokens), list(res.logprobs)
+        served = [wid] if source is None else [source, wid]
         ep.version = min(ep.version, res.weight_version)
         if res.finish_reason == "abort":  # drained or returned: keep the prefix, resume elsewhere
             ep.kept += tokens
             ep.kept_logprobs += logprobs
+            if tokens:
+                ep.kept_workers += served
             self._feed(
                 lp.TurnInterrupted(self._now(), ep.tid, wid, generated_tokens=len(tokens), prefilled_tokens=prefilled)
             )
             return
         response, lps = ep.kept + tokens, ep.kept_logprobs + logprobs
-        ep.kept, ep.kept_logprobs = [], []
+        chain = ep.kept_workers + served
+        workers = [w for i, w in enumerate(chain) if i == 0 or w != chain[i - 1]]  # each worker once per stretch
+        ep.kept, ep.kept_logprobs, ep.kept_workers = [], [], []
         self._feed(
             lp.TurnGenerated(
                 self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled, weight_version=res.weight_version
@@ -286,7 +295,7 @@ class EpisodeRunner:
         )
         if self.episodes.get(ep.tid) is not ep:  # the loop ended it on this turn (stale): no answer reaches its agent
             return
-        await self._env_step(ep, response, lps, ep.version, wid)
+        await self._env_step(ep, response, lps, ep.version, workers)
 
 
 async def _unavailable_on_failure(call: Awaitable[T]) -> T:

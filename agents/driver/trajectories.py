@@ -16,6 +16,7 @@ from controlplane.core import driver_link as dl
 
 _STEP = re.compile(r"^s(\d+)-")
 MESSAGES_BYTES = 256 << 10  # a trajectory's messages as JSON at most (the link frame is 1 MiB)
+MAX_WORKERS_PER_TURN = 16  # a turn resumed more often than this lists its first workers
 
 
 def step_of(name: str, default: int = 0) -> int:
@@ -61,6 +62,12 @@ def _finite(x: Any, lo: float, hi: float) -> float:
     return min(hi, max(lo, v)) if math.isfinite(v) else 0.0
 
 
+def _served(turn: Any) -> list[int]:
+    """A turn's workers, in order (an older record's single worker id as a list of one), cut to a bound."""
+    ids = turn if isinstance(turn, list) else [turn]
+    return [max(-1, int(w)) for w in ids[:MAX_WORKERS_PER_TURN]]
+
+
 def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:
     """One trajectory's record within the link's bounds; `truncated` says the tokens were cut."""
     tokens: list[int] = []
@@ -68,7 +75,7 @@ def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:
     logprobs: list[float] = []
     lens: list[int] = []
     versions: list[int] = []
-    workers: list[int] = []
+    workers: list[list[int]] = []
     latency: list[float] = []
     for s in record.get("samples") or []:
         toks = [int(t) for t in s.get("tokens") or []]
@@ -78,7 +85,7 @@ def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:
         mask += [1 if m else 0 for m in (list(s.get("mask") or []) + [0] * n)[:n]]
         logprobs += [round(_finite(x, -1e9, 1e9), 4) for x in (list(s.get("logprobs") or []) + [0.0] * n)[:n]]
         versions += [max(0, int(v)) for v in s.get("weight_versions") or []]
-        workers += [max(-1, int(w)) for w in s.get("workers") or []]
+        workers += [_served(w) for w in s.get("workers") or []]
         latency += [round(_finite(x, 0.0, 1e7), 6) for x in s.get("latency_s") or []]
     limit, turns = dl.MAX_TRAJECTORY_TOKENS, dl.MAX_TRAJECTORY_TURNS
     reward = record.get("reward")

@@ -184,7 +184,7 @@ class AgentEnvironment(Environment):
         self.pending: Pending | None = None
         self.context: list[int] = []  # what the driver holds for this trajectory
         self._replace: list[int] | None = None
-        self._sampled: tuple[list[float], int, int] | None = None
+        self._sampled: tuple[list[float], int, list[int]] | None = None
         self._deadline = 0.0
         self._stdout: collections.deque[str] = collections.deque(maxlen=64)
         self._stderr = bytearray()
@@ -218,9 +218,9 @@ class AgentEnvironment(Environment):
         self.context = list(nxt.prompt)
         return Turn(list(nxt.prompt), max_tokens=nxt.sampling.max_tokens)
 
-    def observe(self, logprobs: list[float], weight_version: int, worker: int = -1) -> None:
+    def observe(self, logprobs: list[float], weight_version: int, workers: list[int]) -> None:
         """The driver's sampled turn details (called before `step`)."""
-        self._sampled = (list(logprobs), weight_version, worker)
+        self._sampled = (list(logprobs), weight_version, list(workers))
 
     def take_context(self) -> list[int] | None:
         """A context that replaces the driver's (the agent rewrote its history: a fork), once."""
@@ -231,13 +231,13 @@ class AgentEnvironment(Environment):
         pending, self.pending = self.pending, None
         if pending is None:
             raise AgentFailed("a turn was sampled with no request pending")
-        lps, version, worker = self._sampled or ([0.0] * len(response), self.runner.backend.version, -1)
+        lps, version, workers = self._sampled or ([0.0] * len(response), self.runner.backend.version, [])
         self._sampled = None
         if len(lps) != len(response):
             lps = (lps + [0.0] * len(response))[: len(response)]
         finish = "stop" if response and response[-1] in self.runner.fmt.stop_ids else "length"
         if not pending.answer.done():
-            pending.answer.set_result(Generation(list(response), lps, finish, version, [worker]))
+            pending.answer.set_result(Generation(list(response), lps, finish, version, workers))
         self.context += list(response)
         try:
             nxt = await self._next()

@@ -36,8 +36,9 @@ class Environment(abc.ABC):
     temperature: float = 1.0  # sampling temperature the driver uses for this environment's turns
     stop_at_eos: bool = False  # a turn ends at EOS (an external agent's answer does) rather than at its budget
 
-    def observe(self, logprobs: list[float], weight_version: int, worker: int) -> None:  # noqa: B027 (optional hook)
-        """The sampled turn's log-probs, weights and worker, just before `step` (an external agent gets them)."""
+    def observe(self, logprobs: list[float], weight_version: int, workers: list[int]) -> None:  # noqa: B027 (optional hook)
+        """The sampled turn's log-probs, weights and the workers that served it (in order: a turn resumed on
+        another worker lists each), just before `step` (an external agent's record keeps them)."""
 
     def take_context(self) -> list[int] | None:
         """After `step`: a context that replaces the driver's (an agent rewrote its history), once."""

@@ -393,7 +393,7 @@ class Gateway:
                 lps,
                 msg,
                 weight_version=version,
-                worker=workers[-1] if workers else -1,
+                workers=workers,
                 latency_s=latency,
                 closing=self.fmt.closing(tokens),
             )
@@ -532,7 +532,7 @@ class Gateway:
                 lps,
                 {"role": "assistant", "content": None},
                 weight_version=version,
-                worker=workers[-1] if workers else -1,
+                workers=workers,
                 latency_s=latency,
             )
             s.tokens.held = []

@@ -9,7 +9,7 @@ trajectory, and the fork is counted.
 
 Every token of a sample carries its loss mask (1 = sampled by the policy, 0 = template, tool output,
 observation), its log-prob (0.0 where masked) and the segment it came in: the weight version that
-produced it, the worker that served the turn, the turn's latency.
+produced it, every worker that served the turn (in order: a turn resumed elsewhere lists each), its latency.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Segment:
     end: int
     sampled: bool
     weight_version: int = -1  # sampled segments: the oldest weights that produced any of its tokens
-    worker: int = -1
+    workers: tuple[int, ...] = ()  # sampled segments: the workers that served the turn, in order
     latency_s: float = 0.0
 
 
@@ -63,7 +63,7 @@ class Sample:
         sampled: bool,
         logprobs: Iterable[float] | None = None,
         weight_version: int = -1,
-        worker: int = -1,
+        workers: Iterable[int] = (),
         latency_s: float = 0.0,
     ) -> Segment:
         ids = list(ids)
@@ -72,7 +72,7 @@ class Sample:
             raise ValueError(f"{len(ids)} tokens but {len(lps)} log-probs")
         if not sampled and any(x != 0.0 for x in lps):
             raise ValueError("template tokens carry no log-probs")
-        seg = Segment(len(self.tokens), len(self.tokens) + len(ids), sampled, weight_version, worker, latency_s)
+        seg = Segment(len(self.tokens), len(self.tokens) + len(ids), sampled, weight_version, tuple(workers), latency_s)
         self.tokens += ids
         self.mask += [SAMPLED if sampled else PROMPT] * len(ids)
         self.logprobs += lps
@@ -86,7 +86,7 @@ class Sample:
             "mask": list(self.mask),
             "logprobs": list(self.logprobs),
             "weight_versions": [s.weight_version for s in self.segments if s.sampled],
-            "workers": [s.worker for s in self.segments if s.sampled],
+            "workers": [list(s.workers) for s in self.segments if s.sampled],  # per turn: each worker that served it
             "latency_s": [round(s.latency_s, 6) for s in self.segments if s.sampled],
         }
 
@@ -169,7 +169,7 @@ class TrajectoryTokens:
         answer: dict[str, Any],
         *,
         weight_version: int,
-        worker: int = -1,
+        workers: Iterable[int] = (),
         latency_s: float = 0.0,
         closing: list[int] | None = None,
     ) -> Segment:
@@ -179,7 +179,7 @@ class TrajectoryTokens:
         if not self.samples:
             raise ValueError("a turn was sampled before any prompt")
         seg = self.current.append(
-            ids, sampled=True, logprobs=logprobs, weight_version=weight_version, worker=worker, latency_s=latency_s
+            ids, sampled=True, logprobs=logprobs, weight_version=weight_version, workers=workers, latency_s=latency_s
         )
         if closing:
             self.current.append(closing, sampled=False)

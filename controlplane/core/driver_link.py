@@ -92,7 +92,8 @@ class TrajectorySummary:
     token_count: int = field(default=0, metadata=bounded(0, 1 << 31))  # before truncation
     truncated: bool = False
     weight_versions: list[int] = field(default_factory=list, metadata=bounded(0, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
-    workers: list[int] = field(default_factory=list, metadata=bounded(-1, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
+    # per turn, every worker that served it, in order (a turn resumed on another worker lists both)
+    workers: list[list[int]] = field(default_factory=list, metadata=bounded(-1, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
     latency_s: list[float] = field(default_factory=list, metadata=bounded(0.0, 1e7, max_len=MAX_TRAJECTORY_TURNS))
 
 

@@ -257,6 +257,11 @@
     }
     if (tr.open) { const again = tr.rows.find((t) => t.name === tr.open); if (again) openTrajectory(again); }
   }
+  // a turn's workers, in order (a turn resumed on another worker lists each; older rows hold one id)
+  function servedBy(w) {
+    const ids = (Array.isArray(w) ? w : w === undefined ? [] : [w]).filter((x) => x >= 0);
+    return ids.length ? ids.join(" → ") : "–";
+  }
   function openTrajectory(t) {
     tr.open = t.name;
     for (const row of $("trajectories").querySelectorAll("tbody tr")) row.classList.toggle("chosen", row.dataset.name === t.name);
@@ -278,7 +283,7 @@
     const tb = el("tbody");
     t.weight_versions.forEach((v, i) => {
       const row = el("tr"); row.append(el("td", null, String(i + 1)), el("td", null, `v${v}`),
-        el("td", null, t.workers[i] === undefined || t.workers[i] < 0 ? "–" : String(t.workers[i])), el("td", null, fmt.s(t.latency_s[i])));
+        el("td", null, servedBy(t.workers[i])), el("td", null, fmt.s(t.latency_s[i])));
       tb.appendChild(row);
     });
     turns.appendChild(tb);

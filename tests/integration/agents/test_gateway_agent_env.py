@@ -49,7 +49,7 @@ async def drive(env: AgentEnvironment, worker: str, http: ClientSession, seed: i
         ) as r:
             res = await r.json()
         sampled.append((list(context), res["tokens"], res["logprobs"]))
-        env.observe(res["logprobs"], res["weight_version"], res["worker_id"])
+        env.observe(res["logprobs"], res["weight_version"], [res["worker_id"]])
         turn = await env.step(res["tokens"])
         replaced = env.take_context()
         context = replaced if replaced is not None else context + res["tokens"] + list(turn.observation)

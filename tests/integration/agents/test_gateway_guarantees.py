@@ -244,7 +244,7 @@ async def test_a_worker_sigkilled_mid_request_the_agent_still_gets_one_complete_
         assert seen.get("killed"), "A never decoded the turn"
         _ids, rec = check_one_complete_answer(tmp_path, runner)
         # the killed worker's answer never came: the turn was served, whole, by B
-        assert rec["samples"][-1]["workers"] == [2]
+        assert rec["samples"][-1]["workers"] == [[2]]
         assert driver.loop.steps[0].interruptions >= 1
     finally:
         a.stop()
@@ -288,7 +288,8 @@ async def test_a_borrowed_worker_returned_mid_request_resumes_the_turn_from_its_
         # resumed, not restarted: the answer starts with the returned worker's partial output, the rest
         # decoded on the dedicated worker; the turn is one sampled segment of the trajectory
         assert 0 < len(partial) < MAX_TOKENS and ids[: len(partial)] == partial
-        assert rec["samples"][-1]["workers"] == [2] and driver.loop.steps[0].interruptions >= 1
+        # the turn lists both workers that served it: the returned one (its prefix), then the dedicated one
+        assert rec["samples"][-1]["workers"] == [[1, 2]] and driver.loop.steps[0].interruptions >= 1
     finally:
         lent.stop()
         own.stop()

@@ -123,7 +123,7 @@ def _record(n_tokens: int = 6, status: str = "done", **extra) -> dict:
         "latency_s": [0.125],
     }
     return {
-        "samples": [sample, {**sample, "weight_versions": [4], "workers": [5]}],
+        "samples": [sample, {**sample, "weight_versions": [4], "workers": [[5, 6]]}],
         "forks": 1,
         "reward": 1.0,
         "turns": 2,
@@ -163,7 +163,7 @@ def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
     assert done["status"] == "done" and done["reward"] == 1.0 and done["forks"] == 1 and done["turns"] == 2
     assert done["tokens"] == [0, 1, 2, 3, 4, 5] * 2 and done["mask"] == [0, 0, 0, 1, 1, 1] * 2
     assert done["logprobs"][3] == -0.25 and done["sample_lens"] == [6, 6]
-    assert done["weight_versions"] == [3, 4] and done["workers"] == [2, 5] and done["latency_s"] == [0.125] * 2
+    assert done["weight_versions"] == [3, 4] and done["workers"] == [[2], [5, 6]] and done["latency_s"] == [0.125] * 2
     assert done["messages"][0] == {"role": "user", "content": "1+1?"} and not done["truncated"]
     assert failed["status"] == "failed" and failed["reward"] is None and failed["reason"] == "exit 1"
     assert failed["stderr"] == "boom"

@@ -78,6 +78,17 @@ def test_summaries_are_bounded_and_storable():
     dl.parse_driver_message(json.loads(json.dumps(dl.dump(msg))))
 
 
+def test_each_turn_lists_every_worker_that_served_it_and_crosses_the_link():
+    rec = _rec()
+    rec["samples"][0]["workers"] = [[3, 1]]  # a turn resumed on worker 1 after worker 3 was returned
+    rec["samples"].append({**rec["samples"][0], "workers": [list(range(40))]})  # resumed past the bound
+    s = summarize("s0-t0", rec)
+    assert s.workers == [[3, 1], list(range(16))]
+    back = dl.parse_driver_message(json.loads(json.dumps(dl.dump(dl.TrajectoryReport(0, [s])))))
+    assert back.trajectories[0].workers == [[3, 1], list(range(16))]
+    assert summarize("s0-t1", _rec()).workers == [[0]]  # a record of one id per turn (before)
+
+
 def test_reports_are_per_step_and_split_under_the_frame_limit():
     many = [(0, summarize(f"s0-t{i}", _rec(n=dl.MAX_TRAJECTORY_TOKENS))) for i in range(40)]
     out = reports([*many, (1, summarize("s1-t0", _rec()))])

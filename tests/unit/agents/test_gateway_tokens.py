@@ -29,20 +29,20 @@ def test_first_request_starts_the_first_sample_without_counting_a_fork():
 def test_extending_appends_only_the_new_template_tokens_after_the_sampled_ids():
     t = TrajectoryTokens()
     t.begin(t.plan([USER]), [1, 2, 3], [USER])
-    t.sampled([7, 8], [-0.5, -0.25], answer("ab"), weight_version=4, worker=2, latency_s=0.1, closing=[9])
+    t.sampled([7, 8], [-0.5, -0.25], answer("ab"), weight_version=4, workers=[2], latency_s=0.1, closing=[9])
     msgs = [USER, answer("ab"), {"role": "tool", "tool_call_id": "c1", "content": "5"}]
     plan = t.plan(msgs)
     assert not plan.fork and plan.new_messages == msgs[2:]
     prompt = t.begin(plan, [10, 11], msgs)
     assert prompt == [1, 2, 3, 7, 8, 9, 10, 11]  # the sampled ids as sampled, never re-tokenized
-    t.sampled([12], [-1.0], answer("5"), weight_version=5, worker=3)
+    t.sampled([12], [-1.0], answer("5"), weight_version=5, workers=[3, 1])  # resumed on worker 1
     s = t.current
     assert s.tokens == [1, 2, 3, 7, 8, 9, 10, 11, 12]
     assert s.mask == [PROMPT] * 3 + [SAMPLED] * 2 + [PROMPT] * 3 + [SAMPLED]
     assert s.logprobs == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, 0.0, -1.0]
     assert s.prompt_len == 3 and s.turns == 2
     j = s.to_json()
-    assert j["weight_versions"] == [4, 5] and j["workers"] == [2, 3]
+    assert j["weight_versions"] == [4, 5] and j["workers"] == [[2], [3, 1]]  # per turn, every worker that served it
     assert t.forks == 0
 
 
