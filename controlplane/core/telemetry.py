@@ -34,6 +34,9 @@ class TelemetryRecord:
     job: str = ""
     step: int = 0
     worker: int | None = None  # stable worker slot id, when a worker emitted it
+    # the emitting worker's chip type (engine records on a mixed pool): the tracker corrects each type's costs from
+    # its own records, also when the worker is no longer in the pool the policy last saw (records arrive batched)
+    hardware: str = ""
     # TURN
     trajectory: str = ""
     turn: int = 0

@@ -130,6 +130,7 @@ class Serving(WorldState):
         prefilled, done, seg = w.finish()
         n = len(w.running) + len(done)
         observe = self.observe
+        hw = slot.hardware if self.mixed else ""  # engine records name their chip on a mixed pool
         if seg.kind == "decode" or (seg.kind == "prefill" and w.role is Role.COLOCATED and n):
             self._iter_sample += 1
             if seg.k >= 16 or self._iter_sample % 16 == 0:  # a sample is plenty for the A, b fit
@@ -137,12 +138,13 @@ class Serving(WorldState):
                     tm.decode_iteration(
                         time_s=t,
                         worker=slot.wid,
+                        hardware=hw,
                         running_batch=n,
                         duration_s=seg.dt if seg.kind == "decode" else (seg.end_s - seg.t0 - seg.prefill_s) / seg.k,
                     )
                 )
         if seg.kind == "prefill":
-            for rec in prefill_records(seg, time_s=t, worker=slot.wid):
+            for rec in prefill_records(seg, time_s=t, worker=slot.wid, hardware=hw):
                 observe(rec)
         for req in done:
             self.turn_done(req, t, slot)
@@ -160,6 +162,7 @@ class Serving(WorldState):
                 tm.kv_transfer(
                     time_s=start + dur,
                     worker=slot.wid,
+                    hardware=hw,
                     tokens=req.ctx0,
                     kv_bytes=int(req.ctx0 * self.kv_bytes),
                     duration_s=dur,

@@ -13,7 +13,7 @@ from controlplane.core.decision import Candidate, Thresholds, decide, decide_mix
 from controlplane.core.policies import names
 from controlplane.core.policies.base import OptionSpec, PolicyAction, TrackedPolicy, best_makespan, with_inputs
 from controlplane.core.predictor import WorkloadProfile
-from controlplane.core.profiles import EngineCoefficients, get_profile, link_bytes_per_s
+from controlplane.core.profiles import EngineCoefficients, get_hardware, get_profile, link_bytes_per_s
 from controlplane.core.state import Configuration, Mode
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.tracker import FittedProfile, HardwareTrackers
@@ -85,11 +85,26 @@ class PearlPolicy(TrackedPolicy):
         return single_type if self.single_type_only else None
 
     def observe(self, record: TelemetryRecord) -> None:
-        if self.hw_trackers is None:
+        # the worker's chip: the pool's map (the control plane's record of the worker) first, else the record's own
+        # field, which also places records of workers no longer in the pool and those a live planner replays
+        # before its first decision (it rebuilds the policy from stored telemetry at every signal)
+        wid = record.worker
+        hw = (self._worker_hw.get(wid, "") if isinstance(wid, int) else "") or _chip(record.hardware)
+        if self.hw_trackers is None and not hw:
             super().observe(record)
             return
-        wid = getattr(record, "worker", None)
-        self.hw_trackers.observe(record, self._worker_hw.get(wid) if isinstance(wid, int) else None)
+        trackers = self._trackers()
+        if hw and hw not in trackers.by_type:
+            try:
+                trackers.add(hw, get_profile(hw, self.profile.model, self.profile.tp))
+            except ValueError:
+                hw = ""  # a chip with no profile: its records still feed the job's workload fit
+        trackers.observe(record, hw or None)
+
+    def _trackers(self) -> HardwareTrackers:
+        if self.hw_trackers is None:
+            self.hw_trackers = HardwareTrackers({}, batch_size=self.batch_size, pooled=self.tracker)
+        return self.hw_trackers
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "kinds_run": sorted(self._kinds_run)} if self._kinds_run else super().state()
@@ -193,12 +208,11 @@ class PearlPolicy(TrackedPolicy):
     def _type_coefficients(self, ctx: PolicyContext, w: WorkloadProfile) -> dict[str, EngineCoefficients]:
         """Each chip type's coefficients at the job's fitted workload: its prior (the chip's roofline)
         corrected by that type's own engine telemetry (`HardwareTrackers`); a type never seen is its prior."""
-        if self.hw_trackers is None:
-            self.hw_trackers = HardwareTrackers({}, batch_size=self.batch_size, pooled=self.tracker)
+        trackers = self._trackers()
         types = {h for h, _ in ctx.hardware} | ({ctx.overlap_hardware} if ctx.overlap_hardware else set())
         for h in types:
-            self.hw_trackers.add(h, get_profile(h, self.profile.model, self.profile.tp))
-        return {h: self.hw_trackers.by_type[h].coefficients(w)[0] for h in types}
+            trackers.add(h, get_profile(h, self.profile.model, self.profile.tp))
+        return {h: trackers.by_type[h].coefficients(w)[0] for h in types}
 
     def _link(self) -> Callable[[str, str], float]:
         tp = self.profile.tp
@@ -366,6 +380,14 @@ class PearlPolicy(TrackedPolicy):
         if not self.gated:
             return replace(g, admit=True, reason=f"ungated (ablation): borrow; Eq. 7 would say: {g.reason}")
         return g
+
+
+def _chip(name: str) -> str:
+    """A record's chip type by its canonical name ("" if none or unknown)."""
+    try:
+        return get_hardware(name).name if name else ""
+    except ValueError:
+        return ""
 
 
 def _may_borrow(ctx: PolicyContext) -> bool:

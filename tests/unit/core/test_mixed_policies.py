@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from controlplane.core.context import Overrides, PolicyContext, Signal
 from controlplane.core.decision import Candidate, MixedCandidate
 from controlplane.core.placement import Inventory, Unit, place, typed_configuration_of
@@ -128,3 +130,20 @@ def test_typed_placement_puts_each_role_on_its_chip_with_minimal_change() -> Non
     # Eq. 5-6 over both types: one H800 leaves, the other five flip role (2 to prefill, 3 to decode)
     assert (p.plan.d_worker, p.plan.d_role) == (1, 5)
     assert str(p.plan.steps[0].kind) == "stop_worker" and p.plan.steps[0].forced  # removals first
+
+
+def test_engine_records_name_their_chip_and_reach_that_chips_tracker_before_any_decision() -> None:
+    from controlplane.core.telemetry import TelemetryRecord, decode_iteration
+
+    rec = decode_iteration(worker=5, hardware="H20", running_batch=8, duration_s=0.02)
+    assert TelemetryRecord.from_json(rec.to_json()) == rec  # the field crosses the wire
+    # a live planner rebuilds the policy from stored telemetry at each signal: it replays records before it has
+    # seen any pool, so only the record itself can say which chip timed it
+    p = make_policy(names.PEARL, profile=PROFILE, batch_size=64)
+    for n in range(1, 41):
+        p.observe(decode_iteration(worker=5, hardware="h20", running_batch=n, duration_s=0.01 + 1e-3 * n))
+    p.observe(decode_iteration(worker=6, hardware="no-such-chip", running_batch=4, duration_s=0.02))  # ignored
+    p.on_event(mixed_ctx())
+    h20 = p.hw_trackers.by_type["H20"]  # type: ignore[union-attr]
+    assert h20._decode.total == 40 and p.hw_trackers.by_type["H800"]._decode.total == 0  # type: ignore[union-attr]
+    assert h20.coefficients()[0].decode_b == pytest.approx(1e-3, rel=0.05)
