@@ -177,6 +177,11 @@ def stop_agent(ray_node_id: str, timeout_s: float = 30.0) -> None:
         ray.get(actor.stop.remote(), timeout=timeout_s)
     finally:
         ray.kill(actor, no_restart=True)
+    # ray.kill returns at once; the actor (and the GPUs it holds) is gone when its name is released, which an
+    # idle-termination drain right after needs (else Ray answers "no longer idle")
+    deadline = time.monotonic() + timeout_s
+    while ray_node_id in agent_actors() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @ray.remote

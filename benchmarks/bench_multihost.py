@@ -5,7 +5,7 @@ duplicated, the bridge's reaction from a Ray drain to PEARL's notice, and the co
 With --scale it also grows one cluster through the given node counts (tests/multihost/test_ray_scale.py)
 until memory, registration or the leases give out, and says which did.
 
-    as root: .venv/bin/python benchmarks/bench_multihost.py --runs 2 [--scale 4,8,12,16]
+    as root: .venv/bin/python benchmarks/bench_multihost.py --runs 2 [--scale 4,8,12,16 [--scale-mode logical]]
     one module: .venv/bin/python benchmarks/bench_multihost.py --only tests/multihost/test_ray_job.py
     from a file a run left: .venv/bin/python benchmarks/bench_multihost.py --report /tmp/t.jsonl
 
@@ -80,6 +80,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="runs of the fault scenarios (0: none)")
     ap.add_argument("--only", default="", help="run these test files instead of both fault modules (comma-separated)")
     ap.add_argument("--scale", default="", help="node counts to grow one cluster through, e.g. 4,8,12,16")
+    ap.add_argument(
+        "--scale-mode",
+        choices=["namespaces", "logical"],
+        default="namespaces",
+        help="namespaces: each Ray node its own host; logical: raylets sharing one host and address",
+    )
     ap.add_argument("--timings", default="", help="JSON-lines file to append to (default: a new temporary one)")
     ap.add_argument("--report", default="", help="only print the tables of an existing timings file")
     args = ap.parse_args()
@@ -94,7 +100,8 @@ def main() -> int:
         print(f"run {i + 1}: rc={rc}, {wall:.0f} s", file=sys.stderr)
         failed += rc != 0
     if args.scale:
-        rc, wall = run([SCALE_TEST], timings, {"PEARL_MULTIHOST_SCALE": args.scale})
+        env = {"PEARL_MULTIHOST_SCALE": args.scale, "PEARL_MULTIHOST_SCALE_MODE": args.scale_mode}
+        rc, wall = run([SCALE_TEST], timings, env)
         print(f"scale: rc={rc}, {wall:.0f} s", file=sys.stderr)
         failed += rc != 0
     print(f"timings: {timings}")

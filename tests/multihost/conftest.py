@@ -348,11 +348,14 @@ class Cluster:
         self.start_daphne()
         return t_down, time.time()
 
-    def start_ray_node(self, host: str, *, gpus: int = 2, pool: str = "elastic") -> None:
-        """A Ray worker node in its own namespace (its own address), `gpus` logical GPUs."""
-        ip = self.nodes[host]
+    def start_ray_node(
+        self, host: str, *, gpus: int = 2, pool: str = "elastic", name: str = "", ports: tuple[str, ...] = ()
+    ) -> None:
+        """A Ray worker node on `host` (its namespace, its address), `gpus` logical GPUs; `name` (default: the
+        host) names its process and temp dir, `ports` are extra `ray start` flags (a second raylet on a host)."""
+        ip, name = self.nodes[host], name or host
         self.hosts.start(
-            f"ray-{host}",
+            f"ray-{name}",
             host,
             [
                 str(Path(sys.executable).parent / "ray"),
@@ -372,28 +375,49 @@ class Cluster:
                 f"pearl.io/pool={pool},pearl.io/hardware=H800",
                 "--disable-usage-stats",
                 "--temp-dir",
-                str(ray_tmp(self.hosts.prefix) / host),
+                str(ray_tmp(self.hosts.prefix) / name),
+                *ports,
             ],
             self.env | RAY_HEALTH,
         )
 
     def add_node(self, host: str, **kw: Any) -> str:
-        """A new host with a Ray node on it, started one at a time: `ray start` gives its raylet a fixed
-        30 s to register with the GCS, which several starting at once on two loaded cores overrun; one
-        that gives up so is started again (twice at most)."""
+        """A new host with a Ray node on it."""
         ip = f"{SUBNET}.{10 + len(self.nodes) + 1}"
         self.hosts.add_host(host, ip)
         self.nodes[host] = ip
-        name = f"ray-{host}"
+        self._start_node(host, **kw)
+        return ip
+
+    def add_logical_node(self, name: str, host: str, index: int, **kw: Any) -> str:
+        """One more Ray node on a shared host (several raylets on one namespace and address, as Ray's own
+        cluster_utils runs them): each its own fixed ports (`index` picks them), since two raylets on one
+        address cannot both take Ray's defaults (the dashboard agent's 52365)."""
+        if host not in self.nodes:
+            self.nodes[host] = f"{SUBNET}.{10 + len(self.nodes) + 1}"
+            self.hosts.add_host(host, self.nodes[host])
+        base = 20000 + 100 * index
+        flags = ("node-manager", "object-manager", "dashboard-agent-listen", "dashboard-agent-grpc")
+        ports = [f"--{f}-port={base + i}" for i, f in enumerate(flags)]
+        ports += [f"--runtime-env-agent-port={base + 4}", f"--metrics-export-port={base + 5}"]
+        ports += [f"--min-worker-port={base + 10}", f"--max-worker-port={base + 99}"]
+        self._start_node(host, name=name, ports=tuple(ports), **kw)
+        return self.nodes[host]
+
+    def _start_node(self, host: str, **kw: Any) -> None:
+        """Start a Ray node and wait for it, one at a time: `ray start` gives its raylet a fixed 30 s to
+        register with the GCS (hard-coded in ray/_private/node.py, no setting), which several starting at
+        once on two loaded cores overrun; one that gives up so is started again (twice at most)."""
+        name = f"ray-{kw.get('name') or host}"
         for _ in range(3):
             seen = len(self.hosts.log(name))
             self.start_ray_node(host, **kw)
             proc = self.hosts.procs[name]
-            wait_for(functools.partial(self._started_or_dead, name, proc, seen), 180, f"the Ray node on {host}")
+            wait_for(functools.partial(self._started_or_dead, name, proc, seen), 180, f"the Ray node {name}")
             if proc.poll() is None:
-                return ip
+                return
             self.hosts.kill(name)  # what is left of its process group
-        raise AssertionError(f"the Ray node on {host} did not start: {self.hosts.log(name)[-2000:]}")
+        raise AssertionError(f"the Ray node {name} did not start: {self.hosts.log(name)[-2000:]}")
 
     def _started_or_dead(self, name: str, proc: subprocess.Popen, seen: int) -> bool:
         return "Ray runtime started" in self.hosts.log(name)[seen:] or proc.poll() is not None
@@ -416,6 +440,7 @@ class Cluster:
                 str(self.hosts.tmp / "agents"),
                 "--interval",
                 "0.5",
+                "--release-drained",
             ],
             self.env,
         )

@@ -238,26 +238,12 @@ def test_a_restarted_bridge_changes_nothing_that_is_right(cluster: Cluster):
     cluster.hosts.kill("bridge", signal.SIGTERM)
 
 
-def test_ray_refuses_an_idle_termination_drain_of_a_node_whose_agent_holds_its_gpus(cluster: Cluster):
-    """What the bridge relies on to read a drain with a deadline as a preemption (docs/deployment.md)."""
-    node = ready_at(cluster, "n3")
-    assert node
-    code = (
-        "import json, sys; from agents import ray_adapter as r; r.connect(sys.argv[1]); "
-        "print(json.dumps(r.drain(sys.argv[2], reason='idle_termination', message='test')))"
-    )
+def on_ray(cluster: Cluster, code: str, *args: str) -> Any:
+    """Run `code` against the Ray cluster from the control host (`agents.ray_adapter` as `r`, connected;
+    sys.argv[1:] = args) and return the JSON its last line prints."""
+    prelude = f"import json, sys; from agents import ray_adapter as r; r.connect({f'{HEAD_IP}:{RAY_PORT}'!r}); "
     out = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            cluster.hosts.ns("cp"),
-            sys.executable,
-            "-c",
-            code,
-            f"{HEAD_IP}:{RAY_PORT}",
-            node["ray_node_id"],
-        ],
+        ["ip", "netns", "exec", cluster.hosts.ns("cp"), sys.executable, "-c", prelude + code, *args],
         cwd=ROOT,
         env=cluster.env,
         capture_output=True,
@@ -265,7 +251,66 @@ def test_ray_refuses_an_idle_termination_drain_of_a_node_whose_agent_holds_its_g
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    accepted, why = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ray_refuses_an_idle_termination_drain_of_a_node_whose_agent_holds_its_gpus(cluster: Cluster):
+    """What the bridge relies on to read a drain with a deadline as a preemption (docs/deployment.md)."""
+    node = ready_at(cluster, "n3")
+    assert node
+    code = "print(json.dumps(r.drain(sys.argv[1], reason='idle_termination', message='test')))"
+    accepted, why = on_ray(cluster, code, node["ray_node_id"])
     assert not accepted and why, (accepted, why)
     time.sleep(2)
     assert cluster.db.nodes()[node["name"]]["status"] == "ready"  # nothing reached PEARL
+
+
+def test_pearl_shrinking_its_elastic_pool_hands_the_node_back_to_ray_as_idle(cluster: Cluster):
+    """The bridge runs with --release-drained. PEARL shrinks its elastic pool (the availability use case:
+    a preemption notice of its own, 120 s): once the node's workers are gone the bridge stops its agent
+    and asks Ray to drain the node as idle; Ray accepts (the agent no longer holds its GPUs) and the idle
+    raylet ends itself, dead in Ray with AUTOSCALER_DRAIN_IDLE (what's left for an autoscaler is the
+    machine); PEARL records both, and no agent is placed there again."""
+    node = ready_at(cluster, "n3")
+    assert node
+    if cluster.hosts.procs["bridge"].poll() is not None:  # the restart scenario stopped it
+        cluster.start_bridge()
+    seen = len(cluster.bridge_lines())
+    shrink = (
+        "from controlplane.services.availability import set_elastic_capacity; "
+        "print(set_elastic_capacity(gpus=0, notice_s=120, actor='test').preempted)"
+    )
+    assert node["name"] in cluster.manage("shell", "-c", shrink)
+    t0 = time.time()
+    released = wait_for(
+        lambda: [e for e in cluster.db.events("node.ray_released") if e["node"] == node["name"]],
+        90,
+        "the bridge to hand the node back to Ray",
+    )[0]
+    died = wait_for(
+        lambda: [
+            e
+            for k in ("node.gone", "node.ray_dead")
+            for e in cluster.db.events(k)
+            if e["node"] == node["name"] and "ray_death_reason" in (e["data"] or {})
+        ],
+        90,
+        "Ray's death of the released node to reach PEARL",
+    )
+    asked = [x for x in cluster.bridge_lines()[seen:] if x["bridge"] == "release"]
+    record(
+        "pearl_shrinks_release",
+        released_s=_ts(released["created"]) - t0,
+        dead_s=_ts(died[0]["created"]) - t0,
+        refused=len(asked) - 1,
+    )
+    assert died[0]["data"]["ray_death_reason"] == "AUTOSCALER_DRAIN_IDLE", died
+    in_ray = on_ray(
+        cluster,
+        "print(json.dumps([[type(e).__name__, getattr(e, 'reason', '')] for e in r.observe() "
+        "if e.ray_node_id == sys.argv[1]] + [sys.argv[1] in r.agent_actors()]))",
+        node["ray_node_id"],
+    )
+    assert in_ray == [["NodeDead", "AUTOSCALER_DRAIN_IDLE"], False], in_ray
+    assert not [x for x in cluster.bridge_lines()[seen:] if x["bridge"] == "place_agent"]  # not placed again
+    assert asked[-1]["accepted"] and len(asked) <= 2, asked  # accepted (a second look at most: Ray's idle check lags)

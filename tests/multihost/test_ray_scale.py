@@ -3,7 +3,8 @@ A benchmark, not a test of the default run: it runs only with PEARL_MULTIHOST_SC
 counts to grow through; `benchmarks/bench_multihost.py --scale` sets it) and records its figures in
 PEARL_FAULT_TIMINGS.
 
-At each count it adds Ray nodes (each its own namespace and raylet, 2 logical GPUs), waits for every
+At each count it adds Ray nodes (each its own namespace and raylet, 2 logical GPUs; with
+PEARL_MULTIHOST_SCALE_MODE=logical, raylets that share one namespace and address), waits for every
 agent to register, then measures: the resident memory and idle CPU of all the nodes' sessions and of
 the control plane's processes, how long the bridge takes from a Ray drain to PEARL's notice, and
 whether every lease held for 10 s. It stops growing at the first count where memory would run short
@@ -22,6 +23,8 @@ from tests.multihost.conftest import Cluster, wait_for
 from tests.multihost.test_ray_cluster import _ts, group_usage, record
 
 SIZES = [int(x) for x in os.environ.get("PEARL_MULTIHOST_SCALE", "").split(",") if x.strip()]
+# namespaces: each Ray node its own host (namespace, address); logical: every Ray node a raylet on one shared host
+MODE = os.environ.get("PEARL_MULTIHOST_SCALE_MODE", "namespaces")
 MIN_FREE_MIB = 3072  # left to the other jobs on this machine
 DRAIN_S = 600  # the drained node stays up (and held) for the rest of the run
 CONTROL = ("daphne", "celery", "bridge", "redis", "postgres")
@@ -48,10 +51,10 @@ def _usage(cluster: Cluster, names: list[str]) -> tuple[float, float]:
     return rss, cpu
 
 
-def _ready_count(cluster: Cluster, hosts: list[str]) -> int:
-    """Agents registered and holding their lease (a node drained earlier in the run counts: it still is)."""
-    by_ip = {n["ray_address"]: n for n in cluster.db.nodes().values() if n["ray_node_id"]}
-    return sum(1 for h in hosts if (n := by_ip.get(cluster.nodes[h])) and n["status"] in ("ready", "draining"))
+def _ready_count(cluster: Cluster) -> int:
+    """Agents registered, bound and holding their lease (a node drained earlier in the run counts: it still
+    is); the cluster has no other Ray-bound nodes."""
+    return sum(1 for n in cluster.db.nodes().values() if n["ray_node_id"] and n["status"] in ("ready", "draining"))
 
 
 def _notices(cluster: Cluster, name: str) -> list[dict]:
@@ -71,14 +74,15 @@ def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Clust
         t0 = time.time()
         while len(hosts) < size:
             host = f"s{len(hosts) + 1}"
-            cluster.add_node(host, gpus=2)
+            if MODE == "logical":
+                cluster.add_logical_node(host, "lg", len(hosts), gpus=2)
+            else:
+                cluster.add_node(host, gpus=2)
             hosts.append(host)
         try:
-            wait_for(lambda: _ready_count(cluster, hosts) == len(hosts), 300 + 20 * size, f"{size} agents")
+            wait_for(lambda: _ready_count(cluster) == len(hosts), 300 + 20 * size, f"{size} agents")
         except AssertionError:
-            limit = (
-                f"registration: {_ready_count(cluster, hosts)} of {size} agents ready after {time.time() - t0:.0f} s"
-            )
+            limit = f"registration: {_ready_count(cluster)} of {size} agents ready after {time.time() - t0:.0f} s"
             break
         up_s = time.time() - t0
         lost_before = len(cluster.db.events("node.lease_expired"))
@@ -88,8 +92,11 @@ def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Clust
         nodes_rss, nodes_cpu = _usage(cluster, [f"ray-{h}" for h in hosts])
         cp_rss, cp_cpu = _usage(cluster, list(CONTROL))
         per_node_mib = nodes_rss / len(hosts)
-        # the bridge's reaction at this size: a preemption drain of the newest node, far deadline
-        victim = next(n for n in cluster.db.nodes().values() if n["ray_address"] == cluster.nodes[hosts[-1]])
+        # the bridge's reaction at this size: a preemption drain of a node not drained yet, far deadline
+        victim = min(
+            (n for n in cluster.db.nodes().values() if n["status"] == "ready" and n["ray_node_id"]),
+            key=lambda n: n["name"],
+        )
         cluster.ray_drain(victim["ray_node_id"], DRAIN_S)
         notice = wait_for(
             functools.partial(_notices, cluster, victim["name"]),
@@ -101,6 +108,7 @@ def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Clust
         lost = len(cluster.db.events("node.lease_expired")) - lost_before
         record(
             "ray_scale",
+            mode=MODE,
             nodes=size,
             up_s=up_s,
             nodes_rss_mib=nodes_rss,
@@ -115,5 +123,5 @@ def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Clust
         if lost:
             limit = f"leases: {lost} lost in 10 s at {size} nodes"
             break
-    record("ray_scale_limit", nodes=len(hosts), limit=limit)
+    record("ray_scale_limit", mode=MODE, nodes=len(hosts), limit=limit)
     assert hosts
