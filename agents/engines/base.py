@@ -148,6 +148,7 @@ class Engine(ABC):
         self.telemetry: collections.deque[TelemetryRecord] = collections.deque(maxlen=TELEMETRY_BUFFER)
         self._decode_sampled = float("-inf")
         self.decode_sample_s = DECODE_SAMPLE_S
+        self.hardware = ""  # the chip its engine records name (an engine that knows it sets it): per-type tracking
 
     def record_decode_iteration(self, batch: int, duration_s: float) -> None:
         """Keep one decode iteration (batch size, model-time duration) every `decode_sample_s`: a
@@ -157,7 +158,12 @@ class Engine(ABC):
             self._decode_sampled = now
             self.telemetry.append(
                 tm.decode_iteration(
-                    time_s=time.time(), job=self.job, worker=self.worker_id, running_batch=batch, duration_s=duration_s
+                    time_s=time.time(),
+                    job=self.job,
+                    worker=self.worker_id,
+                    hardware=self.hardware,
+                    running_batch=batch,
+                    duration_s=duration_s,
                 )
             )
 

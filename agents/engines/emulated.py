@@ -145,6 +145,7 @@ class EmulatedEngine(LoopEngine):
         roofline, the simulator's calibrated engine), to emulate an engine with more PD interference."""
         super().__init__(worker_id=worker_id, role=role, job=job)
         self.profile = profile or get_profile(hardware, model, tp)
+        self.hardware = self.profile.hardware  # its records name the chip whose pace it emulates
         if time_factor <= 0:
             raise ValueError("time_factor must be > 0")
         check_interference(interference)
@@ -423,7 +424,9 @@ class EmulatedEngine(LoopEngine):
         if seg.kind == "prefill":
             self.counters.prefill_tokens += seg.prefill_tokens
             self.counters.prefill_s_total += seg.prefill_s
-            self.telemetry.extend(prefill_records(seg, time_s=time.time(), job=self.job, worker=self.worker_id))
+            self.telemetry.extend(
+                prefill_records(seg, time_s=time.time(), job=self.job, worker=self.worker_id, hardware=self.hardware)
+            )
             free = w.kv_capacity - w.kv_used
             for r in seg.batch:
                 s: ESeq = r.traj

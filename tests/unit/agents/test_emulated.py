@@ -53,6 +53,10 @@ async def test_hundreds_of_concurrent_sequences_and_telemetry(engine):
     assert max(r["running_batch"] for r in decode) == 300
     assert sum(r["tokens"] for r in records if r["kind"] == RecordKind.PREFILL) == 300 * 64
     assert engine.stats().generated_tokens == 300 * 16
+    # each engine record names the chip it is timed as (the tracker corrects that chip's costs from it)
+    assert {r["hardware"] for r in records if r["kind"] in (RecordKind.DECODE_ITERATION, RecordKind.PREFILL)} == {
+        "H800"
+    }
 
 
 async def test_abort_returns_the_partial_output(engine):
