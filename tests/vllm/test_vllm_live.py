@@ -25,18 +25,10 @@ from tests.fault.conftest import assert_invariants, preempt_via_api, processes_u
 from tests.fault.test_faults import registered
 from tests.fault.test_live_faults import BATCH, _assert_whole_accounting, _records
 
-pytestmark = [pytest.mark.replan_every(2), pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.replan_every(2), pytest.mark.timeout(1500)]
 
-START_S = 900  # hang guards (not timings): vLLM engines start side by side on two shared cores (minutes each);
-# every wait that follows a transition starting engines (the first plan, 2C -> 1P1D, 1P1D -> 2C) gets this long
-
-
-@pytest.fixture(autouse=True)
-def _vllm_start_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A vLLM engine takes minutes to start on these loaded cores (three processes, each importing torch and
-    vLLM): the executor must not give a worker's start up (its vLLM step timeout, 660 s by default) and roll it
-    back. Set before the stack's servers start (an autouse fixture comes first), so its Celery worker reads it."""
-    monkeypatch.setenv("PEARL_VLLM_STEP_TIMEOUT_S", "900")
+START_S = 600  # hang guards (not timings): vLLM engines start side by side on two shared cores (15-60 s each,
+# minutes at a load of 50); every wait that follows a transition that may start engines gets this long
 
 
 def _rollout_roles(job: Any) -> dict[str, str]:
@@ -52,6 +44,16 @@ def _converged_to(job: Any, roles: dict[str, str]) -> bool:
 
     running = Transition.objects.filter(job=job, status="running").exists()
     return not running and _rollout_roles(job) == roles
+
+
+def _engine_pids(s: Any, nodes: tuple[str, ...]) -> dict[str, list[int]]:
+    """The processes of the vLLM workers on `nodes`, as their agents' lease files name them."""
+    import json
+
+    return {
+        n: sorted(json.loads(f.read_text())["pid"] for f in (s.tmp / "agents" / n).glob("jobs/*/*/process.json"))
+        for n in nodes
+    }
 
 
 def _version(job: Any) -> int:
@@ -82,7 +84,11 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
             "group_size": 4,
             "rollout_gpus": 2,
             "training_gpus": 1,
-            "max_staleness": 1,
+            # synchronous (no step rolls out on weights a step old): each step's rollout starts at Training
+            # Finished, a borrow window. With staleness 1 the next batch was ready before the update ended
+            # (vLLM serves the calculator's one-token turns faster than the CPU trainer trains), so training
+            # went straight on and no window ever opened after the first update
+            "max_staleness": 0,
             # borrow the training node's idle GPU at every window (Eq. 7's gate would weigh it against the
             # toggle cost first, and on this toy it may never admit one)
             "policy_options": {"gate": False},
@@ -104,6 +110,8 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
     assert all(t["return_latency_s"] <= t["return_deadline_s"] for t in trains), trains
 
     # 2. colocated -> 1P1D (forced: the planner starts colocated and would try 1P1D only as a fitted trial)
+    engines = _engine_pids(stack, ("res-v", "spot-v"))
+    t_pd = time.monotonic()
     set_overrides(
         job_id=job.pk,
         changes={"force_mode": "disaggregated", "force_n_prefill": 1, "force_n_decode": 1, "force_exact": True},
@@ -117,6 +125,7 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
         START_S,
         "the 1P1D configuration",
     )
+    t_pd = time.monotonic() - t_pd
     v = _version(job)
     wait_for(lambda: [r for r in _records(job, "kv_transfer") if r["kv_bytes"] > 0], 180, "a NIXL KV hand-off")
     wait_for(lambda: _version(job) >= v + 1, 240, "an update on 1P1D")
@@ -127,12 +136,16 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
 
     # 3. 1P1D -> colocated again, then the elastic node is preempted: its worker drains and stops before the
     # deadline, and the job goes on on the reserved node's worker (and the borrowed one)
+    t_co = time.monotonic()
     set_overrides(
         job_id=job.pk,
         changes={"force_mode": "colocated", "force_n_prefill": None, "force_n_decode": None, "force_exact": False},
         actor="test",
     )
     wait_for(lambda: _converged_to(job, {"res-v": "colocated", "spot-v": "colocated"}), START_S, "colocated again (2C)")
+    t_co = time.monotonic() - t_co
+    # every role change was made in place (kv_both engines): the same engine processes, none restarted
+    assert _engine_pids(stack, ("res-v", "spot-v")) == engines
     node = Node.objects.get(name="spot-v")
     t_notice = preempt_via_api(node.pk, 30, "op-vllm")
     agent_pid = stack.procs["agent-spot-v"].pid
@@ -141,7 +154,8 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
         30,
         "spot-v's vLLM worker to stop",
     )
-    assert time.time() < t_notice + 30, "spot-v's worker outlived the preemption deadline"
+    t_stop = time.time() - t_notice
+    assert t_stop < 30, "spot-v's worker outlived the preemption deadline"
     wait_for(lambda: Node.objects.get(pk=node.pk).status == "gone", 60, "spot-v to be removed at the deadline")
     v = _version(job)
     wait_for(lambda: _version(job) >= v + 1, 240, "an update without spot-v")
@@ -150,4 +164,8 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
     _assert_whole_accounting(job)
     assert Job.objects.get(pk=job.pk).status == "running"
     assert_invariants()
-    print(f"vLLM live job: first update {started_s:.0f} s after creation, {time.monotonic() - t0:.0f} s in all")
+    print(  # figures for BENCHMARKS.md, not assertions
+        f"vLLM live job: first update {started_s:.0f} s after creation; 2C -> 1P1D {t_pd:.1f} s, 1P1D -> 2C"
+        f" {t_co:.1f} s (override to converged); preemption notice -> worker stopped {t_stop:.1f} s;"
+        f" {len(moved)} NIXL hand-offs in the 1P1D phase; {time.monotonic() - t0:.0f} s in all"
+    )
