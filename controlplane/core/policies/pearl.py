@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from controlplane.core.borrowing import GateResult, gate
 from controlplane.core.context import PolicyContext, Signal
-from controlplane.core.decision import Candidate, Thresholds, decide, decide_mixed, single_type
+from controlplane.core.decision import Candidate, Thresholds, decide, decide_mixed, evaluate_mixed, single_type
 from controlplane.core.policies import names
 from controlplane.core.policies.base import OptionSpec, PolicyAction, TrackedPolicy, best_makespan, with_inputs
 from controlplane.core.predictor import WorkloadProfile
@@ -75,6 +75,10 @@ class PearlPolicy(TrackedPolicy):
         self.hw_trackers: HardwareTrackers | None = None
         self._worker_hw: dict[int, str] = {}
         self._kinds_run: set[str] = set()  # configuration kinds (mode, prefill chip, decode chip) that have run
+        # the borrow window as last seen: when the trainer began (Training Begin), how long it took to Training
+        # Finished, and the overlap workers then lent (chip, count); a step start prices kinds over it
+        self._tb_s: float | None = None
+        self._window: tuple[float, str, int] | None = None
 
     # a mixed decision chooses only among candidates on one chip type (the best-homogeneous baseline)
     single_type_only: ClassVar[bool] = False
@@ -107,11 +111,23 @@ class PearlPolicy(TrackedPolicy):
         return self.hw_trackers
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "kinds_run": sorted(self._kinds_run)} if self._kinds_run else super().state()
+        out = super().state()
+        if self._kinds_run:
+            out["kinds_run"] = sorted(self._kinds_run)
+        if self._tb_s is not None:
+            out["training_begin_s"] = self._tb_s
+        if self._window is not None:
+            out["borrow_window"] = list(self._window)
+        return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         super().load_state(state)
         self._kinds_run = set(state.get("kinds_run") or ())
+        tb = state.get("training_begin_s")
+        self._tb_s = float(tb) if isinstance(tb, (int, float)) else None
+        win = state.get("borrow_window")
+        if isinstance(win, (list, tuple)) and len(win) == 3:
+            self._window = (float(win[0]), str(win[1]), int(win[2]))
 
     def _thresholds(self, ctx: PolicyContext, fp: FittedProfile) -> tuple[Thresholds, str]:
         """The safeguard for a mode never run: its closed form has no measured correction yet, so it
@@ -246,6 +262,10 @@ class PearlPolicy(TrackedPolicy):
         if cur is not None and cur.total > 0:
             self._kinds_run.add(_kind(cur))
         oh = ctx.overlap_hardware
+        if ctx.signal is Signal.TRAINING_BEGIN:
+            self._tb_s = ctx.now_s
+        elif ctx.signal is Signal.TRAINING_FINISHED and self._tb_s is not None and oh and ctx.overlap_workers > 0:
+            self._window = (max(0.0, ctx.now_s - self._tb_s), oh, ctx.overlap_workers)
 
         def with_borrow(k: int) -> dict[str, int]:
             pool = dict(ded)
@@ -340,6 +360,11 @@ class PearlPolicy(TrackedPolicy):
                     note = "kinds never run are entered only as a one-step trial at a fitted step start"
                 else:
                     note = "a kind never run may be entered now, as a one-step trial"
+        if ctx.signal is Signal.STEP_START and self.mode_trial and not ov.force_mode and not ov.freeze:
+            step_allow, why = self._step_kind(ctx, w, co, pool, allow, current, th)
+            if step_allow is not None:
+                allow = step_allow
+                inputs["step_kind"] = why
         if ov.freeze and current is not None:
             th = Thresholds(math.inf, math.inf)
         md = decide_mixed(
@@ -367,6 +392,62 @@ class PearlPolicy(TrackedPolicy):
             inputs["mode_trial"] = note
         d = md.as_decision(budget, inputs, bool(ov.force_mode) or ov.freeze)
         return self._act(md.configuration, borrow, replace(d, gate=g))
+
+    def _step_kind(
+        self,
+        ctx: PolicyContext,
+        w: WorkloadProfile,
+        co: Mapping[str, EngineCoefficients],
+        pool: Mapping[str, int],
+        allow: Callable[[Candidate], bool] | None,
+        current: Configuration | None,
+        th: Thresholds,
+    ) -> tuple[Callable[[Candidate], bool] | None, str]:
+        """At a step start while the trainer runs: the kind (colocated, or a disaggregated split's chip per role)
+        for the whole step. Within the step only membership changes, so the kind chosen now is the one the overlap
+        workers lent at Training Finished must join; a kind that cannot use them (a cross-type split whose decode
+        pool is the bottleneck) looks best on the dedicated pool and then runs the rest of the step without them.
+        Each kind is priced as the step will run it: the dedicated pool until Training Finished (the trainer's
+        remaining time t1, from the window last seen), then the dedicated pool plus the lent workers, the same
+        two-phase reading as Eq. 7: T = t1 + (1 − t1/T_ded)·T_full (T_ded when it ends before t1)."""
+        win, tb = self._window, self._tb_s
+        if win is None or tb is None or not ctx.training_active or not ctx.overrides.borrowing:
+            return None, ""
+        train_s, oh, n_ovl = win
+        t1 = max(0.0, tb + train_s - ctx.now_s)
+        if n_ovl <= 0 or t1 <= 0:
+            return None, ""
+        trackers = self._trackers()
+        trackers.add(oh, get_profile(oh, self.profile.model, self.profile.tp))
+        co_full = {**co, oh: trackers.by_type[oh].coefficients(w)[0]}
+        full = dict(pool)
+        full[oh] = full.get(oh, 0) + n_ovl
+        even = self.dispatch == "sticky"
+
+        def best(cands: list[Candidate]) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for c in cands:
+                if c.feasible and (allow is None or allow(c)):
+                    g = _group(c.configuration)
+                    out[g] = min(out.get(g, math.inf), c.makespan_s)
+            return out
+
+        t_ded = best(evaluate_mixed(w, co, pool, self._link(), even_colocation=even))
+        t_full = best(evaluate_mixed(w, co_full, full, self._link(), even_colocation=even))
+        if not t_ded:
+            return None, ""
+        step = {g: t if t <= t1 else t1 + (1.0 - t1 / t) * min(t_full.get(g, t), t) for g, t in t_ded.items()}
+        pick = min(step, key=lambda g: step[g])
+        g0 = _group(current) if current is not None else None
+        if g0 in step and g0 != pick and (step[g0] - step[pick]) / step[g0] <= th.mode_switch:
+            pick = g0
+        why = (
+            f"the step's kind priced over its borrow window (t1 = {t1:.0f} s on the dedicated pool, then "
+            f"+{n_ovl} {oh}): " + ", ".join(f"{g} {t:.0f} s" for g, t in sorted(step.items(), key=lambda x: x[1])[:3])
+        )
+        chosen = pick
+        base = allow
+        return (lambda c: _group(c.configuration) == chosen and (base is None or base(c))), why
 
     def _gate_times(self, ctx: PolicyContext, w: WorkloadProfile, t_ded: float, t_full: float) -> GateResult:
         """Eq. 7 on the dedicated and the full pool's predicted makespans (admitted anyway when ungated)."""
@@ -402,6 +483,11 @@ def _may_borrow(ctx: PolicyContext) -> bool:
 
 def _kind(cfg: Configuration) -> str:
     return f"{cfg.mode}|{cfg.prefill_hardware}|{cfg.decode_hardware}"
+
+
+def _group(cfg: Configuration) -> str:
+    """What a step start chooses for the step: colocated (over whichever types), or a split's chip per role."""
+    return "colocated" if cfg.mode is Mode.COLOCATED else _kind(cfg)
 
 
 def _same_kind(a: Configuration, b: Configuration) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from controlplane.core.context import Overrides, PolicyContext, Signal
 from controlplane.core.decision import Candidate, MixedCandidate
 from controlplane.core.placement import Inventory, Unit, place, typed_configuration_of
 from controlplane.core.policies import make_policy, names
+from controlplane.core.policies.pearl import PearlPolicy
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration, Mode, Pool, Role
 
@@ -144,6 +146,49 @@ def test_engine_records_name_their_chip_and_reach_that_chips_tracker_before_any_
         p.observe(decode_iteration(worker=5, hardware="h20", running_batch=n, duration_s=0.01 + 1e-3 * n))
     p.observe(decode_iteration(worker=6, hardware="no-such-chip", running_batch=4, duration_s=0.02))  # ignored
     p.on_event(mixed_ctx())
-    h20 = p.hw_trackers.by_type["H20"]  # type: ignore[union-attr]
-    assert h20._decode.total == 40 and p.hw_trackers.by_type["H800"]._decode.total == 0  # type: ignore[union-attr]
+    assert isinstance(p, PearlPolicy) and p.hw_trackers is not None
+    h20 = p.hw_trackers.by_type["H20"]
+    assert h20._decode.total == 40 and p.hw_trackers.by_type["H800"]._decode.total == 0
     assert h20.coefficients()[0].decode_b == pytest.approx(1e-3, rel=0.05)
+
+
+def test_a_step_start_prices_each_kind_over_the_steps_borrow_window() -> None:
+    from controlplane.core.telemetry import step
+
+    def fitted_pearl() -> Any:
+        p = make_policy(names.PEARL, profile=PROFILE, batch_size=64)
+        for k in range(3):
+            p.observe(
+                step(
+                    step=k,
+                    batch_size=64,
+                    turns_max=30,
+                    new_prompt_tokens_mean=1200.0,
+                    generated_tokens_mean=40.0,
+                    env_time_total_s=50.0,
+                    active_decode_fraction=0.7,
+                )
+            )
+        return p
+
+    cur = Configuration.colocated(8, "H20+H800")
+    # without a borrow window seen, the dedicated pool alone decides: the cross-type split
+    alone = fitted_pearl()
+    alone.on_event(mixed_ctx(current=cur))
+    assert alone.on_event(mixed_ctx(current=cur)).target == Configuration.disaggregated(4, 4, "H800", "H20")
+    # the trainer took 100 s last time and lent 8 H800 workers; this step starts 10 s before Training Finished, so
+    # most of it runs with them, which the split (its 4 H20 decode workers the bottleneck) cannot use
+    p = fitted_pearl()
+    p.on_event(mixed_ctx(current=cur))
+    p.on_event(mixed_ctx(signal=Signal.TRAINING_BEGIN, now_s=0.0, current=cur))
+    lent = mixed_ctx(
+        signal=Signal.TRAINING_FINISHED, now_s=100.0, training_active=False, overlap_workers=8, overlap_hardware="H800"
+    )
+    assert p.on_event(replace(lent, current=cur)).borrow == 8
+    p.on_event(mixed_ctx(signal=Signal.TRAINING_BEGIN, now_s=200.0, current=cur))
+    a = p.on_event(mixed_ctx(signal=Signal.STEP_START, now_s=290.0, current=cur))
+    assert a.target.mode is Mode.COLOCATED and "borrow window" in a.decision.inputs["step_kind"]
+    # the window is part of the policy's state (a live planner rebuilds the policy from it at every signal)
+    q = make_policy(names.PEARL, profile=PROFILE, batch_size=64)
+    q.load_state(p.state())
+    assert isinstance(q, PearlPolicy) and q._window == (100.0, "H800", 8) and q._tb_s == 200.0
