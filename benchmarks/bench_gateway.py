@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.support.gateway import SECRET, WorkerProc  # noqa: E402 (after the path)
 
-SECRET = "bench-secret"
 MAX_TOKENS = 16
 
 
@@ -123,33 +122,10 @@ async def bench(args: argparse.Namespace) -> dict:
     from agents.gateway.chat import ByteChatFormat
     from agents.gateway.sessions import SessionStore
 
-    env = dict(os.environ, PEARL_WORKER_SECRET=SECRET, PYTHONPATH=str(ROOT))
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agents.worker",
-            "--engine",
-            "emulated",
-            "--model",
-            "qwen3-8b",
-            "--time-factor",
-            str(args.time_factor),
-            "--port",
-            "0",
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the load generator's
+    wproc = WorkerProc(engine="emulated", time_factor=args.time_factor)
+    worker, wurl = wproc.proc, wproc.url
     try:
-        line = ""
-        while not line.startswith("PEARL_WORKER_READY"):
-            line = worker.stdout.readline()  # type: ignore[union-attr]
-            if not line:
-                raise RuntimeError("the worker did not start")
-        wurl = f"http://127.0.0.1:{json.loads(line.split(' ', 1)[1])['port']}"
         results = []
         async with ClientSession(timeout=ClientTimeout(total=600), connector=TCPConnector(limit=0)) as http:
             backend = WorkerBackend([wurl], SECRET, http)
@@ -243,8 +219,7 @@ async def bench(args: argparse.Namespace) -> dict:
             finally:
                 await runner.cleanup()
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+        wproc.stop()
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "time_factor": args.time_factor,

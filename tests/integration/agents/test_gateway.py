@@ -10,17 +10,15 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
-from agents.engines import build_engine
 from agents.gateway.app import WEIGHT_VERSION_HEADER, Gateway, serve
 from agents.gateway.backends import Generation, WorkerBackend
 from agents.gateway.chat import ByteChatFormat
 from agents.gateway.sessions import SessionStore
 from agents.tokenizer import TOKENIZER, TOOL_CALL_END_ID, TOOL_CALL_ID
-from agents.worker import WorkerServer
+from tests.support.gateway import SECRET, start_worker
 
-SECRET = "worker-secret"
 USER: list[Any] = [{"role": "user", "content": "1+2?"}]
 
 
@@ -32,16 +30,6 @@ def extra(obj: Any) -> dict[str, Any]:
 def extra_body(err: openai.APIStatusError) -> dict[str, Any]:
     assert isinstance(err.body, dict)
     return err.body
-
-
-async def start_worker(engine: str = "torch", **kw) -> tuple[web.AppRunner, str, WorkerServer]:
-    eng = build_engine(engine, model="tiny" if engine == "torch" else "qwen3-8b", threads=1, **kw)
-    server = WorkerServer(eng, SECRET)
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}", server
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from aiohttp import ClientSession
 
 from agents.envs.agent import AgentEnvironment, AgentFailed, AgentRunner, SpecError, configure, validate_spec
 from agents.process import REPO_ROOT
-from tests.integration.agents.test_gateway import SECRET, start_worker
+from tests.support.gateway import SECRET, start_worker
 
 EXAMPLES = REPO_ROOT / "examples" / "agents"
 TASKS = [{"a": 1, "b": 2}, {"a": 3, "b": 4}]

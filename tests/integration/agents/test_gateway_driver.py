@@ -5,116 +5,40 @@ which trains the step. A failing agent is a failed trajectory the loop restarts,
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import sys
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession, web
 
 from agents.driver import RolloutDriver
 from agents.envs import agent as agent_env
 from agents.process import REPO_ROOT
-from agents.trainer.grpo import GRPOConfig, GRPOTrainer
-from agents.trainer.server import TrainerServer
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.state import Role
-from tests.integration.agents.test_gateway import SECRET, start_worker
+from tests.support.gateway import run_agent_job, start_worker
 
 AGENT = [sys.executable, str(REPO_ROOT / "examples" / "agents" / "calculator_agent.py")]
-
-
-class Link:
-    """The control plane's part of the driver link, in process: every update request is granted."""
-
-    def __init__(self) -> None:
-        self.driver: RolloutDriver | None = None
-        self.sent: list[Any] = []
-
-    async def send(self, msg: Any) -> None:
-        self.sent.append(msg)
-        if isinstance(msg, dl.UpdateRequest) and self.driver is not None:
-            asyncio.get_running_loop().call_soon(self.driver.on_update_granted, msg.step)
-
-    def pump(self) -> None:
-        """What the control plane pushes: Training Begin once asked for, the weights once published."""
-        d = self.driver
-        if d is None or d.cluster is None:
-            return
-        if d.waiting_return:
-            d.on_cluster(dataclasses.replace(d.cluster, training_active=True))
-        if d.waiting_version is not None:
-            d.on_cluster(dataclasses.replace(d.cluster, weight_version=d.waiting_version))
 
 
 async def run_job(
     tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120, report: bool = False
 ):
-    """`report`: the agent spec comes in the JobView, as from the control plane (the driver configures the
-    runner and reports its trajectories); otherwise the test configures it and keeps every record."""
+    """The calculator tasks on a torch worker (in process); `until(driver, runner, trainer)`."""
     wrunner, wurl, _ = await start_worker("torch")
-    trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=batch, max_staleness=8), job="agent-job")
-    tserver = TrainerServer(trainer, "trainer-token", job_token=SECRET)
-    posted: list[Any] = []  # every sample the driver sent the trainer
-    keep = tserver.buffer.add
-
-    def add(step: int, samples: list[Any]) -> None:
-        posted.extend(samples)
-        keep(step, samples)
-
-    tserver.buffer.add = add  # type: ignore[method-assign]
-    trunner = web.AppRunner(tserver.app, access_log=None)
-    await trunner.setup()
-    site = web.TCPSite(trunner, "127.0.0.1", 0)
-    await site.start()
-    turl = f"http://127.0.0.1:{trunner.addresses[0][1]}"
     spec = {"tasks": [{"a": 1, "b": 2}, {"a": 3, "b": 4}], "agent_command": agent, "agent_timeout_s": 30}
-    runner = agent_env.configure(spec)
-    job = dl.JobView(
-        name="agent-job",
-        environment="agent",
-        model="tiny",
-        engine="torch",
-        batch_size=batch,
-        group_size=group,
-        max_staleness=8,
-        max_trajectory_tokens=512,
-        return_deadline_s=30.0,
-        agent=spec if report else {},
-    )
-    link = Link()
     try:
-        async with ClientSession() as http:
-            driver = RolloutDriver(job, link=link, token=SECRET, http=http)
-            runner = agent_env.runner()  # the driver's own when the JobView carries the spec
-            link.driver = driver
-            driver.cluster = dl.ClusterView(
-                workers=[dl.WorkerView(1, Role.COLOCATED, wurl)],
-                weight_version=0,
-                training_active=False,
-                borrowed=0,
-                trainer=turl,
-            )
-            task = asyncio.create_task(driver.run())
-            try:
-                for _ in range(int(timeout_s * 10)):
-                    await asyncio.sleep(0.1)
-                    link.pump()
-                    if until(driver, runner, tserver):
-                        break
-                    if task.done():
-                        task.result()
-                else:
-                    raise AssertionError("the job did not get there in time")
-            finally:
-                driver.stop()
-                await task
-        return driver, runner, posted
+        run = await run_agent_job(
+            [dl.WorkerView(1, Role.COLOCATED, wurl)],
+            spec,
+            until=lambda r: until(r.driver, r.runner, r.trainer),
+            batch=batch,
+            group=group,
+            report=report,
+            timeout_s=timeout_s,
+        )
+        return run.driver, run.runner, run.posted
     finally:
-        await runner.stop()
-        await trunner.cleanup()
         await wrunner.cleanup()
 
 

@@ -15,32 +15,24 @@ enough to interrupt and its length is exactly `max_tokens`); the trainer is a re
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
 from agents.driver import RolloutDriver
 from agents.engines.emulated import EmulatedEngine
 from agents.envs import agent as agent_env
-from agents.process import REPO_ROOT
-from agents.trainer.grpo import GRPOConfig, GRPOTrainer
-from agents.trainer.server import TrainerServer
-from agents.worker import WorkerServer
 from controlplane.core import driver_link as dl
 from controlplane.core.state import Role
-from tests.integration.agents.test_gateway import SECRET
-from tests.integration.agents.test_gateway_driver import Link
+from tests.support.gateway import SECRET, WorkerProc, run_agent_job, serve_engine
 
 MAX_TOKENS = 160  # the agent's one turn: the emulated engine always decodes exactly this many tokens
 
@@ -65,64 +57,6 @@ print(json.dumps({{"reward": 1.0}}))
 """
 
 
-class WorkerProc:
-    """`python -m agents.worker` (emulated engine) in its own process, as a node agent starts one."""
-
-    def __init__(self, worker_id: int, time_factor: float) -> None:
-        env = os.environ | {"PEARL_WORKER_SECRET": SECRET}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agents.worker",
-                "--engine",
-                "emulated",
-                "--model",
-                "qwen3-8b",
-                "--worker-id",
-                str(worker_id),
-                "--time-factor",
-                str(time_factor),
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("PEARL_WORKER_READY "):
-                self.port = json.loads(line.split(" ", 1)[1])["port"]
-                break
-        else:
-            raise AssertionError("the worker did not start")
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    async def inflight(self, http: ClientSession) -> list[dict[str, Any]]:
-        async with http.get(f"{self.url}/inflight", headers={"Authorization": f"Bearer {SECRET}"}) as r:
-            return list((await r.json())["inflight"])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
-@contextlib.asynccontextmanager
-async def trainer_server(batch: int):
-    trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=batch, max_staleness=8), job="agent-job")
-    server = TrainerServer(trainer, "trainer-token", job_token=SECRET)
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
 async def run_job(
     workers: list[dl.WorkerView],
     agent: list[str],
@@ -136,52 +70,24 @@ async def run_job(
     timeout_s: float = 120.0,
     spec: dict[str, Any] | None = None,
 ) -> tuple[RolloutDriver, agent_env.AgentRunner]:
-    """The driver of one agent job over `workers`; `act` (awaited every 0.05 s) plays the control plane's
-    part beyond `Link.pump` (a kill, a return), `until` ends the run."""
+    """One emulated-engine agent job over `workers`, its agents writing under `out` (`OUT`)."""
     os.environ["OUT"] = str(out)
-    runner = agent_env.configure({"tasks": [{"n": 1}], "agent_command": agent, "agent_timeout_s": 60, **(spec or {})})
-    job = dl.JobView(
-        name="agent-job",
-        environment="agent",
-        model="tiny",
-        engine="emulated",
-        batch_size=batch,
-        group_size=group,
-        max_staleness=max_staleness,
-        max_trajectory_tokens=512,
-        return_deadline_s=30.0,
-    )
-    link = Link()
     try:
-        async with trainer_server(batch) as turl, ClientSession() as http:
-            driver = RolloutDriver(job, link=link, token=SECRET, http=http)
-            link.driver = driver
-            driver.cluster = dl.ClusterView(
-                workers=workers,
-                weight_version=0,
-                training_active=False,
-                borrowed=sum(w.overlap for w in workers),
-                trainer=turl,
-            )
-            task = asyncio.create_task(driver.run())
-            try:
-                for _ in range(int(timeout_s * 20)):
-                    await asyncio.sleep(0.05)
-                    await act(driver, http)
-                    link.pump()
-                    if until(driver, runner):
-                        break
-                    if task.done():
-                        task.result()
-                else:
-                    raise AssertionError("the job did not get there in time")
-            finally:
-                driver.stop()
-                await task
-        return driver, runner
+        run = await run_agent_job(
+            workers,
+            {"tasks": [{"n": 1}], "agent_command": agent, "agent_timeout_s": 60, **(spec or {})},
+            until=lambda r: until(r.driver, r.runner),
+            act=act,
+            batch=batch,
+            group=group,
+            max_staleness=max_staleness,
+            engine="emulated",
+            timeout_s=timeout_s,
+            every_s=0.05,
+        )
+        return run.driver, run.runner
     finally:
         os.environ.pop("OUT", None)
-        await runner.stop()
 
 
 def without(driver: RolloutDriver, wid: int) -> None:
@@ -314,12 +220,7 @@ async def test_a_stale_trajectory_is_aborted_its_agent_ended_and_restarted(tmp_p
         "open(os.path.join(os.environ['OUT'], 'first-ended'), 'w').close()\nprint(json.dumps({\"reward\": 1.0}))",
     )
     (tmp_path / "agent.py").write_text(agent)
-    server = WorkerServer(LaggingEngine(model="qwen3-8b", time_factor=0.2, worker_id=1), SECRET)
-    wrunner = web.AppRunner(server.app, access_log=None)
-    await wrunner.setup()
-    site = web.TCPSite(wrunner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{wrunner.addresses[0][1]}"
+    wrunner, url, _ = await serve_engine(LaggingEngine(model="qwen3-8b", time_factor=0.2, worker_id=1))
     envs: dict[str, agent_env.AgentEnvironment] = {}
 
     async def nothing(driver: RolloutDriver, http: ClientSession) -> None:

@@ -8,18 +8,16 @@ from __future__ import annotations
 import os
 import sys
 
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
 from agents.driver import RolloutDriver
 from agents.engines.emulated import EmulatedEngine
 from agents.envs import agent as agent_env
-from agents.worker import WorkerServer
 from controlplane.core import driver_link as dl
 from controlplane.core.state import Role
 from controlplane.core.telemetry import RecordKind
-from tests.integration.agents.test_gateway import SECRET
-from tests.integration.agents.test_gateway_driver import Link
 from tests.integration.agents.test_gateway_guarantees import run_job
+from tests.support.gateway import Link, serve_engine
 
 # Agents run one at a time (agent_concurrency 1), in the order they start; each claims its place in that order
 # (an O_EXCL file) and the ones whose place is in argv break: one request with the official SDK, then the tool
@@ -43,11 +41,7 @@ print(json.dumps({"reward": float(i % 2)}))
 
 async def test_a_member_that_keeps_failing_is_given_up_and_its_step_trains_the_rest_of_its_group(tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
-    server = WorkerServer(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1), SECRET)
-    wrunner = web.AppRunner(server.app, access_log=None)
-    await wrunner.setup()
-    await web.TCPSite(wrunner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{wrunner.addresses[0][1]}"
+    wrunner, url, _ = await serve_engine(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1))
 
     async def nothing(driver: RolloutDriver, http: ClientSession) -> None:
         return None
