@@ -1,7 +1,7 @@
 """Tokens per second of the same job through the gateway vs through the built-in environment (issue 19).
 
     .venv/bin/python benchmarks/bench_gateway_job.py [--seconds 60] [--batch 8] [--group 4]
-        [--variants builtin,function,command] [--json out.json]
+        [--variants builtin,function,command] [--answer-tokens N] [--repeats R] [--json out.json]
 
 One run, the variants one after the other on the same engine worker (`python -m agents.worker`, torch
 engine, the tiny model, its own process) with a fresh GRPO trainer (in this process) and a fresh rollout
@@ -17,16 +17,25 @@ bound is lifted, so the figures are the rollout side's alone, where the gateway 
 Reported per variant: generated tokens/s and finished trajectories/s over the window (startup included),
 steps trained, failed runs, and each agent variant's ratio to builtin. Both calculators sample one token
 per turn, at most three turns: the figures are per-turn and per-trajectory overheads, not decode speed.
+
+`--answer-tokens N` (realistic turns): instead of the calculator, three turns of up to N sampled tokens each
+(`benchmarks/gateway_agents.py`: the built-in form `Answers` below, the agent as a function and as a process,
+each turn ending at EOS or its budget under the same rule). `--repeats R` runs the variants R times,
+interleaved (builtin, function, command, builtin, ...), and reports each variant's median tokens/s and the
+median of its per-repeat ratio to builtin. The process form's rows also give the agents' own CPU per
+trajectory (their processes', reaped) beside an interpreter start-up with `openai` imported (measured
+alone, `startup`): the part of a trajectory that is the agent's own, not PEARL's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,120 +45,116 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.support.gateway import SECRET, Link, WorkerProc, trainer_server  # noqa: E402 (after the path)
 
-SECRET = "bench-secret"
 TASKS = str(ROOT / "examples" / "agents" / "tasks.jsonl")
+AGENTS = ROOT / "benchmarks" / "gateway_agents.py"
 
 
-class Link:
-    """The control plane's part of the driver link, in process: updates granted at once (if `train`),
-    Training Begin confirmed at once, weights published as soon as the trainer has them."""
+def register_answers() -> None:
+    """`environment: bench-answers`, the built-in form of `gateway_agents` (token ids in and out)."""
+    from agents.envs.base import Environment, Turn, register, text
+    from agents.tokenizer import TOKENIZER
+    import gateway_agents as ga  # benchmarks/ is on sys.path (this script's directory)
 
-    def __init__(self, train: bool) -> None:
-        self.driver: Any = None
-        self.train = train
+    class Answers(Environment):
+        temperature = 1.0
+        stop_at_eos = True  # as an agent's turn: it ends at the model's end of sequence or its budget
 
-    async def send(self, msg: Any) -> None:
-        from controlplane.core import driver_link as dl
+        def __init__(self, **_: object) -> None:
+            self.turn = 0
+            self.n = ga.answer_tokens()
 
-        if isinstance(msg, dl.UpdateRequest) and self.driver is not None and self.train:
-            asyncio.get_running_loop().call_soon(self.driver.on_update_granted, msg.step)
+        async def reset(self) -> Turn:
+            return Turn([TOKENIZER.bos_id, *text(ga.PROMPT)], max_tokens=self.n)
 
-    async def pump(self, http: Any, wurl: str, turl: str) -> None:
-        """Training Begin confirmed at once; a published version is installed on the worker (pulled from
-        the trainer, as the control plane has workers do) before the driver is told of it."""
-        d = self.driver
-        if d is None or d.cluster is None:
-            return
-        if d.waiting_return:
-            d.on_cluster(dataclasses.replace(d.cluster, training_active=True))
-        if d.waiting_version is not None:
-            v = d.waiting_version
-            body = {"url": turl, "version": v, "token": "trainer-token"}
-            async with http.post(f"{wurl}/weights", json=body, headers={"Authorization": f"Bearer {SECRET}"}) as r:
-                if r.status != 200:
-                    return  # the trainer may not serve it yet: asked again on the next pump
-            d.on_cluster(dataclasses.replace(d.cluster, weight_version=v))
+        async def step(self, response: list[int]) -> Turn:
+            self.turn += 1
+            if self.turn < ga.TURNS:
+                return Turn(text(ga.NEXT), max_tokens=self.n)
+            return Turn([], done=True, reward=ga.reward_of(TOKENIZER.decode(response)))
+
+    register("bench-answers", lambda **kw: Answers(**kw))
 
 
-def start_worker() -> tuple[subprocess.Popen[str], str]:
-    env = dict(os.environ, PEARL_WORKER_SECRET=SECRET, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "agents.worker", "--engine", "torch", "--model", "tiny", "--threads", "1"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("PEARL_WORKER_READY "):
-            return proc, f"http://127.0.0.1:{json.loads(line.split(' ', 1)[1])['port']}"
-    raise RuntimeError("the worker did not start")
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def startup(n: int = 5) -> dict[str, float]:
+    """An agent process's fixed cost, alone: a Python start with the openai client made (median of n)."""
+    code = "from openai import OpenAI; OpenAI(api_key='x', base_url='http://127.0.0.1:9/v1')"
+    walls, cpus = [], []
+    for _ in range(n):
+        c0, t0 = children_cpu_s(), time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(children_cpu_s() - c0)
+    return {"wall_s": round(statistics.median(walls), 3), "cpu_s": round(statistics.median(cpus), 3)}
 
 
 async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[str, Any]:
-    from aiohttp import ClientSession, web
+    from aiohttp import ClientSession
 
     from agents.driver import RolloutDriver
     from agents.envs import agent as agent_env
-    from agents.trainer.grpo import GRPOConfig, GRPOTrainer
-    from agents.trainer.server import TrainerServer
     from controlplane.core import driver_link as dl
     from controlplane.core.state import Role
 
+    long = args.answer_tokens > 0
     agent: dict[str, Any] = {}
     if name == "function":
-        agent = {"tasks": TASKS, "agent_function": "examples.agents.calculator_agent:run"}
+        fn = "gateway_agents:run" if long else "examples.agents.calculator_agent:run"
+        agent = {"tasks": TASKS, "agent_function": fn}
     elif name == "command":
-        agent = {"tasks": TASKS, "agent_command": [sys.executable, str(ROOT / "examples/agents/calculator_agent.py")]}
+        script = AGENTS if long else ROOT / "examples/agents/calculator_agent.py"
+        agent = {"tasks": TASKS, "agent_command": [sys.executable, str(script)]}
     from agents.weights import WeightStore
 
     store = WeightStore(Path(tempfile.mkdtemp(prefix="bench-weights-")))  # what workers pull versions from
-    trainer = GRPOTrainer("tiny", GRPOConfig(batch_size=args.batch, max_staleness=1), store=store, job="bench")
-    tserver = TrainerServer(trainer, "trainer-token", job_token=SECRET)
-    trunner = web.AppRunner(tserver.app, access_log=None)
-    await trunner.setup()
-    await web.TCPSite(trunner, "127.0.0.1", 0).start()
-    turl = f"http://127.0.0.1:{trunner.addresses[0][1]}"
     job = dl.JobView(
         name="bench",
-        environment="agent" if agent else "calculator",
+        environment="agent" if agent else ("bench-answers" if long else "calculator"),
         model="tiny",
         engine="torch",
         batch_size=args.batch,
         group_size=args.group,
         max_staleness=1 if args.train else 1000,
-        max_trajectory_tokens=512,
+        max_trajectory_tokens=4096 if long else 512,
         return_deadline_s=30.0,
         agent=agent,
     )
-    link = Link(args.train)
-    cpu0 = time.process_time()
-    try:
-        async with ClientSession() as http:
-            driver = RolloutDriver(job, link=link, token=SECRET, http=http)
-            link.driver = driver
-            driver.cluster = dl.ClusterView(
-                workers=[dl.WorkerView(1, Role.COLOCATED, wurl)],
-                weight_version=0,
-                training_active=False,
-                borrowed=0,
-                trainer=turl,
-            )
-            t0 = time.perf_counter()
-            task = asyncio.create_task(driver.run())
-            while time.perf_counter() - t0 < args.seconds:
-                await asyncio.sleep(0.05)
-                await link.pump(http, wurl, turl)
-                if task.done():
-                    task.result()
-            wall = time.perf_counter() - t0
-            loop = driver.loop
-            generated = sum(st.generated_tokens for st in loop.steps.values())
-            finished = loop.finished_trajectories
-            driver.stop()
-            await task
-            if agent:
-                await agent_env.runner().stop()
-    finally:
-        await trunner.cleanup()
+    cpu0, child0 = time.process_time(), children_cpu_s()
+    async with trainer_server(args.batch, max_staleness=1, store=store) as (turl, _), ClientSession() as http:
+        link = Link(grant=args.train, install=(wurl, turl))
+        driver = RolloutDriver(job, link=link, token=SECRET, http=http)
+        link.driver = driver
+        driver.cluster = dl.ClusterView(
+            workers=[dl.WorkerView(1, Role.COLOCATED, wurl)],
+            weight_version=0,
+            training_active=False,
+            borrowed=0,
+            trainer=turl,
+        )
+        t0 = time.perf_counter()
+        task = asyncio.create_task(driver.run())
+        while time.perf_counter() - t0 < args.seconds:
+            await asyncio.sleep(0.05)
+            await link.pump(http)
+            if task.done():
+                task.result()
+        wall = time.perf_counter() - t0
+        loop = driver.loop
+        generated = sum(st.generated_tokens for st in loop.steps.values())
+        finished = loop.finished_trajectories
+        driver.stop()
+        await task
+        if agent:
+            await agent_env.runner().stop()
     rewards = [t["reward"] for t in driver.trained]
+    done = [t for t in driver.loop.trajs.values() if t.state.name == "DONE"]  # (untrained runs keep them all)
+    turns, done_tokens = sum(t.turn for t in done), sum(t.generated for t in done)
     return {
         "variant": name,
         "wall_s": round(wall, 1),
@@ -161,30 +166,59 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
         "failed": loop.failed_trajectories,
         "mean_reward_per_step": [round(r, 3) for r in rewards],
         "driver_process_cpu_s": round(time.process_time() - cpu0, 1),
+        "driver_cpu_ms_per_trajectory": round(1000 * (time.process_time() - cpu0) / max(1, finished), 2),
+        "tokens_per_turn": round(done_tokens / turns, 1) if turns else None,
+        # the agent processes' own CPU (reaped children; the worker is not reaped until the end)
+        "agent_cpu_ms_per_trajectory": round(1000 * (children_cpu_s() - child0) / max(1, finished), 1),
     }
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    worker, wurl = start_worker()
+    if args.answer_tokens:
+        os.environ["PEARL_BENCH_ANSWER_TOKENS"] = str(args.answer_tokens)  # the agents' processes inherit it
+        register_answers()
+    names = args.variants.split(",")
+    worker = WorkerProc(engine="torch")
+    wurl = worker.url
     rows = []
+    loads = [os.getloadavg()[0]]
     try:
-        for name in args.variants.split(","):
-            row = await run_variant(name, wurl, args)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        if args.repeats > 1:  # the worker's first turns (allocation, caches) are counted by no variant
+            await run_variant("builtin", wurl, argparse.Namespace(**{**vars(args), "seconds": min(5.0, args.seconds)}))
+        for rep in range(args.repeats):
+            for name in names:
+                row = await run_variant(name, wurl, args) | {"repeat": rep}
+                rows.append(row)
+                loads.append(os.getloadavg()[0])
+                print(json.dumps(row), flush=True)
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
-    base = next((r for r in rows if r["variant"] == "builtin"), None)
-    if base:
+        worker.stop()
+    for rep in range(args.repeats):
+        base = next((r for r in rows if r["variant"] == "builtin" and r["repeat"] == rep), None)
         for r in rows:
-            r["tokens_per_s_vs_builtin"] = round(r["tokens_per_s"] / max(base["tokens_per_s"], 1e-9), 3)
+            if base and r["repeat"] == rep:
+                r["tokens_per_s_vs_builtin"] = round(r["tokens_per_s"] / max(base["tokens_per_s"], 1e-9), 3)
+    summary = {}
+    for name in names:
+        mine = [r for r in rows if r["variant"] == name]
+        summary[name] = {
+            "tokens_per_s_median": round(statistics.median(r["tokens_per_s"] for r in mine), 2),
+            "trajectories_per_s_median": round(statistics.median(r["trajectories_per_s"] for r in mine), 3),
+            "driver_cpu_ms_per_trajectory_median": statistics.median(r["driver_cpu_ms_per_trajectory"] for r in mine),
+            "agent_cpu_ms_per_trajectory_median": statistics.median(r["agent_cpu_ms_per_trajectory"] for r in mine),
+        }
+        ratios = [r["tokens_per_s_vs_builtin"] for r in mine if "tokens_per_s_vs_builtin" in r]
+        if ratios:
+            summary[name]["vs_builtin_median"] = round(statistics.median(ratios), 3)
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "load_average": os.getloadavg(),
+        "load_average_during": [round(min(loads), 1), round(max(loads), 1)],
         "batch": args.batch,
         "group": args.group,
+        "answer_tokens": args.answer_tokens,
         "train": args.train,
+        "startup": startup() if "command" in names else None,
+        "summary": summary,
         "rows": rows,
     }
 
@@ -196,6 +230,8 @@ def main() -> None:
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--variants", default="builtin,function,command")
     p.add_argument("--train", action="store_true", help="run the updates too (they pace every variant)")
+    p.add_argument("--answer-tokens", type=int, default=0, help="realistic turns: up to N tokens each (0: calculator)")
+    p.add_argument("--repeats", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--json", default="")
     args = p.parse_args()
     out = asyncio.run(bench(args))
