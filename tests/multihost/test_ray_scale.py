@@ -43,6 +43,25 @@ def _available_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 1024
 
 
+def _pss_mib(cluster: Cluster, names: list[str]) -> float:
+    """Proportional set size (MiB) of every live process in those sessions: RSS counts the pages the Ray
+    processes share (libraries, the same Python) once per process, PSS splits them, so it adds up."""
+    sessions = {cluster.hosts.procs[n].pid for n in names}
+    kib = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[3]) not in sessions:
+                    continue
+            with open(f"/proc/{entry}/smaps_rollup") as f:
+                kib += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            continue
+    return kib / 1024
+
+
 def _usage(cluster: Cluster, names: list[str]) -> tuple[float, float]:
     rss, cpu = 0.0, 0.0
     for name in names:
@@ -64,7 +83,7 @@ def _notices(cluster: Cluster, name: str) -> list[dict]:
 def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Cluster):
     cluster.start_bridge()
     hosts: list[str] = []
-    per_node_mib = 600.0  # a first guess (BENCHMARKS.md: ~485 MiB), replaced by what is measured
+    per_node_mib = 600.0  # a first guess (BENCHMARKS.md: ~520 MiB RSS), replaced by the PSS measured
     limit = f"not reached up to {SIZES[-1]} nodes"
     for size in SIZES:
         need = (size - len(hosts)) * per_node_mib
@@ -91,7 +110,8 @@ def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Clust
         time.sleep(10)
         nodes_rss, nodes_cpu = _usage(cluster, [f"ray-{h}" for h in hosts])
         cp_rss, cp_cpu = _usage(cluster, list(CONTROL))
-        per_node_mib = nodes_rss / len(hosts)
+        nodes_pss = _pss_mib(cluster, [f"ray-{h}" for h in hosts])
+        per_node_mib = nodes_pss / len(hosts)  # what a node really adds (RSS counts shared pages per process)
         # the bridge's reaction at this size: a preemption drain of a node not drained yet, far deadline
         victim = min(
             (n for n in cluster.db.nodes().values() if n["status"] == "ready" and n["ray_node_id"]),
@@ -112,7 +132,9 @@ def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Clust
             nodes=size,
             up_s=up_s,
             nodes_rss_mib=nodes_rss,
-            rss_per_node_mib=per_node_mib,
+            rss_per_node_mib=nodes_rss / len(hosts),
+            pss_per_node_mib=per_node_mib,
+            control_pss_mib=_pss_mib(cluster, list(CONTROL)),
             nodes_idle_cpu_pct=100 * (nodes_cpu - nodes_cpu0) / 10,
             control_rss_mib=cp_rss,
             control_cpu_pct=100 * (cp_cpu - cp_cpu0) / 10,
