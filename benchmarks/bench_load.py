@@ -65,18 +65,17 @@ def setup(db_url: str, redis_url: str, tmp: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
-def seed(n: int) -> tuple[list[list[Any]], str]:
-    """n nodes (not ready until their agent registers) of 2 GPU slots, each with two active colocated workers
-    of one job, and their agent
-    tokens, written in bulk (the agents then register over their sockets): ([name, token, worker ids], job)."""
+def seed_nodes(prefix: str, n: int, *, gpus: int, pool: str, address: str = "") -> tuple[list[Any], dict[str, str]]:
+    """n nodes named <prefix>-00000.. (not ready until their agent registers) of `gpus` H800 slots each, and
+    their agent tokens, written in bulk (the agents then register over their sockets, or the benchmark in
+    process): (the Node rows in name order, name -> token)."""
     from django.utils import timezone
 
-    from controlplane.models import GPU, AgentCredential, Node, Worker, WorkerGPU
+    from controlplane.models import GPU, AgentCredential, Node
     from controlplane.services.credentials import TOKEN_PREFIX
-    from controlplane.services.jobs import create_job
 
     now = timezone.now()
-    names = [f"load-{i:05d}" for i in range(n)]
+    names = [f"{prefix}-{i:05d}" for i in range(n)]
     tokens = {name: TOKEN_PREFIX + secrets.token_urlsafe(32) for name in names}
     AgentCredential.objects.bulk_create(
         [
@@ -88,50 +87,67 @@ def seed(n: int) -> tuple[list[list[Any]], str]:
         [
             Node(
                 name=name,
-                pool="reserved",
+                pool=pool,
                 status="not_ready",
                 hardware="H800",
                 epoch=1,
                 generation=1,
                 last_heartbeat=now,
                 lease_expires=now,
+                address=address,
             )
             for name in names
         ]
     )
-    nodes = {nd.name: nd for nd in Node.objects.filter(name__in=names)}
+    nodes = list(Node.objects.filter(name__in=names).order_by("name"))
     GPU.objects.bulk_create(
         [
-            GPU(node=nodes[name], index=s, hardware="H800", memory_mb=81920, zone="rollout")
-            for name in names
-            for s in range(2)
+            GPU(node=node, index=s, hardware="H800", memory_mb=81920, zone="rollout")
+            for node in nodes
+            for s in range(gpus)
         ]
     )
-    gpus = {(g.node_id, g.index): g for g in GPU.objects.all()}
-    job = create_job(spec={"name": "load-job", "rollout_gpus": 2, "training_gpus": 0}, actor="bench")
+    return nodes, tokens
+
+
+def seed_workers(job: Any, nodes: list[Any], gpus: int, *, endpoints: bool = False) -> dict[tuple[int, int], Any]:
+    """One active colocated worker of `job` on each GPU slot of these nodes (job slot gpus * i + index),
+    bound to it, in bulk; with `endpoints`, each serving on its own loopback port. (node id, index) -> Worker."""
+    from controlplane.models import GPU, Worker, WorkerGPU
+
     Worker.objects.bulk_create(
         [
             Worker(
                 job=job,
-                slot=2 * i + s,
-                node=nodes[name],
+                slot=gpus * i + s,
+                node=node,
                 zone="rollout",
                 role="colocated",
                 activity="active",
                 engine="emulated",
+                endpoint=f"http://127.0.0.1:{20000 + gpus * i + s}" if endpoints else "",
             )
-            for i, name in enumerate(names)
-            for s in range(2)
+            for i, node in enumerate(nodes)
+            for s in range(gpus)
         ]
     )
-    workers = {(w.node_id, w.slot % 2): w for w in Worker.objects.filter(job=job)}
+    slots = {(g.node_id, g.index): g for g in GPU.objects.filter(node__in=nodes)}
+    workers = {(w.node_id, w.slot % gpus): w for w in Worker.objects.filter(job=job, node__in=nodes)}
     WorkerGPU.objects.bulk_create(
-        [
-            WorkerGPU(worker=w, gpu=gpus[(node_id, s)], kind="rollout", alive=True, active=True)
-            for (node_id, s), w in workers.items()
-        ]
+        [WorkerGPU(worker=w, gpu=slots[key], kind="rollout", alive=True, active=True) for key, w in workers.items()]
     )
-    return [[name, tokens[name], [workers[(nodes[name].pk, s)].pk for s in range(2)]] for name in names], job.name
+    return workers
+
+
+def seed(n: int) -> tuple[list[list[Any]], str]:
+    """n nodes of 2 GPU slots, each with two active colocated workers of one job, and their agent tokens:
+    ([name, token, worker ids], job)."""
+    from controlplane.services.jobs import create_job
+
+    nodes, tokens = seed_nodes("load", n, gpus=2, pool="reserved")
+    job = create_job(spec={"name": "load-job", "rollout_gpus": 2, "training_gpus": 0}, actor="bench")
+    workers = seed_workers(job, nodes, 2)
+    return [[nd.name, tokens[nd.name], [workers[(nd.pk, s)].pk for s in range(2)]] for nd in nodes], job.name
 
 
 def dashboard_cookie() -> str:

@@ -23,11 +23,9 @@ Usage: DATABASE_URL=postgres://.../pearl_plan .venv/bin/python benchmarks/bench_
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -37,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_controlplane import PY, ROOT, free_port, wait_port
-from bench_load import cpu_s, setup
+from bench_load import cpu_s, seed_nodes, seed_workers, setup
 
 HERE = Path(__file__).resolve().parent
 GPUS = 8
@@ -46,76 +44,19 @@ GPUS = 8
 def seed(n: int, spare: int) -> tuple[list[list[Any]], int]:
     """n elastic nodes of GPUS slots (not ready until their agent registers); one colocated job whose active
     workers fill the first n - spare nodes. Returns the agents' [name, token, []] and the job id."""
-    from django.utils import timezone
-
-    from controlplane.models import GPU, AgentCredential, Job, Node, Override, Worker, WorkerGPU
-    from controlplane.services.credentials import TOKEN_PREFIX
+    from controlplane.models import Job, Override
     from controlplane.services.jobs import create_job
 
-    now = timezone.now()
-    names = [f"plan-{i:05d}" for i in range(n)]
-    tokens = {name: TOKEN_PREFIX + secrets.token_urlsafe(32) for name in names}
-    AgentCredential.objects.bulk_create(
-        [
-            AgentCredential(node_name=name, key_hash=hashlib.sha256(t.encode()).hexdigest(), prefix=t[4:12])
-            for name, t in tokens.items()
-        ]
-    )
-    Node.objects.bulk_create(
-        [
-            Node(
-                name=name,
-                pool="elastic",
-                status="not_ready",
-                hardware="H800",
-                epoch=1,
-                generation=1,
-                last_heartbeat=now,
-                lease_expires=now,
-                address="127.0.0.1",
-            )
-            for name in names
-        ]
-    )
-    nodes = {nd.name: nd for nd in Node.objects.filter(name__in=names)}
-    GPU.objects.bulk_create(
-        [
-            GPU(node=nodes[name], index=s, hardware="H800", memory_mb=81920, zone="rollout")
-            for name in names
-            for s in range(GPUS)
-        ]
-    )
-    used = names[: n - spare]
+    nodes, tokens = seed_nodes("plan", n, gpus=GPUS, pool="elastic", address="127.0.0.1")
+    used = nodes[: n - spare]
     job = create_job(
         spec={"name": "plan-job", "rollout_gpus": len(used) * GPUS, "training_gpus": 0, "hardware": "h800"},
         actor="bench",
     )
     Override.objects.update_or_create(job=job, defaults={"force_mode": "colocated"})
     Job.objects.filter(pk=job.pk).update(status="running", mode="colocated", n_colocated=len(used) * GPUS)
-    gpus = {(g.node_id, g.index): g for g in GPU.objects.filter(node__name__in=names)}
-    Worker.objects.bulk_create(
-        [
-            Worker(
-                job=job,
-                slot=GPUS * i + s,
-                node=nodes[name],
-                zone="rollout",
-                role="colocated",
-                activity="active",
-                engine="emulated",
-                endpoint=f"http://127.0.0.1:{20000 + GPUS * i + s}",
-            )
-            for i, name in enumerate(used)
-            for s in range(GPUS)
-        ]
-    )
-    WorkerGPU.objects.bulk_create(
-        [
-            WorkerGPU(worker=w, gpu=gpus[(w.node_id, w.slot % GPUS)], kind="rollout", alive=True, active=True)
-            for w in Worker.objects.filter(job=job)
-        ]
-    )
-    return [[name, tokens[name], []] for name in names], job.pk
+    seed_workers(job, used, GPUS, endpoints=True)
+    return [[nd.name, tokens[nd.name], []] for nd in nodes], job.pk
 
 
 def report_of(ds: Any) -> list[dict[str, Any]]:
@@ -210,11 +151,34 @@ def preempt(n_preempt: int) -> tuple[float, list[int]]:
 def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
     from django.db import connection
 
-    from controlplane.services import executor, planner
-
     spare = max(1, round(n * args.spare))
     _, job_id = seed(n, spare)
     inproc_register(job_id)
+    with connection.cursor() as c:
+        c.execute("SELECT pg_backend_pid()")
+        backend = int(c.fetchone()[0])
+    queries = [0]
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        queries[0] += 1
+        return execute(sql, params, many, context)
+
+    cpu0, pg0 = cpu_s(os.getpid()), cpu_s(backend)
+    with connection.execute_wrapper(count):
+        out = _capacity_change_inproc(n, spare, job_id, args)
+    out["cpu_s"] = {
+        "bench (services, one thread)": round(cpu_s(os.getpid()) - cpu0, 2),
+        "postgres backend": round(cpu_s(backend) - pg0, 2),
+    }
+    out["queries"] = queries[0]
+    connection.close()
+    return out
+
+
+def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The measured part: notice -> plan -> executor passes, each followed by the agents' confirmations."""
+    from controlplane.services import executor, planner
+
     n_pre = max(1, round(n * args.preempt))
     t0, _ = preempt(n_pre)
     t_notice = time.time() - t0
@@ -235,7 +199,6 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
         if time.time() - t > 600:
             break
     total = time.time() - t0
-    connection.close()
     out = {
         "mode": "inproc",
         "nodes": n,
@@ -250,8 +213,7 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "executor_passes": passes,
         "outcome": outcome,
     }
-    out |= phases(tr.pk, t0)
-    return out
+    return out | phases(tr.pk, t0)
 
 
 def wait_for(cond: Any, timeout: float, what: str, every: float = 0.1) -> None:

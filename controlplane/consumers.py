@@ -94,16 +94,26 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self._send_snapshot()
 
     async def dashboard_delta(self, event: dict[str, Any]) -> None:
-        if not self._wants(event["kind"], event["key"], event["data"]):
-            return
-        delta = {"type": "delta", "kind": event["kind"], "key": event["key"], "data": event["data"], "ts": event["ts"]}
-        if event["kind"] not in COALESCED:
-            await self.send_json(delta)
-            return
-        # node state: the latest delta per node wins, and this client gets them at most once per COALESCE_S
-        # (leading edge: a quiet page hears of a change at once; a busy one in batches)
-        self.pending[(event["kind"], event["key"])] = delta
-        if self.flusher is None or self.flusher.done():
+        await self._deliver([event])
+
+    async def dashboard_deltas(self, event: dict[str, Any]) -> None:
+        """Several deltas of one commit (a batch's nodes and events) in one channel-layer message."""
+        await self._deliver(event["deltas"])
+
+    async def _deliver(self, events: list[dict[str, Any]]) -> None:
+        coalesced = False
+        for event in events:
+            if not self._wants(event["kind"], event["key"], event["data"]):
+                continue
+            delta = {"type": "delta", **{k: event[k] for k in ("kind", "key", "data", "ts")}}
+            if event["kind"] not in COALESCED:
+                await self.send_json(delta)
+                continue
+            # node state: the latest delta per node wins, and this client gets them at most once per COALESCE_S
+            # (leading edge: a quiet page hears of a change at once; a busy one in batches)
+            self.pending[(event["kind"], event["key"])] = delta
+            coalesced = True
+        if coalesced and (self.flusher is None or self.flusher.done()):
             wait = self.flush_at + COALESCE_S - time.monotonic()
             if wait <= 0:
                 await self._flush()

@@ -139,15 +139,27 @@ def desired_state(node: Node) -> DesiredState:
     job's weights URL (its trainer, as recorded here) and a scoped, rotating token for it; the job's
     trainer gets the job's key to verify such tokens; every worker of a job gets the job's data-plane
     token (its driver's). The node holding a live job's first training worker runs that job's
-    rollout driver. No cluster-wide secret goes anywhere."""
+    rollout driver. No cluster-wide secret goes anywhere. Three queries, whatever the node holds (each
+    node's agent is sent this after every change, so it is read once per node per change)."""
     indexes: dict[int, list[int]] = defaultdict(list)
-    for b in WorkerGPU.objects.filter(alive=True, gpu__node=node).values("worker_id", "gpu__index"):
-        indexes[b["worker_id"]].append(b["gpu__index"])
+    for wid, index in WorkerGPU.objects.filter(alive=True, gpu__node=node).values_list("worker_id", "gpu__index"):
+        indexes[wid].append(index)
+    rows = list(
+        Worker.objects.filter(node=node, alive=True)
+        .select_related("job")
+        .only("id", "role", "activity", "engine", "job_id", *(f"job__{f}" for f in _DESIRED_JOB_FIELDS))
+        .order_by("job_id", "slot")
+    )
+    jobs = {w.job_id: w.job for w in rows}
+    weights_urls, first_trainer = _trainers(jobs)
+    derived: dict[int, tuple[str, str, str]] = {}  # job id -> (weights token, weights key, data-plane token)
     workers = []
-    weights_urls: dict[int, str] = {}
-    for w in Worker.objects.filter(node=node, alive=True).select_related("job").order_by("job_id", "slot"):
-        if w.job_id not in weights_urls:
-            weights_urls[w.job_id] = weights_url(w.job_id)
+    for w in rows:
+        job = w.job
+        if job.pk not in derived:
+            url = weights_urls.get(job.pk, "")
+            derived[job.pk] = (job_weights_token(job) if url else "", job_weights_key(job), job_dataplane_token(job))
+        token, key, dataplane = derived[job.pk]
         training = w.role == Role.TRAINING
         workers.append(
             DesiredWorker(
@@ -156,16 +168,20 @@ def desired_state(node: Node) -> DesiredState:
                 role=Role(w.role),
                 activity=Activity(w.activity),
                 engine=w.engine,
-                model=w.job.model,
-                job=w.job.name,
-                min_weight_version=max(0, w.job.weight_version - w.job.max_staleness),
-                weights_url="" if training else weights_urls[w.job_id],
-                weights_token="" if training or not weights_urls[w.job_id] else job_weights_token(w.job),
-                weights_key=job_weights_key(w.job) if training else "",
-                dataplane_token=job_dataplane_token(w.job),
+                model=job.model,
+                job=job.name,
+                min_weight_version=max(0, job.weight_version - job.max_staleness),
+                weights_url="" if training else weights_urls.get(job.pk, ""),
+                weights_token="" if training else token,
+                weights_key=key if training else "",
+                dataplane_token=dataplane,
             )
         )
-    drivers = [DesiredDriver(job=j.name, token=job_driver_token(j)) for j in driver_jobs(node)]
+    drivers = [
+        DesiredDriver(job=j.name, token=job_driver_token(j))
+        for j in sorted(jobs.values(), key=lambda j: j.name)
+        if j.status in LIVE_JOBS and first_trainer.get(j.pk) == node.pk
+    ]
     deadline = node.preemption_deadline.timestamp() if node.preemption_deadline else None
     return DesiredState(
         generation=node.generation,
@@ -177,16 +193,24 @@ def desired_state(node: Node) -> DesiredState:
     )
 
 
-def driver_jobs(node: Node) -> list[Job]:
-    """Live jobs whose rollout driver this node runs: those whose first training worker is here."""
-    first: dict[int, tuple[int, int]] = {}
-    for job_id, slot, node_id in Worker.objects.filter(
-        alive=True, role=Role.TRAINING, job__status__in=LIVE_JOBS
-    ).values_list("job_id", "slot", "node_id"):
-        if job_id not in first or slot < first[job_id][0]:
-            first[job_id] = (slot, node_id)
-    ids = [j for j, (_, n) in first.items() if n == node.pk]
-    return list(Job.objects.filter(pk__in=ids).order_by("name"))
+# what a desired state reads of a job (its identity for the derived secrets, the weights it allows, liveness)
+_DESIRED_JOB_FIELDS = ("id", "name", "created", "model", "weight_version", "max_staleness", "status")
+
+
+def _trainers(jobs: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]:
+    """For these jobs, in one query over their alive training workers: each job's weights URL (`weights_url`)
+    and the node of its first training worker (which runs its rollout driver)."""
+    urls: dict[int, str] = {}
+    first: dict[int, int] = {}
+    for job_id, node_id, endpoint in (
+        Worker.objects.filter(job_id__in=list(jobs), alive=True, role=Role.TRAINING)
+        .order_by("job_id", "slot")
+        .values_list("job_id", "node_id", "endpoint")
+    ):
+        first.setdefault(job_id, node_id)
+        if endpoint:
+            urls.setdefault(job_id, endpoint)
+    return urls, first
 
 
 def weights_url(job_id: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 import redis
@@ -53,8 +54,15 @@ def run_simulation_on_commit(run_id: int) -> None:
 
 
 def redis_client() -> redis.Redis:
-    """The Redis that holds the plan queue and the executor wake-ups (nothing there is the only copy)."""
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    """The Redis that holds the plan queue and the executor wake-ups (nothing there is the only copy). One
+    client (one connection pool) per URL and process: a heartbeat's wake-up reuses a connection instead of
+    opening one."""
+    return _client(settings.REDIS_URL)
+
+
+@lru_cache(maxsize=4)
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
 
 
 def _observed_key(job_id: int) -> str:

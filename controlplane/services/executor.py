@@ -29,7 +29,7 @@ from controlplane.services import latency
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.locks import lock_job, lock_nodes, locked
-from controlplane.services.nodes import bump_generation, push_node
+from controlplane.services.nodes import bump_generations, push_nodes
 from controlplane.services.plan_queue import resume_deferred_plans
 from controlplane.services.planner import ACTIVE_TRANSITION
 from controlplane.services.workers import (
@@ -129,23 +129,32 @@ def advance(*, transition_id: int, owner: str = "", actor: str = "executor") -> 
     return tr, outcome
 
 
-def _ready(step: TransitionStep, steps: list[TransitionStep]) -> bool:
-    """Whether a step may be issued: a step waits only for what its meaning needs, never for another
-    node's agent. Forced removals and bring-ups go at once; a worker's later step waits for its own
+def _ready_steps(steps: list[TransitionStep]) -> list[TransitionStep]:
+    """The pending steps that may be issued now: a step waits only for what its meaning needs, never for
+    another node's agent. Forced removals and bring-ups go at once; a worker's later step waits for its own
     earlier ones (start -> sync weights, drain -> set role or stop); a tear-down (drain, role change,
-    voluntary removal) waits for every bring-up (capacity before tear-down); the finalisation waits for all."""
-    phase = _phase(step)
-    if phase <= 1:
-        return True
-    for s in steps:
-        if s.index == step.index or s.status in (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED):
+    voluntary removal) waits for every bring-up (capacity before tear-down); the finalisation waits for
+    all. One pass over the steps (the open phases, overall and per worker slot), not one per step."""
+    closed = (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED)
+    phases = [_phase(s) for s in steps]
+    lowest = 6  # the lowest phase of an open step
+    by_slot: dict[int | None, int] = {}  # worker slot -> the lowest phase of its open steps
+    for s, ps in zip(steps, phases, strict=True):
+        if s.status not in closed:
+            lowest = min(lowest, ps)
+            by_slot[s.worker_slot] = min(by_slot.get(s.worker_slot, 6), ps)
+    out = []
+    for s, phase in zip(steps, phases, strict=True):
+        if s.status != TransitionStep.Status.PENDING:
             continue
-        ps = _phase(s)
-        if ps >= phase:
-            continue
-        if phase == 5 or (phase >= 3 and ps <= 2) or s.worker_slot == step.worker_slot:
-            return False
-    return True
+        if phase <= 1:
+            out.append(s)
+        elif phase == 5:
+            if lowest >= 5:
+                out.append(s)
+        elif not (phase >= 3 and lowest <= 2) and by_slot.get(s.worker_slot, 6) >= phase:
+            out.append(s)
+    return out
 
 
 def _advance(tr: Transition, actor: str) -> str:
@@ -171,7 +180,7 @@ def _advance(tr: Transition, actor: str) -> str:
     closed = (TransitionStep.Status.DONE, TransitionStep.Status.SKIPPED)
     first = True  # a pass times steps out once, whatever later steps it issues
     while True:
-        batch = [s for s in steps if s.status == TransitionStep.Status.PENDING and _ready(s, steps)]
+        batch = _ready_steps(steps)
         if batch:
             try:
                 _issue(job, batch, actor)
@@ -229,12 +238,20 @@ def _advance(tr: Transition, actor: str) -> str:
 
 
 def _latest_workers(job: Job, steps: list[TransitionStep]) -> dict[int, Worker]:
-    """Each step's worker (its slot's newest row, alive or stopped) with its node, in one query."""
+    """Each step's worker (its slot's newest row, alive or stopped) with its node, in two queries: the
+    workers, then their nodes (each node's report is read and decoded once, not once per worker)."""
     slots = {s.worker_slot for s in steps if s.worker_slot is not None}
     latest: dict[int, Worker] = {}
     if slots:
-        for w in Worker.objects.filter(job=job, slot__in=slots).select_related("node").order_by("slot", "-id"):
+        for w in (
+            Worker.objects.filter(job=job, slot__in=slots)
+            .only("id", "slot", "node_id", "alive")
+            .order_by("slot", "-id")
+        ):
             latest.setdefault(w.slot, w)
+        nodes = Node.objects.only("id", "name", "status", "observed").in_bulk({w.node_id for w in latest.values()})
+        for w in latest.values():
+            w.node = nodes[w.node_id]
     return latest
 
 
@@ -326,9 +343,9 @@ def _reissue(job: Job, steps: list[TransitionStep], latest: dict[int, Worker]) -
                 node_ids.add(w.node_id)
     now = timezone.now()
     with transaction.atomic():
-        for node in lock_nodes(node_ids).values():
-            bump_generation(node)
-            push_node(node.pk)
+        held = lock_nodes(node_ids)
+        bump_generations(held.values())
+        push_nodes(held)
         TransitionStep.objects.filter(pk__in=[s.pk for s in steps]).update(started=now, attempts=F("attempts") + 1)
     for step in steps:
         step.started, step.attempts = now, step.attempts + 1
@@ -345,7 +362,7 @@ def _not_serving_yet(job: Job) -> list[Worker]:
         .exclude(role=Role.TRAINING)
         .only("id", "slot", "node_id", "role", "activity", "endpoint", "alive")
     )
-    nodes = Node.objects.in_bulk({w.node_id for w in workers})
+    nodes = Node.objects.only("id", "status", "observed").in_bulk({w.node_id for w in workers})
     out = []
     for w in workers:
         w.node = nodes[w.node_id]

@@ -19,7 +19,7 @@ from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.invariants import assert_invariants
 from controlplane.services.locks import lock_job, lock_nodes
-from controlplane.services.nodes import bump_generation, push_node
+from controlplane.services.nodes import bump_generations, push_nodes
 from controlplane.services.plan_queue import enqueue_plan
 from controlplane.services.workers import return_borrowed
 
@@ -185,9 +185,8 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
         job.training_active = False
         job.failure_reason = reason[:4000]
         job.save(update_fields=["status", "stopped_at", "training_active", "failure_reason", "updated"])
-        for node in held.values():
-            bump_generation(node)
-            push_node(node.pk)
+        bump_generations(held.values())
+        push_nodes(held)
         notify_drivers_on_commit([job.pk])
         if status == Job.Status.FAILED:
             emit(
@@ -295,9 +294,8 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
             WorkerGPU.objects.filter(worker__in=trainers).update(active=False)
         job.training_active = active
         job.save(update_fields=["training_active", "returned_at_training_begin", "updated"])
-        for node in held.values():
-            bump_generation(node)
-            push_node(node.pk)
+        bump_generations(held.values())
+        push_nodes(held)
         emit(
             kind="training.begin" if active else "training.finished",
             message=f"{job.name}: {'Training Begin' if active else 'Training Finished'}",
@@ -328,8 +326,7 @@ def start_update(*, job_id: int, actor: str = "system") -> Job:
         Worker.objects.filter(pk__in=[w.pk for w in trainers]).update(activity=Activity.ACTIVE)
         assert_invariants(job_ids=[job.pk])
         WorkerGPU.objects.filter(worker__in=trainers).update(active=True)
-        for node in held.values():
-            bump_generation(node)
-            push_node(node.pk)
+        bump_generations(held.values())
+        push_nodes(held)
         emit(kind="training.update", message=f"{job.name}: the trainer computes the update", job=job, actor=actor)
     return job

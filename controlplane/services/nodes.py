@@ -6,29 +6,32 @@ import hashlib
 import ipaddress
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, AgentCredential, Job, Node, Worker, WorkerGPU
-from controlplane.selectors.cluster import node_summary
+from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import leases, telemetry
 from controlplane.services.dispatch import kick_executor_on_commit
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import (
     emit,
     notify_agent_on_commit,
+    notify_agents_on_commit,
     notify_drivers_on_commit,
     push_delta_on_commit,
     send_delta_now,
+    send_deltas_now,
 )
 from controlplane.services.locks import lock_nodes, locked
 from controlplane.services.plan_queue import replan_live_jobs
@@ -44,22 +47,41 @@ def _lease() -> timedelta:
 
 def push_node(node_id: int) -> None:
     """Dashboard delta with the node's full summary (after commit)."""
-    transaction.on_commit(lambda: _push_node_now(node_id))
+    push_nodes([node_id])
 
 
-def _push_node_now(node_id: int) -> None:
-    summary = node_summary(node_id)
-    if summary is not None:
-        send_delta_now(kind="node", key=str(node_id), data=summary)
+def push_nodes(node_ids: Iterable[int]) -> None:
+    """Dashboard deltas with these nodes' full summaries, after commit: one snapshot (a constant number of
+    queries) and one channel-layer message per DELTAS_PER_MESSAGE nodes, however many nodes a batch touched."""
+    ids = sorted({int(i) for i in node_ids})
+    if ids:
+        transaction.on_commit(lambda: _push_nodes_now(ids))
+
+
+def _push_nodes_now(node_ids: list[int]) -> None:
+    send_deltas_now([("node", str(n["id"]), n) for n in cluster_snapshot(node_ids=node_ids)["nodes"]])
 
 
 def bump_generation(node: Node) -> None:
     """A node's desired state changed: new generation; its agent, and the drivers of the jobs with
     workers there, hear about it after commit."""
-    Node.objects.filter(pk=node.pk).update(generation=F("generation") + 1)
-    node.refresh_from_db(fields=["generation"])
-    notify_agent_on_commit(node.pk)
-    notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
+    bump_generations([node])
+
+
+def bump_generations(nodes: Iterable[Node]) -> None:
+    """`bump_generation` for a batch of nodes in a constant number of queries (one UPDATE for all), and one
+    hop to the channel layer after commit for their agents and their jobs' drivers."""
+    held: dict[int, list[Node]] = defaultdict(list)
+    for node in nodes:
+        held[node.pk].append(node)
+    if not held:
+        return
+    Node.objects.filter(pk__in=list(held)).update(generation=F("generation") + 1)
+    for pk, generation in Node.objects.filter(pk__in=list(held)).values_list("pk", "generation"):
+        for node in held[pk]:
+            node.generation = generation
+    notify_agents_on_commit(held)
+    notify_drivers_on_commit(Worker.objects.filter(node_id__in=list(held)).values_list("job_id", flat=True).distinct())
 
 
 def register_node(*, credential_id: int, message: Register, address: str = "127.0.0.1") -> Node:
@@ -199,6 +221,20 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+def relaxed_commit() -> None:
+    """The current transaction commits without waiting for its WAL flush (PostgreSQL `synchronous_commit`
+    off, for this transaction only): a heartbeat's report. A crash of the database may lose the last few
+    hundred ms of such commits, never corrupt anything, and that equals heartbeats that did not arrive:
+    the agent reports its whole state again in its next one (level-triggered), and its lease is renewed
+    again. Whatever acted on such a report and committed normally afterwards (an executor marking a
+    step done, a re-plan) flushed it with its own WAL, which comes later in the log. What fences or
+    hands out work (registrations, epochs, lease expiry, the executor) keeps the synchronous commit.
+    A flush here costs ~7 ms a commit, most of a changed heartbeat's time."""
+    if connection.vendor == "postgresql" and connection.in_atomic_block:
+        with connection.cursor() as c:
+            c.execute("SET LOCAL synchronous_commit TO OFF")
+
+
 class HeartbeatResult(NamedTuple):
     refused: list[str]  # what of the report was refused, one sentence each
     generation: int  # the node's current desired-state generation (the link resends it if the agent is behind)
@@ -219,6 +255,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     refused: list[str] = []
     coarse = _redis_up()
     with transaction.atomic():
+        relaxed_commit()
         # The lock order (job → node → worker): a trainer publishing new weights raises its job's version
         # and bumps every node of the job, so those rows are taken before this node's.
         publishing = _publishing_jobs(node_id, message)
@@ -487,8 +524,7 @@ def _publish_weights(job_id: int, version: int, node: Node) -> None:
             actor=f"agent:{node.name}",
             data={"version": version},
         )
-    for other in Node.objects.filter(workers__job=job, workers__alive=True).distinct().order_by("pk"):
-        bump_generation(other)
+    bump_generations(Node.objects.filter(workers__job=job, workers__alive=True).distinct().order_by("pk"))
 
 
 def _fence_workers(node: Node) -> int:

@@ -6,16 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
-from controlplane.models import GPU, Job, Worker, WorkerGPU
+from controlplane.models import GPU, Event, Job, Worker, WorkerGPU
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
-from controlplane.services.events import emit
+from controlplane.services.events import emit, emit_many
 from controlplane.services.invariants import assert_invariants
 from controlplane.services.locks import lock_job, lock_nodes, locked
-from controlplane.services.nodes import bump_generation, push_node
+from controlplane.services.nodes import bump_generations, push_nodes
 
 MAX_WORKER_GPUS = 16
 
@@ -143,27 +143,33 @@ def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "syste
         except IntegrityError as exc:  # database backstop: someone else holds a GPU or slot
             raise InvariantViolation(f"GPU(s) or slot(s) are taken: {exc}", field="gpus") from None
         assert_invariants(job_ids=[job.pk], gpu_ids=[g.pk for g in gpus.values()])
-        for node_id in sorted(by_node):
-            bump_generation(held[node_id])
-            push_node(node_id)
-        for node_id in sorted(by_node):  # one timeline entry per node
-            mine = [(st, w) for st, w in zip(starts, workers, strict=True) if st.node_id == node_id]
-            node = held[node_id]
-            emit(
-                kind="worker.started",
-                message=f"{job.name}: "
-                + ", ".join(f"worker {w.slot} ({w.role}) on {node.name} GPUs {st.gpu_indexes}" for st, w in mine),
-                job=job,
-                node=node,
-                actor=actor,
-                data={
-                    "slot": mine[0][1].slot,
-                    "role": mine[0][1].role,
-                    "activity": mine[0][1].activity,
-                    "gpus": mine[0][0].gpu_indexes,
-                    "workers": [{"slot": w.slot, "role": w.role, "gpus": st.gpu_indexes} for st, w in mine],
-                },
-            )
+        bump_generations(held[node_id] for node_id in sorted(by_node))
+        push_nodes(by_node)
+        per_node: dict[int, list[tuple[WorkerStart, Worker]]] = {}
+        for st, w in zip(starts, workers, strict=True):
+            per_node.setdefault(st.node_id, []).append((st, w))
+        emit_many(  # one timeline entry per node
+            [
+                Event(
+                    kind="worker.started",
+                    message=f"{job.name}: "
+                    + ", ".join(
+                        f"worker {w.slot} ({w.role}) on {held[node_id].name} GPUs {st.gpu_indexes}" for st, w in mine
+                    ),
+                    job=job,
+                    node=held[node_id],
+                    actor=actor,
+                    data={
+                        "slot": mine[0][1].slot,
+                        "role": mine[0][1].role,
+                        "activity": mine[0][1].activity,
+                        "gpus": mine[0][0].gpu_indexes,
+                        "workers": [{"slot": w.slot, "role": w.role, "gpus": st.gpu_indexes} for st, w in mine],
+                    },
+                )
+                for node_id, mine in sorted(per_node.items())
+            ]
+        )
     return workers
 
 
@@ -212,8 +218,15 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
                 w.updated = now
                 nodes.add(w.node_id)
                 touched.append(w)
-        if touched:  # one statement for the group, however large
-            Worker.objects.bulk_update(touched, ["role", "activity", "generation", "updated"], batch_size=1000)
+        # one statement per (role, activity) the group ends in, however large the group: a bulk_update's
+        # CASE per row costs more to build than the change itself at thousands of workers
+        ending: dict[tuple[str, str], list[int]] = {}
+        for w in touched:
+            ending.setdefault((w.role, w.activity), []).append(w.pk)
+        for (role, activity), ids in ending.items():
+            Worker.objects.filter(pk__in=ids).update(
+                role=role, activity=activity, generation=F("generation") + 1, updated=now
+            )
         # The pure check reads the new worker rows and explains a violation; then the bindings follow,
         # with the database constraints as the backstop.
         assert_invariants(
@@ -230,9 +243,8 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
                 )
         except IntegrityError as exc:
             raise InvariantViolation(f"a GPU would get two active workers: {exc}") from None
-        for node_id in sorted(nodes):
-            bump_generation(held[node_id])
-            push_node(node_id)
+        bump_generations(held[node_id] for node_id in sorted(nodes))
+        push_nodes(nodes)
         if touched:
             emit(
                 kind="worker.changed",
@@ -309,19 +321,26 @@ def stop_workers(*, job_id: int, slots: list[int], actor: str = "system") -> lis
         for w in workers:
             w.alive, w.activity, w.stopped_at = False, Activity.INACTIVE, now
         assert_invariants(job_ids=[job_id])
-        for node_id in sorted(held):
-            bump_generation(held[node_id])
-            mine = sorted(w.slot for w in workers if w.node_id == node_id)
-            emit(
-                kind="worker.stopped",
-                message=f"{workers[0].job.name}: worker{'s' if len(mine) > 1 else ''} "
-                + ", ".join(map(str, mine))
-                + " stopped",
-                job=workers[0].job,
-                node=held[node_id],
-                actor=actor,
-                data={"slot": mine[0], "slots": mine},
-            )
-            push_node(node_id)
+        bump_generations(held[node_id] for node_id in sorted(held))
+        per_node: dict[int, list[int]] = {}
+        for w in workers:
+            per_node.setdefault(w.node_id, []).append(w.slot)
+        emit_many(  # one timeline entry per node
+            [
+                Event(
+                    kind="worker.stopped",
+                    message=f"{workers[0].job.name}: worker{'s' if len(mine) > 1 else ''} "
+                    + ", ".join(map(str, mine))
+                    + " stopped",
+                    job=workers[0].job,
+                    node=held[node_id],
+                    actor=actor,
+                    data={"slot": mine[0], "slots": mine},
+                )
+                for node_id, mine in ((n, sorted(per_node.get(n, []))) for n in sorted(held))
+                if mine
+            ]
+        )
+        push_nodes(held)
     order = {s: i for i, s in enumerate(slots)}
     return sorted(workers, key=lambda w: order[w.slot])

@@ -90,6 +90,23 @@ def test_a_changed_report_still_writes_the_row() -> None:
     assert writes(ctx) == []
 
 
+def test_a_changed_report_commits_without_waiting_for_the_wal_flush_and_a_registration_waits() -> None:
+    """`nodes.relaxed_commit`: the heartbeat's transaction only (SET LOCAL); the session's setting, and so a
+    registration's (a new epoch: fencing), stays the synchronous commit."""
+    if connection.vendor != "postgresql":
+        pytest.skip("synchronous_commit is PostgreSQL's")
+    with CaptureQueriesContext(connection) as ctx:
+        node = make_node("n1")
+    assert not any("SYNCHRONOUS_COMMIT" in q for q in statements(ctx))
+    with CaptureQueriesContext(connection) as ctx:
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=1))
+    assert "SET LOCAL SYNCHRONOUS_COMMIT TO OFF" in statements(ctx)
+    assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 1  # committed all the same
+    with connection.cursor() as c:
+        c.execute("SHOW synchronous_commit")
+        assert c.fetchone()[0] == "on"
+
+
 def test_the_row_gets_a_coarse_last_seen_at_most_once_per_refresh_span(settings) -> None:
     settings.PEARL = {**settings.PEARL, "LEASE_DB_REFRESH_S": 0.0}  # the row lease is always under one lease
     node = make_node("n1")

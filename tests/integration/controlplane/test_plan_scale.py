@@ -102,3 +102,55 @@ def test_a_vllm_jobs_steps_wait_the_longer_vllm_step_timeout(settings):
     settings.PEARL = {**settings.PEARL, "VLLM_STEP_TIMEOUT_S": 0.0}  # past it, as any other job's
     tr = executor.execute_transition(transition_id=tr.pk)
     assert {s.attempts for s in TransitionStep.objects.filter(transition=tr, kind="start_worker")} == {2}
+
+
+def _grown_cluster(k: int, prefix: str, hardware: str) -> Transition:
+    """2k elastic nodes of two slots of `hardware`, a colocated job of 2k one-GPU workers on the first k;
+    then a preemption notice on those k: the plan stops their 2k workers and starts 2k on the other k."""
+    names = [f"{prefix}{i:02d}" for i in range(2 * k)]
+    for name in names:
+        make_node(name, pool="elastic", slots=2, hardware=hardware)
+    job = make_job(f"job-{prefix}", rollout_gpus=2 * k, training_gpus=0, tp=1, hardware=hardware, model="qwen3-8b")
+    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "colocated"}, actor="t")
+    assert run_transition(planner.plan_job(job_id=job.pk, signal="step_start")).status == "succeeded"
+    held = sorted(set(Worker.objects.filter(job=job, alive=True).values_list("node__name", flat=True)))
+    assert held == names[:k]
+    for node in Node.objects.filter(name__in=held):
+        nodes.preemption_notice(node_id=node.pk, deadline=timezone.now() + timedelta(minutes=10), actor="t")
+    agents_converge()
+    tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
+    assert tr is not None
+    return tr
+
+
+def test_a_batch_costs_the_same_queries_and_dashboard_messages_whatever_number_of_nodes_it_touches(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    """The first pass (k nodes' forced stops, k nodes' bring-ups) writes the generations, the timeline and
+    the dashboard's node deltas in a constant number of queries and dashboard messages; only the agents'
+    own notices (one per node: each has its own socket) follow the number of nodes."""
+    from channels.layers import get_channel_layer
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.services.events import DASHBOARD_GROUP
+
+    layer = get_channel_layer()
+    sent: list[str] = []
+    real = layer.group_send
+
+    async def spy(group: str, message: dict) -> None:
+        sent.append(group)
+        await real(group, message)
+
+    monkeypatch.setattr(layer, "group_send", spy)
+    cost = {}
+    for k, prefix, hardware in ((1, "a", "H800"), (4, "b", "H20")):
+        tr = _grown_cluster(k, prefix, hardware)
+        sent.clear()
+        with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+            executor.execute_transition(transition_id=tr.pk)
+        agents = sum(g.startswith("agent.node.") for g in sent)
+        cost[k] = (len(queries), sent.count(DASHBOARD_GROUP), agents)
+        assert agents == 2 * k  # each touched node's agent hears of its new generation once
+    assert cost[1][:2] == cost[4][:2], cost
