@@ -44,6 +44,8 @@ from controlplane.core.loop.state import CheckpointCache, StepState, Trainer, Tr
 from controlplane.core.router import Router
 from controlplane.core.state import Configuration
 
+STEP_RECORDS_KEPT = 16  # final steps whose records a loop (and its checkpoint) keeps (`_forget_old_steps`)
+
 
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
@@ -272,12 +274,25 @@ class RolloutLoop:
         for tid in (*st.trajectories, *st.dropped):  # trained: the step's books are closed
             self.trajs.pop(tid, None)
             self._touched(tid)
+        self._forget_old_steps()
         if self.ready and self.ready[0] == self.trained_next:
             self._maybe_train(ev.now_s)  # the next update starts at once: no borrow window
         else:
             self.training_active = False
             self._emit(EmitSignal(Signal.TRAINING_FINISHED, self.remaining))
         self._maybe_start_step(ev.now_s)
+
+    def _forget_old_steps(self) -> None:
+        """Keep the records of the last STEP_RECORDS_KEPT final steps (trained, and not the step borrowed
+        time still goes to), not every step's: a step's record holds its B·G trajectory ids (~13 KiB at
+        1,024), so a long run's checkpoint would outgrow its limit. Nothing here reads a final step again;
+        its durable history is its STEP telemetry record and its trajectories, in the control plane."""
+        final = min(self.trained_next, self.step)
+        cache = self._checkpoint_cache
+        for j in [j for j in self.steps if j < final - STEP_RECORDS_KEPT]:
+            del self.steps[j]
+            if cache is not None:
+                cache.steps.pop(j, None)
 
     # ------------------------------------------------------------------ workers and routing
     def _on_worker_ready(self, ev: WorkerReady) -> None:

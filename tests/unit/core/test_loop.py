@@ -301,3 +301,21 @@ def test_jsq_dispatch_keeps_the_home_on_ties_and_fills_a_new_worker_first() -> N
     assert r.pick_first("c", {0: 3, 1: 3, 2: 3}, 3) is None  # every worker at the cap: held
     with pytest.raises(ValueError):
         lp.LoopConfig(batch_size=4, dispatch="random")
+
+
+def test_a_long_run_keeps_a_bounded_window_of_step_records_and_its_checkpoint_restores() -> None:
+    """A final step's record (its B·G trajectory ids) is not kept forever: the loop and its checkpoint hold
+    the last STEP_RECORDS_KEPT of them, so a checkpoint's size does not grow with the steps trained."""
+    from controlplane.core.loop.machine import STEP_RECORDS_KEPT
+    from controlplane.core.loop.state import encode
+
+    world = ToyWorld({0: C, 1: C}, train_s=1.0)
+    loop, cmds = run_heap(world, cfg(), [], until=400.0)
+    trained = len(kinds(cmds, lp.Train))
+    assert trained > STEP_RECORDS_KEPT + 10  # long enough for the window to matter
+    snap = json.loads(json.dumps(loop.checkpoint()))
+    kept = [s["step"] for s in snap["steps"]]
+    assert len(kept) <= STEP_RECORDS_KEPT + 2 and kept[-1] == loop.step  # the newest, not the oldest
+    assert snap == json.loads(json.dumps(encode(loop, cached=False)))  # the cache forgot them too
+    back = lp.RolloutLoop.restore(loop.cfg, snap)
+    assert (back.step, back.version, back.remaining) == (loop.step, loop.version, loop.remaining)
