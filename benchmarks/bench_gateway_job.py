@@ -53,9 +53,10 @@ AGENTS = ROOT / "benchmarks" / "gateway_agents.py"
 
 def register_answers() -> None:
     """`environment: bench-answers`, the built-in form of `gateway_agents` (token ids in and out)."""
+    import gateway_agents as ga  # benchmarks/ is on sys.path (this script's directory)
+
     from agents.envs.base import Environment, Turn, register, text
     from agents.tokenizer import TOKENIZER
-    import gateway_agents as ga  # benchmarks/ is on sys.path (this script's directory)
 
     class Answers(Environment):
         temperature = 1.0
