@@ -715,20 +715,46 @@ def hetero_section(md: list[str]) -> None:
     hetero_sim_section(md)
 
 
-HETERO_SCENARIOS: tuple[str, ...] = tuple(
-    f"hetero-{m}-seg1-{k}" for k in ("h20", "mixed") for m in ("qwen3-8b", "qwen3-30b-a3b")
+# (a) all H800 (the paper's seg1 scenario), (b) all-H20 rollout pool, (c) the mixed H800 / H20 / A100 elastic pool
+HETERO_KINDS: tuple[tuple[str, str], ...] = (
+    ("a", "paper-{m}-seg1"),
+    ("b", "hetero-{m}-seg1-h20"),
+    ("c", "hetero-{m}-seg1-mixed"),
 )
+HETERO_SCENARIOS: tuple[str, ...] = tuple(k.format(m=m) for m in MODELS for _, k in HETERO_KINDS)
 HETERO_POLICIES: tuple[str, ...] = (PEARL, RLBOOST, ELASTIC, BEST_HOMOGENEOUS, ORACLE)
+KV_WHATIF_POLICIES: tuple[str, ...] = (PEARL, RLBOOST, BEST_HOMOGENEOUS)
+
+
+def _is_mixed(name: str) -> bool:
+    return get_scenario(name).cluster.mixed
 
 
 def _run_job(job: tuple[str, str, float]) -> tuple[tuple[str, str, float], dict[str, Any]]:
-    """One simulated run (a worker process of the hetero section): its summary and the configurations it ran."""
+    """One simulated run (a worker process of the hetero section): its summary, the configurations it ran at
+    step starts, the ones it placed at any signal, and the decision reason of its most placed one."""
+    from controlplane.sim.cluster import Simulation
+
     name, policy, kv = job
     sc = get_scenario(name)
     if kv != 1.0:
         sc = replace(sc, engine=replace(sc.engine, kv_transfer_scale=kv))
     t0 = time.process_time()
-    r = run_policy(sc, policy)
+    sim = Simulation(sc, policy)
+    placed: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    on_event = sim.policy.on_event
+
+    def tally(ctx: Any) -> Any:
+        a = on_event(ctx)
+        label = a.target.label() if a.target.total > 0 else ""
+        if label and (ctx.current is None or ctx.current.label() != label):
+            placed[label] = placed.get(label, 0) + 1
+            reasons.setdefault(label, a.decision.reason)
+        return a
+
+    sim.policy.on_event = tally  # type: ignore[method-assign]
+    r = sim.run()
     configs: dict[str, int] = {}
     for st in r.step_stats[sc.engine.warmup_steps :]:
         configs[st.config_label] = configs.get(st.config_label, 0) + 1
@@ -739,73 +765,96 @@ def _run_job(job: tuple[str, str, float]) -> tuple[tuple[str, str, float], dict[
         "borrow": r.borrowed_gpu_s,
         "rollout": r.rollout_s_mean,
         "configs": configs,
+        "placed": placed,
+        "reasons": reasons,
         "cpu": time.process_time() - t0,
         "mape": r.predictor_mape_start,
     }
 
 
-def hetero_runs(jobs: list[tuple[str, str, float]], procs: int = 2) -> dict[tuple[str, str, float], dict[str, Any]]:
+def hetero_runs(jobs: list[tuple[str, str, float]], procs: int = 1) -> dict[tuple[str, str, float], dict[str, Any]]:
+    if procs <= 1:
+        return dict(_run_job(j) for j in jobs)
     from multiprocessing import get_context
 
     with get_context("fork").Pool(procs) as pool:
         return dict(pool.map(_run_job, jobs, chunksize=1))
 
 
-def hetero_sim_section(md: list[str], procs: int = 3) -> None:
-    """Issue 23, simulated: (b) the all-H20 elastic pool and (c) the mixed H800/H20/A100 elastic pool, each beside
-    the 16-GPU H800 trainer; PEARL, RLBoost+, B-only, best-homogeneous and the forking oracle, same seed and trace;
-    what-ifs with the KV hand-off free and twice as slow (PEARL, RLBoost+, best-homogeneous)."""
-    jobs = [(n, p, 1.0) for n in HETERO_SCENARIOS for p in HETERO_POLICIES]
-    mixed = [n for n in HETERO_SCENARIOS if n.endswith("mixed")][:1]  # the what-ifs on Qwen3-8B (CPU time)
-    jobs += [(n, p, kv) for n in mixed for p in (PEARL, RLBOOST, BEST_HOMOGENEOUS) for kv in (0.0, 2.0)]
+def _top(counts: dict[str, int], k: int = 3) -> str:
+    return ", ".join(f"`{c}` ×{n}" for c, n in sorted(counts.items(), key=lambda x: -x[1])[:k])
+
+
+def hetero_sim_section(md: list[str], procs: int = 1) -> None:
+    """Issue 23, simulated: (a) all H800, (b) the all-H20 rollout pool and (c) the mixed H800/H20/A100 elastic pool,
+    each beside the 16-GPU H800 trainer, both models; PEARL, RLBoost+, B-only, best-homogeneous and the forking
+    oracle, same seed and trace; what-ifs with the KV hand-off free and twice as slow on (b) and (c)."""
+    jobs = [(n, p, 1.0) for n in HETERO_SCENARIOS for p in HETERO_POLICIES if p != BEST_HOMOGENEOUS or _is_mixed(n)]
+    whatif = [n for n in HETERO_SCENARIOS if _is_mixed(n)]
+    jobs += [(n, p, kv) for n in whatif for p in KV_WHATIF_POLICIES for kv in (0.0, 2.0)]
     t0 = time.perf_counter()
     res = hetero_runs(jobs, procs)
     wall = time.perf_counter() - t0
+    cpu = sum(r["cpu"] for r in res.values())
     md.append(
         "Simulated (issue 23): the paper's seg1 cluster (Bamboo seg1 trace, 4 reserved + <=12 preemptible rollout "
-        "GPUs, 16 H800 training GPUs whose borrowed overlap workers run on H800). (b) `hetero-*-seg1-h20`: reserved "
-        "and elastic GPUs all H20. (c) `hetero-*-seg1-mixed`: reserved H800, the k-th elastic TP2 group H20, H800, "
-        "A100 in turn (the rotation is our choice; Bamboo records no chip types). Every unit's engine is timed by "
-        "its own chip's roofline profile, KV crosses the link joining the two chips. (a) all H800 is the paper "
-        "section above. Best-homogeneous = PEARL confined to one chip type (the others left idle); oracle = the "
-        "forking oracle over typed candidates. Throughput tok/s as in the paper section.\n"
+        "GPUs, 16 H800 training GPUs whose borrowed overlap workers run on H800). (a) `paper-*-seg1`: all H800. "
+        "(b) `hetero-*-seg1-h20`: reserved and elastic GPUs all H20. (c) `hetero-*-seg1-mixed`: reserved H800, the "
+        "k-th elastic TP2 group H20, H800, A100 in turn (the rotation is our choice; Bamboo records no chip types). "
+        "Every unit's engine is timed by its own chip's roofline profile, KV crosses the link joining the two chips. "
+        "Best-homogeneous = PEARL confined to one chip type (the others left idle; on (a) it is PEARL); oracle = the "
+        "forking oracle over typed candidates. Throughput tok/s as in the paper section; misses / lost = the most "
+        "return-deadline misses and lost tokens of any policy's run.\n"
     )
     md.append(
         "| scenario | RLBoost+ | B-only | best-homog. | PEARL | oracle | PEARL / best baseline | PEARL / oracle "
-        "| misses | lost | PEARL's configurations (steps after warm-up) | PEARL CPU s |"
+        "| misses | lost | PEARL's step-start configurations (after warm-up) | PEARL CPU s | oracle CPU s |"
     )
-    md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in HETERO_SCENARIOS:
-        th = {p: res[(n, p, 1.0)]["thr"] for p in HETERO_POLICIES}
-        best = max(th[RLBOOST], th[ELASTIC], th[BEST_HOMOGENEOUS])
-        pr = res[(n, PEARL, 1.0)]
-        top = sorted(pr["configs"].items(), key=lambda kv: -kv[1])[:3]
-        cf = ", ".join(f"`{k}` ×{v}" for k, v in top)
+        runs = {p: res[(n, p, 1.0)] for p in HETERO_POLICIES if (n, p, 1.0) in res}
+        th = {p: r["thr"] for p, r in runs.items()}
+        homo = th.get(BEST_HOMOGENEOUS)
+        best = max(th[RLBOOST], th[ELASTIC], homo or 0.0)
+        pr = runs[PEARL]
         md.append(
-            f"| {n} | {th[RLBOOST]:,.0f} | {th[ELASTIC]:,.0f} | {th[BEST_HOMOGENEOUS]:,.0f} | {th[PEARL]:,.0f} "
-            f"| {th[ORACLE]:,.0f} | {th[PEARL] / best:.3f} | {th[PEARL] / th[ORACLE]:.3f} | {pr['misses']} "
-            f"| {pr['lost']} | {cf} | {pr['cpu']:.0f} |"
+            f"| {n} | {th[RLBOOST]:,.0f} | {th[ELASTIC]:,.0f} | {f'{homo:,.0f}' if homo else '= PEARL'} "
+            f"| {th[PEARL]:,.0f} | {th[ORACLE]:,.0f} | {th[PEARL] / best:.3f} | {th[PEARL] / th[ORACLE]:.3f} "
+            f"| {max(r['misses'] for r in runs.values())} | {max(r['lost'] for r in runs.values())} "
+            f"| {_top(pr['configs'])} | {pr['cpu']:.0f} | {runs[ORACLE]['cpu']:.0f} |"
         )
     md.append("")
     md.append(
-        "What-if on the mixed pools (not the sourced model): every KV hand-off free (×0) or twice as slow (×2), "
-        "in the world; the policies' predictors see it only through the tracker's bandwidth fit.\n"
+        "What PEARL placed (every signal: step starts, Training Begin / Finished, capacity changes), the three most "
+        "frequent configurations, and the decision engine's reason the first time it placed the most frequent one:\n"
     )
-    md.append("| scenario | KV | RLBoost+ | best-homog. | PEARL | PEARL / best baseline | PEARL's configurations |")
-    md.append("|---|---|---|---|---|---|---|")
-    for n in mixed:
-        for kv in (0.0, 1.0, 2.0):
-            th = {p: res[(n, p, kv)]["thr"] for p in (PEARL, RLBOOST, BEST_HOMOGENEOUS)}
-            top = sorted(res[(n, PEARL, kv)]["configs"].items(), key=lambda x: -x[1])[:3]
-            md.append(
-                f"| {n} | ×{kv:g} | {th[RLBOOST]:,.0f} | {th[BEST_HOMOGENEOUS]:,.0f} | {th[PEARL]:,.0f} "
-                f"| {th[PEARL] / max(th[RLBOOST], th[BEST_HOMOGENEOUS]):.3f} "
-                f"| {', '.join(f'`{k}` ×{v}' for k, v in top)} |"
-            )
+    md.append("| scenario | PEARL placed | why (first decision placing the most frequent) |")
+    md.append("|---|---|---|")
+    for n in HETERO_SCENARIOS:
+        pr = res[(n, PEARL, 1.0)]
+        top = max(pr["placed"].items(), key=lambda x: x[1])[0] if pr["placed"] else ""
+        why = pr["reasons"].get(top, "").replace("|", "/")
+        md.append(f"| {n} | {_top(pr['placed'])} | {why} |")
     md.append("")
     md.append(
-        f"All {len(jobs)} runs: {wall:.0f} s wall in {procs} processes on {platform.machine()} "
-        f"({__import__('os').cpu_count()} cores shared with other jobs).\n"
+        "What-if (not the sourced model): every KV hand-off free (×0) or twice as slow (×2), in the world; the "
+        "policies' predictors see it only through the tracker's bandwidth fit.\n"
+    )
+    md.append("| scenario | KV | RLBoost+ | best-homog. | PEARL | PEARL / best baseline | PEARL placed |")
+    md.append("|---|---|---|---|---|---|---|")
+    for n in whatif:
+        for kv in (0.0, 1.0, 2.0):
+            th = {p: res[(n, p, kv)]["thr"] for p in KV_WHATIF_POLICIES}
+            md.append(
+                f"| {n} | ×{kv:g} | {th[RLBOOST]:,.0f} | {th[BEST_HOMOGENEOUS]:,.0f} | {th[PEARL]:,.0f} "
+                f"| {th[PEARL] / max(th[RLBOOST], th[BEST_HOMOGENEOUS]):.3f} | {_top(res[(n, PEARL, kv)]['placed'])} |"
+            )
+    md.append("")
+    load = __import__("os").getloadavg()
+    md.append(
+        f"All {len(jobs)} runs: {wall:.0f} s wall, {cpu:.0f} s process CPU, in {procs} process(es) on "
+        f"{platform.machine()} ({__import__('os').cpu_count()} cores shared with other jobs; load average at the end "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}).\n"
     )
 
 
