@@ -686,8 +686,8 @@ def hetero_section(md: list[str]) -> None:
     md.append("### Mixed pools (issue 23): the decision over H800 / H20 / A100, closed forms only\n")
     md.append(
         "Predicted rollout makespan of one BS64 SWE-bench step (the prior: Eq. 1–3 over each chip's roofline, "
-        "`core.decision.decide_mixed`; no simulation: the simulator's engines and placement are one hardware "
-        "type per scenario so far). RLBoost+ / B-only = every worker colocated (homogeneous-minded): 'balanced' "
+        "`core.decision.decide_mixed`; closed forms only, the simulated runs follow below). RLBoost+ / B-only = "
+        "every worker colocated (homogeneous-minded): 'balanced' "
         "gives each chip type the share of the batch that makes all types finish together (what RLBoost+'s "
         "join-the-shortest-queue dispatch tends to; `predict_colocated_balanced`), 'even' spreads it evenly "
         "(B-only's sticky dispatch, the slowest type sets the makespan; `predict_colocated_spread`); "
