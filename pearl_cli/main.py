@@ -199,14 +199,21 @@ def _listed(turn: Any) -> list[int]:
 def cmd_trajectories(c: Client, args: argparse.Namespace) -> None:
     jid = c.job_id(args.job)
     step = args.step
+    steps = c.get(f"/api/jobs/{jid}/trajectories/steps/")
     if step is None:  # the latest step that has any
-        steps = c.get(f"/api/jobs/{jid}/trajectories/steps/")
         step = steps[0]["step"] if steps else None
     params: dict[str, Any] = {"limit": args.limit, "status": args.status}
     if step is not None:
         params["step"] = step
     page = c.get(f"/api/jobs/{jid}/trajectories/", **params)
-    _out(args, page["results"], trajectories_text(step, page["results"], page["count"]))
+    text = trajectories_text(step, page["results"], page["count"])
+    counts: dict[str, Any] = next((s for s in steps if s["step"] == step), {})
+    if counts.get("given_up") or counts.get("dropped_groups"):  # slots of the step's batch that were not trained
+        text += (
+            f"\nstep {step}: {counts.get('given_up', 0)} member(s) given up after agent_max_attempts,"
+            f" {counts.get('dropped_groups', 0)} group(s) dropped (fewer than 2 left): not trained"
+        )
+    _out(args, page["results"], text)
 
 
 def cmd_stop(c: Client, args: argparse.Namespace) -> None:

@@ -183,7 +183,15 @@ def test_submit_the_agent_example_and_list_its_trajectories(cp):
         )
     out = pearl(cp, "trajectories", "calc-agent", token=token).stdout  # the latest step by default
     assert "s1-t0" in out and "s0-t0" not in out and "2/4" in out and "v2" in out
-    assert "the agent exited with status 1" in out
+    assert "the agent exited with status 1" in out and "given up" not in out
+    # step 0's STEP record: a member given up and its group dropped (the driver reports it)
+    from controlplane.core import telemetry as tm
+    from controlplane.models import TelemetrySample
+
+    rec = tm.step(job="calc-agent", step=0, batch_size=2, given_up=1, dropped_groups=1).to_json()
+    TelemetrySample.objects.create(job_id=job["id"], kind="step", record=rec)
+    out = pearl(cp, "trajectories", "calc-agent", "--step", "0", token=token).stdout
+    assert "step 0: 1 member(s) given up after agent_max_attempts, 1 group(s) dropped" in out
     rows = json.loads(
         pearl(cp, "trajectories", str(job["id"]), "--step", "0", "--status", "done", "--json", token=token).stdout
     )
