@@ -292,7 +292,8 @@ class EventSerializer(serializers.ModelSerializer):
 
 class TrajectorySerializer(serializers.ModelSerializer):
     """An agent trajectory (issue 19): mask 1 = a token the policy sampled (trained on), 0 = template, tool
-    output, observation; weight_versions, workers and latency_s are per turn; `truncated`: the token lists
+    output, observation; weight_versions, workers and latency_s are per turn (a turn's workers: a list of every
+    worker that served it, in order, as a turn resumed on another worker has two); `truncated`: the token lists
     were cut (token_count says how many there were)."""
 
     class Meta:
