@@ -713,6 +713,7 @@ def hetero_section(md: list[str]) -> None:
             )
     md.append("")
     hetero_sim_section(md)
+    hetero_forecast_section(md)
 
 
 # (a) all H800 (the paper's seg1 scenario), (b) all-H20 rollout pool, (c) the mixed H800 / H20 / A100 elastic pool
@@ -856,6 +857,54 @@ def hetero_sim_section(md: list[str], procs: int = 1) -> None:
         f"{platform.machine()} ({__import__('os').cpu_count()} cores shared with other jobs; load average at the end "
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}).\n"
     )
+
+
+# constant mixed pools for the predictor's figures: 4 H800 reserved (2 workers) + 8 elastic GPUs (4 workers) of these
+HETERO_FORECAST_POOLS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("qwen3-8b", ("H20",)),
+    ("qwen3-30b-a3b", ("H20",)),
+    ("qwen3-8b", ("A100",)),
+    ("qwen3-30b-a3b", ("A100",)),
+    ("qwen3-8b", ("H20", "A100")),
+)
+
+
+def hetero_forecast_section(md: list[str]) -> None:
+    """The step-start forecast on constant mixed pools (borrowing off), per chip mix: the running mode's MAPE and
+    the other mode's (a paired run pinned to the forecast typed configuration, `sim.forecast`)."""
+    from controlplane.sim.forecast import forecast_accuracy
+
+    md.append(
+        "Predictor on constant mixed pools (issue 23): 2 H800 workers (4 reserved GPUs) + 4 workers of the elastic "
+        "chip(s) (8 GPUs, constant trace; two chips: alternating), borrowing off, 2 h, PEARL; step-start forecast "
+        "MAPE (steps after warm-up, constant resources) of the mode running and of the best configuration of the "
+        "other mode, scored against the same batches run pinned to it (`sim/forecast.py`). Targets: <= 15% running, "
+        "<= 25% not running.\n"
+    )
+    md.append("| model | pool | running (steps) | MAPE running | other mode forecast (steps) | MAPE other |")
+    md.append("|---|---|---|---|---|---|")
+    for model, chips in HETERO_FORECAST_POOLS:
+        base = get_scenario(f"hetero-{model}-seg1-mixed")
+        cl = replace(base.cluster, reserved_gpus=4, preemptible_gpus=8, elastic_hardware=chips)
+        sc = replace(base, name=f"const-{model}-{'+'.join(chips)}", cluster=cl, trace=base.trace.constant(12))
+        r = forecast_accuracy(sc)
+        running = max(r["n_own"], key=lambda m: r["n_own"][m])
+        other = "colocated" if running == "disaggregated" else "disaggregated"
+        ran: dict[str, int] = {}
+        fc: dict[str, int] = {}
+        for p in r["pairs"]:
+            ran[p["running"]] = ran.get(p["running"], 0) + 1
+            fc[p["forecast"]] = fc.get(p["forecast"], 0) + 1
+
+        def pct_or_dash(v: float | None) -> str:
+            return "—" if v is None else f"{v:.1f}%"
+
+        md.append(
+            f"| {model} | 2 H800 + 4 {'/'.join(chips)} | {_top(ran, 2)} ({r['n_own'][running]}) "
+            f"| {pct_or_dash(r['own'][running])} | {_top(fc, 2)} ({r['n_other'][other]}) "
+            f"| {pct_or_dash(r['other'][other])} |"
+        )
+    md.append("")
 
 
 def main() -> int:

@@ -21,15 +21,18 @@ from dataclasses import replace
 from typing import Any
 
 from controlplane.core.policies import names
+from controlplane.core.state import Configuration, Mode
 from controlplane.sim.cluster import RunResult, Simulation
 from controlplane.sim.scenario import Scenario
 
 
 def _pin_overrides(label: str) -> dict[str, Any]:
-    if label.endswith("C"):
+    cfg = Configuration.parse(label)
+    if cfg.prefill_hardware:  # a typed configuration of a mixed pool: run exactly it
+        return {"borrowing": False, "force_configuration": label}
+    if cfg.mode is Mode.COLOCATED:
         return {"borrowing": False, "force_mode": "colocated"}
-    p, d = label[:-1].split("P")
-    return {"borrowing": False, "force_ratio": [int(p), int(d)], "exact_ratio": True}
+    return {"borrowing": False, "force_ratio": [cfg.n_prefill, cfg.n_decode], "exact_ratio": True}
 
 
 def _run(scenario: Scenario, name: str, overrides: dict[str, Any], seed: int | None, base: str) -> RunResult:
@@ -70,7 +73,7 @@ def forecast_accuracy(scenario: Scenario, *, seed: int | None = None, policy: st
         actual = pinned[s.other_label].get(s.step)
         if actual is None:
             continue
-        mode = "colocated" if s.other_label.endswith("C") else "disaggregated"
+        mode = str(Configuration.parse(s.other_label).mode)
         other[mode].append((s.predicted_other_s, actual))
         pairs.append(
             {
