@@ -71,6 +71,21 @@ def ready_at(cluster: Cluster, host: str) -> Any:
     return n if n and n["status"] == "ready" and n["ray_node_id"] else None
 
 
+def deaths_on_record(cluster: Cluster, name: str, timeout: float) -> list[dict]:
+    """The node's events that carry Ray's death reason (node.gone if Ray's death came first, node.ray_dead
+    if PEARL had let the node go already), once there is one."""
+    return wait_for(
+        lambda: [
+            e
+            for k in ("node.gone", "node.ray_dead")
+            for e in cluster.db.events(k)
+            if e["node"] == name and "ray_death_reason" in (e["data"] or {})
+        ],
+        timeout,
+        f"Ray's death reason of {name} on record",
+    )
+
+
 def test_an_agent_appears_on_every_ray_node_and_dials_from_its_own_address(cluster: Cluster):
     t0 = time.time()
     cluster.add_node("n1")
@@ -161,16 +176,7 @@ def test_a_preemption_drain_reaches_pearl_with_its_deadline_and_the_node_goes_at
     record("ray_preempted_gone", gone_after_kill_s=time.time() - t_kill)
     assert gone
     # whichever came first (PEARL's deadline or Ray's death), Ray's death reason ends up on record, once
-    died = wait_for(
-        lambda: [
-            e
-            for k in ("node.gone", "node.ray_dead")
-            for e in cluster.db.events(k)
-            if e["node"] == node["name"] and "ray_death_reason" in (e["data"] or {})
-        ],
-        60,
-        "Ray's death reason of the preempted node",
-    )
+    died = deaths_on_record(cluster, node["name"], 60)
     assert [e["data"]["ray_death_reason"] for e in died] == ["AUTOSCALER_DRAIN_PREEMPTED"], died
 
 
@@ -287,16 +293,7 @@ def test_pearl_shrinking_its_elastic_pool_hands_the_node_back_to_ray_as_idle(clu
         90,
         "the bridge to hand the node back to Ray",
     )[0]
-    died = wait_for(
-        lambda: [
-            e
-            for k in ("node.gone", "node.ray_dead")
-            for e in cluster.db.events(k)
-            if e["node"] == node["name"] and "ray_death_reason" in (e["data"] or {})
-        ],
-        90,
-        "Ray's death of the released node to reach PEARL",
-    )
+    died = deaths_on_record(cluster, node["name"], 90)
     asked = [x for x in cluster.bridge_lines()[seen:] if x["bridge"] == "release"]
     record(
         "pearl_shrinks_release",

@@ -83,7 +83,7 @@ def _notices(cluster: Cluster, name: str) -> list[dict]:
 def test_how_many_ray_nodes_one_bridge_and_one_control_plane_hold(cluster: Cluster):
     cluster.start_bridge()
     hosts: list[str] = []
-    per_node_mib = 600.0  # a first guess (BENCHMARKS.md: ~520 MiB RSS), replaced by the PSS measured
+    per_node_mib = 300.0  # a first guess (BENCHMARKS.md: ~280 MiB PSS), replaced by what is measured
     limit = f"not reached up to {SIZES[-1]} nodes"
     for size in SIZES:
         need = (size - len(hosts)) * per_node_mib
