@@ -61,6 +61,8 @@ class RolloutDriver(EpisodeRunner):
             max_staleness=job.max_staleness,
             return_deadline_s=job.return_deadline_s,
             job=job.name,
+            dispatch=job.dispatch,
+            dispatch_cap=job.dispatch_cap,
         )
         self.loop = RolloutLoop.restore(cfg, checkpoint) if checkpoint else RolloutLoop(cfg)
         # the loop's times (a step's start, a trajectory's turns) are seconds since the job's loop first

@@ -147,6 +147,10 @@ class JobView:
     seed: int = field(default=0, metadata=bounded(0, 2**62))
     training_gpus: int = field(default=1, metadata=bounded(0, 1 << 20))
     agent: dict[str, Any] = field(default_factory=dict)  # environment "agent": agent_command, tasks, ... (issue 19)
+    # the job's policy's dispatch rule (core.loop.LoopConfig.dispatch / dispatch_cap): RLBoost+ routes
+    # by join-shortest-queue live as in the simulator
+    dispatch: str = field(default="sticky", metadata=bounded(max_len=8))
+    dispatch_cap: int = field(default=0, metadata=bounded(0, 1 << 20))
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,6 +174,16 @@ class EngineCoefficients:
         return t
 
 
+def dispatch_cap(dispatch: str, profile: Profile, max_length: int) -> int:
+    """The loop's `dispatch_cap` for a policy's dispatch rule: 0 (no cap) for sticky; for RLBoost's JSQ
+    the throughput-plateau batch at the mean context of a trajectory growing about linearly to its cap.
+    One function, so the simulator and the live driver hold the same queue."""
+    if dispatch != "jsq":
+        return 0
+    ctx = max_length / 2
+    return plateau_batch(profile.coefficients(mean_context=ctx), ctx)
+
+
 def plateau_batch(coeffs: EngineCoefficients, mean_context: float, *, frac: float = 0.9) -> int:
     """RLBoost's throughput-plateau batch B (Algorithm 2): the smallest running batch whose decode
     throughput n/t(n) is within `frac` of the best a worker reaches, the batch being bounded by how

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db.models import Count
 
 from controlplane.core import driver_link as dl
+from controlplane.core.policies import policy_class
+from controlplane.core.profiles import dispatch_cap, get_profile
 from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.models import Decision, Job, Worker
 from controlplane.selectors.cluster import weights_url
@@ -58,6 +60,7 @@ def not_returned(job: Job) -> list[Worker]:
 
 
 def job_view(job: Job) -> dl.JobView:
+    dispatch = policy_class(job.policy).dispatch
     return dl.JobView(
         name=job.name,
         environment=job.environment,
@@ -71,6 +74,8 @@ def job_view(job: Job) -> dl.JobView:
         return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)),
         seed=job.pk,
         agent=dict(job.agent or {}),
+        dispatch=dispatch,
+        dispatch_cap=dispatch_cap(dispatch, get_profile(job.hardware, job.model, job.tp), job.max_trajectory_tokens),
     )
 
 

@@ -171,7 +171,7 @@ class Simulation:
         record_timeline: bool = False,
         trace: AvailabilityTrace | None = None,
     ) -> None:
-        from controlplane.core.profiles import get_profile, plateau_batch
+        from controlplane.core.profiles import dispatch_cap, get_profile
 
         self.sc = scenario
         self.policy_name = policy
@@ -216,10 +216,8 @@ class Simulation:
         self.record_timeline = record_timeline
         static = pol.static_pool is not None  # static pools have nothing to re-plan
         wl = scenario.workload
-        dispatch, cap = pol.dispatch, 0
-        if dispatch == "jsq":  # RLBoost's Algorithm 2: JSQ with delayed dispatch at the plateau batch
-            ctx = wl.max_length / 2  # a trajectory's context grows about linearly to the cap
-            cap = plateau_batch(self.profile.coefficients(mean_context=ctx), ctx)
+        # RLBoost's Algorithm 2: JSQ with delayed dispatch at the plateau batch (sticky: no cap)
+        dispatch, cap = pol.dispatch, dispatch_cap(pol.dispatch, self.profile, wl.max_length)
         self.loop = lp.RolloutLoop(
             lp.LoopConfig(
                 batch_size=wl.batch_size,
