@@ -140,14 +140,17 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
         )
         t0 = time.perf_counter()
         task = asyncio.create_task(driver.run())
+        per_step: dict[int, int] = {}  # the loop keeps only its last trained steps' records: read them as they go
         while time.perf_counter() - t0 < args.seconds:
             await asyncio.sleep(0.05)
             await link.pump(http)
+            per_step.update((j, st.generated_tokens) for j, st in driver.loop.steps.items())
             if task.done():
                 task.result()
         wall = time.perf_counter() - t0
         loop = driver.loop
-        generated = sum(st.generated_tokens for st in loop.steps.values())
+        per_step.update((j, st.generated_tokens) for j, st in loop.steps.items())
+        generated = sum(per_step.values())
         finished = loop.finished_trajectories
         driver.stop()
         await task
