@@ -86,7 +86,8 @@ def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:
     return rows
 
 
-def _event_dict(e: Event) -> dict[str, Any]:
+def event_dict(e: Event) -> dict[str, Any]:
+    """An event as the API and the dashboard's event deltas show it."""
     return {
         "id": e.id,
         "kind": e.kind,
@@ -106,7 +107,7 @@ def recent_events(limit: int = 30, *, job_id: int | None = None, kind: str = "")
         qs = qs.filter(job_id=job_id)
     if kind:
         qs = qs.filter(kind__startswith=kind) if kind.endswith(".") else qs.filter(kind=kind)
-    return [_event_dict(e) for e in qs[:limit]]
+    return [event_dict(e) for e in qs[:limit]]
 
 
 MAX_CANDIDATES = 200

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.models import Event, Job, Node
+from controlplane.selectors.jobs import event_dict
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +49,7 @@ def emit_many(events: list[Event]) -> list[Event]:
     if not events:
         return []
     created = Event.objects.bulk_create(events)
-    push_deltas_on_commit(
-        [
-            (
-                "event",
-                str(e.id),
-                {
-                    "id": e.id,
-                    "kind": e.kind,
-                    "message": e.message,
-                    "job": e.job.name if e.job else None,
-                    "node": e.node.name if e.node else None,
-                    "actor": e.actor,
-                    "created": e.created.isoformat(),
-                    "data": e.data,
-                },
-            )
-            for e in created
-        ]
-    )
+    push_deltas_on_commit([("event", str(e.id), event_dict(e)) for e in created])
     return created
 
 
