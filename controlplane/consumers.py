@@ -312,12 +312,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         node, superseded = await _service(nodes.register_agent)(
             credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address
         )
-        if superseded:
-            await self.channel_layer.send(superseded, {"type": "agent.superseded"})
-        if self.node_id is not None and self.node_id != node.pk:
-            await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+        # the registration is committed: a channel layer that fails now (Redis restarting) must not leave
+        # this socket unregistered; the old socket is fenced by the new epoch, the group re-joined per beat
+        try:
+            if superseded:
+                await self.channel_layer.send(superseded, {"type": "agent.superseded"})
+            if self.node_id is not None and self.node_id != node.pk:
+                await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+        except Exception as exc:
+            log.warning("agent %s: could not tell its old socket: %s", message.node, exc)
         self.node_id = node.pk
-        await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
+        try:
+            await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
+        except Exception as exc:
+            log.warning("agent %s: could not join its group, re-joins at its next heartbeat: %s", message.node, exc)
         await self.send_json(
             link.dump(
                 link.Registered(

@@ -101,6 +101,8 @@ class NodeAgent(Reconciler):
             self.apply(msg)
         elif isinstance(msg, link.ErrorMessage):
             log.warning("control plane error %s: %s", msg.code, msg.message)
+            if msg.code == "not_registered":  # this socket's registration did not take (e.g. Redis restarting)
+                self.send(self.register_message())
 
     def apply(self, msg: link.DesiredState) -> bool:
         """Fence, then adopt the desired state (reconciliation runs asynchronously)."""

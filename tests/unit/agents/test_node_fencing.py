@@ -50,6 +50,19 @@ def test_malformed_control_messages_change_nothing(tmp_path):
     assert agent.desired is None and agent.generation == -1
 
 
+def test_a_socket_the_control_plane_calls_unregistered_registers_again(tmp_path):
+    """A registration that did not take on the control plane's side (its channel layer failed while Redis
+    restarted) is answered `not_registered` at every heartbeat: the agent registers again on that socket
+    instead of heartbeating into it for good; other errors send nothing."""
+    agent = make_agent("http://127.0.0.1:1", tmp_path)
+    agent.on_control({"type": "error", "code": "refused", "message": "no"})
+    assert agent.outbox.qsize() == 0
+    agent.on_control({"type": "error", "code": "not_registered", "message": "send a register message first"})
+    sent = [agent.outbox.get_nowait() for _ in range(agent.outbox.qsize())]
+    assert [m["type"] for m in sent] == ["register"]
+    assert link.parse_agent_message(sent[0]).node == "n1"
+
+
 async def test_registers_heartbeats_and_reconnects_with_same_incarnation(tmp_path):
     cp = FakeControlPlane()
     await cp.start()
