@@ -49,6 +49,7 @@ class NodeAgent(Reconciler):
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.pending_telemetry: list[dict[str, Any]] = []  # the agent's own records (toggles)
         self.connected = asyncio.Event()
+        self.superseded = False  # this connection was superseded by another socket for the node
         self.stopping = asyncio.Event()
         self._kick = asyncio.Event()
         self._beat = asyncio.Event()
@@ -101,7 +102,11 @@ class NodeAgent(Reconciler):
             self.apply(msg)
         elif isinstance(msg, link.ErrorMessage):
             log.warning("control plane error %s: %s", msg.code, msg.message)
-            if msg.code == "not_registered":  # this socket's registration did not take (e.g. Redis restarting)
+            if msg.code == "superseded":
+                self.superseded = True
+            # this socket's registration did not take (its channel layer failed while Redis restarted): register
+            # again, unless another socket took the node over (two agents of one node must not take turns)
+            elif msg.code == "not_registered" and not self.superseded:
                 self.send(self.register_message())
 
     def apply(self, msg: link.DesiredState) -> bool:
@@ -195,6 +200,7 @@ class NodeAgent(Reconciler):
             self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES
         ) as ws:
             await ws.send_json(link.dump(self.register_message()))
+            self.superseded = False
             self.connected.set()
             sender = asyncio.create_task(self._send_loop(ws))
             beat = asyncio.create_task(self._heartbeat_loop())

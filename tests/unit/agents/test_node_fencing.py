@@ -61,6 +61,9 @@ def test_a_socket_the_control_plane_calls_unregistered_registers_again(tmp_path)
     sent = [agent.outbox.get_nowait() for _ in range(agent.outbox.qsize())]
     assert [m["type"] for m in sent] == ["register"]
     assert link.parse_agent_message(sent[0]).node == "n1"
+    agent.on_control({"type": "error", "code": "superseded", "message": "another agent socket registered"})
+    agent.on_control({"type": "error", "code": "not_registered", "message": "send a register message first"})
+    assert agent.outbox.qsize() == 0  # superseded by another socket: it does not take the node back
 
 
 async def test_registers_heartbeats_and_reconnects_with_same_incarnation(tmp_path):
