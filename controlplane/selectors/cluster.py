@@ -198,8 +198,9 @@ _DESIRED_JOB_FIELDS = ("id", "name", "created", "model", "weight_version", "max_
 
 
 def _trainers(jobs: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]:
-    """For these jobs, in one query over their alive training workers: each job's weights URL (`weights_url`)
-    and the node of its first training worker (which runs its rollout driver)."""
+    """For these jobs, in one query over their alive training workers: each job's weights URL (`weights_url`:
+    the endpoint of its first training worker that has one) and the node of its first training worker (which
+    runs its rollout driver)."""
     urls: dict[int, str] = {}
     first: dict[int, int] = {}
     for job_id, node_id, endpoint in (
@@ -215,15 +216,9 @@ def _trainers(jobs: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]:
 
 def weights_url(job_id: int) -> str:
     """Where the job's rollout workers pull weight snapshots: its trainer's endpoint, which the control
-    plane records on the trainer node's own address (an agent cannot point it elsewhere)."""
-    endpoint = (
-        Worker.objects.filter(job_id=job_id, alive=True, role=Role.TRAINING)
-        .exclude(endpoint="")
-        .order_by("slot")
-        .values_list("endpoint", flat=True)
-        .first()
-    )
-    return endpoint or ""  # the weight-store base; workers pull <base>/weights/latest and <base>/weights/<v>
+    plane records on the trainer node's own address (an agent cannot point it elsewhere). The weight-store
+    base: workers pull <base>/weights/latest and <base>/weights/<v>."""
+    return _trainers([job_id])[0].get(job_id, "")
 
 
 def worker_views(*, job_ids: Iterable[int] | None = None, gpu_ids: Iterable[int] | None = None) -> list[WorkerView]:
