@@ -445,9 +445,7 @@ class PearlPolicy(TrackedPolicy):
             f"the step's kind priced over its borrow window (t1 = {t1:.0f} s on the dedicated pool, then "
             f"+{n_ovl} {oh}): " + ", ".join(f"{g} {t:.0f} s" for g, t in sorted(step.items(), key=lambda x: x[1])[:3])
         )
-        chosen = pick
-        base = allow
-        return (lambda c: _group(c.configuration) == chosen and (base is None or base(c))), why
+        return (lambda c: _group(c.configuration) == pick and (allow is None or allow(c))), why
 
     def _gate_times(self, ctx: PolicyContext, w: WorkloadProfile, t_ded: float, t_full: float) -> GateResult:
         """Eq. 7 on the dedicated and the full pool's predicted makespans (admitted anyway when ungated)."""
