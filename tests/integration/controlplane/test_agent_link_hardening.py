@@ -9,7 +9,6 @@ import json
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 
 from controlplane.core import agent_link as link
 from controlplane.models import Event, Job, Node, TelemetrySample, Worker
@@ -18,6 +17,7 @@ from controlplane.services import credentials, workers
 from pearl_site.asgi import application
 from tests.support.cluster import make_job
 from tests.support.environment import redis_available
+from tests.support.sockets import WebsocketCommunicator
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

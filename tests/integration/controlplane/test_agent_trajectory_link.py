@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 
 from agents.driver.trajectories import summarize
 from controlplane.core import driver_link as dl
@@ -15,6 +14,7 @@ from controlplane.selectors.job_tokens import job_driver_token
 from pearl_site.asgi import application
 from tests.support.cluster import make_job, make_node
 from tests.support.environment import redis_available
+from tests.support.sockets import WebsocketCommunicator
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 
 from controlplane import consumers
 from controlplane.core.agent_link import Telemetry
@@ -18,6 +17,7 @@ from pearl_site.asgi import application
 from tests.integration.controlplane.test_sockets import _session_cookie
 from tests.support.cluster import make_job, make_node
 from tests.support.environment import redis_available
+from tests.support.sockets import WebsocketCommunicator
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

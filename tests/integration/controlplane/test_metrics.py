@@ -11,7 +11,6 @@ from itertools import pairwise
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
@@ -24,6 +23,7 @@ from controlplane.services.workers import start_worker
 from pearl_site.asgi import application
 from tests.support.cluster import agents_converge, make_job, make_node, run_transition
 from tests.support.environment import ROOT, child_env, redis_available
+from tests.support.sockets import WebsocketCommunicator
 
 
 def scrape(client: APIClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,7 +10,6 @@ from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.utils import timezone
 
@@ -20,6 +19,7 @@ from controlplane.services import credentials, nodes, workers
 from pearl_site.asgi import application
 from tests.support.cluster import make_job
 from tests.support.environment import redis_available
+from tests.support.sockets import WebsocketCommunicator
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
