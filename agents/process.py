@@ -85,6 +85,16 @@ def die_with_parent() -> None:
         sys.exit("the agent that started this worker is gone")
 
 
+def normal_priority() -> int:
+    """Run this thread, and what it starts from now on, at nice 0 where the process may (root or
+    CAP_SYS_NICE); returns the niceness it runs at. Ray starts every worker process, actors included, at
+    nice 15 (`RAY_worker_niceness`), and a node agent's heartbeats and the engines it starts (children
+    inherit it) must not yield to every other process on the node. On Linux the nice value is per thread."""
+    with contextlib.suppress(PermissionError):  # not allowed: it stays as Ray set it (docs/deployment.md)
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def visible_devices() -> list[int]:
     """The device indexes this process was pinned to (CUDA_VISIBLE_DEVICES), [] if unpinned."""
     raw = os.environ.get("CUDA_VISIBLE_DEVICES", "")

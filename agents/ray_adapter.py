@@ -28,6 +28,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from agents.process import normal_priority
 from controlplane.core.cluster_events import (
     DEATH_REASONS,
     NodeDead,
@@ -218,7 +219,10 @@ class AgentActor:
         self._done = threading.Event()
         self._stopping = False
 
+        self.niceness: int | None = None
+
         def serve() -> None:
+            self.niceness = normal_priority()  # before the agent starts anything: its workers inherit it
             asyncio.set_event_loop(self._loop)
             try:
                 self._loop.run_until_complete(run_agent(cfg, stop=self._stop))
@@ -240,6 +244,7 @@ class AgentActor:
             "address": self.address,
             "started": self.started,
             "restarts": ray.get_runtime_context().was_current_actor_reconstructed,
+            "niceness": self.niceness,  # the agent thread's (Ray starts actors at nice 15)
         }
 
     def stop(self) -> bool:

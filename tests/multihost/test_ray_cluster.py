@@ -9,6 +9,7 @@ a loaded 2-core machine; the measured figure goes to the timings file)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -117,6 +118,18 @@ def test_a_new_node_joins_and_gets_an_agent(cluster: Cluster):
     record("ray_node_joins", up_s=time.time() - t0)
     assert n["address"] == cluster.nodes["n3"]
     assert len([x for x in cluster.bridge_lines() if x["bridge"] == "place_agent"]) == 3  # one each, never twice
+    # Ray starts actors at nice 15; the agent's own thread (heartbeats, the engines it starts) runs at 0 (root)
+    pid = wait_for(lambda: actor_pid(cluster, "n3"), 30, "the agent actor's process")
+    assert 0 in thread_niceness(pid), thread_niceness(pid)
+
+
+def thread_niceness(pid: int) -> set[int]:
+    """The nice values of a process's threads (/proc/<pid>/task/<tid>/stat, field 19)."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as f:
+            out.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+    return out
 
 
 def actor_pid(cluster: Cluster, host: str) -> int | None:
