@@ -218,6 +218,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     address: str = ""
     sent_bucket: int = -1  # rotation period of the weights tokens in the last desired state sent
     sent_generation: int = -1  # generation of the last desired state sent on this socket
+    accepted_digest: str = ""  # digest of the last report the database took in full on this socket
 
     async def connect(self) -> None:
         cred = await database_sync_to_async(credentials.authenticate_agent)(_bearer(self.scope))
@@ -249,16 +250,18 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             message: Any = link.parse_agent_message(content)
         except link.LinkError as exc:
             message = exc
-        # every message re-checks the token; a registered socket's heartbeat does it in the same trip to the
-        # database thread as the heartbeat itself (one hop per beat: Daphne runs all of a process' database
-        # work on one thread)
+        # a frame refused as malformed does nothing and is answered at once, without the token check
+        if isinstance(message, link.LinkError):
+            await self._error("bad_message", str(message))
+            return
+        # every other message re-checks the token; a registered socket's heartbeat does it in the same trip to
+        # the database thread as the heartbeat itself (Daphne runs all of a process' database work on one
+        # thread), or not at all when it renews in Redis: a revocation drops the node's Redis record, so the
+        # next heartbeat takes the database path and its check
         if not (isinstance(message, link.Heartbeat) and self.node_id is not None) and not await database_sync_to_async(
             credentials.credential_is_valid
         )(self.credential_id):
             await self._revoked()
-            return
-        if isinstance(message, link.LinkError):
-            await self._error("bad_message", str(message))
             return
         try:
             await self._handle(message)
@@ -285,28 +288,52 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         if isinstance(message, link.Heartbeat):
             with latency.HEARTBEAT_SECONDS.time():  # the whole handling: the use case, the answers, the group
-                result = await _service(_heartbeat)(
-                    credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name
-                )
-                if result is None:
-                    await self._revoked()
+                generation = await self._heartbeat(message)
+                if generation is None:
                     return
-                for why in result.refused:
-                    await self._error("refused", why)
                 rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
                 # level-triggered: a push lost on the way (e.g. Redis restarted and forgot the group) is
                 # repaired by the next heartbeat of an agent still behind the node's generation
-                behind = message.generation < result.generation and result.generation > self.sent_generation
+                behind = message.generation < generation and generation > self.sent_generation
                 if rotated or behind:
                     await self._send_desired()
-                try:  # re-join after a Redis restart
-                    await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
-                except Exception as exc:  # Redis down: pushes wait; the heartbeats above still renewed the lease
-                    log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
         elif isinstance(message, link.Telemetry):
             await _service(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
         elif isinstance(message, link.Fault):
             await _service(nodes.record_fault)(node_id=self.node_id, message=message, channel=self.channel_name)
+
+    async def _heartbeat(self, message: link.Heartbeat) -> int | None:
+        """Renew the lease; the node's desired-state generation, or None (revoked: the socket is closed).
+
+        A report equal to this socket's last accepted one renews in Redis on this event loop, with no
+        database query and no hop to the database thread (`nodes.renew_in_redis`); any other, or whenever
+        Redis' record does not match, takes the database path (`nodes.record_heartbeat`, the token checked
+        in the same hop), which also re-joins the agent group: a Redis restart empties the records too, so
+        the first heartbeat after one always comes here."""
+        assert self.node_id is not None
+        digest = nodes.report_digest(message)
+        if digest == self.accepted_digest:
+            generation = await nodes.renew_in_redis(
+                node_id=self.node_id, message=message, channel=self.channel_name, digest=digest
+            )
+            if generation is not None:
+                return generation
+        self.accepted_digest = ""
+        result = await _service(_heartbeat)(
+            credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name
+        )
+        if result is None:
+            await self._revoked()
+            return None
+        for why in result.refused:
+            await self._error("refused", why)
+        if not result.refused:
+            self.accepted_digest = digest
+        try:  # re-join after a Redis restart
+            await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
+        except Exception as exc:  # Redis down: pushes wait; the heartbeat above still renewed the lease
+            log.warning("agent %s: could not re-join its group: %s", self.node_name, exc)
+        return result.generation
 
     async def _register(self, message: link.Register) -> None:
         node, superseded = await _service(nodes.register_agent)(
@@ -322,6 +349,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except Exception as exc:
             log.warning("agent %s: could not tell its old socket: %s", message.node, exc)
         self.node_id = node.pk
+        self.accepted_digest = ""  # a new epoch: no report of it was taken yet
         try:
             await self.channel_layer.group_add(agent_group(node.pk), self.channel_name)
         except Exception as exc:

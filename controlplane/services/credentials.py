@@ -10,8 +10,9 @@ import secrets
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.models import NAME_VALIDATOR, AgentCredential, Job
+from controlplane.models import NAME_VALIDATOR, AgentCredential, Job, Node
 from controlplane.selectors.job_tokens import DRIVER_TOKEN_PREFIX, job_driver_token
+from controlplane.services import leases
 from controlplane.services.errors import InvalidInput, NotFound
 from controlplane.services.events import emit
 
@@ -55,6 +56,9 @@ def revoke_agent_tokens(*, node_name: str, actor: str = "system") -> int:
         n = AgentCredential.objects.filter(node_name=node_name, revoked__isnull=True).update(revoked=timezone.now())
         if n == 0:
             raise NotFound(f"no active agent token for node {node_name!r}", field="node")
+        # a heartbeat renewed in Redis checks no token: the node's record goes, its next one checks it
+        dropped = list(Node.objects.filter(name=node_name).values_list("pk", flat=True))
+        transaction.on_commit(lambda: leases.drop_records(dropped))
         emit(
             kind="agent.token_revoked",
             message=f"{n} agent token(s) revoked for node {node_name}",

@@ -6,10 +6,12 @@ durable state:
 
 - `pearl:leases` (sorted set): node id -> expiry (Unix seconds) of its latest renewal. The sweep reads the
   expired members only (ZRANGEBYSCORE), so it costs in proportion to the nodes that expired.
-- `pearl:lease:holders` (hash): node id -> JSON {epoch, base, digest}: the Redis renewals extend the
-  database lease `base` (the row's `lease_expires` as written) of that `epoch`, and `digest` is the last
-  report the database accepted in full. A record whose epoch or base is not the row's is ignored: the
-  row was written behind Redis' back (a new registration, a fenced node, an operator), so the row wins.
+- `pearl:lease:holders` (hash): node id -> JSON {epoch, base, base_ts, digest, channel, generation}: the
+  Redis renewals extend the database lease `base` (the row's `lease_expires` as written; `base_ts` the same
+  in Unix seconds) of that `epoch`, held by the agent socket `channel`; `digest` is the last report the
+  database accepted in full, `generation` the node's desired-state generation as last written or bumped
+  (a mirror, only ever raised within an epoch). A record whose epoch or base is not the row's is ignored:
+  the row was written behind Redis' back (a new registration, a fenced node, an operator), so the row wins.
 - `pearl:lease:boot` (string): Redis' generation, written by the sweeper. When it is missing, Redis was
   emptied (restart, flush): logged; no repair is needed (below).
 
@@ -20,19 +22,30 @@ built in): a Redis restart, an empty Redis or Redis down makes no node look lost
 until the agent's next heartbeat writes Redis again (or, with Redis down, the database as before, with the
 exact lease). What an empty Redis costs is slower detection of nodes that died meanwhile (up to
 LEASE_S + DB_REFRESH_S after their last row write) and one database heartbeat per node to rebuild its record.
+
+The agent socket's heartbeat that reports what its last accepted report said renews on the server's event
+loop in one Redis round trip and no database query (`renew_unchanged`, a Lua script): only when the record
+names this socket, this epoch and this digest, the Redis lease has not run out, and the row's coarse lease
+needs no refresh yet. Anything else goes to the database path. Whatever the database path does not see then
+(a generation bump, a revocation) reaches the record by a write after its commit (`mirror_generations`,
+`drop_records`); should that write fail while Redis keeps its data, the row decides again at the node's next
+row-lease refresh, at most DB_REFRESH_S later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 
 from controlplane.selectors.leases import LEASES, all_last_seen, client, last_seen, lease_s
@@ -57,6 +70,17 @@ class Holder:
     epoch: int
     base: str  # the row's lease_expires, ISO, as last written
     digest: str  # of the last report the database took in full ("" if none yet at this epoch)
+    channel: str = ""  # the agent socket that holds the lease
+    generation: int = 0  # the node's desired-state generation (mirrored; the row's is the one of record)
+
+    def extends(self, other: Holder) -> bool:
+        """The same lease and the same clean report (the generation mirror aside)."""
+        return (self.epoch, self.base, self.digest, self.channel) == (
+            other.epoch,
+            other.base,
+            other.digest,
+            other.channel,
+        )
 
 
 def iso(value: datetime | None) -> str:
@@ -70,19 +94,161 @@ def holder(node_id: int) -> Holder | None:
         return None
     try:
         d = json.loads(raw)
-        return Holder(epoch=int(d["epoch"]), base=str(d["base"]), digest=str(d["digest"]))
+        return Holder(
+            epoch=int(d["epoch"]),
+            base=str(d["base"]),
+            digest=str(d["digest"]),
+            channel=str(d.get("channel", "")),
+            generation=int(d.get("generation", 0)),
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
 
+def _body(record: Holder) -> str:
+    base_ts = datetime.fromisoformat(record.base).timestamp() if record.base else 0.0
+    return json.dumps(
+        {
+            "epoch": record.epoch,
+            "base": record.base,
+            "base_ts": base_ts,
+            "digest": record.digest,
+            "channel": record.channel,
+            "generation": record.generation,
+        }
+    )
+
+
+# KEYS: LEASES, HOLDERS. ARGV: node id, expiry, the record's JSON. The record replaces the old one, but the
+# generation mirror never goes down within an epoch: a heartbeat's record written after commit may land
+# after a later bump's mirror.
+_WRITE = """
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local body = ARGV[3]
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+if old then
+  local ok, o = pcall(cjson.decode, old)
+  if ok and type(o) == 'table' and type(o.generation) == 'number' then
+    local rec = cjson.decode(body)
+    if o.epoch == rec.epoch and o.generation > rec.generation then
+      rec.generation = o.generation
+      body = cjson.encode(rec)
+    end
+  end
+end
+redis.call('HSET', KEYS[2], ARGV[1], body)
+return 1
+"""
+
+# KEYS: HOLDERS. ARGV: node id, generation, node id, generation, ... Raise the mirror of records that exist.
+_MIRROR = """
+for i = 1, #ARGV, 2 do
+  local raw = redis.call('HGET', KEYS[1], ARGV[i])
+  if raw then
+    local ok, rec = pcall(cjson.decode, raw)
+    local g = tonumber(ARGV[i + 1])
+    if ok and type(rec) == 'table' and type(rec.generation) == 'number' and rec.generation < g then
+      rec.generation = g
+      redis.call('HSET', KEYS[1], ARGV[i], cjson.encode(rec))
+    end
+  end
+end
+return 1
+"""
+
+# KEYS: LEASES, HOLDERS. ARGV: node id, epoch, channel, digest, now, new expiry, refresh-before. The
+# generation mirror if the record names this socket, epoch and (clean) report, its row lease needs no
+# refresh yet and the Redis lease has not run out (the sweeper may be fencing it): then the lease is renewed.
+_RENEW_UNCHANGED = """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then return false end
+local ok, rec = pcall(cjson.decode, raw)
+if not ok or type(rec) ~= 'table' then return false end
+if rec.epoch ~= tonumber(ARGV[2]) or rec.channel ~= ARGV[3] or rec.digest == '' or rec.digest ~= ARGV[4] then
+  return false
+end
+if type(rec.base_ts) ~= 'number' or rec.base_ts < tonumber(ARGV[7]) or type(rec.generation) ~= 'number' then
+  return false
+end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) < tonumber(ARGV[5]) then return false end
+redis.call('ZADD', KEYS[1], ARGV[6], ARGV[1])
+return rec.generation
+"""
+
+
+_scripts: dict[str, Any] = {}
+
+
+def _run(source: str, keys: list[str], args: list[Any]) -> Any:
+    """Run a script on this process' client by its SHA (EVALSHA; redis-py loads it again after a restart)."""
+    c = client()
+    if source not in _scripts:
+        _scripts[source] = c.register_script(source)
+    return _scripts[source](keys=keys, args=args, client=c)
+
+
 def renew(node_id: int, *, expires: float, record: Holder | None = None) -> None:
     """Renew the node's lease in Redis until `expires` (and replace its record). Raises redis.RedisError."""
-    pipe = client().pipeline(transaction=False)
-    pipe.zadd(LEASES, {str(node_id): expires})
-    if record is not None:
-        body = {"epoch": record.epoch, "base": record.base, "digest": record.digest}
-        pipe.hset(HOLDERS, str(node_id), json.dumps(body))
-    pipe.execute()
+    if record is None:
+        client().zadd(LEASES, {str(node_id): expires})
+        return
+    _run(_WRITE, [LEASES, HOLDERS], [str(node_id), expires, _body(record)])
+
+
+def mirror_generations(generations: Mapping[int, int]) -> None:
+    """After a commit that bumped these nodes' generations: raise the records' mirror (one round trip), so
+    that a heartbeat renewed in Redis still tells an agent that missed the push that it is behind."""
+    if not generations:
+        return
+    args: list[Any] = []
+    for node_id, generation in sorted(generations.items()):
+        args += [str(node_id), int(generation)]
+    try:
+        _run(_MIRROR, [HOLDERS], args)
+    except redis.RedisError as exc:  # the row's generation reaches the agent at its next database heartbeat
+        log.warning("generation mirror of %s nodes not written: %s", len(generations), exc)
+
+
+def drop_records(node_ids: Iterable[int]) -> None:
+    """Drop the nodes' records (not their Redis leases): their next heartbeat takes the database path
+    (e.g. a revoked token: the database check answers it)."""
+    ids = [str(i) for i in node_ids]
+    if not ids:
+        return
+    try:
+        client().hdel(HOLDERS, *ids)
+    except redis.RedisError as exc:
+        log.warning("could not drop the Redis lease records of %s: %s", ids, exc)
+
+
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, tuple[aioredis.Redis, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _async_script() -> tuple[aioredis.Redis, Any]:
+    """This event loop's Redis client (a connection pool is bound to the loop it was made on) and its
+    registered renewal script (EVALSHA, loaded again by redis-py after a Redis restart)."""
+    url = f"{settings.REDIS_URL.rstrip('/')}/2"
+    per_loop = _async_clients.setdefault(asyncio.get_running_loop(), {})
+    if url not in per_loop:
+        c = aioredis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1, health_check_interval=30)
+        per_loop[url] = (c, c.register_script(_RENEW_UNCHANGED))
+    return per_loop[url]
+
+
+async def renew_unchanged(node_id: int, *, epoch: int, channel: str, digest: str, now: float) -> int | None:
+    """On the caller's event loop, no database: renew the lease until now + LEASE_S if Redis' record says
+    this socket holds this epoch's lease and the database took this very report (see the module's
+    docstring); returns the mirrored generation, or None (the database path decides). Raises
+    redis.RedisError when Redis cannot be reached."""
+    c, script = _async_script()
+    lease = lease_s()
+    out = await script(
+        keys=[LEASES, HOLDERS], args=[str(node_id), epoch, channel, digest, now, now + lease, now + lease], client=c
+    )
+    return None if out is None else int(out)
 
 
 def renew_quietly(node_id: int, *, expires: float, record: Holder) -> bool:

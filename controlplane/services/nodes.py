@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -36,6 +39,8 @@ from controlplane.services.events import (
 from controlplane.services.locks import lock_nodes, locked
 from controlplane.services.plan_queue import replan_live_jobs
 from controlplane.services.principals import node_principal
+
+log = logging.getLogger(__name__)
 
 MAX_PREEMPTION_NOTICE_S = 24 * 3600
 MAX_VERSION_STEP = 8  # a trainer's report may move its job's weight version at most this far at once
@@ -77,9 +82,13 @@ def bump_generations(nodes: Iterable[Node]) -> None:
     if not held:
         return
     Node.objects.filter(pk__in=list(held)).update(generation=F("generation") + 1)
+    bumped: dict[int, int] = {}
     for pk, generation in Node.objects.filter(pk__in=list(held)).values_list("pk", "generation"):
+        bumped[pk] = generation
         for node in held[pk]:
             node.generation = generation
+    # the generation a heartbeat renewed in Redis answers with (an agent that missed the push hears of it)
+    transaction.on_commit(lambda: leases.mirror_generations(bumped))
     notify_agents_on_commit(held)
     notify_drivers_on_commit(Worker.objects.filter(node_id__in=list(held)).values_list("job_id", flat=True).distinct())
 
@@ -393,8 +402,15 @@ def _redis_up() -> bool:
 
 
 def _renew_on_commit(node: Node, now: datetime, *, digest: str) -> None:
-    """After commit, Redis renews the lease the row now holds (same epoch, same base) until now + LEASE_S."""
-    record = leases.Holder(epoch=node.epoch, base=leases.iso(node.lease_expires), digest=digest)
+    """After commit, Redis renews the lease the row now holds (same epoch, same base, same socket) until
+    now + LEASE_S."""
+    record = leases.Holder(
+        epoch=node.epoch,
+        base=leases.iso(node.lease_expires),
+        digest=digest,
+        channel=node.agent_channel,
+        generation=node.generation,
+    )
     node_id, expires = node.pk, now.timestamp() + leases.lease_s()
     transaction.on_commit(lambda: leases.renew_quietly(node_id, expires=expires, record=record))
 
@@ -423,11 +439,16 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
     digest = _digest(message)
     now = timezone.now()
     expires = now.timestamp() + leases.lease_s()
+    current = leases.Holder(
+        epoch=row.epoch, base=leases.iso(row.lease_expires), digest=digest, channel=channel, generation=row.generation
+    )
     try:
-        if leases.holder(node_id) != leases.Holder(epoch=row.epoch, base=leases.iso(row.lease_expires), digest=digest):
+        record = leases.holder(node_id)
+        if record is None or not record.extends(current):
             return None
         if (row.lease_expires - now).total_seconds() >= leases.lease_s():
-            leases.renew(node_id, expires=expires)
+            # a generation mirror behind the row's (its write after a bump failed) is repaired here
+            leases.renew(node_id, expires=expires, record=current if record.generation < row.generation else None)
             return HeartbeatResult([], row.generation)
         new_lease = leases.coarse_row_lease(now)  # the coarse last-seen: one fenced UPDATE, no transaction block
         written = Node.objects.filter(
@@ -435,12 +456,32 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
         ).update(last_heartbeat=now, lease_expires=new_lease)
         if not written:
             return None
-        leases.renew(
-            node_id, expires=expires, record=leases.Holder(epoch=row.epoch, base=leases.iso(new_lease), digest=digest)
-        )
+        leases.renew(node_id, expires=expires, record=dataclasses.replace(current, base=leases.iso(new_lease)))
     except redis.RedisError:
         return None  # the database path renews the row's exact lease, as without Redis
     return HeartbeatResult([], row.generation)
+
+
+def report_digest(message: Heartbeat) -> str:
+    """What identifies a heartbeat's report (its workers and the generation it applied): an agent socket
+    compares it with its last accepted one before trying `renew_in_redis`."""
+    return _digest(message)
+
+
+async def renew_in_redis(*, node_id: int, message: Heartbeat, channel: str, digest: str) -> int | None:
+    """The agent socket's heartbeat that repeats its last accepted report, on the server's event loop: no
+    database query, one Redis round trip (`leases.renew_unchanged`: this socket, this epoch, this report, a
+    live Redis lease whose row lease needs no refresh yet). Returns the node's desired-state generation
+    (Redis' mirror of the row's), or None: anything differs, or Redis failed, and `record_heartbeat` decides.
+    Fencing is unchanged: a new registration, a fenced or lost node, a revoked token, a report the database
+    has not taken: each has a record that does not match (or none)."""
+    try:
+        return await leases.renew_unchanged(
+            node_id, epoch=message.epoch, channel=channel, digest=digest, now=time.time()
+        )
+    except (redis.RedisError, OSError, TimeoutError) as exc:
+        log.debug("node %s: Redis renewal failed, the database path renews: %s", node_id, exc)
+        return None
 
 
 def _publishes(w: Worker, version: int, endpoint: str) -> bool:
