@@ -17,7 +17,7 @@ Two ways to run it:
 
 Usage: DATABASE_URL=postgres://.../pearl_plan .venv/bin/python benchmarks/bench_plan_scale.py
        [--nodes 128,512,1024] [--preempt 0.0625] [--spare 0.0625] [--daphnes 2] [--generators 2]
-       [--heartbeat 10] [--inproc] [--out FILE.json]
+       [--heartbeat 10] [--inproc [--py-spy FILE]] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -163,9 +164,15 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
         queries[0] += 1
         return execute(sql, params, many, context)
 
+    spy = _py_spy(args.py_spy, n)
     cpu0, pg0 = cpu_s(os.getpid()), cpu_s(backend)
-    with connection.execute_wrapper(count):
-        out = _capacity_change_inproc(n, spare, job_id, args)
+    try:
+        with connection.execute_wrapper(count):
+            out = _capacity_change_inproc(n, spare, job_id, args)
+    finally:
+        if spy is not None:  # py-spy writes its profile on SIGINT
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=120)
     out["cpu_s"] = {
         "bench (services, one thread)": round(cpu_s(os.getpid()) - cpu0, 2),
         "postgres backend": round(cpu_s(backend) - pg0, 2),
@@ -173,6 +180,18 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
     out["queries"] = queries[0]
     connection.close()
     return out
+
+
+def _py_spy(out: str, n: int) -> subprocess.Popen[bytes] | None:
+    """With --py-spy FILE: sample this process (on-CPU stacks, collapsed format, FILE.<n>) during the measured part
+    only: the seeding and the registrations are not profiled."""
+    if not out:
+        return None
+    spy = Path(PY).parent / "py-spy"
+    cmd = [str(spy), "record", "--pid", str(os.getpid()), "--rate", "250", "--format", "raw", "-o", f"{out}.{n}"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # py-spy attaches
+    return p
 
 
 def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -407,6 +426,7 @@ def main() -> None:
     p.add_argument("--celery-threads", type=int, default=4)
     p.add_argument("--heartbeat", type=float, default=10.0, help="the agents' heartbeat period (s)")
     p.add_argument("--inproc", action="store_true", help="services in this process, no sockets (for py-spy)")
+    p.add_argument("--py-spy", default="", help="--inproc: py-spy profile of the measured part to FILE.<nodes>")
     p.add_argument("--out", default="")
     args = p.parse_args()
     db_url = os.environ.get("DATABASE_URL", "")
