@@ -28,6 +28,7 @@ from controlplane.selectors.driver import observed, serving
 from controlplane.services import latency
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.invariants import checked_once
 from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.nodes import bump_generations, push_nodes
 from controlplane.services.plan_queue import resume_deferred_plans
@@ -37,12 +38,12 @@ from controlplane.services.workers import (
     WorkerStart,
     change_workers,
     start_workers,
-    stop_worker,
     stop_workers,
     take_out,
 )
 
 FINALIZE = "finalize"
+ADMITTED = "admitted"  # a finalize step's args: the slots it made active, whose serving confirms it
 MAX_ATTEMPTS = 3
 
 
@@ -258,7 +259,9 @@ def _latest_workers(job: Job, steps: list[TransitionStep]) -> dict[int, Worker]:
 def _issue(job: Job, steps: list[TransitionStep], actor: str) -> None:
     """Write the desired state of a batch of steps in one transaction (idempotent: a step already
     reflected is a no-op): the bring-ups in one `start_workers`, the removals in one `stop_workers`, the
-    role and activity changes in one `change_workers` each, so each node gets one new generation."""
+    role and activity changes in one `change_workers` each, so each node gets one new generation. The
+    invariants are checked once for the whole batch, before it commits (`checked_once`), not once per
+    service call: each check reads every worker of the job."""
     with transaction.atomic():
         lock_job(job.pk)
         slots = [s.worker_slot for s in steps if s.worker_slot is not None]
@@ -294,22 +297,37 @@ def _issue(job: Job, steps: list[TransitionStep], actor: str) -> None:
                 roles.append(WorkerChange(w.slot, role=role, activity=Activity.TRANSITIONING))
             elif step.kind == FINALIZE:
                 finalize = step
-        if stops:
-            take_out(job.pk, actor, lambda: stop_workers(job_id=job.pk, slots=stops, actor=actor))
-        if out:
-            take_out(job.pk, actor, lambda: change_workers(job_id=job.pk, changes=out, actor=actor))
-        if starts:
-            start_workers(job_id=job.pk, starts=starts, actor=actor)
-        if lend and lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing (it returned them)
-            raise Conflict("Training Begin arrived before the borrowed workers were lent: they stay with the trainer")
-        if roles:
-            change_workers(job_id=job.pk, changes=roles, actor=actor)
-        if finalize is not None:
-            _finalize(job, finalize.args["result"], actor)
+        admitted: list[int] = []
+
+        def write() -> None:
+            nonlocal admitted
+            if stops:
+                stop_workers(job_id=job.pk, slots=stops, actor=actor)
+            if out:
+                change_workers(job_id=job.pk, changes=out, actor=actor)
+            if starts:
+                start_workers(job_id=job.pk, starts=starts, actor=actor)
+            if lend and lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing
+                raise Conflict(
+                    "Training Begin arrived before the borrowed workers were lent: they stay with the trainer"
+                )
+            if roles:
+                change_workers(job_id=job.pk, changes=roles, actor=actor)
+            if finalize is not None:
+                admitted = _finalize(job, finalize.args["result"], actor)
+
+        if stops or out:  # what is left serving may not be a valid configuration: take_out pauses it then
+            take_out(job.pk, actor, write)
+        else:
+            with checked_once():
+                write()
         now = timezone.now()
         TransitionStep.objects.filter(pk__in=[s.pk for s in steps]).update(
             status=TransitionStep.Status.RUNNING, started=now, attempts=F("attempts") + 1
         )
+        if finalize is not None:  # its confirmation waits for these workers only (their nodes' reports)
+            finalize.args = {**finalize.args, ADMITTED: admitted}
+            TransitionStep.objects.filter(pk=finalize.pk).update(args=finalize.args)
     for step in steps:
         step.status, step.started, step.attempts = TransitionStep.Status.RUNNING, now, step.attempts + 1
 
@@ -336,7 +354,7 @@ def _reissue(job: Job, steps: list[TransitionStep], latest: dict[int, Worker]) -
     node_ids: set[int] = set()
     for step in steps:
         if step.kind == FINALIZE:  # every worker it waits for
-            node_ids.update(w.node_id for w in _not_serving_yet(job))
+            node_ids.update(w.node_id for w in _not_serving_yet(job, step.args.get(ADMITTED)))
         elif step.worker_slot is not None:
             w = latest.get(step.worker_slot)
             if w is not None and w.alive:
@@ -351,16 +369,20 @@ def _reissue(job: Job, steps: list[TransitionStep], latest: dict[int, Worker]) -
         step.started, step.attempts = now, step.attempts + 1
 
 
-def _not_serving_yet(job: Job) -> list[Worker]:
-    """The job's active rollout workers on ready nodes that do not serve yet at the staleness floor. A
-    worker on a node that is leaving (draining, lease expired, gone) is not waited for: it cannot come
-    to serve, and taking it out is the next re-plan's work, which this transition holds back. One query
-    for the workers and one for their nodes (a node's report is read once, not once per worker)."""
+def _not_serving_yet(job: Job, slots: list[int] | None = None) -> list[Worker]:
+    """The job's active rollout workers on ready nodes (of these `slots`: those a finalize admitted; None:
+    all) that do not serve yet at the staleness floor. A worker on a node that is leaving (draining, lease
+    expired, gone) is not waited for: it cannot come to serve, and taking it out is the next re-plan's
+    work, which this transition holds back. One query for the workers and one for their nodes (a node's
+    report is read once, not once per worker; only the nodes of `slots` are read)."""
     floor = max(0, job.weight_version - job.max_staleness)
+    qs = Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
+    if slots is not None:
+        if not slots:
+            return []
+        qs = qs.filter(slot__in=slots)
     workers = list(
-        Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE, node__status=NodeStatus.READY)
-        .exclude(role=Role.TRAINING)
-        .only("id", "slot", "node_id", "role", "activity", "endpoint", "alive")
+        qs.exclude(role=Role.TRAINING).only("id", "slot", "node_id", "role", "activity", "endpoint", "alive")
     )
     nodes = Node.objects.only("id", "status", "observed").in_bulk({w.node_id for w in workers})
     out = []
@@ -375,8 +397,8 @@ def _confirmed(job: Job, step: TransitionStep, w: Worker | None) -> bool:
     """Whether the agents' reported state shows the step done (`w`: the newest worker of its slot)."""
     if step.status in (TransitionStep.Status.PENDING,):
         return False
-    if step.kind == FINALIZE:
-        return not _not_serving_yet(job)
+    if step.kind == FINALIZE:  # the workers it admitted serve (a step recorded before ADMITTED: every worker)
+        return not _not_serving_yet(job, step.args.get(ADMITTED))
     if w is None:  # no worker has a null slot
         return step.kind in (StepKind.STOP_WORKER, StepKind.DRAIN)
     if w.node.status in (NodeStatus.NOT_READY, NodeStatus.GONE):
@@ -424,7 +446,8 @@ def _fail(tr: Transition, step: TransitionStep, why: str, actor: str) -> str:
 
 
 def _rollback(tr: Transition, actor: str) -> list[int]:
-    """All-or-nothing expansion: stop every worker this transition started and never admitted."""
+    """All-or-nothing expansion: stop every worker this transition started and never admitted (one
+    `stop_workers` for all of them: one invariant check, one new generation per node)."""
     slots = [
         s
         for s in TransitionStep.objects.filter(transition=tr, kind=StepKind.START_WORKER)
@@ -432,19 +455,20 @@ def _rollback(tr: Transition, actor: str) -> list[int]:
         .values_list("worker_slot", flat=True)
         if s is not None  # a start step always names its slot; no worker has a null one
     ]
-    out = []
-    for slot in slots:
-        w = Worker.objects.filter(job=tr.job, slot=slot, alive=True).first()
-        if w is not None and w.activity != Activity.ACTIVE:
-            stop_worker(job_id=tr.job.pk, slot=slot, actor=actor)
-            out.append(slot)
+    out = sorted(
+        Worker.objects.filter(job=tr.job, slot__in=slots, alive=True)
+        .exclude(activity=Activity.ACTIVE)
+        .values_list("slot", flat=True)
+    )
+    if out:
+        stop_workers(job_id=tr.job.pk, slots=out, actor=actor)
     return out
 
 
-def _finalize(job: Job, result: dict[str, str], actor: str) -> None:
+def _finalize(job: Job, result: dict[str, str], actor: str) -> list[int]:
     """Atomic finalisation: every worker of the target map becomes active at once (role as planned),
     except those on a node that began leaving since the plan: they stay out, for the next re-plan. The
-    target map's workers are read in one query."""
+    target map's workers are read in one query. Returns the slots it changed (admitted or re-roled)."""
     training = Job.objects.filter(pk=job.pk, training_active=True).exists()
     live = {
         slot: (role, activity, zone, node_id)
@@ -477,6 +501,7 @@ def _finalize(job: Job, result: dict[str, str], actor: str) -> None:
         change_workers(
             job_id=job.pk, changes=[WorkerChange(c.slot, activity=Activity.ACTIVE) for c in changes], actor=actor
         )
+    return sorted(c.slot for c in changes)
 
 
 __all__ = ["advance", "execute_transition"]

@@ -13,7 +13,7 @@ from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Event, Job, Worker, WorkerGPU
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit, emit_many
-from controlplane.services.invariants import assert_invariants
+from controlplane.services.invariants import assert_invariants, checked_once
 from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.nodes import bump_generations, push_nodes
 
@@ -257,23 +257,28 @@ def change_workers(*, job_id: int, changes: list[WorkerChange], actor: str = "sy
 
 
 def take_out(job_id: int, actor: str, change: Callable[[], object]) -> None:
-    """Take workers out of service (drain, deactivate, stop) with `change`. If the workers left serving
-    would no longer form a valid configuration (the last prefill or decode worker goes: a mode switch, a
-    return of a borrowed decode worker, a preempted one), the whole serving group pauses first: admission
-    stops until a finalize step admits the new group at once."""
+    """Take workers out of service (drain, deactivate, stop) with `change` (which may do more: an executor
+    batch's bring-ups too), its invariants checked once. If the workers left serving would no longer form a
+    valid configuration (the last prefill or decode worker goes: a mode switch, a return of a borrowed
+    decode worker, a preempted one), the whole serving group pauses first: admission stops until a finalize
+    step admits the new group at once."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(), checked_once():
             change()
     except InvariantViolation:
-        group = list(
-            Worker.objects.filter(job_id=job_id, alive=True, activity=Activity.ACTIVE)
-            .exclude(role=Role.TRAINING)
-            .values_list("slot", flat=True)
-        )
-        change_workers(
-            job_id=job_id, changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group], actor=actor
-        )
-        change()
+        with transaction.atomic(), checked_once():
+            group = list(
+                Worker.objects.filter(job_id=job_id, alive=True, activity=Activity.ACTIVE)
+                .exclude(role=Role.TRAINING)
+                .values_list("slot", flat=True)
+            )
+            if group:
+                change_workers(
+                    job_id=job_id,
+                    changes=[WorkerChange(s, activity=Activity.TRANSITIONING) for s in group],
+                    actor=actor,
+                )
+            change()
 
 
 def return_borrowed(job: Job, actor: str = "system") -> list[int]:

@@ -154,3 +154,87 @@ def test_a_batch_costs_the_same_queries_and_dashboard_messages_whatever_number_o
         cost[k] = (len(queries), sent.count(DASHBOARD_GROUP), agents)
         assert agents == 2 * k  # each touched node's agent hears of its new generation once
     assert cost[1][:2] == cost[4][:2], cost
+
+
+def _count_checks(monkeypatch) -> list[list[int]]:
+    """Every invariant check that reads the database (the job ids it covered), in order."""
+    from controlplane.services import invariants
+
+    calls: list[list[int]] = []
+    real = invariants._check
+
+    def spy(job_ids: list[int], gpu_ids: set[int]) -> None:
+        calls.append(list(job_ids))
+        real(job_ids, gpu_ids)
+
+    monkeypatch.setattr(invariants, "_check", spy)
+    return calls
+
+
+def test_an_executor_pass_checks_the_invariants_once_for_its_whole_batch(monkeypatch):
+    """The first pass stops n1's workers and starts two on n3 (two service calls), the finalize pass admits
+    them: each pass reads the job's workers for the invariants once, not once per service call."""
+    job, tr = _preempted_cluster()
+    calls = _count_checks(monkeypatch)
+    executor.execute_transition(transition_id=tr.pk)
+    assert calls == [[job.pk]]
+    assert not Worker.objects.filter(job=job, node__name="n1", alive=True).exists()
+    assert Worker.objects.filter(job=job, node__name="n3", alive=True).count() == 2
+    calls.clear()
+    agents_converge()
+    tr = executor.execute_transition(transition_id=tr.pk)  # syncs confirmed, then the finalize is issued
+    assert calls == [[job.pk]]
+    assert TransitionStep.objects.get(transition=tr, kind="finalize").status == "running"
+
+
+def test_a_batch_that_breaks_an_invariant_commits_none_of_its_calls():
+    """checked_once checks at the end of the batch, still inside its transaction: a violation found there
+    rolls back every call of the batch, the valid ones before it included."""
+    from django.db import transaction
+
+    from controlplane.services.errors import InvariantViolation
+    from controlplane.services.invariants import checked_once
+    from controlplane.services.workers import WorkerChange, change_workers, start_worker
+
+    make_node("d1", slots=2, hardware="H800")
+    job = make_job(rollout_gpus=2, training_gpus=0, tp=1, hardware="h800", model="qwen3-8b")
+    d1 = Node.objects.get(name="d1")
+    p = start_worker(job_id=job.pk, node_id=d1.pk, gpu_indexes=[0], role="prefill", activity="transitioning")
+    d = start_worker(job_id=job.pk, node_id=d1.pk, gpu_indexes=[1], role="decode", activity="transitioning")
+    generation = Node.objects.get(pk=d1.pk).generation
+    lone = pytest.raises(InvariantViolation, match="without both a prefill and a decode")
+    with lone, transaction.atomic(), checked_once():
+        change_workers(job_id=job.pk, changes=[WorkerChange(d.slot, role="colocated")])  # valid alone
+        change_workers(job_id=job.pk, changes=[WorkerChange(p.slot, activity="active")])  # a lone prefill
+    assert sorted(Worker.objects.filter(job=job).values_list("role", "activity")) == [
+        ("decode", "transitioning"),
+        ("prefill", "transitioning"),
+    ]
+    assert Node.objects.get(pk=d1.pk).generation == generation
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_check_outside_a_transaction_is_refused():
+    """Outside a transaction the calls of a batch would commit one by one before the check: refused."""
+    from controlplane.services.invariants import checked_once
+
+    with pytest.raises(RuntimeError, match="inside a transaction"), checked_once():
+        pass
+
+
+def test_the_finalize_waits_for_the_workers_it_admitted_only():
+    """The finalize's confirmation reads the reports of the nodes whose workers it admitted: n3's new
+    workers must serve; n2's, untouched by the transition, are not waited for even while n2's report is
+    stale (the transition did not change them)."""
+    job, tr = _preempted_cluster()
+    tr = executor.execute_transition(transition_id=tr.pk)
+    agents_converge()
+    tr = executor.execute_transition(transition_id=tr.pk)  # the finalize is issued
+    fin = TransitionStep.objects.get(transition=tr, kind="finalize")
+    n3_slots = sorted(Worker.objects.filter(job=job, node__name="n3", alive=True).values_list("slot", flat=True))
+    assert fin.status == "running" and fin.args[executor.ADMITTED] == n3_slots
+    Node.objects.filter(name="n2").update(observed=[])  # n2's report says nothing of its workers
+    tr = executor.execute_transition(transition_id=tr.pk)
+    assert tr.status == "running"  # n3's agent has not shown its workers active yet
+    agents_converge(skip=("n2",))
+    assert executor.execute_transition(transition_id=tr.pk).status == "succeeded"
