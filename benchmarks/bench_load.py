@@ -9,11 +9,13 @@ every agent registered:
 - heartbeat sent -> the node's dashboard delta (heartbeat or node kind), for the agents that report a
   changed in-flight count in every heartbeat (every `--change-every`-th agent; the others report no change),
   received by one dashboard client (cluster view) here;
-- leases lost (node.lease_expired events from the first registration to the end of the step);
+- leases lost (node.lease_expired events from the first registration until the agents stop: they heartbeat
+  on through a tail after the window, so a lease that lapses when they stop is not counted);
 - database row writes per heartbeat (pg_stat_database inserted + updated + deleted tuples over the window,
   less the telemetry samples stored) and commits per heartbeat (every transaction, read-only ones included);
-- server CPU per heartbeat (Daphne + Celery + Redis processes, /proc) and Daphne memory per node (RSS after
-  the window less RSS before the agents connected, over N).
+- server CPU per heartbeat (Daphne + Celery + Redis processes, /proc; also per process kind, and the load
+  generators' own), Redis commands per heartbeat (INFO commandstats, every client) and Daphne memory per
+  node (RSS after the window less RSS before the agents connected, over N).
 
 `--code DIR` runs the servers from another checkout (e.g. `git worktree add /tmp/base <commit>`) with the
 same database schema: the same command measures the code before and after a change; `--report A.json
@@ -21,7 +23,7 @@ B.json` prints two saved runs side by side.
 
 Usage: DATABASE_URL=postgres://.../pearl_load .venv/bin/python benchmarks/bench_load.py
        [--agents 128,256,512,1024,2048] [--periods 3,1] [--daphnes 2] [--generators 2] [--duration 30]
-       [--code DIR] [--out FILE.json]
+       [--code DIR] [--out FILE.json] [--py-spy PATH]
 """
 
 from __future__ import annotations
@@ -178,6 +180,14 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def redis_calls(port: int) -> int:
+    """Every command Redis ran so far (INFO commandstats, all clients: channel layer, Celery, leases)."""
+    import redis
+
+    stats = redis.Redis(port=port).info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values())
+
+
 def pg_counters(db: str) -> tuple[int, int]:
     from django.db import connection
 
@@ -243,6 +253,7 @@ def run_step(
     period: float,
     cookie: str,
     procs: dict[str, subprocess.Popen[bytes]],
+    redis_port: int,
 ) -> dict[str, Any]:
     from controlplane.models import Event, TelemetrySample
 
@@ -328,14 +339,30 @@ def run_step(
             await asyncio.sleep(max(0.0, window_start - time.time()))
             counters = sync_to_async(lambda: (pg_counters(db), TelemetrySample.objects.count()))
             before = await counters()
-            cpu0 = sum(cpu_s(p.pid) for p in [*web, *procs.values()])
+            groups: dict[str, list[int]] = {
+                "daphne": [w.pid for w in web],
+                "celery": [procs["celery"].pid],
+                "redis": [procs["redis"].pid],
+                "load": [g.pid for g in gens],
+            }
+            cpu0 = {k: sum(cpu_s(pid) for pid in pids) for k, pids in groups.items()}
+            redis0 = redis_calls(redis_port)
+            spies = (
+                []
+                if not args.py_spy
+                else [spy(args, w.pid, tmp / f"spy-{period:g}-{len(agents)}-{i}.txt") for i, w in enumerate(web)]
+            )
             await asyncio.sleep(args.duration)
-            cpu1 = sum(cpu_s(p.pid) for p in [*web, *procs.values()])
+            cpu1 = {k: sum(cpu_s(pid) for pid in pids) for k, pids in groups.items()}
+            stats["redis_calls"] = redis_calls(redis_port) - redis0
             stats["rss_mb"] = sum(rss_mb(w.pid) for w in web) - rss0
             await asyncio.sleep(2.0)  # backends flush their statistics
             after = await counters()
             stats["pg"] = (after[0][0] - before[0][0], after[0][1] - before[0][1], after[1] - before[1])
-            stats["cpu_s"] = cpu1 - cpu0
+            stats["cpu_by"] = {k: cpu1[k] - cpu0[k] for k in groups}
+            stats["cpu_s"] = sum(v for k, v in stats["cpu_by"].items() if k != "load")
+            for sp in spies:
+                sp.wait(timeout=120)
             await asyncio.sleep(max(0.0, window_start + args.duration + 3 - time.time()))
             stop.set()
             await task
@@ -347,6 +374,7 @@ def run_step(
             lines = p.stdout.read().strip().splitlines()
             p.wait(timeout=120)
             outs.append(json.loads(lines[-1]))
+        stopped = timezone.now()  # the agents heartbeated until now: a lease that lapsed before was lost
     finally:
         for p in gens:
             if p.poll() is None:
@@ -363,7 +391,9 @@ def run_step(
     sent = sum(o["sent"] for o in outs)
     dl, missing = delta_latencies(changed, recv, period)
     names = [a[0] for a in agents]
-    lost = Event.objects.filter(kind="node.lease_expired", created__gte=t0, node__name__in=names).count()
+    lost = Event.objects.filter(
+        kind="node.lease_expired", created__gte=t0, created__lt=stopped, node__name__in=names
+    ).count()
     rows, commits, telemetry_rows = stats["pg"]
     return {
         "period_s": period,
@@ -386,10 +416,54 @@ def run_step(
         "row_writes_per_heartbeat": round((rows - telemetry_rows) / max(sent, 1), 3),
         "commits_per_heartbeat": round(commits / max(sent, 1), 3),
         "cpu_ms_per_heartbeat": round(1000 * stats["cpu_s"] / max(sent, 1), 2),
+        "cpu_ms_per_heartbeat_by": {k: round(1000 * v / max(sent, 1), 2) for k, v in stats["cpu_by"].items()},
+        "redis_calls_per_heartbeat": round(stats["redis_calls"] / max(sent, 1), 2),
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "daphne_mb_per_node": round(stats["rss_mb"] / len(agents), 3),
+        "profile": profile_summary(sorted(tmp.glob(f"spy-{period:g}-{len(agents)}-*.txt"))) if args.py_spy else {},
         "failed_agents": sum(o["failed_agents"] for o in outs),
         "errors": [e for o in outs for e in o["errors"]][:5],
     }
+
+
+def spy(args: argparse.Namespace, pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy over one process for the window: raw (collapsed) stacks, 50 samples/s, the process not paused."""
+    cmd = [args.py_spy, "record", "--duration", str(int(args.duration)), "--rate", "50", "--nonblocking"]
+    return subprocess.Popen(
+        [*cmd, "--format", "raw", "--pid", str(pid), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def profile_summary(paths: list[Path], top: int = 12) -> dict[str, Any]:
+    """py-spy's raw (collapsed) stacks of the Daphne processes -> the share of samples per function: where the
+    time is spent (self: the innermost frame) and what it is spent under (inclusive: anywhere on the stack)."""
+    own: dict[str, int] = {}
+    under: dict[str, int] = {}
+    total = 0
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            total += n
+            frames = [
+                f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"
+                for f in stack.split(";")[1:]
+            ]  # the first frame is the process / thread
+            if frames:
+                own[frames[-1]] = own.get(frames[-1], 0) + n
+            for f in set(frames):
+                under[f] = under.get(f, 0) + n
+
+    def share(d: dict[str, int]) -> dict[str, float]:
+        return {k: round(100 * v / max(total, 1), 1) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]}
+
+    return {"samples": total, "self_pct": share(own), "inclusive_pct": share(under)}
 
 
 def report(paths: list[str]) -> None:
@@ -431,6 +505,7 @@ def main() -> None:
     p.add_argument("--out", default="")
     p.add_argument("--report", nargs="+", help="print saved runs side by side")
     p.add_argument("--stop-p95-ms", type=float, default=1000.0, help="skip larger N at a period once p95 passes this")
+    p.add_argument("--py-spy", default="", help="a py-spy binary: profile every Daphne process over each window")
     args = p.parse_args()
     if args.report:
         report(args.report)
@@ -493,7 +568,7 @@ def main() -> None:
         )
         for period in [float(x) for x in args.periods.split(",")]:
             for n in sizes:
-                r = run_step(args, env, tmp, db, agents[:n], job, period, cookie, procs)
+                r = run_step(args, env, tmp, db, agents[:n], job, period, cookie, procs, rport)
                 results.append(r)
                 print(json.dumps(r), file=sys.stderr, flush=True)
                 if r["renew_p95_ms"] is not None and r["renew_p95_ms"] > args.stop_p95_ms:
