@@ -254,13 +254,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(message, link.LinkError):
             await self._error("bad_message", str(message))
             return
-        # every other message re-checks the token; a registered socket's heartbeat does it in the same trip to
-        # the database thread as the heartbeat itself (Daphne runs all of a process' database work on one
-        # thread), or not at all when it renews in Redis: a revocation drops the node's Redis record, so the
-        # next heartbeat takes the database path and its check
-        if not (isinstance(message, link.Heartbeat) and self.node_id is not None) and not await database_sync_to_async(
-            credentials.credential_is_valid
-        )(self.credential_id):
+        # every other message re-checks the token; a registered socket's heartbeat, telemetry or fault does it
+        # in the same trip to the database thread as the message itself (Daphne runs all of a process'
+        # database work on one thread, and each trip costs a connection), a heartbeat not at all when it
+        # renews in Redis: a revocation drops the node's Redis record, so the next heartbeat takes the
+        # database path and its check
+        in_hop = isinstance(message, (link.Heartbeat, link.Telemetry, link.Fault)) and self.node_id is not None
+        if not in_hop and not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
             await self._revoked()
             return
         try:
@@ -297,10 +297,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 behind = message.generation < generation and generation > self.sent_generation
                 if rotated or behind:
                     await self._send_desired()
-        elif isinstance(message, link.Telemetry):
-            await _service(nodes.record_telemetry)(node_id=self.node_id, message=message, channel=self.channel_name)
-        elif isinstance(message, link.Fault):
-            await _service(nodes.record_fault)(node_id=self.node_id, message=message, channel=self.channel_name)
+        elif isinstance(message, (link.Telemetry, link.Fault)):
+            record = nodes.record_telemetry if isinstance(message, link.Telemetry) else nodes.record_fault
+            if not await _service(_checked)(
+                self.credential_id, record, node_id=self.node_id, message=message, channel=self.channel_name
+            ):
+                await self._revoked()
 
     async def _heartbeat(self, message: link.Heartbeat) -> int | None:
         """Renew the lease; the node's desired-state generation, or None (revoked: the socket is closed).
@@ -402,6 +404,14 @@ def _heartbeat(
     if credential_id is None or not credentials.credential_is_valid(credential_id):
         return None
     return nodes.record_heartbeat(node_id=node_id, message=message, channel=channel)
+
+
+def _checked(credential_id: int | None, fn: Callable[..., Any], **kwargs: Any) -> bool:
+    """The token check and a use case, in one call on the database thread; False: the token was revoked."""
+    if credential_id is None or not credentials.credential_is_valid(credential_id):
+        return False
+    fn(**kwargs)
+    return True
 
 
 def _desired(node_id: int | None, channel: str) -> link.DesiredState | None:

@@ -251,3 +251,13 @@ async def test_over_the_socket_a_revoked_token_stops_a_repeated_heartbeat() -> N
     )
     err = await ws.receive_json_from(timeout=5)
     assert err["code"] == "revoked"
+
+
+async def test_over_the_socket_telemetry_and_faults_check_the_token_in_their_own_hop() -> None:
+    ws, reg, _ = await registered()
+    await ws.send_json_to({"type": "fault", "epoch": reg["epoch"], "worker_id": 0, "kind": "timeout"})
+    await ws.send_to(text_data=json.dumps({"type": "probe"}))
+    assert (await ws.receive_json_from(timeout=10))["code"] == "bad_message"  # the fault was taken: no reply
+    await database_sync_to_async(credentials.revoke_agent_tokens)(node_name="gpu-a")
+    await ws.send_json_to({"type": "telemetry", "epoch": reg["epoch"], "records": []})
+    assert (await ws.receive_json_from(timeout=10))["code"] == "revoked"
