@@ -17,7 +17,7 @@ Two ways to run it:
 
 Usage: DATABASE_URL=postgres://.../pearl_plan .venv/bin/python benchmarks/bench_plan_scale.py
        [--nodes 128,512,1024] [--preempt 0.0625] [--spare 0.0625] [--daphnes 2] [--generators 2]
-       [--heartbeat 10] [--inproc [--py-spy FILE]] [--out FILE.json]
+       [--heartbeat 10] [--single-notices] [--inproc [--py-spy FILE]] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -132,19 +132,23 @@ def phases(tr_id: int, t0: float) -> dict[str, Any]:
     return out
 
 
-def preempt(n_preempt: int) -> tuple[float, list[int]]:
-    """The capacity change: a preemption notice on the last n_preempt nodes that hold workers."""
+def preempt(n_preempt: int, single: bool = False) -> tuple[float, list[int]]:
+    """The capacity change: preemption notices on the last n_preempt nodes that hold workers, in one call (as
+    the Ray bridge delivers a drain of several nodes), or with `single` one call per node."""
     from django.utils import timezone
 
     from controlplane.models import Node, Worker
-    from controlplane.services.nodes import preemption_notice
+    from controlplane.services.nodes import preemption_notice, preemption_notices
 
     held = sorted(set(Worker.objects.filter(alive=True).values_list("node_id", flat=True)))
     victims = held[-n_preempt:]
     t0 = time.time()
     deadline = timezone.now() + timedelta(minutes=30)
-    for nid in victims:
-        preemption_notice(node_id=nid, deadline=deadline, actor="bench")
+    if single:
+        for nid in victims:
+            preemption_notice(node_id=nid, deadline=deadline, actor="bench")
+    else:
+        preemption_notices(deadlines=dict.fromkeys(victims, deadline), actor="bench")
     assert Node.objects.filter(pk__in=victims, status="draining").count() == len(victims)
     return t0, victims
 
@@ -199,7 +203,7 @@ def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Name
     from controlplane.services import executor, planner
 
     n_pre = max(1, round(n * args.preempt))
-    t0, _ = preempt(n_pre)
+    t0, _ = preempt(n_pre, single=args.single_notices)
     t_notice = time.time() - t0
     tr = planner.plan_job(job_id=job_id, signal="capacity_change")
     assert tr is not None, "the capacity change planned nothing"
@@ -224,6 +228,7 @@ def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Name
         "gpus": n * GPUS,
         "preempted_nodes": n_pre,
         "spare_nodes": spare,
+        "notices": "one call per node" if args.single_notices else "one call",
         "notice_s": round(t_notice, 3),
         "plan_s": round(t_plan - t_notice, 3),
         "total_s": round(total, 3),
@@ -345,7 +350,7 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
         cpu0 = {p.pid: cpu_s(p.pid) for p in procs}
         gcpu0 = sum(cpu_s(p.pid) for p in gens)
         last = Transition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
-        t0, _ = preempt(n_pre)
+        t0, _ = preempt(n_pre, single=args.single_notices)
         try:
             wait_for(
                 lambda: Transition.objects.filter(pk__gt=last).exists(), 300, "the capacity change's transition", 0.05
@@ -426,6 +431,7 @@ def main() -> None:
     p.add_argument("--celery-threads", type=int, default=4)
     p.add_argument("--heartbeat", type=float, default=10.0, help="the agents' heartbeat period (s)")
     p.add_argument("--inproc", action="store_true", help="services in this process, no sockets (for py-spy)")
+    p.add_argument("--single-notices", action="store_true", help="one preemption_notice call per node, not one for all")
     p.add_argument("--py-spy", default="", help="--inproc: py-spy profile of the measured part to FILE.<nodes>")
     p.add_argument("--out", default="")
     args = p.parse_args()

@@ -68,12 +68,16 @@ def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> Availabil
         nodes.undrain_node(node_id=n.pk, actor=actor)
         have += _gpus(n)
         returned.append(n.name)
-    for n in reversed(up):  # shrink: the last nodes by name go first
+    noticed: list[int] = []
+    for n in reversed(up):  # shrink: the last nodes by name go first, all in one notice call
         if have <= gpus:
             break
-        nodes.preemption_notice(node_id=n.pk, deadline=now + timedelta(seconds=notice_s), actor=actor)
+        noticed.append(n.pk)
         have -= _gpus(n)
         preempted.append(n.name)
+    if noticed:
+        deadline = now + timedelta(seconds=notice_s)
+        nodes.preemption_notices(deadlines=dict.fromkeys(noticed, deadline), actor=actor)
     return AvailabilityChange(gpus, before, have, tuple(preempted), tuple(returned))
 
 

@@ -155,6 +155,21 @@ def preemption(*, bridge: BridgePrincipal, name: str, deadline: float) -> Node:
     )
 
 
+def preemptions(*, bridge: BridgePrincipal, notices: list[ce.Notice]) -> list[Node]:
+    """Ray drains several nodes for preemption at once: PEARL's notices for all of them in one call (one
+    transaction, one re-plan per job), each with Ray's deadline. All or nothing, as
+    `nodes.preemption_notices`: a refused one refuses them all (the caller may deliver them one by one)."""
+    _check(bridge)
+    names = {n.name for n in notices}
+    bound = dict(Node.objects.filter(name__in=names).exclude(ray_node_id="").values_list("name", "pk"))
+    missing = sorted(names - set(bound))
+    if missing:
+        raise NotFound(f"no Ray-bound node {missing[0]}", field="name")
+    return nodes.preemption_notices(
+        deadlines={bound[n.name]: datetime.fromtimestamp(n.deadline, tz=UTC) for n in notices}, actor=bridge.actor
+    )
+
+
 def drain(*, bridge: BridgePrincipal, name: str, why: str) -> Node:
     _check(bridge)
     node = _bound(name)

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -22,13 +22,14 @@ from django.utils import timezone
 
 from controlplane.core.agent_link import Fault, Heartbeat, Register, Telemetry
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
-from controlplane.models import GPU, AgentCredential, Job, Node, Worker, WorkerGPU
+from controlplane.models import GPU, AgentCredential, Event, Job, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import leases, telemetry
 from controlplane.services.dispatch import kick_executor_on_commit
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
 from controlplane.services.events import (
     emit,
+    emit_many,
     notify_agent_on_commit,
     notify_agents_on_commit,
     notify_drivers_on_commit,
@@ -659,7 +660,7 @@ def drain_node(*, node_id: int, actor: str) -> Node:
             raise Conflict(f"node {node.name} is already {node.status}", field="status")
         node.status = NodeStatus.DRAINING
         node.save(update_fields=["status", "updated"])
-        _start_draining_workers(node)
+        _start_draining_workers([node.pk])
         bump_generation(node)
         emit(kind="node.draining", message=f"node {node.name} is draining", node=node, actor=actor)
         push_node(node.pk)
@@ -667,42 +668,71 @@ def drain_node(*, node_id: int, actor: str) -> Node:
     return node
 
 
-def _start_draining_workers(node: Node) -> None:
-    ids = list(Worker.objects.filter(node=node, alive=True, activity=Activity.ACTIVE).values_list("id", flat=True))
-    Worker.objects.filter(id__in=ids).update(activity=Activity.TRANSITIONING)
-    WorkerGPU.objects.filter(worker_id__in=ids).update(active=False)
+def _start_draining_workers(node_ids: list[int]) -> None:
+    """The active workers of these nodes go out of service (transitioning), their bindings inactive first:
+    two statements, whatever number of nodes and workers."""
+    active = Worker.objects.filter(node_id__in=node_ids, alive=True, activity=Activity.ACTIVE)
+    WorkerGPU.objects.filter(worker__in=active).update(active=False)
+    active.update(activity=Activity.TRANSITIONING)
 
 
 def preemption_notice(*, node_id: int, deadline: datetime, actor: str) -> Node:
     """An elastic node will be taken away at `deadline`: drain it now and remove it by then."""
+    return preemption_notices(deadlines={node_id: deadline}, actor=actor)[0]
+
+
+def preemption_notices(*, deadlines: Mapping[int, datetime], actor: str) -> list[Node]:
+    """Preemption notices for several elastic nodes at once (node id -> its deadline; a Ray drain of several
+    nodes, a shrinking trace): each node drains now and goes by its deadline, as with one notice each, in
+    one transaction: the nodes locked in id order, their workers out of service, one new generation each,
+    one timeline entry each, one dashboard snapshot and one re-plan per job with workers there, whatever
+    number of nodes. All or nothing: a node that may not get a notice (unknown, not elastic, gone) refuses
+    the whole call. A node already under notice gets the new deadline. Returns the nodes in id order."""
+    if not deadlines:
+        raise InvalidInput("no nodes given", field="nodes")
     now = timezone.now()
-    if deadline <= now:
-        raise InvalidInput("the deadline must be in the future", field="deadline")
-    if (deadline - now).total_seconds() > MAX_PREEMPTION_NOTICE_S:
-        raise InvalidInput("the deadline must be within 24 hours", field="deadline")
+    for deadline in deadlines.values():
+        if deadline <= now:
+            raise InvalidInput("the deadline must be in the future", field="deadline")
+        if (deadline - now).total_seconds() > MAX_PREEMPTION_NOTICE_S:
+            raise InvalidInput("the deadline must be within 24 hours", field="deadline")
     with transaction.atomic():
-        node = locked(Node.objects.filter(pk=node_id)).first()
-        if node is None:
-            raise NotFound(f"node {node_id} does not exist", field="id")
-        if node.pool != Pool.ELASTIC:
-            raise Conflict(f"only elastic nodes can be preempted; {node.name} is {node.pool}", field="pool")
-        if node.status == NodeStatus.GONE:
-            raise Conflict(f"node {node.name} is already gone", field="status")
-        node.preemption_deadline = deadline
-        node.status = NodeStatus.DRAINING
-        node.save(update_fields=["preemption_deadline", "status", "updated"])
-        _start_draining_workers(node)
-        bump_generation(node)
-        emit(
-            kind="node.preemption_notice",
-            message=f"node {node.name} will be preempted at {deadline.isoformat()}",
-            node=node,
-            actor=actor,
-            data={"deadline": deadline.isoformat()},
+        held = lock_nodes(deadlines.keys())
+        for node_id in sorted(deadlines):
+            node = held.get(node_id)
+            if node is None:
+                raise NotFound(f"node {node_id} does not exist", field="id")
+            if node.pool != Pool.ELASTIC:
+                raise Conflict(f"only elastic nodes can be preempted; {node.name} is {node.pool}", field="pool")
+            if node.status == NodeStatus.GONE:
+                raise Conflict(f"node {node.name} is already gone", field="status")
+        by_deadline: dict[datetime, list[int]] = defaultdict(list)
+        for node_id, deadline in deadlines.items():
+            by_deadline[deadline].append(node_id)
+        for deadline, ids in by_deadline.items():  # one UPDATE per distinct deadline (one, from a Ray drain)
+            Node.objects.filter(pk__in=ids).update(
+                preemption_deadline=deadline, status=NodeStatus.DRAINING, updated=now
+            )
+        for node in held.values():
+            node.preemption_deadline, node.status, node.updated = deadlines[node.pk], NodeStatus.DRAINING, now
+        ids = sorted(held)
+        _start_draining_workers(ids)
+        bump_generations(held.values())
+        emit_many(
+            [
+                Event(
+                    kind="node.preemption_notice",
+                    message=f"node {node.name} will be preempted at {deadlines[node.pk].isoformat()}",
+                    node=node,
+                    actor=actor,
+                    data={"deadline": deadlines[node.pk].isoformat()},
+                )
+                for node in held.values()
+            ]
         )
-        push_node(node.pk)
-        replan_live_jobs("capacity_change", node_id=node.pk)
-    return node
+        push_nodes(ids)
+        replan_live_jobs("capacity_change", node_ids=ids)
+    return list(held.values())
 
 
 def remove_preempted(*, now: datetime | None = None) -> list[str]:

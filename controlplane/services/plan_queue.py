@@ -4,6 +4,7 @@ flight keeps its signals aside until the transition ends. No signal is dropped."
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -31,11 +32,13 @@ def _enqueue_now(job_id: int, signal: str) -> None:
         dispatch.plan_job(job_id)
 
 
-def replan_live_jobs(signal: str, *, node_id: int | None = None) -> None:
-    """A capacity change: re-plan every live job (or, with `node_id`, those with a worker there)."""
+def replan_live_jobs(signal: str, *, node_id: int | None = None, node_ids: Iterable[int] | None = None) -> None:
+    """A capacity change: re-plan every live job (or, with `node_id` / `node_ids`, those with a worker there:
+    once each, however many of the nodes it has workers on)."""
     jobs = Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING])
-    if node_id is not None:
-        jobs = jobs.filter(pk__in=Worker.objects.filter(node_id=node_id).values("job_id"))
+    if node_id is not None or node_ids is not None:
+        ids = ([node_id] if node_id is not None else []) + list(node_ids or [])
+        jobs = jobs.filter(pk__in=Worker.objects.filter(node_id__in=ids).values("job_id"))
     for job_id in jobs.values_list("id", flat=True):
         enqueue_plan(job_id, signal)
 

@@ -140,7 +140,11 @@ class Command(BaseCommand):
             include_head=include_head,
             release_drained=release_drained,
         )
+        notices: list[ce.Notice] = []  # several nodes drained for preemption: one notice call for all, after the rest
         for action in actions:
+            if isinstance(action, ce.Notice):
+                notices.append(action)
+                continue
             try:
                 if isinstance(action, ce.PlaceAgent):
                     token = bridges.agent_token(bridge=principal, ray_node_id=action.node.ray_node_id)
@@ -161,7 +165,27 @@ class Command(BaseCommand):
                 self.log("refused", action=type(action).__name__, detail=str(exc))
             except ValueError as exc:  # Ray: an actor of that name appeared meanwhile
                 self.log("skipped", action=type(action).__name__, detail=str(exc))
+        self.notify(principal, notices)
         return len(actions)
+
+    def notify(self, principal: bridges.BridgePrincipal, notices: list[ce.Notice]) -> None:
+        """The preemption notices of one look: several in one call (one transaction, one re-plan per job); if
+        that is refused (one node among them may not get a notice), one by one, so only that one is refused."""
+        if len(notices) > 1:
+            try:
+                bridges.preemptions(bridge=principal, notices=notices)
+            except ServiceError:
+                pass
+            else:
+                for n in notices:
+                    self.log("notice", name=n.name, deadline=n.deadline)
+                return
+        for n in notices:
+            try:
+                bridges.apply(bridge=principal, action=n)
+                self.log("notice", name=n.name, deadline=n.deadline)
+            except ServiceError as exc:
+                self.log("refused", action="Notice", detail=str(exc))
 
     def release(self, principal: bridges.BridgePrincipal, adapter: Any, action: ce.Release) -> None:
         """Stop the node's agent (its workers are gone already; this frees its GPUs in Ray), then ask Ray to

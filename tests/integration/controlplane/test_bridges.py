@@ -171,3 +171,62 @@ def test_a_revoked_bridge_token_stops_at_its_next_call(bridge):
         bridges.ray_nodes(bridge=bridge)
     with pytest.raises(PermissionDenied):
         bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID)
+
+
+class _Ray:
+    """What the bridge command reads of Ray, as plain data: these nodes, each with an agent actor."""
+
+    def __init__(self, events: list[ce.NodeEvent]) -> None:
+        self.events = events
+
+    def observe(self) -> list[ce.NodeEvent]:
+        return self.events
+
+    def agent_actors(self) -> set[str]:
+        return {e.ray_node_id for e in self.events}
+
+
+def test_a_ray_drain_of_several_nodes_is_one_notice_call_and_a_refused_node_refuses_only_itself(
+    bridge, monkeypatch, capsys
+):
+    """The bridge command delivers the preemption notices of one look in one call (one transaction, one
+    re-plan per job); when that call is refused (here Ray's drain of one node has a deadline already past),
+    it delivers them one by one, so only that node's notice is refused."""
+    import json
+
+    from controlplane.management.commands.ray_bridge import Command
+    from controlplane.services import nodes
+
+    ids = [f"{i:02x}" * 28 for i in (0xA1, 0xA2, 0xA3)]
+    names = [ce.pearl_node_name(i) for i in ids]
+    for rid, name in zip(ids, names, strict=True):
+        register(bridges.agent_token(bridge=bridge, ray_node_id=rid), name)
+        bridges.bind(bridge=bridge, name=name, ray_node_id=rid, address="10.77.0.11")
+    up = {rid: ce.NodeUp(rid, "10.77.0.11", "", {"GPU": 2.0}, {ce.POOL_LABEL: "elastic"}) for rid in ids}
+    calls: list[int] = []
+    real = nodes.preemption_notices
+
+    def spy(**kw):
+        calls.append(len(kw["deadlines"]))
+        return real(**kw)
+
+    monkeypatch.setattr(nodes, "preemption_notices", spy)
+    command = Command()
+    deadline = time.time() + 60
+    ray = _Ray([ce.NodeDraining(r, "10.77.0.11", deadline, "preemption", up[r]) for r in ids[:2]])
+    assert command.reconcile_once(bridge, None, ray, include_head=True) == 2
+    assert calls == [2]
+    assert set(Node.objects.filter(name__in=names[:2]).values_list("status", flat=True)) == {"draining"}
+    calls.clear()
+    later = deadline + 60  # Ray moved the first two drains' deadline; the third node's drain is long past
+    ray.events = [ce.NodeDraining(r, "10.77.0.11", later, "preemption", up[r]) for r in ids[:2]]
+    ray.events.append(ce.NodeDraining(ids[2], "10.77.0.11", time.time() - 5, "preemption", up[ids[2]]))
+    capsys.readouterr()
+    assert command.reconcile_once(bridge, None, ray, include_head=True) == 3
+    assert calls == [3, 1, 1, 1]  # refused together, then one by one
+    shown = {n.name: n for n in Node.objects.filter(name__in=names)}
+    assert [shown[n].status for n in names] == ["draining", "draining", "ready"]
+    assert all(abs(shown[n].preemption_deadline.timestamp() - later) < 0.01 for n in names[:2])
+    logged = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["bridge"] for e in logged] == ["notice", "notice", "refused"]
+    assert "in the future" in logged[2]["detail"]

@@ -238,3 +238,63 @@ def test_the_finalize_waits_for_the_workers_it_admitted_only():
     assert tr.status == "running"  # n3's agent has not shown its workers active yet
     agents_converge(skip=("n2",))
     assert executor.execute_transition(transition_id=tr.pk).status == "succeeded"
+
+
+def _held_cluster(k: int, prefix: str) -> tuple[Job, list[Node]]:
+    """k elastic nodes of two slots, each holding two active workers of one colocated job."""
+    names = [f"{prefix}{i:02d}" for i in range(k)]
+    for name in names:
+        make_node(name, pool="elastic", slots=2, hardware="H800")
+    job = make_job(f"job-{prefix}", rollout_gpus=2 * k, training_gpus=0, tp=1, hardware="h800", model="qwen3-8b")
+    jobs.set_overrides(job_id=job.pk, changes={"force_mode": "colocated"}, actor="t")
+    assert run_transition(planner.plan_job(job_id=job.pk, signal="step_start")).status == "succeeded"
+    return job, list(Node.objects.filter(name__in=names).order_by("pk"))
+
+
+def test_notices_for_several_nodes_drain_each_as_one_notice_would_in_the_queries_of_one(monkeypatch):
+    """One call for k nodes: each node draining with its deadline, its workers out of service, its generation
+    one up and its own timeline entry; the job re-planned once; the same number of queries for 1 and 4 nodes
+    (with one deadline for all, as a Ray drain of several nodes has)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.models import Event
+    from controlplane.services import plan_queue
+
+    replans: list[tuple[int, str]] = []
+    monkeypatch.setattr(plan_queue, "enqueue_plan", lambda job_id, signal: replans.append((job_id, signal)))
+    cost = {}
+    for k, prefix in ((1, "s"), (4, "m")):
+        job, held = _held_cluster(k, prefix)
+        before = {n.pk: n.generation for n in Node.objects.filter(pk__in=[n.pk for n in held])}
+        deadlines = dict.fromkeys(sorted(n.pk for n in held), timezone.now() + timedelta(minutes=10))
+        replans.clear()
+        with CaptureQueriesContext(connection) as queries:
+            out = nodes.preemption_notices(deadlines=deadlines, actor="t")
+        cost[k] = len(queries)
+        assert [n.pk for n in out] == sorted(deadlines)
+        for n in Node.objects.filter(pk__in=deadlines):
+            assert (n.status, n.preemption_deadline, n.generation) == ("draining", deadlines[n.pk], before[n.pk] + 1)
+        assert not Worker.objects.filter(node__in=held, activity=Activity.ACTIVE).exists()
+        assert not Worker.objects.filter(node__in=held, bindings__active=True).exists()
+        notices = Event.objects.filter(kind="node.preemption_notice", node__in=held)
+        assert sorted(notices.values_list("node_id", flat=True)) == sorted(deadlines)
+        assert replans == [(job.pk, "capacity_change")]
+    assert cost[1] == cost[4], cost
+    # nodes under notice get new deadlines, each its own (one UPDATE per distinct deadline)
+    later = {n.pk: timezone.now() + timedelta(minutes=20 + i) for i, n in enumerate(held)}
+    nodes.preemption_notices(deadlines=later, actor="t")
+    assert dict(Node.objects.filter(pk__in=later).values_list("pk", "preemption_deadline")) == later
+
+
+def test_notices_for_several_nodes_are_all_or_nothing():
+    """A node among them that may not get a notice (here a reserved one) refuses the whole call: no node drains."""
+    from controlplane.services.errors import Conflict
+
+    _, held = _held_cluster(2, "a")
+    reserved = make_node("r0", slots=2, hardware="H800")
+    deadline = timezone.now() + timedelta(minutes=10)
+    with pytest.raises(Conflict, match="only elastic nodes"):
+        nodes.preemption_notices(deadlines=dict.fromkeys([*(n.pk for n in held), reserved.pk], deadline), actor="t")
+    assert set(Node.objects.values_list("status", flat=True)) == {"ready"}
+    assert Worker.objects.filter(node__in=held, activity=Activity.ACTIVE).count() == 4
