@@ -172,7 +172,7 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
     cpu0, pg0 = cpu_s(os.getpid()), cpu_s(backend)
     try:
         with connection.execute_wrapper(count):
-            out = _capacity_change_inproc(n, spare, job_id, args)
+            out = _capacity_change_inproc(n, spare, job_id, args, queries)
     finally:
         if spy is not None:  # py-spy writes its profile on SIGINT
             spy.send_signal(signal.SIGINT)
@@ -198,17 +198,24 @@ def _py_spy(out: str, n: int) -> subprocess.Popen[bytes] | None:
     return p
 
 
-def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The measured part: notice -> plan -> executor passes, each followed by the agents' confirmations."""
+def _capacity_change_inproc(
+    n: int, spare: int, job_id: int, args: argparse.Namespace, queries: list[int]
+) -> dict[str, Any]:
+    """The measured part: notice -> plan -> executor passes, each followed by the agents' confirmations.
+    `queries[0]` counts the queries so far (each phase's share is reported)."""
     from controlplane.services import executor, planner
 
     n_pre = max(1, round(n * args.preempt))
+    q0 = queries[0]
     t0, _ = preempt(n_pre, single=args.single_notices)
     t_notice = time.time() - t0
+    q_notice = queries[0] - q0
     tr = planner.plan_job(job_id=job_id, signal="capacity_change")
     assert tr is not None, "the capacity change planned nothing"
     t_plan = time.time() - t0
+    q_plan = queries[0] - q0 - q_notice
     passes = converge_s = 0.0
+    q_agents = 0
     outcome = "waiting"
     owner = ""
     while outcome == "waiting":
@@ -216,11 +223,13 @@ def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Name
         tr2, outcome = executor.advance(transition_id=tr.pk, owner=owner)
         owner = tr2.lease_owner
         passes += 1
-        c = time.time()
+        c, qc = time.time(), queries[0]
         inproc_converge()
         converge_s += time.time() - c
+        q_agents += queries[0] - qc
         if time.time() - t > 600:
             break
+    q_executor = queries[0] - q0 - q_notice - q_plan - q_agents
     total = time.time() - t0
     out = {
         "mode": "inproc",
@@ -235,6 +244,7 @@ def _capacity_change_inproc(n: int, spare: int, job_id: int, args: argparse.Name
         "executor_s": round(total - t_plan - converge_s, 3),
         "agents_s (heartbeat service)": round(converge_s, 3),
         "executor_passes": passes,
+        "queries_by_phase": {"notices": q_notice, "plan": q_plan, "executor": q_executor, "agents": q_agents},
         "outcome": outcome,
     }
     return out | phases(tr.pk, t0)
