@@ -138,7 +138,7 @@ def preempt(n_preempt: int, single: bool = False) -> tuple[float, list[int]]:
     from django.utils import timezone
 
     from controlplane.models import Node, Worker
-    from controlplane.services.nodes import preemption_notice, preemption_notices
+    from controlplane.services import nodes
 
     held = sorted(set(Worker.objects.filter(alive=True).values_list("node_id", flat=True)))
     victims = held[-n_preempt:]
@@ -146,9 +146,9 @@ def preempt(n_preempt: int, single: bool = False) -> tuple[float, list[int]]:
     deadline = timezone.now() + timedelta(minutes=30)
     if single:
         for nid in victims:
-            preemption_notice(node_id=nid, deadline=deadline, actor="bench")
+            nodes.preemption_notice(node_id=nid, deadline=deadline, actor="bench")
     else:
-        preemption_notices(deadlines=dict.fromkeys(victims, deadline), actor="bench")
+        nodes.preemption_notices(deadlines=dict.fromkeys(victims, deadline), actor="bench")
     assert Node.objects.filter(pk__in=victims, status="draining").count() == len(victims)
     return t0, victims
 
