@@ -418,6 +418,9 @@ def run_step(
         "cpu_ms_per_heartbeat": round(1000 * stats["cpu_s"] / max(sent, 1), 2),
         "cpu_ms_per_heartbeat_by": {k: round(1000 * v / max(sent, 1), 2) for k, v in stats["cpu_by"].items()},
         "redis_calls_per_heartbeat": round(stats["redis_calls"] / max(sent, 1), 2),
+        "desired_states_per_heartbeat": round(
+            sum(sum(o.get("desired_counts", {}).values()) for o in outs) / max(sent, 1), 3
+        ),
         "load_average": [round(x, 1) for x in os.getloadavg()],
         "daphne_mb_per_node": round(stats["rss_mb"] / len(agents), 3),
         "profile": profile_summary(sorted(tmp.glob(f"spy-{period:g}-{len(agents)}-*.txt"))) if args.py_spy else {},
