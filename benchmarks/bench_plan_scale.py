@@ -206,15 +206,15 @@ def _capacity_change_inproc(
     from controlplane.services import executor, planner
 
     n_pre = max(1, round(n * args.preempt))
-    q0 = queries[0]
+    q0, c0 = queries[0], time.process_time()
     t0, _ = preempt(n_pre, single=args.single_notices)
     t_notice = time.time() - t0
-    q_notice = queries[0] - q0
+    q_notice, c_notice = queries[0] - q0, time.process_time() - c0
     tr = planner.plan_job(job_id=job_id, signal="capacity_change")
     assert tr is not None, "the capacity change planned nothing"
     t_plan = time.time() - t0
-    q_plan = queries[0] - q0 - q_notice
-    passes = converge_s = 0.0
+    q_plan, c_plan = queries[0] - q0 - q_notice, time.process_time() - c0 - c_notice
+    passes = converge_s = c_agents = 0.0
     q_agents = 0
     outcome = "waiting"
     owner = ""
@@ -223,13 +223,15 @@ def _capacity_change_inproc(
         tr2, outcome = executor.advance(transition_id=tr.pk, owner=owner)
         owner = tr2.lease_owner
         passes += 1
-        c, qc = time.time(), queries[0]
+        c, qc, cc = time.time(), queries[0], time.process_time()
         inproc_converge()
         converge_s += time.time() - c
         q_agents += queries[0] - qc
+        c_agents += time.process_time() - cc
         if time.time() - t > 600:
             break
     q_executor = queries[0] - q0 - q_notice - q_plan - q_agents
+    c_executor = time.process_time() - c0 - c_notice - c_plan - c_agents
     total = time.time() - t0
     out = {
         "mode": "inproc",
@@ -245,6 +247,10 @@ def _capacity_change_inproc(
         "agents_s (heartbeat service)": round(converge_s, 3),
         "executor_passes": passes,
         "queries_by_phase": {"notices": q_notice, "plan": q_plan, "executor": q_executor, "agents": q_agents},
+        "cpu_s_by_phase (bench process)": {
+            k: round(v, 2)
+            for k, v in (("notices", c_notice), ("plan", c_plan), ("executor", c_executor), ("agents", c_agents))
+        },
         "outcome": outcome,
     }
     return out | phases(tr.pk, t0)
