@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -87,6 +88,9 @@ class RolloutLoop:
         self.steps: dict[int, StepState] = {}
         self.ready: deque[int] = deque()  # collected batches waiting for the trainer, in order
         self.trained_next = 0
+        # the versions that were newest when a step was left without an update (every member gave up or its
+        # groups were dropped: no batch, so no new version); the staleness checks count those steps too
+        self.skipped: list[int] = []
         self.trainer = Trainer.IDLE
         self.training_active = False  # Training Begin .. Training Finished
         self.tb_s = 0.0
@@ -140,7 +144,21 @@ class RolloutLoop:
         return st.remaining if st is not None and self.rollout_active else self.cfg.batch_size
 
     def min_weight_version(self, t: Traj) -> int:
-        return max(0, t.step - self.cfg.max_staleness)
+        return self._version_for(max(0, t.step - self.cfg.max_staleness))
+
+    def _steps_done(self, version: int) -> int:
+        """The steps weights `version` stand for: its updates, plus the steps left without an update while
+        it was the newest (one version per trained step, none for an empty one)."""
+        return version + bisect.bisect_right(self.skipped, version) if self.skipped else version
+
+    def _version_for(self, steps: int) -> int:
+        """The oldest weights that stand for `steps` steps done."""
+        if not self.skipped:
+            return steps
+        v = max(0, steps - len(self.skipped))
+        while self._steps_done(v) < steps:
+            v += 1
+        return v
 
     # ------------------------------------------------------------------ step cycle
     def _on_start(self, ev: Start) -> None:
@@ -178,7 +196,7 @@ class RolloutLoop:
             self.rollout_active
             or self.stopped
             or not self.started
-            or self.version < j - cfg.max_staleness
+            or self._steps_done(self.version) < j - cfg.max_staleness
             or (cfg.max_steps is not None and j >= cfg.max_steps)
         ):
             return
@@ -211,6 +229,9 @@ class RolloutLoop:
     def _maybe_train(self, now: float) -> None:
         if self.trainer is not Trainer.IDLE or not self.ready or self.ready[0] != self.trained_next:
             return
+        if not self.steps[self.ready[0]].trajectories:
+            self._skip_update(now)
+            return
         self.trainer = Trainer.RETURNING
         self.training_active = True
         self.tb_s = now
@@ -219,6 +240,23 @@ class RolloutLoop:
             self.router.remove(w)
         self._emit(EmitSignal(Signal.TRAINING_BEGIN, self.remaining))
         self._emit(ReturnOverlap(now + self.cfg.return_deadline_s, tuple(sorted(self.overlap))))
+
+    def _skip_update(self, now: float) -> None:
+        """A step with nothing to train (every member gave up, or every group was dropped) publishes no
+        weights: no update, no new version; its STEP record says why (`given_up`, `dropped_groups`)."""
+        j = self.ready.popleft()
+        self.skipped.append(self.version)
+        self.trained_next = j + 1
+        st = self.steps[j]
+        for tid in st.dropped:  # the step's books are closed
+            self.trajs.pop(tid, None)
+            self._touched(tid)
+        self._forget_old_steps()
+        self._maybe_train(now)
+        if self.trainer is Trainer.IDLE and self.training_active:  # skipped right after an update
+            self.training_active = False
+            self._emit(EmitSignal(Signal.TRAINING_FINISHED, self.remaining))
+        self._maybe_start_step(now)
 
     def _on_return_confirmed(self, ev: ReturnConfirmed) -> None:
         if self.trainer is not Trainer.RETURNING:
@@ -244,10 +282,10 @@ class RolloutLoop:
             return
         self.trainer = Trainer.PUBLISHING
         self.loss, self.missing = ev.loss, ev.missing
-        self._emit(PublishWeights(ev.step + 1))
+        self._emit(PublishWeights(ev.step + 1 - len(self.skipped)))
 
     def _on_weights_published(self, ev: WeightsPublished) -> None:
-        if self.trainer is not Trainer.PUBLISHING or ev.version != self.ready[0] + 1:
+        if self.trainer is not Trainer.PUBLISHING or ev.version != self.ready[0] + 1 - len(self.skipped):
             self.version = max(self.version, ev.version)
             return
         j = self.ready.popleft()
@@ -545,7 +583,7 @@ class RolloutLoop:
 
     def _stale(self, t: Traj) -> bool:
         """Batch j is trained from weights j: data from weights older than j − α is too stale."""
-        return t.step - t.min_version > self.cfg.max_staleness
+        return t.step - self._steps_done(t.min_version) > self.cfg.max_staleness
 
     def _restart(self, t: Traj, now: float, why: str, *, stale: bool) -> None:
         """Abort `t` and start a replacement on the same task (same group, same batch position)."""

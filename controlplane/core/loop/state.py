@@ -159,6 +159,7 @@ def encode(loop: Any, *, cached: bool = True) -> dict[str, Any]:  # a RolloutLoo
         "step": loop.step,
         "rollout_active": loop.rollout_active,
         "trained_next": loop.trained_next,
+        "skipped": list(loop.skipped),
         "ready": list(loop.ready),
         "trainer": str(loop.trainer),
         "training_active": loop.training_active,
@@ -184,6 +185,7 @@ def decode_into(loop: Any, data: dict[str, Any]) -> None:  # a fresh RolloutLoop
     loop.version, loop.step = int(data["version"]), int(data["step"])
     loop.rollout_active = bool(data["rollout_active"])
     loop.trained_next = int(data["trained_next"])
+    loop.skipped = [int(v) for v in data.get("skipped", [])]  # (older checkpoints: none)
     loop.ready = deque(int(x) for x in data["ready"])
     loop.trainer = Trainer(data["trainer"])
     loop.training_active = bool(data["training_active"])

@@ -55,16 +55,42 @@ def test_a_given_up_member_leaves_the_batch_and_its_group_trains_smaller_or_is_d
     assert again._train_command().dropped == ("s0-t5",)
 
 
-def test_a_step_whose_every_member_gave_up_trains_an_empty_batch_and_goes_on() -> None:
-    loop, out = _loop(2, 2)
+def test_a_step_whose_every_member_gave_up_publishes_no_weights_and_the_job_goes_on() -> None:
+    """No batch, no update: no Train, no new version (one version per trained step); the step counts as done
+    for the staleness bound, so the next steps start, take v0's data as fresh and publish v1."""
+    loop, out = _loop(2, 2)  # max staleness 1
     out += _give_up(loop, "s0-t0", 1.0) + _give_up(loop, "s0-t1", 1.1)
-    out += loop.handle(lp.ReturnConfirmed(2.0))
-    (train,) = _of(out, lp.Train)
-    assert train.groups == () and train.dropped == ()
+    assert not _of(out, lp.Train) and not _of(out, lp.PublishWeights) and not _of(out, lp.ReturnOverlap)
     (step,) = [c.record for c in _of(out, lp.Telemetry) if c.record.kind is RecordKind.STEP]
     assert step.given_up == 2 and step.dropped_groups == 1 and step.reward_mean == 0.0
-    out = loop.handle(lp.TrainingDone(3.0, 0)) + loop.handle(lp.WeightsPublished(3.5, 1))
-    assert loop.version == 1 and loop.trained_next == 1 and loop.trajs.keys() == {"s1-t0", "s1-t1"}
+    assert loop.version == 0 and loop.trained_next == 1 and loop.skipped == [0]
+    assert _of(out, lp.StartStep)[-1].step == 1 and loop.trajs.keys() == {"s1-t0", "s1-t1"}
+    # v0 is the newest weights: step 1 may use it (and step 2 could, one step behind)
+    assert loop.min_weight_version(loop.trajs["s1-t0"]) == 0
+    again = lp.RolloutLoop.restore(loop.cfg, loop.checkpoint())  # the skip survives a driver restart
+    assert again.skipped == [0] and again.trained_next == 1
+    out = _finish(loop, "s1-t0", 2.0, reward=1.0) + _finish(loop, "s1-t1", 2.5, reward=0.0)
+    assert not _of(out, lp.Abort)  # not stale: v0 stands for step 0 and the skipped step
+    out += loop.handle(lp.ReturnConfirmed(3.0))
+    (train,) = _of(out, lp.Train)
+    assert train.step == 1 and train.groups == (("s1-t0", "s1-t1"),)
+    out = loop.handle(lp.TrainingDone(4.0, 1))
+    assert _of(out, lp.PublishWeights) == [lp.PublishWeights(1)]  # the trainer's first update is v1
+    out = loop.handle(lp.WeightsPublished(4.5, 1))
+    assert loop.version == 1 and loop.trained_next == 2 and str(loop.trainer) == "idle"
+    (rec,) = [c.record for c in _of(out, lp.Telemetry) if c.record.kind is RecordKind.TRAIN]
+    assert rec.step == 1 and rec.weight_version == 1
+    assert loop.min_weight_version(loop.trajs["s2-t0"]) == 0  # step 2 started meanwhile; v0 is one step behind
+
+
+def test_with_no_staleness_a_skipped_step_keeps_the_newest_weights_fresh() -> None:
+    loop = lp.RolloutLoop(lp.LoopConfig(batch_size=2, group_size=2, max_staleness=0))
+    loop.handle(lp.Start(0.0))
+    loop.handle(lp.WorkerReady(0.0, 0, Role.COLOCATED))
+    out = _give_up(loop, "s0-t0", 1.0) + _give_up(loop, "s0-t1", 1.1)
+    assert _of(out, lp.StartStep)[-1].step == 1 and loop.min_weight_version(loop.trajs["s1-t0"]) == 0
+    out = _finish(loop, "s1-t0", 2.0) + _finish(loop, "s1-t1", 2.5)
+    assert not _of(out, lp.Abort) and loop.steps[1].stale_aborted == 0
 
 
 def test_groups_of_one_member_are_kept_and_a_lost_one_is_counted() -> None:
