@@ -1,14 +1,17 @@
 """Tokens per second of the same job through the gateway vs through the built-in environment (issue 19).
 
     .venv/bin/python benchmarks/bench_gateway_job.py [--seconds 60] [--batch 8] [--group 4]
-        [--variants builtin,function,command] [--answer-tokens N] [--repeats R] [--json out.json]
+        [--variants builtin,function,command[,function-inline]] [--answer-tokens N] [--repeats R]
+        [--json out.json]
 
 One run, the variants one after the other on the same engine worker (`python -m agents.worker`, torch
 engine, the tiny model, its own process) with a fresh GRPO trainer (in this process) and a fresh rollout
 driver each, for `--seconds` of wall clock each:
   * builtin:  `environment: calculator`, PEARL's built-in calculator (token ids in, token ids out);
   * function: `environment: agent` with `agent_function: examples.agents.calculator_agent:run`, the same
-              calculator as an openai-SDK agent (AsyncOpenAI) in the driver's process, through the gateway;
+              calculator as an openai-SDK agent (AsyncOpenAI) in the agent-function pool's worker process(es)
+              (`agent_isolation: process`, the default), through the gateway;
+  * function-inline: the same with `agent_isolation: inline`, the function on the driver's event loop;
   * command:  `environment: agent` with `agent_command: [python, examples/agents/calculator_agent.py]`, the
               same agent unmodified as a process per trajectory (what a user brings).
 With `--train` the updates run (GRPO on the tiny model, max staleness 1), and on a loaded CPU they set the
@@ -105,9 +108,11 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
 
     long = args.answer_tokens > 0
     agent: dict[str, Any] = {}
-    if name == "function":
+    if name in ("function", "function-inline"):
         fn = "gateway_agents:run" if long else "examples.agents.calculator_agent:run"
         agent = {"tasks": TASKS, "agent_function": fn}
+        if name == "function-inline":
+            agent["agent_isolation"] = "inline"
     elif name == "command":
         script = AGENTS if long else ROOT / "examples/agents/calculator_agent.py"
         agent = {"tasks": TASKS, "agent_command": [sys.executable, str(script)]}

@@ -34,6 +34,8 @@ AGENT_FIELDS = (
     "agent_timeout_s",
     "agent_concurrency",
     "agent_max_attempts",
+    "agent_isolation",
+    "agent_processes",
 )
 ALIASES = {
     "name": "name",

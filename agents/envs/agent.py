@@ -10,19 +10,25 @@ router, borrowing, preemption resume and the staleness bound stay PEARL's: the d
 The job spec (`environment: agent`):
   agent_command: ["python", "my_agent.py"]  # argv, run in agent_workdir, in its own process group; or
   agent_function: "module:function"          # async (client: openai.AsyncOpenAI, task: dict) -> reward
+  agent_isolation: process                   # agent_function: a pool of worker processes (default) or inline
+  agent_processes: 0                         # the pool's processes at most (0: up to half the cores, max 4)
   tasks: "tasks.jsonl" | [{...}, ...]         # one JSON object per task (GRPO runs group_size runs of each)
   agent_timeout_s: 600                        # wall clock per trajectory
   agent_concurrency: 64                       # agents running at once
   agent_max_attempts: 3                       # failed runs per group member before the failure is final
 The agent's environment has OPENAI_BASE_URL, OPENAI_API_KEY, PEARL_TASK (the task's JSON) and
 PEARL_REWARD_URL. The reward is a POST of {"reward": r} to that URL or the agent's last stdout line
-{"reward": r}. An agent that exits non-zero, times out or ends without a reward is a *failed*
-trajectory (`AgentFailed`: counted, kept with its stderr tail, resampled by the driver), never a silent
-zero reward. Resampled, but not forever: a group member (the loop's batch slot `s<step>-t<i>`, whatever
-its replacement suffix) that failed `agent_max_attempts` times is given up (`AgentGaveUp`, a *final*
-failure): its reason says so, the driver logs it as an error, no agent is run for the member again, and
-the loop takes the member out of its step's batch: the step trains its group's surviving members, a group
-left with fewer than 2 is dropped (both counted in the step's STEP record and on the job page), so one
+{"reward": r}. An agent function runs, by default, in a small pool of long-lived worker processes
+(`agents.envs.agent_pool`: the function imported once per process, many trajectories on its event loop,
+talking to the driver only through the gateway), so the SDK's CPU is not the driver's; `agent_isolation:
+inline` runs it on the driver's event loop instead (for debugging). An agent that exits non-zero, raises,
+times out or ends without a reward is a *failed* trajectory (`AgentFailed`: counted, kept with its stderr
+tail or traceback, resampled by the driver), never a silent zero reward. Resampled, but not forever: a
+group member (the loop's batch slot `s<step>-t<i>`, whatever its replacement suffix) that failed
+`agent_max_attempts` times is given up (`AgentGaveUp`, a *final* failure): its reason says so, the driver
+logs it as an error, no agent is run for the member again, and the loop takes the member out of its step's
+batch: the step trains its group's surviving members, a group left with fewer than 2 is dropped (both
+counted in the step's STEP record and on the job page), so one
 broken task never stalls its job.
 """
 
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.envs.agent_pool import AgentFunctionError, AgentPool, AgentProcessDied, function_failed
 from agents.envs.base import Environment, EnvironmentFailed, Turn, register
 from agents.gateway.app import Gateway, serve
 from agents.gateway.backends import Generation, Sampling
@@ -143,14 +150,29 @@ class AgentRunner:
         self.stopping = asyncio.Event()
         self._function: Any = None
         self._http: Any = None  # one httpx client for every agent function's AsyncOpenAI (see `_call_function`)
+        self.pool: AgentPool | None = None  # agent_function, agent_isolation "process": its worker processes
+        self._starting = asyncio.Lock()
 
     async def start(self) -> None:
+        async with self._starting:  # once: the trajectories of a step reset concurrently
+            if self._runner is None:
+                await self._start()
+
+    async def _start(self) -> None:
         if self._runner is None:
             self._runner, _ = await serve(self.gateway, self.spec.host, self.spec.port)
             self._slots = asyncio.Semaphore(self.spec.concurrency)
-            if self.spec.function:
+            if self.spec.function and self.spec.isolation == "inline":
                 mod, name = self.spec.function.split(":")
                 self._function = getattr(importlib.import_module(mod), name)
+            elif self.spec.function:
+                self.pool = AgentPool(
+                    self.spec.function,
+                    size=pool_size(self.spec),
+                    workdir=self.spec.workdir,
+                    env=agent_environ(),
+                    timeout_s=self.spec.timeout_s,
+                )
 
     async def stop(self) -> None:
         """The job stops: every running agent is ended, the gateway closed."""
@@ -160,6 +182,9 @@ class AgentRunner:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -180,7 +205,7 @@ class AgentEnvironment(Environment):
         self.trajectory = name
         self.session: Session | None = None
         self.proc: asyncio.subprocess.Process | None = None
-        self.agent: asyncio.Task[Any] | None = None
+        self.agent: asyncio.Future[Any] | None = None  # the process watch, the inline call or the pool run
         self.pending: Pending | None = None
         self.context: list[int] = []  # what the driver holds for this trajectory
         self._replace: list[int] | None = None
@@ -213,6 +238,7 @@ class AgentEnvironment(Environment):
             await self.aclose("aborted")
             raise
         if nxt is None:
+            await self._fail_if_raised()
             await self._fail("the agent ended before its first request")
         assert nxt is not None
         self.context = list(nxt.prompt)
@@ -263,8 +289,7 @@ class AgentEnvironment(Environment):
         s = self.session
         assert s is not None
         base = self.runner.gateway.base_url
-        env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-        return env | {
+        return agent_environ() | {
             "OPENAI_BASE_URL": f"{base}/v1",
             "OPENAI_API_KEY": s.key,
             "PEARL_TASK": json.dumps(self.task),
@@ -284,6 +309,14 @@ class AgentEnvironment(Environment):
                 start_new_session=True,
             )
             self.agent = asyncio.ensure_future(self._watch(self.proc))
+        elif self.runner.pool is not None:
+            s = self.session
+            assert s is not None
+            try:
+                self.agent = await self.runner.pool.run(f"{self.runner.gateway.base_url}/v1", s.key, self.task)
+            except AgentProcessDied as exc:
+                self._stderr += exc.stderr_tail.encode()
+                await self._fail(exc.reason)
         else:
             self.agent = asyncio.ensure_future(self._call_function())
 
@@ -336,12 +369,22 @@ class AgentEnvironment(Environment):
             await self._fail(f"the agent ran past its wall-clock limit ({self.runner.spec.timeout_s:g} s)")
         return None
 
+    async def _fail_if_raised(self) -> None:
+        """A function agent that raised (or whose pool process died) fails with that reason."""
+        if self.agent is not None and self.agent.done() and not self.agent.cancelled() and self.agent.exception():
+            await self._reward()
+
     async def _reward(self) -> float:
         assert self.agent is not None and self.session is not None
         try:
             result = self.agent.result()
+        except AgentFunctionError as exc:  # raised in a pool process: the reason carries its traceback tail
+            await self._fail(exc.reason)
+        except AgentProcessDied as exc:
+            self._stderr += exc.stderr_tail.encode()
+            await self._fail(exc.reason)
         except Exception as exc:
-            await self._fail(f"the agent function raised {exc!r}")
+            await self._fail(function_failed(exc))
         if self.runner.spec.command:
             if result != 0:
                 await self._fail(f"the agent exited with status {result}")
@@ -414,6 +457,18 @@ class AgentEnvironment(Environment):
             self.agent.cancel()
         if self.status == "running":
             self._finish("aborted", reason=self._why)
+
+
+def agent_environ() -> dict[str, str]:
+    """The driver's environment without its secrets: what an agent (process or pool process) inherits."""
+    return {k: v for k, v in os.environ.items() if k not in SECRETS}
+
+
+def pool_size(spec: AgentSpec) -> int:
+    """The pool's processes: `agent_processes`, or up to half the cores (at most 4: each runs many
+    trajectories), never more than the agents that may run at once."""
+    n = spec.processes or max(1, min(4, (os.cpu_count() or 2) // 2))
+    return max(1, min(n, spec.concurrency))
 
 
 _RUNNER: AgentRunner | None = None

@@ -89,6 +89,10 @@ class JobCreateSerializer(serializers.Serializer):
     agent_max_attempts = serializers.JSONField(
         required=False, help_text="failed runs per group member before it is final"
     )
+    agent_isolation = serializers.JSONField(
+        required=False, help_text="agent_function: 'process' (a worker pool, the default) or 'inline'"
+    )
+    agent_processes = serializers.JSONField(required=False, help_text="agent_function's worker processes at most")
 
     def validate(self, attrs: dict) -> dict:
         if attrs["batch_size"] % attrs["group_size"]:
@@ -294,7 +298,8 @@ class TrajectorySerializer(serializers.ModelSerializer):
     """An agent trajectory (issue 19): mask 1 = a token the policy sampled (trained on), 0 = template, tool
     output, observation; weight_versions, workers and latency_s are per turn (a turn's workers: a list of every
     worker that served it, in order, as a turn resumed on another worker has two); `truncated`: the token lists
-    were cut (token_count says how many there were)."""
+    were cut (token_count says how many there were); `trained`: a done trajectory was trained on (true) or left
+    out of its step's update (false: its group was dropped, `reason` says why), null otherwise."""
 
     class Meta:
         model = Trajectory

@@ -22,7 +22,11 @@ AGENT_FIELDS = (
     "agent_timeout_s",
     "agent_concurrency",
     "agent_max_attempts",
+    "agent_isolation",
+    "agent_processes",
 )
+ISOLATIONS = ("process", "inline")  # agent_function: in a pool of worker processes (default) or on the driver's loop
+MAX_PROCESSES = 256
 
 
 class SpecError(ValueError):
@@ -42,6 +46,8 @@ class AgentSpec:
     timeout_s: float = 600.0
     concurrency: int = 64
     max_attempts: int = 3  # failed runs per group member before its failure is final (not resampled again)
+    isolation: str = "process"  # agent_function: "process" (a worker pool, off the driver's core) or "inline"
+    processes: int = 0  # the pool's processes at most (0: the driver picks, bounded by `concurrency`)
     model: str = "tiny"
     host: str = "127.0.0.1"
     port: int = 0
@@ -112,6 +118,14 @@ def validate_agent_spec(
     attempts = spec.get("agent_max_attempts", 3)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100:
         raise SpecError("agent_max_attempts", "must be an integer in [1, 100]")
+    isolation = spec.get("agent_isolation", "process")
+    if isolation not in ISOLATIONS:
+        raise SpecError("agent_isolation", f"must be one of {', '.join(ISOLATIONS)}")
+    if "agent_isolation" in spec and function is None:
+        raise SpecError("agent_isolation", "applies to agent_function only (an agent_command is its own process)")
+    processes = spec.get("agent_processes", 0)
+    if isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= MAX_PROCESSES:
+        raise SpecError("agent_processes", f"must be an integer in [0, {MAX_PROCESSES}] (0: the driver picks)")
     if "tasks" not in spec:
         raise SpecError("tasks", "environment 'agent' needs tasks (a JSONL path or a list of JSON objects)")
     return AgentSpec(
@@ -122,5 +136,7 @@ def validate_agent_spec(
         timeout_s=float(timeout),
         concurrency=conc,
         max_attempts=attempts,
+        isolation=str(isolation),
+        processes=processes,
         model=str(spec.get("model", "tiny")),
     )

@@ -180,10 +180,11 @@ async def test_an_aborted_trajectory_ends_its_agent(worker, tmp_path):
         await r.stop()
 
 
-async def test_tool_agent_as_a_python_function(worker, monkeypatch):
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+async def test_tool_agent_as_a_python_function(worker, monkeypatch, isolation):
     url, http = worker
     monkeypatch.syspath_prepend(str(REPO_ROOT))
-    r = runner_for(agent_function="examples.agents.tool_agent:run")
+    r = runner_for(agent_function="examples.agents.tool_agent:run", agent_isolation=isolation)
     try:
         env = r.env(task=1)
         sampled, reward = await drive(env, url, http)
@@ -192,6 +193,7 @@ async def test_tool_agent_as_a_python_function(worker, monkeypatch):
         assert rec["status"] == "done" and rec["messages"][0]["content"].startswith("What is 3+4?")
         prompt = rec["samples"][0]["tokens"][: rec["samples"][0]["prompt_len"]]
         assert "# Tools" in r.fmt.decode(prompt) and '"name":"add"' in r.fmt.decode(prompt)  # tools templated in
+        assert (r.pool is not None and r.pool.started == 1) == (isolation == "process")
     finally:
         await r.stop()
 

@@ -22,11 +22,21 @@ AGENT = [sys.executable, str(REPO_ROOT / "examples" / "agents" / "calculator_age
 
 
 async def run_job(
-    tmp_path, agent: list[str], *, until, batch: int = 4, group: int = 2, timeout_s: float = 120, report: bool = False
+    tmp_path,
+    agent: list[str],
+    *,
+    until,
+    batch: int = 4,
+    group: int = 2,
+    timeout_s: float = 120,
+    report: bool = False,
+    extra: dict[str, Any] | None = None,
 ):
-    """The calculator tasks on a torch worker (in process); `until(driver, runner, trainer)`."""
+    """The calculator tasks on a torch worker (in process); `until(driver, runner, trainer)`; `extra` overrides
+    spec fields (an agent_function instead of the command)."""
     wrunner, wurl, _ = await start_worker("torch")
     spec = {"tasks": [{"a": 1, "b": 2}, {"a": 3, "b": 4}], "agent_command": agent, "agent_timeout_s": 30}
+    spec |= extra or {}
     try:
         run = await run_agent_job(
             [dl.WorkerView(1, Role.COLOCATED, wurl)],
@@ -42,8 +52,21 @@ async def run_job(
         await wrunner.cleanup()
 
 
-async def test_an_openai_sdk_agent_is_a_job_environment_trained_on_the_tokens_it_was_sampled(tmp_path):
-    driver, runner, posted = await run_job(tmp_path, AGENT, until=lambda d, r, t: bool(d.trained))
+FUNCTION = {"agent_command": None, "agent_function": "examples.agents.calculator_agent:run"}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, FUNCTION, FUNCTION | {"agent_isolation": "inline"}],
+    ids=["command", "function-pool", "function-inline"],
+)
+async def test_an_openai_sdk_agent_is_a_job_environment_trained_on_the_tokens_it_was_sampled(
+    tmp_path, monkeypatch, extra
+):
+    monkeypatch.syspath_prepend(str(REPO_ROOT))  # the function's module (the pool processes get the driver's path)
+    driver, runner, posted = await run_job(tmp_path, AGENT, until=lambda d, r, t: bool(d.trained), extra=extra)
+    if extra:  # the driver imported the function only inline (the pool's processes ran it otherwise)
+        assert (runner._function is not None) == (extra.get("agent_isolation") == "inline")
     assert driver.trained[0]["step"] == 0 and driver.trained[0]["samples"] >= 1
     done = [rec for rec in runner.records.values() if rec["status"] == "done"]
     assert len(done) >= 4 and runner.failed == 0
@@ -82,10 +105,12 @@ async def test_a_failing_agent_is_a_failed_trajectory_restarted_by_the_loop(tmp_
     flaky = tmp_path / "flaky.py"
     flaky.write_text("import sys\nsys.stderr.write('agent crashed\\n')\nsys.exit(1)\n")
     driver, runner, posted = await run_job(
-        tmp_path, [sys.executable, str(flaky)], until=lambda d, r, t: r.failed >= 6, timeout_s=60
+        tmp_path, [sys.executable, str(flaky)], until=lambda d, r, t: d.loop.trained_next >= 1, timeout_s=120
     )
-    # no sample, no reward was made up for a failed run: a step whose members all gave up trains an empty batch
-    assert not posted and all(t["samples"] == 0 for t in driver.trained)
+    # no sample, no reward was made up for a failed run; a step whose members all gave up publishes no weights
+    assert not posted and not driver.trained and driver.loop.version == 0
+    assert not [m for m in driver.link.sent if isinstance(m, dl.UpdateRequest)] and driver.waiting_version is None
+    assert driver.loop.trained_next >= 1 and driver.loop.skipped == [0] * driver.loop.trained_next
     aborts = [t for t in driver.loop.trajs.values() if t.state.name == "ABORTED"]
     assert len(aborts) >= 4  # each failure was restarted on its task
     failed = [rec for rec in runner.records.values() if rec["status"] == "failed"]
