@@ -335,6 +335,8 @@ class Trajectory(models.Model):
     weight_versions = models.JSONField(default=list, blank=True)  # per turn
     workers = models.JSONField(default=list, blank=True)  # the worker that served each turn
     latency_s = models.JSONField(default=list, blank=True)  # per turn
+    # a done trajectory trained on (true) or left out of its step's update (false, `reason` says why); else null
+    trained = models.BooleanField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -177,7 +177,7 @@ def trajectories_text(step: int | None, rows: list[dict[str, Any]], count: int) 
             [
                 t["name"],
                 str(t["step"]),
-                t["status"],
+                t["status"] + (" untrained" if t.get("trained") is False else ""),
                 "–" if t["reward"] is None else f"{t['reward']:.3g}",
                 str(t["turns"]),
                 str(t["forks"]),

@@ -370,7 +370,15 @@ class RolloutDriver(EpisodeRunner):
 
         records = runner().records
         for name in list(records):
-            self._unreported.append((step_of(name, max(0, self.loop.step)), summarize(name, records.pop(name))))
+            step = step_of(name, max(0, self.loop.step))
+            if records[name].get("status") == "done":
+                trained = self._trained(name, step)
+                if trained is None:
+                    continue  # its step's batch is not complete: whether it is trained is not known yet
+                records[name]["trained"], why = trained
+                if why:
+                    records[name]["reason"] = why
+            self._unreported.append((step, summarize(name, records.pop(name))))
         while self._unreported:
             batch = reports(self._unreported)
             sent = 0
@@ -381,6 +389,22 @@ class RolloutDriver(EpisodeRunner):
                 self._unreported = [(s, t) for s, t in self._unreported if (s, t.name) not in done]
             if not sent:
                 break
+
+    def _trained(self, name: str, step: int) -> tuple[bool | None, str] | None:
+        """Whether a done trajectory of `step` is in the step's update, and if not why; None until the step's
+        batch is complete (its groups left with too few members are dropped then); not known (None, "") once
+        the job stops before that."""
+        loop = self.loop
+        if step == loop.step and loop.rollout_active:
+            return (None, "") if self.done.is_set() else None
+        st = loop.steps.get(step)
+        if st is None or name not in st.dropped:
+            return True, ""
+        keep = min(2, self.job.group_size)
+        return False, (
+            f"not trained: its group was dropped (fewer than {keep} members left; {st.given_up} member(s) of the"
+            " step gave up)"
+        )
 
     async def _flush_forever(self, every_s: float = 0.5) -> None:
         while True:

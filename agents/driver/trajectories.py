@@ -108,6 +108,7 @@ def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:
         weight_versions=versions[:turns],
         workers=workers[:turns],
         latency_s=latency[:turns],
+        trained=record["trained"] if isinstance(record.get("trained"), bool) else None,
     )
 
 

@@ -95,6 +95,9 @@ class TrajectorySummary:
     # per turn, every worker that served it, in order (a turn resumed on another worker lists both)
     workers: list[list[int]] = field(default_factory=list, metadata=bounded(-1, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
     latency_s: list[float] = field(default_factory=list, metadata=bounded(0.0, 1e7, max_len=MAX_TRAJECTORY_TURNS))
+    # a done trajectory: trained on (true) or left out of its step's update (false: its group was dropped,
+    # `reason` says why); null where it does not apply (failed, aborted) or is not known
+    trained: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,19 @@ from django.db.models import Count, Q, QuerySet
 
 from controlplane.models import TelemetrySample, Trajectory
 
-SUMMARY_FIELDS = ("id", "step", "name", "status", "reward", "turns", "forks", "reason", "token_count", "truncated")
+SUMMARY_FIELDS = (
+    "id",
+    "step",
+    "name",
+    "status",
+    "reward",
+    "turns",
+    "forks",
+    "reason",
+    "token_count",
+    "truncated",
+    "trained",
+)
 
 
 def trajectories(job_id: int, step: int | None = None, status: str | None = None) -> QuerySet[Trajectory]:
@@ -23,13 +35,20 @@ def trajectories(job_id: int, step: int | None = None, status: str | None = None
 def steps(job_id: int) -> list[dict[str, Any]]:
     """The steps with trajectories, newest first, with counts per status, and from the step's STEP record
     (once it is collected) the members given up (failed `agent_max_attempts` times: out of the batch) and
-    the groups dropped (left with fewer than 2 members): slots of the batch that were not trained."""
+    the groups dropped (left with fewer than 2 members): slots of the batch that were not trained; `untrained`:
+    the step's done trajectories left out of its update (their rows say `trained: false` and why)."""
     out: dict[int, dict[str, Any]] = {}
     rows = Trajectory.objects.filter(job_id=job_id).values("step", "status").annotate(n=Count("id")).order_by("-step")
     for r in rows:
-        entry = out.setdefault(r["step"], {"step": r["step"], "total": 0, "given_up": 0, "dropped_groups": 0})
+        entry = out.setdefault(
+            r["step"], {"step": r["step"], "total": 0, "given_up": 0, "dropped_groups": 0, "untrained": 0}
+        )
         entry[r["status"]] = r["n"]
         entry["total"] += r["n"]
+    untrained = Trajectory.objects.filter(job_id=job_id, trained=False).values("step").annotate(n=Count("id"))
+    for u in untrained:
+        if u["step"] in out:
+            out[u["step"]]["untrained"] = u["n"]
     if out:
         which = Q(record__step__in=list(out))
         if 0 in out:  # a record leaves its fields at their defaults out: step 0's has no "step"

@@ -27,6 +27,7 @@ FIELDS = (
     "weight_versions",
     "workers",
     "latency_s",
+    "trained",
 )
 
 

@@ -248,7 +248,7 @@
     for (const t of tr.rows) {
       const row = el("tr", `tr-${t.status}`); row.dataset.name = t.name; row.tabIndex = 0;
       const sampled = t.mask.reduce((a, m) => a + m, 0);
-      row.append(el("td", null, t.name), el("td", null, t.status), el("td", null, t.reward === null ? "–" : t.reward.toFixed(3)),
+      row.append(el("td", null, t.name), el("td", null, t.trained === false ? `${t.status} (not trained)` : t.status), el("td", null, t.reward === null ? "–" : t.reward.toFixed(3)),
         el("td", null, String(t.turns)), el("td", null, String(t.forks)), el("td", null, `${sampled}/${t.token_count}${t.truncated ? "+" : ""}`),
         el("td", "muted", t.reason || ""));
       row.addEventListener("click", () => openTrajectory(t));

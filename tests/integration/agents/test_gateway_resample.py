@@ -17,7 +17,7 @@ from controlplane.core import driver_link as dl
 from controlplane.core.state import Role
 from controlplane.core.telemetry import RecordKind
 from tests.integration.agents.test_gateway_guarantees import run_job
-from tests.support.gateway import Link, serve_engine
+from tests.support.gateway import Link, run_agent_job, serve_engine
 
 # Agents run one at a time (agent_concurrency 1), in the order they start; each claims its place in that order
 # (an O_EXCL file) and the ones whose place is in argv break: one request with the official SDK, then the tool
@@ -81,6 +81,56 @@ async def test_a_member_that_keeps_failing_is_given_up_and_its_step_trains_the_r
         s0 = next(r for r in steps if r.get("step", 0) == 0)
         assert s0["given_up"] == 1 and "dropped_groups" not in s0 and s0["batch_size"] == 3
         assert driver.loop.failed_trajectories == 2
+    finally:
+        os.environ.pop("OUT", None)
+        await wrunner.cleanup()
+
+
+def reported(link: Link, step: int) -> dict[str, dl.TrajectorySummary]:
+    """The trajectories of `step` the driver reported over the (in-process) link, by name."""
+    reports = [m for m in link.sent if isinstance(m, dl.TrajectoryReport) and m.step == step]
+    return {t.name: t for m in reports for t in m.trajectories}
+
+
+async def test_a_finished_member_of_a_dropped_group_is_reported_as_not_trained(tmp_path):
+    """Groups of 2: the first agent to start fails for good (agent_max_attempts 1), so its group keeps one
+    finished member, which is dropped from the update: the driver reports it done with `trained: false` and
+    why, the other group's members `trained: true`, the given-up one with no `trained`."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    os.environ["OUT"] = str(tmp_path)
+    wrunner, url, _ = await serve_engine(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1))
+    spec = {
+        "tasks": [{"n": 1}],
+        "agent_command": [sys.executable, str(tmp_path / "agent.py"), "0"],
+        "agent_timeout_s": 60,
+        "agent_max_attempts": 1,
+        "agent_concurrency": 1,
+    }
+    try:
+        run = await run_agent_job(
+            [dl.WorkerView(1, Role.COLOCATED, url)],
+            spec,
+            until=lambda r: len(reported(r.driver.link, 0)) == 4,
+            batch=4,
+            group=2,
+            engine="emulated",
+            report=True,
+            every_s=0.05,
+        )
+        link = run.driver.link
+        assert isinstance(link, Link)
+        got = {
+            t.name: t for m in link.sent if isinstance(m, dl.TrajectoryReport) and m.step == 0 for t in m.trajectories
+        }
+        (gone,) = [n for n, t in got.items() if t.status == "failed"]
+        index = int(gone.split("-t")[1])
+        mate = f"s0-t{index ^ 1}"  # its group's other member
+        assert got[gone].trained is None and "final" in got[gone].reason
+        assert got[mate].status == "done" and got[mate].trained is False
+        assert got[mate].reason.startswith("not trained: its group was dropped"), got[mate].reason
+        rest = [t for n, t in got.items() if n not in (gone, mate)]
+        assert len(rest) == 2 and all(t.status == "done" and t.trained is True and not t.reason for t in rest)
+        assert run.driver.trained[0]["samples"] == 2  # the other group's two members
     finally:
         os.environ.pop("OUT", None)
         await wrunner.cleanup()

@@ -173,7 +173,7 @@ def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
     page = api.get(f"/api/jobs/{jid}/trajectories/?limit=1&offset=1").json()
     assert page["count"] == 3 and len(page["results"]) == 1 and page["next"]
     steps = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
-    zero = {"given_up": 0, "dropped_groups": 0}
+    zero = {"given_up": 0, "dropped_groups": 0, "untrained": 0}
     assert steps == [{"step": 1, "total": 1, "done": 1} | zero, {"step": 0, "total": 2, "done": 1, "failed": 1} | zero]
     # a step's STEP record (as the driver reports it) says which of its slots were not trained
     from controlplane.core import telemetry as tm
@@ -184,6 +184,35 @@ def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
         TelemetrySample.objects.create(job_id=jid, kind="step", record=rec)
     steps = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
     assert [(s["step"], s["given_up"], s["dropped_groups"]) for s in steps] == [(1, 0, 0), (0, 1, 1)]
+
+
+def test_a_finished_trajectory_left_untrained_says_so_in_the_api_the_steps_and_the_cli(api, nodes):
+    from agents.driver.trajectories import summarize
+    from controlplane.services.trajectories import record_trajectories
+    from pearl_cli.main import trajectories_text
+
+    jid = _agent_job(api)
+    why = "not trained: its group was dropped (fewer than 2 members left; 1 member(s) of the step gave up)"
+    record_trajectories(
+        job_id=jid,
+        step=0,
+        trajectories=[
+            summarize("s0-t0", _record(trained=True)),
+            summarize("s0-t2", _record(trained=False, reason=why)),
+            summarize("s0-t3", _record(status="failed", reward=None, reason="exit 1")),
+        ],
+    )
+    rows = api.get(f"/api/jobs/{jid}/trajectories/?step=0").json()["results"]
+    by = {t["name"]: t for t in rows}
+    assert by["s0-t0"]["trained"] is True and by["s0-t0"]["reason"] == ""
+    assert by["s0-t2"]["trained"] is False and by["s0-t2"]["status"] == "done" and by["s0-t2"]["reason"] == why
+    assert by["s0-t3"]["trained"] is None  # failed: not a question of training
+    (step,) = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
+    assert step["untrained"] == 1 and step["done"] == 2
+    text = trajectories_text(0, rows, len(rows))
+    line = next(ln for ln in text.splitlines() if ln.startswith("s0-t2"))
+    assert "done untrained" in line and "not trained: its group was dropped" in line
+    assert "untrained" not in next(ln for ln in text.splitlines() if ln.startswith("s0-t0"))
 
 
 def test_long_trajectories_are_truncated_and_say_so(api, nodes):
