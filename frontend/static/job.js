@@ -228,7 +228,7 @@
     sel.replaceChildren();
     for (const s of tr.steps) {
       // given up: members that failed agent_max_attempts times (out of the batch); groups dropped: left with < 2
-      const untrained = (s.given_up ? `, ${s.given_up} given up` : "") + (s.dropped_groups ? `, ${s.dropped_groups} groups dropped` : "");
+      const untrained = (s.given_up ? `, ${s.given_up} given up` : "") + (s.dropped_groups ? `, ${s.dropped_groups} groups dropped` : "") + (s.untrained ? `, ${s.untrained} done not trained` : "");
       const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted${untrained})`);
       o.value = String(s.step); sel.appendChild(o);
     }
