@@ -24,7 +24,7 @@ from controlplane.core.predictor import (
     disaggregated_table,
     predict_colocated,
     predict_colocated_balanced,
-    predict_colocated_sticky,
+    predict_colocated_spread,
     predict_cross,
 )
 from controlplane.core.profiles import EngineCoefficients
@@ -671,7 +671,7 @@ def evaluate_mixed(
     link: LinkBandwidth,
     rule: FeasibilityRule = FeasibilityRule(),
     *,
-    sticky_dispatch: bool = False,
+    even_colocation: bool = False,
 ) -> list[Candidate]:
     """Every candidate over a mixed pool of `workers[type]` workers per chip type.
 
@@ -714,9 +714,9 @@ def evaluate_mixed(
         # every worker colocated with the batch balanced across the types (so they finish together), labelled
         # with every type, e.g. '8C(H20+H800)': the best all-colocated placement, and what a homogeneous-minded
         # policy with join-the-shortest-queue dispatch tends to
-        # sticky_dispatch: the sticky router (PEARL's) homes each new trajectory on the worker with the fewest,
-        # so the first turn is spread evenly whatever the chip; later turns move to the less loaded, faster ones
-        colocate = predict_colocated_sticky if sticky_dispatch else predict_colocated_balanced
+        # even_colocation: a router that homes each trajectory on the worker with the fewest (PEARL's sticky
+        # dispatch) spreads the batch evenly whatever the chip, so the slowest type sets the makespan
+        colocate = predict_colocated_spread if even_colocation else predict_colocated_balanced
         sp = colocate(workload, [(coeffs[h], int(workers[h])) for h in types])
         out.append(
             Candidate.of(
@@ -778,7 +778,7 @@ def decide_mixed(
     thresholds: Thresholds | None = None,
     rule: FeasibilityRule | None = None,
     allow: Callable[[Candidate], bool] | None = None,
-    sticky_dispatch: bool = False,
+    even_colocation: bool = False,
 ) -> MixedDecision:
     """Choose the rollout configuration on a mixed pool, with `decide`'s hysteresis.
 
@@ -788,7 +788,7 @@ def decide_mixed(
     is the incumbent and the switch is forced, as `decide` does on a budget change. `allow` keeps only the
     candidates it accepts."""
     th = thresholds or Thresholds()
-    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule(), sticky_dispatch=sticky_dispatch)
+    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule(), even_colocation=even_colocation)
     if allow is not None:  # e.g. `single_type`: the best-homogeneous baseline plans over one chip type only
         cands = [c for c in cands if allow(c)]
     best = _best_mixed(cands)

@@ -8,7 +8,6 @@ split N_P = 1..N−1 in closed form at once, which keeps `decide()` O(N) numpy w
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -390,39 +389,6 @@ def predict_colocated_balanced(workload: WorkloadProfile, pools: list[tuple[Engi
     return Prediction(config, makespan, prefill, decode, 0.0, w.env_time_s, overhead, fits, why, w.scale_colocated)
 
 
-def predict_colocated_sticky(workload: WorkloadProfile, pools: list[tuple[EngineCoefficients, int]]) -> Prediction:
-    """Eq. 1 on a mixed pool under the sticky router (`core.router`, PEARL's and B-only's dispatch).
-
-    A new trajectory is homed on the worker with the fewest live trajectories, so the first turn of the batch
-    is spread evenly whatever the chip (`predict_colocated_spread`). A trajectory is re-homed at a later turn
-    once its home holds more than `STICKY_SLACK` more live trajectories than the least-loaded worker, which
-    happens as the faster chips finish theirs: from the second turn on the load follows each chip's speed, the
-    balanced share (`predict_colocated_balanced`). So the first 1/turns of the work runs at the even spread's
-    pace and the rest at the balanced one; the KV must fit both ways."""
-    spread = predict_colocated_spread(workload, pools)
-    bal = predict_colocated_balanced(workload, pools)
-    if not (math.isfinite(spread.makespan_s) and math.isfinite(bal.makespan_s)):
-        return spread if not math.isfinite(spread.makespan_s) else bal
-    f = 1.0 / max(1.0, workload.turns)
-
-    def mix(a: float, b: float) -> float:
-        return f * a + (1.0 - f) * b
-
-    fits = spread.feasible and bal.feasible
-    return Prediction(
-        spread.configuration,
-        mix(spread.makespan_s, bal.makespan_s),
-        mix(spread.prefill_s, bal.prefill_s),
-        mix(spread.decode_s, bal.decode_s),
-        0.0,
-        bal.env_s,
-        bal.overhead_s,
-        fits,
-        "" if fits else (spread.why_infeasible or bal.why_infeasible),
-        workload.scale_colocated,
-    )
-
-
 def predict(
     workload: WorkloadProfile,
     coeffs: EngineCoefficients,
@@ -448,7 +414,6 @@ __all__ = [
     "predict_colocated",
     "predict_colocated_balanced",
     "predict_colocated_spread",
-    "predict_colocated_sticky",
     "predict_cross",
     "predict_disaggregated",
     "swe_bench_workload",

@@ -15,7 +15,6 @@ from controlplane.core.predictor import (
     predict_colocated,
     predict_colocated_balanced,
     predict_colocated_spread,
-    predict_colocated_sticky,
     predict_cross,
     predict_disaggregated,
     swe_bench_workload,
@@ -265,23 +264,6 @@ def test_balanced_colocation_finishes_types_together_and_beats_the_even_spread(
     live = [(c, k) for c, k in pools if k]
     if len(live) == 1:
         assert bal.makespan_s == pytest.approx(predict_colocated(w, live[0][0], live[0][1]).makespan_s, rel=1e-6)
-
-
-@settings(max_examples=60, deadline=None)
-@given(model=st.sampled_from(MODELS), pool=POOLS, batch=st.integers(1, 256), turns=st.integers(1, 40))
-def test_sticky_colocation_is_the_even_first_turn_then_the_balanced_rest(
-    model: str, pool: dict[str, int], batch: int, turns: int
-) -> None:
-    assume(sum(pool.values()) >= 1)
-    w = replace(swe_bench_workload(batch), turns=float(turns))
-    pools = [(_coeffs(h, model, w), k) for h, k in pool.items()]
-    bal, spread = predict_colocated_balanced(w, pools), predict_colocated_spread(w, pools)
-    sticky = predict_colocated_sticky(w, pools)
-    assert bal.makespan_s * (1 - 1e-9) <= sticky.makespan_s <= spread.makespan_s * (1 + 1e-9)
-    assert sticky.makespan_s == pytest.approx(spread.makespan_s / turns + bal.makespan_s * (1 - 1 / turns))
-    assert sticky.feasible == (spread.feasible and bal.feasible)
-    if turns == 1:  # one turn: every trajectory is homed once, by count
-        assert sticky.makespan_s == pytest.approx(spread.makespan_s)
 
 
 def test_spread_is_set_by_the_slowest_type() -> None:
