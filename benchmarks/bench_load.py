@@ -335,7 +335,12 @@ def run_step(
                     ready,
                 )
             )
-            await asyncio.wait_for(ready.wait(), 600)
+            waiting = asyncio.ensure_future(ready.wait())
+            await asyncio.wait([waiting, task], timeout=600, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():  # the dashboard client failed (e.g. its handshake timed out): say so, do not wait
+                waiting.cancel()
+                task.result()
+                raise RuntimeError("the dashboard client ended before the window")
             await asyncio.sleep(max(0.0, window_start - time.time()))
             counters = sync_to_async(lambda: (pg_counters(db), TelemetrySample.objects.count()))
             before = await counters()

@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, WSMsgType
 
 TAIL_S = 10.0  # heartbeats go on this long after the measured window
+CONNECTS_AT_ONCE = 16  # registrations in flight per generator process
 
 
 async def agent(
@@ -44,6 +45,7 @@ async def agent(
     out: dict[str, Any],
     window: dict[str, float],
     all_registered: asyncio.Event,
+    connecting: asyncio.Semaphore,
 ) -> None:
     name, token, workers = spec
     period = float(cfg["period"])
@@ -51,6 +53,7 @@ async def agent(
     delay = float(cfg.get("slow", {}).get(name, 0.0))
     probe = idx % int(cfg["probe_every"]) == 0
     change = int(cfg["change_every"]) > 0 and idx % int(cfg["change_every"]) == 1
+    await connecting.acquire()  # a few handshakes at a time: a storm of them times out on a loaded server
     async with session.ws_connect(
         url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0, heartbeat=None
     ) as ws:
@@ -77,6 +80,7 @@ async def agent(
                 generation = msg["generation"]
                 desired = msg["workers"]
                 break
+        connecting.release()
         out["registered"] += 1
         if out["registered"] == len(cfg["agents"]):
             all_registered.set()
@@ -209,10 +213,11 @@ async def main() -> None:
     window = {"start": float("inf"), "end": float("inf")}
     urls, offset = cfg["urls"], int(cfg.get("offset", 0))
     all_registered = asyncio.Event()
+    connecting = asyncio.Semaphore(CONNECTS_AT_ONCE)
     async with ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0)) as s:
         tasks = [
             asyncio.create_task(
-                agent(s, urls[(i + offset) % len(urls)], i + offset, a, cfg, out, window, all_registered)
+                agent(s, urls[(i + offset) % len(urls)], i + offset, a, cfg, out, window, all_registered, connecting)
             )
             for i, a in enumerate(cfg["agents"])
         ]
