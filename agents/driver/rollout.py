@@ -242,6 +242,9 @@ class RolloutDriver(EpisodeRunner):
         )
         for ref in cmd.trajectories:
             self._start_episode(ref, cmd.step)
+        done = self.loop.trained_next  # a step left without an update (nothing to train) sends no Train: its
+        for tid in [t for t, ep in self.episodes.items() if ep.step < done and t not in self.loop.trajs]:
+            del self.episodes[tid]  # finished episodes are let go here, not by `_train`
 
     def return_overlap(self, cmd: lp.ReturnOverlap) -> None:
         self.waiting_return = True

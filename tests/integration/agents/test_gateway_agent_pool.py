@@ -187,6 +187,24 @@ async def test_an_exception_is_a_failed_trajectory_with_the_traceback_tail(tmp_p
         await wrunner.cleanup()
 
 
+async def test_a_function_the_pool_cannot_import_fails_its_trajectories_with_the_reason(tmp_path):
+    wrunner, url, _ = await serve_engine(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1))
+    try:
+        _driver, runner = await run_job(
+            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [],
+            tmp_path,
+            act=nothing,
+            until=lambda d, r: r.failed >= 1,
+            spec=spec_for(tmp_path, "no_such_function", agent_command=None),
+        )
+        rec = next(rec for rec in runner.records.values() if rec["status"] == "failed")
+        assert rec["reason"].startswith("the agent function could not be loaded in its worker process")
+        assert "AttributeError" in rec["reason"] and "no_such_function" in rec["reason"]
+    finally:
+        await wrunner.cleanup()
+
+
 def test_the_pool_is_bounded_by_the_agents_concurrency() -> None:
     spec = agent_env.validate_spec({"agent_function": "m:f", "tasks": [{}], "agent_concurrency": 1})
     assert spec.isolation == "process" and agent_env.pool_size(spec) == 1
