@@ -669,8 +669,8 @@ def hetero_rows(model: str, pool: dict[str, int], kv_cost: float = 1.0) -> dict[
             new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
         )
         co[h] = replace(c, bandwidth=c.bandwidth * scale)
-    # PEARL's own reading (its sticky router: the first turn spread evenly, the rest balanced: `sticky_dispatch`)
-    d = decide_mixed(w, co, pool, lambda a, b: link_bytes_per_s(a, b) * scale, sticky_dispatch=True)
+    # PEARL's own reading (its sticky router spreads a colocated batch evenly over every chip: `even_colocation`)
+    d = decide_mixed(w, co, pool, lambda a, b: link_bytes_per_s(a, b) * scale, even_colocation=True)
     homo = best_homogeneous(list(d.candidates))
     pools = [(co[h], k) for h, k in pool.items()]
     spread, balanced = predict_colocated_spread(w, pools), predict_colocated_balanced(w, pools)
