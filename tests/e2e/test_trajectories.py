@@ -54,6 +54,17 @@ def _setup():
                 },
             ),
             summarize("s3-t1", {"status": "failed", "reason": "the agent exited with status 1", "stderr": "boom"}),
+            summarize(  # its group's other member: finished, left out of the update (its group was dropped)
+                "s3-t2",
+                {
+                    "samples": [sample],
+                    "reward": 0.0,
+                    "turns": 1,
+                    "status": "done",
+                    "trained": False,
+                    "reason": "not trained: its group was dropped",
+                },
+            ),
         ],
     )
     # the step's STEP record: one member given up (its slot not trained), its group dropped
@@ -71,8 +82,12 @@ def test_the_trajectory_browser_and_the_cards(control_plane_server, page):
     job = off_loop(_setup)
     helpers.login(page, cp.base_url, "ops", "ops-password-123", path=f"/jobs/{job.pk}/")
     page.wait_for_selector("#trajectories tbody tr[data-name='s3-t0']", timeout=15000)
-    assert page.locator("#trajectories tbody tr").count() == 2
+    assert page.locator("#trajectories tbody tr").count() == 3
     assert "step 3" in page.inner_text("#tr-step") and "1 given up, 1 groups dropped" in page.inner_text("#tr-step")
+    assert "1 done not trained" in page.inner_text("#tr-step")
+    untrained = page.inner_text("#trajectories tbody tr[data-name='s3-t2']")
+    assert "done (not trained)" in untrained and "its group was dropped" in untrained
+    assert "not trained" not in page.inner_text("#trajectories tbody tr[data-name='s3-t0']")
     staleness = page.inner_text("[data-card=staleness] .v")
     assert "lag 0 / bound 1" in staleness and "over" not in staleness and "1 asleep" in staleness
     assert page.inner_text("[data-card=submitted] .v").startswith("test at")  # its job.created actor
