@@ -17,31 +17,11 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-
-
-def setup(db_url: str, redis_url: str, code: Path) -> None:
-    sys.path.insert(0, str(code))
-    sys.path.insert(1, str(HERE))
-    os.environ.update(DATABASE_URL=db_url, REDIS_URL=redis_url, PEARL_TESTING="1", DEBUG="0")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pearl_site.settings")
-    import psycopg
-
-    base, name = db_url.rsplit("/", 1)
-    with psycopg.connect(base + "/postgres", autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        c.execute(f'CREATE DATABASE "{name}"')
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def redis_info(port: int) -> tuple[dict[str, int], float]:
@@ -166,8 +146,9 @@ def main() -> None:
     try:
         wait_port(port)
         code = Path(args.code).resolve()
-        setup(db_url, f"redis://127.0.0.1:{port}", code)
-        from bench_load import seed
+        from bench_load import seed, setup
+
+        setup(db_url, f"redis://127.0.0.1:{port}", root=code)
 
         agents, _job = seed(args.agents)
         out = asyncio.run(run(agents, args.beats, port))

@@ -49,9 +49,13 @@ HERE = Path(__file__).resolve().parent
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def setup(db_url: str, redis_url: str, tmp: Path) -> None:
-    os.environ.update(DATABASE_URL=db_url, REDIS_URL=redis_url, PEARL_TESTING="1", DEBUG="0", PEARL_VAR_DIR=str(tmp))
-    sys.path.insert(0, str(ROOT))
+def setup(db_url: str, redis_url: str, tmp: Path | None = None, root: Path = ROOT) -> None:
+    """A fresh database (dropped and created) migrated by the control plane of `root` (another checkout's for
+    a side-by-side run), in this process."""
+    os.environ.update(DATABASE_URL=db_url, REDIS_URL=redis_url, PEARL_TESTING="1", DEBUG="0")
+    if tmp is not None:
+        os.environ["PEARL_VAR_DIR"] = str(tmp)
+    sys.path.insert(0, str(root))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pearl_site.settings")
     import psycopg
 

@@ -23,6 +23,17 @@ def redis_available() -> bool:
         return False
 
 
+def fresh_leases() -> None:
+    """The lease tests' precondition: Redis answers (else the test is skipped) and holds no lease records."""
+    import pytest
+
+    from controlplane.services import leases
+
+    if not redis_available():
+        pytest.skip("Redis is not reachable")
+    leases.client().delete(leases.LEASES, leases.HOLDERS, leases.BOOT)
+
+
 def postgres_in_use() -> bool:
     from django.db import connection
 

@@ -25,7 +25,7 @@ from controlplane.selectors import leases as lease_reads
 from controlplane.services import leases, nodes
 from controlplane.services.availability import set_elastic_capacity
 from tests.support.cluster import make_node
-from tests.support.environment import redis_available
+from tests.support.environment import fresh_leases
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,9 +34,7 @@ STALE_S = 50.0  # how old the row's coarse last-seen is made to look (below the 
 
 @pytest.fixture(autouse=True)
 def _redis() -> None:
-    if not redis_available():
-        pytest.skip("Redis is not reachable")
-    leases.client().delete(leases.LEASES, leases.HOLDERS, leases.BOOT)
+    fresh_leases()
 
 
 @pytest.fixture

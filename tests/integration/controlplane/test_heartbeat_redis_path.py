@@ -28,16 +28,14 @@ from controlplane.services import credentials, leases, nodes
 from controlplane.services.events import agent_group
 from pearl_site.asgi import application
 from tests.support.cluster import make_node
-from tests.support.environment import redis_available
+from tests.support.environment import fresh_leases
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def _redis() -> None:
-    if not redis_available():
-        pytest.skip("Redis is not reachable")
-    leases.client().delete(leases.LEASES, leases.HOLDERS, leases.BOOT)
+    fresh_leases()
 
 
 @pytest.fixture
