@@ -397,6 +397,27 @@ def run_sim(
     base: Path,
     cluster: dict[str, Any],
     interference: float = 1.0,
+    seeds: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """The simulator over the live runs' window. `seeds`: each policy's live job seed (the driver seeds a job's
+    environments with its id), so the simulator draws the very batches the live job drew (`swe_like`)."""
+    by_seed: dict[int | None, list[str]] = {}
+    for p in policies:
+        by_seed.setdefault(None if seeds is None else seeds[p], []).append(p)
+    out: dict[str, Any] = {}
+    for seed, group in by_seed.items():
+        out |= _run_sim(group, duration_s, offset_s, base, cluster, interference, seed)
+    return out
+
+
+def _run_sim(
+    policies: list[str],
+    duration_s: float,
+    offset_s: float,
+    base: Path,
+    cluster: dict[str, Any],
+    interference: float,
+    seed: int | None,
 ) -> dict[str, Any]:
     import yaml
 
@@ -406,6 +427,8 @@ def run_sim(
     sc = yaml.safe_load(cluster["scenario"].read_text())
     sc["trace"]["file"] = str(trace)
     sc["duration_s"] = round(duration_s)
+    if seed is not None:
+        sc["seed"] = seed
     if interference != 1.0:
         sc.setdefault("engine", {})["mixed_prefill_penalty"] = interference
     scen = base / "scenario.yaml"
@@ -549,7 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     offset = statistics.fmean(r["trace_offset_model_s"] for r in raw.values())
     print(f"simulating {covered:.0f} model s (trace shifted by {offset:.0f} s) ...", flush=True)
     sim = run_sim(
-        policies, duration_s=covered, offset_s=offset, base=base, cluster=cluster, interference=args.interference
+        policies,
+        duration_s=covered,
+        offset_s=offset,
+        base=base,
+        cluster=cluster,
+        interference=args.interference,
+        seeds={p: int(r["job_id"]) for p, r in raw.items()},
     )
     print()
     print(table(live, sim))

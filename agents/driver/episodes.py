@@ -104,6 +104,9 @@ class EpisodeRunner:
             time_factor=self.time_factor,
             max_tokens=job.max_trajectory_tokens,
             group_size=job.group_size,
+            step=step,
+            group=ref.group,
+            batch_size=job.batch_size,
         )
         if hasattr(env, "trajectory"):  # an agent's record is kept under the loop's trajectory id (reported)
             env.trajectory = ref.trajectory

@@ -31,14 +31,27 @@ def make_env(
     time_factor: float = 1.0,
     max_tokens: int = 32768,
     group_size: int = 1,
+    step: int | None = None,
+    group: int = 0,
+    batch_size: int | None = None,
 ) -> Environment:
-    """Episode `member` of task `task` (every member of a GRPO group of `group_size` shares the task)."""
+    """Episode `member` of task `task` (every member of a GRPO group of `group_size` shares the task). A live
+    driver also says where the episode stands in its rollout batch (`step`, `group`, `batch_size`), so an
+    environment drawn from the simulator's workload can draw the very trajectory the simulator draws there."""
     _load_builtins()
     factory = REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(REGISTRY))}")
     return factory(
-        task=task, member=member, seed=seed, time_factor=time_factor, max_tokens=max_tokens, group_size=group_size
+        task=task,
+        member=member,
+        seed=seed,
+        time_factor=time_factor,
+        max_tokens=max_tokens,
+        group_size=group_size,
+        step=step,
+        group=group,
+        batch_size=batch_size,
     )
 
 

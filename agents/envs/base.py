@@ -54,7 +54,8 @@ class Environment(abc.ABC):
     async def step(self, response: list[int]) -> Turn: ...
 
 
-Factory = Callable[..., Environment]  # factory(task=, member=, seed=, time_factor=, max_tokens=) -> Environment
+Factory = Callable[..., Environment]  # factory(task=, member=, seed=, time_factor=, max_tokens=, group_size=,
+#   step=, group=, batch_size=, **_) -> Environment; accept **_: later keywords may be added
 REGISTRY: dict[str, Factory] = {}
 
 

@@ -1,6 +1,8 @@
 """A SWE-like task for the emulated engine: long and growing contexts, many turns, heavy-tailed tool
 latency — the simulator's workload distributions (`controlplane.core.workload`), one definition for
-both, so a live emulated run and a simulated run of the same job draw the same kind of trajectories.
+both. Given its place in a rollout batch (step, group, member; the live driver gives it), a live emulated run
+draws the very trajectories a simulated run of the same job and seed draws for that step, so live and
+simulated throughput compare like with like.
 
 Tokens are synthetic (the emulated engine's are too); what matters is their number per turn, the
 tool time between turns and the context that keeps growing up to the job's maximum length. The tool
@@ -35,10 +37,18 @@ class SweLike(Environment):
         time_factor: float = 1.0,
         max_tokens: int = 32768,
         group_size: int = 16,
+        step: int | None = None,
+        group: int = 0,
+        batch_size: int | None = None,
         **_: object,
     ) -> None:
-        spec = WorkloadSpec(batch_size=group_size, group_size=group_size, max_length=min(max_tokens, MAX_PROMPT_TOKENS))
-        traj = draw_batch(spec, seed=seed, step=task)[member % group_size]
+        length = min(max_tokens, MAX_PROMPT_TOKENS)
+        if step is None:  # no place in a batch given: a group of its own, drawn by task
+            spec = WorkloadSpec(batch_size=group_size, group_size=group_size, max_length=length)
+            traj = draw_batch(spec, seed=seed, step=task)[member % group_size]
+        else:  # the trajectory the simulator draws at this place of rollout batch `step` (same seed, same B, G)
+            spec = WorkloadSpec(batch_size=batch_size or group_size, group_size=group_size, max_length=length)
+            traj = draw_batch(spec, seed=seed, step=step)[group * group_size + member % group_size]
         self.turns = traj.turns
         self.k = 0
         self.time_factor = time_factor
