@@ -431,7 +431,7 @@ def _run_sim(
         sc["seed"] = seed
     if interference != 1.0:
         sc.setdefault("engine", {})["mixed_prefill_penalty"] = interference
-    scen = base / "scenario.yaml"
+    scen = base / ("scenario.yaml" if seed is None else f"scenario-seed{seed}.yaml")  # paired_steps reads it
     scen.write_text(yaml.safe_dump(sc, sort_keys=False))
     out = subprocess.run(
         [
@@ -461,6 +461,43 @@ def _run_sim(
 # ============================================================================ report
 def _f(x: Any, fmt: str = "{:,.0f}") -> str:
     return "-" if x is None else fmt.format(x)
+
+
+def paired_steps(raw: dict[str, dict[str, Any]], base: Path) -> dict[str, list[dict[str, Any]]]:
+    """Step by step, the live rollout beside the simulator's of the same batch (the same seed draws the same
+    trajectories: `swe_like`), from the scenario files `run_sim` wrote: whether the two agree is then read per
+    step, not through two throughput windows that cover different steps."""
+    from controlplane.sim.cluster import run_policy
+    from controlplane.sim.scenario import load_scenario_file
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p, r in raw.items():
+        scenario = load_scenario_file(base / f"scenario-seed{r['job_id']}.yaml")
+        sim = {s.step: s for s in run_policy(scenario, p).step_stats}
+        out[p] = [
+            {
+                "step": i,
+                "live_rollout_s": st["makespan_s"],
+                "sim_rollout_s": sim[i].makespan_s,
+                "same_tokens": st["generated_tokens_total"] == sim[i].generated_tokens,
+                "sim_config": sim[i].config_label,
+            }
+            for i, st in enumerate(raw[p]["steps"])
+            if i in sim and sim[i].end_s > 0
+        ]
+    return out
+
+
+def paired_table(paired: dict[str, list[dict[str, Any]]]) -> str:
+    lines = ["policy  step  live rollout s  sim rollout s  sim-live  same tokens  sim configuration"]
+    for p, rows in paired.items():
+        for x in rows:
+            err = (x["sim_rollout_s"] - x["live_rollout_s"]) / x["live_rollout_s"]
+            lines.append(
+                f"{p:>7} {x['step']:>5} {x['live_rollout_s']:>15.0f} {x['sim_rollout_s']:>14.0f} {err:>+9.1%} "
+                f"{'yes' if x['same_tokens'] else 'NO':>12}  {x['sim_config']}"
+            )
+    return "\n".join(lines)
 
 
 def table(live: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) -> str:
@@ -582,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(table(live, sim))
+    paired = paired_steps(raw, base)
+    print()
+    print(paired_table(paired))
     for p, f in live.items():
         print(f"{p}: steps by mode {f['steps_by_mode']}, measured PD interference I = {f['prefill_interference']}")
     result = {
@@ -595,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         "sim_trace_offset_s": offset,
         "live": live,
         "sim": sim,
+        "paired_steps": paired,
         "sim_vs_live_err": {
             p: ((sim[p]["throughput_tok_s"] - live[p]["throughput_tok_s"]) / live[p]["throughput_tok_s"])
             if live[p]["throughput_tok_s"] and p in sim
