@@ -463,40 +463,56 @@ def _f(x: Any, fmt: str = "{:,.0f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def paired_steps(raw: dict[str, dict[str, Any]], base: Path) -> dict[str, list[dict[str, Any]]]:
+def paired_steps(raw: dict[str, dict[str, Any]], base: Path) -> dict[str, dict[str, Any]]:
     """Step by step, the live rollout beside the simulator's of the same batch (the same seed draws the same
-    trajectories: `swe_like`), from the scenario files `run_sim` wrote: whether the two agree is then read per
-    step, not through two throughput windows that cover different steps."""
-    from controlplane.sim.cluster import run_policy
+    trajectories: `swe_like`), from the scenario files `run_sim` wrote, and both throughputs over the same
+    trained steps (both windows end at the last step both trained): live and simulator then compare on the
+    same steps, not through two windows that cover different ones."""
+    from controlplane.sim.cluster import run_policy, window_throughput
     from controlplane.sim.scenario import load_scenario_file
 
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for p, r in raw.items():
         scenario = load_scenario_file(base / f"scenario-seed{r['job_id']}.yaml")
-        sim = {s.step: s for s in run_policy(scenario, p).step_stats}
-        out[p] = [
-            {
-                "step": i,
-                "live_rollout_s": st["makespan_s"],
-                "sim_rollout_s": sim[i].makespan_s,
-                "same_tokens": st["generated_tokens_total"] == sim[i].generated_tokens,
-                "sim_config": sim[i].config_label,
-            }
-            for i, st in enumerate(raw[p]["steps"])
-            if i in sim and sim[i].end_s > 0
-        ]
+        stats = run_policy(scenario, p).step_stats
+        sim = {s.step: s for s in stats}
+        trained = [s for s in stats if s.train_end_s > 0]
+        last = min(len(trained), len({int(t.get("step", 0)) for t in r["train"]})) - 1
+        live = throughput(r["steps"], [t for t in r["train"] if int(t.get("step", 0)) <= last])["throughput_tok_s"]
+        out[p] = {
+            "last_step": last,
+            "live_tok_s": live,
+            "sim_tok_s": window_throughput(trained, scenario.engine.warmup_steps, last=last) if last >= 0 else None,
+            "steps": [
+                {
+                    "step": i,
+                    "live_rollout_s": st["makespan_s"],
+                    "sim_rollout_s": sim[i].makespan_s,
+                    "same_tokens": st["generated_tokens_total"] == sim[i].generated_tokens,
+                    "sim_config": sim[i].config_label,
+                }
+                for i, st in enumerate(r["steps"])
+                if i in sim and sim[i].end_s > 0
+            ],
+        }
     return out
 
 
-def paired_table(paired: dict[str, list[dict[str, Any]]]) -> str:
+def paired_table(paired: dict[str, dict[str, Any]]) -> str:
     lines = ["policy  step  live rollout s  sim rollout s  sim-live  same tokens  sim configuration"]
-    for p, rows in paired.items():
-        for x in rows:
-            err = (x["sim_rollout_s"] - x["live_rollout_s"]) / x["live_rollout_s"]
+    for p, x in paired.items():
+        for row in x["steps"]:
+            err = (row["sim_rollout_s"] - row["live_rollout_s"]) / row["live_rollout_s"]
             lines.append(
-                f"{p:>7} {x['step']:>5} {x['live_rollout_s']:>15.0f} {x['sim_rollout_s']:>14.0f} {err:>+9.1%} "
-                f"{'yes' if x['same_tokens'] else 'NO':>12}  {x['sim_config']}"
+                f"{p:>7} {row['step']:>5} {row['live_rollout_s']:>15.0f} {row['sim_rollout_s']:>14.0f} {err:>+9.1%} "
+                f"{'yes' if row['same_tokens'] else 'NO':>12}  {row['sim_config']}"
             )
+    for p, x in paired.items():
+        live, sim = x["live_tok_s"], x["sim_tok_s"]
+        err = f"{(sim - live) / live:+.1%}" if live and sim else "-"
+        lines.append(
+            f"{p}: over the same trained steps (to step {x['last_step']}): live {_f(live)}, sim {_f(sim)} tok/s, {err}"
+        )
     return "\n".join(lines)
 
 
