@@ -20,7 +20,7 @@ then
 fi
 echo "tests: database ${DATABASE_URL:-sqlite (default)}, redis $REDIS_URL"
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=20 "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then echo "no tests ran" >&2; exit 1; fi
