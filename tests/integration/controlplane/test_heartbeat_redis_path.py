@@ -26,7 +26,7 @@ from controlplane.core.state import Activity, Pool, Role
 from controlplane.models import AgentCredential, Node
 from controlplane.services import credentials, leases, nodes
 from controlplane.services.events import agent_group
-from pearl_site.asgi import application
+from tests.integration.controlplane.test_sockets import registered_agent
 from tests.support.cluster import make_node
 from tests.support.environment import fresh_leases
 
@@ -169,26 +169,9 @@ def test_an_empty_or_unreachable_redis_goes_to_the_database(settings) -> None:
 
 
 # ---------------------------------------------------------------- over the agent socket
-REGISTER = {
-    "type": "register",
-    "node": "gpu-a",
-    "pool": "reserved",
-    "hardware": "cpu",
-    "incarnation": "inc-1",
-    "slots": [{"index": i, "hardware": "cpu", "memory_mb": 1024} for i in range(2)],
-}
-
-
 async def registered() -> tuple[WebsocketCommunicator, dict[str, Any], dict[str, Any]]:
-    token = await database_sync_to_async(credentials.issue_agent_token)(node_name="gpu-a")
-    ws = WebsocketCommunicator(
-        application, "/ws/agent/", headers=[(b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())]
-    )
-    assert (await ws.connect())[0]
-    await ws.send_json_to(REGISTER)
-    reg = await ws.receive_json_from(timeout=5)
-    desired = await ws.receive_json_from(timeout=5)
-    return ws, reg, desired
+    """Node gpu-a with two slots, registered over the real agent socket (test_sockets' helper)."""
+    return await registered_agent(slots=[{"index": i, "hardware": "cpu", "memory_mb": 1024} for i in range(2)])
 
 
 async def heartbeat(ws: WebsocketCommunicator, reg: dict[str, Any], generation: int) -> list[dict[str, Any]]:
