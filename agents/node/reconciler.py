@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ log = logging.getLogger("pearl.agent")
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 RECONCILE_PERIOD_S = 2.0
 STOP_GRACE_S = 15.0  # SIGTERM -> SIGKILL for a worker being retired (it drained already; this is its shutdown)
+WEIGHTS_WATCH_S = 0.25  # how often a node with trainers checks them for newly published weights
 PREEMPTION_MARGIN_S = 2.0  # a preempted node's workers are gone this long before the deadline (at most a fifth of it)
 
 
@@ -60,6 +62,7 @@ class Managed:
     engine_state: str = ""  # running | draining | sleeping (as the worker reports it)
     pulled_for: int = -1  # desired generation at which the latest weights were last pulled
     activation_s: float | None = None  # how long the last wake took (for the toggle record)
+    held_version: int | None = None  # a trainer's weight version as it last answered (None: not yet)
     devices: list[int] = field(default_factory=list)  # what the worker process says it is pinned to
 
     def observed(self) -> link.ObservedWorker:
@@ -132,6 +135,7 @@ class Reconciler:
     _beat: asyncio.Event
     _http: ClientSession | None
     _reconcile_lock: asyncio.Lock
+    _asking: dict[tuple[str, int], asyncio.Task[None]]  # questions to workers still out (`_ask`)
 
     def send(self, message: Any) -> None:
         raise NotImplementedError
@@ -140,51 +144,71 @@ class Reconciler:
     def _reachable(self) -> list[Managed]:
         return [m for m in self.workers.values() if m.client is not None and m.state not in ("stopped", "failed")]
 
-    @staticmethod
-    async def _trainer_version(m: Managed) -> int | None:
-        """The weight version a trainer holds now (None: it did not answer)."""
+    async def _ask(
+        self, verb: str, ms: list[Managed], ask: Callable[[Managed], Coroutine[Any, Any, None]], within: float
+    ) -> None:
+        """Ask each worker of `ms` (`ask`), side by side, waiting at most `within` seconds. What waits here is
+        the node's heartbeat, i.e. its lease: a worker busy past `within` (a role change, a training step, a
+        starved CPU) answers into a later beat, and is not asked again while its question is out."""
+        tasks = []
+        for m in ms:
+            key = (verb, m.desired.worker_id)
+            task = self._asking.get(key)
+            if task is None or task.done():
+                task = self._asking[key] = asyncio.create_task(ask(m))
+            tasks.append(task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=within)
+        self._asking = {k: t for k, t in self._asking.items() if not t.done()}
+
+    async def _ask_trainer(self, m: Managed) -> None:
+        """The weight version the trainer holds now (`held_version`; unchanged if it did not answer)."""
         with contextlib.suppress(Exception):
-            return int((await m.client.get("health"))["weight_version"])  # type: ignore[union-attr]
-        return None
+            m.held_version = int((await m.client.get("health"))["weight_version"])  # type: ignore[union-attr]
 
     async def _trainer_published(self) -> bool:
         """A trainer on this node holds a newer weight version than last reported: the rollout driver
         and the workers that pull wait for the control plane to hear of it, so it is not left to the
         next periodic heartbeat (seconds of idle rollout per update)."""
         trainers = [m for m in self._reachable() if m.desired.role == Role.TRAINING]
-        versions = await asyncio.gather(*(self._trainer_version(m) for m in trainers))
-        return any(v is not None and v > m.weight_version for m, v in zip(trainers, versions))
+        await self._ask("health", trainers, self._ask_trainer, WEIGHTS_WATCH_S)
+        return any(m.held_version is not None and m.held_version > m.weight_version for m in trainers)
 
-    async def _observe(self) -> None:
-        """Every worker's state, asked side by side: on a busy node the heartbeat (which confirms a
-        return against its deadline) waits for the slowest answer, not for the sum of them."""
+    async def _observe(self, within: float) -> None:
+        """Every worker's state, asked side by side, for at most `within` seconds (`_ask`): on a busy node
+        the heartbeat (which confirms a return against its deadline) waits for the slowest answer, not for
+        the sum of them, and never for a worker that does not answer."""
 
         async def one(m: Managed) -> None:
             assert m.client is not None
-            if m.desired.role == Role.TRAINING:
-                v = await self._trainer_version(m)
-                m.weight_version = m.weight_version if v is None else v
-                return
             with contextlib.suppress(Exception):
                 s = await m.client.get("stats")
                 m.role, m.weight_version, m.engine_state = s["role"], s["weight_version"], s["state"]
                 m.inflight = s["running_batch"] + s["waiting"]
                 m.activity = "inactive" if s["state"] == "sleeping" else m.activity
 
-        await asyncio.gather(*(one(m) for m in self._reachable()))
+        reachable = self._reachable()
+        trainers = [m for m in reachable if m.desired.role == Role.TRAINING]
+        await asyncio.gather(
+            self._ask("health", trainers, self._ask_trainer, within),
+            self._ask("stats", [m for m in reachable if m.desired.role != Role.TRAINING], one, within),
+        )
+        for m in trainers:
+            m.weight_version = m.weight_version if m.held_version is None else m.held_version
 
-    async def _collect_telemetry(self) -> list[dict[str, Any]]:
-        async def records(m: Managed) -> list[dict[str, Any]]:
+    async def _collect_telemetry(self, within: float) -> list[dict[str, Any]]:
+        """The rollout workers' telemetry records and the agent's own, waiting at most `within` seconds for
+        the workers (`_ask`): records that come later go with the next beat."""
+
+        async def records(m: Managed) -> None:
             with contextlib.suppress(Exception):
-                return list((await m.client.get("telemetry"))["records"])  # type: ignore[union-attr]
-            return []
+                self.pending_telemetry.extend((await m.client.get("telemetry"))["records"])  # type: ignore[union-attr]
 
-        out, self.pending_telemetry = self.pending_telemetry, []
         rollout = [
             m for m in self._reachable() if m.state in ("running", "draining") and m.desired.role != Role.TRAINING
         ]
-        for recs in await asyncio.gather(*(records(m) for m in rollout)):
-            out.extend(recs)
+        await self._ask("telemetry", rollout, records, within)
+        out, self.pending_telemetry = self.pending_telemetry, []
         return out
 
     # ------------------------------------------------------------ reconciliation

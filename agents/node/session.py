@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
 
 from agents.node.config import AgentConfig
-from agents.node.reconciler import DriverProcess, Managed, Reconciler, partials
+from agents.node.reconciler import WEIGHTS_WATCH_S, DriverProcess, Managed, Reconciler, partials
 from agents.process import kill_leftovers
 from agents.reconnect import reconnect_forever
 from controlplane.core import agent_link as link
@@ -28,7 +28,6 @@ log = logging.getLogger("pearl.agent")
 
 HW_MEMORY_MB = {"h800": 81920, "h100": 81920, "h200": 144384, "h20": 98304, "cpu": 4096}
 RECONNECT_BACKOFF_MAX_S = 30.0
-WEIGHTS_WATCH_S = 0.25  # how often a node with trainers checks them for newly published weights
 
 
 class NodeAgent(Reconciler):
@@ -58,6 +57,7 @@ class NodeAgent(Reconciler):
         self._dp_runner: web.AppRunner | None = None
         self.dataplane_url = ""
         self._reconcile_lock = asyncio.Lock()
+        self._asking: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------ link messages
     def register_message(self) -> link.Register:
@@ -253,14 +253,16 @@ class NodeAgent(Reconciler):
                 continue
             reconciled = self._beat.is_set()
             self._beat.clear()  # a reconcile that finishes from here on is reported by the next beat
+            # the workers' answers are waited for half a period at most each, so that the beats (the lease)
+            # come at most 1.5 periods apart whatever the workers do; a late answer goes with a later beat
             if not reconciled:  # a reconcile recorded what it changed: its report (a return against
-                await self._observe()  # its deadline) does not wait for every worker's answer
+                await self._observe(self.heartbeat_s / 2)  # its deadline) does not wait for every worker's answer
             self.send(self.heartbeat_message())
-            records = await self._collect_telemetry()
-            for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
-                self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
             loop = asyncio.get_running_loop()
             until = loop.time() + self.heartbeat_s
+            records = await self._collect_telemetry(self.heartbeat_s / 2)
+            for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
+                self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
             while (left := until - loop.time()) > 0:  # report as soon as a reconcile changed something, or
                 with contextlib.suppress(asyncio.TimeoutError):  # a trainer here published new weights
                     await asyncio.wait_for(self._beat.wait(), min(left, WEIGHTS_WATCH_S))

@@ -148,7 +148,7 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         node.epoch += 1
         node.generation += 1
         node.save()
-        _renew_on_commit(node, now, digest="")  # a new epoch: no report of it is known yet
+        _renew_on_commit(node, digest="")  # a new epoch: no report of it is known yet
         zone = Zone.OVERLAP if message.pool == Pool.TRAINING else Zone.ROLLOUT
         existing = {g.index: g for g in GPU.objects.filter(node=node)}
         for slot in message.slots:
@@ -261,7 +261,6 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     renewed = _renew_unchanged(node_id=node_id, message=message, channel=channel)
     if renewed is not None:
         return renewed
-    now = timezone.now()
     refused: list[str] = []
     coarse = _redis_up()
     with transaction.atomic():
@@ -275,6 +274,9 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 [node_id, *Worker.objects.filter(job_id__in=publishing, alive=True).values_list("node_id", flat=True)]
             )
         node = _holder(node_id, channel, message.epoch)
+        # the lease runs from now, with the row locked: a heartbeat that waited for the lock (behind a
+        # transition's executor) must not renew into a time already past, which the sweep would then fence
+        now = timezone.now()
         recovered = node.status == NodeStatus.NOT_READY
         checked = {o.get("worker_id"): o.get("devices") for o in node.observed or [] if o.get("state") == "running"}
         before = {o.get("worker_id"): _routing_facts(o) for o in node.observed or []}
@@ -367,7 +369,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         if recovered:
             push_node(node.pk)
         if coarse:  # the next identical report renews in Redis only; a refused one comes back here
-            _renew_on_commit(node, now, digest="" if refused else _digest(message))
+            _renew_on_commit(node, digest="" if refused else _digest(message))
     return HeartbeatResult(refused, node.generation)
 
 
@@ -402,9 +404,10 @@ def _redis_up() -> bool:
         return False
 
 
-def _renew_on_commit(node: Node, now: datetime, *, digest: str) -> None:
+def _renew_on_commit(node: Node, *, digest: str) -> None:
     """After commit, Redis renews the lease the row now holds (same epoch, same base, same socket) until
-    now + LEASE_S."""
+    LEASE_S after the commit (not after the heartbeat began: a commit that waited must not renew into the
+    past)."""
     record = leases.Holder(
         epoch=node.epoch,
         base=leases.iso(node.lease_expires),
@@ -412,8 +415,8 @@ def _renew_on_commit(node: Node, now: datetime, *, digest: str) -> None:
         channel=node.agent_channel,
         generation=node.generation,
     )
-    node_id, expires = node.pk, now.timestamp() + leases.lease_s()
-    transaction.on_commit(lambda: leases.renew_quietly(node_id, expires=expires, record=record))
+    node_id = node.pk
+    transaction.on_commit(lambda: leases.renew_quietly(node_id, expires=time.time() + leases.lease_s(), record=record))
 
 
 def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> HeartbeatResult | None:

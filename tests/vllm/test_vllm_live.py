@@ -144,6 +144,9 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
     )
     wait_for(lambda: _converged_to(job, {"res-v": "colocated", "spot-v": "colocated"}), START_S, "colocated again (2C)")
     t_co = time.monotonic() - t_co
+    # no node lost its lease on the way (a lost lease fences its workers, and their engines start again)
+    lost = list(Event.objects.filter(kind="node.lease_expired").values_list("message", "data"))
+    assert not lost, f"nodes lost their leases: {lost}"
     # every role change was made in place (kv_both engines): the same engine processes, none restarted
     assert _engine_pids(stack, ("res-v", "spot-v")) == engines
     node = Node.objects.get(name="spot-v")

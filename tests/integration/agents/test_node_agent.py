@@ -569,3 +569,36 @@ async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_g
         await s.close()
         agent.stopping.set()
         await asyncio.wait_for(task, 60)
+
+
+async def test_a_worker_that_stops_answering_does_not_stop_the_heartbeats(cp, tmp_path):
+    """The heartbeat is the node's lease: a worker that does not answer its stats and telemetry questions
+    (SIGSTOPped here; a vLLM worker changing roles on a starved CPU can be as slow) must not hold it back,
+    or the control plane fences the whole node. Its question stays out (not asked again), its last observed
+    state goes with the beats, and when it answers again its report moves on."""
+    agent = NodeAgent(
+        AgentConfig(control_plane=cp.url, token="node-token", node="n6", slots=1, state_dir=tmp_path / "agent")
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        assert ws[1]["state"] == "running"
+        proc = agent.workers[1].proc
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            before = len(cp.of_type("heartbeat"))
+            # 20 periods of 0.1 s: the old loop sent none, waiting on the stopped worker's answer
+            await asyncio.sleep(20 * cp.heartbeat_s)
+            beats = cp.of_type("heartbeat")[before:]
+            assert len(beats) >= 5, f"{len(beats)} heartbeats while a worker was stopped"
+            assert [w["state"] for w in beats[-1]["workers"]] == ["running"]
+            assert len([k for k in agent._asking if k[1] == 1]) <= 2  # stats and telemetry, asked once each
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        # answered again: the agent asks anew
+        await cp.wait_for(lambda c: not agent._asking)
+    finally:
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)

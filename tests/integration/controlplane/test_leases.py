@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -120,6 +121,39 @@ def test_the_row_gets_a_coarse_last_seen_at_most_once_per_refresh_span(settings)
     with CaptureQueriesContext(connection) as ctx:  # the record follows the row: the next beat is fast again
         nodes.record_heartbeat(node_id=node.pk, message=beat(node))
     assert len(writes(ctx)) == 1 and transactions(ctx) == []
+
+
+def test_a_heartbeat_that_waited_for_the_row_lock_renews_from_when_it_got_it(settings) -> None:
+    """A changed report waits for its node's row while a transition's executor holds it: its lease runs from
+    when it took the row (and Redis' from its commit), not from when it began, or it would renew into a time
+    already past and the next sweep would fence a node that is heartbeating (the vLLM job's two rollout
+    nodes were fenced so in CI, at a role change on a loaded machine)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's (SQLite's writes are serialized whole)")
+    settings.PEARL = {**settings.PEARL, "LEASE_S": 1.0}
+    node = make_node("n1")
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    held, hold_s = threading.Event(), 1.5
+
+    def executor() -> None:  # another connection holds the node's row lock for longer than one lease
+        try:
+            with transaction.atomic():
+                list(Node.objects.select_for_update().filter(pk=node.pk))
+                held.set()
+                time.sleep(hold_s)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=executor)
+    holder.start()
+    assert held.wait(10)
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=2))  # a new report: the locked path
+    released = time.time()
+    holder.join()
+    redis_lease = leases.client().zscore(leases.LEASES, str(node.pk))
+    assert redis_lease is not None and redis_lease > released + 0.5, (redis_lease, released)
+    assert nodes.expire_leases() == []
+    assert Node.objects.get(pk=node.pk).status == "ready"
 
 
 def test_expiry_decided_by_redis_still_fences() -> None:
