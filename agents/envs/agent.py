@@ -51,7 +51,7 @@ from typing import Any
 from agents.envs.agent_pool import AgentFunctionError, AgentPool, AgentProcessDied, function_failed
 from agents.envs.base import Environment, EnvironmentFailed, Turn, register
 from agents.gateway.app import Gateway, serve
-from agents.gateway.backends import Generation, Sampling
+from agents.gateway.backends import Generation, Sampling, Unavailable
 from agents.gateway.chat import ChatFormat, load_format
 from agents.gateway.sessions import Session, SessionStore
 from controlplane.core.agent_spec import AgentSpec, SpecError, validate_agent_spec
@@ -122,6 +122,8 @@ class DriverBackend:
         return self.version
 
     async def generate(self, session: Session, prompt: list[int], new: list[int], sampling: Sampling) -> Generation:
+        if session.closed:  # its trajectory ended (the agent's request came after): answered, not queued
+            raise Unavailable(f"trajectory {session.trajectory} has ended")
         queue: asyncio.Queue[Pending] = session.backend_state
         fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         queue.put_nowait(Pending(list(prompt), sampling, fut))
@@ -431,6 +433,13 @@ class AgentEnvironment(Environment):
         r.records[self.trajectory] = rec | {"status": status, "task": self.task} | extra
         if self.session is not None:
             r.gateway.close(self.session)
+            # requests the environment never took are answered now (503), not left open: an open one
+            # holds the gateway's shutdown at the job's stop for aiohttp's 60 s grace
+            queue: asyncio.Queue[Pending] = self.session.backend_state
+            while not queue.empty():
+                waiting = queue.get_nowait().answer
+                if not waiting.done():
+                    waiting.set_exception(Unavailable(f"trajectory {self.trajectory} has ended ({status})"))
         if self._holding_slot and r._slots is not None:
             r._slots.release()
             self._holding_slot = False
