@@ -7,10 +7,12 @@ plane test is test_control_plane_link.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -51,6 +53,24 @@ def observed(cp: FakeControlPlane, generation: int) -> dict[int, dict] | None:
             return ws
         break
     return None
+
+
+@contextlib.asynccontextmanager
+async def one_worker(cp: FakeControlPlane, tmp_path: Path, node: str, **cfg) -> AsyncIterator[NodeAgent]:
+    """An agent of node `node` running one colocated emulated worker (worker 1, running when this yields)."""
+    agent = NodeAgent(
+        AgentConfig(control_plane=cp.url, token="node-token", node=node, slots=1, state_dir=tmp_path / "agent", **cfg)
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await cp.wait_for(lambda c: c.of_type("register"))
+        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        ws = await cp.wait_for(lambda c: observed(c, 1))
+        assert ws[1]["state"] == "running"
+        yield agent
+    finally:
+        agent.stopping.set()
+        await asyncio.wait_for(task, 60)
 
 
 @pytest.fixture
@@ -483,23 +503,7 @@ async def test_a_preempted_worker_that_hangs_is_killed_before_the_deadline(cp, t
     """A worker that neither answers the drain nor exits on SIGTERM (here SIGSTOPped: a loaded machine's
     vLLM worker can be as slow) is SIGKILLed by the agent before its node's preemption deadline, instead of
     being waited for the drain's answer and then the 15 s SIGTERM grace."""
-    agent = NodeAgent(
-        AgentConfig(
-            control_plane=cp.url,
-            token="node-token",
-            node="n5",
-            slots=1,
-            state_dir=tmp_path / "agent",
-            time_factor=SLOW,
-            drain_timeout_s=10.0,
-        )
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await cp.wait_for(lambda c: c.of_type("register"))
-        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
-        ws = await cp.wait_for(lambda c: observed(c, 1))
-        assert ws[1]["state"] == "running"
+    async with one_worker(cp, tmp_path, "n5", time_factor=SLOW, drain_timeout_s=10.0) as agent:
         proc = agent.workers[1].proc
         os.kill(proc.pid, signal.SIGSTOP)
         deadline = time.time() + 8
@@ -509,9 +513,6 @@ async def test_a_preempted_worker_that_hangs_is_killed_before_the_deadline(cp, t
         rc = await asyncio.wait_for(proc.proc.wait(), 60)
         assert time.time() < deadline, "the worker outlived its node's preemption deadline"
         assert rc == -signal.SIGKILL
-    finally:
-        agent.stopping.set()
-        await asyncio.wait_for(task, 60)
 
 
 async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_given(cp, tmp_path):
@@ -576,15 +577,7 @@ async def test_a_worker_that_stops_answering_does_not_stop_the_heartbeats(cp, tm
     (SIGSTOPped here; a vLLM worker changing roles on a starved CPU can be as slow) must not hold it back,
     or the control plane fences the whole node. Its question stays out (not asked again), its last observed
     state goes with the beats, and when it answers again its report moves on."""
-    agent = NodeAgent(
-        AgentConfig(control_plane=cp.url, token="node-token", node="n6", slots=1, state_dir=tmp_path / "agent")
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await cp.wait_for(lambda c: c.of_type("register"))
-        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
-        ws = await cp.wait_for(lambda c: observed(c, 1))
-        assert ws[1]["state"] == "running"
+    async with one_worker(cp, tmp_path, "n6") as agent:
         proc = agent.workers[1].proc
         os.kill(proc.pid, signal.SIGSTOP)
         try:
@@ -599,6 +592,3 @@ async def test_a_worker_that_stops_answering_does_not_stop_the_heartbeats(cp, tm
             os.kill(proc.pid, signal.SIGCONT)
         # answered again: the agent asks anew
         await cp.wait_for(lambda c: not agent._asking)
-    finally:
-        agent.stopping.set()
-        await asyncio.wait_for(task, 60)
