@@ -463,23 +463,7 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
     """A preemption notice drains the node's workers; the notice is cancelled (the node returns to service)
     while the control plane still wants the worker: it runs again, a new process on its slot, instead of
     staying stopped while a transition waits for it."""
-    agent = NodeAgent(
-        AgentConfig(
-            control_plane=cp.url,
-            token="node-token",
-            node="n4",
-            slots=1,
-            state_dir=tmp_path / "agent",
-            time_factor=SLOW,
-            drain_timeout_s=1.0,
-        )
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await cp.wait_for(lambda c: c.of_type("register"))
-        await cp.push(link.DesiredState(generation=1, epoch=1, status="ready", workers=[worker(1, "colocated")]))
-        ws = await cp.wait_for(lambda c: observed(c, 1))
-        assert ws[1]["state"] == "running"
+    async with one_worker(cp, tmp_path, "n4", time_factor=SLOW, drain_timeout_s=1.0) as agent:
         first = agent.workers[1].proc.pid
         await cp.push(
             link.DesiredState(
@@ -492,11 +476,8 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
         )
         await cp.wait_for(lambda c: (o := observed(c, 2)) and o[1]["state"] == "stopped")
         await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[worker(1, "colocated")]))
-        ws = await cp.wait_for(lambda c: (o := observed(c, 3)) and o[1]["state"] == "running" and o)
+        await cp.wait_for(lambda c: (o := observed(c, 3)) and o[1]["state"] == "running" and o)
         assert agent.workers[1].proc.pid != first
-    finally:
-        agent.stopping.set()
-        await asyncio.wait_for(task, 60)
 
 
 async def test_a_preempted_worker_that_hangs_is_killed_before_the_deadline(cp, tmp_path):
