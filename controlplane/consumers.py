@@ -216,7 +216,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     node_name: str = ""
     node_id: int | None = None
     address: str = ""
-    sent_bucket: int = -1  # rotation period of the weights tokens in the last desired state sent
+    sent_bucket: int = -1  # the node's resend period (link.resend_bucket) when its desired state was last sent
     sent_generation: int = -1  # generation of the last desired state sent on this socket
     accepted_digest: str = ""  # digest of the last report the database took in full on this socket
 
@@ -291,7 +291,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 generation = await self._heartbeat(message)
                 if generation is None:
                     return
-                rotated = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"]) != self.sent_bucket
+                rotated = self._resend_bucket() != self.sent_bucket
                 # level-triggered: a push lost on the way (e.g. Redis restarted and forgot the group) is
                 # repaired by the next heartbeat of an agent still behind the node's generation
                 behind = message.generation < generation and generation > self.sent_generation
@@ -369,8 +369,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         )
         await self._send_desired()
 
+    def _resend_bucket(self) -> int:
+        return link.resend_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"], self.node_id or 0)
+
     async def _send_desired(self) -> None:
-        self.sent_bucket = link.token_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"])
+        self.sent_bucket = self._resend_bucket()
         state = await database_sync_to_async(_desired)(self.node_id, self.channel_name)
         if state is not None:
             self.sent_generation = state.generation

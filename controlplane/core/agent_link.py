@@ -223,6 +223,19 @@ def token_bucket(rotate_s: float, now: float | None = None) -> int:
     return int((time.time() if now is None else now) // rotate_s)
 
 
+RESEND_SPREAD = 0.5  # of a rotation period: how far apart the nodes' resends of fresh tokens are spread
+
+
+def resend_bucket(rotate_s: float, node_id: int, now: float | None = None) -> int:
+    """The period by which `node_id`'s desired state (its workers' fresh weights tokens) is resent: the
+    period's boundary shifted by an offset under half a period, spread over node ids (golden-ratio steps),
+    so a thousand sockets do not all read their desired state on the heartbeat after the same boundary. A
+    token sent at any time stays valid (its period or a neighbour's) for more than half a period past
+    the node's next resend."""
+    offset = (node_id * 0.6180339887498949) % 1.0 * RESEND_SPREAD * rotate_s
+    return token_bucket(rotate_s, (time.time() if now is None else now) - offset)
+
+
 def verify_weights_token(key: str, job: str, token: str, rotate_s: float, now: float | None = None) -> bool:
     """True for a token of this job's key from the current rotation period or either neighbour
     (clock skew between nodes); constant-time."""

@@ -152,8 +152,8 @@ async def test_tokens_rotate_with_the_next_heartbeat(settings):
     await receive_until(rws, "desired_state")
     await tws.send_json_to(hb(treg["epoch"], [observed(trainer.pk, "training", endpoint="http://127.0.0.1:7001")]))
     first = (await receive_until(rws, "desired_state"))["workers"][0]["weights_token"]
-    start = link.token_bucket(0.5)
-    while link.token_bucket(0.5) == start:
+    start = link.resend_bucket(0.5, rreg["node_id"])  # the node's own boundary (spread over half a period)
+    while link.resend_bucket(0.5, rreg["node_id"]) == start:
         await asyncio.sleep(0.05)
     await rws.send_json_to(hb(rreg["epoch"]))
     again = await receive_until(rws, "desired_state")
