@@ -110,9 +110,16 @@ TEMPLATES = [
 ]
 
 # ---------------------------------------------------------------- database
+_DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pearl.sqlite3'}")
+# Persistent PostgreSQL connections: opening one per hop to Daphne's database thread was 6.8 % of its CPU at
+# 512 agents (BENCHMARKS.md, issue 22). The health check replaces a connection the server dropped before its
+# next use. Off in tests, whose database is dropped at the end while other threads could still hold one.
+_PERSISTENT_DB_S = 0 if TESTING or _DATABASE_URL.startswith("sqlite") else 60
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pearl.sqlite3'}"), conn_max_age=0
+        _DATABASE_URL,
+        conn_max_age=int(os.environ.get("PEARL_DB_CONN_MAX_AGE", _PERSISTENT_DB_S)),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
