@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from load_agents import fixed_report  # this script's directory is on sys.path
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -32,24 +34,6 @@ def redis_info(port: int) -> tuple[dict[str, int], float]:
     calls = {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
     cpu = r.info("cpu")
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-
-
-def report(workers: list[int], generation: int) -> list[dict[str, Any]]:
-    """What load_agents.py reports: two running colocated workers, nothing in flight changing."""
-    return [
-        {
-            "worker_id": w,
-            "role": "colocated",
-            "activity": "active",
-            "state": "running",
-            "weight_version": 0,
-            "endpoint": "",
-            "inflight": 1,
-            "generation": generation,
-            "devices": [i],
-        }
-        for i, w in enumerate(workers)
-    ]
 
 
 async def run(agents: list[list[Any]], beats: int, redis_port: int) -> dict[str, Any]:
@@ -90,7 +74,7 @@ async def run(agents: list[list[Any]], beats: int, redis_port: int) -> dict[str,
             "type": "heartbeat",
             "epoch": reg["epoch"],
             "generation": desired["generation"],
-            "workers": report(workers, desired["generation"]),
+            "workers": fixed_report(workers, desired["generation"]),
         }
         await ws.send_json_to(beat)  # the database takes the report once
         await settle(ws)

@@ -36,6 +36,24 @@ TAIL_S = 10.0  # heartbeats go on this long after the measured window
 CONNECTS_AT_ONCE = 16  # registrations in flight per generator process
 
 
+def fixed_report(workers: list[int], generation: int, *, inflight: int = 1) -> list[dict[str, Any]]:
+    """A node's report without "reconcile": its workers running colocated and active, `inflight` each."""
+    return [
+        {
+            "worker_id": w,
+            "role": "colocated",
+            "activity": "active",
+            "state": "running",
+            "weight_version": 0,
+            "endpoint": "",
+            "inflight": inflight,
+            "generation": generation,
+            "devices": [i],
+        }
+        for i, w in enumerate(workers)
+    ]
+
+
 async def agent(
     session: ClientSession,
     url: str,
@@ -104,20 +122,7 @@ async def agent(
                     }
                     for w in applied["workers"]
                 ]
-            return [
-                {
-                    "worker_id": w,
-                    "role": "colocated",
-                    "activity": "active",
-                    "state": "running",
-                    "weight_version": 0,
-                    "endpoint": "",
-                    "inflight": (beat % 2) + 1 if change else 1,
-                    "generation": generation,
-                    "devices": [i],
-                }
-                for i, w in enumerate(workers)
-            ]
+            return fixed_report(workers, generation, inflight=(beat % 2) + 1 if change else 1)
 
         async def confirm(gen: int, workers: list[dict[str, Any]]) -> None:
             """Report a desired state as done (late, for a slow node; never, for a negative delay)."""
