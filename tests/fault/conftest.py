@@ -185,7 +185,8 @@ class Stack:
 def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
     """The stack on its own Redis; this test process sends its pushes through that Redis too. A test marked
     `replan_every(seconds)` also gets the periodic re-plan, created before beat starts: django-celery-beat
-    misses a task created between its first read of the schedule and its first change check."""
+    misses a task created between its first read of the schedule and its first change check. A test marked
+    `lease(seconds)` runs on that lease instead of the fault tests' short one."""
     from channels.layers import channel_layers
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -198,10 +199,12 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
             "CONFIG": {"hosts": [{"address": f"{redis_url}/1", "socket_timeout": 30}]},
         }
     }
-    settings.PEARL = {**settings.PEARL, "LEASE_S": LEASE_S, "HEARTBEAT_S": HEARTBEAT_S, "SWEEP_S": SWEEP_S}
+    lease = request.node.get_closest_marker("lease")
+    lease_s = float(lease.args[0]) if lease else LEASE_S
+    settings.PEARL = {**settings.PEARL, "LEASE_S": lease_s, "HEARTBEAT_S": HEARTBEAT_S, "SWEEP_S": SWEEP_S}
     channel_layers.backends.clear()
     env = child_env(
-        REDIS_URL=redis_url, PEARL_LEASE_S=str(LEASE_S), PEARL_HEARTBEAT_S=str(HEARTBEAT_S), PEARL_SWEEP_S=str(SWEEP_S)
+        REDIS_URL=redis_url, PEARL_LEASE_S=str(lease_s), PEARL_HEARTBEAT_S=str(HEARTBEAT_S), PEARL_SWEEP_S=str(SWEEP_S)
     )
     env.pop("PEARL_AGENT_TOKEN", None)
     s = Stack(base_url=f"http://127.0.0.1:{web_port}", redis_port=redis_port, tmp=tmp_path, env=env)
