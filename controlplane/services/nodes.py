@@ -300,6 +300,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         # trainers first: a rollout worker on the same node may already hold the version its trainer
         # publishes in this very heartbeat
         published: dict[int, int] = {}  # job id -> version a trainer published in this heartbeat
+        changed: list[Worker] = []  # written in one UPDATE after the loop (one per worker cost 8 of 15 queries)
         for o in sorted(message.workers, key=lambda o: o.role != Role.TRAINING):
             w = mine.get(o.worker_id)
             if w is None:
@@ -321,8 +322,10 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 continue
             endpoint: str = recorded or ""
             if (w.endpoint, w.weight_version, w.inflight) != (endpoint, version, o.inflight):
-                Worker.objects.filter(pk=w.pk).update(endpoint=endpoint, weight_version=version, inflight=o.inflight)
-                if _publishes(w, version, endpoint):
+                publishes = _publishes(w, version, endpoint)
+                w.endpoint, w.weight_version, w.inflight = endpoint, version, o.inflight
+                changed.append(w)
+                if publishes:
                     _publish_weights(w.job_id, version, node)
                     published[w.job_id] = max(published.get(w.job_id, 0), version)
             if (
@@ -337,6 +340,8 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
                 bound = sorted(bindings[w.pk])
                 if sorted(o.devices) != bound:
                     refused.append(f"worker {w.pk}: runs on devices {o.devices}, bound to slots {bound}")
+        if changed:
+            Worker.objects.bulk_update(changed, ["endpoint", "weight_version", "inflight"])
         if before != {o["worker_id"]: _routing_facts(o) for o in node.observed}:
             notify_drivers_on_commit(w.job_id for w in mine.values())
             kick_executor_on_commit(w.job_id for w in mine.values())  # transition steps are confirmed by these facts

@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.core.state import Activity, Role
-from controlplane.models import Node
+from controlplane.models import Node, Worker
 from controlplane.services import leases, nodes
 from controlplane.services.errors import StaleEpoch
-from tests.support.cluster import make_node
+from tests.support.cluster import make_job, make_node
 from tests.support.environment import redis_available
 from tests.support.processes import free_port, wait_port
 
@@ -89,6 +89,37 @@ def test_a_changed_report_still_writes_the_row() -> None:
     with CaptureQueriesContext(connection) as ctx:  # and that report, repeated, is free again
         nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
     assert writes(ctx) == []
+
+
+def test_a_changed_report_writes_its_workers_in_one_statement_however_many() -> None:
+    """A heartbeat's changed workers are one UPDATE (was one per worker: 8 of a changed 8-worker heartbeat's
+    15 queries), so its cost does not grow with the node's GPUs."""
+    from controlplane.services import workers
+
+    node = make_node("n1", slots=4)
+    job = make_job(rollout_gpus=4)
+    ids = [
+        workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[i], role="colocated", activity="active").pk
+        for i in range(4)
+    ]
+    node.refresh_from_db()
+
+    def report(busy: int) -> Heartbeat:
+        running = [
+            ObservedWorker(worker_id=w, role=Role.COLOCATED, activity=Activity.ACTIVE, state="running", inflight=int(k < busy))
+            for k, w in enumerate(ids)
+        ]
+        return Heartbeat(epoch=node.epoch, generation=node.generation, workers=running)
+
+    counts = []
+    for busy in (0, 1, 4):  # then one worker changes, then three
+        with CaptureQueriesContext(connection) as ctx:
+            nodes.record_heartbeat(node_id=node.pk, message=report(busy))
+        counts.append(len(ctx.captured_queries))
+        updates = [s for s in writes(ctx) if s.startswith('UPDATE "CONTROLPLANE_WORKER"')]
+        assert len(updates) == (busy > 0), statements(ctx)
+    assert counts[1] == counts[2], counts
+    assert sorted(Worker.objects.filter(pk__in=ids).values_list("inflight", flat=True)) == [1, 1, 1, 1]
 
 
 def test_a_changed_report_commits_without_waiting_for_the_wal_flush_and_a_registration_waits() -> None:
