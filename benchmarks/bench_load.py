@@ -7,7 +7,7 @@ every agent registered:
 - heartbeat sent -> lease renewed: p50 / p95 / max (a probe frame right after the heartbeat on the same
   socket; see load_agents.py);
 - heartbeat sent -> the node's dashboard delta (heartbeat or node kind), for the agents that report a
-  changed in-flight count in every heartbeat (every `--change-every`-th agent; the others report no change),
+  change in every heartbeat (idle, then busy: every `--change-every`-th agent; the others report no change),
   received by one dashboard client (cluster view) here;
 - leases lost (node.lease_expired events from the first registration until the agents stop: they heartbeat
   on through a tail after the window, so a lease that lapses when they stop is not counted);
@@ -305,6 +305,7 @@ def run_step(
                 "job": job,
                 "probe_every": args.probe_every,
                 "change_every": args.change_every,
+                "busy": args.busy,
                 "duration": args.duration,
             }
             assert p.stdin is not None
@@ -512,6 +513,11 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--probe-every", type=int, default=4, help="every k-th agent times its lease renewals")
     p.add_argument("--change-every", type=int, default=16, help="every k-th agent reports a change in every beat")
+    p.add_argument(
+        "--busy",
+        action="store_true",
+        help="the other agents' workers serve: their in-flight counts move every beat (1-3), as on a loaded cluster",
+    )
     p.add_argument("--code", default=str(ROOT), help="the checkout the servers run from")
     p.add_argument("--label", default="")
     p.add_argument("--out", default="")

@@ -16,8 +16,10 @@ Measured here, per heartbeat of a probing agent (every `probe_every`-th agent): 
 renewed. The link answers nothing to a heartbeat, so right after it the agent sends a frame the server
 refuses at once (`{"type": "probe"}`: unknown message type); a consumer handles its socket's frames one at a
 time, in order, so that error reply comes back only once the heartbeat was handled (lease renewed, or
-refused). Every `change_every`-th agent reports a changed in-flight count in each heartbeat (a report the
-database must store; its dashboard delta is timed by bench_load.py against the send times written here).
+refused). Every `change_every`-th agent reports its workers idle and busy in turn, one heartbeat each (a
+report the database must store: a count that moves while busy is no change to it; its dashboard delta is
+timed by bench_load.py against the send times written here). With `busy`, the others' in-flight counts move
+every beat while they stay busy (a loaded cluster's reports).
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ async def agent(
                     }
                     for w in applied["workers"]
                 ]
-            return fixed_report(workers, generation, inflight=(beat % 2) + 1 if change else 1)
+            busy = (beat % 3) + 1 if cfg.get("busy") else 1  # serving: the count moves, the workers stay busy
+            return fixed_report(workers, generation, inflight=beat % 2 if change else busy)
 
         async def confirm(gen: int, workers: list[dict[str, Any]]) -> None:
             """Report a desired state as done (late, for a slow node; never, for a negative delay)."""

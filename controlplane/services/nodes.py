@@ -396,9 +396,18 @@ def _observed(message: Heartbeat) -> list[dict[str, Any]]:
     ]
 
 
+def _as_compared(observed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A report as the unchanged check sees it: each worker's in-flight count only as idle or busy. A serving
+    worker's count moves on nearly every beat, so with the count in it almost every heartbeat of a loaded
+    cluster was a database transaction. What acts on it needs only idleness (the drivers' routing facts,
+    the executor's drained checks); the exact count only breaks ties in the planner's choice of survivors,
+    which then uses the count of the node's last written report (it is written with any other change)."""
+    return [o | {"inflight": min(int(o.get("inflight", 0)), 1)} for o in observed]
+
+
 def _digest(message: Heartbeat) -> str:
     """A heartbeat's report (workers and the generation it applied), as one short string."""
-    body = json.dumps([message.generation, _observed(message)], sort_keys=True, separators=(",", ":"))
+    body = json.dumps([message.generation, _as_compared(_observed(message))], sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
 
 
@@ -428,7 +437,7 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
     """The heartbeat that reports what the database already holds: its lease is renewed in Redis, and no row
     is written (one read, no transaction), except the coarse row lease when less than one LEASE_S of it is
     left (one UPDATE, at most once per DB_REFRESH_S). None: anything differs (another socket, another epoch,
-    a recovering node, a new report, a record Redis lacks or that extends another row lease): the full,
+    a recovering node, a new report (beyond its in-flight counts: `_as_compared`), a record Redis lacks or that extends another row lease): the full,
     locked path decides, exactly as before."""
     row = (
         Node.objects.filter(pk=node_id)
@@ -443,7 +452,9 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
         or row.lease_expires is None
     ):
         return None
-    if row.applied_generation != min(message.generation, row.generation) or row.observed != _observed(message):
+    if row.applied_generation != min(message.generation, row.generation) or _as_compared(
+        row.observed or []
+    ) != _as_compared(_observed(message)):
         return None
     digest = _digest(message)
     now = timezone.now()

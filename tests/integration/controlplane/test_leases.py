@@ -122,6 +122,25 @@ def test_a_changed_report_writes_its_workers_in_one_statement_however_many() -> 
     assert sorted(Worker.objects.filter(pk__in=ids).values_list("inflight", flat=True)) == [1, 1, 1, 1]
 
 
+def test_an_in_flight_count_that_moves_while_busy_writes_nothing_and_going_idle_does() -> None:
+    """A serving worker's count moves on almost every beat: only its idleness is a change (what drivers
+    route by and the executor's drained checks read); the stored count is the last written report's."""
+    node = make_node("n1")
+    nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
+    for count in (5, 1, 7):
+        with CaptureQueriesContext(connection) as ctx:
+            nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=count))
+        assert writes(ctx) == [] and transactions(ctx) == [], (count, statements(ctx))
+    assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 3
+    with CaptureQueriesContext(connection) as ctx:
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=0))
+    assert any(s.startswith("UPDATE") for s in writes(ctx))
+    assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 0
+    with CaptureQueriesContext(connection) as ctx:  # busy again: a change too
+        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=2))
+    assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 2
+
+
 def test_a_changed_report_commits_without_waiting_for_the_wal_flush_and_a_registration_waits() -> None:
     """`nodes.relaxed_commit`: the heartbeat's transaction only (SET LOCAL); the session's setting, and so a
     registration's (a new epoch: fencing), stays the synchronous commit."""
