@@ -437,8 +437,8 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
     """The heartbeat that reports what the database already holds: its lease is renewed in Redis, and no row
     is written (one read, no transaction), except the coarse row lease when less than one LEASE_S of it is
     left (one UPDATE, at most once per DB_REFRESH_S). None: anything differs (another socket, another epoch,
-    a recovering node, a new report (beyond its in-flight counts: `_as_compared`), a record Redis lacks or that extends another row lease): the full,
-    locked path decides, exactly as before."""
+    a recovering node, a new report (beyond its in-flight counts: `_as_compared`), a record Redis lacks or
+    that extends another row lease): the full, locked path decides, exactly as before."""
     row = (
         Node.objects.filter(pk=node_id)
         .only("id", "epoch", "agent_channel", "generation", "applied_generation", "status", "observed", "lease_expires")

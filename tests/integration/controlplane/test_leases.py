@@ -106,7 +106,9 @@ def test_a_changed_report_writes_its_workers_in_one_statement_however_many() -> 
 
     def report(busy: int) -> Heartbeat:
         running = [
-            ObservedWorker(worker_id=w, role=Role.COLOCATED, activity=Activity.ACTIVE, state="running", inflight=int(k < busy))
+            ObservedWorker(
+                worker_id=w, role=Role.COLOCATED, activity=Activity.ACTIVE, state="running", inflight=int(k < busy)
+            )
             for k, w in enumerate(ids)
         ]
         return Heartbeat(epoch=node.epoch, generation=node.generation, workers=running)
