@@ -8,12 +8,13 @@ from typing import Any
 import torch
 
 
-def request_amx() -> bool:
+def request_amx() -> None:
     """Ask Linux for this process's AMX tile state (arch_prctl XTILEDATA) where the CPU has AMX: vLLM's CPU
     attention for bf16 runs AMX tile instructions and never asks, so on a Sapphire Rapids VM the engine core
     died with SIGILL at its first attention (gdb: `cpu_attn_amx.hpp`); torch asks only for its own oneDNN
     kernels. The engine core imports this module (its worker extension) before it runs the model."""
-    return bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+    if torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
 
 
 request_amx()
