@@ -236,16 +236,21 @@ def resend_bucket(rotate_s: float, node_id: int, now: float | None = None) -> in
     return token_bucket(rotate_s, (time.time() if now is None else now) - offset)
 
 
+def minted_bucket(token: str) -> int | None:
+    """The rotation period a weights token names (None: not a weights token's shape)."""
+    if not token.startswith(WEIGHTS_TOKEN_PREFIX) or len(token) > 128:
+        return None
+    bucket_text, _, _ = token[len(WEIGHTS_TOKEN_PREFIX) :].partition(".")
+    if not bucket_text.isascii() or not bucket_text.isdigit() or len(bucket_text) > 12:
+        return None
+    return int(bucket_text)
+
+
 def verify_weights_token(key: str, job: str, token: str, rotate_s: float, now: float | None = None) -> bool:
     """True for a token of this job's key from the current rotation period or either neighbour
     (clock skew between nodes); constant-time."""
-    if not key or not token.startswith(WEIGHTS_TOKEN_PREFIX) or len(token) > 128:
-        return False
-    bucket_text, _, _ = token[len(WEIGHTS_TOKEN_PREFIX) :].partition(".")
-    if not bucket_text.isascii() or not bucket_text.isdigit() or len(bucket_text) > 12:
-        return False
-    bucket = int(bucket_text)
-    if abs(bucket - token_bucket(rotate_s, now)) > 1:
+    bucket = minted_bucket(token)
+    if not key or bucket is None or abs(bucket - token_bucket(rotate_s, now)) > 1:
         return False
     try:
         expected = weights_token(key, job, bucket)

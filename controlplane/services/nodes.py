@@ -374,7 +374,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         if recovered:
             push_node(node.pk)
         if coarse:  # the next identical report renews in Redis only; a refused one comes back here
-            _renew_on_commit(node, digest="" if refused else _digest(message.generation, node.observed))
+            _renew_on_commit(node, digest="" if refused else _digest(message.generation, _as_compared(node.observed)))
     return HeartbeatResult(refused, node.generation)
 
 
@@ -405,10 +405,9 @@ def _as_compared(observed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o | {"inflight": min(int(o.get("inflight", 0)), 1)} for o in observed]
 
 
-def _digest(generation: int, observed: list[dict[str, Any]]) -> str:
-    """A report (the generation it applied, its workers as `_observed` stores them, compared as
-    `_as_compared` does), as one short string."""
-    body = json.dumps([generation, _as_compared(observed)], sort_keys=True, separators=(",", ":"))
+def _digest(generation: int, compared: list[dict[str, Any]]) -> str:
+    """A report (the generation it applied, its workers `_as_compared`), as one short string."""
+    body = json.dumps([generation, compared], sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
 
 
@@ -453,12 +452,11 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
         or row.lease_expires is None
     ):
         return None
-    observed = _observed(message)
-    if row.applied_generation != min(message.generation, row.generation) or _as_compared(
-        row.observed or []
-    ) != _as_compared(observed):
+    compared = _as_compared(_observed(message))
+    applied = min(message.generation, row.generation)
+    if row.applied_generation != applied or _as_compared(row.observed or []) != compared:
         return None
-    digest = _digest(message.generation, observed)
+    digest = _digest(message.generation, compared)
     now = timezone.now()
     expires = now.timestamp() + leases.lease_s()
     current = leases.Holder(
@@ -487,7 +485,7 @@ def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> Heart
 def report_digest(message: Heartbeat) -> str:
     """What identifies a heartbeat's report (its workers and the generation it applied): an agent socket
     compares it with its last accepted one before trying `renew_in_redis`."""
-    return _digest(message.generation, _observed(message))
+    return _digest(message.generation, _as_compared(_observed(message)))
 
 
 async def renew_in_redis(*, node_id: int, message: Heartbeat, channel: str, digest: str) -> int | None:

@@ -152,7 +152,8 @@ async def test_tokens_rotate_with_the_next_heartbeat(settings):
     await receive_until(rws, "desired_state")
     await tws.send_json_to(hb(treg["epoch"], [observed(trainer.pk, "training", endpoint="http://127.0.0.1:7001")]))
     first = (await receive_until(rws, "desired_state"))["workers"][0]["weights_token"]
-    minted = int(first[len(link.WEIGHTS_TOKEN_PREFIX) :].partition(".")[0])
+    minted = link.minted_bucket(first)
+    assert minted is not None
     # the node resends at its own boundary (offset under half a period), and a token minted between the
     # period's boundary and the node's is still the current period's at that resend: wait for both
     start = link.resend_bucket(0.5, rreg["node_id"])
