@@ -671,8 +671,7 @@ def hetero_rows(model: str, pool: dict[str, int], kv_cost: float = 1.0) -> dict[
             new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
         )
         co[h] = replace(c, bandwidth=c.bandwidth * scale)
-    # PEARL's own reading (its sticky router spreads a colocated batch evenly over every chip: `even_colocation`)
-    d = decide_mixed(w, co, pool, lambda a, b: link_bytes_per_s(a, b) * scale, even_colocation=True)
+    d = decide_mixed(w, co, pool, lambda a, b: link_bytes_per_s(a, b) * scale)
     homo = best_homogeneous(list(d.candidates))
     pools = [(co[h], k) for h, k in pool.items()]
     spread, balanced = predict_colocated_spread(w, pools), predict_colocated_balanced(w, pools)
@@ -696,8 +695,9 @@ def hetero_section(md: list[str]) -> None:
         "`core.decision.decide_mixed`; closed forms only, the simulated runs follow below). RLBoost+ / B-only = "
         "every worker colocated (homogeneous-minded): 'balanced' "
         "gives each chip type the share of the batch that makes all types finish together (what RLBoost+'s "
-        "join-the-shortest-queue dispatch tends to; `predict_colocated_balanced`), 'even' spreads it evenly "
-        "(B-only's sticky dispatch, the slowest type sets the makespan; `predict_colocated_spread`); "
+        "join-the-shortest-queue dispatch and the sticky router's rate-weighted homing tend to; "
+        "`predict_colocated_balanced`, PEARL's price of a mixed colocated pool), 'even' spreads it evenly (a "
+        "router homing by count alone, the slowest type sets the makespan; `predict_colocated_spread`); "
         "best-homogeneous = the best candidate on one chip type; the oracle over "
         "closed forms is PEARL's choice by construction, so it is not a separate column. Parts = prefill, KV "
         "transfer, decode path (s); the step also carries 50 s of tool time.\n"

@@ -159,7 +159,7 @@ class RolloutDriver(EpisodeRunner):
         for wid, w in new.items():
             old = self.workers.get(wid)
             if old is None or old.role != w.role or old.endpoint != w.endpoint:
-                self._feed(lp.WorkerReady(now, wid, Role(w.role), overlap=w.overlap, gpus=w.gpus))
+                self._feed(lp.WorkerReady(now, wid, Role(w.role), overlap=w.overlap, gpus=w.gpus, rate=w.rate))
         self.workers = new
         if len(self.clients) > len(new):  # clients of endpoints gone (a restarted worker serves on a new port)
             live = {w.endpoint for w in new.values()}

@@ -24,7 +24,6 @@ from controlplane.core.predictor import (
     disaggregated_table,
     predict_colocated,
     predict_colocated_balanced,
-    predict_colocated_spread,
     predict_cross,
 )
 from controlplane.core.profiles import EngineCoefficients
@@ -670,8 +669,6 @@ def evaluate_mixed(
     workers: Mapping[str, int],
     link: LinkBandwidth,
     rule: FeasibilityRule = FeasibilityRule(),
-    *,
-    even_colocation: bool = False,
 ) -> list[Candidate]:
     """Every candidate over a mixed pool of `workers[type]` workers per chip type.
 
@@ -712,12 +709,9 @@ def evaluate_mixed(
             )
     if len(types) > 1:
         # every worker colocated with the batch balanced across the types (so they finish together), labelled
-        # with every type, e.g. '8C(H20+H800)': the best all-colocated placement, and what a homogeneous-minded
-        # policy with join-the-shortest-queue dispatch tends to
-        # even_colocation: a router that homes each trajectory on the worker with the fewest (PEARL's sticky
-        # dispatch) spreads the batch evenly whatever the chip, so the slowest type sets the makespan
-        colocate = predict_colocated_spread if even_colocation else predict_colocated_balanced
-        sp = colocate(workload, [(coeffs[h], int(workers[h])) for h in types])
+        # with every type, e.g. '8C(H20+H800)': what the sticky router's rate-weighted homing (`serving_rates`)
+        # and join-the-shortest-queue dispatch both tend to
+        sp = predict_colocated_balanced(workload, [(coeffs[h], int(workers[h])) for h in types])
         out.append(
             Candidate.of(
                 Configuration.colocated(sp.configuration.total, "+".join(types)),
@@ -778,7 +772,6 @@ def decide_mixed(
     thresholds: Thresholds | None = None,
     rule: FeasibilityRule | None = None,
     allow: Callable[[Candidate], bool] | None = None,
-    even_colocation: bool = False,
 ) -> MixedDecision:
     """Choose the rollout configuration on a mixed pool, with `decide`'s hysteresis.
 
@@ -788,7 +781,7 @@ def decide_mixed(
     is the incumbent and the switch is forced, as `decide` does on a budget change. `allow` keeps only the
     candidates it accepts."""
     th = thresholds or Thresholds()
-    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule(), even_colocation=even_colocation)
+    cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule())
     if allow is not None:  # e.g. `single_type`: the best-homogeneous baseline plans over one chip type only
         cands = [c for c in cands if allow(c)]
     best = _best_mixed(cands)

@@ -134,6 +134,8 @@ class WorkerView:
     overlap: bool = False  # on a borrowed training GPU
     gpus: int = field(default=1, metadata=bounded(1, 64))
     weight_version: int = field(default=0, metadata=bounded(0))
+    # its chip's speed relative to the job's fastest (`predictor.serving_rates`): the sticky router homes by it
+    rate: float = field(default=1.0, metadata=bounded(0.001, 1.0))
 
 
 @dataclass(frozen=True, slots=True)

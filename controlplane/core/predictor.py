@@ -9,10 +9,11 @@ split N_P = 1..N−1 in closed form at once, which keeps `decide()` O(N) numpy w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from controlplane.core.profiles import EngineCoefficients
+from controlplane.core.profiles import EngineCoefficients, get_profile
 from controlplane.core.state import Configuration, Mode
 
 
@@ -389,6 +390,42 @@ def predict_colocated_balanced(workload: WorkloadProfile, pools: list[tuple[Engi
     return Prediction(config, makespan, prefill, decode, 0.0, w.env_time_s, overhead, fits, why, w.scale_colocated)
 
 
+# A colocated worker's share of the batch at which `serving_rates` compares chips: the paper's BS64 over its
+# 8 rollout workers. Prefill dominates the SWE-like turn (29 : 1), so the ratios barely move with it.
+RATE_SHARE = 8.0
+
+
+def serving_rates(workload: WorkloadProfile, coeffs: dict[str, EngineCoefficients]) -> dict[str, float]:
+    """Each chip type's speed as a colocated worker, relative to the fastest (1.0): trajectory turns per second
+    at `RATE_SHARE` trajectories, from Eq. 1's per-worker terms. The sticky router homes trajectories in
+    proportion to it, so a mixed colocated pool runs as `predict_colocated_balanced` prices it (with every
+    worker homed alike, the slowest chip held an even share and the step's tail)."""
+    w, b = workload, RATE_SHARE
+
+    def turns_per_s(c: EngineCoefficients) -> float:
+        pre = b * w.new_prompt_tokens * c.t_prefill * c.prefill_interference
+        return b / (pre + w.generated_tokens * float(c.decode_iteration_s(b)))
+
+    speed = {h: turns_per_s(c) for h, c in coeffs.items()}
+    top = max(speed.values(), default=1.0)
+    return {h: v / top for h, v in speed.items()}
+
+
+@lru_cache(maxsize=256)
+def prior_serving_rates(model: str, hardware: tuple[str, ...], tp: int, max_trajectory_tokens: int) -> dict[str, float]:
+    """`serving_rates` of a job's chip types from their profiles (the prior, the SWE-bench-like workload), keyed
+    by the upper-cased name: what the simulator and the control plane both give the router, so a mixed pool is
+    homed alike in both. The caller must not change the dict (it is cached)."""
+    w = swe_bench_workload(64, max_trajectory_tokens)
+    co = {
+        h: get_profile(h, model, tp).coefficients(
+            new_tokens=w.new_prompt_tokens, prefix=w.prefix_tokens, mean_context=w.mean_context
+        )
+        for h in {h.upper() for h in hardware}
+    }
+    return serving_rates(w, co)
+
+
 def predict(
     workload: WorkloadProfile,
     coeffs: EngineCoefficients,
@@ -401,6 +438,7 @@ def predict(
 
 
 __all__ = [
+    "RATE_SHARE",
     "SWE_BENCH_PROMPT_TO_GENERATED",
     "DisaggregatedTable",
     "FeasibilityRule",
@@ -416,5 +454,7 @@ __all__ = [
     "predict_colocated_spread",
     "predict_cross",
     "predict_disaggregated",
+    "prior_serving_rates",
+    "serving_rates",
     "swe_bench_workload",
 ]

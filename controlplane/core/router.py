@@ -2,7 +2,9 @@
 
 Colocated: sticky per trajectory (its prefix cache lives on its home worker) unless the home is
 clearly overloaded; a new or re-homed trajectory goes to the worker with the fewest homed
-trajectories. Disaggregated: the prefill worker is chosen the same way (it holds the prompt's
+trajectories per unit of its speed (`rate`: its chip's, relative to the job's fastest; 1 on one chip
+type), so a mixed pool's chips finish together and a straggler leaves a slow chip for a fast one with
+room. Disaggregated: the prefill worker is chosen the same way (it holds the prompt's
 prefix cache); after the prefill, the KV cache goes to the decode worker with the shortest queue
 (join-shortest-queue on in-flight decodes). Pure bookkeeping, no I/O: the simulator and the live
 rollout driver route through the same object inside `core.loop.RolloutLoop`.
@@ -19,7 +21,8 @@ from dataclasses import dataclass, field
 
 from controlplane.core.state import Mode, Role
 
-STICKY_SLACK = 2  # keep the home while it has at most this many more homed trajectories than the best
+# keep the home while its homed trajectories per unit of speed are at most the best's with this many more
+STICKY_SLACK = 2
 
 
 @dataclass(slots=True)
@@ -33,12 +36,15 @@ class Router:
     home: dict[str, int] = field(default_factory=dict)  # trajectory -> home worker
     decoding: dict[int, int] = field(default_factory=dict)  # decode worker -> decodes routed, not finished
     role_of: dict[int, Role] = field(default_factory=dict)  # serving worker -> role
+    rate: dict[int, float] = field(default_factory=dict)  # serving worker -> relative speed (absent: 1)
 
     # ------------------------------------------------------------------ membership
-    def add(self, worker: int, role: Role) -> None:
+    def add(self, worker: int, role: Role, rate: float = 1.0) -> None:
         """`worker` serves `role` from now on (joined, activated or re-roled)."""
         self.remove(worker)
         self.role_of[worker] = role
+        if rate != 1.0:
+            self.rate[worker] = rate
         lst = self.serving[role]
         lst.append(worker)
         lst.sort()
@@ -48,6 +54,7 @@ class Router:
         role = self.role_of.pop(worker, None)
         if role is not None:
             self.serving[role].remove(worker)
+        self.rate.pop(worker, None)
 
     @property
     def mode(self) -> Mode | None:
@@ -69,14 +76,14 @@ class Router:
         pool = self.serving[Role.COLOCATED] if mode is Mode.COLOCATED else self.serving[Role.PREFILL]
         if load is not None:
             return self._pick_jsq(trajectory, pool, load, cap)
-        homed = self.homed
-        best = min(pool, key=lambda w: (homed.get(w, 0), w))
+        homed, rate = self.homed, self.rate
+        best = min(pool, key=lambda w: ((homed.get(w, 0) + 1) / rate.get(w, 1.0), w))
         cur = self.home.get(trajectory)
         if (
             cur is not None
             and cur in self.role_of
             and self.role_of[cur] is self.role_of[best]
-            and homed.get(cur, 0) <= homed.get(best, 0) + STICKY_SLACK
+            and homed.get(cur, 0) / rate.get(cur, 1.0) <= (homed.get(best, 0) + STICKY_SLACK) / rate.get(best, 1.0)
         ):
             return cur
         return self._rehome(trajectory, best)

@@ -10,6 +10,7 @@ from django.db.models import Count
 
 from controlplane.core import driver_link as dl
 from controlplane.core.policies import policy_class
+from controlplane.core.predictor import prior_serving_rates
 from controlplane.core.profiles import dispatch_cap, get_profile
 from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.models import Decision, Job, Worker
@@ -92,6 +93,8 @@ def cluster_view(job: Job) -> dl.ClusterView:
     # only workers holding the latest published weights get turns (RLBoost, PEARL: lazy pull, then
     # admission): whatever step is in flight, its requests then never find a worker too far behind
     min_version = job.weight_version
+    chips = tuple(sorted({h.upper() for h in (job.hardware, *job.rollout_hardware)}))
+    rates = prior_serving_rates(job.model, chips, job.tp, job.max_trajectory_tokens) if len(chips) > 1 else {}
     workers = [
         dl.WorkerView(
             worker=w.slot,
@@ -100,6 +103,7 @@ def cluster_view(job: Job) -> dl.ClusterView:
             overlap=w.zone == Zone.OVERLAP,
             gpus=max(1, w.gpu_count),
             weight_version=int((observed(w) or {}).get("weight_version", 0)),
+            rate=rates.get(w.node.hardware.upper(), 1.0),
         )
         for w in (
             Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE)

@@ -190,7 +190,8 @@ class Transitions(WorldState):
         slot.state = SERVING
         slot.worker.serving = True
         self.log(t, "ready")
-        self.feed(lp.WorkerReady(t, slot.wid, slot.role, overlap=slot.pool == "overlap", gpus=self.tp))  # type: ignore[arg-type]
+        rate = self.rates.get(slot.hardware, 1.0) if self.mixed else 1.0
+        self.feed(lp.WorkerReady(t, slot.wid, slot.role, overlap=slot.pool == "overlap", gpus=self.tp, rate=rate))  # type: ignore[arg-type]
 
     def leave_serving(self, slot: Slot, t: float, why: str) -> None:
         if slot.worker.serving and slot.wid is not None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from controlplane.core.batching import EngineCosts, IterationScheduler, Request
 from controlplane.core.placement import lowest_free_slots
+from controlplane.core.predictor import prior_serving_rates
 from controlplane.core.profiles import Profile
 from controlplane.core.state import Pool, Role
 from controlplane.core.telemetry import TelemetryRecord
@@ -112,6 +113,9 @@ class WorldState:
         self.rollout_hw = cl.hardware.upper()
         self.training_hw = (cl.training_hardware or cl.hardware).upper()
         self.elastic_hw = tuple(h.upper() for h in cl.elastic_hardware)
+        # each chip's relative speed, which the sticky router homes trajectories by (as the control plane does)
+        chips = tuple(sorted({self.rollout_hw, self.training_hw, *self.elastic_hw}))
+        self.rates = prior_serving_rates(sc.model, chips, self.tp, sc.workload.max_length) if self.mixed else {}
         self.prefix_reuse = sc.workload.prefix_reuse
         self.push = sim.push
         self.feed: Callable[[Any], None] = sim.feed

@@ -338,7 +338,7 @@ class RolloutLoop:
             if self.training_active:
                 return  # never route to a training GPU while the trainer owns it
             self.overlap.setdefault(ev.worker, (ev.now_s, ev.gpus))
-        self.router.add(ev.worker, ev.role)
+        self.router.add(ev.worker, ev.role, ev.rate)
         self._flush(ev.now_s)
 
     def _on_worker_gone(self, ev: WorkerGone) -> None:

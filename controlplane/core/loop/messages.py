@@ -100,6 +100,7 @@ class WorkerReady:
     role: Role
     overlap: bool = False
     gpus: int = 1
+    rate: float = 1.0  # relative serving speed (its chip's): the sticky router homes trajectories in proportion
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,7 +243,7 @@ class PearlPolicy(TrackedPolicy):
     ) -> float:
         if sum(pool.values()) <= 0:
             return math.inf
-        d = decide_mixed(w, co, pool, self._link(), even_colocation=self.dispatch == "sticky", allow=allow)
+        d = decide_mixed(w, co, pool, self._link(), allow=allow)
         return d.predicted_makespan_s
 
     def _on_event_mixed(self, ctx: PolicyContext) -> PolicyAction:
@@ -325,7 +325,6 @@ class PearlPolicy(TrackedPolicy):
                 co,
                 pool,
                 self._link(),
-                even_colocation=self.dispatch == "sticky",
                 current=cfg,
                 thresholds=Thresholds(math.inf, math.inf),
             )
@@ -372,7 +371,6 @@ class PearlPolicy(TrackedPolicy):
             co,
             pool,
             self._link(),
-            even_colocation=self.dispatch == "sticky",
             current=current,
             thresholds=th,
             allow=allow,
@@ -383,7 +381,6 @@ class PearlPolicy(TrackedPolicy):
                 co,
                 pool,
                 self._link(),
-                even_colocation=self.dispatch == "sticky",
                 current=current,
                 thresholds=th,
                 allow=self.allow,
@@ -422,7 +419,6 @@ class PearlPolicy(TrackedPolicy):
         co_full = {**co, oh: trackers.by_type[oh].coefficients(w)[0]}
         full = dict(pool)
         full[oh] = full.get(oh, 0) + n_ovl
-        even = self.dispatch == "sticky"
 
         def best(cands: list[Candidate]) -> dict[str, float]:
             out: dict[str, float] = {}
@@ -432,8 +428,8 @@ class PearlPolicy(TrackedPolicy):
                     out[g] = min(out.get(g, math.inf), c.makespan_s)
             return out
 
-        t_ded = best(evaluate_mixed(w, co, pool, self._link(), even_colocation=even))
-        t_full = best(evaluate_mixed(w, co_full, full, self._link(), even_colocation=even))
+        t_ded = best(evaluate_mixed(w, co, pool, self._link()))
+        t_full = best(evaluate_mixed(w, co_full, full, self._link()))
         if not t_ded:
             return None, ""
         step = {g: t if t <= t1 else t1 + (1.0 - t1 / t) * min(t_full.get(g, t), t) for g, t in t_ded.items()}
@@ -503,9 +499,9 @@ def _types(cfg: Configuration) -> set[str]:
 def _keeps_running(cand: Configuration, cur: Configuration, present: set[str]) -> bool:
     """Mid-step, a colocated configuration keeps every chip type it runs on that the pool still has: only the
     pool takes running workers away (preemption, Training Begin). Dropping a running worker re-homes its
-    trajectories, whose prefix caches are lost and re-prefilled elsewhere (a cost Eq. 1 does not price), and
-    the even spread that makes dropping a slower type look better overstates its share: the sticky router
-    re-homes a lagging worker's trajectories once it holds STICKY_SLACK more than the least-loaded one."""
+    trajectories, whose prefix caches are lost and re-prefilled elsewhere (a cost Eq. 1 does not price). The
+    balanced price (the router homes by chip speed) never prices a subset of the types faster than all of
+    them, so this rule now only guards that invariant: a drop would lose caches no candidate's price holds."""
     if cand.mode is not Mode.COLOCATED or cur.mode is not Mode.COLOCATED:
         return True
     return (_types(cur) & present) <= _types(cand) or not _types(cur)

@@ -133,3 +133,24 @@ def test_a_tp_group_never_mixes_types_on_a_node_with_two_kinds_of_slot():
     units = planner._free_units(2, ["H800", "H20"])
     groups = {u.hardware: cast("tuple[str, int, tuple[int, ...]]", u.key)[2] for u in units}
     assert groups == {"H800": (0, 2), "H20": (1, 3)}
+
+
+def test_the_driver_is_told_each_workers_chip_speed_so_the_router_homes_by_it():
+    """The driver's view gives each serving worker its chip's relative speed (the prior's `serving_rates`, the
+    same the simulator gives its router)."""
+    from controlplane.core.predictor import prior_serving_rates
+    from controlplane.selectors.driver import cluster_view
+
+    make_node("res-h20", slots=4, hardware="H20")
+    make_node("train-h800", pool="training", slots=4, hardware="H800")
+    job = make_job(**(BASE | {"hardware_types": ["H800", "H20"], "rollout_gpus": 4}))
+    run_transition(planner.plan_job(job_id=job.pk, signal="step_start"))
+    workers = Worker.objects.filter(job=job, alive=True).exclude(role="training").select_related("node")
+    views = {v.worker: v for v in cluster_view(job).workers}
+    assert views, "no serving worker to check"
+    rates = prior_serving_rates("qwen3-8b", ("H20", "H800"), 2, job.max_trajectory_tokens)
+    assert rates["H800"] == 1.0 and 0.0 < rates["H20"] < 0.5  # an H20 has ~15% of an H800's compute
+    for w in workers:
+        if w.slot in views:
+            assert views[w.slot].rate == pytest.approx(rates[w.node.hardware.upper()])
+    assert {views[w.slot].rate for w in workers if w.slot in views and w.node.hardware == "H20"} == {rates["H20"]}

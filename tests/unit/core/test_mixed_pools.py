@@ -339,3 +339,56 @@ def test_per_type_trackers_correct_only_their_own_type() -> None:
     assert fitted["H800"] == prior["H800"]
     with pytest.raises(ValueError, match="A100"):
         tr.observe(decode_iteration(running_batch=1, duration_s=0.01), "A100")
+
+
+def test_the_sticky_router_homes_by_chip_speed_and_moves_a_straggler_off_a_slow_chip() -> None:
+    """Rate-weighted homing (`serving_rates`): a worker four times as fast takes four times the trajectories, and
+    a trajectory left on the slow chip moves to an idle fast one (equal rates: the count rule, unchanged)."""
+    from controlplane.core.router import Router
+
+    r = Router()
+    r.add(0, Role.COLOCATED)  # fast: rate 1
+    r.add(1, Role.COLOCATED, 0.25)
+    homes = [r.pick_first(f"t{i}") for i in range(10)]
+    assert homes.count(0) == 8 and homes.count(1) == 2
+    for i in range(10):  # the fast worker's trajectories all end; one homed on the slow worker is left
+        if homes[i] == 0 or i != homes.index(1):
+            r.unhome(f"t{i}")
+    assert r.pick_first(f"t{homes.index(1)}") == 0  # 1 / 0.25 > (0 + STICKY_SLACK) / 1: re-homed
+    same = Router()
+    same.add(0, Role.COLOCATED)
+    same.add(1, Role.COLOCATED)
+    assert [same.pick_first(f"t{i}") for i in range(4)] == [0, 1, 0, 1]
+    assert same.pick_first("t0") == 0  # home kept within the slack
+
+
+def test_serving_rates_follow_each_chips_roofline() -> None:
+    from controlplane.core.predictor import prior_serving_rates, serving_rates
+
+    w = swe_bench_workload(64)
+    rates = serving_rates(w, {h: _coeffs(h, "qwen3-8b", w) for h in CHIPS})
+    assert rates["H800"] == 1.0 and rates["H20"] < rates["A100"] < 1.0  # prefill-bound: compute orders them
+    assert prior_serving_rates("qwen3-8b", ("h20", "H800", "A100"), 2, 32768) == pytest.approx(rates)
+
+
+def test_a_workers_rate_crosses_the_driver_link_and_reaches_the_loops_router() -> None:
+    from controlplane.core import driver_link as dl
+    from controlplane.core import loop as lp
+
+    job = dl.JobView("j", "calculator", "tiny", "emulated", 4, 2, 1, 4096, 30.0)
+    view = dl.ClusterView(
+        workers=[dl.WorkerView(3, Role.COLOCATED, "http://w", rate=0.2)],
+        weight_version=0,
+        training_active=False,
+        borrowed=0,
+    )
+    msg = dl.dump(dl.Welcome(job=job, cluster=view, dataplane_token="t"))
+    assert dl.parse_control_message(msg).cluster.workers[0].rate == 0.2
+    msg["cluster"]["workers"][0]["rate"] = 0.0  # a worker that never gets a turn is no worker: refused
+    with pytest.raises(ValueError, match="rate"):
+        dl.parse_control_message(msg)
+    loop = lp.RolloutLoop(lp.LoopConfig(batch_size=4))
+    loop.handle(lp.WorkerReady(0.0, 3, Role.COLOCATED, rate=0.2))
+    assert loop.router.rate == {3: 0.2}
+    loop.handle(lp.WorkerGone(1.0, 3, "stop"))
+    assert loop.router.rate == {}
