@@ -881,6 +881,7 @@ HETERO_FORECAST_POOLS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3-30b-a3b", ("A100",)),
     ("qwen3-8b", ("H20", "A100")),
 )
+HETERO_FORECAST_CHIPS: tuple[str, ...] = ("H20", "A100")
 
 
 def hetero_forecast_section(md: list[str]) -> None:
@@ -895,6 +896,10 @@ def hetero_forecast_section(md: list[str]) -> None:
         "other mode, scored against the same batches run pinned to it (`sim/forecast.py`). Targets: <= 15% running, "
         "<= 25% not running.\n"
     )
+
+    def pct_or_dash(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1f}%"
+
     md.append("| model | pool | running (steps) | MAPE running | other mode forecast (steps) | MAPE other |")
     md.append("|---|---|---|---|---|---|")
     for model, chips in HETERO_FORECAST_POOLS:
@@ -910,12 +915,31 @@ def hetero_forecast_section(md: list[str]) -> None:
             ran[p["running"]] = ran.get(p["running"], 0) + 1
             fc[p["forecast"]] = fc.get(p["forecast"], 0) + 1
 
-        def pct_or_dash(v: float | None) -> str:
-            return "—" if v is None else f"{v:.1f}%"
-
         md.append(
             f"| {model} | 2 H800 + 4 {'/'.join(chips)} | {_top(ran, 2)} ({r['n_own'][running]}) "
             f"| {pct_or_dash(r['own'][running])} | {_top(fc, 2)} ({r['n_other'][other]}) "
+            f"| {pct_or_dash(r['other'][other])} |"
+        )
+    md.append("")
+    md.append(
+        "Per chip type: the same measure on a constant pool of one elastic chip type alone (6 workers, 12 GPUs), "
+        "each chip's own engine and tracker.\n"
+    )
+    md.append("| model | pool | running (steps) | MAPE running | other mode forecast (steps) | MAPE other |")
+    md.append("|---|---|---|---|---|---|")
+    for model, chip in [(m, c) for m in MODELS for c in HETERO_FORECAST_CHIPS]:
+        base = get_scenario(f"hetero-{model}-seg1-mixed")
+        cl = replace(base.cluster, hardware=chip, reserved_gpus=12, preemptible_gpus=0, elastic_hardware=())
+        r = forecast_accuracy(replace(base, name=f"const-{model}-{chip}", cluster=cl, trace=base.trace.constant(12)))
+        ran, fc = {}, {}
+        for p in r["pairs"]:
+            ran[p["running"]] = ran.get(p["running"], 0) + 1
+            fc[p["forecast"]] = fc.get(p["forecast"], 0) + 1
+        running = max(r["n_own"], key=lambda m: r["n_own"][m])
+        other = "colocated" if running == "disaggregated" else "disaggregated"
+        md.append(
+            f"| {model} | 6 {chip} | {_top(ran, 2) or running} ({r['n_own'][running]}) "
+            f"| {pct_or_dash(r['own'][running])} | {_top(fc, 2) or '—'} ({r['n_other'][other]}) "
             f"| {pct_or_dash(r['other'][other])} |"
         )
     md.append("")
