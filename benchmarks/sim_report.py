@@ -896,53 +896,50 @@ def hetero_forecast_section(md: list[str]) -> None:
         "other mode, scored against the same batches run pinned to it (`sim/forecast.py`). Targets: <= 15% running, "
         "<= 25% not running.\n"
     )
-
-    def pct_or_dash(v: float | None) -> str:
-        return "—" if v is None else f"{v:.1f}%"
-
-    md.append("| model | pool | running (steps) | MAPE running | other mode forecast (steps) | MAPE other |")
-    md.append("|---|---|---|---|---|---|")
+    md.append(FORECAST_HEADER)
     for model, chips in HETERO_FORECAST_POOLS:
         base = get_scenario(f"hetero-{model}-seg1-mixed")
         cl = replace(base.cluster, reserved_gpus=4, preemptible_gpus=8, elastic_hardware=chips)
         sc = replace(base, name=f"const-{model}-{'+'.join(chips)}", cluster=cl, trace=base.trace.constant(12))
-        r = forecast_accuracy(sc)
-        running = max(r["n_own"], key=lambda m: r["n_own"][m])
-        other = "colocated" if running == "disaggregated" else "disaggregated"
-        ran: dict[str, int] = {}
-        fc: dict[str, int] = {}
-        for p in r["pairs"]:
-            ran[p["running"]] = ran.get(p["running"], 0) + 1
-            fc[p["forecast"]] = fc.get(p["forecast"], 0) + 1
-
-        md.append(
-            f"| {model} | 2 H800 + 4 {'/'.join(chips)} | {_top(ran, 2)} ({r['n_own'][running]}) "
-            f"| {pct_or_dash(r['own'][running])} | {_top(fc, 2)} ({r['n_other'][other]}) "
-            f"| {pct_or_dash(r['other'][other])} |"
-        )
+        md.append(_forecast_row(model, f"2 H800 + 4 {'/'.join(chips)}", forecast_accuracy(sc)))
     md.append("")
     md.append(
         "Per chip type: the same measure on a constant pool of one elastic chip type alone (6 workers, 12 GPUs), "
         "each chip's own engine and tracker.\n"
     )
-    md.append("| model | pool | running (steps) | MAPE running | other mode forecast (steps) | MAPE other |")
-    md.append("|---|---|---|---|---|---|")
+    md.append(FORECAST_HEADER)
     for model, chip in [(m, c) for m in MODELS for c in HETERO_FORECAST_CHIPS]:
         base = get_scenario(f"hetero-{model}-seg1-mixed")
         cl = replace(base.cluster, hardware=chip, reserved_gpus=12, preemptible_gpus=0, elastic_hardware=())
-        r = forecast_accuracy(replace(base, name=f"const-{model}-{chip}", cluster=cl, trace=base.trace.constant(12)))
-        ran, fc = {}, {}
-        for p in r["pairs"]:
-            ran[p["running"]] = ran.get(p["running"], 0) + 1
-            fc[p["forecast"]] = fc.get(p["forecast"], 0) + 1
-        running = max(r["n_own"], key=lambda m: r["n_own"][m])
-        other = "colocated" if running == "disaggregated" else "disaggregated"
-        md.append(
-            f"| {model} | 6 {chip} | {_top(ran, 2) or running} ({r['n_own'][running]}) "
-            f"| {pct_or_dash(r['own'][running])} | {_top(fc, 2) or '—'} ({r['n_other'][other]}) "
-            f"| {pct_or_dash(r['other'][other])} |"
-        )
+        sc = replace(base, name=f"const-{model}-{chip}", cluster=cl, trace=base.trace.constant(12))
+        md.append(_forecast_row(model, f"6 {chip}", forecast_accuracy(sc)))
     md.append("")
+
+
+FORECAST_HEADER = (
+    "| model | pool | running (steps) | MAPE running | other mode forecast (steps) | MAPE other |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+def _forecast_row(model: str, pool: str, r: dict[str, Any]) -> str:
+    """One row of a forecast table from `sim.forecast.forecast_accuracy`: the mode that ran most and the other."""
+    running = max(r["n_own"], key=lambda m: r["n_own"][m])
+    other = "colocated" if running == "disaggregated" else "disaggregated"
+    ran: dict[str, int] = {}
+    fc: dict[str, int] = {}
+    for p in r["pairs"]:
+        ran[p["running"]] = ran.get(p["running"], 0) + 1
+        fc[p["forecast"]] = fc.get(p["forecast"], 0) + 1
+
+    def pct_or_dash(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1f}%"
+
+    return (
+        f"| {model} | {pool} | {_top(ran, 2) or running} ({r['n_own'][running]}) "
+        f"| {pct_or_dash(r['own'][running])} | {_top(fc, 2) or '—'} ({r['n_other'][other]}) "
+        f"| {pct_or_dash(r['other'][other])} |"
+    )
 
 
 def main() -> int:

@@ -391,7 +391,7 @@ def predict_colocated_balanced(workload: WorkloadProfile, pools: list[tuple[Engi
 
 
 # A colocated worker's share of the batch at which `serving_rates` compares chips: the paper's BS64 over its
-# 8 rollout workers. Prefill dominates the SWE-like turn (29 : 1), so the ratios barely move with it.
+# 8 rollout workers.
 RATE_SHARE = 8.0
 
 

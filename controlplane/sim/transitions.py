@@ -190,7 +190,7 @@ class Transitions(WorldState):
         slot.state = SERVING
         slot.worker.serving = True
         self.log(t, "ready")
-        rate = self.rates.get(slot.hardware, 1.0) if self.mixed else 1.0
+        rate = self.rates.get(slot.hardware, 1.0)  # {} on one chip type: every rate 1
         self.feed(lp.WorkerReady(t, slot.wid, slot.role, overlap=slot.pool == "overlap", gpus=self.tp, rate=rate))  # type: ignore[arg-type]
 
     def leave_serving(self, slot: Slot, t: float, why: str) -> None:
