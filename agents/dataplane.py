@@ -26,6 +26,10 @@ MAX_WEIGHT_BYTES = 8 << 30
 MAX_PROMPT_TOKENS = 32768  # Qwen3's native context, the simulator's default max_length
 MAX_NEW_TOKENS = MAX_PROMPT_TOKENS  # a turn's response may fill what the context leaves
 MAX_ID_LEN = 128
+# listen(2)'s queue of connections not yet accepted (the kernel caps it at net.core.somaxconn). aiohttp's
+# default, 128, overflows when a step's B·G trajectories (or agents) connect at once, and each dropped SYN
+# is retried after a second: 1 s added to those turns (benchmarks/bench_gateway.py, 1,024 sessions).
+LISTEN_BACKLOG = 4096
 
 ROLES = ("prefill", "decode", "colocated", "training")
 FINISH_REASONS = ("stop", "length", "abort")

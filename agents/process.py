@@ -315,9 +315,11 @@ async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, 
     where `stop` is set by SIGTERM or SIGINT. The caller finishes its work and cleans the runner up."""
     from aiohttp import web
 
+    from agents.dataplane import LISTEN_BACKLOG
+
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     stop = asyncio.Event()

@@ -1,6 +1,7 @@
 """The gateway's overhead per turn against calling the worker data plane directly (issue 19).
 
-    .venv/bin/python benchmarks/bench_gateway.py [--sessions 1,64,1024] [--turns 3] [--json out.json]
+    .venv/bin/python benchmarks/bench_gateway.py [--sessions 1,64,1024] [--turns 3] [--time-factor 0.02]
+        [--max-tokens 16] [--min-tokens N] [--tool-seconds 0] [--json out.json]
 
 Three processes: an engine worker (`python -m agents.worker`, emulated engine, so a turn costs little
 CPU), the gateway (this process, as in a rollout driver) and the load generator (its own process, so its
@@ -9,11 +10,23 @@ trajectories twice, side by side in one run: straight to the worker's `/generate
 token ids (what the driver does for a built-in environment), then as OpenAI chat sessions through the
 gateway (messages in, ChatML-templated, tokens accounted). Reported per turn, p50 / p95:
   * client latency direct vs through the gateway, and their difference;
+  * the gateway's overhead paired per request: the client's latency less the response's
+    `Server-Timing: engine;dur=` (the gateway's wait on the worker), i.e. everything the gateway adds to a
+    turn (the extra loopback hop, its parsing, templating, accounting and encoding, and any queueing in its
+    process) without the worker's queueing spread, which swamps the direct−gateway difference at 1,024;
   * the gateway's own time per turn, measured inside it: the handler's time minus the time awaiting the
     worker (parsing, templating, token accounting, response encoding);
   * CPU milliseconds per turn of each process (load generator, gateway, worker), from their own CPU clocks:
     where a closed loop of N sessions spends its time. Whichever process is at one core's worth of CPU sets
     the turns/s, and then a turn's latency is N / (turns/s) (Little's law), whatever its own work.
+`--min-tokens N` draws each turn's length uniformly from [N, max-tokens] (seeded by session and turn, the
+same in both modes; the emulated engine samples exactly the tokens asked for), as an agent's turns vary:
+with every turn the same length, sequences admitted together finish together and their answers reach the
+gateway and the load generator in bursts. `--tool-seconds T` gives each session an agent's tool time
+between its turns (uniform in [0.5, 1.5]·T) and a start spread over [0, T], neither counted in a turn's
+latency: with `--time-factor 1` and turns of ~200 tokens this is the agentic regime (decode of seconds,
+tools of about a second), where 1,024 sessions ask about a hundred turns a second of the emulated H800,
+not the thousands a second of a closed loop of 16-token turns at a 0.02 time factor.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -32,8 +46,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.support.gateway import SECRET, WorkerProc  # noqa: E402 (after the path)
-
-MAX_TOKENS = 16
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -48,22 +60,39 @@ async def loadgen(args: argparse.Namespace) -> None:
     import orjson
     from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
+    from agents.driver.link import collect_less
     from agents.gateway.chat import ByteChatFormat
 
+    collect_less(args.sessions)  # the instrument's own collector pauses are not the gateway's
     fmt = ByteChatFormat()
     keys = json.loads(Path(args.keys).read_text()) if args.keys else []
     lat: list[float] = []
+    engine: list[float] = []  # the gateway's Server-Timing engine;dur, seconds, per turn (gateway mode)
+    first: list[bool] = []  # the session's first turn (its connection is opened with it)
+
+    def length(i: int, t: int) -> int:
+        lo = args.min_tokens or args.max_tokens
+        return random.Random(i * 1000 + t + 7).randint(min(lo, args.max_tokens), args.max_tokens)
+
+    async def tool(i: int, t: int) -> None:
+        if args.tool_seconds > 0:
+            rng = random.Random(i * 1000 + t)
+            await asyncio.sleep(args.tool_seconds * (rng.random() if t < 0 else 0.5 + rng.random()))
+
     async with ClientSession(timeout=ClientTimeout(total=600), connector=TCPConnector(limit=0)) as http:
 
         async def direct(i: int) -> None:
             msgs = [{"role": "user", "content": f"session {i}: what is 2+3?"}]
             context = fmt.render(msgs, None)
+            await tool(i, -1)
             for t in range(args.turns):
+                if t:
+                    await tool(i, t)
                 body = {
                     "request_id": f"d{i}-{t}",
                     "prompt_tokens": context,
                     "sampling": {
-                        "max_tokens": MAX_TOKENS,
+                        "max_tokens": length(i, t),
                         "temperature": 1.0,
                         "seed": i * 100 + t,
                         "stop_at_eos": True,
@@ -86,8 +115,11 @@ async def loadgen(args: argparse.Namespace) -> None:
 
         async def gateway(i: int) -> None:
             msgs = [{"role": "user", "content": f"session {i}: what is 2+3?"}]
+            await tool(i, -1)
             for t in range(args.turns):
-                body = {"model": "tiny", "messages": msgs, "max_tokens": MAX_TOKENS, "seed": i * 100 + t}
+                if t:
+                    await tool(i, t)
+                body = {"model": "tiny", "messages": msgs, "max_tokens": length(i, t), "seed": i * 100 + t}
                 t0 = time.perf_counter()
                 async with http.post(
                     f"{args.url}/v1/chat/completions",
@@ -96,15 +128,18 @@ async def loadgen(args: argparse.Namespace) -> None:
                 ) as r:
                     res = orjson.loads(await r.read())
                 lat.append(time.perf_counter() - t0)
+                first.append(t == 0)
                 if r.status != 200:
                     raise RuntimeError(res)
+                engine.append(float(r.headers["Server-Timing"].split(";dur=")[1]) / 1e3)
                 msgs = [*msgs, res["choices"][0]["message"], {"role": "user", "content": f"turn {t}: go on"}]
 
         run = direct if args.mode == "direct" else gateway
         t0 = time.perf_counter()
         await asyncio.gather(*(run(i) for i in range(args.sessions)))
         wall = time.perf_counter() - t0
-    print(json.dumps({"latencies": lat, "wall_s": wall, "cpu_s": time.process_time()}))
+    out = {"latencies": lat, "engine": engine, "first": first, "wall_s": wall, "cpu_s": time.process_time()}
+    print(json.dumps(out))
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -117,6 +152,7 @@ def proc_cpu_s(pid: int) -> float:
 async def bench(args: argparse.Namespace) -> dict:
     from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
+    from agents.driver.link import collect_less
     from agents.gateway.app import Gateway, serve
     from agents.gateway.backends import WorkerBackend
     from agents.gateway.chat import ByteChatFormat
@@ -157,6 +193,7 @@ async def bench(args: argparse.Namespace) -> dict:
             runner, gurl = await serve(gw)
             try:
                 for n in args.sessions:
+                    collect_less(n)  # the cyclic collector as a rollout driver of n trajectories tunes it
                     row: dict = {"sessions": n, "turns": args.turns}
                     for mode in ("direct", "gateway"):
                         keys_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
@@ -178,6 +215,12 @@ async def bench(args: argparse.Namespace) -> dict:
                             str(n),
                             "--turns",
                             str(args.turns),
+                            "--max-tokens",
+                            str(args.max_tokens),
+                            "--min-tokens",
+                            str(args.min_tokens),
+                            "--tool-seconds",
+                            str(args.tool_seconds),
                             "--keys",
                             keys_file.name,
                             stdout=asyncio.subprocess.PIPE,
@@ -202,6 +245,14 @@ async def bench(args: argparse.Namespace) -> dict:
                             "gateway_cpu_share": (time.process_time() - cpu0) / data["wall_s"],
                         }
                         if mode == "gateway":
+                            paired = [c - e for c, e in zip(lat, data["engine"])]
+                            for name, keep in (("", None), ("_first_turns", True), ("_later_turns", False)):
+                                xs = [x for x, f in zip(paired, data["first"]) if keep is None or f == keep]
+                                row[f"paired_overhead_ms{name}"] = {
+                                    "p50": 1e3 * pct(xs, 0.5),
+                                    "p95": 1e3 * pct(xs, 0.95),
+                                    "p99": 1e3 * pct(xs, 0.99),
+                                }
                             own = [h - w for h, w in zip(handler, waits)]
                             row["gateway_own_ms"] = {
                                 "p50": 1e3 * pct(own, 0.5),
@@ -223,7 +274,9 @@ async def bench(args: argparse.Namespace) -> dict:
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "time_factor": args.time_factor,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": args.max_tokens,
+        "min_tokens": args.min_tokens or args.max_tokens,
+        "tool_seconds": args.tool_seconds,
         "rows": results,
     }
 
@@ -233,6 +286,9 @@ def main() -> None:
     p.add_argument("--sessions", default="1,64,1024")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--time-factor", type=float, default=0.02, help="the emulated engine's time scale")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens sampled per turn, at most")
+    p.add_argument("--min-tokens", type=int, default=0, help="turn lengths uniform in [N, max-tokens] (0: fixed)")
+    p.add_argument("--tool-seconds", type=float, default=0.0, help="an agent's mean tool time between turns")
     p.add_argument("--json", default="")
     p.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="direct", help=argparse.SUPPRESS)

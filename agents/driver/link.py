@@ -116,7 +116,7 @@ class ControlLink:
 GC_YOUNG_PER_TRAJECTORY = 200
 
 
-def _collect_less(trajectories: int) -> None:
+def collect_less(trajectories: int) -> None:
     """The cyclic collector, tuned for a driver holding `trajectories` (B·G) with a turn each in flight.
 
     A young collection scans every tracked object still alive, and with B·G turns in flight that is
@@ -150,7 +150,7 @@ async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0
         link = ControlLink(url, job, token, http)
         link_task = asyncio.create_task(link.run_forever())
         welcome = await link.welcome
-        _collect_less(welcome.job.batch_size)
+        collect_less(welcome.job.batch_size)
         driver = RolloutDriver(
             welcome.job,
             link=link,

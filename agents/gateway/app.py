@@ -8,8 +8,10 @@ Routes (each also under `/sessions/<key>`, for agents that can only set a base U
   POST /sessions/<key>/reward {"reward": r}: the agent's reward (PEARL_REWARD_URL)
   POST /v1/pearl/sessions     (runner token) open a session: 429 + Retry-After when full
 
-Responses carry `x-pearl-weight-version`; with `return_token_ids: true` (vLLM's field) the prompt's
-`prompt_token_ids` and the choice's `token_ids`. Errors have OpenAI's shape, 4xx for bad input.
+Responses carry `x-pearl-weight-version` and `Server-Timing: engine;dur=<ms>` (the turn's time in the
+backend: routing, queueing, sampling; the rest of what the client waited is the gateway's); with
+`return_token_ids: true` (vLLM's field) the prompt's `prompt_token_ids` and the choice's `token_ids`.
+Errors have OpenAI's shape, 4xx for bad input.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agents.dataplane import MAX_PROMPT_TOKENS, MAX_REQUEST_BYTES
+from agents.dataplane import LISTEN_BACKLOG, MAX_PROMPT_TOKENS, MAX_REQUEST_BYTES
 from agents.gateway.backends import Backend, Sampling, Unavailable
 from agents.gateway.chat import ChatFormat, TemplateError
 from agents.gateway.sessions import Full, Session, SessionStore, Turn
 
 log = logging.getLogger("pearl.gateway")
 WEIGHT_VERSION_HEADER = "x-pearl-weight-version"
+SERVER_TIMING_HEADER = "Server-Timing"  # W3C Server-Timing: an agent sees where its turn's time went
 SESSION = web.AppKey("gateway", object)
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP = 4
@@ -301,8 +304,8 @@ class Gateway:
             seed=_int(body, "seed", -(2**63), 2**63 - 1),
         )
 
-    def _headers(self, version: int) -> dict[str, str]:
-        return {WEIGHT_VERSION_HEADER: str(version)}
+    def _headers(self, version: int, engine_s: float) -> dict[str, str]:
+        return {WEIGHT_VERSION_HEADER: str(version), SERVER_TIMING_HEADER: f"engine;dur={1e3 * engine_s:.3f}"}
 
     # ---- routes
     async def models(self, request: web.Request) -> web.Response:
@@ -415,7 +418,7 @@ class Gateway:
         if body.get("return_token_ids"):
             extra = {"prompt_token_ids": prompt}
             choice["token_ids"] = tokens
-        headers = self._headers(version)
+        headers = self._headers(version, latency)
         if not stream:
             out = {
                 "id": rid,
@@ -566,18 +569,19 @@ class Gateway:
         if body.get("return_token_ids"):
             out["prompt_token_ids"] = prompt
             choice["token_ids"] = tokens
-        return web.Response(body=orjson.dumps(out), content_type="application/json", headers=self._headers(version))
+        headers = self._headers(version, latency)
+        return web.Response(body=orjson.dumps(out), content_type="application/json", headers=headers)
 
 
 async def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
     """Serve on loopback unless told otherwise; returns (runner, base URL)."""
     runner = web.AppRunner(gateway.app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     gateway.base_url = f"http://{host}:{bound}"
     return runner, gateway.base_url
 
 
-__all__ = ["WEIGHT_VERSION_HEADER", "Gateway", "OpenAIError", "serve"]
+__all__ = ["SERVER_TIMING_HEADER", "WEIGHT_VERSION_HEADER", "Gateway", "OpenAIError", "serve"]

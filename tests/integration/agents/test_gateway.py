@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import openai
@@ -12,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import ClientSession
 
-from agents.gateway.app import WEIGHT_VERSION_HEADER, Gateway, serve
+from agents.gateway.app import SERVER_TIMING_HEADER, WEIGHT_VERSION_HEADER, Gateway, serve
 from agents.gateway.backends import Generation, WorkerBackend
 from agents.gateway.chat import ByteChatFormat
 from agents.gateway.sessions import SessionStore
@@ -73,13 +74,16 @@ async def test_sync_client_raw_response_headers_token_ids_and_logprobs_equal_the
 
     def agent():
         c = openai.OpenAI(base_url=f"{base}/v1", api_key=s.key, max_retries=0)
+        t0 = time.perf_counter()
         raw = c.chat.completions.with_raw_response.create(
             model="tiny", messages=USER, max_tokens=12, seed=7, logprobs=True, extra_body={"return_token_ids": True}
         )
-        return raw.headers, raw.parse()
+        return raw.headers, raw.parse(), time.perf_counter() - t0
 
-    headers, cc = await asyncio.to_thread(agent)
+    headers, cc, waited_s = await asyncio.to_thread(agent)
     assert headers[WEIGHT_VERSION_HEADER] == "0"
+    name, dur = headers[SERVER_TIMING_HEADER].split(";dur=")  # the engine's part of what the agent waited
+    assert name == "engine" and 0 < float(dur) / 1e3 < waited_s
     ch = cc.choices[0]
     prompt, tokens = extra(cc)["prompt_token_ids"], extra(ch)["token_ids"]
     assert prompt == ByteChatFormat().render(USER, None)
