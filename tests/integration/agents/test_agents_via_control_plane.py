@@ -177,6 +177,8 @@ def test_agents_serve_pd_and_colocated_and_pull_trained_weights(control_plane_se
                 a.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 a.kill()
-        for name in ("train-e2e", "roll-e2e"):  # shown only when the test fails (pytest captures stdout)
-            log = tmp_path / f"{name}.log"
-            print(f"--- {name}.log (tail) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:]))
+        # shown only when the test fails (pytest captures stdout): the agents' logs and their workers' stderr
+        logs = [tmp_path / f"{name}.log" for name in ("train-e2e", "roll-e2e")] + sorted(tmp_path.rglob("stderr.log"))
+        for log in logs:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+            print(f"--- {log.relative_to(tmp_path)} (tail) ---\n{tail}")
