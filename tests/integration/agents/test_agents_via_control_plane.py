@@ -8,6 +8,7 @@ pull it lazily from the trainer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -169,6 +170,15 @@ def test_agents_serve_pd_and_colocated_and_pull_trained_weights(control_plane_se
             lambda: all(Worker.objects.get(pk=w.pk).weight_version == 1 for w in (pre, dec)), what="lazy weight pull"
         )
     finally:
+        # printed only when the test fails (pytest captures stdout): the nodes as the control plane holds them
+        # before the agents stop (a node taken out of service has its workers stopped without a warning), then
+        # the agents' logs and their workers' stderr
+        with contextlib.suppress(Exception):
+            from controlplane.models import Node
+
+            fields = ("pk", "name", "status", "epoch", "generation", "applied_generation", "lease_expires", "observed")
+            for row in Node.objects.values(*fields):
+                print("node", row)
         for a in (trainer_agent, rollout_agent):
             if a.poll() is None:
                 a.send_signal(signal.SIGTERM)
@@ -177,7 +187,6 @@ def test_agents_serve_pd_and_colocated_and_pull_trained_weights(control_plane_se
                 a.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 a.kill()
-        # shown only when the test fails (pytest captures stdout): the agents' logs and their workers' stderr
         logs = [tmp_path / f"{name}.log" for name in ("train-e2e", "roll-e2e")] + sorted(tmp_path.rglob("stderr.log"))
         for log in logs:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
