@@ -310,9 +310,9 @@ async def spawn_worker(
     )
 
 
-async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, asyncio.Event]:
-    """Start an aiohttp app on host:port (0 = any free port); returns (runner, bound port, stop),
-    where `stop` is set by SIGTERM or SIGINT. The caller finishes its work and cleans the runner up."""
+async def serve_app(app: Any, host: str, port: int) -> tuple[Any, int]:
+    """Serve an aiohttp app on host:port (0 = any free port) with the listen backlog a whole batch
+    connecting at once needs (`LISTEN_BACKLOG`); returns (runner, bound port). The caller cleans the runner up."""
     from aiohttp import web
 
     from agents.dataplane import LISTEN_BACKLOG
@@ -321,7 +321,13 @@ async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, 
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def serve_until_signal(app: Any, host: str, port: int) -> tuple[Any, int, asyncio.Event]:
+    """`serve_app`, and an event `stop` set by SIGTERM or SIGINT: returns (runner, bound port, stop).
+    The caller finishes its work and cleans the runner up."""
+    runner, bound = await serve_app(app, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -61,6 +61,7 @@ async def loadgen(args: argparse.Namespace) -> None:
     from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
     from agents.driver.link import collect_less
+    from agents.gateway.app import SERVER_TIMING_HEADER
     from agents.gateway.chat import ByteChatFormat
 
     collect_less(args.sessions)  # the instrument's own collector pauses are not the gateway's
@@ -131,7 +132,7 @@ async def loadgen(args: argparse.Namespace) -> None:
                 first.append(t == 0)
                 if r.status != 200:
                     raise RuntimeError(res)
-                engine.append(float(r.headers["Server-Timing"].split(";dur=")[1]) / 1e3)
+                engine.append(float(r.headers[SERVER_TIMING_HEADER].split(";dur=")[1]) / 1e3)
                 msgs = [*msgs, res["choices"][0]["message"], {"role": "user", "content": f"turn {t}: go on"}]
 
         run = direct if args.mode == "direct" else gateway

@@ -27,10 +27,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agents.dataplane import LISTEN_BACKLOG, MAX_PROMPT_TOKENS, MAX_REQUEST_BYTES
+from agents.dataplane import MAX_PROMPT_TOKENS, MAX_REQUEST_BYTES
 from agents.gateway.backends import Backend, Sampling, Unavailable
 from agents.gateway.chat import ChatFormat, TemplateError
 from agents.gateway.sessions import Full, Session, SessionStore, Turn
+from agents.process import serve_app
 
 log = logging.getLogger("pearl.gateway")
 WEIGHT_VERSION_HEADER = "x-pearl-weight-version"
@@ -575,11 +576,7 @@ class Gateway:
 
 async def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
     """Serve on loopback unless told otherwise; returns (runner, base URL)."""
-    runner = web.AppRunner(gateway.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, bound = await serve_app(gateway.app, host, port)
     gateway.base_url = f"http://{host}:{bound}"
     return runner, gateway.base_url
 

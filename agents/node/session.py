@@ -18,7 +18,7 @@ from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
 
 from agents.node.config import AgentConfig
 from agents.node.reconciler import WEIGHTS_WATCH_S, DriverProcess, Managed, Reconciler, partials
-from agents.process import kill_leftovers
+from agents.process import kill_leftovers, serve_app
 from agents.reconnect import reconnect_forever
 from controlplane.core import agent_link as link
 from controlplane.core.state import Pool
@@ -291,9 +291,5 @@ class NodeAgent(Reconciler):
 
         app = web.Application()
         app.router.add_get("/workers", workers)
-        self._dp_runner = web.AppRunner(app, access_log=None)
-        await self._dp_runner.setup()
-        site = web.TCPSite(self._dp_runner, self.cfg.bind_address, self.cfg.dataplane_port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._dp_runner, port = await serve_app(app, self.cfg.bind_address, self.cfg.dataplane_port)
         self.dataplane_url = f"http://{self.cfg.advertised_host}:{port}"

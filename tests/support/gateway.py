@@ -17,17 +17,17 @@ from typing import Any
 
 from aiohttp import ClientSession, web
 
+from agents import process
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 SECRET = "gateway-test-secret"  # the workers' data-plane secret (and the job's token at the trainer)
 TRAINER_TOKEN = "trainer-token"
 
 
 async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    """`app` on 127.0.0.1, an ephemeral port; the caller cleans the runner up."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    """`app` on 127.0.0.1, an ephemeral port, as the agents serve theirs; the caller cleans the runner up."""
+    runner, port = await process.serve_app(app, "127.0.0.1", 0)
+    return runner, f"http://127.0.0.1:{port}"
 
 
 async def start_worker(engine: str = "torch", **kw: Any) -> tuple[web.AppRunner, str, Any]:
