@@ -94,6 +94,8 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
     ]
     if j.get("failure_reason"):
         lines.append(f"  failed: {j['failure_reason']}")
+    if j.get("status_reason"):  # what a pending job waits for (the planner's admission), for a person to act on
+        lines.append(f"  {j['status']}: {j['status_reason']}")
     types = j.get("hardware_types") or [j["hardware"]]
     if types != [j["hardware"]]:
         lines.append(f"hardware: training on {j['hardware']}, rollout on {', '.join(types)}")

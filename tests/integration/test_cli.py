@@ -103,6 +103,24 @@ def test_submit_status_override_events_stop(cp, tmp_path):
     assert again.returncode == 1 and "already stopped" in again.stderr
 
 
+def test_status_says_what_a_pending_job_waits_for(cp, tmp_path):
+    from controlplane.services import planner
+
+    token = cp.user_token("alice")
+    spec = tmp_path / "job.yaml"
+    ids = []
+    for name in ("first", "second"):  # the first binds train-a's 2 training GPUs; the second finds none free
+        spec.write_text(SPEC.replace("name: grpo-cli", f"name: {name}"))
+        ids.append(json.loads(pearl(cp, "submit", str(spec), "--json", token=token).stdout)["id"])
+        tr = planner.plan_job(job_id=ids[-1], signal="step_start")
+        if tr is not None:
+            run_transition(tr)
+    text = pearl(cp, "status", "second", token=token).stdout
+    assert f"job second (#{ids[1]}) pending" in text
+    assert "  pending: waiting for training GPUs: 0 of 2 bound (no free 1-GPU" in text
+    assert "pending:" not in pearl(cp, "status", "first", token=token).stdout
+
+
 def test_bad_spec_names_the_users_key_and_creates_nothing(cp, tmp_path):
     from controlplane.models import Job
 
