@@ -50,3 +50,14 @@ def test_on_a_mixed_cluster_the_demo_swe_job_rolls_out_on_every_type():
     swe = _demo_jobs(read_nodes(str(ROOT / "examples" / "nodes-mixed.yaml")))["swe"]
     assert swe.hardware == "H800" and swe.hardware_types == ["A100", "H20", "H800"]
     assert (swe.rollout_gpus, swe.training_gpus, swe.batch_size) == (8, 8, 32)
+
+
+@pytest.mark.django_db
+def test_the_demo_jobs_are_created_by_the_demo_operator(tmp_path):
+    from controlplane.selectors.jobs import job_status
+
+    Command()._demo_user(tmp_path)
+    jobs = _demo_jobs(DEMO_NODES)
+    assert {name: j.created_by.username for name, j in jobs.items() if j.created_by} == {"swe": "demo", "calc": "demo"}
+    st = job_status(jobs["swe"].pk)
+    assert st is not None and st["job"]["created_by"] == "demo"  # what `pearl list` and the job page show

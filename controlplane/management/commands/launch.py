@@ -45,6 +45,7 @@ DEMO_NODES = [
 ]
 DEMO_TRACE = "controlplane/sim/traces/bamboo-seg1.csv"  # replayed on the elastic nodes (spot-0 … spot-2)
 POOLS = ("reserved", "elastic", "training")
+DEMO_OPERATOR = "demo"  # the operator the launcher creates; its demo jobs are submitted in this user's name
 
 
 def read_nodes(path: str) -> list[tuple[str, str, int, str]]:
@@ -305,7 +306,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 self.style.SUCCESS(
                     f"\nPEARL is up in {time.monotonic() - started:.1f} s\n"
-                    f"  dashboard   {url}/            (user: demo, password: {password})\n"
+                    f"  dashboard   {url}/            (user: {DEMO_OPERATOR}, password: {password})\n"
                     f"  API docs    {url}/api/docs/\n"
                     f"  API token   {token}          (curl -H 'Authorization: Token {token}' {url}/api/cluster/)\n"
                     f"  health      {url}/healthz    metrics: {url}/metrics\n"
@@ -337,14 +338,16 @@ class Command(BaseCommand):
         from rest_framework.authtoken.models import Token
 
         creds = var / "demo-credentials.json"
-        user, created = User.objects.get_or_create(username="demo", defaults={"is_staff": True, "is_superuser": True})
+        user, created = User.objects.get_or_create(
+            username=DEMO_OPERATOR, defaults={"is_staff": True, "is_superuser": True}
+        )
         saved = json.loads(creds.read_text()) if creds.exists() else {}
         password: str = saved["password"] if not created and saved.get("password") else secrets.token_urlsafe(9)
         user.set_password(password)
         user.save()
         user.groups.add(Group.objects.get_or_create(name="operators")[0])
         token = Token.objects.get_or_create(user=user)[0].key
-        creds.write_text(json.dumps({"username": "demo", "password": password, "token": token}))
+        creds.write_text(json.dumps({"username": DEMO_OPERATOR, "password": password, "token": token}))
         os.chmod(creds, 0o600)
         return password, token
 
@@ -395,11 +398,14 @@ class Command(BaseCommand):
         rollout batch 64 on 16 training + 4 reserved + <= 12 preemptible GPUs), its batch scaled with the
         cluster: B = 32 on the demo's half-scale cluster. Each step's rollout then takes about 3x its update
         (on the dedicated GPUs alone), so the trainer idles and its GPUs are borrowed between updates."""
+        from django.contrib.auth.models import User
+
         from controlplane.models import Job
         from controlplane.services.jobs import create_job
 
         if Job.objects.filter(status__in=["pending", "running"]).exists():
             return
+        operator = User.objects.filter(username=DEMO_OPERATOR).first()  # "created by" names it, as for `pearl submit`
         n = int(time.time()) % 100000
         cluster = opts["cluster"]
         slots = {pool: sum(s for _, p, s, hw in cluster if p == pool and hw != "cpu") for pool in POOLS}
@@ -444,7 +450,7 @@ class Command(BaseCommand):
                 }
             )
         for spec in jobs:
-            create_job(spec=spec, actor="launcher")
+            create_job(spec=spec, actor="launcher", user=operator)
             where = spec["hardware"] + (
                 f", rollout on {'+'.join(spec['hardware_types'])}" if "hardware_types" in spec else ""
             )
