@@ -23,20 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from controlplane.core.agent_spec import AGENT_FIELDS  # environment "agent": one list, core's
 from pearl_cli.client import CliError
 
-# environment "agent" (controlplane.core.agent_spec.AGENT_FIELDS; the CLI needs no control plane code)
-AGENT_FIELDS = (
-    "agent_command",
-    "agent_function",
-    "agent_workdir",
-    "tasks",
-    "agent_timeout_s",
-    "agent_concurrency",
-    "agent_max_attempts",
-    "agent_isolation",
-    "agent_processes",
-)
 ALIASES = {
     "name": "name",
     "model": "model",
