@@ -20,7 +20,7 @@ from controlplane.core import driver_link as dl
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
-from controlplane.services import credentials, jobs, latency, nodes, progress, telemetry
+from controlplane.services import credentials, jobs, latency, leases, nodes, progress, telemetry
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
@@ -308,14 +308,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         """Renew the lease; the node's desired-state generation, or None (revoked: the socket is closed).
 
         A report equal to this socket's last accepted one renews in Redis on this event loop, with no
-        database query and no hop to the database thread (`nodes.renew_in_redis`); any other, or whenever
+        database query and no hop to the database thread (`leases.renew_in_redis`); any other, or whenever
         Redis' record does not match, takes the database path (`nodes.record_heartbeat`, the token checked
         in the same hop), which also re-joins the agent group: a Redis restart empties the records too, so
         the first heartbeat after one always comes here."""
         assert self.node_id is not None
-        digest = nodes.report_digest(message)
+        digest = leases.report_digest(message)
         if digest == self.accepted_digest:
-            generation = await nodes.renew_in_redis(
+            generation = await leases.renew_in_redis(
                 node_id=self.node_id, message=message, channel=self.channel_name, digest=digest
             )
             if generation is not None:

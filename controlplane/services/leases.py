@@ -1,4 +1,6 @@
-"""Node leases renewed in Redis, so that a heartbeat that changes nothing costs no database transaction.
+"""The node lease, whole: epoch fencing (`fence`), the lease of record in the database, and its renewals in
+Redis, so that a heartbeat that changes nothing costs no database transaction (`renew_in_redis` on the
+socket's event loop, `renew_unchanged_report` on the database thread).
 
 The lease of record stays in the database (`Node.lease_expires`, `Node.last_heartbeat`, the epoch); Redis
 only holds the fine-grained renewals between two database writes, and nothing there is the only copy of
@@ -35,9 +37,12 @@ row-lease refresh, at most DB_REFRESH_S later.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import logging
 import secrets
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -47,8 +52,15 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
+from controlplane.core.agent_link import Heartbeat
+from controlplane.core.state import NodeStatus
+from controlplane.models import Node
 from controlplane.selectors.leases import LEASES, all_last_seen, client, last_seen, lease_s
+from controlplane.services.errors import NotFound, StaleEpoch, Superseded
+from controlplane.services.locks import locked
 
 __all__ = ["LEASES", "all_last_seen", "client", "last_seen", "lease_s"]
 
@@ -310,3 +322,146 @@ def effective_expiry(node_id: int, *, epoch: int, row_lease: datetime | None) ->
 def coarse_row_lease(now: datetime) -> datetime:
     """The row lease written while Redis renews: one lease plus the refresh span ahead."""
     return now + timedelta(seconds=lease_s() + db_refresh_s())
+
+
+def lease_span() -> timedelta:
+    """One lease (LEASE_S) as a span of time: how long a renewal holds."""
+    return timedelta(seconds=settings.PEARL["LEASE_S"])
+
+
+def fence(node_id: int, channel: str, epoch: int) -> Node:
+    """Epoch fencing: the node row, locked, if `channel` holds its lease and `epoch` is current; else refuse
+    (a message of a superseded socket or of an earlier epoch changes nothing)."""
+    node = locked(Node.objects.filter(pk=node_id)).first()
+    if node is None:
+        raise NotFound("unknown node")
+    if node.agent_channel != channel:
+        raise Superseded(f"another agent socket registered for node {node.name}; this one no longer counts")
+    if epoch != node.epoch:
+        raise StaleEpoch(f"epoch {epoch} is not node {node.name}'s current epoch {node.epoch}; apply the desired state")
+    return node
+
+
+def stored_report(message: Heartbeat) -> list[dict[str, Any]]:
+    """The report as the row stores it (`Node.observed`)."""
+    return [
+        {
+            "worker_id": w.worker_id,
+            "role": w.role,
+            "activity": w.activity,
+            "state": w.state,
+            "weight_version": w.weight_version,
+            "endpoint": w.endpoint,
+            "inflight": w.inflight,
+            "generation": w.generation,
+            "devices": w.devices,
+        }
+        for w in message.workers
+    ]
+
+
+def _as_compared(observed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A report as the unchanged check sees it: each worker's in-flight count only as idle or busy. A serving
+    worker's count moves on nearly every beat, so with the count in it almost every heartbeat of a loaded
+    cluster was a database transaction. What acts on it needs only idleness (the drivers' routing facts,
+    the executor's drained checks); the exact count only breaks ties in the planner's choice of survivors,
+    which then uses the count of the node's last written report (it is written with any other change)."""
+    return [o | {"inflight": min(int(o.get("inflight", 0)), 1)} for o in observed]
+
+
+def _digest(generation: int, compared: list[dict[str, Any]]) -> str:
+    """A report (the generation it applied, its workers `_as_compared`), as one short string."""
+    body = json.dumps([generation, compared], sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+
+
+def redis_up() -> bool:
+    try:
+        return bool(client().ping())
+    except redis.RedisError:
+        return False
+
+
+def renew_on_commit(node: Node, *, digest: str) -> None:
+    """After commit, Redis renews the lease the row now holds (same epoch, same base, same socket) until
+    LEASE_S after the commit (not after the heartbeat began: a commit that waited must not renew into the
+    past)."""
+    record = Holder(
+        epoch=node.epoch,
+        base=iso(node.lease_expires),
+        digest=digest,
+        channel=node.agent_channel,
+        generation=node.generation,
+    )
+    node_id = node.pk
+    transaction.on_commit(lambda: renew_quietly(node_id, expires=time.time() + lease_s(), record=record))
+
+
+def renew_unchanged_report(*, node_id: int, message: Heartbeat, channel: str) -> int | None:
+    """The heartbeat that reports what the database already holds: its lease is renewed in Redis, and no row
+    is written (one read, no transaction), except the coarse row lease when less than one LEASE_S of it is
+    left (one UPDATE, at most once per DB_REFRESH_S). None: anything differs (another socket, another epoch,
+    a recovering node, a new report (beyond its in-flight counts: `_as_compared`), a record Redis lacks or
+    that extends another row lease): the full, locked path decides, exactly as before. Returns the node's
+    desired-state generation when it renewed."""
+    row = (
+        Node.objects.filter(pk=node_id)
+        .only("id", "epoch", "agent_channel", "generation", "applied_generation", "status", "observed", "lease_expires")
+        .first()
+    )
+    if (
+        row is None
+        or row.agent_channel != channel
+        or row.epoch != message.epoch
+        or row.status == NodeStatus.NOT_READY
+        or row.lease_expires is None
+    ):
+        return None
+    compared = _as_compared(stored_report(message))
+    applied = min(message.generation, row.generation)
+    if row.applied_generation != applied or _as_compared(row.observed or []) != compared:
+        return None
+    digest = _digest(message.generation, compared)
+    now = timezone.now()
+    expires = now.timestamp() + lease_s()
+    current = Holder(
+        epoch=row.epoch, base=iso(row.lease_expires), digest=digest, channel=channel, generation=row.generation
+    )
+    try:
+        record = holder(node_id)
+        if record is None or not record.extends(current):
+            return None
+        if (row.lease_expires - now).total_seconds() >= lease_s():
+            # a generation mirror behind the row's (its write after a bump failed) is repaired here
+            renew(node_id, expires=expires, record=current if record.generation < row.generation else None)
+            return row.generation
+        new_lease = coarse_row_lease(now)  # the coarse last-seen: one fenced UPDATE, no transaction block
+        written = Node.objects.filter(
+            pk=node_id, epoch=row.epoch, agent_channel=channel, lease_expires=row.lease_expires
+        ).update(last_heartbeat=now, lease_expires=new_lease)
+        if not written:
+            return None
+        renew(node_id, expires=expires, record=dataclasses.replace(current, base=iso(new_lease)))
+    except redis.RedisError:
+        return None  # the database path renews the row's exact lease, as without Redis
+    return row.generation
+
+
+def report_digest(message: Heartbeat) -> str:
+    """What identifies a heartbeat's report (its workers and the generation it applied): an agent socket
+    compares it with its last accepted one before trying `renew_in_redis`."""
+    return _digest(message.generation, _as_compared(stored_report(message)))
+
+
+async def renew_in_redis(*, node_id: int, message: Heartbeat, channel: str, digest: str) -> int | None:
+    """The agent socket's heartbeat that repeats its last accepted report, on the server's event loop: no
+    database query, one Redis round trip (`renew_unchanged`: this socket, this epoch, this report, a
+    live Redis lease whose row lease needs no refresh yet). Returns the node's desired-state generation
+    (Redis' mirror of the row's), or None: anything differs, or Redis failed, and `heartbeat.record_heartbeat` decides.
+    Fencing is unchanged: a new registration, a fenced or lost node, a revoked token, a report the database
+    has not taken: each has a record that does not match (or none)."""
+    try:
+        return await renew_unchanged(node_id, epoch=message.epoch, channel=channel, digest=digest, now=time.time())
+    except (redis.RedisError, OSError, TimeoutError) as exc:
+        log.debug("node %s: Redis renewal failed, the database path renews: %s", node_id, exc)
+        return None

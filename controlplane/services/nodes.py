@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import ipaddress
-import json
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import redis
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -26,7 +21,7 @@ from controlplane.models import GPU, AgentCredential, Event, Job, Node, Worker, 
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.services import leases, telemetry
 from controlplane.services.dispatch import kick_executor_on_commit
-from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied, StaleEpoch, Superseded
+from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from controlplane.services.events import (
     emit,
     emit_many,
@@ -45,10 +40,6 @@ log = logging.getLogger(__name__)
 
 MAX_PREEMPTION_NOTICE_S = 24 * 3600
 MAX_VERSION_STEP = 8  # a trainer's report may move its job's weight version at most this far at once
-
-
-def _lease() -> timedelta:
-    return timedelta(seconds=settings.PEARL["LEASE_S"])
 
 
 def push_node(node_id: int) -> None:
@@ -141,14 +132,14 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         node.address = address[:64]
         node.agent_channel = channel
         node.last_heartbeat = now
-        node.lease_expires = now + _lease()
+        node.lease_expires = now + leases.lease_span()
         if node.status in (NodeStatus.NOT_READY, NodeStatus.GONE):
             node.status = NodeStatus.READY
             node.preemption_deadline = None
         node.epoch += 1
         node.generation += 1
         node.save()
-        _renew_on_commit(node, digest="")  # a new epoch: no report of it is known yet
+        leases.renew_on_commit(node, digest="")  # a new epoch: no report of it is known yet
         zone = Zone.OVERLAP if message.pool == Pool.TRAINING else Zone.ROLLOUT
         existing = {g.index: g for g in GPU.objects.filter(node=node)}
         for slot in message.slots:
@@ -180,18 +171,6 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         push_node(node.pk)
         replan_live_jobs("capacity_change")  # new (or returning) GPUs: every job may grow, pending ones start
     return node, superseded
-
-
-def _holder(node_id: int, channel: str, epoch: int) -> Node:
-    """The node row, locked, if `channel` holds its lease and `epoch` is current; else refuse."""
-    node = locked(Node.objects.filter(pk=node_id)).first()
-    if node is None:
-        raise NotFound("unknown node")
-    if node.agent_channel != channel:
-        raise Superseded(f"another agent socket registered for node {node.name}; this one no longer counts")
-    if epoch != node.epoch:
-        raise StaleEpoch(f"epoch {epoch} is not node {node.name}'s current epoch {node.epoch}; apply the desired state")
-    return node
 
 
 def _endpoint_on(node: Node, reported: str) -> str | None:
@@ -258,11 +237,11 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
     rollout worker, no weight version the job has not published; for the job's trainer, a new version
     at most MAX_VERSION_STEP ahead of the job's (a bigger jump is no real training progress).
     """
-    renewed = _renew_unchanged(node_id=node_id, message=message, channel=channel)
+    renewed = leases.renew_unchanged_report(node_id=node_id, message=message, channel=channel)
     if renewed is not None:
-        return renewed
+        return HeartbeatResult([], renewed)
     refused: list[str] = []
-    coarse = _redis_up()
+    coarse = leases.redis_up()
     with transaction.atomic():
         relaxed_commit()
         # The lock order (job → node → worker): a trainer publishing new weights raises its job's version
@@ -273,7 +252,7 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
             lock_nodes(
                 [node_id, *Worker.objects.filter(job_id__in=publishing, alive=True).values_list("node_id", flat=True)]
             )
-        node = _holder(node_id, channel, message.epoch)
+        node = leases.fence(node_id, channel, message.epoch)
         # the lease runs from now, with the row locked: a heartbeat that waited for the lock (behind a
         # transition's executor) must not renew into a time already past, which the sweep would then fence
         now = timezone.now()
@@ -282,9 +261,9 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         before = {o.get("worker_id"): _routing_facts(o) for o in node.observed or []}
         node.last_heartbeat = now
         # while Redis renews, the row's lease is coarse (leases.py); without Redis it is the exact lease
-        node.lease_expires = leases.coarse_row_lease(now) if coarse else now + _lease()
+        node.lease_expires = leases.coarse_row_lease(now) if coarse else now + leases.lease_span()
         node.applied_generation = min(message.generation, node.generation)
-        node.observed = _observed(message)
+        node.observed = leases.stored_report(message)
         if recovered:
             node.status = NodeStatus.READY
         node.save(
@@ -374,134 +353,8 @@ def record_heartbeat(*, node_id: int, message: Heartbeat, channel: str = "") -> 
         if recovered:
             push_node(node.pk)
         if coarse:  # the next identical report renews in Redis only; a refused one comes back here
-            _renew_on_commit(node, digest="" if refused else _digest(message.generation, _as_compared(node.observed)))
+            leases.renew_on_commit(node, digest="" if refused else leases.report_digest(message))
     return HeartbeatResult(refused, node.generation)
-
-
-def _observed(message: Heartbeat) -> list[dict[str, Any]]:
-    """The report as the row stores it (`Node.observed`)."""
-    return [
-        {
-            "worker_id": w.worker_id,
-            "role": w.role,
-            "activity": w.activity,
-            "state": w.state,
-            "weight_version": w.weight_version,
-            "endpoint": w.endpoint,
-            "inflight": w.inflight,
-            "generation": w.generation,
-            "devices": w.devices,
-        }
-        for w in message.workers
-    ]
-
-
-def _as_compared(observed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A report as the unchanged check sees it: each worker's in-flight count only as idle or busy. A serving
-    worker's count moves on nearly every beat, so with the count in it almost every heartbeat of a loaded
-    cluster was a database transaction. What acts on it needs only idleness (the drivers' routing facts,
-    the executor's drained checks); the exact count only breaks ties in the planner's choice of survivors,
-    which then uses the count of the node's last written report (it is written with any other change)."""
-    return [o | {"inflight": min(int(o.get("inflight", 0)), 1)} for o in observed]
-
-
-def _digest(generation: int, compared: list[dict[str, Any]]) -> str:
-    """A report (the generation it applied, its workers `_as_compared`), as one short string."""
-    body = json.dumps([generation, compared], sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
-
-
-def _redis_up() -> bool:
-    try:
-        return bool(leases.client().ping())
-    except redis.RedisError:
-        return False
-
-
-def _renew_on_commit(node: Node, *, digest: str) -> None:
-    """After commit, Redis renews the lease the row now holds (same epoch, same base, same socket) until
-    LEASE_S after the commit (not after the heartbeat began: a commit that waited must not renew into the
-    past)."""
-    record = leases.Holder(
-        epoch=node.epoch,
-        base=leases.iso(node.lease_expires),
-        digest=digest,
-        channel=node.agent_channel,
-        generation=node.generation,
-    )
-    node_id = node.pk
-    transaction.on_commit(lambda: leases.renew_quietly(node_id, expires=time.time() + leases.lease_s(), record=record))
-
-
-def _renew_unchanged(*, node_id: int, message: Heartbeat, channel: str) -> HeartbeatResult | None:
-    """The heartbeat that reports what the database already holds: its lease is renewed in Redis, and no row
-    is written (one read, no transaction), except the coarse row lease when less than one LEASE_S of it is
-    left (one UPDATE, at most once per DB_REFRESH_S). None: anything differs (another socket, another epoch,
-    a recovering node, a new report (beyond its in-flight counts: `_as_compared`), a record Redis lacks or
-    that extends another row lease): the full, locked path decides, exactly as before."""
-    row = (
-        Node.objects.filter(pk=node_id)
-        .only("id", "epoch", "agent_channel", "generation", "applied_generation", "status", "observed", "lease_expires")
-        .first()
-    )
-    if (
-        row is None
-        or row.agent_channel != channel
-        or row.epoch != message.epoch
-        or row.status == NodeStatus.NOT_READY
-        or row.lease_expires is None
-    ):
-        return None
-    compared = _as_compared(_observed(message))
-    applied = min(message.generation, row.generation)
-    if row.applied_generation != applied or _as_compared(row.observed or []) != compared:
-        return None
-    digest = _digest(message.generation, compared)
-    now = timezone.now()
-    expires = now.timestamp() + leases.lease_s()
-    current = leases.Holder(
-        epoch=row.epoch, base=leases.iso(row.lease_expires), digest=digest, channel=channel, generation=row.generation
-    )
-    try:
-        record = leases.holder(node_id)
-        if record is None or not record.extends(current):
-            return None
-        if (row.lease_expires - now).total_seconds() >= leases.lease_s():
-            # a generation mirror behind the row's (its write after a bump failed) is repaired here
-            leases.renew(node_id, expires=expires, record=current if record.generation < row.generation else None)
-            return HeartbeatResult([], row.generation)
-        new_lease = leases.coarse_row_lease(now)  # the coarse last-seen: one fenced UPDATE, no transaction block
-        written = Node.objects.filter(
-            pk=node_id, epoch=row.epoch, agent_channel=channel, lease_expires=row.lease_expires
-        ).update(last_heartbeat=now, lease_expires=new_lease)
-        if not written:
-            return None
-        leases.renew(node_id, expires=expires, record=dataclasses.replace(current, base=leases.iso(new_lease)))
-    except redis.RedisError:
-        return None  # the database path renews the row's exact lease, as without Redis
-    return HeartbeatResult([], row.generation)
-
-
-def report_digest(message: Heartbeat) -> str:
-    """What identifies a heartbeat's report (its workers and the generation it applied): an agent socket
-    compares it with its last accepted one before trying `renew_in_redis`."""
-    return _digest(message.generation, _as_compared(_observed(message)))
-
-
-async def renew_in_redis(*, node_id: int, message: Heartbeat, channel: str, digest: str) -> int | None:
-    """The agent socket's heartbeat that repeats its last accepted report, on the server's event loop: no
-    database query, one Redis round trip (`leases.renew_unchanged`: this socket, this epoch, this report, a
-    live Redis lease whose row lease needs no refresh yet). Returns the node's desired-state generation
-    (Redis' mirror of the row's), or None: anything differs, or Redis failed, and `record_heartbeat` decides.
-    Fencing is unchanged: a new registration, a fenced or lost node, a revoked token, a report the database
-    has not taken: each has a record that does not match (or none)."""
-    try:
-        return await leases.renew_unchanged(
-            node_id, epoch=message.epoch, channel=channel, digest=digest, now=time.time()
-        )
-    except (redis.RedisError, OSError, TimeoutError) as exc:
-        log.debug("node %s: Redis renewal failed, the database path renews: %s", node_id, exc)
-        return None
 
 
 def _publishes(w: Worker, version: int, endpoint: str) -> bool:
@@ -542,7 +395,7 @@ def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
     """A worker fault (crash, restart, drained requests with their partial outputs), fenced like a heartbeat;
     `worker_id` 0 is the agent itself (e.g. a refused stale command)."""
     with transaction.atomic():
-        node = _holder(node_id, channel, message.epoch)
+        node = leases.fence(node_id, channel, message.epoch)
         principal = node_principal(node)
         if message.worker_id:
             principal.check_worker(message.worker_id, "fault.worker_id")
@@ -564,7 +417,7 @@ def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
 def record_telemetry(*, node_id: int, message: Telemetry, channel: str = "") -> int:
     """Telemetry from a node's agent: fenced like a heartbeat, then checked against what the node runs."""
     with transaction.atomic():
-        node = _holder(node_id, channel, message.epoch)
+        node = leases.fence(node_id, channel, message.epoch)
         return telemetry.ingest(principal=node_principal(node), message=message)
 
 
@@ -645,7 +498,7 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
                     stale.append(node_id)
                 continue  # someone renewed it meanwhile, or the row's lease still holds
             fenced = _fence_workers(node)
-            seen = expiry - _lease() if by_redis and expiry else node.last_heartbeat
+            seen = expiry - leases.lease_span() if by_redis and expiry else node.last_heartbeat
             age = (now - seen).total_seconds() if seen else None
             epoch = node.epoch + 1
             _node_lost(

@@ -70,7 +70,7 @@ def beat(node: Node, *, inflight: int = 0, generation: int | None = None, epoch:
 
 def fast(node: Node, message: Heartbeat, channel: str = "c1") -> int | None:
     return asyncio.run(
-        nodes.renew_in_redis(node_id=node.pk, message=message, channel=channel, digest=nodes.report_digest(message))
+        leases.renew_in_redis(node_id=node.pk, message=message, channel=channel, digest=leases.report_digest(message))
     )
 
 
