@@ -9,7 +9,8 @@ import time
 
 from celery import shared_task
 
-from controlplane.models import Job, Transition
+from controlplane.selectors.history import unfinished_transition_ids
+from controlplane.selectors.jobs import live_job_ids
 from controlplane.services import dispatch, executor, nodes, planner, simulations, telemetry
 from controlplane.services.dispatch import TaskName
 from controlplane.services.plan_queue import take_plan_signals
@@ -73,13 +74,12 @@ def execute_transition(transition_id: int, owner: str = "") -> str:
 @shared_task(name=TaskName.REPLAN_ALL)
 def replan_all() -> list[int]:
     """Periodic re-plan of every live job; resumes transitions whose executor died (its lease ran out)."""
-    live = [Transition.Status.PENDING, Transition.Status.RUNNING]
-    for tr_id in Transition.objects.filter(status__in=live).values_list("id", flat=True):
+    for tr_id in unfinished_transition_ids():
         tr, outcome = retry_transient(executor.advance, transition_id=tr_id)
         if outcome == "waiting":  # its executor died (the lease ran out): this one carries on
             dispatch.execute_transition(tr_id, tr.lease_owner, countdown=0.25)
     planned = []
-    for job_id in Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).values_list("id", flat=True):
+    for job_id in live_job_ids():
         t = planner.plan_job_isolated(job_id=job_id, signal="periodic")  # one failing job never stops the others
         if t is not None:
             planned.append(t.pk)

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import redis
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
@@ -22,6 +21,7 @@ from rest_framework.views import APIView
 
 from controlplane.api.serializers import JobCreateSerializer
 from controlplane.api.views import IsOperator
+from controlplane.selectors.health import database_answers
 from controlplane.selectors.jobs import job_series, job_status
 from controlplane.selectors.metrics import ClusterCollector
 from controlplane.services import latency
@@ -42,11 +42,6 @@ def _check(name: str, fn: Callable[[], None]) -> bool:
         return False
 
 
-def _database() -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT 1")
-
-
 def _redis() -> None:
     redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
 
@@ -62,7 +57,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     """Unauthenticated by design (load balancers): says only ok / fail per dependency, no internals."""
     checks = {
         name: "ok" if _check(name, fn) else "fail"
-        for name, fn in (("database", _database), ("redis", _redis), ("celery", _celery))
+        for name, fn in (("database", database_answers), ("redis", _redis), ("celery", _celery))
     }
     healthy = all(v == "ok" for v in checks.values())
     return JsonResponse({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)

@@ -19,9 +19,10 @@ from controlplane.api import serializers as s
 from controlplane.api.params import StrictLimitOffsetPagination, parse_count
 from controlplane.api.views import IsOperator, WriteThrottle, actor_of, parse_id
 from controlplane.core.driver_link import TRAJECTORY_STATUSES
-from controlplane.models import Job, SimulationRun, Trajectory
+from controlplane.models import Trajectory
 from controlplane.selectors import trajectories as trajectory_selectors
-from controlplane.selectors.jobs import job_series, job_status
+from controlplane.selectors.jobs import job_exists, job_series, job_status
+from controlplane.selectors.simulations import run_dict, simulation_run, simulation_runs
 from controlplane.services import nodes, simulations
 from controlplane.services.errors import InvalidInput, NotFound
 
@@ -48,7 +49,7 @@ class JobSeriesView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request, pk: str) -> Response:
         job_id = parse_id(pk)
-        if job_status(job_id, decisions=0, transitions=0, events=0) is None:
+        if not job_exists(job_id):
             raise NotFound(f"job {pk} does not exist", field="id")
         return Response(job_series(job_id))
 
@@ -91,9 +92,7 @@ class SimulationListView(APIView):
         responses={200: OBJECT_LIST}, operation_id="simulations_list"
     )  # not simulations_retrieve (the detail's)
     def get(self, request: Request) -> Response:
-        return Response(
-            [simulations.run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]]
-        )
+        return Response(simulation_runs())
 
     @extend_schema(request=SimulationRequestSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:
@@ -103,7 +102,7 @@ class SimulationListView(APIView):
         run = simulations.request_run(
             scenario=v["scenario"], seed=v.get("seed"), policies=v.get("policies") or [], user=request.user
         )
-        return Response(simulations.run_dict(run), status=status.HTTP_201_CREATED)
+        return Response(run_dict(run), status=status.HTTP_201_CREATED)
 
 
 class SimulationDetailView(APIView):
@@ -111,10 +110,10 @@ class SimulationDetailView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request, pk: str) -> Response:
-        run = SimulationRun.objects.select_related("created_by").filter(pk=parse_id(pk)).first()
+        run = simulation_run(parse_id(pk))
         if run is None:
             raise NotFound(f"simulation {pk} does not exist", field="id")
-        return Response(simulations.run_dict(run))
+        return Response(run)
 
 
 class TrajectoryPagination(StrictLimitOffsetPagination):
@@ -139,7 +138,7 @@ class JobTrajectoriesView(ListAPIView):
 
     def get_queryset(self) -> QuerySet[Trajectory]:
         job_id = parse_id(self.kwargs["pk"])
-        if not Job.objects.filter(pk=job_id).exists():
+        if not job_exists(job_id):
             raise NotFound(f"job {self.kwargs['pk']} does not exist", field="id")
         raw, status_ = self.request.query_params.get("step"), self.request.query_params.get("status")
         step = None if raw in (None, "") else parse_count(raw, "step", lo=0, hi=2**31)
@@ -154,6 +153,6 @@ class JobTrajectoryStepsView(APIView):
     @extend_schema(responses={200: OBJECT_LIST})
     def get(self, request: Request, pk: str) -> Response:
         job_id = parse_id(pk)
-        if not Job.objects.filter(pk=job_id).exists():
+        if not job_exists(job_id):
             raise NotFound(f"job {pk} does not exist", field="id")
         return Response(trajectory_selectors.steps(job_id))

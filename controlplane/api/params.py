@@ -101,16 +101,16 @@ def name_param(request: Request, name: str) -> str | None:
     return pattern_param(request, name, NAME_PATTERN)
 
 
-def job_filter(request: Request, qs: Any) -> Any:
-    """`?job=` by id (ASCII digits) or by name (what a job name may be)."""
+def job_param(request: Request) -> int | str | None:
+    """`?job=`: a job id (ASCII digits), a job name (what a job name may be), or None (no filter)."""
     job = text_param(request, "job", max_len=63)
     if job is None:
-        return qs
+        return None
     if _DIGITS.fullmatch(job):
-        return qs.filter(job_id=parse_id(job, "job"))
+        return parse_id(job, "job")
     if not _NAME.fullmatch(job):
         raise InvalidInput(f"job must be a job id or a job name, got {job[:40]!r}", field="job")
-    return qs.filter(job__name=job)
+    return job
 
 
 class StrictLimitOffsetPagination(LimitOffsetPagination):

@@ -13,6 +13,7 @@ from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
 from controlplane.models import NAME_VALIDATOR, Decision, Event, Job, Node, Trajectory, Transition, TransitionStep
 from controlplane.selectors import leases
+from controlplane.selectors.nodes import present_gpus
 from controlplane.services import trajectories
 
 MAX_GPUS = 65536
@@ -177,7 +178,7 @@ class NodeListSerializer(serializers.ListSerializer):
     view's context already carries it), not once per row."""
 
     def to_representation(self, data: Any) -> list[Any]:
-        page = list(data.all() if hasattr(data, "all") else data)
+        page = list(data)
         if LAST_SEEN not in self.context:
             rows = {n.pk: n.last_heartbeat for n in page}
             self._context = {**self.context, LAST_SEEN: leases.effective_last_seen(rows)}
@@ -222,7 +223,7 @@ class NodeSerializer(serializers.ModelSerializer):
         return serializers.DateTimeField().to_representation(hb) if hb else None
 
     def get_gpus(self, node: Node) -> int:
-        return node.gpus.filter(present=True).count()
+        return present_gpus(node)
 
 
 class PreemptionSerializer(serializers.Serializer):

@@ -21,15 +21,19 @@ from controlplane.api.params import (
     JOB_PATTERN,
     KIND_PATTERN,
     NAME_PATTERN,
-    job_filter,
+    job_param,
     name_param,
     parse_id,
     pattern_param,
     time_param,
 )
 from controlplane.models import Decision, Event, Job, Node, Transition
+from controlplane.selectors import history
+from controlplane.selectors import jobs as job_selectors
+from controlplane.selectors import nodes as node_selectors
 from controlplane.selectors.catalog import catalog
 from controlplane.selectors.cluster import cluster_snapshot
+from controlplane.selectors.users import is_operator
 from controlplane.services import credentials, jobs, nodes
 
 
@@ -46,9 +50,7 @@ class IsOperator(permissions.BasePermission):
         user = request.user
         if not (user and user.is_authenticated):
             return False
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        return bool(user.is_staff or user.groups.filter(name="operators").exists())
+        return request.method in permissions.SAFE_METHODS or is_operator(user)
 
 
 class WriteThrottle(ScopedRateThrottle):
@@ -81,14 +83,13 @@ class IdLookupMixin:
 
 
 class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = Job.objects.select_related("created_by").all()
     serializer_class = s.JobSerializer
     permission_classes = [IsOperator]
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
     def get_queryset(self) -> QuerySet[Job]:
-        return _name_filter(self.request, super().get_queryset())
+        return job_selectors.jobs(name=_name(self.request))
 
     @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobSerializer})
     def create(self, request: Request) -> Response:
@@ -120,24 +121,23 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
     def overrides(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         if request.method == "GET":
-            return Response(jobs.override_dict(job.override))
+            return Response(job_selectors.job_override(job.pk))
         body = s.OverrideSerializer(data=request.data, partial=request.method == "PATCH")
         body.is_valid(raise_exception=True)
         override = jobs.set_overrides(
             job_id=job.pk, changes=dict(body.validated_data), actor=actor_of(request), user=request.user
         )
-        return Response(jobs.override_dict(override))
+        return Response(job_selectors.override_dict(override))
 
 
 class NodeViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = Node.objects.all()
     serializer_class = s.NodeSerializer
     permission_classes = [IsOperator]
     throttle_classes = [WriteThrottle]
     throttle_scope = "writes"
 
     def get_queryset(self) -> QuerySet[Node]:
-        return _name_filter(self.request, super().get_queryset())
+        return node_selectors.nodes(name=_name(self.request))
 
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
@@ -182,10 +182,9 @@ class ClusterView(APIView):
         return Response(cluster_snapshot())
 
 
-def _name_filter(request: Request, qs: Any) -> Any:
+def _name(request: Request) -> str | None:
     """`?name=` on the list (the CLI addresses jobs and nodes by name)."""
-    name = request.query_params.get("name") if getattr(request, "query_params", None) is not None else None
-    return qs.filter(name=name) if name else qs
+    return request.query_params.get("name") if getattr(request, "query_params", None) is not None else None
 
 
 class CatalogView(APIView):
@@ -204,7 +203,7 @@ class DecisionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.DecisionSerializer
 
     def get_queryset(self) -> QuerySet[Decision]:
-        return job_filter(self.request, Decision.objects.select_related("job"))
+        return history.decisions(job=job_param(self.request))
 
 
 @extend_schema(parameters=[JOB_PARAM])
@@ -212,7 +211,7 @@ class TransitionViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.TransitionSerializer
 
     def get_queryset(self) -> QuerySet[Transition]:
-        return job_filter(self.request, Transition.objects.select_related("job").prefetch_related("steps"))
+        return history.transitions(job=job_param(self.request))
 
 
 @extend_schema(
@@ -232,16 +231,10 @@ class EventViewSet(IdLookupMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.EventSerializer
 
     def get_queryset(self) -> QuerySet[Event]:
-        qs = job_filter(self.request, Event.objects.select_related("job", "node"))
-        kind = pattern_param(self.request, "kind", KIND_PATTERN)
-        if kind:
-            qs = qs.filter(kind__startswith=kind) if kind.endswith(".") else qs.filter(kind=kind)
-        node = name_param(self.request, "node")
-        if node:
-            qs = qs.filter(node__name=node)
-        since, until = time_param(self.request, "since"), time_param(self.request, "until")
-        if since:
-            qs = qs.filter(created__gte=since)
-        if until:
-            qs = qs.filter(created__lte=until)
-        return qs
+        return history.events(
+            job=job_param(self.request),
+            kind=pattern_param(self.request, "kind", KIND_PATTERN),
+            node=name_param(self.request, "node"),
+            since=time_param(self.request, "since"),
+            until=time_param(self.request, "until"),
+        )

@@ -5,12 +5,49 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, cast
 
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, QuerySet
 
 from controlplane.core.state import Activity, Role
 from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker, WorkerGPU
 
 HISTORY_KINDS = ("step", "train")
+LIVE = (Job.Status.PENDING, Job.Status.RUNNING)
+
+
+def jobs(*, name: str | None = None) -> QuerySet[Job]:
+    """The job list of the API, with who submitted each (`?name=` picks one: the CLI names jobs)."""
+    qs = Job.objects.select_related("created_by")
+    return qs.filter(name=name) if name else qs
+
+
+def job_exists(job_id: int) -> bool:
+    return Job.objects.filter(pk=job_id).exists()
+
+
+def live_job_ids() -> list[int]:
+    """Jobs pending or running: what the periodic re-plan plans."""
+    return list(Job.objects.filter(status__in=LIVE).values_list("id", flat=True))
+
+
+OVERRIDE_FIELDS = (
+    "force_mode",
+    "force_n_prefill",
+    "force_n_decode",
+    "force_exact",
+    "freeze",
+    "borrowing",
+    "elasticity",
+)
+
+
+def override_dict(o: Override) -> dict[str, Any]:
+    """An override as the API answers it (and as its audit event records it, before and after)."""
+    return {f: getattr(o, f) for f in OVERRIDE_FIELDS} | {"updated": o.updated.isoformat() if o.updated else None}
+
+
+def job_override(job_id: int) -> dict[str, Any]:
+    """The job's override in force (every job has one from its creation; none forced reads as the defaults)."""
+    return override_dict(Override.objects.filter(job_id=job_id).first() or Override(job_id=job_id))
 
 
 def configuration_label(mode: str, n_prefill: int, n_decode: int, n_colocated: int) -> str:
@@ -42,17 +79,8 @@ def override_summary(o: dict[str, Any] | None) -> str:
 
 
 def _override_dicts(job_ids: list[int]) -> dict[int, dict[str, Any]]:
-    fields = (
-        "job_id",
-        "force_mode",
-        "force_n_prefill",
-        "force_n_decode",
-        "force_exact",
-        "freeze",
-        "borrowing",
-        "elasticity",
-    )
-    return {row["job_id"]: row for row in Override.objects.filter(job_id__in=job_ids).values(*fields)}
+    rows = Override.objects.filter(job_id__in=job_ids).values("job_id", *OVERRIDE_FIELDS)
+    return {row["job_id"]: row for row in rows}
 
 
 def jobs_overview(limit: int = 50) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from controlplane.core.profiles import get_hardware, get_profile
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role
 from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
 from controlplane.selectors.driver import not_returned
-from controlplane.selectors.jobs import override_summary
+from controlplane.selectors.jobs import OVERRIDE_FIELDS, override_dict, override_summary
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.invariants import assert_invariants
@@ -204,21 +204,6 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
             )
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
     return job
-
-
-OVERRIDE_FIELDS = (
-    "force_mode",
-    "force_n_prefill",
-    "force_n_decode",
-    "force_exact",
-    "freeze",
-    "borrowing",
-    "elasticity",
-)
-
-
-def override_dict(o: Override) -> dict[str, Any]:
-    return {f: getattr(o, f) for f in OVERRIDE_FIELDS} | {"updated": o.updated.isoformat() if o.updated else None}
 
 
 def set_overrides(*, job_id: int, changes: dict[str, Any], actor: str, user: Any = None) -> Override:

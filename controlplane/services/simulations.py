@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.models import SimulationRun
+from controlplane.selectors.simulations import run_dict
 from controlplane.services import dispatch
 from controlplane.services.errors import Conflict, InvalidInput, NotFound
 from controlplane.services.events import push_delta_on_commit
@@ -127,24 +128,6 @@ def _series(r: Any, tp: int) -> dict[str, Any]:
         ],
         "borrow_windows": [[round(a, 3), round(b, 3), sid] for a, b, sid in r.borrow_windows],
     }
-
-
-def run_dict(sim: SimulationRun, *, full: bool = True) -> dict[str, Any]:
-    out = {
-        "id": sim.pk,
-        "scenario": sim.scenario,
-        "seed": sim.seed,
-        "policies": sim.policies,
-        "status": sim.status,
-        "error": sim.error,
-        "wall_s": sim.wall_s,
-        "created": sim.created.isoformat(),
-        "finished": sim.finished.isoformat() if sim.finished else None,
-        "created_by": sim.created_by.username if sim.created_by_id and sim.created_by else None,
-    }
-    if full:
-        out["result"] = sim.result
-    return out
 
 
 def _push(sim: SimulationRun) -> None:
