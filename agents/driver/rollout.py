@@ -65,6 +65,7 @@ class RolloutDriver(EpisodeRunner):
             dispatch_cap=job.dispatch_cap,
         )
         self.loop = RolloutLoop.restore(cfg, checkpoint) if checkpoint else RolloutLoop(cfg)
+        self.restored = bool(checkpoint)
         # the loop's times (a step's start, a trajectory's turns) are seconds since the job's loop first
         # started; a restarted driver goes on from the wall-clock epoch kept in the checkpoint
         self.epoch = float((checkpoint or {}).get("clock_epoch", time.time()))
@@ -102,6 +103,8 @@ class RolloutDriver(EpisodeRunner):
         flusher = asyncio.create_task(self._flush_forever())
         if self.cluster is not None:
             self.on_cluster(self.cluster)
+        if self.restored:
+            self._reassert_training_state()
         self.runner.feed(lp.Start(self.runner.now()))
         try:
             await self.done.wait()
@@ -115,6 +118,20 @@ class RolloutDriver(EpisodeRunner):
 
     def stop(self) -> None:
         self.done.set()
+
+    def _reassert_training_state(self) -> None:
+        """A restored loop says again where its trainer handshake is, before anything it resumes asks for.
+
+        The control plane takes signals at once but the checkpoint every CHECKPOINT_EVERY_S, so after a
+        crash its job may be past the checkpoint (a Training Finished taken, the checkpoint still mid-update)
+        or behind it. The restored loop's handshake is the truth: Training Begin while it is returning,
+        training or publishing (an update asked for is granted only after it), else Training Finished. Both
+        are idempotent at the control plane (`progress.report_signal`); it is also what a lost socket
+        resends (`resend_unacknowledged`). Without it the restarted driver of issue 34 asked for its update
+        twice a second for good, each refused for want of a Training Begin."""
+        signal = Signal.TRAINING_BEGIN if self.loop.training_active else Signal.TRAINING_FINISHED
+        log.info("resumed: training state %s (%s)", self.loop.trainer, signal)
+        self.emit_signal(lp.EmitSignal(signal, self.loop.remaining))
 
     def _spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
