@@ -109,7 +109,7 @@ def seed_cluster(n_nodes: int, gpus_per_node: int) -> str:
     from controlplane.models import AgentCredential
     from controlplane.services.credentials import issue_agent_token
     from controlplane.services.jobs import create_job
-    from controlplane.services.nodes import register_node
+    from controlplane.services.registration import register_node
     from controlplane.services.workers import start_worker
 
     pools = ["reserved"] * (n_nodes // 4) + ["elastic"] * (n_nodes // 2)

@@ -20,7 +20,7 @@ from controlplane.core import driver_link as dl
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
-from controlplane.services import credentials, jobs, latency, leases, nodes, progress, telemetry
+from controlplane.services import credentials, jobs, latency, leases, nodes, progress, registration, telemetry
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
@@ -338,7 +338,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return result.generation
 
     async def _register(self, message: link.Register) -> None:
-        node, superseded = await _service(nodes.register_agent)(
+        node, superseded = await _service(registration.register_agent)(
             credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address
         )
         # the registration is committed: a channel layer that fails now (Redis restarting) must not leave

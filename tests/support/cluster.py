@@ -17,7 +17,7 @@ def make_node(
     from controlplane.core.state import Pool
     from controlplane.models import AgentCredential
     from controlplane.services.credentials import issue_agent_token
-    from controlplane.services.nodes import register_node
+    from controlplane.services.registration import register_node
 
     issue_agent_token(node_name=name)
     cred = AgentCredential.objects.filter(node_name=name).latest("created")

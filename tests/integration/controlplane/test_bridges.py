@@ -17,7 +17,7 @@ from controlplane.models import AgentCredential, Event, Node
 from controlplane.services import bridges
 from controlplane.services.credentials import authenticate_agent, issue_agent_token
 from controlplane.services.errors import NotFound, PermissionDenied
-from controlplane.services.nodes import register_node
+from controlplane.services.registration import register_node
 from tests.support.cluster import make_node
 
 pytestmark = pytest.mark.django_db

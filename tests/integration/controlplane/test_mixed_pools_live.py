@@ -15,7 +15,7 @@ from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.selectors.jobs import job_status
 from controlplane.services import planner
 from controlplane.services.credentials import issue_agent_token
-from controlplane.services.nodes import register_node
+from controlplane.services.registration import register_node
 from tests.support.cluster import make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity, NodeStatus, Pool, Role
 from controlplane.models import Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import desired_state, training_flags, worker_views
-from controlplane.services import jobs, nodes, workers
+from controlplane.services import jobs, nodes, registration, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
 from tests.support.cluster import agents_converge, make_job, make_node
@@ -36,7 +36,7 @@ def test_token_of_node_a_cannot_register_node_b():
     cred = AgentCredential.objects.get(node_name="node-a")
     msg = Register(node="node-b", pool=Pool.RESERVED, hardware="cpu", incarnation="x", slots=[SlotSpec(0, "cpu", 1)])
     with pytest.raises(PermissionDenied):
-        nodes.register_node(credential_id=cred.pk, message=msg)
+        registration.register_node(credential_id=cred.pk, message=msg)
     assert not Node.objects.filter(name="node-b").exists()
 
 
