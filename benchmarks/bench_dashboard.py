@@ -166,7 +166,8 @@ def busy_traffic(ws_base: str, cookie: str, job_id: int, seconds: float) -> dict
 
     from controlplane.core.agent_link import Heartbeat
     from controlplane.models import Node, Worker
-    from controlplane.services.nodes import push_node, record_heartbeat
+    from controlplane.services.heartbeat import record_heartbeat
+    from controlplane.services.nodes import push_node
 
     nodes = list(Node.objects.values_list("id", "epoch", "generation"))
     counts = {"cluster": [0, 0], "job": [0, 0]}

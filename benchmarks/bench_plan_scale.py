@@ -85,7 +85,7 @@ def inproc_converge(node_ids: list[int] | None = None) -> int:
     from controlplane.core.agent_link import Heartbeat, ObservedWorker
     from controlplane.models import Node
     from controlplane.selectors.cluster import desired_state
-    from controlplane.services.nodes import record_heartbeat
+    from controlplane.services.heartbeat import record_heartbeat
 
     qs = Node.objects.filter(status__in=["ready", "draining"])
     qs = qs.filter(pk__in=node_ids) if node_ids is not None else qs.filter(applied_generation__lt=F("generation"))

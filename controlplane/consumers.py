@@ -20,11 +20,21 @@ from controlplane.core import driver_link as dl
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
-from controlplane.services import credentials, jobs, latency, leases, nodes, progress, registration, telemetry
+from controlplane.services import (
+    credentials,
+    heartbeat,
+    jobs,
+    latency,
+    leases,
+    nodes,
+    progress,
+    registration,
+    telemetry,
+)
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
-from controlplane.services.trajectories import record_trajectories
+from controlplane.services.trajectories import mark_trained, record_trajectories
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -309,7 +319,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
         A report equal to this socket's last accepted one renews in Redis on this event loop, with no
         database query and no hop to the database thread (`leases.renew_in_redis`); any other, or whenever
-        Redis' record does not match, takes the database path (`nodes.record_heartbeat`, the token checked
+        Redis' record does not match, takes the database path (`heartbeat.record_heartbeat`, the token checked
         in the same hop), which also re-joins the agent group: a Redis restart empties the records too, so
         the first heartbeat after one always comes here."""
         assert self.node_id is not None
@@ -402,11 +412,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
 def _heartbeat(
     *, credential_id: int | None, node_id: int, message: link.Heartbeat, channel: str
-) -> nodes.HeartbeatResult | None:
+) -> heartbeat.HeartbeatResult | None:
     """The token check and the heartbeat, in one call on the database thread; None: the token was revoked."""
     if credential_id is None or not credentials.credential_is_valid(credential_id):
         return None
-    return nodes.record_heartbeat(node_id=node_id, message=message, channel=channel)
+    return heartbeat.record_heartbeat(node_id=node_id, message=message, channel=channel)
 
 
 def _checked(credential_id: int | None, fn: Callable[..., Any], **kwargs: Any) -> bool:
@@ -503,6 +513,8 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await _service(record_trajectories)(
                 job_id=self.job_id, step=message.step, trajectories=message.trajectories
             )
+        elif isinstance(message, dl.TrainedReport):  # a step's update committed: its records say so (issue 34)
+            await _service(mark_trained)(job_id=self.job_id, report=message)
         elif isinstance(message, dl.UpdateRequest):
             try:
                 await _service(jobs.start_update)(job_id=self.job_id, actor=actor)

@@ -457,7 +457,8 @@ async def renew_in_redis(*, node_id: int, message: Heartbeat, channel: str, dige
     """The agent socket's heartbeat that repeats its last accepted report, on the server's event loop: no
     database query, one Redis round trip (`renew_unchanged`: this socket, this epoch, this report, a
     live Redis lease whose row lease needs no refresh yet). Returns the node's desired-state generation
-    (Redis' mirror of the row's), or None: anything differs, or Redis failed, and `heartbeat.record_heartbeat` decides.
+    (Redis' mirror of the row's), or None: anything differs, or Redis failed, and
+    `heartbeat.record_heartbeat` decides.
     Fencing is unchanged: a new registration, a fenced or lost node, a revoked token, a report the database
     has not taken: each has a record that does not match (or none)."""
     try:

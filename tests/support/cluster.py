@@ -48,7 +48,7 @@ def agents_converge(*, skip: tuple[str, ...] = ()) -> None:
     from controlplane.core.state import Activity, NodeStatus, Role
     from controlplane.models import Job, Node
     from controlplane.selectors.cluster import desired_state
-    from controlplane.services.nodes import record_heartbeat
+    from controlplane.services.heartbeat import record_heartbeat
 
     for node in Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING]).exclude(name__in=skip):
         ds = desired_state(node)

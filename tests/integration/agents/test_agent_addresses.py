@@ -78,7 +78,7 @@ def test_agent_cli_refuses_a_public_bind_without_a_data_plane_secret(tmp_path):
 
 def test_endpoint_on_keeps_the_bound_loopback_address_and_only_the_nodes_own_elsewhere():
     from controlplane.models import Node
-    from controlplane.services.nodes import _endpoint_on
+    from controlplane.services.heartbeat import _endpoint_on
 
     local = Node(name="a", address="127.0.0.1")
     assert _endpoint_on(local, "http://127.0.0.1:5000") == "http://127.0.0.1:5000"

@@ -22,7 +22,7 @@ from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.core.state import Activity, Role
 from controlplane.models import Node
 from controlplane.selectors import leases as lease_reads
-from controlplane.services import leases, nodes
+from controlplane.services import heartbeat, leases
 from controlplane.services.availability import set_elastic_capacity
 from tests.support.cluster import make_node
 from tests.support.environment import fresh_leases
@@ -58,11 +58,11 @@ def renewed_in_redis_only(node: Node) -> Node:
     """Two heartbeats reporting the same: the first writes the row, the second renews the lease in Redis only.
     The row's last-seen is then set STALE_S back (what it looks like DB_REFRESH_S after its last write)."""
     node.refresh_from_db()
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=STALE_S))
     time.sleep(0.01)
     with CaptureQueriesContext(connection) as ctx:
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     assert not [q for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith(("UPDATE", "INSERT"))]
     node.refresh_from_db()
     assert node.last_heartbeat is not None and (timezone.now() - node.last_heartbeat).total_seconds() >= STALE_S

@@ -26,6 +26,7 @@ from controlplane.core.state import Activity, Pool, Role
 from controlplane.models import AgentCredential, Node
 from controlplane.services import credentials, leases, nodes, registration
 from controlplane.services.events import agent_group
+from controlplane.services.heartbeat import record_heartbeat
 from tests.integration.controlplane.test_sockets import registered_agent
 from tests.support.cluster import make_node
 from tests.support.environment import fresh_leases
@@ -85,7 +86,7 @@ def accepted(name: str = "n1") -> Node:
     node = make_node(name)
     Node.objects.filter(pk=node.pk).update(agent_channel="c1")
     node.refresh_from_db()
-    assert nodes.record_heartbeat(node_id=node.pk, message=beat(node), channel="c1").refused == []
+    assert record_heartbeat(node_id=node.pk, message=beat(node), channel="c1").refused == []
     return node
 
 
@@ -109,7 +110,7 @@ def test_whatever_differs_goes_to_the_database_path() -> None:
     assert fast(node, beat(node)) is None
     assert score(node) < time.time()  # and was not renewed
     # the database path takes the report, and the next repeat is fast again
-    assert nodes.record_heartbeat(node_id=node.pk, message=beat(node), channel="c1").refused == []
+    assert record_heartbeat(node_id=node.pk, message=beat(node), channel="c1").refused == []
     assert fast(node, beat(node)) == node.generation
 
 
@@ -118,7 +119,7 @@ def test_a_row_lease_due_for_refresh_goes_to_the_database(settings) -> None:
     node = accepted()
     assert fast(node, beat(node)) is None
     before = Node.objects.get(pk=node.pk).last_heartbeat
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node), channel="c1")  # the fenced UPDATE of the row
+    record_heartbeat(node_id=node.pk, message=beat(node), channel="c1")  # the fenced UPDATE of the row
     after = Node.objects.get(pk=node.pk).last_heartbeat
     assert before is not None and after is not None and after > before
 
@@ -162,7 +163,7 @@ def test_an_empty_or_unreachable_redis_goes_to_the_database(settings) -> None:
     node = accepted()
     leases.client().delete(leases.HOLDERS)  # what a Redis restart leaves
     assert fast(node, beat(node)) is None
-    assert nodes.record_heartbeat(node_id=node.pk, message=beat(node), channel="c1").refused == []
+    assert record_heartbeat(node_id=node.pk, message=beat(node), channel="c1").refused == []
     assert fast(node, beat(node)) == node.generation
     settings.REDIS_URL = "redis://127.0.0.1:1"  # nothing listens there
     assert fast(node, beat(node)) is None

@@ -21,7 +21,7 @@ from django.utils import timezone
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.core.state import Activity, Role
 from controlplane.models import Node, Worker
-from controlplane.services import leases, nodes
+from controlplane.services import heartbeat, leases, nodes
 from controlplane.services.errors import StaleEpoch
 from tests.support.cluster import make_job, make_node
 from tests.support.environment import redis_available
@@ -65,12 +65,12 @@ def beat(node: Node, *, generation: int | None = None, inflight: int = 0) -> Hea
 
 def test_a_heartbeat_that_changes_nothing_writes_no_row_and_opens_no_transaction() -> None:
     node = make_node("n1")
-    first = nodes.record_heartbeat(node_id=node.pk, message=beat(node))  # a new report: the row is written
+    first = heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))  # a new report: the row is written
     assert first.refused == [] and Node.objects.get(pk=node.pk).applied_generation == node.generation
     before = leases.client().zscore(leases.LEASES, str(node.pk))
     time.sleep(0.01)
     with CaptureQueriesContext(connection) as ctx:
-        again = nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+        again = heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     assert again.generation == node.generation and again.refused == []
     assert writes(ctx) == [] and transactions(ctx) == [], statements(ctx)
     assert len(ctx.captured_queries) == 1  # one read: the row (fencing: channel, epoch)
@@ -80,14 +80,14 @@ def test_a_heartbeat_that_changes_nothing_writes_no_row_and_opens_no_transaction
 
 def test_a_changed_report_still_writes_the_row() -> None:
     node = make_node("n1")
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     with CaptureQueriesContext(connection) as ctx:
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
     assert any(s.startswith("UPDATE") for s in writes(ctx))
     assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 3
     with CaptureQueriesContext(connection) as ctx:  # and that report, repeated, is free again
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
     assert writes(ctx) == []
 
 
@@ -116,7 +116,7 @@ def test_a_changed_report_writes_its_workers_in_one_statement_however_many() -> 
     counts = []
     for busy in (0, 1, 4):  # then one worker changes, then three
         with CaptureQueriesContext(connection) as ctx:
-            nodes.record_heartbeat(node_id=node.pk, message=report(busy))
+            heartbeat.record_heartbeat(node_id=node.pk, message=report(busy))
         counts.append(len(ctx.captured_queries))
         updates = [s for s in writes(ctx) if s.startswith('UPDATE "CONTROLPLANE_WORKER"')]
         assert len(updates) == (busy > 0), statements(ctx)
@@ -128,23 +128,23 @@ def test_an_in_flight_count_that_moves_while_busy_writes_nothing_and_going_idle_
     """A serving worker's count moves on almost every beat: only its idleness is a change (what drivers
     route by and the executor's drained checks read); the stored count is the last written report's."""
     node = make_node("n1")
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=3))
     for count in (5, 1, 7):
         with CaptureQueriesContext(connection) as ctx:
-            nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=count))
+            heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=count))
         assert writes(ctx) == [] and transactions(ctx) == [], (count, statements(ctx))
     assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 3
     with CaptureQueriesContext(connection) as ctx:
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=0))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=0))
     assert any(s.startswith("UPDATE") for s in writes(ctx))
     assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 0
     with CaptureQueriesContext(connection) as ctx:  # busy again: a change too
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=2))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=2))
     assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 2
 
 
 def test_a_changed_report_commits_without_waiting_for_the_wal_flush_and_a_registration_waits() -> None:
-    """`nodes.relaxed_commit`: the heartbeat's transaction only (SET LOCAL); the session's setting, and so a
+    """`heartbeat.relaxed_commit`: the heartbeat's transaction only (SET LOCAL); the session's setting, and so a
     registration's (a new epoch: fencing), stays the synchronous commit."""
     if connection.vendor != "postgresql":
         pytest.skip("synchronous_commit is PostgreSQL's")
@@ -152,7 +152,7 @@ def test_a_changed_report_commits_without_waiting_for_the_wal_flush_and_a_regist
         node = make_node("n1")
     assert not any("SYNCHRONOUS_COMMIT" in q for q in statements(ctx))
     with CaptureQueriesContext(connection) as ctx:
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=1))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=1))
     assert "SET LOCAL SYNCHRONOUS_COMMIT TO OFF" in statements(ctx)
     assert Node.objects.get(pk=node.pk).observed[0]["inflight"] == 1  # committed all the same
     with connection.cursor() as c:
@@ -163,15 +163,15 @@ def test_a_changed_report_commits_without_waiting_for_the_wal_flush_and_a_regist
 def test_the_row_gets_a_coarse_last_seen_at_most_once_per_refresh_span(settings) -> None:
     settings.PEARL = {**settings.PEARL, "LEASE_DB_REFRESH_S": 0.0}  # the row lease is always under one lease
     node = make_node("n1")
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     seen = Node.objects.get(pk=node.pk).last_heartbeat
     with CaptureQueriesContext(connection) as ctx:
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     assert [s.split()[0] for s in writes(ctx)] == ["UPDATE"] and transactions(ctx) == []
     last = Node.objects.get(pk=node.pk).last_heartbeat
     assert last is not None and seen is not None and last > seen
     with CaptureQueriesContext(connection) as ctx:  # the record follows the row: the next beat is fast again
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     assert len(writes(ctx)) == 1 and transactions(ctx) == []
 
 
@@ -184,7 +184,7 @@ def test_a_heartbeat_that_waited_for_the_row_lock_renews_from_when_it_got_it(set
         pytest.skip("row locks are PostgreSQL's (SQLite's writes are serialized whole)")
     settings.PEARL = {**settings.PEARL, "LEASE_S": 1.0}
     node = make_node("n1")
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     held, hold_s = threading.Event(), 1.5
 
     def executor() -> None:  # another connection holds the node's row lock for longer than one lease
@@ -199,7 +199,7 @@ def test_a_heartbeat_that_waited_for_the_row_lock_renews_from_when_it_got_it(set
     holder = threading.Thread(target=executor)
     holder.start()
     assert held.wait(10)
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node, inflight=2))  # a new report: the locked path
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node, inflight=2))  # a new report: the locked path
     released = time.time()
     holder.join()
     redis_lease = leases.client().zscore(leases.LEASES, str(node.pk))
@@ -211,7 +211,7 @@ def test_a_heartbeat_that_waited_for_the_row_lock_renews_from_when_it_got_it(set
 def test_expiry_decided_by_redis_still_fences() -> None:
     node = make_node("n1")
     for _ in range(3):
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     row = Node.objects.get(pk=node.pk)
     lease = leases.lease_s()
     assert row.lease_expires is not None
@@ -222,15 +222,15 @@ def test_expiry_decided_by_redis_still_fences() -> None:
     assert lost.status == "not_ready" and lost.epoch == node.epoch + 1
     assert leases.client().zscore(leases.LEASES, str(node.pk)) is None  # the new epoch has no Redis renewal
     with pytest.raises(StaleEpoch):
-        nodes.record_heartbeat(node_id=node.pk, message=beat(node))
-    back = nodes.record_heartbeat(node_id=node.pk, message=beat(lost))  # the current epoch recovers the node
+        heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
+    back = heartbeat.record_heartbeat(node_id=node.pk, message=beat(lost))  # the current epoch recovers the node
     assert back.refused == [] and Node.objects.get(pk=node.pk).status == "ready"
 
 
 def test_a_row_written_behind_redis_wins() -> None:
     """An operator (or a test) that sets the row's lease decides: Redis' record extends another lease."""
     node = make_node("n1")
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     Node.objects.filter(pk=node.pk).update(lease_expires=timezone.now() - timedelta(seconds=1))
     assert nodes.expire_leases() == ["n1"]
 
@@ -238,7 +238,7 @@ def test_a_row_written_behind_redis_wins() -> None:
 def test_the_sweep_reads_only_the_expired_nodes() -> None:
     made = [make_node(f"n{i}") for i in range(12)]
     for n in made:
-        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+        heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
     leases.client().zadd(leases.LEASES, {str(made[0].pk): time.time() - 1})  # n0's renewals stopped
     with CaptureQueriesContext(connection) as ctx:
         assert nodes.expire_leases() == ["n0"]
@@ -309,8 +309,8 @@ def _until_reachable() -> None:
 def test_a_redis_restart_makes_no_node_look_lost(private_redis: PrivateRedis) -> None:
     made = [make_node(f"n{i}") for i in range(3)]
     for n in made:
-        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
-        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+        heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
+        heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
     assert nodes.expire_leases() == []  # the sweeper stamps this Redis' generation
     private_redis.stop()
     private_redis.start()  # empty: every renewal and record is gone
@@ -320,9 +320,9 @@ def test_a_redis_restart_makes_no_node_look_lost(private_redis: PrivateRedis) ->
     assert leases.client().get(leases.BOOT) is not None  # the empty Redis was noticed: a new generation
     assert set(Node.objects.values_list("status", flat=True)) == {"ready"}
     n = made[0]
-    nodes.record_heartbeat(node_id=n.pk, message=beat(n))  # no record: the database path, once
+    heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))  # no record: the database path, once
     with CaptureQueriesContext(connection) as ctx:
-        nodes.record_heartbeat(node_id=n.pk, message=beat(n))
+        heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
     assert writes(ctx) == [] and transactions(ctx) == []  # then Redis renews again
     # a node that never came back is still lost once its row lease runs out
     gone = timezone.now() + timedelta(seconds=leases.lease_s() + leases.db_refresh_s() + 1)
@@ -331,11 +331,11 @@ def test_a_redis_restart_makes_no_node_look_lost(private_redis: PrivateRedis) ->
 
 def test_redis_down_the_database_renews_the_exact_lease(private_redis: PrivateRedis) -> None:
     node = make_node("n1")
-    nodes.record_heartbeat(node_id=node.pk, message=beat(node))
+    heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     private_redis.stop()
     t0 = timezone.now()
     with CaptureQueriesContext(connection) as ctx:
-        assert nodes.record_heartbeat(node_id=node.pk, message=beat(node)).refused == []
+        assert heartbeat.record_heartbeat(node_id=node.pk, message=beat(node)).refused == []
     assert any(s.startswith("UPDATE") for s in writes(ctx))  # the old path: a row-locked transaction
     row = Node.objects.get(pk=node.pk)
     assert row.lease_expires is not None

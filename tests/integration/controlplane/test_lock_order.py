@@ -23,8 +23,8 @@ from django.db.models import F
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.models import Event, Job, Node, Worker
 from controlplane.services import jobs, leases, planner
+from controlplane.services.heartbeat import record_heartbeat
 from controlplane.services.locks import lock_job, locked
-from controlplane.services.nodes import record_heartbeat
 from controlplane.services.retry import is_transient, retry_transient
 from controlplane.services.workers import WorkerChange, change_workers, stop_worker
 from tests.support.cluster import agents_converge, make_job, make_node, run_transition

@@ -12,7 +12,7 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity, NodeStatus, Pool, Role
 from controlplane.models import Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import desired_state, training_flags, worker_views
-from controlplane.services import jobs, nodes, registration, workers
+from controlplane.services import heartbeat, jobs, nodes, registration, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
 from tests.support.cluster import agents_converge, make_job, make_node
@@ -271,7 +271,7 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
             )
         ],
     )
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
+    assert heartbeat.record_heartbeat(node_id=t.pk, message=hb).refused == []
     job.refresh_from_db()
     assert job.weight_version == 3
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
@@ -279,7 +279,7 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     assert r.generation > gen_before
     (w,) = desired_state(r).workers
     assert w.weights_url == "http://127.0.0.1:9999" and w.min_weight_version == 2
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []  # same version again: nothing new
+    assert heartbeat.record_heartbeat(node_id=t.pk, message=hb).refused == []  # same version again: nothing new
     assert Event.objects.filter(kind="weights.published", job=job).count() == 1
 
 
@@ -318,5 +318,5 @@ def test_a_rollout_worker_reported_before_its_trainer_in_one_heartbeat_is_not_re
             ),
         ],
     )
-    assert nodes.record_heartbeat(node_id=t.pk, message=hb).refused == []
+    assert heartbeat.record_heartbeat(node_id=t.pk, message=hb).refused == []
     assert Worker.objects.get(pk=rollout.pk).weight_version == 1
