@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -119,26 +118,19 @@ def main() -> None:
     db_url = os.environ.get("DATABASE_URL", "")
     if not db_url.startswith("postgres"):
         raise SystemExit("set DATABASE_URL to a PostgreSQL database this benchmark may drop and create")
-    from bench_controlplane import free_port, wait_port
+    from bench_load import seed
+    from harness import setup, start_redis, stop
 
-    port = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    redis, port = start_redis()
     try:
-        wait_port(port)
         code = Path(args.code).resolve()
-        from bench_load import seed, setup
 
         setup(db_url, f"redis://127.0.0.1:{port}", root=code)
 
         agents, _job = seed(args.agents)
         out = asyncio.run(run(agents, args.beats, port))
     finally:
-        redis.terminate()
-        redis.wait(timeout=30)
+        stop([redis])
     out.update(label=args.label or str(code), agents=args.agents, load_average=[round(x, 1) for x in os.getloadavg()])
     print(json.dumps(out))
 

@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import platform
-import secrets
 import statistics
 import subprocess
 import sys
@@ -43,106 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_controlplane import PY, ROOT, free_port, pct, wait_port
-
-HERE = Path(__file__).resolve().parent
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def setup(db_url: str, redis_url: str, tmp: Path | None = None, root: Path = ROOT) -> None:
-    """A fresh database (dropped and created) migrated by the control plane of `root` (another checkout's for
-    a side-by-side run), in this process."""
-    os.environ.update(DATABASE_URL=db_url, REDIS_URL=redis_url, PEARL_TESTING="1", DEBUG="0")
-    if tmp is not None:
-        os.environ["PEARL_VAR_DIR"] = str(tmp)
-    sys.path.insert(0, str(root))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pearl_site.settings")
-    import psycopg
-
-    base, name = db_url.rsplit("/", 1)
-    with psycopg.connect(base + "/postgres", autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        c.execute(f'CREATE DATABASE "{name}"')
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def seed_nodes(prefix: str, n: int, *, gpus: int, pool: str, address: str = "") -> tuple[list[Any], dict[str, str]]:
-    """n nodes named <prefix>-00000.. (not ready until their agent registers) of `gpus` H800 slots each, and
-    their agent tokens, written in bulk (the agents then register over their sockets, or the benchmark in
-    process): (the Node rows in name order, name -> token)."""
-    from django.utils import timezone
-
-    from controlplane.models import GPU, AgentCredential, Node
-    from controlplane.services.credentials import TOKEN_PREFIX
-
-    now = timezone.now()
-    names = [f"{prefix}-{i:05d}" for i in range(n)]
-    tokens = {name: TOKEN_PREFIX + secrets.token_urlsafe(32) for name in names}
-    AgentCredential.objects.bulk_create(
-        [
-            AgentCredential(node_name=name, key_hash=hashlib.sha256(t.encode()).hexdigest(), prefix=t[4:12])
-            for name, t in tokens.items()
-        ]
-    )
-    Node.objects.bulk_create(
-        [
-            Node(
-                name=name,
-                pool=pool,
-                status="not_ready",
-                hardware="H800",
-                epoch=1,
-                generation=1,
-                last_heartbeat=now,
-                lease_expires=now,
-                address=address,
-            )
-            for name in names
-        ]
-    )
-    nodes = list(Node.objects.filter(name__in=names).order_by("name"))
-    GPU.objects.bulk_create(
-        [
-            GPU(node=node, index=s, hardware="H800", memory_mb=81920, zone="rollout")
-            for node in nodes
-            for s in range(gpus)
-        ]
-    )
-    return nodes, tokens
-
-
-def seed_workers(job: Any, nodes: list[Any], gpus: int, *, endpoints: bool = False) -> dict[tuple[int, int], Any]:
-    """One active colocated worker of `job` on each GPU slot of these nodes (job slot gpus * i + index),
-    bound to it, in bulk; with `endpoints`, each serving on its own loopback port. (node id, index) -> Worker."""
-    from controlplane.models import GPU, Worker, WorkerGPU
-
-    Worker.objects.bulk_create(
-        [
-            Worker(
-                job=job,
-                slot=gpus * i + s,
-                node=node,
-                zone="rollout",
-                role="colocated",
-                activity="active",
-                engine="emulated",
-                endpoint=f"http://127.0.0.1:{20000 + gpus * i + s}" if endpoints else "",
-            )
-            for i, node in enumerate(nodes)
-            for s in range(gpus)
-        ]
-    )
-    slots = {(g.node_id, g.index): g for g in GPU.objects.filter(node__in=nodes)}
-    workers = {(w.node_id, w.slot % gpus): w for w in Worker.objects.filter(job=job, node__in=nodes)}
-    WorkerGPU.objects.bulk_create(
-        [WorkerGPU(worker=w, gpu=slots[key], kind="rollout", alive=True, active=True) for key, w in workers.items()]
-    )
-    return workers
+import harness
+from bench_controlplane import ROOT, pct
 
 
 def seed(n: int) -> tuple[list[list[Any]], str]:
@@ -150,9 +50,9 @@ def seed(n: int) -> tuple[list[list[Any]], str]:
     ([name, token, worker ids], job)."""
     from controlplane.services.jobs import create_job
 
-    nodes, tokens = seed_nodes("load", n, gpus=2, pool="reserved")
+    nodes, tokens = harness.seed_nodes("load", n, gpus=2, pool="reserved")
     job = create_job(spec={"name": "load-job", "rollout_gpus": 2, "training_gpus": 0}, actor="bench")
-    workers = seed_workers(job, nodes, 2)
+    workers = harness.seed_workers(job, nodes, 2)
     return [[nd.name, tokens[nd.name], [workers[(nd.pk, s)].pk for s in range(2)]] for nd in nodes], job.name
 
 
@@ -164,24 +64,6 @@ def dashboard_cookie() -> str:
     c = Client()
     c.force_login(user)
     return c.cookies["sessionid"].value
-
-
-def cpu_s(pid: int) -> float:
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / TICK
-    except OSError:
-        return 0.0
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def redis_calls(port: int) -> int:
@@ -262,67 +144,23 @@ def run_step(
     from controlplane.models import Event, TelemetrySample
 
     code = Path(args.code).resolve()
-    ports = [free_port() for _ in range(args.daphnes)]
-    step_env = dict(env, PEARL_HEARTBEAT_S=str(period))
-    web = [
-        subprocess.Popen(
-            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],
-            cwd=code,
-            env=step_env,
-            stdout=open(tmp / f"daphne-{pt}.log", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
-        for pt in ports
-    ]
+    ports, web = harness.start_daphnes(args.daphnes, cwd=code, env=dict(env, PEARL_HEARTBEAT_S=str(period)), tmp=tmp)
     gens: list[subprocess.Popen[str]] = []
-    stop = asyncio.Event()
+    stop_dashboard = asyncio.Event()
     try:
-        for pt in ports:
-            wait_port(pt, timeout=600)  # a contended machine starts Django slowly
         time.sleep(1.0)
-        rss0 = sum(rss_mb(w.pid) for w in web)
+        rss0 = sum(harness.rss_mb(w.pid) for w in web)
         started = time.time()
         from django.utils import timezone
 
         t0 = timezone.now()
-        urls = [f"ws://127.0.0.1:{pt}/ws/agent/" for pt in ports]
-        share = (len(agents) + args.generators - 1) // args.generators
-        for g in range(args.generators):
-            part = agents[g * share : (g + 1) * share]
-            p = subprocess.Popen(
-                [PY, str(HERE / "load_agents.py")],
-                cwd=ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=open(tmp / f"gen-{g}.log", "a"),  # noqa: SIM115 the child keeps writing to it after this block
-                text=True,
-            )
-            cfg = {
-                "urls": urls,
-                "agents": part,
-                "offset": g * share,
-                "period": period,
-                "job": job,
-                "probe_every": args.probe_every,
-                "change_every": args.change_every,
-                "busy": args.busy,
-                "duration": args.duration,
-            }
-            assert p.stdin is not None
-            p.stdin.write(json.dumps(cfg) + "\n")
-            p.stdin.flush()
-            gens.append(p)
-        for p in gens:  # every agent registered (and heartbeats from then on)
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "READY":
-                raise RuntimeError(f"a load generator failed: see {tmp}/gen-*.log")
+        spec = {"period": period, "job": job, "probe_every": args.probe_every, "change_every": args.change_every}
+        spec |= {"busy": args.busy, "duration": args.duration}
+        gens = harness.start_generators(agents, generators=args.generators, ports=ports, tmp=tmp, **spec)
+        harness.wait_ready(gens, tmp)
         registered_s = time.time() - started
         window_start = time.time() + 2 * period
-        for p in gens:
-            assert p.stdin is not None
-            p.stdin.write(json.dumps({"t_start": window_start}) + "\n")
-            p.stdin.flush()
-            p.stdin.close()
+        harness.send(gens, {"t_start": window_start}, last=True)
         recv: dict[str, list[float]] = {}
         stats: dict[str, Any] = {}
 
@@ -336,7 +174,7 @@ def run_step(
                     f"http://127.0.0.1:{ports[0]}",
                     cookie,
                     recv,
-                    stop,
+                    stop_dashboard,
                     ready,
                 )
             )
@@ -355,7 +193,7 @@ def run_step(
                 "redis": [procs["redis"].pid],
                 "load": [g.pid for g in gens],
             }
-            cpu0 = {k: sum(cpu_s(pid) for pid in pids) for k, pids in groups.items()}
+            cpu0 = {k: sum(harness.cpu_s(pid) for pid in pids) for k, pids in groups.items()}
             redis0 = redis_calls(redis_port)
             spies = (
                 []
@@ -363,9 +201,9 @@ def run_step(
                 else [spy(args, w.pid, tmp / f"spy-{period:g}-{len(agents)}-{i}.txt") for i, w in enumerate(web)]
             )
             await asyncio.sleep(args.duration)
-            cpu1 = {k: sum(cpu_s(pid) for pid in pids) for k, pids in groups.items()}
+            cpu1 = {k: sum(harness.cpu_s(pid) for pid in pids) for k, pids in groups.items()}
             stats["redis_calls"] = redis_calls(redis_port) - redis0
-            stats["rss_mb"] = sum(rss_mb(w.pid) for w in web) - rss0
+            stats["rss_mb"] = sum(harness.rss_mb(w.pid) for w in web) - rss0
             await asyncio.sleep(2.0)  # backends flush their statistics
             after = await counters()
             stats["pg"] = (after[0][0] - before[0][0], after[0][1] - before[0][1], after[1] - before[1])
@@ -374,28 +212,15 @@ def run_step(
             for sp in spies:
                 sp.wait(timeout=120)
             await asyncio.sleep(max(0.0, window_start + args.duration + 3 - time.time()))
-            stop.set()
+            stop_dashboard.set()
             await task
 
         asyncio.run(dashboards())
-        outs = []
-        for p in gens:
-            assert p.stdout is not None
-            lines = p.stdout.read().strip().splitlines()
-            p.wait(timeout=120)
-            outs.append(json.loads(lines[-1]))
+        outs = harness.results(gens)
         stopped = timezone.now()  # the agents heartbeated until now: a lease that lapsed before was lost
     finally:
-        for p in gens:
-            if p.poll() is None:
-                p.kill()
-        for w in web:
-            w.terminate()
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        harness.stop(gens, kill=True)
+        harness.stop(web)
     renew = [x for o in outs for x in o["renew_s"]]
     changed = [c for o in outs for c in o["changed"]]
     sent = sum(o["sent"] for o in outs)
@@ -528,24 +353,16 @@ def main() -> None:
     if args.report:
         report(args.report)
         return
-    db_url = os.environ.get("DATABASE_URL", "")
-    if not db_url.startswith("postgres"):
-        raise SystemExit("set DATABASE_URL to a PostgreSQL database this benchmark may drop and create")
+    db_url = harness.postgres_url()
     db = db_url.rsplit("/", 1)[1]
     tmp = Path(tempfile.mkdtemp(prefix="pearl-load-"))
-    rport = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_port(rport)
+    redis, rport = harness.start_redis()
     redis_url = f"redis://127.0.0.1:{rport}"
     sizes = [int(x) for x in args.agents.split(",")]
     results: list[dict[str, Any]] = []
     procs: dict[str, subprocess.Popen[bytes]] = {"redis": redis}
     try:
-        setup(db_url, redis_url, tmp)
+        harness.setup(db_url, redis_url, tmp)
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
         every, _ = IntervalSchedule.objects.get_or_create(every=5, period=IntervalSchedule.SECONDS)
@@ -562,27 +379,11 @@ def main() -> None:
             PEARL_VAR_DIR=str(tmp),
         )
         env.pop("PEARL_TESTING", None)
-        procs["celery"] = subprocess.Popen(
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "pearl_site",
-                "worker",
-                "-B",
-                "--pool=solo",
-                "-Q",
-                "sweep",
-                "-l",
-                "warning",
-                "-s",
-                str(tmp / "beat"),
-            ],
+        procs["celery"] = harness.start_celery(
+            ["-B", "--pool=solo", "-Q", "sweep", "-l", "warning", "-s", str(tmp / "beat")],
             cwd=code,
             env=env,
-            stdout=open(tmp / "celery.log", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
+            log=tmp / "celery.log",
         )
         for period in [float(x) for x in args.periods.split(",")]:
             for n in sizes:
@@ -593,12 +394,7 @@ def main() -> None:
                     break
                 time.sleep(22.0)  # the step's agents' leases lapse (LEASE_S + a sweep) before the next step counts
     finally:
-        for pr in procs.values():
-            pr.terminate()
-            try:
-                pr.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pr.kill()
+        harness.stop(procs.values())
     load = os.getloadavg()
     out = {
         "label": args.label or str(code),
@@ -608,10 +404,7 @@ def main() -> None:
         "duration_s": args.duration,
         "steps": results,
     }
-    text = json.dumps(out, indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    harness.write_report(out, args.out)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench_controlplane import PY, ROOT, free_port, wait_port
-from bench_load import cpu_s, seed_nodes, seed_workers, setup
+import harness
+from bench_controlplane import PY, ROOT
 
-HERE = Path(__file__).resolve().parent
 GPUS = 8
 
 
@@ -48,7 +47,7 @@ def seed(n: int, spare: int) -> tuple[list[list[Any]], int]:
     from controlplane.models import Job, Override
     from controlplane.services.jobs import create_job
 
-    nodes, tokens = seed_nodes("plan", n, gpus=GPUS, pool="elastic", address="127.0.0.1")
+    nodes, tokens = harness.seed_nodes("plan", n, gpus=GPUS, pool="elastic", address="127.0.0.1")
     used = nodes[: n - spare]
     job = create_job(
         spec={"name": "plan-job", "rollout_gpus": len(used) * GPUS, "training_gpus": 0, "hardware": "h800"},
@@ -56,7 +55,7 @@ def seed(n: int, spare: int) -> tuple[list[list[Any]], int]:
     )
     Override.objects.update_or_create(job=job, defaults={"force_mode": "colocated"})
     Job.objects.filter(pk=job.pk).update(status="running", mode="colocated", n_colocated=len(used) * GPUS)
-    seed_workers(job, used, GPUS, endpoints=True)
+    harness.seed_workers(job, used, GPUS, endpoints=True)
     return [[nd.name, tokens[nd.name], []] for nd in nodes], job.pk
 
 
@@ -169,7 +168,7 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
         return execute(sql, params, many, context)
 
     spy = _py_spy(args.py_spy, n)
-    cpu0, pg0 = cpu_s(os.getpid()), cpu_s(backend)
+    cpu0, pg0 = harness.cpu_s(os.getpid()), harness.cpu_s(backend)
     try:
         with connection.execute_wrapper(count):
             out = _capacity_change_inproc(n, spare, job_id, args, queries)
@@ -178,8 +177,8 @@ def run_inproc(n: int, args: argparse.Namespace) -> dict[str, Any]:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=120)
     out["cpu_s"] = {
-        "bench (services, one thread)": round(cpu_s(os.getpid()) - cpu0, 2),
-        "postgres backend": round(cpu_s(backend) - pg0, 2),
+        "bench (services, one thread)": round(harness.cpu_s(os.getpid()) - cpu0, 2),
+        "postgres backend": round(harness.cpu_s(backend) - pg0, 2),
     }
     out["queries"] = queries[0]
     connection.close()
@@ -273,79 +272,25 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
     spare = max(1, round(n * args.spare))
     agents, _ = seed(n, spare)
     n_pre = max(1, round(n * args.preempt))
-    ports = [free_port() for _ in range(args.daphnes)]
     env = dict(env, PEARL_HEARTBEAT_S=str(args.heartbeat), PEARL_LEASE_S=str(max(15.0, 3 * args.heartbeat)))
     procs: list[subprocess.Popen[Any]] = []
-    web = [
-        subprocess.Popen(
-            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],
-            cwd=ROOT,
-            env=env,
-            stdout=open(tmp / f"daphne-{pt}.log", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
-        for pt in ports
-    ]
+    ports, web = harness.start_daphnes(args.daphnes, cwd=ROOT, env=env, tmp=tmp)
     procs += web
     gens: list[subprocess.Popen[str]] = []
     try:
-        for pt in ports:
-            wait_port(pt, timeout=600)
-        urls = [f"ws://127.0.0.1:{pt}/ws/agent/" for pt in ports]
-        share = (len(agents) + args.generators - 1) // args.generators
-        for g in range(args.generators):
-            part = agents[g * share : (g + 1) * share]
-            p = subprocess.Popen(
-                [PY, str(HERE / "load_agents.py")],
-                cwd=ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=open(tmp / f"gen-{g}.log", "a"),  # noqa: SIM115
-                text=True,
-            )
-            cfg = {
-                "urls": urls,
-                "agents": part,
-                "offset": g * share,
-                "period": args.heartbeat,
-                "job": "plan-job",
-                "probe_every": 1 << 30,
-                "change_every": 0,
-                "duration": 36000,
-                "reconcile": True,
-                "slots": GPUS,
-                "pool": "elastic",
-            }
-            assert p.stdin is not None
-            p.stdin.write(json.dumps(cfg) + "\n")
-            p.stdin.flush()
-            gens.append(p)
         started = time.time()
-        for p in gens:
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "READY":
-                raise RuntimeError(f"a load generator failed: see {tmp}/gen-*.log")
+        spec = {"period": args.heartbeat, "job": "plan-job", "probe_every": 1 << 30, "change_every": 0}
+        spec |= {"duration": 36000, "reconcile": True, "slots": GPUS, "pool": "elastic"}
+        gens = harness.start_generators(agents, generators=args.generators, ports=ports, tmp=tmp, **spec)
+        harness.wait_ready(gens, tmp)
         registered_s = time.time() - started
         # the planner starts once every agent registered: the signals queued meanwhile are planned on the whole
         # cluster (started earlier, it would shrink the job to the nodes registered so far, then grow it back)
-        celery = subprocess.Popen(
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "pearl_site",
-                "worker",
-                "--pool=threads",
-                "-c",
-                str(args.celery_threads),
-                "-l",
-                "warning",
-            ],
+        celery = harness.start_celery(
+            ["--pool=threads", "-c", str(args.celery_threads), "-l", "warning"],
             cwd=ROOT,
             env=env,
-            stdout=open(tmp / "celery.log", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
+            log=tmp / "celery.log",
         )
         procs.append(celery)
 
@@ -358,13 +303,10 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
 
         wait_for(settled, 900, "the registrations' re-plans to settle", every=1.0)
         time.sleep(args.heartbeat)  # one quiet heartbeat period
-        for p in gens:
-            assert p.stdin is not None
-            p.stdin.write(json.dumps({"t_start": time.time(), "count_desired": True}) + "\n")
-            p.stdin.flush()
+        harness.send(gens, {"t_start": time.time(), "count_desired": True})
         time.sleep(0.5)
-        cpu0 = {p.pid: cpu_s(p.pid) for p in procs}
-        gcpu0 = sum(cpu_s(p.pid) for p in gens)
+        cpu0 = {p.pid: harness.cpu_s(p.pid) for p in procs}
+        gcpu0 = sum(harness.cpu_s(p.pid) for p in gens)
         last = Transition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         t0, _ = preempt(n_pre, single=args.single_notices)
         try:
@@ -385,29 +327,13 @@ def run_stack(n: int, args: argparse.Namespace, env: dict[str, str], tmp: Path) 
             0.05,
         )
         wall = time.time() - t0
-        cpu = {p.pid: cpu_s(p.pid) - cpu0[p.pid] for p in procs}
-        gcpu = sum(cpu_s(p.pid) for p in gens) - gcpu0
-        for p in gens:
-            assert p.stdin is not None
-            p.stdin.write(json.dumps({"stop": True}) + "\n")
-            p.stdin.close()
-        outs = []
-        for p in gens:
-            assert p.stdout is not None
-            lines = p.stdout.read().strip().splitlines()
-            p.wait(timeout=120)
-            outs.append(json.loads(lines[-1]))
+        cpu = {p.pid: harness.cpu_s(p.pid) - cpu0[p.pid] for p in procs}
+        gcpu = sum(harness.cpu_s(p.pid) for p in gens) - gcpu0
+        harness.send(gens, {"stop": True}, last=True)
+        outs = harness.results(gens)
     finally:
-        for p in gens:
-            if p.poll() is None:
-                p.kill()
-        for pr in procs:
-            pr.terminate()
-            try:
-                pr.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pr.kill()
-                pr.wait()
+        harness.stop(gens, kill=True)
+        harness.stop(procs)
     per_node = [c for o in outs for c in o.get("desired_counts", {}).values()]
     touched = [c for c in per_node if c > 0]
     out: dict[str, Any] = {
@@ -451,41 +377,29 @@ def main() -> None:
     p.add_argument("--py-spy", default="", help="--inproc: py-spy profile of the measured part to FILE.<nodes>")
     p.add_argument("--out", default="")
     args = p.parse_args()
-    db_url = os.environ.get("DATABASE_URL", "")
-    if not db_url.startswith("postgres"):
-        raise SystemExit("set DATABASE_URL to a PostgreSQL database this benchmark may drop and create")
+    db_url = harness.postgres_url()
     tmp = Path(tempfile.mkdtemp(prefix="pearl-plan-"))
-    rport = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    results = []
+    redis, rport = harness.start_redis()
+    runs = []
     try:
-        wait_port(rport)
         redis_url = f"redis://127.0.0.1:{rport}"
         env = dict(os.environ, DATABASE_URL=db_url, REDIS_URL=redis_url, DEBUG="0", PEARL_VAR_DIR=str(tmp))
         env.pop("PEARL_TESTING", None)
         for n in [int(x) for x in args.nodes.split(",")]:
-            setup(db_url, redis_url, tmp)  # a fresh database per size
+            harness.setup(db_url, redis_url, tmp)  # a fresh database per size
             if not args.inproc:
                 os.environ.pop("PEARL_TESTING", None)
             r = run_inproc(n, args) if args.inproc else run_stack(n, args, env, tmp)
-            results.append(r)
+            runs.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     finally:
-        redis.terminate()
-        redis.wait(timeout=30)
+        harness.stop([redis])
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_average": [round(x, 1) for x in os.getloadavg()],
-        "runs": results,
+        "runs": runs,
     }
-    text = json.dumps(out, indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    harness.write_report(out, args.out)
 
 
 if __name__ == "__main__":
