@@ -1,15 +1,19 @@
-"""The RL loop's state machine: `cmds = loop.handle(event)` (the etcd/raft `Ready` pattern, DESIGN §7)."""
+"""The RL loop's state machine: `cmds = loop.handle(event)` (the etcd/raft `Ready` pattern, DESIGN §7).
+
+`RolloutLoop` is the whole machine: the entry point and the step cycle, the trajectories' events (turns,
+environment steps, restarts and final failures), the scheduler's feedback and the STEP record, on top of
+`base.LoopBase` (the loop's records, admitting a step), `training.TrainingPhase` (the trainer handshake)
+and `routing.Routing` (workers and routing).
+"""
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
+from controlplane.core.loop.base import LoopConfig as LoopConfig  # the package imports it from here
 from controlplane.core.loop.messages import (
     Abort,
     Admission,
@@ -21,17 +25,13 @@ from controlplane.core.loop.messages import (
     Prefilled,
     Progress,
     PublishWeights,
-    Resubmit,
     ReturnConfirmed,
     ReturnOverlap,
     RouteDecode,
-    RouteTurn,
     Start,
-    StartStep,
     Stop,
     Telemetry,
     Tick,
-    Train,
     TrainingDone,
     TrajectoryRef,
     TrajectoryStarted,
@@ -41,80 +41,14 @@ from controlplane.core.loop.messages import (
     WorkerGone,
     WorkerReady,
 )
-from controlplane.core.loop.state import CheckpointCache, StepState, Trainer, Traj, TrajState, decode_into, encode
-from controlplane.core.router import Router
-from controlplane.core.state import Configuration
-
-STEP_RECORDS_KEPT = 16  # final steps whose records a loop (and its checkpoint) keeps (`_forget_old_steps`)
-
-
-@dataclass(frozen=True, slots=True)
-class LoopConfig:
-    batch_size: int  # B trajectories per rollout step
-    group_size: int = 1  # GRPO group: trajectories of one task
-    max_staleness: int = 1  # α: data may come from weights at most α versions behind the update
-    return_deadline_s: float = 30.0  # borrowed workers must be back this long after Training Begin
-    periodic_s: float | None = None  # PERIODIC signal interval while a batch is in flight
-    max_steps: int | None = None  # start no step beyond this many
-    job: str = ""  # stamped on telemetry records
-    # How a turn's first worker is chosen: "sticky" (PEARL's router: the trajectory's home unless it is
-    # overloaded) or "jsq" (RLBoost's Algorithm 2: join-shortest-queue on turns in flight, ties to the
-    # home, delayed dispatch while every worker has `dispatch_cap` turns in flight; 0 = no cap)
-    dispatch: str = "sticky"
-    dispatch_cap: int = 0
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.group_size < 1:
-            raise ValueError("batch_size and group_size must be >= 1")
-        if self.max_staleness < 0 or self.return_deadline_s < 0:
-            raise ValueError("max_staleness and return_deadline_s must be >= 0")
-        if self.dispatch not in ("sticky", "jsq") or self.dispatch_cap < 0:
-            raise ValueError("dispatch must be 'sticky' or 'jsq' and dispatch_cap >= 0")
+from controlplane.core.loop.routing import Routing
+from controlplane.core.loop.state import StepState, Trainer, Traj, TrajState, decode_into, encode
+from controlplane.core.loop.training import TrainingPhase
 
 
 # ==================================================================================== the loop
-class RolloutLoop:
+class RolloutLoop(TrainingPhase, Routing):
     """`cmds = loop.handle(event)`; the driver carries the commands out, in order."""
-
-    def __init__(self, config: LoopConfig) -> None:
-        self.cfg = config
-        self.router = Router()
-        self.version = 0  # latest published weights
-        self.step = -1  # rollout step in flight (or last started)
-        self.rollout_active = False
-        self.stopped = False
-        self.started = False
-        self.trajs: dict[str, Traj] = {}
-        self.steps: dict[int, StepState] = {}
-        self.ready: deque[int] = deque()  # collected batches waiting for the trainer, in order
-        self.trained_next = 0
-        # the versions that were newest when a step was left without an update (every member gave up or its
-        # groups were dropped: no batch, so no new version); the staleness checks count those steps too
-        self.skipped: list[int] = []
-        self.trainer = Trainer.IDLE
-        self.training_active = False  # Training Begin .. Training Finished
-        self.tb_s = 0.0
-        self.train_start_s = 0.0
-        self.return_latency_s = 0.0
-        self.loss = 0.0
-        self.missing = 0
-        self.resumed = False  # restored from a checkpoint: unfinished trajectories restart on Start
-        self.waiting: deque[str] = deque()  # trajectories with a turn to route and no worker yet
-        self._on_first: dict[int, int] = {}  # colocated or prefill worker -> trajectories FIRST on it (jsq's load)
-        self.admission_open = True
-        self.overlap: dict[int, tuple[float, int]] = {}  # serving overlap worker -> (since, gpus)
-        self.last_periodic_s = 0.0
-        self.configuration: Configuration | None = None
-        # run totals
-        self.deadline_misses = 0
-        self.stale_aborted = 0
-        self.started_trajectories = 0
-        self.finished_trajectories = 0
-        self.failed_trajectories = 0  # environments that failed (external agents): restarted, never rewarded
-        self._out: list[Command] = []
-        self._replacements: dict[int, int] = {}  # batch index -> restarts (replacement ids)
-        # made by the first checkpoint: which trajectories changed since the last one (state.CheckpointCache)
-        self._checkpoint_cache: CheckpointCache | None = None
 
     # ------------------------------------------------------------------ entry point
     def handle(self, ev: Event) -> list[Command]:
@@ -127,38 +61,6 @@ class RolloutLoop:
             if tid is not None:
                 cache.dirty[tid] = None
         return out
-
-    def _touched(self, tid: str) -> None:
-        """`tid`'s record changed (or it was made, or dropped): the next checkpoint encodes it anew."""
-        cache = self._checkpoint_cache
-        if cache is not None:
-            cache.dirty[tid] = None
-
-    def _emit(self, cmd: Command) -> None:
-        self._out.append(cmd)
-
-    @property
-    def remaining(self) -> int:
-        """R: unfinished trajectories of the step in flight (B between steps)."""
-        st = self.steps.get(self.step)
-        return st.remaining if st is not None and self.rollout_active else self.cfg.batch_size
-
-    def min_weight_version(self, t: Traj) -> int:
-        return self._version_for(max(0, t.step - self.cfg.max_staleness))
-
-    def _steps_done(self, version: int) -> int:
-        """The steps weights `version` stand for: its updates, plus the steps left without an update while
-        it was the newest (one version per trained step, none for an empty one)."""
-        return version + bisect.bisect_right(self.skipped, version) if self.skipped else version
-
-    def _version_for(self, steps: int) -> int:
-        """The oldest weights that stand for `steps` steps done."""
-        if not self.skipped:
-            return steps
-        v = max(0, steps - len(self.skipped))
-        while self._steps_done(v) < steps:
-            v += 1
-        return v
 
     # ------------------------------------------------------------------ step cycle
     def _on_start(self, ev: Start) -> None:
@@ -189,31 +91,6 @@ class RolloutLoop:
     def _on_stop(self, ev: Stop) -> None:
         self.stopped = True
 
-    def _maybe_start_step(self, now: float) -> None:
-        j = self.step + 1
-        cfg = self.cfg
-        if (
-            self.rollout_active
-            or self.stopped
-            or not self.started
-            or self._steps_done(self.version) < j - cfg.max_staleness
-            or (cfg.max_steps is not None and j >= cfg.max_steps)
-        ):
-            return
-        self.step = j
-        self.rollout_active = True
-        refs = tuple(TrajectoryRef(f"s{j}-t{i}", i // cfg.group_size, i) for i in range(cfg.batch_size))
-        st = StepState(j, now, self.version, [r.trajectory for r in refs], cfg.batch_size)
-        self.steps[j] = st
-        for r in refs:
-            self.trajs[r.trajectory] = Traj(r.trajectory, j, r.group, r.index, self.version, self.version, now)
-            self._touched(r.trajectory)
-        self.started_trajectories += len(refs)
-        self.last_periodic_s = now
-        self._emit(EmitSignal(Signal.STEP_START, cfg.batch_size))
-        self._emit(StartStep(j, self.version, refs))
-        self._emit(Progress(j, cfg.batch_size, cfg.batch_size))
-
     def _batch_complete(self, st: StepState, now: float) -> None:
         st.end_s = now
         if st.given_up:
@@ -224,190 +101,6 @@ class RolloutLoop:
         self.ready.append(st.step)
         self._maybe_train(now)
         self._maybe_start_step(now)
-
-    # ------------------------------------------------------------------ training handshake
-    def _maybe_train(self, now: float) -> None:
-        if self.trainer is not Trainer.IDLE or not self.ready or self.ready[0] != self.trained_next:
-            return
-        if not self.steps[self.ready[0]].trajectories:
-            self._skip_update(now)
-            return
-        self.trainer = Trainer.RETURNING
-        self.training_active = True
-        self.tb_s = now
-        # borrowed workers stop taking turns now; their in-flight turns come back as TurnInterrupted
-        for w in list(self.overlap):
-            self.router.remove(w)
-        self._emit(EmitSignal(Signal.TRAINING_BEGIN, self.remaining))
-        self._emit(ReturnOverlap(now + self.cfg.return_deadline_s, tuple(sorted(self.overlap))))
-
-    def _skip_update(self, now: float) -> None:
-        """A step with nothing to train (every member gave up, or every group was dropped) publishes no
-        weights: no update, no new version; its STEP record says why (`given_up`, `dropped_groups`)."""
-        j = self.ready.popleft()
-        self.skipped.append(self.version)
-        self.trained_next = j + 1
-        st = self.steps[j]
-        for tid in st.dropped:  # the step's books are closed
-            self.trajs.pop(tid, None)
-            self._touched(tid)
-        self._forget_old_steps()
-        self._maybe_train(now)
-        if self.trainer is Trainer.IDLE and self.training_active:  # skipped right after an update
-            self.training_active = False
-            self._emit(EmitSignal(Signal.TRAINING_FINISHED, self.remaining))
-        self._maybe_start_step(now)
-
-    def _on_return_confirmed(self, ev: ReturnConfirmed) -> None:
-        if self.trainer is not Trainer.RETURNING:
-            return
-        self._account_overlap(ev.now_s, drop=True)
-        self.return_latency_s = ev.now_s - self.tb_s
-        if self.return_latency_s > self.cfg.return_deadline_s + 1e-9:
-            self.deadline_misses += 1
-        self.trainer = Trainer.TRAINING
-        self.train_start_s = ev.now_s
-        self._emit(self._train_command())
-
-    def _train_command(self) -> Train:
-        j = self.ready[0]
-        groups: dict[int, list[str]] = {}
-        for tid in self.steps[j].trajectories:
-            groups.setdefault(self.trajs[tid].group, []).append(tid)
-        st = self.steps[j]
-        return Train(j, self.version, tuple(tuple(g) for _, g in sorted(groups.items())), tuple(st.dropped))
-
-    def _on_training_done(self, ev: TrainingDone) -> None:
-        if self.trainer is not Trainer.TRAINING or not self.ready or ev.step != self.ready[0]:
-            return
-        self.trainer = Trainer.PUBLISHING
-        self.loss, self.missing = ev.loss, ev.missing
-        self._emit(PublishWeights(ev.step + 1 - len(self.skipped)))
-
-    def _on_weights_published(self, ev: WeightsPublished) -> None:
-        if self.trainer is not Trainer.PUBLISHING or ev.version != self.ready[0] + 1 - len(self.skipped):
-            self.version = max(self.version, ev.version)
-            return
-        j = self.ready.popleft()
-        self.version = ev.version
-        self.trained_next = j + 1
-        self.trainer = Trainer.IDLE
-        self._emit(
-            Telemetry(
-                tm.train(
-                    time_s=ev.now_s,
-                    job=self.cfg.job,
-                    step=j,
-                    duration_s=ev.now_s - self.train_start_s,
-                    return_latency_s=self.return_latency_s,
-                    return_deadline_s=self.cfg.return_deadline_s,
-                    loss=self.loss,
-                    weight_version=ev.version,
-                    trajectories=len(self.steps[j].trajectories),
-                    missing_trajectories=self.missing,
-                )
-            )
-        )
-        st = self.steps[j]
-        for tid in (*st.trajectories, *st.dropped):  # trained: the step's books are closed
-            self.trajs.pop(tid, None)
-            self._touched(tid)
-        self._forget_old_steps()
-        if self.ready and self.ready[0] == self.trained_next:
-            self._maybe_train(ev.now_s)  # the next update starts at once: no borrow window
-        else:
-            self.training_active = False
-            self._emit(EmitSignal(Signal.TRAINING_FINISHED, self.remaining))
-        self._maybe_start_step(ev.now_s)
-
-    def _forget_old_steps(self) -> None:
-        """Keep the records of the last STEP_RECORDS_KEPT final steps (trained, and not the step borrowed
-        time still goes to), not every step's: a step's record holds its B·G trajectory ids (~13 KiB at
-        1,024), so a long run's checkpoint would outgrow its limit. Nothing here reads a final step again;
-        its durable history is its STEP telemetry record and its trajectories, in the control plane."""
-        final = min(self.trained_next, self.step)
-        cache = self._checkpoint_cache
-        for j in [j for j in self.steps if j < final - STEP_RECORDS_KEPT]:
-            del self.steps[j]
-            if cache is not None:
-                cache.steps.pop(j, None)
-
-    # ------------------------------------------------------------------ workers and routing
-    def _on_worker_ready(self, ev: WorkerReady) -> None:
-        if ev.overlap:
-            if self.training_active:
-                return  # never route to a training GPU while the trainer owns it
-            self.overlap.setdefault(ev.worker, (ev.now_s, ev.gpus))
-        self.router.add(ev.worker, ev.role, ev.rate)
-        self._flush(ev.now_s)
-
-    def _on_worker_gone(self, ev: WorkerGone) -> None:
-        self.router.remove(ev.worker)
-        since = self.overlap.pop(ev.worker, None)
-        if since is not None:
-            self._borrowed(ev.now_s - since[0], since[1])
-
-    def _on_admission(self, ev: Admission) -> None:
-        self.admission_open = ev.open
-        if ev.open:
-            self._flush(ev.now_s)
-
-    def _flush(self, now: float) -> None:
-        if not self.waiting or not self.admission_open or self.router.mode is None:
-            return
-        q, self.waiting = self.waiting, deque()
-        while q:
-            t = self.trajs.get(q.popleft())
-            if t is not None and t.state is TrajState.WAITING:
-                self._route(t)
-                if t.state is TrajState.WAITING:
-                    # no worker for it, so none for the rest either (every turn is routed by the same rule, on
-                    # the same load): they wait, in order, without a routing pass each (a jsq cap is hit per turn)
-                    self.waiting.extend(q)
-                    return
-
-    def _leave_first(self, t: Traj) -> None:
-        """`t` stops being a turn in flight on its first worker (jsq's load)."""
-        if t.state is TrajState.FIRST and t.worker is not None:
-            n = self._on_first.get(t.worker, 0)
-            if n > 1:
-                self._on_first[t.worker] = n - 1
-            else:
-                self._on_first.pop(t.worker, None)
-
-    def _route(self, t: Traj) -> None:
-        self._touched(t.tid)
-        self._leave_first(t)
-        t.state = TrajState.WAITING
-        t.worker = None
-        if not self.admission_open:
-            self.waiting.append(t.tid)
-            return
-        if self.cfg.dispatch == "jsq":
-            w = self.router.pick_first(t.tid, self._first_load(), self.cfg.dispatch_cap)
-        else:
-            w = self.router.pick_first(t.tid)
-        if w is None:
-            self.waiting.append(t.tid)
-            return
-        t.state = TrajState.FIRST
-        t.worker = w
-        self._on_first[w] = self._on_first.get(w, 0) + 1
-        mv = self.min_weight_version(t)
-        if t.gen_in_turn:
-            self._emit(Resubmit(t.tid, w, t.turn, t.gen_in_turn, mv))
-        else:
-            self._emit(RouteTurn(t.tid, w, t.turn, mv))
-
-    def _first_load(self) -> dict[int, int]:
-        """Turns in flight on each colocated or prefill worker (routed there, not yet back), kept as
-        trajectories enter and leave FIRST: no pass over every trajectory per turn."""
-        return self._on_first
-
-    def _turn_left(self, now: float) -> None:
-        """A worker has one turn fewer in flight: a turn held by delayed dispatch may go now."""
-        if self.cfg.dispatch_cap and self.waiting:
-            self._flush(now)
 
     # ------------------------------------------------------------------ trajectories
     def _live(self, tid: str) -> Traj | None:
@@ -635,20 +328,7 @@ class RolloutLoop:
             self.last_periodic_s = ev.now_s
             self._emit(EmitSignal(Signal.PERIODIC, self.remaining))
 
-    # ------------------------------------------------------------------ figures
-    def _borrowed(self, seconds: float, gpus: int) -> None:
-        st = self.steps.get(self.step)
-        if st is not None:
-            st.borrowed_gpu_s += max(0.0, seconds) * gpus
-
-    def _account_overlap(self, now: float, drop: bool = False) -> None:
-        for w, (since, gpus) in list(self.overlap.items()):
-            self._borrowed(now - since, gpus)
-            if drop:
-                del self.overlap[w]
-            else:
-                self.overlap[w] = (now, gpus)
-
+    # ------------------------------------------------------------------ figures, checkpoint
     def _step_record(self, st: StepState, now: float) -> tm.TelemetryRecord:
         # the workload figures are of every finished trajectory (a dropped group's ran too); the batch's of the
         # trained ones. A step whose every member gave up finished none: its record is of an empty batch
