@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from bench_controlplane import PY, ROOT, free_port, setup_django, wait_port
+from harness import start_redis, stop
 
 
 def main() -> None:
@@ -31,13 +32,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="pearl-fuzz-"))
-    rport, port = free_port(), free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_port(rport)
+    redis, rport = start_redis()
+    port = free_port()
     redis_url = f"redis://127.0.0.1:{rport}"
     os.environ["PEARL_VAR_DIR"] = str(tmp)
     setup_django(tmp / "fuzz.sqlite3", redis_url)
@@ -80,10 +76,7 @@ def main() -> None:
             base.replace("http", "ws") + "/ws/agent/", agent_token, "fz-link", examples=args.frames, seed_value=7
         )
     finally:
-        web.terminate()
-        web.wait(timeout=30)
-        redis.terminate()
-        redis.wait(timeout=30)
+        stop([web, redis])
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"{platform.python_implementation()} {platform.python_version()}",
