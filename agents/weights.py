@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from aiohttp import ClientError, ClientSession, web
 
 from agents import dataplane as dp
-from agents.engines.base import EngineError, NotFound
+from agents.engines.base import EngineError, EngineNotFound
 
 _NAME = re.compile(r"^v(\d{8})\.safetensors$")
 
@@ -90,7 +90,7 @@ class WeightStore:
     def read(self, version: int) -> bytes:
         path = self.path(version)
         if not path.exists():
-            raise NotFound(f"unknown weight version {version}")
+            raise EngineNotFound(f"unknown weight version {version}")
         return path.read_bytes()
 
 
@@ -137,11 +137,11 @@ async def fetch_weights(session: ClientSession, url: str, version: int, token: s
                     raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
                 info = await resp.json()
             if not info.get("versions"):
-                raise NotFound(f"weight store {url} has no snapshot yet")
+                raise EngineNotFound(f"weight store {url} has no snapshot yet")
             version = int(info["version"])
         async with session.get(f"{base}/{version}", headers=headers) as resp:
             if resp.status == 404:
-                raise NotFound(f"unknown weight version {version} at {url}")
+                raise EngineNotFound(f"unknown weight version {version} at {url}")
             if resp.status != 200:
                 raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
             try:

@@ -26,7 +26,7 @@ import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agents import dataplane as dp
-from agents.engines.base import Engine, EngineError, NotFound
+from agents.engines.base import Engine, EngineError, EngineNotFound
 from agents.process import die_with_parent, orphaned, serve_until_signal, visible_devices
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
@@ -200,7 +200,7 @@ class WorkerServer:
         try:
             async with self._session.get(url, headers={dp.KV_TOKEN_HEADER: req.kv_token}) as resp:
                 if resp.status == 404:
-                    raise NotFound(f"unknown KV handle {req.handle!r} at {req.kv_url}")
+                    raise EngineNotFound(f"unknown KV handle {req.handle!r} at {req.kv_url}")
                 if resp.status != 200:
                     raise EngineError(f"KV pull from {req.kv_url} failed: HTTP {resp.status}", 502)
                 if (resp.content_length or 0) > dp.MAX_KV_BYTES:
@@ -223,7 +223,7 @@ class WorkerServer:
             return req
         result = await self.engine.abort(req.request_id)
         if result is None:
-            raise NotFound(f"no in-flight request {req.request_id!r}")
+            raise EngineNotFound(f"no in-flight request {req.request_id!r}")
         return _json(dp.dump(result))
 
     # ---- control verbs (from the agent)

@@ -45,15 +45,15 @@ class EngineError(Exception):
             self.status = status
 
 
-class NotFound(EngineError):
+class EngineNotFound(EngineError):
     status = 404
 
 
-class Conflict(EngineError):
+class EngineConflict(EngineError):
     status = 409
 
 
-class Unavailable(EngineError):
+class EngineUnavailable(EngineError):
     status = 503
 
 
@@ -85,7 +85,7 @@ class KVStore:
     def put(self, data: bytes, tokens: int) -> tuple[str, str]:
         self.expire()
         if sum(len(e.data) for e in self._entries.values()) + len(data) > self.max_bytes:
-            raise Unavailable("KV store full: decode workers are not pulling")
+            raise EngineUnavailable("KV store full: decode workers are not pulling")
         handle, token = secrets.token_hex(12), secrets.token_urlsafe(24)
         self._entries[handle] = KVEntry(data, token, time.monotonic(), tokens)
         return handle, token
@@ -95,7 +95,7 @@ class KVStore:
         self.expire()
         entry = self._entries.get(handle)
         if entry is None:
-            raise NotFound(f"unknown KV handle {handle!r} (never created, already pulled or expired)")
+            raise EngineNotFound(f"unknown KV handle {handle!r} (never created, already pulled or expired)")
         if token is not None and not secrets.compare_digest(token, entry.token):
             raise EngineError("bad KV token for this handle", 403)
         del self._entries[handle]
@@ -177,13 +177,13 @@ class Engine(ABC):
     # ---- admission
     def admit(self, verb: str, min_weight_version: int = 0) -> None:
         if self.state == "sleeping":
-            raise Unavailable("worker is asleep")
+            raise EngineUnavailable("worker is asleep")
         if self.state == "draining":
-            raise Unavailable("worker is draining")
+            raise EngineUnavailable("worker is draining")
         if verb not in ADMITS.get(self.role, set()):
-            raise Conflict(f"a {self.role} worker does not serve {verb}")
+            raise EngineConflict(f"a {self.role} worker does not serve {verb}")
         if min_weight_version > self.weight_version:
-            raise Conflict(f"worker holds weight version {self.weight_version} < required {min_weight_version}")
+            raise EngineConflict(f"worker holds weight version {self.weight_version} < required {min_weight_version}")
 
     def set_role(self, role: str) -> None:
         """In place: no restart, no weight reload. In-flight sequences finish under the old role."""

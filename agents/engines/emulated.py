@@ -28,7 +28,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, PrefillResult, SamplingParams
-from agents.engines.base import Conflict, EngineError, LoopEngine
+from agents.engines.base import EngineConflict, EngineError, LoopEngine
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 from controlplane.core.batching import CHUNK_TOKENS, IterationScheduler, Request, ScaledCosts, prefill_records
@@ -192,7 +192,7 @@ class EmulatedEngine(LoopEngine):
         prompt_len: int | None = None,
     ) -> ESeq:
         if req_id in self._by_id:
-            raise Conflict(f"request {req_id!r} is already in flight on this worker")
+            raise EngineConflict(f"request {req_id!r} is already in flight on this worker")
         n = len(prompt) if prompt_len is None else prompt_len
         seq = ESeq(
             req_id,
@@ -354,7 +354,7 @@ class EmulatedEngine(LoopEngine):
 
     async def sleep(self, level: int) -> None:
         if self._by_id:
-            raise Conflict("drain the worker before putting it to sleep")
+            raise EngineConflict("drain the worker before putting it to sleep")
         self.kv.clear()
         self.prefix_cache.clear()
         await self._wait_s(self.profile.reconfig.intra_scale_deactivation_s)

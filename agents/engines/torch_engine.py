@@ -31,7 +31,7 @@ from agents.dataplane import (
     PrefillResult,
     SamplingParams,
 )
-from agents.engines.base import Conflict, EngineError, LoopEngine
+from agents.engines.base import EngineConflict, EngineError, LoopEngine
 from agents.engines.torch_model import FastDecoder
 from agents.engines.torch_runner import TorchRunner, sample_token
 from agents.engines.torch_scheduler import MAX_RUNNING, Seq, TorchScheduler, finished
@@ -77,7 +77,7 @@ class TorchEngine(LoopEngine):
                 f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceeds the model's {limit} positions"
             )
         if req_id in self._by_id:
-            raise Conflict(f"request {req_id!r} is already in flight on this worker")
+            raise EngineConflict(f"request {req_id!r} is already in flight on this worker")
         seq = Seq(
             req_id, kind, prompt, params, self.weight_version, asyncio.get_running_loop().create_future(), kv_in=kv_in
         )
@@ -178,7 +178,7 @@ class TorchEngine(LoopEngine):
 
     async def sleep(self, level: int) -> None:
         if self._by_id:
-            raise Conflict("drain the worker before putting it to sleep")
+            raise EngineConflict("drain the worker before putting it to sleep")
         self.kv.clear()
         self.state = "sleeping"
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, PrefillResult, SamplingParams
 from agents.engines import vllm_kv
-from agents.engines.base import Conflict, Engine, EngineError
+from agents.engines.base import Engine, EngineConflict, EngineError
 from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
 
@@ -235,7 +235,7 @@ class VLLMEngine(Engine):
     def admit(self, verb: str, min_weight_version: int = 0) -> None:
         super().admit(verb, min_weight_version)
         if verb in ("prefill", "decode") and self.role != "colocated" and not self.kv_connector:
-            raise Conflict(
+            raise EngineConflict(
                 "vLLM disaggregation needs a KV connector (pip install nixl, or set PEARL_VLLM_KV_CONNECTOR)"
             )
 
@@ -268,7 +268,7 @@ class VLLMEngine(Engine):
             "weight_version": self.weight_version,
         }
         if request_id in self._inflight:
-            raise Conflict(f"request {request_id!r} is already in flight on this worker")
+            raise EngineConflict(f"request {request_id!r} is already in flight on this worker")
         self._inflight[request_id] = state
         last = None
         submitted = time.monotonic()
@@ -380,7 +380,7 @@ class VLLMEngine(Engine):
         out, state = await self._run(req.request_id, prompt, self._sampling(req.sampling, 1, kv), "prefill")
         finish = out.outputs[0].finish_reason
         if finish == "abort" or not state["tokens"]:
-            raise Conflict("prefill aborted")
+            raise EngineConflict("prefill aborted")
         self._result(state, finish)  # raises on an engine error
         params = getattr(out, "kv_transfer_params", None) or {}
         size = vllm_kv.block_count(params) * self._block_size * self._kv_per_token
@@ -466,7 +466,7 @@ class VLLMEngine(Engine):
 
     async def sleep(self, level: int) -> None:
         if self._inflight:
-            raise Conflict("drain the worker before putting it to sleep")
+            raise EngineConflict("drain the worker before putting it to sleep")
         if self.enable_sleep_mode and level >= 1:
             await self.llm.sleep(level=level)
             self._slept = level
@@ -490,7 +490,7 @@ class VLLMEngine(Engine):
         from agents.weights import atomic_write, safetensors_header
 
         if version < self.weight_version:
-            raise Conflict(f"refusing to go back from weight version {self.weight_version} to {version}")
+            raise EngineConflict(f"refusing to go back from weight version {self.weight_version} to {version}")
         if version == self.weight_version and self._snapshot is not None:
             return
         try:

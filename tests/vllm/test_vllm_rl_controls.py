@@ -45,7 +45,7 @@ def trained_snapshot() -> bytes:
 async def test_weights_installed_in_place_equal_a_fresh_engine_and_no_stale_kv_is_reused(
     pd: tuple[Worker, Worker], fresh: Worker
 ) -> None:
-    from agents.engines.base import Conflict
+    from agents.engines.base import EngineConflict
 
     p, d = pd
     tokens = prompt(300, 21)  # long enough that a stale prefix-cache hit would decide the output
@@ -70,7 +70,7 @@ async def test_weights_installed_in_place_equal_a_fresh_engine_and_no_stale_kv_i
         _, mine = await d.call("generate", turn(f"w-o{i}", other))
         _, theirs = await fresh.call("generate", turn(f"w-r{i}", other))
         assert mine["tokens"] == theirs["tokens"], i
-    with pytest.raises(Conflict, match="refusing to go back"):
+    with pytest.raises(EngineConflict, match="refusing to go back"):
         await d.engine.load_weights(2, snapshot)
     await d.engine.load_weights(3, snapshot)  # the version held: nothing to do
     assert d.engine.weight_version == 3

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agents.dataplane import DecodeRequest, GenerateRequest, SamplingParams
-from agents.engines.base import Conflict, Unavailable
+from agents.engines.base import EngineConflict, EngineUnavailable
 from agents.engines.emulated import EmulatedEngine, synthetic_token
 from controlplane.core.profiles import get_profile
 from controlplane.core.telemetry import RecordKind
@@ -74,23 +74,23 @@ async def test_drain_sleep_wake_and_admission(engine):
     task = asyncio.create_task(engine.generate(req(8, 10_000), [1] * 8))
     while engine.running() == 0:
         await asyncio.sleep(0.01)
-    with pytest.raises(Conflict):
+    with pytest.raises(EngineConflict):
         await engine.sleep(1)  # busy
     aborted, in_time = await engine.drain("abort", 0)
     assert not in_time and [a.request_id for a in aborted] == ["r8"]
     assert (await task).finish_reason == "abort"
-    with pytest.raises(Unavailable):
+    with pytest.raises(EngineUnavailable):
         engine.admit("generate")
     engine.resume()
     await engine.sleep(1)
-    with pytest.raises(Unavailable, match="asleep"):
+    with pytest.raises(EngineUnavailable, match="asleep"):
         engine.admit("generate")
     await engine.wake()
     engine.admit("generate")
     engine.set_role("decode")
-    with pytest.raises(Conflict):
+    with pytest.raises(EngineConflict):
         engine.admit("generate")
-    with pytest.raises(Conflict, match="weight version"):
+    with pytest.raises(EngineConflict, match="weight version"):
         engine.set_role("colocated") or engine.admit("generate", min_weight_version=3)
 
 
