@@ -12,7 +12,7 @@ router.register("transitions", views.TransitionViewSet, basename="transition")
 router.register("events", views.EventViewSet, basename="event")
 
 urlpatterns = [
-    path("cluster/", views.ClusterView.as_view(), name="cluster"),
+    path("cluster/", views.ClusterAPIView.as_view(), name="cluster"),
     path("catalog/", views.CatalogView.as_view(), name="catalog"),
     path("agent-tokens/", views.AgentTokenView.as_view(), name="agent-tokens"),
     path("jobs/<str:pk>/status/", dashboard.JobStatusView.as_view(), name="job-status"),

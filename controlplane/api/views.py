@@ -174,7 +174,7 @@ class AgentTokenView(APIView):
         return Response({"node": body.validated_data["node"], "token": token}, status=status.HTTP_201_CREATED)
 
 
-class ClusterView(APIView):
+class ClusterAPIView(APIView):
     """The GPU–worker–role map: nodes -> GPU slots -> workers with role and activity."""
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
