@@ -131,7 +131,7 @@ def agent_actors() -> set[str]:
 
 
 @dataclass(frozen=True)
-class AgentSpec:
+class NodeAgentSpec:
     """What a node's agent is started with (everything but its node comes from the bridge's flags)."""
 
     control_plane: str
@@ -143,7 +143,7 @@ class AgentSpec:
     drain_timeout_s: float = 10.0
 
 
-def place_agent(node: NodeUp, spec: AgentSpec) -> str:
+def place_agent(node: NodeUp, spec: NodeAgentSpec) -> str:
     """Start the PEARL agent of `node` as a detached, named actor pinned to it (soft=False: it runs
     there or not at all), holding all of its GPUs (so Ray schedules nothing else on them) and
     restarted by Ray whenever it dies. Returns the actor's name. Raises ValueError if one exists."""
@@ -189,7 +189,7 @@ def stop_agent(ray_node_id: str, timeout_s: float = 30.0) -> None:
 class AgentActor:
     """A PEARL node agent inside Ray. Its slots are the GPUs Ray assigned it (logical on a CPU box)."""
 
-    def __init__(self, node: str, pool: str, hardware: str, slots: int, spec: AgentSpec) -> None:
+    def __init__(self, node: str, pool: str, hardware: str, slots: int, spec: NodeAgentSpec) -> None:
         from agents.node import run_agent
         from agents.node.config import AgentConfig
 

@@ -76,7 +76,7 @@ class Command(BaseCommand):
         except ImportError as exc:
             raise CommandError(f"Ray is not installed ({exc}); pip install -c constraints.txt '.[ray]'") from None
         ray_adapter.connect(opts["address"])
-        spec = ray_adapter.AgentSpec(
+        spec = ray_adapter.NodeAgentSpec(
             control_plane=opts["control_plane"],
             token="",
             dataplane_secret=os.environ.get("PEARL_DATAPLANE_SECRET", ""),
