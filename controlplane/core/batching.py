@@ -100,7 +100,7 @@ class Request:
 
 
 @dataclass(slots=True)
-class Segment:
+class IterationSegment:
     kind: str  # "decode" | "prefill"
     t0: float
     it0: int
@@ -123,7 +123,7 @@ class Segment:
         return sum(p[0] for p in self.parts)
 
 
-def prefill_records(seg: Segment, **kw: Any) -> list[tm.TelemetryRecord]:
+def prefill_records(seg: IterationSegment, **kw: Any) -> list[tm.TelemetryRecord]:
     """One PREFILL record per prompt of a prefill segment, as an engine reports each prompt's prefill:
     its tokens, the cached prefix it attended over, its time, and the decodes that rode in the same
     iterations (the tracker compares those with prefill alone to measure the PD interference)."""
@@ -192,7 +192,7 @@ class IterationScheduler:
         self.kv_used = 0  # tokens reserved by running requests (final context of their turn)
         self.pq: deque[Request] = deque()  # prompts waiting for prefill
         self.joinq: deque[Request] = deque()  # prefilled requests waiting to join decoding
-        self.seg: Segment | None = None
+        self.seg: IterationSegment | None = None
         self.version = 0
         self.homed = 0  # live trajectories whose home (sticky worker) this is
         self.homed_ctx = 0  # Σ context of those trajectories (their prefix-cache demand)
@@ -273,7 +273,7 @@ class IterationScheduler:
             carried = 0 if self.role is Role.PREFILL else n
             if carried and self.mixed_penalty != 1.0:
                 parts = [(a, b, c * self.mixed_penalty) for a, b, c in parts]
-            seg = Segment("prefill", t, self.it, 1, 0.0, t, tuple(batch), tuple(parts), carried)
+            seg = IterationSegment("prefill", t, self.it, 1, 0.0, t, tuple(batch), tuple(parts), carried)
             total = seg.prefill_s
             if carried:  # every chunk iteration also carries the running decodes
                 seg.k = max(1, math.ceil(tokens / max(1, self.chunk_tokens - n)))
@@ -288,7 +288,7 @@ class IterationScheduler:
             k = self.heap[0][0] - self.it
             mean_ctx = self.s0 / n + self.it + (k - 1) * 0.5
             dt = self.costs.decode_iteration_s(n, mean_ctx)
-            self.seg = Segment("decode", t, self.it, k, dt, t + k * dt)
+            self.seg = IterationSegment("decode", t, self.it, k, dt, t + k * dt)
             return self.seg.end_s
         self.seg = None
         return None
@@ -307,7 +307,7 @@ class IterationScheduler:
         seg.end_s = seg.t0 + j * seg.dt
         return seg.end_s
 
-    def finish(self) -> tuple[list[Request], list[Request], Segment]:
+    def finish(self) -> tuple[list[Request], list[Request], IterationSegment]:
         """Apply the current segment: (prefilled requests, finished decode requests, segment)."""
         seg = self.seg
         assert seg is not None
@@ -418,4 +418,4 @@ class IterationScheduler:
         return out
 
 
-OnDone = Callable[[IterationScheduler, list[Request], list[Request], Segment, float], None]
+OnDone = Callable[[IterationScheduler, list[Request], list[Request], IterationSegment, float], None]
