@@ -30,7 +30,7 @@ from aiohttp import web
 from agents.dataplane import MAX_PROMPT_TOKENS, MAX_REQUEST_BYTES
 from agents.gateway.backends import Backend, Sampling, Unavailable
 from agents.gateway.chat import ChatFormat, TemplateError
-from agents.gateway.sessions import Full, Session, SessionStore, Turn
+from agents.gateway.sessions import Full, Session, SessionStore, TurnRecord
 from agents.process import serve_app
 
 log = logging.getLogger("pearl.gateway")
@@ -401,7 +401,9 @@ class Gateway:
                 latency_s=latency,
                 closing=self.fmt.closing(tokens),
             )
-            s.turns.append(Turn(len(messages), len(prompt), len(tokens), finish, version, workers, latency, plan.fork))
+            s.turns.append(
+                TurnRecord(len(messages), len(prompt), len(tokens), finish, version, workers, latency, plan.fork)
+            )
             s.messages = [*messages, msg]
         if answer.tool_calls and finish == "stop":
             finish = "tool_calls"
@@ -540,7 +542,7 @@ class Gateway:
                 latency_s=latency,
             )
             s.tokens.held = []
-            s.turns.append(Turn(0, len(prompt), len(tokens), finish, version, workers, latency, fork))
+            s.turns.append(TurnRecord(0, len(prompt), len(tokens), finish, version, workers, latency, fork))
         text = (
             cut_text
             if cut_text is not None

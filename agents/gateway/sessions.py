@@ -25,7 +25,7 @@ class Full(RuntimeError):
 
 
 @dataclass
-class Turn:
+class TurnRecord:
     """One request of the agent, as shown in the trajectory browser."""
 
     messages: int  # messages in the request
@@ -46,7 +46,7 @@ class Session:
     expires_at: float = 0.0
     ttl_s: float = 3600.0
     tokens: TrajectoryTokens = field(default_factory=TrajectoryTokens)
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)  # the latest request's, plus its answer
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
