@@ -1,8 +1,10 @@
-"""The Qwen3-architecture model the torch engine and the trainer run.
+"""The causal LM the torch engine and the trainer run.
 
 `tiny` is a seeded random Qwen3 (0.2 M parameters) so that every process that builds it with the
 same seed holds bit-identical weights without shipping a file; a local directory written by
-`save_pretrained` loads the real thing. Weights travel only as safetensors.
+`save_pretrained` loads the real thing through `AutoModelForCausalLM`, any of the architectures
+`controlplane.core.model_dir.SUPPORTED_MODEL_TYPES` names (Qwen3, Qwen2, Llama, Mistral). Weights travel
+only as safetensors.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agents.tokenizer import VOCAB_SIZE
+from agents.tokenizer import VOCAB_SIZE, is_builtin
+from controlplane.core.model_dir import ModelDir, inspect_model_dir
 
 if TYPE_CHECKING:  # transformers is imported lazily: it is slow to import and only the torch paths need it
-    from transformers import PreTrainedModel, Qwen3ForCausalLM
+    from transformers import PreTrainedModel
 
 TINY_SEED = 0
 
@@ -45,11 +48,23 @@ def tiny_config(**overrides: Any) -> Any:
     return cfg
 
 
-def load_model(spec: str = "tiny", *, seed: int = TINY_SEED) -> Qwen3ForCausalLM:
-    """`tiny` (seeded random weights) or a local `save_pretrained` directory. Eval mode, fp32."""
-    from transformers import Qwen3ForCausalLM
+def read_model_dir(path: str) -> ModelDir:
+    """The core check of a model directory over this machine's files (`ModelDirError` names what is wrong)."""
+    return inspect_model_dir(
+        path,
+        is_dir=os.path.isdir,
+        list_dir=lambda p: sorted(os.listdir(p)),
+        read_text=lambda p: Path(p).read_text(encoding="utf-8"),
+    )
 
-    if spec in ("tiny", "") or spec.startswith("tiny"):
+
+def load_model(spec: str = "tiny", *, seed: int = TINY_SEED) -> PreTrainedModel:
+    """`tiny` (seeded random weights) or a local `save_pretrained` directory of a supported architecture
+    (`AutoModelForCausalLM`, safetensors only, local files only). Eval mode, fp32."""
+    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+
+    model: PreTrainedModel
+    if is_builtin(spec):
         cfg = tiny_config()
         # A private generator keeps the weights independent of whatever the caller seeded.
         state = torch.random.get_rng_state()
@@ -59,12 +74,17 @@ def load_model(spec: str = "tiny", *, seed: int = TINY_SEED) -> Qwen3ForCausalLM
         finally:
             torch.random.set_rng_state(state)
     else:
-        path = Path(spec)
-        if not path.is_dir():
-            raise ValueError(f"model must be 'tiny' or a local directory, got {spec!r}")
-        model = Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True)
+        read_model_dir(spec)  # a clear error, not a transformers traceback, for a directory that cannot load
+        model = AutoModelForCausalLM.from_pretrained(
+            spec, dtype=torch.float32, use_safetensors=True, local_files_only=True, attn_implementation="sdpa"
+        )
         model.config._attn_implementation = "sdpa"
     return model.eval()
+
+
+def head_dim(cfg: Any) -> int:
+    """The attention head size: the config's, or hidden / heads where the config leaves it out (Qwen2)."""
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
 def state_dict_for_wire(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -111,7 +131,7 @@ def fingerprint(model: PreTrainedModel) -> str:
     """Short hash of the architecture, so a KV cache is only imported into a matching model."""
     cfg = model.config
     text = (
-        f"{cfg.model_type}/{cfg.num_hidden_layers}/{cfg.num_key_value_heads}/{cfg.head_dim}/{cfg.hidden_size}"
+        f"{cfg.model_type}/{cfg.num_hidden_layers}/{cfg.num_key_value_heads}/{head_dim(cfg)}/{cfg.hidden_size}"
         f"/{cfg.vocab_size}"
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]

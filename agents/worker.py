@@ -28,8 +28,8 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from agents import dataplane as dp
 from agents.engines.base import Engine, EngineError, EngineNotFound
 from agents.process import die_with_parent, orphaned, serve_until_signal, visible_devices
-from agents.tokenizer import TOKENIZER
 from controlplane.core import telemetry as tm
+from controlplane.core.wire import ErrorReply, WireError
 
 JOURNAL_PERIOD_S = 0.2
 AUTHENTICATED = web.RequestKey("authenticated", bool)
@@ -37,7 +37,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status=status)
+    return _json(dp.DATA_PLANE.dump(ErrorReply(detail=message)), status=status)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -98,7 +98,7 @@ class WorkerServer:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
-        except dp.DataPlaneError as exc:
+        except WireError as exc:
             return _error(400, str(exc))
         except EngineError as exc:
             return _error(exc.status, str(exc))
@@ -129,10 +129,10 @@ class WorkerServer:
             return _error(413, f"body larger than {dp.MAX_REQUEST_BYTES} bytes")
         raw = await request.read()  # aiohttp enforces client_max_size (413) even with a lying Content-Length
         try:
-            data = orjson.loads(raw or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
-            raise dp.DataPlaneError(f"body is not JSON: {exc}") from exc
-        return dp.parse(cls, data)
+            data = dp.DATA_PLANE.decode(raw or b"{}")
+        except WireError as exc:
+            raise WireError(f"body is not JSON: {exc}") from exc
+        return dp.DATA_PLANE.parse(data, cls)
 
     def _fence(self, request: web.Request) -> None:
         """Control verbs may carry the agent's epoch; an older one than seen is a stale command."""
@@ -142,20 +142,20 @@ class WorkerServer:
         try:
             epoch = int(raw)
         except ValueError as exc:
-            raise dp.DataPlaneError("bad epoch header") from exc
+            raise WireError("bad epoch header") from exc
         if epoch < self.epoch:
             raise EngineError(f"stale epoch {epoch} < {self.epoch}", 409)
         self.epoch = epoch
 
     def _prompt(self, req: dp.GenerateRequest) -> list[int]:
-        tokens = req.prompt_tokens or (TOKENIZER.encode(req.prompt) if req.prompt else [])
+        tokens = req.prompt_tokens or (self.engine.tokenizer.encode(req.prompt) if req.prompt else [])
         if not tokens:
-            raise dp.DataPlaneError("empty prompt")
+            raise WireError("empty prompt")
         if len(tokens) > dp.MAX_PROMPT_TOKENS:
-            raise dp.DataPlaneError(f"prompt longer than {dp.MAX_PROMPT_TOKENS} tokens")
+            raise WireError(f"prompt longer than {dp.MAX_PROMPT_TOKENS} tokens")
         vocab = getattr(self.engine, "vocab_size", 2**31)
         if max(tokens) >= vocab:
-            raise dp.DataPlaneError(f"token id {max(tokens)} outside the vocabulary ({vocab})")
+            raise WireError(f"token id {max(tokens)} outside the vocabulary ({vocab})")
         return tokens
 
     # ---- data plane
@@ -164,14 +164,14 @@ class WorkerServer:
         if isinstance(req, web.Response):
             return req
         self.engine.admit("generate", req.min_weight_version)
-        return _json(dp.dump(await self.engine.generate(req, self._prompt(req))))
+        return _json(dp.DATA_PLANE.dump(await self.engine.generate(req, self._prompt(req))))
 
     async def prefill(self, request: web.Request) -> web.Response:
         req = await self._body(request, dp.GenerateRequest)
         if isinstance(req, web.Response):
             return req
         self.engine.admit("prefill", req.min_weight_version)
-        return _json(dp.dump(await self.engine.prefill(req, self._prompt(req))))
+        return _json(dp.DATA_PLANE.dump(await self.engine.prefill(req, self._prompt(req))))
 
     async def decode(self, request: web.Request) -> web.Response:
         req = await self._body(request, dp.DecodeRequest)
@@ -191,7 +191,7 @@ class WorkerServer:
                     duration_s=dt,
                 )
             )
-        return _json(dp.dump(await self.engine.decode(req, data)))
+        return _json(dp.DATA_PLANE.dump(await self.engine.decode(req, data)))
 
     async def _pull_kv(self, req: dp.DecodeRequest) -> bytes:
         """The decode worker PULLS the cache from the prefill worker (as vLLM's NIXL path does)."""
@@ -207,7 +207,7 @@ class WorkerServer:
                     raise EngineError("KV cache too large", 413)
                 try:
                     return await dp.read_capped(resp.content, dp.MAX_KV_BYTES)
-                except dp.DataPlaneError as exc:
+                except WireError as exc:
                     raise EngineError(f"KV cache too large: {exc}", 413) from exc
         except ClientError as exc:
             raise EngineError(f"KV pull from {req.kv_url} failed: {exc}", 502) from exc
@@ -224,7 +224,7 @@ class WorkerServer:
         result = await self.engine.abort(req.request_id)
         if result is None:
             raise EngineNotFound(f"no in-flight request {req.request_id!r}")
-        return _json(dp.dump(result))
+        return _json(dp.DATA_PLANE.dump(result))
 
     # ---- control verbs (from the agent)
     async def drain(self, request: web.Request) -> web.Response:
@@ -233,7 +233,7 @@ class WorkerServer:
         if isinstance(req, web.Response):
             return req
         aborted, in_time = await self.engine.drain(req.mode, req.timeout_s)
-        return _json(dp.dump(dp.DrainResult(aborted=aborted, finished_in_time=in_time)))
+        return _json(dp.DATA_PLANE.dump(dp.DrainResult(aborted=aborted, finished_in_time=in_time)))
 
     async def resume(self, request: web.Request) -> web.Response:
         self._fence(request)
@@ -266,7 +266,7 @@ class WorkerServer:
         req = await self._body(request, dp.LoadWeightsRequest)
         if isinstance(req, web.Response):
             return req
-        from agents.weights import fetch_weights
+        from agents.worker_client import fetch_weights
 
         assert self._session is not None
         version, data = await fetch_weights(self._session, req.url, req.version, req.token)
@@ -278,12 +278,12 @@ class WorkerServer:
 
     # ---- observation
     async def stats(self, request: web.Request) -> web.Response:
-        return _json(dp.dump(self.engine.stats(self.epoch)))
+        return _json(dp.DATA_PLANE.dump(self.engine.stats(self.epoch)))
 
     async def health(self, request: web.Request) -> web.Response:
         e = self.engine
         return _json(
-            dp.dump(
+            dp.DATA_PLANE.dump(
                 dp.Health(
                     ok=True,
                     worker_id=e.worker_id,
@@ -298,7 +298,7 @@ class WorkerServer:
         )
 
     async def telemetry(self, request: web.Request) -> web.Response:
-        return _json({"records": self.engine.take_telemetry()})
+        return _json(dp.DATA_PLANE.dump(dp.TelemetryRecords(self.engine.take_telemetry())))
 
     async def inflight(self, request: web.Request) -> web.Response:
         return _json({"inflight": self.engine.inflight()})
@@ -355,10 +355,10 @@ async def serve(args: argparse.Namespace, secret: str) -> None:
     if state_dir:
         if server._journal_task:  # the periodic journal must not overwrite the final one
             server._journal_task.cancel()
-        (state_dir / "aborted.json").write_text(json.dumps([dp.dump(a) for a in aborted]))
+        (state_dir / "aborted.json").write_text(json.dumps([dp.DATA_PLANE.dump(a) for a in aborted]))
         server._last_journal = b""
         # an orphan's drain answer reached no agent: its journal keeps the partials for the next one
-        server.write_journal(state_dir / "inflight.json", [dp.dump(a) for a in aborted] if alone else None)
+        server.write_journal(state_dir / "inflight.json", [dp.DATA_PLANE.dump(a) for a in aborted] if alone else None)
     await runner.cleanup()
 
 

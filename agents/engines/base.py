@@ -23,6 +23,7 @@ from agents.dataplane import (
     PrefillResult,
     WorkerStats,
 )
+from agents.tokenizer import TOKENIZER, Tokenizer
 from controlplane.core import telemetry as tm
 from controlplane.core.telemetry import TelemetryRecord
 
@@ -149,6 +150,7 @@ class Engine(ABC):
         self._decode_sampled = float("-inf")
         self.decode_sample_s = DECODE_SAMPLE_S
         self.hardware = ""  # the chip its engine records name (an engine that knows it sets it): per-type tracking
+        self.tokenizer: Tokenizer = TOKENIZER  # text prompts and results; an engine of a model directory sets its own
 
     def record_decode_iteration(self, batch: int, duration_s: float) -> None:
         """Keep one decode iteration (batch size, model-time duration) every `decode_sample_s`: a

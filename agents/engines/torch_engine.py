@@ -1,4 +1,5 @@
-"""torch backend: a real Qwen3 from `transformers` with continuous batching and PD roles.
+"""torch backend: a real causal LM from `transformers` (the tiny Qwen3, or a Qwen3, Qwen2, Llama or Mistral
+directory) with continuous batching and PD roles.
 
 Why a hand-rolled loop instead of `generate`: continuous batching (sequences join the running
 batch between iterations and leave when done) needs the KV cache per row under our control. The
@@ -35,7 +36,7 @@ from agents.engines.base import EngineConflict, EngineError, LoopEngine
 from agents.engines.torch_model import FastDecoder
 from agents.engines.torch_runner import TorchRunner, sample_token
 from agents.engines.torch_scheduler import MAX_RUNNING, Seq, TorchScheduler, finished
-from agents.tokenizer import TOKENIZER
+from agents.tokenizer import load_tokenizer
 from controlplane.core import telemetry as tm
 
 ITERATION_SLICE_S = 0.02  # longest run of decode iterations between returns to the event loop
@@ -57,6 +58,8 @@ class TorchEngine(LoopEngine):
         super().__init__(worker_id=worker_id, role=role, job=job)
         models.set_threads(threads)
         self.runner = TorchRunner(models.load_model(model))
+        self.tokenizer = load_tokenizer(model)  # the directory's own, or the tiny model's bytes
+        self.eos_id = self.tokenizer.eos_id
         self.scheduler = TorchScheduler(max_running)
         self.vocab_size = int(self.runner.model.config.vocab_size)
         self._by_id: dict[str, Seq] = {}
@@ -136,7 +139,7 @@ class TorchEngine(LoopEngine):
             prompt_len=len(seq.prompt),
             weight_version=seq.weight_version,
             worker_id=self.worker_id,
-            text=TOKENIZER.decode(seq.out_tokens),
+            text=self.tokenizer.decode(seq.out_tokens),
         )
 
     async def abort(self, request_id: str) -> GenerationResult | None:
@@ -286,7 +289,7 @@ class TorchEngine(LoopEngine):
                     )
                     s.finish_reason = "length"
                     done.append((s, None))
-                elif finished(s):
+                elif finished(s, self.eos_id):
                     done.append((s, None))
                 else:
                     self.runner.join(s, kv)
@@ -314,7 +317,7 @@ class TorchEngine(LoopEngine):
             s.out_tokens.append(int(meta.get("first_token", 0)))
             s.logprobs.append(float(meta.get("first_logprob", 0.0)))
             s.weight_version = min(s.weight_version, int(meta.get("weight_version", s.weight_version)))
-            if finished(s):
+            if finished(s, self.eos_id):
                 done.append((s, None))
             else:
                 self.runner.join(s, kv)
@@ -347,7 +350,7 @@ class TorchEngine(LoopEngine):
             self.record_decode_iteration(batch, dt)
             keep = []
             for i, s in enumerate(self.runner.rows):
-                if finished(s):
+                if finished(s, self.eos_id):
                     done.append((s, None))
                 else:
                     keep.append(i)

@@ -1,5 +1,5 @@
-"""The torch engine's model: the decode forward of a Qwen3 model written against its parameters (the
-prefill is the `transformers` model's own forward, in the runner)."""
+"""The torch engine's model: the decode forward of a Qwen3, Qwen2, Llama or Mistral model written against its
+parameters (the prefill is the `transformers` model's own forward, in the runner)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agents import models
+
 if TYPE_CHECKING:
-    from transformers import Qwen3ForCausalLM
+    from transformers import PreTrainedModel
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,23 +37,27 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class FastDecoder:
-    """The decode forward (one iteration: one token per row) of a Qwen3 model, written against its parameters.
+    """The decode forward (one iteration: one token per row) of a Llama-family model, written against its parameters.
 
     Why: at small batch, `transformers`' per-call machinery (mask builders, cache objects, module
     hooks, output dataclasses) costs more than the arithmetic, and `DynamicCache` concatenates the
     whole cache every iteration. This path does the same operations (RMSNorm, q/k-norm, RoPE, GQA SDPA,
     SwiGLU) over a preallocated KV buffer that each iteration writes one column of. It reads the live
-    parameters, so loading new weights into the model is seen at the next iteration.
+    parameters, so loading new weights into the model is seen at the next iteration. The architectures differ
+    only in what this reads as optional: Qwen3's q/k-norm, Qwen2's q/k/v bias, Llama's optional biases; a
+    sliding window is not implemented (the runner caps a sequence at the window, where attention is full).
     """
 
-    def __init__(self, model: Qwen3ForCausalLM) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         cfg = model.config
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise ValueError(f"the fast decode path implements SwiGLU (silu), not {cfg.hidden_act!r}")
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.norm_w, self.norm_eps = inner.norm.weight.detach(), inner.norm.variance_epsilon
         self.lm_head = model.lm_head.weight.detach()
         # the config fills an unset num_key_value_heads with num_attention_heads (MHA); `or` says so to the types
-        self.nh, self.hd = cfg.num_attention_heads, cfg.head_dim
+        self.nh, self.hd = cfg.num_attention_heads, models.head_dim(cfg)
         self.nkv: int = cfg.num_key_value_heads or cfg.num_attention_heads
         self.layers = []
         for layer in inner.layers:
@@ -67,13 +73,15 @@ class FastDecoder:
                     _fuse_bias(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
                     a.o_proj.weight.detach(),
                     None if a.o_proj.bias is None else a.o_proj.bias.detach(),
-                    a.q_norm.weight.detach(),
-                    a.k_norm.weight.detach(),
-                    a.q_norm.variance_epsilon,
+                    None if getattr(a, "q_norm", None) is None else a.q_norm.weight.detach(),
+                    None if getattr(a, "k_norm", None) is None else a.k_norm.weight.detach(),
+                    a.q_norm.variance_epsilon if getattr(a, "q_norm", None) is not None else 0.0,
                     layer.post_attention_layernorm.weight.detach(),
                     layer.post_attention_layernorm.variance_epsilon,
                     _fuse(mlp.gate_proj.weight, mlp.up_proj.weight),
+                    _fuse_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
                     mlp.down_proj.weight.detach(),
+                    None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach(),
                 )
             )
         self.inter = cfg.intermediate_size
@@ -102,10 +110,13 @@ class FastDecoder:
         cos = self.cos[positions].view(B, 1, 1, -1)
         sin = self.sin[positions].view(B, 1, 1, -1)
         nq, nk = self.nh * self.hd, self.nkv * self.hd
-        for li, (ln1, e1, wqkv, bqkv, wo, bo, qn, kn, eqk, ln2, e2, wgu, wd) in enumerate(self.layers):
+        for li, (ln1, e1, wqkv, bqkv, wo, bo, qn, kn, eqk, ln2, e2, wgu, bgu, wd, bd) in enumerate(self.layers):
             qkv = F.linear(_rms(h, ln1, e1), wqkv, bqkv)
-            q = _rms(qkv[..., :nq].reshape(B, 1, self.nh, self.hd), qn, eqk).transpose(1, 2)
-            k = _rms(qkv[..., nq : nq + nk].reshape(B, 1, self.nkv, self.hd), kn, eqk).transpose(1, 2)
+            q = qkv[..., :nq].reshape(B, 1, self.nh, self.hd)
+            k = qkv[..., nq : nq + nk].reshape(B, 1, self.nkv, self.hd)
+            if qn is not None and kn is not None:  # Qwen3's per-head q/k RMSNorm
+                q, k = _rms(q, qn, eqk), _rms(k, kn, eqk)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = qkv[..., nq + nk :].reshape(B, 1, self.nkv, self.hd).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
@@ -115,6 +126,6 @@ class FastDecoder:
                 q, K[li][:, :, : col + 1], V[li][:, :, : col + 1], attn_mask=mask, enable_gqa=True
             )
             h = h + F.linear(att.transpose(1, 2).reshape(B, 1, self.nh * self.hd), wo, bo)
-            gu = F.linear(_rms(h, ln2, e2), wgu)
-            h = h + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], wd)
+            gu = F.linear(_rms(h, ln2, e2), wgu, bgu)
+            h = h + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], wd, bd)
         return F.linear(_rms(h[:, 0], self.norm_w, self.norm_eps), self.lm_head)

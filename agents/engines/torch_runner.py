@@ -18,7 +18,7 @@ from agents.engines.torch_model import FastDecoder
 from agents.engines.torch_scheduler import Seq
 
 if TYPE_CHECKING:
-    from transformers import Qwen3ForCausalLM
+    from transformers import PreTrainedModel
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) -> tuple[int, float]:
@@ -52,14 +52,17 @@ class TorchRunner:
     `width`, so an iteration is one slice write per layer. Rows are re-packed only when membership changes.
     """
 
-    def __init__(self, model: Qwen3ForCausalLM) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         cfg = model.config
         self.n_layers = cfg.num_hidden_layers
         # the config fills an unset num_key_value_heads with num_attention_heads (MHA); `or` says so to the types
         self.kv_heads: int = cfg.num_key_value_heads or cfg.num_attention_heads
-        self.head_dim = cfg.head_dim
-        self.max_positions = cfg.max_position_embeddings
+        self.head_dim = models.head_dim(cfg)
+        self.max_positions: int = cfg.max_position_embeddings
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        if window:  # within the window attention is full, which is what the decode path computes
+            self.max_positions = min(self.max_positions, int(window))
         self.dtype = next(model.parameters()).dtype
         self.fingerprint = models.fingerprint(model)
         self.decoder = FastDecoder(model)

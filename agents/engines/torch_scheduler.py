@@ -84,9 +84,9 @@ class TorchScheduler:
         return SchedulerOutput(admitted, aborted, aborts)
 
 
-def finished(s: Seq) -> bool:
-    """Whether `s` is done (EOS when it stops at EOS, or max_tokens); sets its finish reason."""
-    if s.params.stop_at_eos and s.out_tokens and s.out_tokens[-1] == TOKENIZER.eos_id:
+def finished(s: Seq, eos_id: int = TOKENIZER.eos_id) -> bool:
+    """Whether `s` is done (the model's EOS when it stops at EOS, or max_tokens); sets its finish reason."""
+    if s.params.stop_at_eos and s.out_tokens and s.out_tokens[-1] == eos_id:
         s.finish_reason = "stop"
         return True
     if len(s.out_tokens) >= s.params.max_tokens:

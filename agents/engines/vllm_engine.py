@@ -44,7 +44,7 @@ from typing import Any
 from agents.dataplane import DecodeRequest, GenerateRequest, GenerationResult, PrefillResult, SamplingParams
 from agents.engines import vllm_kv
 from agents.engines.base import Engine, EngineConflict, EngineError
-from agents.tokenizer import TOKENIZER
+from agents.tokenizer import TOKENIZER, load_tokenizer
 from controlplane.core import telemetry as tm
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,16 @@ class VLLMEngine(Engine):
         import_vllm()
         if model in ("tiny", "") or model.startswith("tiny"):  # the seeded tiny Qwen3 every PEARL process builds
             model = str(tiny_checkpoint())
-        if not Path(model).is_dir():
-            raise EngineError("the vllm engine needs --model 'tiny' or a local save_pretrained directory")
+            self.tokenizer = TOKENIZER
+        else:  # a model directory: vLLM loads it by path (its architecture's own implementation); our tokenizer
+            # is the directory's, for the text of results and the EOS that ends a turn (vLLM skips its own)
+            from agents import models
+
+            try:
+                models.read_model_dir(model)
+            except ValueError as exc:
+                raise EngineError(f"the vllm engine cannot run this model: {exc}") from exc
+            self.tokenizer = load_tokenizer(model)
         self.model_dir = Path(model)
         self.kv_connector = default_connector() if kv_connector is None else kv_connector or None
         self.enable_sleep_mode = (
@@ -250,7 +258,7 @@ class VLLMEngine(Engine):
             seed=p.seed,
             logprobs=0,
             ignore_eos=not p.stop_at_eos,
-            stop_token_ids=[TOKENIZER.eos_id] if p.stop_at_eos else None,
+            stop_token_ids=[self.tokenizer.eos_id] if p.stop_at_eos else None,
         )
         if kv_params is not None:
             kw["extra_args"] = {"kv_transfer_params": kv_params}
@@ -359,7 +367,7 @@ class VLLMEngine(Engine):
             prompt_len=state["prompt_len"],
             weight_version=state["weight_version"],
             worker_id=self.worker_id,
-            text=TOKENIZER.decode(state["tokens"]),
+            text=self.tokenizer.decode(state["tokens"]),
         )
 
     async def generate(self, req: GenerateRequest, prompt: list[int]) -> GenerationResult:

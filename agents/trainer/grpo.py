@@ -79,6 +79,9 @@ class GRPOTrainer:
         torch.manual_seed(self.config.seed)
         self.model = models.load_model(model)
         self.model.train()
+        # right padding, masked out of attention and loss: any id in the vocabulary would do; the model's own
+        pad = self.model.config.pad_token_id
+        self.pad_id = int(pad) if isinstance(pad, int) and 0 <= pad < self.model.config.vocab_size else 0
         self.ref = models.load_model(model) if self.config.kl_beta > 0 else None
         self.optim = torch.optim.AdamW(
             self.model.parameters(), lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay
@@ -143,7 +146,7 @@ class GRPOTrainer:
         adv = group_advantages([s.reward for s in fresh], [s.group for s in fresh], [s.trajectory for s in fresh])
         seqs = [s.prompt_tokens + s.completion_tokens for s in fresh]
         width = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), width), 258, dtype=torch.long)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
         comp_mask = torch.zeros((len(seqs), width - 1))
         old = torch.zeros((len(seqs), width - 1))

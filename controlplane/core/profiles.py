@@ -138,8 +138,7 @@ _RECONFIG: dict[str, ReconfigCosts] = {
 
 
 def get_reconfig_costs(model: str) -> ReconfigCosts:
-    key = _model_key(model)
-    return _RECONFIG[key]
+    return _reconfig_of(_spec_of(model))
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,9 +437,13 @@ def known_models() -> tuple[str, ...]:
 
 @lru_cache(maxsize=128)
 def get_profile(hardware: str, model: str, tp: int = 2) -> Profile:
-    """The static profile of a `tp`-GPU worker of `model` on `hardware` (case-insensitive)."""
+    """The static profile of a `tp`-GPU worker of `model` on `hardware` (case-insensitive): a sourced model, or
+    one registered from its config (`register_model_config`)."""
     hw = _HARDWARE[_hardware_key(hardware)]
-    spec = _MODELS[_model_key(model)]
+    return _build_profile(hw, _spec_of(model), tp)
+
+
+def _build_profile(hw: Hardware, spec: ModelSpec, tp: int) -> Profile:
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
     # H_max: 0.9 of the worker's HBM, minus the weights and 3 GB runtime overhead per GPU (pd_anchors §4.5)
@@ -467,7 +470,7 @@ def get_profile(hardware: str, model: str, tp: int = 2) -> Profile:
         bandwidth=bandwidth,
         weight_bytes=spec.weight_bytes,
         train_tokens_per_s_per_gpu=train_tps,
-        reconfig=_RECONFIG[spec.name],
+        reconfig=_reconfig_of(spec),
         hw=hw,
         spec=spec,
     )
@@ -480,6 +483,45 @@ def get_profile(hardware: str, model: str, tp: int = 2) -> Profile:
     return replace(base, t_prefill=c.t_prefill, decode_a=float(intercept), decode_b=float(slope))
 
 
+# --------------------------------------------------------------------------------------------
+# A user's model, registered from its config.json (core.model_dir; PROFILES.md, "Profiles from a config")
+
+_DERIVED: dict[str, ModelSpec] = {}
+
+
+def profile_for_spec(hardware: str, spec: ModelSpec, tp: int = 2) -> Profile:
+    """The profile of a model known only by its dimensions (`core.model_dir.model_spec_from_config`): the same
+    roofline formulas as the sourced models'."""
+    return _build_profile(_HARDWARE[_hardware_key(hardware)], spec, tp)
+
+
+def register_model(spec: ModelSpec) -> None:
+    """Make `get_profile(hardware, spec.name, tp)` answer for a model known by its config (a job's model
+    directory, whose config.json the caller read). The same dimensions again change nothing; new ones replace
+    the old and drop the cached profiles."""
+    if _DERIVED.get(spec.name) != spec:
+        _DERIVED[spec.name] = spec
+        get_profile.cache_clear()
+
+
+def is_registered(name: str) -> bool:
+    return name in _DERIVED
+
+
+def _spec_of(model: str) -> ModelSpec:
+    derived = _DERIVED.get(str(model))
+    return derived if derived is not None else _MODELS[_model_key(model)]
+
+
+def _reconfig_of(spec: ModelSpec) -> ReconfigCosts:
+    """A sourced model's measured costs; a derived one takes those of the sourced model nearest in weight bytes
+    (worker start is dominated by loading the weights; a prior the tracker does not refit)."""
+    if spec.name in _RECONFIG and _DERIVED.get(spec.name) is None:
+        return _RECONFIG[spec.name]
+    nearest = min(_MODELS.values(), key=lambda m: abs(np.log(m.weight_bytes) - np.log(max(spec.weight_bytes, 1.0))))
+    return _RECONFIG[nearest.name]
+
+
 __all__ = [
     "EngineCoefficients",
     "Hardware",
@@ -489,8 +531,11 @@ __all__ = [
     "get_hardware",
     "get_profile",
     "get_reconfig_costs",
+    "is_registered",
     "known_hardware",
     "known_models",
     "link_bytes_per_s",
     "plateau_batch",
+    "profile_for_spec",
+    "register_model",
 ]

@@ -14,6 +14,7 @@ from agents.engines.torch_engine import TorchEngine
 from agents.engines.torch_runner import TorchRunner
 from agents.engines.torch_scheduler import Seq
 from agents.tokenizer import TOKENIZER
+from tests.support.hf_models import build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +186,7 @@ async def test_requests_beyond_the_models_positions_are_refused_up_front():
 
 async def test_a_local_model_directory_loads_with_the_same_outputs(tmp_path):
     models.load_model("tiny").save_pretrained(tmp_path / "m", safe_serialization=True)
+    build_tokenizer().save_pretrained(tmp_path / "m")  # a model directory brings its tokenizer and chat template
     assert (tmp_path / "m" / "model.safetensors").exists()
     outs = []
     for spec in ("tiny", str(tmp_path / "m")):
