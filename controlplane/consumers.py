@@ -34,7 +34,7 @@ from controlplane.services import (
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
-from controlplane.services.trajectories import mark_trained, record_trajectories
+from controlplane.services.trajectories import record_trajectories
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -513,8 +513,6 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await _service(record_trajectories)(
                 job_id=self.job_id, step=message.step, trajectories=message.trajectories
             )
-        elif isinstance(message, dl.TrainedReport):  # a step's update committed: its records say so (issue 34)
-            await _service(mark_trained)(job_id=self.job_id, report=message)
         elif isinstance(message, dl.UpdateRequest):
             try:
                 await _service(jobs.start_update)(job_id=self.job_id, actor=actor)
