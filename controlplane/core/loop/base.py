@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from controlplane.core.context import Signal
 from controlplane.core.loop.messages import Command, EmitSignal, Progress, StartStep, TrajectoryRef
-from controlplane.core.loop.state import CheckpointCache, StepState, Trainer, Traj
+from controlplane.core.loop.state import CheckpointCache, StepState, TrainerPhase, Traj
 from controlplane.core.router import Router
 from controlplane.core.state import Configuration
 
@@ -62,7 +62,7 @@ class LoopBase:
         # the versions that were newest when a step was left without an update (every member gave up or its
         # groups were dropped: no batch, so no new version); the staleness checks count those steps too
         self.skipped: list[int] = []
-        self.trainer = Trainer.IDLE
+        self.trainer = TrainerPhase.IDLE
         self.training_active = False  # Training Begin .. Training Finished
         self.tb_s = 0.0
         self.train_start_s = 0.0

@@ -42,7 +42,7 @@ from controlplane.core.loop.messages import (
     WorkerReady,
 )
 from controlplane.core.loop.routing import Routing
-from controlplane.core.loop.state import StepState, Trainer, Traj, TrajState, decode_into, encode
+from controlplane.core.loop.state import StepState, TrainerPhase, Traj, TrajState, decode_into, encode
 from controlplane.core.loop.training import TrainingPhase
 
 
@@ -81,11 +81,11 @@ class RolloutLoop(TrainingPhase, Routing):
             for t in list(self.trajs.values()):
                 if t.step == self.step and t.state not in (TrajState.DONE, TrajState.ABORTED):
                     self._restart(t, now, "the rollout driver restarted", stale=False)
-        if self.trainer is Trainer.RETURNING:
+        if self.trainer is TrainerPhase.RETURNING:
             self._emit(ReturnOverlap(self.tb_s + self.cfg.return_deadline_s, ()))
-        elif self.trainer is Trainer.TRAINING:
+        elif self.trainer is TrainerPhase.TRAINING:
             self._emit(self._train_command())
-        elif self.trainer is Trainer.PUBLISHING:
+        elif self.trainer is TrainerPhase.PUBLISHING:
             self._emit(PublishWeights(self.ready[0] + 1))
 
     def _on_stop(self, ev: Stop) -> None:

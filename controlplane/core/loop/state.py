@@ -27,7 +27,9 @@ class TrajState(StrEnum):
     ABORTED = "aborted"
 
 
-class Trainer(StrEnum):
+class TrainerPhase(StrEnum):
+    """Where the job's trainer is in the loop's update cycle (a phase, not the trainer process)."""
+
     IDLE = "idle"
     RETURNING = "returning"  # Training Begin sent, waiting for ReturnConfirmed
     TRAINING = "training"
@@ -187,7 +189,7 @@ def decode_into(loop: Any, data: dict[str, Any]) -> None:  # a fresh RolloutLoop
     loop.trained_next = int(data["trained_next"])
     loop.skipped = [int(v) for v in data.get("skipped", [])]  # (older checkpoints: none)
     loop.ready = deque(int(x) for x in data["ready"])
-    loop.trainer = Trainer(data["trainer"])
+    loop.trainer = TrainerPhase(data["trainer"])
     loop.training_active = bool(data["training_active"])
     loop.tb_s, loop.train_start_s = float(data["tb_s"]), float(data["train_start_s"])
     loop.return_latency_s = float(data["return_latency_s"])

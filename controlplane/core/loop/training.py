@@ -17,7 +17,7 @@ from controlplane.core.loop.messages import (
     TrainingDone,
     WeightsPublished,
 )
-from controlplane.core.loop.state import Trainer
+from controlplane.core.loop.state import TrainerPhase
 
 STEP_RECORDS_KEPT = 16  # final steps whose records a loop (and its checkpoint) keeps (`_forget_old_steps`)
 
@@ -26,12 +26,12 @@ class TrainingPhase(LoopBase):
     """The handlers of the trainer handshake (`ReturnConfirmed`, `TrainingDone`, `WeightsPublished`)."""
 
     def _maybe_train(self, now: float) -> None:
-        if self.trainer is not Trainer.IDLE or not self.ready or self.ready[0] != self.trained_next:
+        if self.trainer is not TrainerPhase.IDLE or not self.ready or self.ready[0] != self.trained_next:
             return
         if not self.steps[self.ready[0]].trajectories:
             self._skip_update(now)
             return
-        self.trainer = Trainer.RETURNING
+        self.trainer = TrainerPhase.RETURNING
         self.training_active = True
         self.tb_s = now
         # borrowed workers stop taking turns now; their in-flight turns come back as TurnInterrupted
@@ -52,19 +52,19 @@ class TrainingPhase(LoopBase):
             self._touched(tid)
         self._forget_old_steps()
         self._maybe_train(now)
-        if self.trainer is Trainer.IDLE and self.training_active:  # skipped right after an update
+        if self.trainer is TrainerPhase.IDLE and self.training_active:  # skipped right after an update
             self.training_active = False
             self._emit(EmitSignal(Signal.TRAINING_FINISHED, self.remaining))
         self._maybe_start_step(now)
 
     def _on_return_confirmed(self, ev: ReturnConfirmed) -> None:
-        if self.trainer is not Trainer.RETURNING:
+        if self.trainer is not TrainerPhase.RETURNING:
             return
         self._account_overlap(ev.now_s, drop=True)
         self.return_latency_s = ev.now_s - self.tb_s
         if self.return_latency_s > self.cfg.return_deadline_s + 1e-9:
             self.deadline_misses += 1
-        self.trainer = Trainer.TRAINING
+        self.trainer = TrainerPhase.TRAINING
         self.train_start_s = ev.now_s
         self._emit(self._train_command())
 
@@ -77,20 +77,20 @@ class TrainingPhase(LoopBase):
         return Train(j, self.version, tuple(tuple(g) for _, g in sorted(groups.items())), tuple(st.dropped))
 
     def _on_training_done(self, ev: TrainingDone) -> None:
-        if self.trainer is not Trainer.TRAINING or not self.ready or ev.step != self.ready[0]:
+        if self.trainer is not TrainerPhase.TRAINING or not self.ready or ev.step != self.ready[0]:
             return
-        self.trainer = Trainer.PUBLISHING
+        self.trainer = TrainerPhase.PUBLISHING
         self.loss, self.missing = ev.loss, ev.missing
         self._emit(PublishWeights(ev.step + 1 - len(self.skipped)))
 
     def _on_weights_published(self, ev: WeightsPublished) -> None:
-        if self.trainer is not Trainer.PUBLISHING or ev.version != self.ready[0] + 1 - len(self.skipped):
+        if self.trainer is not TrainerPhase.PUBLISHING or ev.version != self.ready[0] + 1 - len(self.skipped):
             self.version = max(self.version, ev.version)
             return
         j = self.ready.popleft()
         self.version = ev.version
         self.trained_next = j + 1
-        self.trainer = Trainer.IDLE
+        self.trainer = TrainerPhase.IDLE
         self._emit(
             Telemetry(
                 tm.train(

@@ -59,10 +59,10 @@ class ControlPlane:
 
 
 def _checkpoint_mid_update() -> dict[str, Any]:
-    """A loop's checkpoint taken while its step-0 update was in progress (Trainer.TRAINING)."""
+    """A loop's checkpoint taken while its step-0 update was in progress (TrainerPhase.TRAINING)."""
     world = ToyWorld({0: Role.COLOCATED, 1: Role.COLOCATED}, train_s=50.0)
     loop, _ = run_heap(world, lp.LoopConfig(batch_size=4, group_size=2), [], until=200.0)
-    assert loop.trainer is lp.state.Trainer.TRAINING and loop.training_active
+    assert loop.trainer is lp.state.TrainerPhase.TRAINING and loop.training_active
     return json.loads(json.dumps(loop.checkpoint()))
 
 
