@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from controlplane.core.context import Signal
 from controlplane.core.loop.messages import Command, EmitSignal, Progress, StartStep, TrajectoryRef
-from controlplane.core.loop.state import CheckpointCache, StepState, TrainerPhase, Traj
+from controlplane.core.loop.state import CheckpointCache, StepState, TrainerPhase, Traj, prompts_per_step
 from controlplane.core.router import Router
 from controlplane.core.state import Configuration
 
@@ -80,6 +80,7 @@ class LoopBase:
         self.deadline_misses = 0
         self.stale_aborted = 0
         self.started_trajectories = 0
+        self.prompts_drawn = 0  # the task cursor: prompts drawn so far (a step draws one per group as it starts)
         self.finished_trajectories = 0
         self.failed_trajectories = 0  # environments that failed (external agents): restarted, never rewarded
         self._out: list[Command] = []
@@ -139,6 +140,7 @@ class LoopBase:
             self.trajs[r.trajectory] = Traj(r.trajectory, j, r.group, r.index, self.version, self.version, now)
             self._touched(r.trajectory)
         self.started_trajectories += len(refs)
+        self.prompts_drawn += prompts_per_step(cfg.batch_size, cfg.group_size)
         self.last_periodic_s = now
         self._emit(EmitSignal(Signal.STEP_START, cfg.batch_size))
         self._emit(StartStep(j, self.version, refs))

@@ -33,6 +33,7 @@ from controlplane.core.loop.messages import (
     Telemetry,
     Tick,
     TrainingDone,
+    TrajectoryRecovered,
     TrajectoryRef,
     TrajectoryStarted,
     TurnGenerated,
@@ -42,7 +43,15 @@ from controlplane.core.loop.messages import (
     WorkerReady,
 )
 from controlplane.core.loop.routing import Routing
-from controlplane.core.loop.state import StepState, TrainerPhase, Traj, TrajState, decode_into, encode
+from controlplane.core.loop.state import (
+    DRIVER_RESTARTED,
+    StepState,
+    TrainerPhase,
+    Traj,
+    TrajState,
+    decode_into,
+    encode,
+)
 from controlplane.core.loop.training import TrainingPhase
 
 
@@ -74,13 +83,13 @@ class RolloutLoop(TrainingPhase, Routing):
 
     def _resume(self, now: float) -> None:
         """After `restore`: the old driver's requests and environments died with it. Finished
-        trajectories keep their samples (they went to the trainer as they finished); unfinished ones
-        restart on their task; the trainer handshake picks up where it was (its commands are
-        idempotent)."""
+        trajectories keep their samples (they went to the trainer as they finished; those that finished
+        after the checkpoint are `TrajectoryRecovered` before `Start`); unfinished ones restart on their
+        task; the trainer handshake picks up where it was (its commands are idempotent)."""
         if self.rollout_active:
             for t in list(self.trajs.values()):
                 if t.step == self.step and t.state not in (TrajState.DONE, TrajState.ABORTED):
-                    self._restart(t, now, "the rollout driver restarted", stale=False)
+                    self._restart(t, now, DRIVER_RESTARTED, stale=False)
         if self.trainer is TrainerPhase.RETURNING:
             self._emit(ReturnOverlap(self.tb_s + self.cfg.return_deadline_s, ()))
         elif self.trainer is TrainerPhase.TRAINING:
@@ -229,15 +238,38 @@ class RolloutLoop(TrainingPhase, Routing):
         if self._stale(t):
             self._restart(t, ev.now_s, "stale", stale=True)
             return
+        self._finish(t, ev.now_s)
+
+    def _on_trajectory_recovered(self, ev: TrajectoryRecovered) -> None:
+        """`t` finished before the driver restarted: its samples are durable at the trainer (acknowledged
+        before the old driver counted it), so it counts as finished, as at its end (staleness checked), and
+        is not run again. A trajectory done, aborted, or of a trained step is left as it is."""
+        t = self._live(ev.trajectory)
+        if t is None or t.step < self.trained_next:
+            return
+        if t.state is TrajState.DECODE and t.worker is not None:
+            self.router.decode_done(t.worker)
+        self._leave_first(t)
+        t.worker = None
+        if ev.weight_version is not None:
+            t.min_version = min(t.min_version, ev.weight_version)
+        t.reward = ev.reward
+        if self._stale(t):
+            self._restart(t, ev.now_s, "stale", stale=True)
+            return
+        self._finish(t, ev.now_s)
+
+    def _finish(self, t: Traj, now: float) -> None:
+        """`t` is done and its samples are at the trainer: one fewer to go in its step."""
         t.state = TrajState.DONE
-        t.end_s = ev.now_s
+        t.end_s = now
         self.router.unhome(t.tid)
         self.finished_trajectories += 1
         st = self.steps[t.step]
         st.remaining -= 1
         self._emit(Progress(st.step, st.remaining, self.cfg.batch_size))
         if st.remaining == 0:
-            self._batch_complete(st, ev.now_s)
+            self._batch_complete(st, now)
 
     def _give_up(self, t: Traj, now: float, why: str) -> None:
         """`t`'s failure is final: it leaves its step's batch with no replacement, so the step finishes
@@ -394,6 +426,7 @@ _HANDLERS: dict[type, Any] = {
     TurnGenerated: RolloutLoop._on_turn_generated,
     TurnInterrupted: RolloutLoop._on_turn_interrupted,
     EnvStepped: RolloutLoop._on_env_stepped,
+    TrajectoryRecovered: RolloutLoop._on_trajectory_recovered,
     WorkerReady: RolloutLoop._on_worker_ready,
     WorkerGone: RolloutLoop._on_worker_gone,
     Admission: RolloutLoop._on_admission,

@@ -92,6 +92,19 @@ class EnvStepped:
 
 
 @dataclass(frozen=True, slots=True)
+class TrajectoryRecovered:
+    """The trajectory finished before its rollout driver restarted: its samples are durable at the trainer
+    (acknowledged before the old driver counted it), so it counts as finished with `reward` and is not run again.
+    For a live trajectory of a step not yet trained (restored from the checkpoint, or started again under its id
+    by a step the checkpoint did not show); else ignored."""
+
+    now_s: float
+    trajectory: str
+    reward: float = 0.0
+    weight_version: int | None = None  # the oldest weights that generated any of its samples (None: not known)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerReady:
     """`worker` serves `role` from now on (joined, re-roled, or borrowed overlap worker activated)."""
 
@@ -165,6 +178,7 @@ Event: TypeAlias = (
     | TurnGenerated
     | TurnInterrupted
     | EnvStepped
+    | TrajectoryRecovered
     | WorkerReady
     | WorkerGone
     | Admission

@@ -17,6 +17,9 @@ from typing import Any
 
 from controlplane.core.state import Configuration, Mode
 
+# why a trajectory left unfinished by a driver that died is restarted on its task (its replacement is a rerun)
+DRIVER_RESTARTED = "the rollout driver restarted"
+
 
 class TrajState(StrEnum):
     WAITING = "waiting"  # queued for a worker
@@ -172,6 +175,7 @@ def encode(loop: Any, *, cached: bool = True) -> dict[str, Any]:  # a RolloutLoo
         "missing": loop.missing,
         "deadline_misses": loop.deadline_misses,
         "stale_aborted": loop.stale_aborted,
+        "prompts_drawn": loop.prompts_drawn,
         "started_trajectories": loop.started_trajectories,
         "finished_trajectories": loop.finished_trajectories,
         "failed_trajectories": loop.failed_trajectories,
@@ -194,6 +198,12 @@ def decode_into(loop: Any, data: dict[str, Any]) -> None:  # a fresh RolloutLoop
     loop.tb_s, loop.train_start_s = float(data["tb_s"]), float(data["train_start_s"])
     loop.return_latency_s = float(data["return_latency_s"])
     loop.deadline_misses, loop.stale_aborted = int(data["deadline_misses"]), int(data["stale_aborted"])
+    groups = prompts_per_step(loop.cfg.batch_size, loop.cfg.group_size)
+    # the task cursor: a step draws its batch's prompts (one per group) as it starts, ordinals step·groups + g;
+    # a checkpoint whose cursor is not where its step says is refused (a prompt would be skipped or drawn twice)
+    loop.prompts_drawn = int(data.get("prompts_drawn", (loop.step + 1) * groups))  # (older checkpoints: derived)
+    if loop.prompts_drawn != (loop.step + 1) * groups:
+        raise ValueError(f"prompts_drawn {loop.prompts_drawn} is not where step {loop.step} leaves the task cursor")
     loop.started_trajectories = int(data["started_trajectories"])
     loop.finished_trajectories = int(data["finished_trajectories"])
     loop.failed_trajectories = int(data.get("failed_trajectories", 0))
@@ -208,6 +218,11 @@ def decode_into(loop: Any, data: dict[str, Any]) -> None:  # a fresh RolloutLoop
     loop.resumed = True
     label = data.get("configuration") or ""
     loop.configuration = _parse_label(label)
+
+
+def prompts_per_step(batch_size: int, group_size: int) -> int:
+    """The prompts (tasks) a step draws: one per GRPO group of its batch."""
+    return -(-batch_size // group_size)
 
 
 def _parse_label(label: str) -> Configuration | None:
