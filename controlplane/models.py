@@ -335,8 +335,13 @@ class Trajectory(models.Model):
     weight_versions = models.JSONField(default=list, blank=True)  # per turn
     workers = models.JSONField(default=list, blank=True)  # the worker that served each turn
     latency_s = models.JSONField(default=list, blank=True)  # per turn
-    # a done trajectory trained on (true) or left out of its step's update (false, `reason` says why); else null
+    # a done trajectory: true once the trainer's update that consumed it committed; false when it was left out
+    # of its step's update (`reason` says why); null until its update commits, and where it does not apply
     trained = models.BooleanField(null=True, blank=True)
+    # regenerated after a crash: it replaces a trajectory of its task that had started before its rollout
+    # driver restarted and was lost with it (a finished one is never regenerated: it is recovered)
+    rerun = models.BooleanField(default=False)
+    resumed = models.BooleanField(default=False)  # continued from a kept prefix after a restart
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

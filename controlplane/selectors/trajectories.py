@@ -20,6 +20,8 @@ SUMMARY_FIELDS = (
     "token_count",
     "truncated",
     "trained",
+    "rerun",
+    "resumed",
 )
 
 
@@ -35,20 +37,40 @@ def trajectories(job_id: int, step: int | None = None, status: str | None = None
 def steps(job_id: int) -> list[dict[str, Any]]:
     """The steps with trajectories, newest first, with counts per status, and from the step's STEP record
     (once it is collected) the members given up (failed `agent_max_attempts` times: out of the batch) and
-    the groups dropped (left with fewer than 2 members): slots of the batch that were not trained; `untrained`:
-    the step's done trajectories left out of its update (their rows say `trained: false` and why)."""
+    the groups dropped (left with fewer than 2 members): slots of the batch that were not trained. The audit
+    counts (issue 34): `trained` (consumed by the step's committed update), `untrained` (done, left out of
+    it: their rows say why), `rerun` (regenerated after a crash), `resumed` (continued from a kept prefix)."""
     out: dict[int, dict[str, Any]] = {}
     rows = Trajectory.objects.filter(job_id=job_id).values("step", "status").annotate(n=Count("id")).order_by("-step")
     for r in rows:
         entry = out.setdefault(
-            r["step"], {"step": r["step"], "total": 0, "given_up": 0, "dropped_groups": 0, "untrained": 0}
+            r["step"],
+            {
+                "step": r["step"],
+                "total": 0,
+                "given_up": 0,
+                "dropped_groups": 0,
+                "trained": 0,
+                "untrained": 0,
+                "rerun": 0,
+                "resumed": 0,
+            },
         )
         entry[r["status"]] = r["n"]
         entry["total"] += r["n"]
-    untrained = Trajectory.objects.filter(job_id=job_id, trained=False).values("step").annotate(n=Count("id"))
-    for u in untrained:
-        if u["step"] in out:
-            out[u["step"]]["untrained"] = u["n"]
+    audit = (
+        Trajectory.objects.filter(job_id=job_id)
+        .values("step")
+        .annotate(  # (an annotation may not take a field's name)
+            n_trained=Count("id", filter=Q(trained=True)),
+            n_untrained=Count("id", filter=Q(trained=False)),
+            n_rerun=Count("id", filter=Q(rerun=True)),
+            n_resumed=Count("id", filter=Q(resumed=True)),
+        )
+    )
+    for a in audit:
+        if a["step"] in out:
+            out[a["step"]].update({k: a[f"n_{k}"] for k in ("trained", "untrained", "rerun", "resumed")})
     if out:
         which = Q(record__step__in=list(out))
         if 0 in out:  # a record leaves its fields at their defaults out: step 0's has no "step"

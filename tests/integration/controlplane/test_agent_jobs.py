@@ -173,7 +173,7 @@ def test_reported_trajectories_are_kept_and_listed_per_step(api, nodes):
     page = api.get(f"/api/jobs/{jid}/trajectories/?limit=1&offset=1").json()
     assert page["count"] == 3 and len(page["results"]) == 1 and page["next"]
     steps = api.get(f"/api/jobs/{jid}/trajectories/steps/").json()
-    zero = {"given_up": 0, "dropped_groups": 0, "untrained": 0}
+    zero = {"given_up": 0, "dropped_groups": 0, "trained": 0, "untrained": 0, "rerun": 0, "resumed": 0}
     assert steps == [{"step": 1, "total": 1, "done": 1} | zero, {"step": 0, "total": 2, "done": 1, "failed": 1} | zero]
     # a step's STEP record (as the driver reports it) says which of its slots were not trained
     from controlplane.core import telemetry as tm
