@@ -58,94 +58,45 @@ the step).
 """
 
 ANALYSIS = """
-**What changed for this regeneration (issue 11, fourth round).** *Component A measures the PD interference.*
-Engines (the simulator's and the live emulated engine, which share `core.batching.IterationScheduler`) report each
-prompt's prefill with its tokens, its cached prefix and the decodes that rode in the same iterations. The
-runtime tracker
-divides each by the roofline's prefill time for its own tokens and prefix (first turns run alone with no prefix, so
-raw per-token costs would mislead) and takes prefill next to decodes over prefill alone as I; Eq. 1's prefill term
-carries I, and t_prefill is the cost alone, which is what a prefill worker pays. Before, a colocated pool with more
-interference than the additive roofline raised the fitted t_prefill and the colocated correction, and the
-disaggregated closed form inherited both, so it never looked better (the last round's what-if: PEARL stayed
-colocated where a split won by 4–11%). The calibrated engine is additive, so I = 1 there. Under the what-if with
-twice the interference, PEARL now finds the split: +4.8% / +3.1% / +1.5% vs RLBoost+ on 8B Seg2 / 30B Seg2 /
-batch 32 (was +1.4% / +0.6% / −0.5%), and the Table 2 and crossover tables show its selection. *The predictor's
-prior no longer carries the two values that were set against Table 2* (issue 11 asks for T_over to be given a
-physical counterpart or dropped): T_over is 0 and ΔL : r is the paper's measured 29.1 : 1 for both models (8B
-had 20 : 1); both stay only as the fixture of the closed-form Table 2 unit tests. The prior decides only the
-first, unfitted steps (borrowing there; the first mode is colocated either way), so every paper-scenario figure
-of PEARL, RLBoost+ and ROLL is unchanged; PEARL moves by +0.2% on the varied batch-96 scenario and +0.4% at
-batch 128 in the sensitivity sweep, and the oracle, which shortlists its candidates with the fitted predictor,
-by −0.3 … +0.3%.
-
-**What agrees with the paper.** Three of the four §1 input statistics are in band: prefill token share 96.6%
-(paper 96.68%, counting every prompt token through prefill; computed-only 93.7%), prefill time share 17.0% (26.48%;
-band 16.5–36.5%), decode 251 tok/s/GPU (~400; band 200–800). PEARL is ≥ 0.98 × max(RLBoost+, ROLL-Large) on all
-six paper scenarios (0.989–1.007) and on all six varied ones (0.993–1.009; the varied miss of the last round, 30B
-Seg2 seed 11 at 0.967, is 1.009 now: it came from the unfitted prior's disaggregated start). PEARL is between
-0.9 × oracle and the oracle on the common steps everywhere (0.964–0.988 on the paper scenarios, 0.963–0.986 on
-the varied ones). Zero return-deadline misses and zero lost tokens on
-every run. PEARL/ROLL is within ±25% of the paper on four of six scenarios (8B Seg1/Seg3 1.67×/1.63× vs
-2.17–2.37×; 30B Seg1/Seg3 1.90×/1.87× vs 2.43–2.79×; MoE above dense, as in the paper). Intra-scale borrowing
-(B) is the big lever, as in Fig. 7: +38% / +64% at 4 rollout GPUs (paper +94% / +118%), +10% / +24% at 8, and it
-shrinks with the pool as in the paper. Forced disaggregation at 4 GPUs costs (−7.8% / −1.0%; paper −20.6% /
-−30.9%). RLBoost+ and B-only are within 1.4% of each other on the paper scenarios (2.4% in the sensitivity sweep): with
-staleness 1 both borrow the training GPUs for nearly the whole idle window, which is where the throughput is.
+**What agrees with the paper.** Three of the four §1 input statistics are in band (prefill token share 96.6% vs
+96.68%; prefill time share 17.0% vs 26.48%, band 16.5–36.5%; decode 251 tok/s/GPU vs ~400, band 200–800). PEARL is
+≥ 0.98 × max(RLBoost+, ROLL-Large) on all six paper scenarios (0.989–1.007) and all six varied ones (0.993–1.009),
+between 0.9 × oracle and the oracle on the common steps everywhere (0.964–0.988; varied 0.963–0.986), with zero
+return-deadline misses and zero lost tokens on every run. PEARL/ROLL is within ±25% of the paper on four of six
+scenarios (MoE above dense, as in the paper). Intra-scale borrowing (B) is the big lever, as in Fig. 7: +38% / +64%
+at 4 rollout GPUs (paper +94% / +118%), shrinking with the pool; forced disaggregation at 4 GPUs costs (−7.8% /
+−1.0%; paper −20.6% / −30.9%). RLBoost+ and B-only are within 1.4% of each other: with staleness 1 both borrow the
+training GPUs for nearly the whole idle window, which is where the throughput is.
 
 **What does not, and why.**
-1. *PEARL vs RLBoost+ is ≈ 0 (−0.0% … +1.6%), not +5.9 … +36.3%.* The mechanism table says where it would come
-   from: PD adaptation off (`coloc`) equals PEARL and B-only is within 0.3 points, so what PEARL has beyond a
-   well-borrowing baseline — A, the PD decision, and C, the gate — is worth about nothing at this operating
-   point. C: the borrowing window always pays (T_toggle ≈ 9 s against 250–300 s rollouts). A: at constant
-   resources the best disaggregated split is −0.3% / −0.8% / −2.7% against colocation at batch 32 / 64 / 96 (paper
-   +9.7% / … / −6.1%), and in the Table 2 replay a split beats colocation only at 6 and 13 workers, by ≤ 1.3%. Two
-   what-ifs rule out the obvious causes: with no prefix reuse at all (prefill time share 23.6%) the best split is
-   −0.0% / +1.0% against colocation at batch 32 / 96, and with no tool-call tail −0.5% / −1.5% / −2.3% at 32 / 64 /
-   96 (both measured
-   with the crossover replay of this report, inputs changed one at a time). What is left is the engine: in core's
-   roofline (calibrated to single-engine TPOT anchors, core/PROFILES.md), moving batch 32 from 8 colocated
-   workers to 6 decode workers raises the MoE decode iteration from 8.1 ms (4 sequences at 16K) to 9.2 ms (5.3),
-   while the prefill it takes off them is 17% of colocated time and 2 prefill workers then queue it; the two
-   cancel. The paper's +9.7% needs more interference than an additive roofline gives, and the one aggregated
-   anchor we have (vLLM, Qwen3-30B-A3B-FP8 on H200: TPOT 84 ms aggregated vs 16 ms pure decode at ISL 32K) fits the
-   additive model once its FP8 prefill is counted, so we add no term we cannot source. A what-if with twice the
-   interference (`mixed_prefill_penalty` 2, unsourced, in the mechanism, Table 2 and crossover tables) shows two
-   things. First, disaggregation then wins at every batch (+3.9% / +9.1% / +11.1% at 32 / 64 / 96), the opposite of
-   the paper's trend, so interference strength alone does not give the paper's crossover (that needs decode
-   concentration to cost more at large batch than the roofline's KV and expert reads). Second, PEARL's decision
-   engine tracks the replay's best once the interference is there to measure: in Table 2 it selects a split
-   within one worker of the paper's in 5 of 6 rows (2P3D, 3P10D, 2P4D, 4P10D, 3P5D; at 16 workers it keeps 16C,
-   whose closed form is within 1% of 4P12D and so under the mode-switch threshold, while the replay has 4P12D 2.1%
-   ahead), ≤ 0.9% from the replay's best elsewhere; in the crossover it picks 2P6D / 3P5D / 3P5D (best 2P6D / 2P6D /
-   3P5D). At the calibrated point the targets stay missed: Table 2's selected split is within one worker of the
-   paper's in 0 of 6 rows (PEARL selects colocation, as does the replay at 5, 8, 14 and 16 workers), and the
-   crossover has the paper's sign only at batch 96.
-2. *Fig. 2a's DP scaling is 4.3% / 2.0% (paper 10.3% / 8.9%).* The rollout makespan is the slowest trajectory's,
-   and its tool calls are what no GPU count shortens: in one measured step at 16 GPUs the slowest trajectory spent
-   161 s of its 261 s in the environment (three or four calls in the SWE-bench Pro tail, capped at 60 s each).
-   Without the tail the same pools shorten the rollout by 10.7% / 4.9% (the what-if above; the first in band). The
-   paper's setting must have a far more GPU-bound rollout: its rollout at 16 GPUs takes 4.5–5.7× its training step,
-   ours 250 s against 219 s. We keep the sourced tail and report the gap.
-3. *PEARL/ROLL is below the band on both Seg2 scenarios* (8B 1.53× against ≥ 1.63×; 30B 1.75× against ≥ 1.82×).
-   Seg2 has the fewest preemptible GPUs (mean 9.0), and with a tool-bound rollout extra GPUs buy less, while ROLL's
-   4 GPUs (2 workers × 32 trajectories) lose less than in the paper. With 900-token responses (the last round) the
-   rollout was more decode-bound and both were in band (1.74×, 1.99×): the ratio follows how GPU-bound the rollout
-   is, which reason 2 sets. With twice the interference (what-if) both are in band (1.95×, 2.22×): ROLL's two
-   workers with 32 trajectories each suffer most from it.
-4. *The predictor*: the step-start forecast at constant resources is 11.9–13.4% MAPE for the running mode and
-   12.1–18.1% for the mode not running (the ablation pools of 4 and 8 workers, and 16 workers); over every
-   configuration of the Table 2 replay 20.6% (median 14.1%). On the paper scenarios no step runs at constant
-   resources, so only the elastic figure (10.2–13.4%) is shown. On the 8-GPU Qwen3-30B-A3B pool the closed form
-   rates no split feasible (1P3D: prefill cannot keep up; 2P2D, 3P1D: decode KV does not fit), so there is no
-   other-mode forecast to score.
-5. *Ablation A at 8–16 GPUs is +0.0%* (paper +8–15%): PEARL runs colocation there, the same as ROLL (reason 1).
-   At 4 GPUs the forced 1P1D costs less than in the paper: with shorter responses a dedicated prefill worker has
-   more to do.
-6. *Sensitivity*: PEARL vs RLBoost+ is −0.3% … +1.8% across batch 32–128 and length 8K–32K (paper +5.3 … +63.7%
-   and +9.8 … +26.5%), for reason 1.
-7. *Cost*: `compare` of a paper scenario with the five non-oracle policies takes 8.5–9.3 s here (8B Seg1 and 30B
-   Seg2, the whole command with start-up; target 15 s; 12.6 s in the last regeneration); the forking oracle brings
-   it to 20–24 s in this run (27–34 s in the last regeneration).
+1. *PEARL vs RLBoost+ is ≈ 0 (−0.0% … +1.6%), not +5.9 … +36.3%.* What PEARL has beyond a well-borrowing baseline is
+   worth about nothing at this operating point (`coloc` equals PEARL, B-only is within 0.3 points). C, the gate: the
+   window always pays (T_toggle ≈ 9 s against 250–300 s rollouts). A, the PD decision: at constant resources the
+   best split is −0.3% / −0.8% / −2.7% against colocation at batch 32 / 64 / 96 (paper +9.7% … −6.1%), and removing
+   prefix reuse or the tool-call tail moves it by a point at most (−2.3% … +1.0%). In core's roofline (calibrated to
+   single-engine TPOT anchors, core/PROFILES.md) the decode concentration a split costs cancels the prefill it
+   removes; the paper's +9.7% needs more interference than an additive roofline gives, and the one aggregated anchor
+   (vLLM, Qwen3-30B-A3B-FP8 on H200) fits the additive model, so no unsourced term is added. With twice the
+   interference (the what-if columns) disaggregation wins at every batch (the opposite of the paper's trend), and
+   PEARL's decision tracks the replay's best: in Table 2 a split within one worker of the paper's in 5 of 6 rows, at
+   most 0.9% from the replay's best elsewhere. At the calibrated point Table 2's selection matches the paper's in 0 of 6
+   rows (PEARL and the replay mostly select colocation) and the crossover has the paper's sign only at batch 96.
+2. *Fig. 2a's DP scaling is 4.3% / 2.0% (paper 10.3% / 8.9%).* The slowest trajectory's tool calls, which no GPU
+   count shortens, set the makespan (in one step at 16 GPUs, 161 s of the slowest trajectory's 261 s were tool
+   calls); without the tail the same pools shorten by 10.7% / 4.9%. The paper's rollout is far more GPU-bound
+   (4.5–5.7× its training step; ours 250 s against 219 s). We keep the sourced tail and report the gap.
+3. *PEARL/ROLL is below the band on both Seg2 scenarios* (1.53× against ≥ 1.63×; 1.75× against ≥ 1.82×): Seg2 has
+   the fewest preemptible GPUs, and with a tool-bound rollout extra GPUs buy less (reason 2). With twice the
+   interference both are in band (1.95×, 2.22×).
+4. *The predictor*: 11.9–13.4% MAPE for the running mode and 12.1–18.1% for the other at constant resources
+   (targets 15% / 25%: met); 20.6% over every configuration of the Table 2 replay (median 14.1%); on the paper
+   scenarios nothing runs at constant resources, so only the elastic figure (10.2–13.4%) is shown. On the 8-GPU
+   Qwen3-30B-A3B pool no split is feasible (prefill cannot keep up, or decode KV does not fit).
+5. *Ablation A at 8–16 GPUs is +0.0%* (paper +8–15%): PEARL runs colocation there, as ROLL does (reason 1).
+6. *Sensitivity*: PEARL vs RLBoost+ is −0.3% … +1.8% across batch 32–128 and length 8K–32K (paper +5.3 … +63.7% and
+   +9.8 … +26.5%), for reason 1.
+7. *Cost*: `compare` of a paper scenario with the five non-oracle policies takes 8.5–9.3 s (target 15 s); the
+   forking oracle brings it to 20–24 s.
 """
 
 
