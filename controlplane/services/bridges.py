@@ -192,7 +192,7 @@ def gone(*, bridge: BridgePrincipal, name: str, reason: str, message: str) -> No
         Worker.objects.filter(id__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
         WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
         GPU.objects.filter(node=node).update(present=False)
-        nodes._node_lost(
+        nodes.node_lost(
             node,
             status=NodeStatus.GONE,
             kind="node.gone",

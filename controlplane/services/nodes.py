@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-import redis
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -25,7 +24,6 @@ from controlplane.services.events import (
     notify_agent_on_commit,
     notify_agents_on_commit,
     notify_drivers_on_commit,
-    send_delta_now,
     send_deltas_now,
 )
 from controlplane.services.locks import lock_nodes, locked
@@ -110,15 +108,7 @@ def record_telemetry(*, node_id: int, message: Telemetry, channel: str = "") -> 
         return telemetry.ingest(principal=node_principal(node), message=message)
 
 
-def _fence_workers(node: Node) -> int:
-    """Stop every worker of the node from serving: the fencing step before any reassignment."""
-    ids = list(Worker.objects.filter(node=node, alive=True).values_list("id", flat=True))
-    Worker.objects.filter(id__in=ids).exclude(activity=Activity.INACTIVE).update(activity=Activity.INACTIVE)
-    WorkerGPU.objects.filter(worker_id__in=ids).update(active=False)
-    return len(ids)
-
-
-def _node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+def node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
     """The epilogue of losing a node (its lease expired, or it was preempted), inside the caller's
     transaction with the node locked: the new status, a new epoch (everything its agent started is fenced)
     and generation, the event; after commit its agent, the dashboard and the drivers of its jobs hear of
@@ -134,61 +124,6 @@ def _node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data:
     push_node(node.pk)
     notify_drivers_on_commit(Worker.objects.filter(node=node).values_list("job_id", flat=True).distinct())
     replan_live_jobs("capacity_change", node_id=node.pk)
-
-
-def expire_leases(*, now: datetime | None = None) -> list[str]:
-    """Mark nodes whose lease expired not_ready, bump their epoch and fence their workers.
-
-    The candidates are the nodes whose Redis renewal ran out (ZRANGEBYSCORE) and those whose row lease ran
-    out (while Redis renews, the row's lease is coarse and a live node's never does): the cost follows the
-    nodes that expired, not the cluster. Each is decided under its row lock by `leases.effective_expiry`."""
-    now = now or timezone.now()
-    expired: list[str] = []
-    try:
-        leases.notice_empty()
-        from_redis = set(leases.expired_ids(now.timestamp()))
-    except redis.RedisError:
-        from_redis = set()
-    from_rows = set(
-        Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING], lease_expires__lt=now).values_list(
-            "id", flat=True
-        )
-    )
-    stale: list[int] = []  # Redis renewals that ran out but do not decide (the row was written behind them)
-    for node_id in sorted(from_redis | from_rows):
-        with transaction.atomic():
-            node = locked(Node.objects.filter(pk=node_id)).first()
-            if node is None or node.status not in (NodeStatus.READY, NodeStatus.DRAINING):
-                stale.append(node_id)
-                continue
-            expiry, by_redis = leases.effective_expiry(node.pk, epoch=node.epoch, row_lease=node.lease_expires)
-            if expiry is not None and expiry >= now:
-                if not by_redis and node_id in from_redis:
-                    stale.append(node_id)
-                continue  # someone renewed it meanwhile, or the row's lease still holds
-            fenced = _fence_workers(node)
-            seen = expiry - leases.lease_span() if by_redis and expiry else node.last_heartbeat
-            age = (now - seen).total_seconds() if seen else None
-            epoch = node.epoch + 1
-            _node_lost(
-                node,
-                status=NodeStatus.NOT_READY,
-                kind="node.lease_expired",
-                message=f"node {node.name} missed its lease; epoch -> {epoch}, {fenced} worker(s) fenced",
-                data={"epoch": epoch, "fenced_workers": fenced, "heartbeat_age_s": age},
-            )
-            expired.append(node.name)
-    leases.forget(stale)
-    return expired
-
-
-def push_last_seen() -> int:
-    """The dashboard's heartbeat ages: every node's last renewal in one delta per sweep, not one delta per
-    heartbeat (the page derives the age from it and its own clock). Returns how many nodes it carried."""
-    seen = leases.all_last_seen()
-    if seen:
-        send_delta_now(kind="leases", key="all", data={"seen": {str(k): round(v, 2) for k, v in seen.items()}})
-    return len(seen)
 
 
 def drain_node(*, node_id: int, actor: str) -> Node:
@@ -291,7 +226,7 @@ def remove_preempted(*, now: datetime | None = None) -> list[str]:
             Worker.objects.filter(id__in=ids).update(alive=False, activity=Activity.INACTIVE, stopped_at=now)
             WorkerGPU.objects.filter(worker_id__in=ids).update(alive=False, active=False)
             GPU.objects.filter(node=node).update(present=False)
-            _node_lost(
+            node_lost(
                 node,
                 status=NodeStatus.GONE,
                 kind="node.gone",

@@ -24,7 +24,7 @@ from django.utils import timezone
 from controlplane.core.agent_link import Heartbeat, ObservedWorker, Register, SlotSpec
 from controlplane.core.state import Activity, Pool, Role
 from controlplane.models import AgentCredential, Node
-from controlplane.services import credentials, leases, nodes, registration
+from controlplane.services import credentials, expiry, leases, nodes, registration
 from controlplane.services.events import agent_group
 from controlplane.services.heartbeat import record_heartbeat
 from tests.integration.controlplane.test_sockets import registered_agent
@@ -130,7 +130,7 @@ def test_a_new_registration_or_a_lost_lease_fences_the_redis_path() -> None:
     registration.register_node(credential_id=AgentCredential.objects.get(node_name="n1").pk, message=register)
     assert fast(node, beat(node)) is None  # the new epoch's record names no report yet
     other = accepted("n2")
-    assert "n2" in nodes.expire_leases(now=timezone.now() + timedelta(seconds=leases.lease_s() + 1))
+    assert "n2" in expiry.expire_leases(now=timezone.now() + timedelta(seconds=leases.lease_s() + 1))
     assert fast(other, beat(other)) is None
 
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from controlplane.core.agent_link import Heartbeat, ObservedWorker
 from controlplane.core.state import Activity, Role
 from controlplane.models import Node, Worker
-from controlplane.services import heartbeat, leases, nodes
+from controlplane.services import expiry, heartbeat, leases
 from controlplane.services.errors import StaleEpoch
 from tests.support.cluster import make_job, make_node
 from tests.support.environment import redis_available
@@ -204,7 +204,7 @@ def test_a_heartbeat_that_waited_for_the_row_lock_renews_from_when_it_got_it(set
     holder.join()
     redis_lease = leases.client().zscore(leases.LEASES, str(node.pk))
     assert redis_lease is not None and redis_lease > released + 0.5, (redis_lease, released)
-    assert nodes.expire_leases() == []
+    assert expiry.expire_leases() == []
     assert Node.objects.get(pk=node.pk).status == "ready"
 
 
@@ -216,8 +216,8 @@ def test_expiry_decided_by_redis_still_fences() -> None:
     lease = leases.lease_s()
     assert row.lease_expires is not None
     assert (row.lease_expires - timezone.now()).total_seconds() > lease * 2  # the row's lease is coarse
-    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=lease / 2)) == []
-    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=lease + 1)) == ["n1"]
+    assert expiry.expire_leases(now=timezone.now() + timedelta(seconds=lease / 2)) == []
+    assert expiry.expire_leases(now=timezone.now() + timedelta(seconds=lease + 1)) == ["n1"]
     lost = Node.objects.get(pk=node.pk)
     assert lost.status == "not_ready" and lost.epoch == node.epoch + 1
     assert leases.client().zscore(leases.LEASES, str(node.pk)) is None  # the new epoch has no Redis renewal
@@ -232,7 +232,7 @@ def test_a_row_written_behind_redis_wins() -> None:
     node = make_node("n1")
     heartbeat.record_heartbeat(node_id=node.pk, message=beat(node))
     Node.objects.filter(pk=node.pk).update(lease_expires=timezone.now() - timedelta(seconds=1))
-    assert nodes.expire_leases() == ["n1"]
+    assert expiry.expire_leases() == ["n1"]
 
 
 def test_the_sweep_reads_only_the_expired_nodes() -> None:
@@ -241,7 +241,7 @@ def test_the_sweep_reads_only_the_expired_nodes() -> None:
         heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
     leases.client().zadd(leases.LEASES, {str(made[0].pk): time.time() - 1})  # n0's renewals stopped
     with CaptureQueriesContext(connection) as ctx:
-        assert nodes.expire_leases() == ["n0"]
+        assert expiry.expire_leases() == ["n0"]
     node_reads = [
         s
         for s in statements(ctx)
@@ -311,12 +311,12 @@ def test_a_redis_restart_makes_no_node_look_lost(private_redis: PrivateRedis) ->
     for n in made:
         heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
         heartbeat.record_heartbeat(node_id=n.pk, message=beat(n))
-    assert nodes.expire_leases() == []  # the sweeper stamps this Redis' generation
+    assert expiry.expire_leases() == []  # the sweeper stamps this Redis' generation
     private_redis.stop()
     private_redis.start()  # empty: every renewal and record is gone
     _until_reachable()
     later = timezone.now() + timedelta(seconds=leases.lease_s() + 1)  # past every Redis renewal it had
-    assert nodes.expire_leases(now=later) == []  # the rows' coarse leases hold
+    assert expiry.expire_leases(now=later) == []  # the rows' coarse leases hold
     assert leases.client().get(leases.BOOT) is not None  # the empty Redis was noticed: a new generation
     assert set(Node.objects.values_list("status", flat=True)) == {"ready"}
     n = made[0]
@@ -326,7 +326,7 @@ def test_a_redis_restart_makes_no_node_look_lost(private_redis: PrivateRedis) ->
     assert writes(ctx) == [] and transactions(ctx) == []  # then Redis renews again
     # a node that never came back is still lost once its row lease runs out
     gone = timezone.now() + timedelta(seconds=leases.lease_s() + leases.db_refresh_s() + 1)
-    assert sorted(nodes.expire_leases(now=gone)) == ["n0", "n1", "n2"]
+    assert sorted(expiry.expire_leases(now=gone)) == ["n0", "n1", "n2"]
 
 
 def test_redis_down_the_database_renews_the_exact_lease(private_redis: PrivateRedis) -> None:
@@ -340,5 +340,5 @@ def test_redis_down_the_database_renews_the_exact_lease(private_redis: PrivateRe
     row = Node.objects.get(pk=node.pk)
     assert row.lease_expires is not None
     assert row.lease_expires <= t0 + timedelta(seconds=leases.lease_s() + 1)  # the exact lease, not the coarse
-    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=1)) == []
-    assert nodes.expire_leases(now=timezone.now() + timedelta(seconds=leases.lease_s() + 1)) == ["n1"]
+    assert expiry.expire_leases(now=timezone.now() + timedelta(seconds=1)) == []
+    assert expiry.expire_leases(now=timezone.now() + timedelta(seconds=leases.lease_s() + 1)) == ["n1"]

@@ -8,7 +8,7 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity
 from controlplane.models import Decision, Transition, TransitionStep, Worker
 from controlplane.selectors.cluster import training_flags, worker_views
-from controlplane.services import jobs, nodes, planner
+from controlplane.services import expiry, jobs, nodes, planner
 from controlplane.services.errors import Conflict
 from tests.support.cluster import make_job, make_node, run_transition
 
@@ -120,7 +120,7 @@ def test_lease_expiry_shrinks_the_pool():
     job = _cluster()
     run_transition(planner.plan_job(job_id=job.pk))
     Node.objects.filter(name__in=["r1", "t1"]).update(lease_expires=timezone.now() + timedelta(hours=2))
-    nodes.expire_leases(now=timezone.now() + timedelta(minutes=5))  # e1 is gone quiet
+    expiry.expire_leases(now=timezone.now() + timedelta(minutes=5))  # e1 is gone quiet
     tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
     assert tr is not None and tr.plan["remove"]
     run_transition(tr)

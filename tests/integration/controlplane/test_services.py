@@ -12,7 +12,7 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity, NodeStatus, Pool, Role
 from controlplane.models import Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import desired_state, training_flags, worker_views
-from controlplane.services import heartbeat, jobs, nodes, registration, workers
+from controlplane.services import expiry, heartbeat, jobs, nodes, registration, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
 from tests.support.cluster import agents_converge, make_job, make_node
@@ -120,8 +120,8 @@ def test_lease_expiry_marks_not_ready_bumps_epoch_and_fences():
     job = make_job()
     workers.start_worker(job_id=job.pk, node_id=n.pk, gpu_indexes=[0], role="colocated", activity="active")
     epoch = Node.objects.get(pk=n.pk).epoch
-    assert nodes.expire_leases(now=timezone.now()) == []
-    expired = nodes.expire_leases(now=timezone.now() + timedelta(seconds=3600))
+    assert expiry.expire_leases(now=timezone.now()) == []
+    expired = expiry.expire_leases(now=timezone.now() + timedelta(seconds=3600))
     n.refresh_from_db()
     assert expired == ["n1"] and n.status == NodeStatus.NOT_READY and n.epoch == epoch + 1
     assert not WorkerGPU.objects.filter(active=True).exists()
@@ -235,7 +235,7 @@ def test_fuzz_random_service_calls_keep_invariants():
             elif op < 0.9:
                 jobs.set_training_active(job_id=job.pk, active=not job.__class__.objects.get(pk=job.pk).training_active)
             else:
-                nodes.expire_leases(now=timezone.now() + timedelta(seconds=rng.choice([0, 3600])))
+                expiry.expire_leases(now=timezone.now() + timedelta(seconds=rng.choice([0, 3600])))
                 for n in Node.objects.filter(status=NodeStatus.NOT_READY):
                     make_node(n.name, pool=n.pool, slots=4, incarnation=f"i{rng.random()}")
             ok += 1

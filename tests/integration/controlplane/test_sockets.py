@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.core import agent_link as link
 from controlplane.models import Node, TelemetrySample
-from controlplane.services import credentials, nodes, workers
+from controlplane.services import credentials, expiry, workers
 from pearl_site.asgi import application
 from tests.support.cluster import make_job
 from tests.support.environment import redis_available
@@ -150,7 +150,7 @@ async def test_desired_state_pushed_on_change_and_after_lease_expiry_with_new_ep
     assert pushed["type"] == "desired_state" and pushed["generation"] > desired["generation"]
     (w,) = pushed["workers"]
     assert w["gpus"] == [0, 1] and w["role"] == "colocated" and w["activity"] == "active"
-    expired = await database_sync_to_async(nodes.expire_leases)(now=timezone.now() + timedelta(hours=1))
+    expired = await database_sync_to_async(expiry.expire_leases)(now=timezone.now() + timedelta(hours=1))
     assert expired == ["gpu-a"]
     fenced = await ws.receive_json_from(timeout=5)
     assert fenced["epoch"] == reg["epoch"] + 1 and fenced["status"] == "not_ready"
