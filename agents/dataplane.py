@@ -1,8 +1,11 @@
 """Typed JSON messages of the worker data plane (driver/agent/peer -> engine worker over HTTP).
 
-Every endpoint of `agents.worker` parses its body with `parse(RequestType, data)`: unknown fields,
-wrong types and out-of-range values raise `DataPlaneError` (the worker answers 400 with the
-message). Tensors never travel as JSON: KV caches and weights are safetensors bytes on their own
+Every request and answer is one of these types, written and read by the one wire codec (`core/wire`,
+this protocol's `DATA_PLANE`): the servers (`agents.worker`, `agents.trainer.server`, the weight store)
+parse their bodies with `DATA_PLANE.parse(RequestType, data)` (unknown fields, wrong types and
+out-of-range values raise `WireError`; the server answers 400 with an `ErrorReply`, `{"error": why}`),
+and the one client family (`agents.worker_client`) builds every request from them and parses every
+answer into them. Tensors never travel as JSON: KV caches and weights are safetensors bytes on their own
 GET endpoints. Auth: every call carries `Authorization: Bearer <worker secret>` (the secret is
 given to the worker by its agent at spawn); a KV pull may instead carry the per-handle capability
 token returned by `prefill`, so a decode peer needs no other secret.
@@ -13,19 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.core.wire import bounded, parse_dataclass, to_json
+from controlplane.core.wire import WireError, WireProtocol, bounded
 
 AUTH_HEADER = "Authorization"
 KV_TOKEN_HEADER = "X-PEARL-KV-Token"
 EPOCH_HEADER = "X-PEARL-Epoch"  # fencing token of control verbs; lower than the highest seen -> 409
 WEIGHT_VERSION_HEADER = "X-PEARL-Weight-Version"
 
-MAX_REQUEST_BYTES = 1 << 20  # JSON bodies
+MAX_REQUEST_BYTES = 1 << 20  # JSON bodies to a worker
+MAX_TRAINER_REQUEST_BYTES = 64 << 20  # a trainer's (a step's samples)
 MAX_KV_BYTES = 1 << 30  # one pulled KV cache
 MAX_WEIGHT_BYTES = 8 << 30
 MAX_PROMPT_TOKENS = 32768  # Qwen3's native context, the simulator's default max_length
 MAX_NEW_TOKENS = MAX_PROMPT_TOKENS  # a turn's response may fill what the context leaves
 MAX_ID_LEN = 128
+MAX_TEXT_CHARS = 64 * MAX_NEW_TOKENS  # a result's decoded text (a token may decode to many characters)
 # listen(2)'s queue of connections not yet accepted (the kernel caps it at net.core.somaxconn). aiohttp's
 # default, 128, overflows when a step's B·G trajectories (or agents) connect at once, and each dropped SYN
 # is retried after a second: 1 s added to those turns (benchmarks/bench_gateway.py, 1,024 sessions).
@@ -42,13 +47,9 @@ async def read_capped(content: Any, limit: int) -> bytes:
     async for chunk in content.iter_chunked(1 << 20):
         total += len(chunk)
         if total > limit:
-            raise DataPlaneError(f"body larger than {limit} bytes")
+            raise WireError(f"body larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-class DataPlaneError(ValueError):
-    """A request that does not follow the data-plane protocol (-> HTTP 400)."""
 
 
 # ------------------------------------------------------------------ requests
@@ -130,14 +131,15 @@ class ResumeRequest:
 # ------------------------------------------------------------------ results
 @dataclass(slots=True)
 class GenerationResult:
-    request_id: str
-    tokens: list[int]  # generated tokens (for a PD request: including the prefill worker's first token)
-    logprobs: list[float]  # per generated token, under the sampling distribution
-    finish_reason: str  # stop | length | abort
+    request_id: str = field(metadata=bounded(max_len=MAX_ID_LEN))
+    # generated tokens (for a PD request: including the prefill worker's first token)
+    tokens: list[int] = field(metadata=bounded(max_len=MAX_NEW_TOKENS + 1))
+    logprobs: list[float] = field(metadata=bounded(max_len=MAX_NEW_TOKENS + 1))  # per token, as sampled
+    finish_reason: str = field(metadata=bounded(max_len=16))  # stop | length | abort
     prompt_len: int
     weight_version: int  # oldest weight version that produced any of these tokens
     worker_id: int = 0
-    text: str = ""
+    text: str = field(default="", metadata=bounded(max_len=MAX_TEXT_CHARS))
 
 
 @dataclass(slots=True)
@@ -155,7 +157,7 @@ class PrefillResult:
 
 @dataclass(slots=True)
 class DrainResult:
-    aborted: list[GenerationResult]
+    aborted: list[GenerationResult] = field(metadata=bounded(max_len=1 << 20))
     finished_in_time: bool
 
 
@@ -181,6 +183,21 @@ class WorkerStats:
 
 
 @dataclass(slots=True)
+class TelemetryRecords:
+    """A worker's telemetry records since it was last asked (`GET /telemetry`): `TelemetryRecord.to_json()`."""
+
+    records: list[dict[str, Any]] = field(metadata=bounded(max_len=1 << 20))
+
+
+@dataclass(slots=True)
+class WeightsIndex:
+    """A weight store's snapshots (`GET /weights/latest`): the latest version and every one it keeps."""
+
+    version: int = field(metadata=bounded(0))
+    versions: list[int] = field(default_factory=list, metadata=bounded(0, max_len=1 << 16))
+
+
+@dataclass(slots=True)
 class Health:
     ok: bool
     worker_id: int
@@ -190,38 +207,6 @@ class Health:
     pid: int
     devices: list[int] = field(default_factory=list)  # the GPUs it runs on (its CUDA_VISIBLE_DEVICES)
     sleep_mode: str = "pause"  # what /sleep does: "levels" (vLLM sleep levels 1-2, GPUs) or "pause" (scheduler held)
-
-
-# ------------------------------------------------------------------ (de)serialisation
-def dump(obj: Any) -> dict[str, Any]:
-    return to_json(obj)
-
-
-def parse(cls: type, data: Any, where: str | None = None) -> Any:
-    """Strictly build dataclass `cls` from decoded JSON (the shared wire parser, DataPlaneError)."""
-    return parse_dataclass(cls, data, where or cls.__name__, error=DataPlaneError, check=_check)
-
-
-def _check(obj: Any, where: str) -> None:
-    if isinstance(obj, DrainRequest) and obj.mode not in ("wait", "abort"):
-        raise DataPlaneError(f"{where}.mode: must be 'wait' or 'abort'")
-    if isinstance(obj, SetRoleRequest) and obj.role not in ROLES:
-        raise DataPlaneError(f"{where}.role: unknown role {obj.role!r}")
-    if isinstance(obj, GenerateRequest):
-        if not obj.request_id:
-            raise DataPlaneError(f"{where}.request_id: must not be empty")
-        if obj.prompt and obj.prompt_tokens:
-            raise DataPlaneError(f"{where}: give prompt or prompt_tokens, not both")
-    if isinstance(obj, TrainSample):
-        if obj.token_count:  # an emulated model's sample: its size only
-            if obj.prompt_tokens or obj.completion_tokens or obj.logprobs:
-                raise DataPlaneError(f"{where}: give the tokens or token_count, not both")
-        elif not obj.completion_tokens or len(obj.logprobs) != len(obj.completion_tokens):
-            raise DataPlaneError(f"{where}: one log-prob per completion token, at least one token")
-    if isinstance(obj, (DecodeRequest, LoadWeightsRequest)):
-        url = obj.kv_url if isinstance(obj, DecodeRequest) else obj.url
-        if not (url.startswith("http://") or url.startswith("https://")):
-            raise DataPlaneError(f"{where}: URL must be http(s)")
 
 
 # ------------------------------------------------------------------ trainer
@@ -260,3 +245,85 @@ class StepRequest:
     # finished trajectories of the step left out of it (their group lost members: `core.loop` Train.dropped)
     dropped: list[str] = field(default_factory=list, metadata=bounded(max_len=1 << 20))
     training_gpus: int = field(default=0, metadata=bounded(0, 1 << 20))
+
+
+@dataclass(slots=True)
+class SamplesBuffered:
+    """`POST /samples` with a `step`: the step's finished trajectories the trainer holds now."""
+
+    buffered: int
+    version: int
+
+
+@dataclass(slots=True)
+class SamplesQueued:
+    """`POST /samples` without a step: the queue's length, and the update it ran if a batch was full."""
+
+    queued: int
+    version: int
+    step: dict[str, Any] | None = None  # the trainer's UpdateStats as JSON
+
+
+@dataclass(slots=True)
+class UpdateAnswer:
+    """`POST /step`: the version the update published; for a rollout step, whether it had run already
+    (a restarted driver asking again) and which of its trajectories' samples the trainer lacked."""
+
+    version: int
+    step: dict[str, Any] | None = None  # the trainer's UpdateStats as JSON (None: nothing to train)
+    already: bool = False
+    missing: list[str] = field(default_factory=list, metadata=bounded(max_len=1 << 20))
+
+
+@dataclass(slots=True)
+class QueuedUpdateAnswer:
+    """`POST /step` without a rollout step: the version after training on what was queued."""
+
+    version: int
+    step: dict[str, Any] | None = None  # the trainer's UpdateStats as JSON (None: the queue was empty)
+
+
+@dataclass(slots=True)
+class TrainerStats:
+    """`GET /stats` of a trainer."""
+
+    version: int
+    steps: int
+    stale_rejected: int
+    consumed: int
+    queued: int
+    last: dict[str, Any] | None = None  # the last update's UpdateStats as JSON
+
+
+# ------------------------------------------------------------------ the protocol's framing
+def _check(obj: Any, where: str) -> None:
+    if isinstance(obj, DrainRequest) and obj.mode not in ("wait", "abort"):
+        raise WireError(f"{where}.mode: must be 'wait' or 'abort'")
+    if isinstance(obj, SetRoleRequest) and obj.role not in ROLES:
+        raise WireError(f"{where}.role: unknown role {obj.role!r}")
+    if isinstance(obj, GenerateRequest):
+        if not obj.request_id:
+            raise WireError(f"{where}.request_id: must not be empty")
+        if obj.prompt and obj.prompt_tokens:
+            raise WireError(f"{where}: give prompt or prompt_tokens, not both")
+    if isinstance(obj, TrainSample):
+        if obj.token_count:  # an emulated model's sample: its size only
+            if obj.prompt_tokens or obj.completion_tokens or obj.logprobs:
+                raise WireError(f"{where}: give the tokens or token_count, not both")
+        elif not obj.completion_tokens or len(obj.logprobs) != len(obj.completion_tokens):
+            raise WireError(f"{where}: one log-prob per completion token, at least one token")
+    if isinstance(obj, (DecodeRequest, LoadWeightsRequest)):
+        url = obj.kv_url if isinstance(obj, DecodeRequest) else obj.url
+        if not (url.startswith("http://") or url.startswith("https://")):
+            raise WireError(f"{where}: URL must be http(s)")
+
+
+# untagged (the route names the type); an error body is `{"error": why}`
+DATA_PLANE = WireProtocol(
+    "data plane",
+    tagged=False,
+    error_keys={"detail": "error"},
+    max_bytes=MAX_TRAINER_REQUEST_BYTES,  # the largest body any server takes; a worker's own is MAX_REQUEST_BYTES
+    max_depth=None,
+    check=_check,
+)

@@ -1,9 +1,10 @@
 """Versioned weight snapshots: written by the trainer, served over HTTP, pulled by workers.
 
-Pull-based and lazy (RLBoost/PEARL): a worker that starts or returns asks the store for the latest
-version (or one at least `min_weight_version`) and installs it; nothing is pushed. Snapshots are
-safetensors files written atomically (temp + rename) with the version in their metadata; network
-bytes are only ever parsed by safetensors (never pickle, never torch.load).
+Workers pull them with the client family's `agents.worker_client.fetch_weights`. Pull-based and lazy
+(RLBoost/PEARL): a worker that starts or returns asks the store for the latest version (or one at least
+`min_weight_version`) and installs it; nothing is pushed. Snapshots are safetensors files written
+atomically (temp + rename) with the version in their metadata; network bytes are only ever parsed by
+safetensors (never pickle, never torch.load).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from aiohttp import ClientError, ClientSession, web
+from aiohttp import web
 
 from agents import dataplane as dp
-from agents.engines.base import EngineError, EngineNotFound
+from agents.engines.base import EngineNotFound
+from controlplane.core.wire import ErrorReply
 
 _NAME = re.compile(r"^v(\d{8})\.safetensors$")
 
@@ -94,6 +96,10 @@ class WeightStore:
         return path.read_bytes()
 
 
+def _error(status: int, why: str) -> web.Response:
+    return web.json_response(dp.DATA_PLANE.dump(ErrorReply(detail=why)), status=status)
+
+
 def weight_routes(store: WeightStore, may_pull: Callable[[str], bool]) -> web.Application:
     """A sub-app: GET /latest -> {"version"}, GET /{version} -> safetensors bytes. Bearer auth:
     `may_pull(token)` decides (the trainer: its own secret, or a scoped token of its job)."""
@@ -102,20 +108,21 @@ def weight_routes(store: WeightStore, may_pull: Callable[[str], bool]) -> web.Ap
     async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
         header = request.headers.get(dp.AUTH_HEADER, "")
         if not (header.startswith("Bearer ") and may_pull(header[7:])):
-            return web.json_response({"error": "missing or bad weights token"}, status=401)
+            return _error(401, "missing or bad weights token")
         return await handler(request)
 
     async def latest(_request: web.Request) -> web.Response:
-        return web.json_response({"version": store.latest(), "versions": store.versions()})
+        versions = store.versions()
+        return web.json_response(dp.DATA_PLANE.dump(dp.WeightsIndex(versions[-1] if versions else 0, versions)))
 
     async def one(request: web.Request) -> web.StreamResponse:
         raw = request.match_info["version"]
         if not raw.isdigit():
-            return web.json_response({"error": "version must be an integer"}, status=400)
+            return _error(400, "version must be an integer")
         version = int(raw)
         path = store.path(version)
         if not path.exists():
-            return web.json_response({"error": f"unknown weight version {version}"}, status=404)
+            return _error(404, f"unknown weight version {version}")
         return web.FileResponse(
             path, headers={dp.WEIGHT_VERSION_HEADER: str(version), "Content-Type": "application/octet-stream"}
         )
@@ -124,33 +131,3 @@ def weight_routes(store: WeightStore, may_pull: Callable[[str], bool]) -> web.Ap
     app.router.add_get("/latest", latest)
     app.router.add_get("/{version}", one)
     return app
-
-
-async def fetch_weights(session: ClientSession, url: str, version: int, token: str) -> tuple[int, bytes]:
-    """Pull `version` (0 = latest) from a weight store at `url` (the base that has /weights/...)."""
-    base = url.rstrip("/") + "/weights"
-    headers = {dp.AUTH_HEADER: f"Bearer {token}"} if token else {}
-    try:
-        if version == 0:
-            async with session.get(f"{base}/latest", headers=headers) as resp:
-                if resp.status != 200:
-                    raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
-                info = await resp.json()
-            if not info.get("versions"):
-                raise EngineNotFound(f"weight store {url} has no snapshot yet")
-            version = int(info["version"])
-        async with session.get(f"{base}/{version}", headers=headers) as resp:
-            if resp.status == 404:
-                raise EngineNotFound(f"unknown weight version {version} at {url}")
-            if resp.status != 200:
-                raise EngineError(f"weight store {url} answered HTTP {resp.status}", 502)
-            try:
-                data = await dp.read_capped(resp.content, dp.MAX_WEIGHT_BYTES)
-            except dp.DataPlaneError as exc:
-                raise EngineError(f"weights too large: {exc}", 413) from exc
-            got = int(resp.headers.get(dp.WEIGHT_VERSION_HEADER, version))
-            if got != version:
-                raise EngineError(f"asked for weight version {version}, got {got}", 502)
-            return version, data
-    except ClientError as exc:
-        raise EngineError(f"weight pull from {url} failed: {exc}", 502) from exc

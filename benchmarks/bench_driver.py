@@ -120,7 +120,7 @@ async def control_plane_main(args: argparse.Namespace) -> None:
         max_trajectory_tokens=32768,
         return_deadline_s=30.0,
     )
-    workers = [dl.WorkerView(i, Role.COLOCATED, e) for i, e in enumerate(endpoints)]
+    workers = [dl.RoutableWorker(i, Role.COLOCATED, e) for i, e in enumerate(endpoints)]
     state: dict[str, Any] = {"version": 0, "training": False, "port": 0}
     sockets: list[web.WebSocketResponse] = []
     stats: dict[str, list[int]] = {}  # message type -> [count, bytes]
@@ -131,7 +131,7 @@ async def control_plane_main(args: argparse.Namespace) -> None:
         )
 
     async def push() -> None:
-        frame = json.dumps(dl.dump(cluster()))
+        frame = json.dumps(dl.DRIVER_LINK.dump(cluster()))
         for ws in sockets:
             await ws.send_str(frame)
 
@@ -144,17 +144,19 @@ async def control_plane_main(args: argparse.Namespace) -> None:
         async for raw in ws:
             if raw.type != WSMsgType.TEXT:
                 continue
-            msg = dl.parse_driver_message(json.loads(raw.data))  # as the real consumer parses every report
+            msg = dl.DRIVER_LINK.parse(
+                json.loads(raw.data), dl.DRIVER_MESSAGES
+            )  # as the real consumer parses every report
             s = stats.setdefault(msg.type, [0, 0])
             s[0] += 1
             s[1] += len(raw.data)
             if isinstance(msg, dl.Hello):
-                await ws.send_str(json.dumps(dl.dump(dl.Welcome(job, cluster(), TOKEN))))
+                await ws.send_str(json.dumps(dl.DRIVER_LINK.dump(dl.Welcome(job, cluster(), TOKEN))))
             elif isinstance(msg, dl.SignalReport) and msg.signal in (Signal.TRAINING_BEGIN, Signal.TRAINING_FINISHED):
                 state["training"] = msg.signal is Signal.TRAINING_BEGIN
                 await push()
             elif isinstance(msg, dl.UpdateRequest):
-                await ws.send_str(json.dumps(dl.dump(dl.UpdateGranted(msg.step))))
+                await ws.send_str(json.dumps(dl.DRIVER_LINK.dump(dl.UpdateGranted(msg.step))))
         sockets.remove(ws)
         Path(args.stats).write_text(json.dumps(stats))
         return ws

@@ -153,7 +153,7 @@ async def run_variant(name: str, wurl: str, args: argparse.Namespace) -> dict[st
         driver = RolloutDriver(job, link=link, token=SECRET, http=http)
         link.driver = driver
         driver.cluster = dl.ClusterView(
-            workers=[dl.WorkerView(1, Role.COLOCATED, wurl)],
+            workers=[dl.RoutableWorker(1, Role.COLOCATED, wurl)],
             weight_version=0,
             training_active=False,
             borrowed=0,

@@ -75,7 +75,7 @@ class EpisodeRunner:
     http: ClientSession | None
     loop: lp.RolloutLoop
     episodes: dict[str, Episode]
-    workers: dict[int, dl.WorkerView]
+    workers: dict[int, dl.RoutableWorker]
     clients: dict[str, WorkerClient]  # endpoint -> its client
 
     def _now(self) -> float:
@@ -87,7 +87,7 @@ class EpisodeRunner:
     def _spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         raise NotImplementedError
 
-    async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def _submit_samples(self, req: dp.SubmitSamples) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ environments
@@ -107,6 +107,7 @@ class EpisodeRunner:
             step=step,
             group=ref.group,
             batch_size=job.batch_size,
+            model=job.model,  # a model directory's environments speak its tokenizer and chat template
         )
         if hasattr(env, "trajectory"):  # an agent's record is kept under the loop's trajectory id (reported)
             env.trajectory = ref.trajectory
@@ -158,33 +159,31 @@ class EpisodeRunner:
             ep.reward, ep.info = turn.reward, dict(turn.info)
             # the samples reach the trainer before the loop counts the trajectory as finished: whatever
             # restarts afterwards, a finished trajectory's samples are kept for its step's update
-            await self._trainer_post("samples", {"samples": self._samples(ep), "train": False, "step": ep.step})
+            await self._submit_samples(dp.SubmitSamples(self._samples(ep), train=False, step=ep.step))
         self._feed(
             lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward, observation_tokens=len(turn.observation))
         )
 
-    def _samples(self, ep: Episode) -> list[dict[str, Any]]:
+    def _samples(self, ep: Episode) -> list[dp.TrainSample]:
         """One sample per turn, each with the trajectory's reward (its turns share one advantage). An
         emulated model's samples carry their size instead of their synthetic tokens."""
         counts_only = self.job.engine == "emulated" and self.job.model != "tiny"
         out = []
         for s in ep.samples:
-            sample = {
-                **s,
-                "group": f"{ep.step}-{ep.group}",
-                "reward": ep.reward,
-                "trajectory": ep.tid,
-                "temperature": ep.temperature,
-                "weight_version": min(s["weight_version"], ep.version),
-            }
-            if counts_only:
-                sample |= {
-                    "token_count": max(1, len(s["prompt_tokens"]) + len(s["completion_tokens"])),
-                    "prompt_tokens": [],
-                    "completion_tokens": [],
-                    "logprobs": [],
-                }
-            out.append(sample)
+            prompt, completion = s["prompt_tokens"], s["completion_tokens"]
+            out.append(
+                dp.TrainSample(
+                    group=f"{ep.step}-{ep.group}",
+                    prompt_tokens=[] if counts_only else prompt,
+                    completion_tokens=[] if counts_only else completion,
+                    logprobs=[] if counts_only else s["logprobs"],
+                    reward=ep.reward,
+                    weight_version=min(s["weight_version"], ep.version),
+                    temperature=ep.temperature,
+                    trajectory=ep.tid,
+                    token_count=max(1, len(prompt) + len(completion)) if counts_only else 0,
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ turns on engine workers
@@ -199,7 +198,7 @@ class EpisodeRunner:
             stop_at_eos=getattr(ep.env, "stop_at_eos", False),
         )
 
-    def _client(self, w: dl.WorkerView) -> WorkerClient:
+    def _client(self, w: dl.RoutableWorker) -> WorkerClient:
         """The worker's client, one per endpoint (it keeps the verbs' parsed URLs)."""
         assert self.http is not None
         client = self.clients.get(w.endpoint)

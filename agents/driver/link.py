@@ -21,6 +21,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector
 from agents.driver.rollout import RolloutDriver
 from agents.reconnect import reconnect_forever
 from controlplane.core import driver_link as dl
+from controlplane.core.wire import ErrorReply
 
 log = logging.getLogger("pearl.driver")
 
@@ -57,7 +58,7 @@ class ControlLink:
                 return orjson.dumps({"type": msg.type, "state": msg.state}).decode()
             except TypeError:  # what orjson does not take (a key that is not a string): as json does
                 return json.dumps({"type": msg.type, "state": msg.state}, default=str)
-        return json.dumps(dl.dump(msg), default=str)
+        return json.dumps(dl.DRIVER_LINK.dump(msg), default=str)
 
     async def run_forever(self) -> None:
         """Connect, say hello, receive until the socket closes; again, with backoff, until stopped. Any
@@ -75,7 +76,7 @@ class ControlLink:
                 max_msg_size=dl.MAX_CHECKPOINT_BYTES * 2,
             ) as ws:
                 self.ws = ws
-                await ws.send_str(json.dumps(dl.dump(dl.Hello(self.job, self.incarnation))))
+                await ws.send_str(json.dumps(dl.DRIVER_LINK.dump(dl.Hello(self.job, self.incarnation))))
                 async for raw in ws:
                     self._receive(json.loads(raw.data))
                 return ws.close_code
@@ -86,7 +87,7 @@ class ControlLink:
                 self.stopped.set()
 
     def _receive(self, data: Any) -> None:
-        msg = dl.parse_control_message(data)
+        msg = dl.DRIVER_LINK.parse(data, dl.CONTROL_MESSAGES)
         if isinstance(msg, dl.Welcome):
             self._ready.set()
             if not self.welcome.done():
@@ -100,7 +101,7 @@ class ControlLink:
         elif isinstance(msg, dl.UpdateGranted):
             if self.driver is not None:
                 self.driver.on_update_granted(msg.step)
-        elif isinstance(msg, dl.ErrorReply):
+        elif isinstance(msg, ErrorReply):
             log.warning("driver link error: %s %s %s", msg.error, msg.field, msg.detail)
             if msg.field == "training_active" and self.driver is not None and self.driver.pending_train is not None:
                 # the update was asked before the control plane took Training Begin (lost): both again

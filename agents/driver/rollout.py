@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
-from aiohttp import ClientError, ClientSession
+from aiohttp import ClientSession
 
+from agents import dataplane as dp
 from agents.driver.clock import AsyncLoopRunner
 from agents.driver.episodes import Episode, EpisodeRunner
-from agents.worker_client import WorkerClient
+from agents.worker_client import UNREACHABLE, TrainerClient, WorkerCallError, WorkerClient
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal
@@ -26,6 +27,7 @@ from controlplane.core.loop import Event, RolloutLoop
 from controlplane.core.state import Configuration, Mode, Role
 
 log = logging.getLogger("pearl.driver")
+T = TypeVar("T")
 # How often the loop's checkpoint may be written to the control plane's database at most: a restarted
 # driver redoes at most this much of its trajectories' progress (turns resume from kept prefixes).
 CHECKPOINT_EVERY_S = 2.0
@@ -71,7 +73,7 @@ class RolloutDriver(EpisodeRunner):
         self.epoch = float((checkpoint or {}).get("clock_epoch", time.time()))
         self.runner: AsyncLoopRunner | None = None
         self.episodes: dict[str, Episode] = {}
-        self.workers: dict[int, dl.WorkerView] = {}
+        self.workers: dict[int, dl.RoutableWorker] = {}
         self.clients: dict[str, WorkerClient] = {}
         self.cluster: dl.ClusterView | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -297,21 +299,13 @@ class RolloutDriver(EpisodeRunner):
         """The update of the batch: its trajectories' samples are at the trainer already; training a
         step is idempotent there (a restarted driver asking again gets the version it published)."""
         tids = [t for g in cmd.groups for t in g]
-        res = (
-            await self._trainer_post(
-                "step",
-                {
-                    "step": cmd.step,
-                    "trajectories": tids,
-                    "dropped": list(cmd.dropped),
-                    "training_gpus": self.job.training_gpus,
-                },
-            )
-            or {}
+        req = dp.StepRequest(
+            step=cmd.step, trajectories=tids, dropped=list(cmd.dropped), training_gpus=self.job.training_gpus
         )
-        stats = res.get("step") or {}
-        if res.get("missing"):
-            log.error("the trainer lacked the samples of %d trajectories of step %d", len(res["missing"]), cmd.step)
+        res = await self._trainer_call("step", lambda trainer: trainer.update_step(req))
+        stats = res.step or {}
+        if res.missing:
+            log.error("the trainer lacked the samples of %d trajectories of step %d", len(res.missing), cmd.step)
         for tid in (*tids, *cmd.dropped):
             self.episodes.pop(tid, None)
         loss = float(stats.get("loss", 0.0))
@@ -326,30 +320,28 @@ class RolloutDriver(EpisodeRunner):
         log.info(
             "step %d trained: version %s, loss %.4f, mean reward %.3f",
             cmd.step,
-            res.get("version"),
+            res.version,
             loss,
             float(stats.get("mean_reward", 0.0)),
         )
-        self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss, missing=len(res.get("missing") or [])))
+        self._feed(lp.TrainingDone(self._now(), cmd.step, loss=loss, missing=len(res.missing)))
 
-    async def _trainer_post(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """POST to the job's trainer, waiting for one (a restarted trainer comes back on a new endpoint,
-        which the next cluster view carries)."""
+    async def _submit_samples(self, req: dp.SubmitSamples) -> None:
+        await self._trainer_call("samples", lambda trainer: trainer.submit_samples(req))
+
+    async def _trainer_call(self, verb: str, call: Callable[[TrainerClient], Awaitable[T]]) -> T:
+        """Call the job's trainer (`TrainerClient`), waiting for one (a restarted trainer comes back on a new
+        endpoint, which the next cluster view carries)."""
         assert self.http is not None
         for attempt in range(600):
             trainer = self.cluster.trainer if self.cluster else ""
             if trainer:
                 try:
-                    async with self.http.post(
-                        f"{trainer}/{verb}", json=body, headers={"Authorization": f"Bearer {self.token}"}
-                    ) as resp:
-                        if resp.status == 200:
-                            answer: dict[str, Any] = await resp.json()
-                            return answer
-                        text = await resp.text()
-                    if resp.status not in (401, 502, 503):  # 401: a port reused by another process
-                        raise RuntimeError(f"trainer /{verb}: HTTP {resp.status}: {text[:500]}")
-                except (TimeoutError, ClientError, OSError) as exc:
+                    return await call(TrainerClient(trainer, self.token, self.http))
+                except WorkerCallError as exc:
+                    if exc.status not in (401, 502, 503):  # 401: a port reused by another process
+                        raise RuntimeError(f"trainer /{verb}: {exc}") from exc
+                except UNREACHABLE as exc:
                     log.warning("trainer /%s unreachable (%r); retrying", verb, exc)
             await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
         raise RuntimeError(f"trainer /{verb}: no trainer answered")

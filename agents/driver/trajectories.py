@@ -122,7 +122,7 @@ def reports(summaries: Iterable[tuple[int, dl.TrajectorySummary]]) -> list[dl.Tr
         chunk: list[dl.TrajectorySummary] = []
         size = 0
         for item in items:
-            n = len(json.dumps(dl.dump(dl.TrajectoryReport(step, [item]))))
+            n = len(json.dumps(dl.DRIVER_LINK.dump(dl.TrajectoryReport(step, [item]))))
             if chunk and (size + n > dl.MAX_REPORT_BYTES or len(chunk) >= dl.MAX_TRAJECTORIES):
                 out.append(dl.TrajectoryReport(step, chunk))
                 chunk, size = [], 0

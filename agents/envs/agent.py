@@ -44,14 +44,13 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.envs.agent_pool import AgentFunctionError, AgentPool, AgentProcessDied, function_failed
 from agents.envs.base import Environment, EnvironmentFailed, Turn, register
 from agents.gateway.app import Gateway, serve
-from agents.gateway.backends import Generation, Sampling, Unavailable
+from agents.gateway.backends import BackendUnavailable, DriverBackend, Generation, Pending
 from agents.gateway.chat import ChatFormat, load_format
 from agents.gateway.sessions import Session, SessionStore
 from controlplane.core.agent_spec import AgentSpec, SpecError, validate_agent_spec
@@ -98,36 +97,6 @@ def _read_task_file(path: str) -> str:
 def validate_spec(spec: dict[str, Any]) -> AgentSpec:
     """The agent fields of a job spec, with the task file read and the workdir checked here."""
     return validate_agent_spec(spec, read_file=_read_task_file, is_dir=os.path.isdir)
-
-
-# ------------------------------------------------------------------ the driver as the gateway's backend
-@dataclass
-class Pending:
-    """An agent's request waiting for the driver to sample its turn."""
-
-    prompt: list[int]
-    sampling: Sampling
-    answer: asyncio.Future[Generation]
-
-
-class DriverBackend:
-    """The gateway's backend inside a job: a request becomes the pending turn of its trajectory's
-    environment, which the rollout driver samples (`AgentEnvironment.step` answers it)."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.version = 0
-
-    def weight_version(self) -> int:
-        return self.version
-
-    async def generate(self, session: Session, prompt: list[int], new: list[int], sampling: Sampling) -> Generation:
-        if session.closed:  # its trajectory ended (the agent's request came after): answered, not queued
-            raise Unavailable(f"trajectory {session.trajectory} has ended")
-        queue: asyncio.Queue[Pending] = session.backend_state
-        fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        queue.put_nowait(Pending(list(prompt), sampling, fut))
-        return await fut
 
 
 class AgentRunner:
@@ -439,7 +408,7 @@ class AgentEnvironment(Environment):
             while not queue.empty():
                 waiting = queue.get_nowait().answer
                 if not waiting.done():
-                    waiting.set_exception(Unavailable(f"trajectory {self.trajectory} has ended ({status})"))
+                    waiting.set_exception(BackendUnavailable(f"trajectory {self.trajectory} has ended ({status})"))
         if self._holding_slot and r._slots is not None:
             r._slots.release()
             self._holding_slot = False

@@ -28,7 +28,7 @@ import orjson
 from aiohttp import web
 
 from agents.dataplane import MAX_PROMPT_TOKENS, MAX_REQUEST_BYTES
-from agents.gateway.backends import Backend, Sampling, Unavailable
+from agents.gateway.backends import Backend, BackendUnavailable, Sampling
 from agents.gateway.chat import ChatFormat, TemplateError
 from agents.gateway.sessions import Full, Session, SessionStore, TurnRecord
 from agents.process import serve_app
@@ -346,7 +346,7 @@ class Gateway:
         t0 = time.monotonic()
         try:
             gen = await self.backend.generate(s, prompt, new, sampling)
-        except Unavailable as exc:
+        except BackendUnavailable as exc:
             raise OpenAIError(503, str(exc), type="server_error", code="unavailable") from None
         tokens, cut_text = _truncate_at_stop(self.fmt, gen.tokens, stops)
         finish = gen.finish_reason

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import ClientSession
 
+from agents import dataplane as dp
 from agents.node.config import AgentConfig
 from agents.process import WorkerProcess, spawn_child, spawn_worker, stop_group
 from agents.worker_client import WorkerCallError, WorkerClient
@@ -164,7 +165,7 @@ class Reconciler:
     async def _ask_trainer(self, m: Managed) -> None:
         """The weight version the trainer holds now (`held_version`; unchanged if it did not answer)."""
         with contextlib.suppress(Exception):
-            m.held_version = int((await m.client.get("health"))["weight_version"])  # type: ignore[union-attr]
+            m.held_version = (await m.client.health()).weight_version  # type: ignore[union-attr]
 
     async def _trainer_published(self) -> bool:
         """A trainer on this node holds a newer weight version than last reported: the rollout driver
@@ -182,10 +183,10 @@ class Reconciler:
         async def one(m: Managed) -> None:
             assert m.client is not None
             with contextlib.suppress(Exception):
-                s = await m.client.get("stats")
-                m.role, m.weight_version, m.engine_state = s["role"], s["weight_version"], s["state"]
-                m.inflight = s["running_batch"] + s["waiting"]
-                m.activity = "inactive" if s["state"] == "sleeping" else m.activity
+                s = await m.client.stats()
+                m.role, m.weight_version, m.engine_state = s.role, s.weight_version, s.state
+                m.inflight = s.running_batch + s.waiting
+                m.activity = "inactive" if s.state == "sleeping" else m.activity
 
         reachable = self._reachable()
         trainers = [m for m in reachable if m.desired.role == Role.TRAINING]
@@ -202,7 +203,7 @@ class Reconciler:
 
         async def records(m: Managed) -> None:
             with contextlib.suppress(Exception):
-                self.pending_telemetry.extend((await m.client.get("telemetry"))["records"])  # type: ignore[union-attr]
+                self.pending_telemetry.extend((await m.client.telemetry()).records)  # type: ignore[union-attr]
 
         rollout = [
             m for m in self._reachable() if m.state in ("running", "draining") and m.desired.role != Role.TRAINING
@@ -294,7 +295,7 @@ class Reconciler:
                 return
             epoch = self.epoch
             if m.role != spec.role.value:
-                await m.client.call("role", {"role": spec.role.value}, epoch=epoch)
+                await m.client.set_role(dp.SetRoleRequest(spec.role.value), epoch=epoch)
                 m.role = spec.role.value
             if spec.activity == Activity.INACTIVE and m.engine_state != "sleeping":
                 # deactivate (return to the trainer, against its deadline): abort in-flight work at once,
@@ -302,19 +303,9 @@ class Reconciler:
                 # from their prefixes, and are reported here as well; waiting for long decodes to finish
                 # would spend the return deadline on turns another worker can carry on.
                 t0 = time.perf_counter()
-                res = await m.client.call("drain", {"mode": "abort", "timeout_s": 0}, epoch=epoch)
-                await m.client.call("sleep", {"level": 1}, epoch=epoch)
+                await self._drain(m, dp.DrainRequest("abort", 0.0), "deactivation", epoch)
+                await m.client.sleep(dp.SleepRequest(1), epoch=epoch)
                 m.engine_state, m.inflight = "sleeping", 0
-                if res.get("aborted"):
-                    self.send(
-                        link.Fault(
-                            epoch=self.epoch,
-                            worker_id=spec.worker_id,
-                            kind="drained",
-                            detail=f"{len(res['aborted'])} requests aborted by deactivation",
-                            aborted=partials(res["aborted"], spec.worker_id),
-                        )
-                    )
                 if m.activation_s is not None:  # one borrow + return observed: T_toggle sample
                     # in the job's clock, as every other record: an emulated engine runs `time_factor` times real time
                     scale = self.cfg.time_factor if spec.engine == "emulated" else 1.0
@@ -335,23 +326,13 @@ class Reconciler:
             ):
                 # drain (a role change or a removal is coming): stop admitting; running requests finish
                 # within the drain timeout or go back to their callers with their partial outputs
-                res = await m.client.call("drain", {"mode": "wait", "timeout_s": self.cfg.drain_timeout_s}, epoch=epoch)
+                await self._drain(m, dp.DrainRequest("wait", self.cfg.drain_timeout_s), "the drain", epoch)
                 m.engine_state, m.activity, m.inflight = "draining", Activity.TRANSITIONING.value, 0
-                if res.get("aborted"):
-                    self.send(
-                        link.Fault(
-                            epoch=self.epoch,
-                            worker_id=spec.worker_id,
-                            kind="drained",
-                            detail=f"{len(res['aborted'])} requests aborted by the drain",
-                            aborted=partials(res["aborted"], spec.worker_id),
-                        )
-                    )
             elif spec.activity == Activity.ACTIVE and m.engine_state in ("sleeping", "draining", ""):
                 t0 = time.perf_counter()
                 was_asleep = m.engine_state == "sleeping"
-                await m.client.call("wake", {}, epoch=epoch)
-                await m.client.call("resume", {}, epoch=epoch)
+                await m.client.wake(epoch=epoch)
+                await m.client.resume(epoch=epoch)
                 m.engine_state = "running"
                 if was_asleep:
                     m.activation_s = time.perf_counter() - t0
@@ -366,10 +347,8 @@ class Reconciler:
                 # the worker reaches the job's min_weight_version
                 m.pulled_for = ds.generation
                 try:
-                    h = await m.client.call(
-                        "weights", {"url": spec.weights_url, "version": 0, "token": spec.weights_token}, epoch=epoch
-                    )
-                    m.weight_version = h["weight_version"]
+                    pull = dp.LoadWeightsRequest(spec.weights_url, 0, spec.weights_token)
+                    m.weight_version = (await m.client.load_weights(pull, epoch=epoch)).weight_version
                 except WorkerCallError as exc:
                     log.warning("worker %s: weight pull failed: %s", spec.worker_id, exc)
             if m.weight_version < spec.min_weight_version:
@@ -422,13 +401,13 @@ class Reconciler:
                 bind=self.cfg.bind_address,
                 advertise=self.cfg.advertise_address,
             )
-            health = await WorkerClient(m.proc.endpoint, m.proc.secret, self._http).get("health")
-            if sorted(health.get("devices", [])) != sorted(
+            health = await WorkerClient(m.proc.endpoint, m.proc.secret, self._http).health()
+            if sorted(health.devices) != sorted(
                 spec.gpus
             ):  # the binding holds in the process, not only in the database
                 await m.proc.stop(2.0)
-                raise RuntimeError(f"worker runs on devices {health.get('devices')}, not its slots {spec.gpus}")
-            m.devices = sorted(health["devices"])
+                raise RuntimeError(f"worker runs on devices {health.devices}, not its slots {spec.gpus}")
+            m.devices = sorted(health.devices)
         except Exception as exc:
             m.state = "failed"
             m.restarts += 1
@@ -445,32 +424,37 @@ class Reconciler:
         m.engine_state, m.weight_version, m.pulled_for = "running", 0, -1
         return True
 
-    async def _retire(self, m: Managed, timeout_s: float, by: float | None = None) -> list[dict[str, Any]]:
+    async def _drain(self, m: Managed, req: dp.DrainRequest, by_what: str, epoch: int, by: float | None = None) -> None:
+        """Drain `m`'s engine and report the partial outputs it aborted (they went back to their callers, which
+        resume them elsewhere from their prefixes) as one `drained` fault. `by` (wall clock) bounds the wait
+        for the drain's answer."""
+        assert m.client is not None
+        call = m.client.drain(req, epoch=epoch)
+        res = await (call if by is None else asyncio.wait_for(call, max(0.0, by - time.time())))
+        if res.aborted:
+            wid = m.desired.worker_id
+            self.send(
+                link.Fault(
+                    epoch=self.epoch,
+                    worker_id=wid,
+                    kind="drained",
+                    detail=f"{len(res.aborted)} requests aborted by {by_what}",
+                    aborted=partials([dp.DATA_PLANE.dump(r) for r in res.aborted], wid),
+                )
+            )
+
+    async def _retire(self, m: Managed, timeout_s: float, by: float | None = None) -> None:
         """Drain (partials go back to the callers and are reported), then stop the process. `by` (wall
         clock, a preemption's deadline less a margin) bounds the whole: the drain's answer is not awaited
         past it, and the process group gets SIGKILL at it, however slow a loaded worker is to shut down."""
-        aborted: list[dict[str, Any]] = []
         m.stopping = True
         if m.client and m.proc and m.proc.proc.returncode is None and m.desired.role != Role.TRAINING:
             m.state = "draining"
             with contextlib.suppress(Exception):
-                drain = m.client.call("drain", {"mode": "wait", "timeout_s": timeout_s}, epoch=self.epoch)
-                res = await (drain if by is None else asyncio.wait_for(drain, max(0.0, by - time.time())))
-                aborted = res["aborted"]
+                await self._drain(m, dp.DrainRequest("wait", timeout_s), "the drain", self.epoch, by)
         if m.proc:
             await m.proc.stop(STOP_GRACE_S if by is None else max(0.0, min(STOP_GRACE_S, by - time.time())))
         m.state = "stopped"
-        if aborted:
-            self.send(
-                link.Fault(
-                    epoch=self.epoch,
-                    worker_id=m.desired.worker_id,
-                    kind="drained",
-                    detail=f"{len(aborted)} requests aborted by the drain",
-                    aborted=partials(aborted, m.desired.worker_id),
-                )
-            )
-        return aborted
 
     async def shutdown_workers(self, timeout_s: float, by: float | None = None) -> None:
         ms = list(self.workers.values())

@@ -22,7 +22,7 @@ from agents.process import kill_leftovers, serve_app
 from agents.reconnect import reconnect_forever
 from controlplane.core import agent_link as link
 from controlplane.core.state import Pool
-from controlplane.core.wire import to_json
+from controlplane.core.wire import ErrorReply, WireError, to_json
 
 log = logging.getLogger("pearl.agent")
 
@@ -81,13 +81,13 @@ class NodeAgent(Reconciler):
         )
 
     def send(self, message: Any) -> None:
-        self.outbox.put_nowait(link.dump(message))
+        self.outbox.put_nowait(link.AGENT_LINK.dump(message))
 
     def on_control(self, data: Any) -> None:
         """Handle one control-plane message (already JSON-decoded)."""
         try:
-            msg = link.parse_control_message(data)
-        except link.LinkError as exc:
+            msg = link.AGENT_LINK.parse(data, link.CONTROL_MESSAGES)
+        except WireError as exc:
             log.warning("bad message from the control plane: %s", exc)
             return
         if isinstance(msg, link.Registered):
@@ -100,13 +100,13 @@ class NodeAgent(Reconciler):
             self._report_leftovers()
         elif isinstance(msg, link.DesiredState):
             self.apply(msg)
-        elif isinstance(msg, link.ErrorMessage):
-            log.warning("control plane error %s: %s", msg.code, msg.message)
-            if msg.code == "superseded":
+        elif isinstance(msg, ErrorReply):
+            log.warning("control plane error %s: %s", msg.error, msg.detail)
+            if msg.error == "superseded":
                 self.superseded = True
             # this socket's registration did not take (its channel layer failed while Redis restarted): register
             # again, unless another socket took the node over (two agents of one node must not take turns)
-            elif msg.code == "not_registered" and not self.superseded:
+            elif msg.error == "not_registered" and not self.superseded:
                 self.send(self.register_message())
 
     def apply(self, msg: link.DesiredState) -> bool:
@@ -199,7 +199,7 @@ class NodeAgent(Reconciler):
         async with self._http.ws_connect(
             self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES
         ) as ws:
-            await ws.send_json(link.dump(self.register_message()))
+            await ws.send_json(link.AGENT_LINK.dump(self.register_message()))
             self.superseded = False
             self.connected.set()
             sender = asyncio.create_task(self._send_loop(ws))
@@ -218,7 +218,7 @@ class NodeAgent(Reconciler):
                             await self.shutdown_workers(self.cfg.drain_timeout_s)
                             while not self.outbox.empty():
                                 await ws.send_json(self.outbox.get_nowait())
-                            await ws.send_json(link.dump(self.heartbeat_message()))
+                            await ws.send_json(link.AGENT_LINK.dump(self.heartbeat_message()))
                         break
                     msg = recv.result()
                     if msg.type == WSMsgType.TEXT:
@@ -262,7 +262,7 @@ class NodeAgent(Reconciler):
             until = loop.time() + self.heartbeat_s
             records = await self._collect_telemetry(self.heartbeat_s / 2)
             for i in range(0, len(records), link.MAX_TELEMETRY_RECORDS):
-                self.send(link.Telemetry(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
+                self.send(link.TelemetryBatch(epoch=self.epoch, records=records[i : i + link.MAX_TELEMETRY_RECORDS]))
             while (left := until - loop.time()) > 0:  # report as soon as a reconcile changed something, or
                 with contextlib.suppress(asyncio.TimeoutError):  # a trainer here published new weights
                     await asyncio.wait_for(self._beat.wait(), min(left, WEIGHTS_WATCH_S))

@@ -30,6 +30,20 @@ from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.weights import WeightStore
+from controlplane.core.wire import ErrorReply, WireError
+
+
+def _answer(message: Any) -> Any:
+    """A data-plane answer (`dp.*`) as the trainer's JSON response."""
+    from aiohttp import web
+
+    return web.json_response(dp.DATA_PLANE.dump(message))
+
+
+def _error(status: int, why: str) -> Any:
+    from aiohttp import web
+
+    return web.json_response(dp.DATA_PLANE.dump(ErrorReply(detail=why)), status=status)
 
 
 class TrainerServer:
@@ -64,7 +78,7 @@ class TrainerServer:
         async def auth(request: Any, handler: Any) -> Any:
             return await self._auth_mw(request, handler)
 
-        app = web.Application(client_max_size=64 << 20, middlewares=[auth])
+        app = web.Application(client_max_size=dp.MAX_TRAINER_REQUEST_BYTES, middlewares=[auth])
         app.router.add_post("/samples", self.samples)
         app.router.add_post("/step", self.step)
         app.router.add_get("/stats", self.stats)
@@ -74,7 +88,6 @@ class TrainerServer:
         self.app = app
 
     async def _auth_mw(self, request: Any, handler: Any) -> Any:
-        from aiohttp import web
 
         if request.path.startswith("/weights/"):  # the weights sub-app checks the token itself
             return await handler(request)
@@ -85,59 +98,53 @@ class TrainerServer:
             or (bool(self.job_token) and secrets.compare_digest(presented, self.job_token.encode()))
         )
         if not ok:
-            return web.json_response({"error": "missing or bad trainer token"}, status=401)
+            return _error(401, "missing or bad trainer token")
         return await handler(request)
 
     async def samples(self, request: Any) -> Any:
-        from aiohttp import web
 
         try:
-            body = dp.parse(dp.SubmitSamples, json.loads(await request.read() or b"{}"))
-        except (ValueError, dp.DataPlaneError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            body = dp.DATA_PLANE.parse(dp.DATA_PLANE.decode(await request.read() or b"{}"), dp.SubmitSamples)
+        except WireError as exc:
+            return _error(400, str(exc))
         if self.trainer.trains_on_tokens and any(s.token_count for s in body.samples):
-            return web.json_response(
-                {
-                    "error": "SubmitSamples.samples: this trainer trains on tokens; "
-                    "token_count-only samples are for the emulated trainer"
-                },
-                status=400,
+            return _error(
+                400,
+                "SubmitSamples.samples: this trainer trains on tokens; "
+                "token_count-only samples are for the emulated trainer",
             )
         if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
             self.buffer.add(body.step, body.samples)
-            return web.json_response({"buffered": self.buffer.size(body.step), "version": self.trainer.version})
+            return _answer(dp.SamplesBuffered(self.buffer.size(body.step), self.trainer.version))
         self.queue.extend(body.samples)
         stats = None
         if body.train and len(self.queue) >= self.trainer.batch_size:
             stats = await self._update_queued()
-        return web.json_response(
-            {"queued": len(self.queue), "version": self.trainer.version, "step": asdict(stats) if stats else None}
-        )
+        return _answer(dp.SamplesQueued(len(self.queue), self.trainer.version, asdict(stats) if stats else None))
 
     async def step(self, request: Any) -> Any:
-        from aiohttp import web
 
         try:
-            body = dp.parse(dp.StepRequest, json.loads(await request.read() or b"{}"))
-        except (ValueError, dp.DataPlaneError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            body = dp.DATA_PLANE.parse(dp.DATA_PLANE.decode(await request.read() or b"{}"), dp.StepRequest)
+        except WireError as exc:
+            return _error(400, str(exc))
         if body.step >= 0:
-            return web.json_response(await self._update_step(body))
+            return _answer(await self._update_step(body))
         stats = await self._update_queued(everything=body.all)
-        return web.json_response({"version": self.trainer.version, "step": asdict(stats) if stats else None})
+        return _answer(dp.QueuedUpdateAnswer(self.trainer.version, asdict(stats) if stats else None))
 
-    async def _update_step(self, body: dp.StepRequest) -> dict[str, Any]:
+    async def _update_step(self, body: dp.StepRequest) -> dp.UpdateAnswer:
         """The update of rollout step `body.step`, exactly once: asked again (a restarted driver), it
         answers with the version that update published."""
         async with self._lock:
             t = self.trainer
             if body.step in t.trained_steps:
-                return {"version": t.trained_steps[body.step], "step": None, "already": True, "missing": []}
+                return dp.UpdateAnswer(t.trained_steps[body.step], None, already=True)
             samples, missing = self.buffer.take(body.step, body.trajectories, body.dropped)
             stats = await t.update(samples, body.step, body.training_gpus)
             self.buffer.drop_through(body.step)
             self.history.append(stats)
-            return {"version": t.trained_steps[body.step], "step": asdict(stats), "already": False, "missing": missing}
+            return dp.UpdateAnswer(t.trained_steps[body.step], asdict(stats), missing=missing)
 
     async def _update_queued(self, everything: bool = False) -> UpdateStats | None:
         async with self._lock:
@@ -150,34 +157,13 @@ class TrainerServer:
             return stats
 
     async def stats(self, request: Any) -> Any:
-        from aiohttp import web
 
         t = self.trainer
-        return web.json_response(
-            {
-                "version": t.version,
-                "steps": t.steps,
-                "stale_rejected": t.stale_rejected,
-                "consumed": t.consumed,
-                "queued": len(self.queue),
-                "last": asdict(self.history[-1]) if self.history else None,
-            }
-        )
+        last = asdict(self.history[-1]) if self.history else None
+        return _answer(dp.TrainerStats(t.version, t.steps, t.stale_rejected, t.consumed, len(self.queue), last))
 
     async def health(self, request: Any) -> Any:
-        from aiohttp import web
-
-        return web.json_response(
-            {
-                "ok": True,
-                "role": "training",
-                "state": "running",
-                "worker_id": 0,
-                "weight_version": self.trainer.version,
-                "pid": os.getpid(),
-                "devices": visible_devices(),
-            }
-        )
+        return _answer(dp.Health(True, 0, "training", "running", self.trainer.version, os.getpid(), visible_devices()))
 
 
 class StepBuffer:
@@ -192,10 +178,10 @@ class StepBuffer:
             for f in sorted(self.dir.glob("step_*.jsonl")):
                 step = int(f.stem.split("_")[1])
                 for line in f.read_text().splitlines():
-                    with contextlib.suppress(ValueError, dp.DataPlaneError):  # a torn last line: that post is resent
-                        rec = json.loads(line)
+                    with contextlib.suppress(ValueError):  # a torn last line (or WireError): that post is resent
+                        rec = dp.DATA_PLANE.decode(line)
                         self.steps.setdefault(step, {})[rec["trajectory"]] = [
-                            dp.parse(dp.TrainSample, x) for x in rec["samples"]
+                            dp.DATA_PLANE.parse(x, dp.TrainSample) for x in rec["samples"]
                         ]
 
     def add(self, step: int, samples: list[dp.TrainSample]) -> None:
@@ -207,7 +193,7 @@ class StepBuffer:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(self.dir / f"step_{step:08d}.jsonl", "a") as f:
                 for t, ss in by_traj.items():
-                    f.write(json.dumps({"trajectory": t, "samples": [dp.dump(x) for x in ss]}) + "\n")
+                    f.write(json.dumps({"trajectory": t, "samples": [dp.DATA_PLANE.dump(x) for x in ss]}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
 

@@ -5,11 +5,12 @@ increasing `generation`; a reconnecting agent just receives the current desired 
 `epoch` is the node's fencing token: it is bumped when a lease expires, and an agent (and its
 workers) must refuse any command that carries an older epoch.
 
-Every message is a JSON object with a `type`. `decode_frame` + `parse_agent_message` /
-`parse_control_message` are strict: malformed or non-finite JSON, nesting deeper than
-`MAX_DEPTH`, strings no database stores (NUL, lone surrogates), unknown types, unknown fields or
-wrong types raise `LinkError` with a message naming the field, and the consumer answers with an
-`error` message instead of changing anything; the link stays up.
+Every message is a JSON object with a `type`, written and read by the one wire codec (`core/wire`,
+this link's `AGENT_LINK`): `AGENT_LINK.decode` + `AGENT_LINK.parse(data, AGENT_MESSAGES)` (or
+`CONTROL_MESSAGES`) are strict: malformed or non-finite JSON, nesting deeper than `MAX_DEPTH`, strings
+no database stores (NUL, lone surrogates), unknown types, unknown fields or wrong types raise
+`WireError` with a message naming the field, and the consumer answers with an `ErrorReply` (spelled
+`code` / `message` on this link) instead of changing anything; the link stays up.
 
 Weights are pulled with scoped, rotating tokens (`weights_token`): an HMAC of (job, time bucket)
 under a per-job key. The control plane gives the key only to the job's trainer, which verifies;
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from controlplane.core.state import Activity, Pool, Role
-from controlplane.core.wire import bounded, loads, parse_dataclass, to_json
+from controlplane.core.wire import ErrorReply, WireError, WireProtocol, bounded
 
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_DEPTH = 16
@@ -36,10 +37,6 @@ MAX_ABORTED = 4096
 MAX_VERSION = 2**31 - 1  # what the database's weight-version columns hold
 WEIGHTS_TOKEN_PREFIX = "pwt_"
 CLOSE_SUPERSEDED = 4409  # another socket registered for this node: this one no longer holds the lease
-
-
-class LinkError(ValueError):
-    """A message that does not follow the protocol."""
 
 
 # ---------------------------------------------------------------- building blocks
@@ -120,7 +117,9 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
-class Telemetry:
+class TelemetryBatch:
+    """A batch of a node's telemetry records (its workers' and its own)."""
+
     type: ClassVar[str] = "telemetry"
     epoch: int
     records: list[dict[str, Any]] = field(metadata=bounded(max_len=MAX_TELEMETRY_RECORDS))  # TelemetryRecord.to_json()
@@ -160,56 +159,26 @@ class DesiredState:
     drivers: list[DesiredDriver] = field(default_factory=list, metadata=bounded(max_len=MAX_WORKERS))
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorMessage:
-    type: ClassVar[str] = "error"
-    code: str
-    message: str
+AGENT_MESSAGES: dict[str, type] = {m.type: m for m in (Register, Heartbeat, TelemetryBatch, Fault)}
+CONTROL_MESSAGES: dict[str, type] = {m.type: m for m in (Registered, DesiredState, ErrorReply)}
 
 
-AGENT_MESSAGES: dict[str, type] = {m.type: m for m in (Register, Heartbeat, Telemetry, Fault)}
-CONTROL_MESSAGES: dict[str, type] = {m.type: m for m in (Registered, DesiredState, ErrorMessage)}
-
-
-# ---------------------------------------------------------------- (de)serialisation
-def dump(message: Any) -> dict[str, Any]:
-    """Message dataclass -> JSON-ready dict with its `type`."""
-    out: dict[str, Any] = to_json(message)
-    out["type"] = message.type
-    return out
-
-
-def decode_frame(text: str) -> Any:
-    """One text frame -> JSON value, strictly (see the module docstring); LinkError otherwise."""
-    if len(text) > MAX_MESSAGE_BYTES:
-        raise LinkError(f"messages are JSON text of at most {MAX_MESSAGE_BYTES} bytes")
-    return loads(text, max_depth=MAX_DEPTH, error=LinkError, storable=True)
-
-
-def parse_agent_message(data: Any) -> Register | Heartbeat | Telemetry | Fault:
-    message: Register | Heartbeat | Telemetry | Fault = _parse_typed(data, AGENT_MESSAGES)
-    return message
-
-
-def parse_control_message(data: Any) -> Registered | DesiredState | ErrorMessage:
-    message: Registered | DesiredState | ErrorMessage = _parse_typed(data, CONTROL_MESSAGES)
-    return message
-
-
-def _parse_typed(data: Any, table: dict[str, type]) -> Any:
-    if not isinstance(data, dict):
-        raise LinkError("message must be a JSON object")
-    kind = data.get("type")
-    cls = table.get(kind) if isinstance(kind, str) else None
-    if cls is None or not isinstance(kind, str):
-        raise LinkError(f"unknown message type: {kind!r}")
-    body = {k: v for k, v in data.items() if k != "type"}
-    return parse_dataclass(cls, body, kind, error=LinkError, int_min=0, check=_check)
-
-
+# ---------------------------------------------------------------- the link's framing
 def _check(obj: Any, where: str) -> None:
     if isinstance(obj, ObservedWorker) and obj.state not in WORKER_STATES:
-        raise LinkError(f"{where}.state: unknown worker state {obj.state!r}")
+        raise WireError(f"{where}.state: unknown worker state {obj.state!r}")
+
+
+AGENT_LINK = WireProtocol(
+    "agent link",
+    type_last=True,  # as this link's frames were first written
+    error_keys={"error": "code", "detail": "message"},
+    max_bytes=MAX_MESSAGE_BYTES,
+    max_depth=MAX_DEPTH,
+    storable=True,
+    int_min=0,
+    check=_check,
+)
 
 
 # ---------------------------------------------------------------- scoped weights tokens

@@ -7,8 +7,9 @@ driver must route by: the job's serving workers (role, endpoint), the published 
 whether Training Begin's return of the borrowed workers is complete. Level-triggered: every push
 carries the full view; a reconnecting driver gets the current one in `welcome`.
 
-`parse_driver_message` / `parse_control_message` are strict (unknown types or fields, wrong types,
-out-of-range values raise `LinkError` naming the field).
+Written and read by the one wire codec (`core/wire`, this link's `DRIVER_LINK`):
+`DRIVER_LINK.parse(data, DRIVER_MESSAGES)` (or `CONTROL_MESSAGES`) is strict (unknown types or fields,
+wrong types, out-of-range values raise `WireError` naming the field).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 
 from controlplane.core.context import Signal
 from controlplane.core.state import Role
-from controlplane.core.wire import bounded, parse_dataclass, to_json
+from controlplane.core.wire import ErrorReply, WireProtocol, bounded
 
 MAX_RECORDS = 2048
 MAX_WORKERS = 65536
@@ -32,10 +33,6 @@ MAX_MESSAGE_CHARS = 4000
 MAX_TRAJECTORIES = 256  # per report (the driver also keeps each report's frame under MAX_REPORT_BYTES)
 MAX_REPORT_BYTES = 768 << 10
 TRAJECTORY_STATUSES = ("running", "done", "failed", "aborted")
-
-
-class LinkError(ValueError):
-    """A message that does not follow the protocol."""
 
 
 # ---------------------------------------------------------------- driver -> control plane
@@ -95,9 +92,11 @@ class TrajectorySummary:
     # per turn, every worker that served it, in order (a turn resumed on another worker lists both)
     workers: list[list[int]] = field(default_factory=list, metadata=bounded(-1, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
     latency_s: list[float] = field(default_factory=list, metadata=bounded(0.0, 1e7, max_len=MAX_TRAJECTORY_TURNS))
-    # a done trajectory: trained on (true) or left out of its step's update (false: its group was dropped,
-    # `reason` says why); null where it does not apply (failed, aborted) or is not known
+    # a done trajectory: trained on (true: the update that consumed it committed) or left out of its step's update
+    # (false: its group was dropped, `reason` says why); null until then, and where it does not apply
     trained: bool | None = None
+    rerun: bool = False  # regenerated after a crash (the trajectory of its task before was lost with its driver)
+    resumed: bool = False  # continued from a kept prefix after a restart
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +116,38 @@ class UpdateRequest:
     step: int = field(metadata=bounded(0, 2**31))
 
 
+@dataclass(frozen=True, slots=True)
+class TrainedReport:
+    """Step `step`'s update committed at the trainer (weights `version`): its `trained` trajectories were
+    consumed by it; `untrained` ones were left out of it (`reason` says why). Sent after the trajectories'
+    own reports, so their records say `trained` only once it is true."""
+
+    type: ClassVar[str] = "trained"
+    step: int = field(metadata=bounded(0, 2**31))
+    version: int = field(metadata=bounded(0, 2**31))
+    trained: list[str] = field(default_factory=list, metadata=bounded(max_len=MAX_TRAJECTORIES))
+    untrained: list[str] = field(default_factory=list, metadata=bounded(max_len=MAX_TRAJECTORIES))
+    reason: str = field(default="", metadata=bounded(max_len=MAX_MESSAGE_CHARS))
+
+
 DRIVER_MESSAGES: dict[str, type] = {
     c.type: c
-    for c in (Hello, ProgressReport, SignalReport, TelemetryReport, CheckpointReport, UpdateRequest, TrajectoryReport)
+    for c in (
+        Hello,
+        ProgressReport,
+        SignalReport,
+        TelemetryReport,
+        CheckpointReport,
+        UpdateRequest,
+        TrajectoryReport,
+        TrainedReport,
+    )
 }
 
 
 # ---------------------------------------------------------------- control plane -> driver
 @dataclass(frozen=True, slots=True)
-class WorkerView:
+class RoutableWorker:
     """A rollout worker the driver may route to: active, with its data-plane endpoint."""
 
     worker: int  # the worker's stable slot id in the job
@@ -178,7 +200,7 @@ class ClusterView:
     """Everything the driver routes by, in full every time (level-triggered)."""
 
     type: ClassVar[str] = "cluster"
-    workers: list[WorkerView] = field(metadata=bounded(max_len=MAX_WORKERS))
+    workers: list[RoutableWorker] = field(metadata=bounded(max_len=MAX_WORKERS))
     weight_version: int = field(metadata=bounded(0))
     training_active: bool  # Training Begin .. Training Finished
     borrowed: int = field(metadata=bounded(0))  # overlap workers not yet back (active or in transition)
@@ -204,58 +226,26 @@ class UpdateGranted:
     step: int = field(metadata=bounded(0, 2**31))
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorReply:
-    type: ClassVar[str] = "error"
-    error: str = field(metadata=bounded(max_len=64))
-    detail: str = field(default="", metadata=bounded(max_len=4096))
-    field: str = field(default="", metadata=bounded(max_len=256))  # last: the name shadows dataclasses.field
-
-
 CONTROL_MESSAGES: dict[str, type] = {c.type: c for c in (Welcome, ClusterView, UpdateGranted, ErrorReply)}
 
-
-# ---------------------------------------------------------------- (de)serialisation
-def dump(msg: Any) -> dict[str, Any]:
-    return {"type": msg.type, **to_json(msg)}
-
-
-def _parse(data: Any, table: dict[str, type], side: str) -> Any:
-    if not isinstance(data, dict):
-        raise LinkError(f"{side}: a message must be a JSON object")
-    kind = data.get("type")
-    cls = table.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise LinkError(f"{side}.type: unknown message type {str(kind)[:64]!r}; expected one of {sorted(table)}")
-    body = {k: v for k, v in data.items() if k != "type"}
-    return parse_dataclass(cls, body, f"{kind}", error=LinkError, int_min=0)
-
-
-def parse_driver_message(data: Any) -> Any:
-    return _parse(data, DRIVER_MESSAGES, "driver")
-
-
-def parse_control_message(data: Any) -> Any:
-    return _parse(data, CONTROL_MESSAGES, "control")
+# frames within the agent link's limits (the consumer decoded both links' frames alike before the one codec)
+DRIVER_LINK = WireProtocol("driver link", max_bytes=1 << 20, max_depth=16, storable=True, int_min=0)
 
 
 __all__ = [
+    "DRIVER_LINK",
     "CheckpointReport",
     "ClusterView",
-    "ErrorReply",
     "Hello",
     "JobView",
-    "LinkError",
     "ProgressReport",
+    "RoutableWorker",
     "SignalReport",
     "TelemetryReport",
+    "TrainedReport",
     "TrajectoryReport",
     "TrajectorySummary",
     "UpdateGranted",
     "UpdateRequest",
     "Welcome",
-    "WorkerView",
-    "dump",
-    "parse_control_message",
-    "parse_driver_message",
 ]

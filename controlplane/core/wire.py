@@ -1,9 +1,15 @@
-"""Strict JSON -> dataclass parsing shared by every wire protocol (agent link, worker data plane).
+"""The one wire codec of PEARL's three protocols: the agent link (`core/agent_link`), the driver link
+(`core/driver_link`) and the data plane (`agents/dataplane`).
 
+Each protocol is a `WireProtocol` value (its framing: limits, whether messages carry a `type`, how it spells
+the one error message `ErrorReply`); `WireProtocol.dump` turns a message dataclass into JSON-ready dicts and
+`WireProtocol.parse` builds one back, by its `type` from a table of message classes or as one expected class.
 A message crosses a trust boundary, so parsing is strict: unknown fields, missing fields, wrong
-types, non-finite numbers, out-of-range values and oversized strings or lists raise the protocol's
-error class with a message naming the field (`heartbeat.workers[0].role: unknown value 'boss'`).
+types, non-finite numbers, out-of-range values and oversized strings or lists raise `WireError`
+with a message naming the field (`heartbeat.workers[0].role: unknown value 'boss'`).
 Bounds live on the dataclass fields: `field(metadata=bounded(lo=0, max_len=64))`.
+The message classes live with their protocol; the bytes each protocol writes are pinned by recorded
+frames (tests/unit/core/wire_frames.json).
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
-from dataclasses import MISSING, fields, is_dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
+
+import orjson
 
 DEFAULT_MAX_STR = 4096
 DEFAULT_MAX_LIST = 4096
@@ -228,3 +236,83 @@ def _coerce(
     if isinstance(hint, type) and is_dataclass(hint):
         return parse_dataclass(hint, value, where, error=error, int_min=int_min, check=check)
     raise error(f"{where}: unsupported field type")  # pragma: no cover - a protocol definition error
+
+
+# ---------------------------------------------------------------- the codec
+class WireError(ValueError):
+    """A message that does not follow its protocol (agent link, driver link or data plane): the text names
+    the field. A link answers it with an `ErrorReply` and stays up; the data plane answers HTTP 400."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """The one refusal of every protocol: `error` says what kind (a short code: `bad_message`,
+    `stale_epoch`...), `detail` says why, `field` names the field at fault (if one is)."""
+
+    type: ClassVar[str] = "error"
+    error: str = field(default="", metadata=bounded(max_len=64))
+    detail: str = field(default="", metadata=bounded(max_len=DEFAULT_MAX_STR))
+    field: str = field(default="", metadata=bounded(max_len=256))  # last: the name shadows dataclasses.field
+
+
+ERROR_KEYS = {"error": "error", "detail": "detail", "field": "field"}
+
+
+@dataclass(frozen=True)
+class WireProtocol:
+    """One wire protocol's framing; `dump` and `parse` are the codec every protocol uses."""
+
+    name: str
+    tagged: bool = True  # every message carries its class's `type` (the links; the data plane's routes say it)
+    type_last: bool = False  # `type` written after the fields (the agent link's frames always were)
+    # how the protocol spells `ErrorReply`'s fields (field name -> JSON key; a field not named is not sent)
+    error_keys: Mapping[str, str] = field(default_factory=lambda: ERROR_KEYS)
+    max_bytes: int = 1 << 20  # of one JSON text (`decode`)
+    # nesting checked item by item (`loads`); None: orjson's own bound (1,024 levels), for bodies of tens of
+    # thousands of token ids a turn, where walking every item would cost milliseconds
+    max_depth: int | None = 64
+    storable: bool = False  # refuse strings no database stores (NUL, lone surrogates)
+    int_min: int | None = None  # the lower bound of integer fields without their own
+    check: Callable[[Any, str], None] | None = None  # cross-field rules, run on every dataclass built
+
+    def dump(self, message: Any) -> dict[str, Any]:
+        """A message dataclass -> JSON-ready dict (with its `type` where the protocol is tagged)."""
+        if isinstance(message, ErrorReply):
+            body = {key: getattr(message, name) for name, key in self.error_keys.items()}
+        else:
+            body = to_json(message)
+        if not self.tagged:
+            return body
+        kind = message.type
+        return {**body, "type": kind} if self.type_last else {"type": kind, **body}
+
+    def decode(self, raw: str | bytes) -> Any:
+        """One JSON text -> JSON value, strictly (`loads` within the protocol's limits); WireError otherwise."""
+        if len(raw) > self.max_bytes:
+            raise WireError(f"messages are JSON text of at most {self.max_bytes} bytes")
+        if self.max_depth is None and not self.storable:
+            try:
+                return orjson.loads(raw)  # strict already: no NaN or Infinity, UTF-8 without lone surrogates
+            except orjson.JSONDecodeError as exc:
+                raise WireError(f"malformed JSON: {exc}") from None
+        return loads(raw, max_depth=self.max_depth or 1024, error=WireError, storable=self.storable)
+
+    def parse(self, data: Any, expected: type | Mapping[str, type], where: str | None = None) -> Any:
+        """Decoded JSON -> the message: of class `expected`, or (a table of classes by `type`) of the class
+        its `type` names. WireError, naming the field, for anything the protocol does not allow."""
+        at: str
+        if isinstance(expected, type):
+            cls, body, at = expected, data, where or expected.__name__
+        else:
+            if not isinstance(data, dict):
+                raise WireError(f"{where or self.name}: a message must be a JSON object")
+            kind = data.get("type")
+            found = expected.get(kind) if isinstance(kind, str) else None
+            if found is None:
+                side, known = where or self.name, sorted(expected)
+                raise WireError(f"{side}.type: unknown message type {str(kind)[:64]!r}; expected one of {known}")
+            cls, body, at = found, {k: v for k, v in data.items() if k != "type"}, where or str(kind)
+        if cls is ErrorReply and isinstance(body, dict):
+            names = {key: name for name, key in self.error_keys.items()}
+            body = {names.get(k, f"({k})"): v for k, v in body.items()}
+        return parse_dataclass(cls, body, at, error=WireError, int_min=self.int_min, check=self.check)

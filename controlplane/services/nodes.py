@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.core.agent_link import Fault, Telemetry
+from controlplane.core.agent_link import Fault, TelemetryBatch
 from controlplane.core.state import Activity, NodeStatus, Pool
 from controlplane.models import GPU, Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import cluster_snapshot
@@ -101,7 +101,7 @@ def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
         )
 
 
-def record_telemetry(*, node_id: int, message: Telemetry, channel: str = "") -> int:
+def record_telemetry(*, node_id: int, message: TelemetryBatch, channel: str = "") -> int:
     """Telemetry from a node's agent: fenced like a heartbeat, then checked against what the node runs."""
     with transaction.atomic():
         node = leases.fence(node_id, channel, message.epoch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from controlplane.core.agent_link import Telemetry
+from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.driver_link import TelemetryReport
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
 from controlplane.models import Job, TelemetrySample
@@ -27,7 +27,7 @@ def _has_history(job_id: int, kind: str, step: int) -> bool:
     return (same.filter(record__step=step) if step else same.exclude(record__has_key="step")).exists()
 
 
-def ingest(*, principal: Principal, message: Telemetry | TelemetryReport) -> int:
+def ingest(*, principal: Principal, message: TelemetryBatch | TelemetryReport) -> int:
     """All-or-nothing: one bad record (malformed, or naming a job or worker the sender does not run)
     rejects the message and stores nothing, so no one feeds another job's predictor."""
     rows: list[TelemetrySample] = []

@@ -197,7 +197,7 @@ def _train_step(endpoint: str, step: int) -> int:
         async with c.session.post(
             f"{endpoint}/samples",
             headers=auth,
-            json={"samples": [dp.dump(x) for x in fixed_batch(step)], "train": False},
+            json={"samples": [dp.DATA_PLANE.dump(x) for x in fixed_batch(step)], "train": False},
         ) as r:
             assert r.status == 200, await r.text()
         async with c.session.post(f"{endpoint}/step", headers=auth) as r:

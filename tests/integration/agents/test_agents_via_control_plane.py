@@ -102,7 +102,9 @@ async def train_one_step(trainer_ep: str) -> int:
     try:
         auth = {"Authorization": f"Bearer {SECRET}"}  # the trainer's own secret (the node's data-plane secret)
         async with s.post(
-            f"{trainer_ep}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True}, headers=auth
+            f"{trainer_ep}/samples",
+            json={"samples": [dp.DATA_PLANE.dump(x) for x in fixed_batch(0)], "train": True},
+            headers=auth,
         ) as r:
             assert r.status == 200, await r.text()
         async with s.post(f"{trainer_ep}/step", headers=auth) as r:

@@ -100,7 +100,7 @@ async def test_a_pool_process_sigkilled_mid_trajectory_fails_its_trajectories_wh
 
     try:
         driver, runner = await run_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             [],  # the spec's agent_function instead
             tmp_path,
             act=kill_the_pool_process,
@@ -142,7 +142,7 @@ async def test_the_staleness_abort_cancels_just_that_trajectorys_coroutine_in_it
 
     try:
         driver, runner = await run_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             [],  # the spec's agent_function instead
             tmp_path,
             act=nothing,
@@ -171,7 +171,7 @@ async def test_an_exception_is_a_failed_trajectory_with_the_traceback_tail(tmp_p
     wrunner, url, _ = await serve_engine(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1))
     try:
         _driver, runner = await run_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             [],  # the spec's agent_function instead
             tmp_path,
             act=nothing,
@@ -191,7 +191,7 @@ async def test_a_function_the_pool_cannot_import_fails_its_trajectories_with_the
     wrunner, url, _ = await serve_engine(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1))
     try:
         _driver, runner = await run_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             [],
             tmp_path,
             act=nothing,

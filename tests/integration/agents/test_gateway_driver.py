@@ -39,7 +39,7 @@ async def run_job(
     spec |= extra or {}
     try:
         run = await run_agent_job(
-            [dl.WorkerView(1, Role.COLOCATED, wurl)],
+            [dl.RoutableWorker(1, Role.COLOCATED, wurl)],
             spec,
             until=lambda r: until(r.driver, r.runner, r.trainer),
             batch=batch,

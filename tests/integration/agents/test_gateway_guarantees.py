@@ -58,7 +58,7 @@ print(json.dumps({{"reward": 1.0}}))
 
 
 async def run_job(
-    workers: list[dl.WorkerView],
+    workers: list[dl.RoutableWorker],
     agent: list[str],
     out: Path,
     *,
@@ -139,7 +139,7 @@ async def test_a_worker_sigkilled_mid_request_the_agent_still_gets_one_complete_
             without(driver, 1)  # the node agent reports the exit; the control plane drops A from the job
 
     try:
-        views = [dl.WorkerView(1, Role.COLOCATED, a.url), dl.WorkerView(2, Role.COLOCATED, b.url)]
+        views = [dl.RoutableWorker(1, Role.COLOCATED, a.url), dl.RoutableWorker(2, Role.COLOCATED, b.url)]
         driver, runner = await run_job(
             views,
             [sys.executable, str(tmp_path / "agent.py")],
@@ -178,8 +178,8 @@ async def test_a_borrowed_worker_returned_mid_request_resumes_the_turn_from_its_
 
     try:
         views = [
-            dl.WorkerView(1, Role.COLOCATED, lent.url, overlap=True),
-            dl.WorkerView(2, Role.COLOCATED, own.url),
+            dl.RoutableWorker(1, Role.COLOCATED, lent.url, overlap=True),
+            dl.RoutableWorker(2, Role.COLOCATED, own.url),
         ]
         driver, runner = await run_job(
             views,
@@ -239,7 +239,7 @@ async def test_a_stale_trajectory_is_aborted_its_agent_ended_and_restarted(tmp_p
 
     try:
         driver, runner = await run_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             [sys.executable, str(tmp_path / "agent.py")],
             tmp_path,
             act=nothing,

@@ -52,7 +52,7 @@ async def test_a_member_that_keeps_failing_is_given_up_and_its_step_trains_the_r
     try:
         # step 0: its three members start one after another, then the first one's resample: places 0 and 3 break
         driver, runner = await run_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             [sys.executable, str(tmp_path / "agent.py"), "0", "3"],
             tmp_path,
             act=nothing,
@@ -108,7 +108,7 @@ async def test_a_finished_member_of_a_dropped_group_is_reported_as_not_trained(t
     }
     try:
         run = await run_agent_job(
-            [dl.WorkerView(1, Role.COLOCATED, url)],
+            [dl.RoutableWorker(1, Role.COLOCATED, url)],
             spec,
             until=lambda r: len(reported(r.driver.link, 0)) == 4,
             batch=4,

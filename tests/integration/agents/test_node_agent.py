@@ -410,7 +410,7 @@ async def test_training_worker_serves_weights_that_rollout_workers_pull(cp, tmp_
 
         async with s.post(
             f"{turl}/samples",
-            json={"samples": [dp.dump(x) for x in fixed_batch(0)], "train": True},
+            json={"samples": [dp.DATA_PLANE.dump(x) for x in fixed_batch(0)], "train": True},
             headers={"Authorization": f"Bearer {secret}"},
         ) as r:
             assert r.status == 200

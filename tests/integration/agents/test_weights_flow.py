@@ -39,7 +39,9 @@ async def stack(tmp_path):
 
 
 async def _train(s, turl: str, step: int) -> dict:
-    async with s.post(f"{turl}/samples", json={"samples": [dp.dump(x) for x in fixed_batch(step)]}, headers=AUTH) as r:
+    async with s.post(
+        f"{turl}/samples", json={"samples": [dp.DATA_PLANE.dump(x) for x in fixed_batch(step)]}, headers=AUTH
+    ) as r:
         assert r.status == 200
         return await r.json()
 

@@ -34,8 +34,8 @@ async def _driver(token: str, name: str) -> WebsocketCommunicator:
     )
     connected, _ = await ws.connect()
     assert connected
-    await ws.send_json_to(dl.dump(dl.Hello(name, "inc-1")))
-    welcome = dl.parse_control_message(await ws.receive_json_from(timeout=5))
+    await ws.send_json_to(dl.DRIVER_LINK.dump(dl.Hello(name, "inc-1")))
+    welcome = dl.DRIVER_LINK.parse(await ws.receive_json_from(timeout=5), dl.CONTROL_MESSAGES)
     assert isinstance(welcome, dl.Welcome) and welcome.job.agent["agent_command"] == ["python", "a.py"]
     return ws
 
@@ -59,13 +59,13 @@ async def test_a_trajectory_report_is_kept():
         "status": "done",
         "messages": [{"role": "user", "content": "hi"}],
     }
-    await ws.send_json_to(dl.dump(dl.TrajectoryReport(0, [summarize("s0-t0", rec)])))
+    await ws.send_json_to(dl.DRIVER_LINK.dump(dl.TrajectoryReport(0, [summarize("s0-t0", rec)])))
     await ws.send_json_to(
         {"type": "trajectories", "step": 0, "trajectories": [{"name": "s0-t1", "status": "done", "mask": [7]}]}
     )
     err = await ws.receive_json_from(timeout=5)
     assert err["type"] == "error" and err["error"] == "bad_message" and "mask" in err["detail"]
-    await ws.send_json_to(dl.dump(dl.TrajectoryReport(0, [dl.TrajectorySummary("s0-t2", "weird")])))
+    await ws.send_json_to(dl.DRIVER_LINK.dump(dl.TrajectoryReport(0, [dl.TrajectorySummary("s0-t2", "weird")])))
     err = await ws.receive_json_from(timeout=5)
     assert err["type"] == "error" and err["field"] == "trajectories.status"
     rows = await database_sync_to_async(lambda: list(Trajectory.objects.filter(job=job).values("name", "mask")))()

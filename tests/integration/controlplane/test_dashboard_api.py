@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.core.agent_link import Telemetry
+from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.telemetry import step, train, turn
 from controlplane.models import Event, Node, Override, SimulationRun, TelemetrySample
 from controlplane.services import nodes, planner, simulations, telemetry
@@ -57,7 +57,7 @@ def test_status_and_series(api):
     planner.plan_job(job_id=job.pk, signal="step_start")
     telemetry.ingest(
         principal=job_principal(job),
-        message=Telemetry(
+        message=TelemetryBatch(
             epoch=1,
             records=[
                 step(
@@ -116,7 +116,7 @@ def test_prune_keeps_the_per_step_history():
     job = Job.objects.create(name="j")
     history = [step(job="j", step=i, makespan_s=1.0).to_json() for i in range(5)] + [train(job="j", step=1).to_json()]
     noise = [turn(job="j", step=1, turn=i).to_json() for i in range(50)]
-    telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=history + noise))
+    telemetry.ingest(principal=job_principal(job), message=TelemetryBatch(epoch=1, records=history + noise))
     removed = telemetry.prune(keep=10)
     assert removed == 40
     assert TelemetrySample.objects.filter(job=job, kind="step").count() == 5

@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from controlplane import consumers
-from controlplane.core.agent_link import Telemetry
+from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.telemetry import step
 from controlplane.services import jobs, nodes, telemetry
 from controlplane.services.principals import job_principal
@@ -67,7 +67,7 @@ async def test_job_view_gets_its_job_only():
         await database_sync_to_async(
             lambda j=job, m=makespan: telemetry.ingest(
                 principal=job_principal(j),
-                message=Telemetry(epoch=1, records=[step(job=j.name, step=1, makespan_s=m).to_json()]),
+                message=TelemetryBatch(epoch=1, records=[step(job=j.name, step=1, makespan_s=m).to_json()]),
             )
         )()
     got: list[dict[str, Any]] = []

@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
-from controlplane.core.agent_link import Telemetry
+from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.telemetry import turn
 from controlplane.models import TransitionStep
 from controlplane.services import credentials, planner, telemetry
@@ -118,7 +118,7 @@ def test_turns_reported_by_the_driver_are_counted_with_their_duration(api):
     ]
     # no duration (a vLLM engine's per-request record): not a turn time
     records.append(turn(job="j", step=0, trajectory="s0-t1", turn=0).to_json())
-    assert telemetry.ingest(principal=job_principal(job), message=Telemetry(epoch=1, records=records)) == 3
+    assert telemetry.ingest(principal=job_principal(job), message=TelemetryBatch(epoch=1, records=records)) == 3
     after = scrape(api)
     assert grew(before, after, "pearl_turn_seconds_count") == 2
     assert grew(before, after, "pearl_turn_seconds_sum") == pytest.approx(3.5)

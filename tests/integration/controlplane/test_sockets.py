@@ -57,7 +57,7 @@ async def registered_agent(name: str = "gpu-a", **overrides) -> tuple[WebsocketC
 async def test_agent_registers_and_gets_desired_state():
     ws, reg, desired = await registered_agent()
     assert reg["type"] == "registered" and reg["epoch"] >= 1 and reg["heartbeat_s"] > 0
-    state = link.parse_control_message(desired)
+    state = link.AGENT_LINK.parse(desired, link.CONTROL_MESSAGES)
     assert isinstance(state, link.DesiredState) and state.workers == [] and state.status == "ready"
     node = await database_sync_to_async(Node.objects.get)(name="gpu-a")
     assert node.pk == reg["node_id"]

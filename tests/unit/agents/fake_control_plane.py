@@ -57,12 +57,14 @@ class FakeControlPlane:
             if msg.type != WSMsgType.TEXT:
                 continue
             data = json.loads(msg.data)
-            link.parse_agent_message(data)  # the agent must speak the protocol exactly
+            link.AGENT_LINK.parse(data, link.AGENT_MESSAGES)  # the agent must speak the protocol exactly
             self.received.append(data)
             self.event.set()
             if data["type"] == "register":
                 await ws.send_json(
-                    link.dump(link.Registered(node_id=7, epoch=self.epoch, lease_s=10, heartbeat_s=self.heartbeat_s))
+                    link.AGENT_LINK.dump(
+                        link.Registered(node_id=7, epoch=self.epoch, lease_s=10, heartbeat_s=self.heartbeat_s)
+                    )
                 )
                 if self.desired is not None:
                     await ws.send_json(self.desired)
@@ -70,7 +72,7 @@ class FakeControlPlane:
         return ws
 
     async def push(self, desired: link.DesiredState) -> None:
-        self.desired = link.dump(desired)
+        self.desired = link.AGENT_LINK.dump(desired)
         for ws in self.sockets:
             await ws.send_json(self.desired)
 

@@ -1,16 +1,17 @@
 import pytest
 
 from agents import dataplane as dp
+from controlplane.core.wire import WireError
 
 
 def test_parse_accepts_a_full_request():
-    req = dp.parse(
-        dp.GenerateRequest,
+    req = dp.DATA_PLANE.parse(
         {
             "request_id": "r1",
             "prompt": "hi",
             "sampling": {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "seed": 3},
         },
+        dp.GenerateRequest,
     )
     assert req.sampling.max_tokens == 4 and req.sampling.temperature == 0.7
 
@@ -31,16 +32,16 @@ def test_parse_accepts_a_full_request():
     ],
 )
 def test_parse_rejects_bad_generate_requests(body, needle):
-    with pytest.raises(dp.DataPlaneError, match=needle):
-        dp.parse(dp.GenerateRequest, body)
+    with pytest.raises(WireError, match=needle):
+        dp.DATA_PLANE.parse(body, dp.GenerateRequest)
 
 
 def test_parse_rejects_bad_control_requests():
-    with pytest.raises(dp.DataPlaneError, match="role"):
-        dp.parse(dp.SetRoleRequest, {"role": "janitor"})
-    with pytest.raises(dp.DataPlaneError, match="mode"):
-        dp.parse(dp.DrainRequest, {"mode": "later"})
-    with pytest.raises(dp.DataPlaneError, match="http"):
-        dp.parse(dp.DecodeRequest, {"request_id": "r", "kv_url": "file:///etc/passwd", "handle": "h"})
-    with pytest.raises(dp.DataPlaneError, match="JSON object"):
-        dp.parse(dp.AbortRequest, ["r"])
+    with pytest.raises(WireError, match="role"):
+        dp.DATA_PLANE.parse({"role": "janitor"}, dp.SetRoleRequest)
+    with pytest.raises(WireError, match="mode"):
+        dp.DATA_PLANE.parse({"mode": "later"}, dp.DrainRequest)
+    with pytest.raises(WireError, match="http"):
+        dp.DATA_PLANE.parse({"request_id": "r", "kv_url": "file:///etc/passwd", "handle": "h"}, dp.DecodeRequest)
+    with pytest.raises(WireError, match="JSON object"):
+        dp.DATA_PLANE.parse(["r"], dp.AbortRequest)

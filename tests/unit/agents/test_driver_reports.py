@@ -49,8 +49,8 @@ def test_report_frames_parse_as_the_dumped_messages() -> None:
         dl.SignalReport(Signal.STEP_START, 64),
     ):
         frame = json.loads(ControlLink.encode(msg))
-        assert frame == json.loads(json.dumps(dl.dump(msg), default=str))
-        assert type(dl.parse_driver_message(frame)) is type(msg)
+        assert frame == json.loads(json.dumps(dl.DRIVER_LINK.dump(msg), default=str))
+        assert type(dl.DRIVER_LINK.parse(frame, dl.DRIVER_MESSAGES)) is type(msg)
 
 
 def test_a_due_checkpoint_is_sent_only_when_the_loop_changed() -> None:

@@ -23,6 +23,6 @@ def test_a_turn_wanting_more_than_the_data_plane_allows_asks_for_the_bound():
     driver = RolloutDriver(job, link=None, token="t")  # type: ignore[arg-type]
     ep = Episode("s1-t0", 1, 0, env=None)  # type: ignore[arg-type]
     # as the worker parses it: a value over the bounds would be refused (400)
-    body = dp.parse_dataclass(dp.SamplingParams, dp.dump(driver._sampling(ep, 40_000)), "sampling")
+    body = dp.DATA_PLANE.parse(dp.DATA_PLANE.dump(driver._sampling(ep, 40_000)), dp.SamplingParams, "sampling")
     assert body.max_tokens == dp.MAX_NEW_TOKENS
     assert driver._sampling(ep, 0).max_tokens == 1

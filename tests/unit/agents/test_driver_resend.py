@@ -13,6 +13,7 @@ from agents.driver.link import ControlLink
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal
+from controlplane.core.wire import ErrorReply
 
 JOB = dl.JobView(
     name="j",
@@ -39,7 +40,7 @@ class Socket:
 
 def _welcome() -> dict[str, Any]:
     view = dl.ClusterView(workers=[], weight_version=0, training_active=False, borrowed=0)
-    return dl.dump(dl.Welcome(job=JOB, cluster=view, dataplane_token="t"))
+    return dl.DRIVER_LINK.dump(dl.Welcome(job=JOB, cluster=view, dataplane_token="t"))
 
 
 async def _settle() -> None:
@@ -87,7 +88,9 @@ def test_an_update_refused_for_want_of_training_begin_sends_both_again() -> None
         driver.train(lp.Train(step=2, weight_version=2, groups=(("s2-t0", "s2-t1"),)))
         await _settle()
         link.ws = sock = Socket()
-        link._receive(dl.dump(dl.ErrorReply(error="conflict", detail="Training Begin first", field="training_active")))
+        link._receive(
+            dl.DRIVER_LINK.dump(ErrorReply(error="conflict", detail="Training Begin first", field="training_active"))
+        )
         await asyncio.sleep(0.7)
         assert _sent(sock) == [("signal", "training_begin"), ("update", 2)]
 

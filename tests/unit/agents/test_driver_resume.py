@@ -19,6 +19,7 @@ from agents.driver.link import ControlLink
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.state import Role
+from controlplane.core.wire import ErrorReply
 from tests.unit.core.loop_world import ToyWorld, run_heap
 
 JOB = dl.JobView(
@@ -54,8 +55,8 @@ class ControlPlane:
                 self.granted.append(frame["step"])
                 reply: Any = dl.UpdateGranted(frame["step"])
             else:
-                reply = dl.ErrorReply("conflict", "job j: Training Begin comes before the update", "training_active")
-            asyncio.get_running_loop().call_soon(self.link._receive, dl.dump(reply))
+                reply = ErrorReply("conflict", "job j: Training Begin comes before the update", "training_active")
+            asyncio.get_running_loop().call_soon(self.link._receive, dl.DRIVER_LINK.dump(reply))
 
 
 def _checkpoint_mid_update() -> dict[str, Any]:
@@ -80,7 +81,7 @@ def test_a_driver_restored_mid_update_gets_its_update_whatever_the_control_plane
         driver.cluster = view
         driver._train = _no_trainer  # type: ignore[method-assign]  # the update itself is not this test's
         link.driver, link.ws = driver, cp
-        link._receive(dl.dump(dl.Welcome(job=JOB, cluster=view, dataplane_token="t")))
+        link._receive(dl.DRIVER_LINK.dump(dl.Welcome(job=JOB, cluster=view, dataplane_token="t")))
         run = asyncio.create_task(driver.run())
         for _ in range(40):
             await asyncio.sleep(0.1)

@@ -56,7 +56,9 @@ class Link:
         if self.fail:
             self.fail -= 1
             raise ConnectionError("link down")
-        dl.parse_driver_message(json.loads(json.dumps(dl.dump(msg))))  # what the control plane accepts
+        dl.DRIVER_LINK.parse(
+            json.loads(json.dumps(dl.DRIVER_LINK.dump(msg))), dl.DRIVER_MESSAGES
+        )  # what the control plane accepts
         self.sent.append(msg)
 
 
@@ -74,8 +76,8 @@ def test_summaries_are_bounded_and_storable():
     assert len(s.reason) <= dl.MAX_MESSAGE_CHARS and "\x00" not in s.reason
     assert 1 <= len(s.messages) <= dl.MAX_TRAJECTORY_MESSAGES
     (msg,) = reports([(0, s)])
-    assert len(json.dumps(dl.dump(msg))) < dl.MAX_REPORT_BYTES
-    dl.parse_driver_message(json.loads(json.dumps(dl.dump(msg))))
+    assert len(json.dumps(dl.DRIVER_LINK.dump(msg))) < dl.MAX_REPORT_BYTES
+    dl.DRIVER_LINK.parse(json.loads(json.dumps(dl.DRIVER_LINK.dump(msg))), dl.DRIVER_MESSAGES)
 
 
 def test_each_turn_lists_every_worker_that_served_it_and_crosses_the_link():
@@ -84,7 +86,9 @@ def test_each_turn_lists_every_worker_that_served_it_and_crosses_the_link():
     rec["samples"].append({**rec["samples"][0], "workers": [list(range(40))]})  # resumed past the bound
     s = summarize("s0-t0", rec)
     assert s.workers == [[3, 1], list(range(16))]
-    back = dl.parse_driver_message(json.loads(json.dumps(dl.dump(dl.TrajectoryReport(0, [s])))))
+    back = dl.DRIVER_LINK.parse(
+        json.loads(json.dumps(dl.DRIVER_LINK.dump(dl.TrajectoryReport(0, [s])))), dl.DRIVER_MESSAGES
+    )
     assert back.trajectories[0].workers == [[3, 1], list(range(16))]
     assert summarize("s0-t1", _rec()).workers == [[0]]  # a record of one id per turn (before)
 
@@ -94,7 +98,7 @@ def test_reports_are_per_step_and_split_under_the_frame_limit():
     out = reports([*many, (1, summarize("s1-t0", _rec()))])
     assert len(out) > 2 and {m.step for m in out} == {0, 1}
     assert sum(len(m.trajectories) for m in out) == 41
-    assert all(len(json.dumps(dl.dump(m))) <= dl.MAX_REPORT_BYTES for m in out)
+    assert all(len(json.dumps(dl.DRIVER_LINK.dump(m))) <= dl.MAX_REPORT_BYTES for m in out)
 
 
 @pytest.mark.asyncio

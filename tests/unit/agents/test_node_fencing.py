@@ -39,7 +39,7 @@ def test_stale_generation_and_epoch_are_refused(tmp_path):
     assert agent.apply(desired(6, 3))  # a newer epoch is adopted
     faults = [agent.outbox.get_nowait() for _ in range(agent.outbox.qsize())]
     assert [f["kind"] for f in faults] == ["stale_command", "stale_command"]
-    assert all(link.parse_agent_message(f) for f in faults)
+    assert all(link.AGENT_LINK.parse(f, link.AGENT_MESSAGES) for f in faults)
 
 
 def test_malformed_control_messages_change_nothing(tmp_path):
@@ -60,7 +60,7 @@ def test_a_socket_the_control_plane_calls_unregistered_registers_again(tmp_path)
     agent.on_control({"type": "error", "code": "not_registered", "message": "send a register message first"})
     sent = [agent.outbox.get_nowait() for _ in range(agent.outbox.qsize())]
     assert [m["type"] for m in sent] == ["register"]
-    assert link.parse_agent_message(sent[0]).node == "n1"
+    assert link.AGENT_LINK.parse(sent[0], link.AGENT_MESSAGES).node == "n1"
     agent.on_control({"type": "error", "code": "superseded", "message": "another agent socket registered"})
     agent.on_control({"type": "error", "code": "not_registered", "message": "send a register message first"})
     assert agent.outbox.qsize() == 0  # superseded by another socket: it does not take the node back
@@ -73,7 +73,7 @@ async def test_registers_heartbeats_and_reconnects_with_same_incarnation(tmp_pat
     task = asyncio.create_task(agent.run())
     try:
         reg = await cp.wait_for(lambda c: c.of_type("register"))
-        r = link.parse_agent_message(reg[0])
+        r = link.AGENT_LINK.parse(reg[0], link.AGENT_MESSAGES)
         assert r.node == "n1" and r.pool == "elastic" and [s.index for s in r.slots] == [0, 1]
         await cp.wait_for(lambda c: len(c.of_type("heartbeat")) >= 2)
         assert agent.epoch == 1 and agent.node_id == 7
@@ -86,7 +86,7 @@ async def test_registers_heartbeats_and_reconnects_with_same_incarnation(tmp_pat
         assert regs[0]["incarnation"] == regs[1]["incarnation"] == agent.incarnation
         assert cp.connections >= 2
         # a stale desired state over the link is refused and reported
-        await cp.push_raw(link.dump(desired(2, 1)))
+        await cp.push_raw(link.AGENT_LINK.dump(desired(2, 1)))
         fault = await cp.wait_for(lambda c: c.of_type("fault"))
         assert fault[0]["kind"] == "stale_command" and agent.generation == 3
     finally:

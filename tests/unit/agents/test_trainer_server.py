@@ -48,7 +48,7 @@ def samples(n: int, *, tokens: bool) -> list[dict[str, Any]]:
             trajectory=f"t{i}",
             token_count=0 if tokens else 900,
         )
-        out.append(dp.dump(s))
+        out.append(dp.DATA_PLANE.dump(s))
     return out
 
 
@@ -100,7 +100,7 @@ def test_a_step_trains_its_named_trajectories_or_every_buffered_one_but_the_drop
     from agents.trainer.server import StepBuffer
 
     buf = StepBuffer(None)
-    buf.add(3, [dp.parse(dp.TrainSample, s) for s in samples(3, tokens=True)])
+    buf.add(3, [dp.DATA_PLANE.parse(s, dp.TrainSample) for s in samples(3, tokens=True)])
     names = lambda got: sorted(s.trajectory for s in got[0])
     assert names(buf.take(3, ["t0", "t2"])) == ["t0", "t2"]
     assert names(buf.take(3, [], ["t1"])) == ["t0", "t2"]

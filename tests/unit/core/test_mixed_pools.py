@@ -377,16 +377,16 @@ def test_a_workers_rate_crosses_the_driver_link_and_reaches_the_loops_router() -
 
     job = dl.JobView("j", "calculator", "tiny", "emulated", 4, 2, 1, 4096, 30.0)
     view = dl.ClusterView(
-        workers=[dl.WorkerView(3, Role.COLOCATED, "http://w", rate=0.2)],
+        workers=[dl.RoutableWorker(3, Role.COLOCATED, "http://w", rate=0.2)],
         weight_version=0,
         training_active=False,
         borrowed=0,
     )
-    msg = dl.dump(dl.Welcome(job=job, cluster=view, dataplane_token="t"))
-    assert dl.parse_control_message(msg).cluster.workers[0].rate == 0.2
+    msg = dl.DRIVER_LINK.dump(dl.Welcome(job=job, cluster=view, dataplane_token="t"))
+    assert dl.DRIVER_LINK.parse(msg, dl.CONTROL_MESSAGES).cluster.workers[0].rate == 0.2
     msg["cluster"]["workers"][0]["rate"] = 0.0  # a worker that never gets a turn is no worker: refused
     with pytest.raises(ValueError, match="rate"):
-        dl.parse_control_message(msg)
+        dl.DRIVER_LINK.parse(msg, dl.CONTROL_MESSAGES)
     loop = lp.RolloutLoop(lp.LoopConfig(batch_size=4))
     loop.handle(lp.WorkerReady(0.0, 3, Role.COLOCATED, rate=0.2))
     assert loop.router.rate == {3: 0.2}
