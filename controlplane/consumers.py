@@ -22,12 +22,12 @@ from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
 from controlplane.services import (
-    agent_reports,
     credentials,
     heartbeat,
     jobs,
     latency,
     leases,
+    nodes,
     progress,
     registration,
     telemetry,
@@ -35,7 +35,7 @@ from controlplane.services import (
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
-from controlplane.services.trajectories import mark_trained, record_trajectories
+from controlplane.services.trajectories import record_trajectories
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -309,11 +309,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 if rotated or behind:
                     await self._send_desired()
         elif isinstance(message, (link.TelemetryBatch, link.Fault)):
-            record = (
-                agent_reports.record_telemetry
-                if isinstance(message, link.TelemetryBatch)
-                else agent_reports.record_fault
-            )
+            record = nodes.record_telemetry if isinstance(message, link.TelemetryBatch) else nodes.record_fault
             if not await _service(_checked)(
                 self.credential_id, record, node_id=self.node_id, message=message, channel=self.channel_name
             ):
@@ -518,8 +514,6 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await _service(record_trajectories)(
                 job_id=self.job_id, step=message.step, trajectories=message.trajectories
             )
-        elif isinstance(message, dl.TrainedReport):  # a step's update committed: its records say so (issue 34)
-            await _service(mark_trained)(job_id=self.job_id, report=message)
         elif isinstance(message, dl.UpdateRequest):
             try:
                 await _service(jobs.start_update)(job_id=self.job_id, actor=actor)

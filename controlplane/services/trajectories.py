@@ -28,6 +28,8 @@ FIELDS = (
     "workers",
     "latency_s",
     "trained",
+    "rerun",
+    "resumed",
 )
 
 
@@ -56,6 +58,22 @@ def record_trajectories(*, job_id: int, step: int, trajectories: Sequence[dl.Tra
     )
     _trim(job.pk)
     return len(rows)
+
+
+def mark_trained(*, job_id: int, report: dl.TrainedReport) -> int:
+    """Step `report.step`'s update committed: its consumed trajectories' records say `trained: true`, those it
+    left out `trained: false` with the reason (rows not reported yet are not made here: a record reported later
+    carries its own `trained`). Returns the rows changed. Idempotent (a driver may send it again)."""
+    if not Job.objects.filter(pk=job_id).exists():
+        raise NotFound(f"job {job_id} does not exist")
+    both = set(report.trained) & set(report.untrained)
+    if both:
+        raise InvalidInput(f"trajectory {sorted(both)[0]!r} is both trained and untrained", field="untrained")
+    rows = Trajectory.objects.filter(job_id=job_id, step=report.step)
+    n = rows.filter(name__in=report.trained).update(trained=True)
+    if report.untrained:
+        n += rows.filter(name__in=report.untrained).update(trained=False, reason=report.reason)
+    return n
 
 
 def _trim(job_id: int) -> None:
