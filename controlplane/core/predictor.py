@@ -77,7 +77,7 @@ class WorkloadProfile:
 
 
 # ΔL : r for the SWE-bench-like workload: the paper's own measurement (prefill handles 96.68% of
-# tokens, Qwen3-30B-A3B on SWE-bench, pearl_digest §1), the only one it gives, used for every model.
+# tokens, Qwen3-30B-A3B on SWE-bench, docs/research/pearl_digest.md §1), the only one it gives, used for every model.
 # The tracker refits ΔL and r online.
 SWE_BENCH_PROMPT_TO_GENERATED = 96.68 / 3.32
 

@@ -2,9 +2,10 @@
 
 Every coefficient comes from a roofline formula (pd_anchors §4.3) over the model dimensions
 (pd_anchors §4.1) and the hardware constants (pd_anchors §4.2), with the efficiency factors
-calibrated against the measured anchors (pd_anchors §4.4). `PROFILES.md` lists every formula,
-every constant and its source, and the calibration check. The runtime tracker (`tracker.py`)
-replaces these coefficients online once it has seen enough telemetry; the profile is the prior.
+calibrated against the measured anchors (pd_anchors §4.4; pd_anchors.md and platform_notes.md are in
+docs/research/). `PROFILES.md` lists every formula, every constant and its source, and the calibration
+check. The runtime tracker (`tracker.py`) replaces these coefficients online once it has seen enough
+telemetry; the profile is the prior.
 
 A *worker* is one engine instance over `tp` GPUs (tensor parallel). All per-worker quantities
 (t_prefill, A, b, H_max, BW) are for the whole worker, not one GPU.

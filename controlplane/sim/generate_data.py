@@ -14,7 +14,7 @@ D = Path(__file__).resolve().parent
 # engine_slowdown 3.0 of earlier versions is gone (issue 11). Prefix caches are flushed at every weight
 # update (EngineSpec.flush_cache_on_weight_update, default true: SGLang update_weights, RLBoost flush_cache).
 ENGINE: dict = {}
-# The SWE-like workload, each input from a measured or configured source (calibration_sources.md; the
+# The SWE-like workload, each input from a measured or configured source (docs/research/calibration_sources.md; the
 # calibration table in benchmarks/BENCHMARKS.md, Simulator section, lists them with the resulting statistics):
 CALIBRATED_WORKLOAD = {
     # r per turn is set against §1's prefill token share (96.68%): with the 32K cap and ~0.7K observations per

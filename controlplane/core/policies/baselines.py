@@ -94,7 +94,7 @@ class FixedLargePolicy(FixedPolicy):
 
 
 class ElasticPolicy(TrackedPolicy):
-    """Elastic seeding after RLBoost (pearl_digest §8.1), adapted to asynchronous agentic RL, at its best:
+    """Elastic seeding after RLBoost (docs/research/pearl_digest.md §8.1), adapted to async agentic RL, at its best:
 
     * inter-scale: every available preemptible GPU joins the rollout pool at once;
     * seeding = borrowing the training GPUs while the trainer is idle, *ungated*, for a window
