@@ -12,11 +12,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.core.agent_link import Fault, TelemetryBatch
 from controlplane.core.state import Activity, NodeStatus, Pool
 from controlplane.models import GPU, Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import cluster_snapshot
-from controlplane.services import leases, telemetry
+from controlplane.services import leases
 from controlplane.services.errors import Conflict, InvalidInput, NotFound
 from controlplane.services.events import (
     emit,
@@ -28,7 +27,6 @@ from controlplane.services.events import (
 )
 from controlplane.services.locks import lock_nodes, locked
 from controlplane.services.plan_queue import replan_live_jobs
-from controlplane.services.principals import node_principal
 
 log = logging.getLogger(__name__)
 
@@ -76,36 +74,6 @@ def bump_generations(nodes: Iterable[Node]) -> None:
     transaction.on_commit(lambda: leases.mirror_generations(bumped))
     notify_agents_on_commit(held)
     notify_drivers_on_commit(Worker.objects.filter(node_id__in=list(held)).values_list("job_id", flat=True).distinct())
-
-
-def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
-    """A worker fault (crash, restart, drained requests with their partial outputs), fenced like a heartbeat;
-    `worker_id` 0 is the agent itself (e.g. a refused stale command)."""
-    with transaction.atomic():
-        node = leases.fence(node_id, channel, message.epoch)
-        principal = node_principal(node)
-        if message.worker_id:
-            principal.check_worker(message.worker_id, "fault.worker_id")
-        emit(
-            kind="worker.fault",
-            message=f"node {node.name}: worker {message.worker_id} {message.kind[:40]}"
-            + (f" ({len(message.aborted)} aborted request(s) kept)" if message.aborted else ""),
-            node=node,
-            actor=principal.actor,
-            data={
-                "worker_id": message.worker_id,
-                "kind": message.kind[:40],
-                "detail": message.detail[:2000],
-                "aborted": message.aborted,
-            },
-        )
-
-
-def record_telemetry(*, node_id: int, message: TelemetryBatch, channel: str = "") -> int:
-    """Telemetry from a node's agent: fenced like a heartbeat, then checked against what the node runs."""
-    with transaction.atomic():
-        node = leases.fence(node_id, channel, message.epoch)
-        return telemetry.ingest(principal=node_principal(node), message=message)
 
 
 def node_lost(node: Node, *, status: NodeStatus, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
