@@ -17,6 +17,7 @@ from django.conf import settings
 
 from controlplane.core import agent_link as link
 from controlplane.core import driver_link as dl
+from controlplane.core.wire import ErrorReply, WireError
 from controlplane.models import Node
 from controlplane.selectors.cluster import cluster_snapshot, desired_state
 from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
@@ -34,7 +35,7 @@ from controlplane.services import (
 from controlplane.services.errors import Conflict, PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import DASHBOARD_GROUP, agent_group, driver_group
 from controlplane.services.retry import retry_transient
-from controlplane.services.trajectories import record_trajectories
+from controlplane.services.trajectories import mark_trained, record_trajectories
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -249,19 +250,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._error("bad_message", "messages are JSON text frames")
             return
         try:
-            content = link.decode_frame(text_data)
-        except link.LinkError as exc:
+            content = link.AGENT_LINK.decode(text_data)
+        except WireError as exc:
             await self._error("bad_message", str(exc))
             return
         await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         try:
-            message: Any = link.parse_agent_message(content)
-        except link.LinkError as exc:
+            message: Any = link.AGENT_LINK.parse(content, link.AGENT_MESSAGES)
+        except WireError as exc:
             message = exc
         # a frame refused as malformed does nothing and is answered at once, without the token check
-        if isinstance(message, link.LinkError):
+        if isinstance(message, WireError):
             await self._error("bad_message", str(message))
             return
         # every other message re-checks the token; a registered socket's heartbeat, telemetry or fault does it
@@ -269,7 +270,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         # database work on one thread, and each trip costs a connection), a heartbeat not at all when it
         # renews in Redis: a revocation drops the node's Redis record, so the next heartbeat takes the
         # database path and its check
-        in_hop = isinstance(message, (link.Heartbeat, link.Telemetry, link.Fault)) and self.node_id is not None
+        in_hop = isinstance(message, (link.Heartbeat, link.TelemetryBatch, link.Fault)) and self.node_id is not None
         if not in_hop and not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
             await self._revoked()
             return
@@ -307,9 +308,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 behind = message.generation < generation and generation > self.sent_generation
                 if rotated or behind:
                     await self._send_desired()
-        elif isinstance(message, (link.Telemetry, link.Fault)):
+        elif isinstance(message, (link.TelemetryBatch, link.Fault)):
             record = (
-                agent_reports.record_telemetry if isinstance(message, link.Telemetry) else agent_reports.record_fault
+                agent_reports.record_telemetry
+                if isinstance(message, link.TelemetryBatch)
+                else agent_reports.record_fault
             )
             if not await _service(_checked)(
                 self.credential_id, record, node_id=self.node_id, message=message, channel=self.channel_name
@@ -369,7 +372,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except Exception as exc:
             log.warning("agent %s: could not join its group, re-joins at its next heartbeat: %s", message.node, exc)
         await self.send_json(
-            link.dump(
+            link.AGENT_LINK.dump(
                 link.Registered(
                     node_id=node.pk,
                     epoch=node.epoch,
@@ -389,7 +392,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         state = await database_sync_to_async(_desired)(self.node_id, self.channel_name)
         if state is not None:
             self.sent_generation = state.generation
-            await self.send_json(link.dump(state))
+            await self.send_json(link.AGENT_LINK.dump(state))
 
     async def desired_changed(self, event: dict[str, Any]) -> None:
         await self._send_desired()
@@ -405,7 +408,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=link.CLOSE_SUPERSEDED)
 
     async def _error(self, code: str, message: str) -> None:
-        await self.send_json(link.dump(link.ErrorMessage(code=code, message=message)))
+        await self.send_json(link.AGENT_LINK.dump(ErrorReply(code, message)))
 
     async def _revoked(self) -> None:
         await self._error("revoked", "this agent token was revoked")
@@ -468,8 +471,8 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await self._error("bad_message", "messages are JSON text frames")
             return
         try:
-            message = dl.parse_driver_message(link.decode_frame(text_data))
-        except (link.LinkError, dl.LinkError) as exc:
+            message = dl.DRIVER_LINK.parse(dl.DRIVER_LINK.decode(text_data), dl.DRIVER_MESSAGES)
+        except WireError as exc:
             await self._error("bad_message", str(exc))
             return
         try:
@@ -494,8 +497,8 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(driver_group(self.job_id), self.channel_name)
             welcome = await database_sync_to_async(_driver_welcome)(self.job_id)
             self.ready = True
-            self.last_view = dl.dump(welcome.cluster)
-            await self.send_json(dl.dump(welcome))
+            self.last_view = dl.DRIVER_LINK.dump(welcome.cluster)
+            await self.send_json(dl.DRIVER_LINK.dump(welcome))
             return
         if not self.ready:
             await self._error("not_ready", "send hello first")
@@ -515,18 +518,20 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await _service(record_trajectories)(
                 job_id=self.job_id, step=message.step, trajectories=message.trajectories
             )
+        elif isinstance(message, dl.TrainedReport):  # a step's update committed: its records say so (issue 34)
+            await _service(mark_trained)(job_id=self.job_id, report=message)
         elif isinstance(message, dl.UpdateRequest):
             try:
                 await _service(jobs.start_update)(job_id=self.job_id, actor=actor)
             except Conflict as exc:
                 await self._error("not_returned" if exc.field == "borrowed" else exc.code, exc.message, exc.field or "")
                 return
-            await self.send_json(dl.dump(dl.UpdateGranted(step=message.step)))
+            await self.send_json(dl.DRIVER_LINK.dump(dl.UpdateGranted(step=message.step)))
 
     async def driver_changed(self, event: dict[str, Any]) -> None:
         if not self.ready or self.job_id is None:
             return
-        view = dl.dump(await database_sync_to_async(_driver_view)(self.job_id))
+        view = dl.DRIVER_LINK.dump(await database_sync_to_async(_driver_view)(self.job_id))
         if view != self.last_view:
             self.last_view = view
             await self.send_json(view)
@@ -539,7 +544,7 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=link.CLOSE_SUPERSEDED)
 
     async def _error(self, code: str, detail: str, field: str = "") -> None:
-        await self.send_json(dl.dump(dl.ErrorReply(error=code[:64], detail=detail[:4096], field=field[:256])))
+        await self.send_json(dl.DRIVER_LINK.dump(ErrorReply(error=code[:64], detail=detail[:4096], field=field[:256])))
 
 
 def _driver_welcome(job_id: int) -> dl.Welcome:

@@ -92,8 +92,8 @@ class TrajectorySummary:
     # per turn, every worker that served it, in order (a turn resumed on another worker lists both)
     workers: list[list[int]] = field(default_factory=list, metadata=bounded(-1, 1 << 31, max_len=MAX_TRAJECTORY_TURNS))
     latency_s: list[float] = field(default_factory=list, metadata=bounded(0.0, 1e7, max_len=MAX_TRAJECTORY_TURNS))
-    # a done trajectory: trained on (true) or left out of its step's update (false: its group was dropped,
-    # `reason` says why); null where it does not apply (failed, aborted) or is not known
+    # a done trajectory: trained on (true: the update that consumed it committed) or left out of its step's update
+    # (false: its group was dropped, `reason` says why); null until then, and where it does not apply
     trained: bool | None = None
     rerun: bool = False  # regenerated after a crash (the trajectory of its task before was lost with its driver)
     resumed: bool = False  # continued from a kept prefix after a restart
@@ -116,9 +116,32 @@ class UpdateRequest:
     step: int = field(metadata=bounded(0, 2**31))
 
 
+@dataclass(frozen=True, slots=True)
+class TrainedReport:
+    """Step `step`'s update committed at the trainer (weights `version`): its `trained` trajectories were
+    consumed by it; `untrained` ones were left out of it (`reason` says why). Sent after the trajectories'
+    own reports, so their records say `trained` only once it is true."""
+
+    type: ClassVar[str] = "trained"
+    step: int = field(metadata=bounded(0, 2**31))
+    version: int = field(metadata=bounded(0, 2**31))
+    trained: list[str] = field(default_factory=list, metadata=bounded(max_len=MAX_TRAJECTORIES))
+    untrained: list[str] = field(default_factory=list, metadata=bounded(max_len=MAX_TRAJECTORIES))
+    reason: str = field(default="", metadata=bounded(max_len=MAX_MESSAGE_CHARS))
+
+
 DRIVER_MESSAGES: dict[str, type] = {
     c.type: c
-    for c in (Hello, ProgressReport, SignalReport, TelemetryReport, CheckpointReport, UpdateRequest, TrajectoryReport)
+    for c in (
+        Hello,
+        ProgressReport,
+        SignalReport,
+        TelemetryReport,
+        CheckpointReport,
+        UpdateRequest,
+        TrajectoryReport,
+        TrainedReport,
+    )
 }
 
 
@@ -219,6 +242,7 @@ __all__ = [
     "RoutableWorker",
     "SignalReport",
     "TelemetryReport",
+    "TrainedReport",
     "TrajectoryReport",
     "TrajectorySummary",
     "UpdateGranted",

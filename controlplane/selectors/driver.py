@@ -16,6 +16,7 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.models import Decision, Job, Worker
 from controlplane.selectors.cluster import weights_url
 from controlplane.selectors.job_tokens import job_dataplane_token
+from controlplane.selectors.model_dirs import ensure_profile
 
 
 def observed(worker: Worker) -> dict[str, Any] | None:
@@ -61,6 +62,7 @@ def not_returned(job: Job) -> list[Worker]:
 
 
 def job_view(job: Job) -> dl.JobView:
+    ensure_profile(job.model)  # a model directory's derived profile, for get_profile below
     dispatch = policy_class(job.policy).dispatch
     return dl.JobView(
         name=job.name,
@@ -93,6 +95,7 @@ def cluster_view(job: Job) -> dl.ClusterView:
     # only workers holding the latest published weights get turns (RLBoost, PEARL: lazy pull, then
     # admission): whatever step is in flight, its requests then never find a worker too far behind
     min_version = job.weight_version
+    ensure_profile(job.model)
     chips = tuple(sorted({h.upper() for h in (job.hardware, *job.rollout_hardware)}))
     rates = prior_serving_rates(job.model, chips, job.tp, job.max_trajectory_tokens) if len(chips) > 1 else {}
     workers = [
