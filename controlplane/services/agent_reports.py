@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from controlplane.core.agent_link import Fault, Telemetry
+from controlplane.core.agent_link import Fault, TelemetryBatch
 from controlplane.services import leases, telemetry
 from controlplane.services.events import emit
 from controlplane.services.principals import node_principal
@@ -34,7 +34,7 @@ def record_fault(*, node_id: int, message: Fault, channel: str = "") -> None:
         )
 
 
-def record_telemetry(*, node_id: int, message: Telemetry, channel: str = "") -> int:
+def record_telemetry(*, node_id: int, message: TelemetryBatch, channel: str = "") -> int:
     """Telemetry from a node's agent: fenced like a heartbeat, then checked against what the node runs."""
     with transaction.atomic():
         node = leases.fence(node_id, channel, message.epoch)
