@@ -245,6 +245,27 @@ class StepRequest:
     # finished trajectories of the step left out of it (their group lost members: `core.loop` Train.dropped)
     dropped: list[str] = field(default_factory=list, metadata=bounded(max_len=1 << 20))
     training_gpus: int = field(default=0, metadata=bounded(0, 1 << 20))
+    # the weight version the loop had when it asked (the update publishes the next): a trainer at another
+    # version refuses the step (409) instead of publishing a version twice; -1: not checked
+    version: int = field(default=-1, metadata=bounded(-1, 2**31))
+
+
+@dataclass(slots=True)
+class BufferedTrajectory:
+    """A finished trajectory whose samples the trainer holds for its step's update (durable on its disk)."""
+
+    step: int = field(metadata=bounded(0, 2**31))
+    trajectory: str = field(metadata=bounded(max_len=MAX_ID_LEN))
+    reward: float
+    weight_version: int = field(metadata=bounded(0))  # the oldest weights that generated any of its samples
+
+
+@dataclass(slots=True)
+class BufferedSamples:
+    """`GET /samples`: every finished trajectory of the steps not trained yet (what a restarted driver recovers)."""
+
+    trajectories: list[BufferedTrajectory] = field(metadata=bounded(max_len=1 << 20))
+    version: int
 
 
 @dataclass(slots=True)

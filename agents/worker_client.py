@@ -162,6 +162,11 @@ class TrainerClient:
         parsed: dp.SamplesBuffered | dp.SamplesQueued = dp.DATA_PLANE.parse(data, answer)
         return parsed
 
+    async def buffered(self) -> dp.BufferedSamples:
+        """The finished trajectories the trainer holds for the steps it has not trained (a restarted driver's
+        recovery: they count as finished, not run again)."""
+        return await self._worker()._get("samples", dp.BufferedSamples)
+
     async def update_step(self, req: dp.StepRequest) -> dp.UpdateAnswer:
         """A rollout step's update (`req.step` >= 0), exactly once: asked again (a restarted driver), it
         answers with the version that update published."""

@@ -71,6 +71,9 @@ class TrainerServer:
 
         self.queue: list[dp.TrainSample] = []
         self.buffer = StepBuffer(trainer.ckpt_dir)
+        # a buffer its checkpoint says is trained outlived a crash between the update's commit and its drop
+        for step in [s for s in self.buffer.steps if s in trainer.trained_steps]:
+            self.buffer.drop_through(step)
         self.history: list[UpdateStats] = []
         self._lock = asyncio.Lock()
 
@@ -80,6 +83,7 @@ class TrainerServer:
 
         app = web.Application(client_max_size=dp.MAX_TRAINER_REQUEST_BYTES, middlewares=[auth])
         app.router.add_post("/samples", self.samples)
+        app.router.add_get("/samples", self.buffered)
         app.router.add_post("/step", self.step)
         app.router.add_get("/stats", self.stats)
         app.router.add_get("/health", self.health)
@@ -114,13 +118,25 @@ class TrainerServer:
                 "token_count-only samples are for the emulated trainer",
             )
         if body.step >= 0:  # the rollout driver's samples of finished trajectories, kept for that step
-            self.buffer.add(body.step, body.samples)
+            # idempotent by trajectory: a re-post keeps the first durable copy; a step trained already takes none
+            if body.step not in self.trainer.trained_steps:
+                self.buffer.add(body.step, body.samples)
             return _answer(dp.SamplesBuffered(self.buffer.size(body.step), self.trainer.version))
         self.queue.extend(body.samples)
         stats = None
         if body.train and len(self.queue) >= self.trainer.batch_size:
             stats = await self._update_queued()
         return _answer(dp.SamplesQueued(len(self.queue), self.trainer.version, asdict(stats) if stats else None))
+
+    async def buffered(self, request: Any) -> Any:
+        """The finished trajectories held for the steps not trained yet (a restarted driver recovers them)."""
+        out = [
+            dp.BufferedTrajectory(step, tid, ss[0].reward, min(x.weight_version for x in ss))
+            for step, trajs in sorted(self.buffer.steps.items())
+            for tid, ss in trajs.items()
+            if ss
+        ]
+        return _answer(dp.BufferedSamples(out, self.trainer.version))
 
     async def step(self, request: Any) -> Any:
 
@@ -129,22 +145,46 @@ class TrainerServer:
         except WireError as exc:
             return _error(400, str(exc))
         if body.step >= 0:
-            return _answer(await self._update_step(body))
+            try:
+                return _answer(await self._update_step(body))
+            except VersionConflict as exc:
+                return _error(409, str(exc))
         stats = await self._update_queued(everything=body.all)
         return _answer(dp.QueuedUpdateAnswer(self.trainer.version, asdict(stats) if stats else None))
 
     async def _update_step(self, body: dp.StepRequest) -> dp.UpdateAnswer:
-        """The update of rollout step `body.step`, exactly once: asked again (a restarted driver), it
-        answers with the version that update published."""
+        """The update of rollout step `body.step`, exactly once, keyed by (step, the version it updates):
+        asked again (a restarted driver), it answers with the version that update published; asked of a
+        trainer at another version than the loop's (restored from an older checkpoint), it is refused
+        (`VersionConflict`), so no version is published twice. The update commits with the trainer's
+        checkpoint (`trained_steps` in it); the step's buffer is dropped only after, and the commit is
+        written to the audit (`updates.jsonl`: which trajectories each committed update consumed)."""
         async with self._lock:
             t = self.trainer
             if body.step in t.trained_steps:
                 return dp.UpdateAnswer(t.trained_steps[body.step], None, already=True)
+            if body.version >= 0 and body.version != t.version:
+                raise VersionConflict(
+                    f"step {body.step} updates weights v{body.version}, but this trainer is at v{t.version}"
+                )
             samples, missing = self.buffer.take(body.step, body.trajectories, body.dropped)
             stats = await t.update(samples, body.step, body.training_gpus)
+            consumed = list(dict.fromkeys(s.trajectory for s in samples))
+            self._audit(body.step, t.trained_steps[body.step], consumed, missing)
             self.buffer.drop_through(body.step)
             self.history.append(stats)
             return dp.UpdateAnswer(t.trained_steps[body.step], asdict(stats), missing=missing)
+
+    def _audit(self, step: int, version: int, trajectories: list[str], missing: list[str]) -> None:
+        """One line per committed update: the step, the version it published, the trajectories it consumed."""
+        ckpt = self.trainer.ckpt_dir
+        if ckpt is None:
+            return
+        line = {"step": step, "version": version, "trajectories": trajectories, "missing": missing}
+        with open(Path(ckpt) / "updates.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     async def _update_queued(self, everything: bool = False) -> UpdateStats | None:
         async with self._lock:
@@ -166,6 +206,10 @@ class TrainerServer:
         return _answer(dp.Health(True, 0, "training", "running", self.trainer.version, os.getpid(), visible_devices()))
 
 
+class VersionConflict(Exception):
+    """A rollout step's update asked of a trainer at another weight version than the loop's (-> 409)."""
+
+
 class StepBuffer:
     """Samples of finished trajectories, per rollout step, until that step's update. On disk (JSON lines,
     one file per step) when the trainer has a checkpoint directory: neither a driver nor a trainer
@@ -180,15 +224,21 @@ class StepBuffer:
                 for line in f.read_text().splitlines():
                     with contextlib.suppress(ValueError):  # a torn last line (or WireError): that post is resent
                         rec = dp.DATA_PLANE.decode(line)
-                        self.steps.setdefault(step, {})[rec["trajectory"]] = [
-                            dp.DATA_PLANE.parse(x, dp.TrainSample) for x in rec["samples"]
-                        ]
+                        self.steps.setdefault(step, {}).setdefault(  # the first copy, as `add` keeps
+                            rec["trajectory"], [dp.DATA_PLANE.parse(x, dp.TrainSample) for x in rec["samples"]]
+                        )
 
     def add(self, step: int, samples: list[dp.TrainSample]) -> None:
+        """Keep (durably, before the answer) the samples of trajectories not held yet; a trajectory held
+        already keeps its first copy (the one a driver may have counted): a re-post changes nothing."""
+        have = self.steps.setdefault(step, {})
         by_traj: dict[str, list[dp.TrainSample]] = {}
         for s in samples:
-            by_traj.setdefault(s.trajectory, []).append(s)
-        self.steps.setdefault(step, {}).update(by_traj)  # a re-post of a trajectory replaces it
+            if s.trajectory not in have:
+                by_traj.setdefault(s.trajectory, []).append(s)
+        if not by_traj:
+            return
+        have.update(by_traj)
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(self.dir / f"step_{step:08d}.jsonl", "a") as f:
