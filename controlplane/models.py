@@ -88,7 +88,8 @@ class Job(models.Model):
         FAILED = "failed"
 
     name = models.CharField(max_length=63, unique=True, validators=[NAME_VALIDATOR])
-    model = models.CharField(max_length=64, default="tiny")
+    # a profile's model name, or the absolute path of a save_pretrained directory (issue 36)
+    model = models.CharField(max_length=512, default="tiny")
     engine = models.CharField(max_length=16, choices=choices(EngineKind), default=EngineKind.EMULATED)
     hardware = models.CharField(max_length=32, default="cpu")
     # the chip types its rollout pool may gather (issue 23), canonical names as core.profiles spells them;

@@ -34,10 +34,12 @@ def make_env(
     step: int | None = None,
     group: int = 0,
     batch_size: int | None = None,
+    model: str = "tiny",
 ) -> Environment:
     """Episode `member` of task `task` (every member of a GRPO group of `group_size` shares the task). A live
     driver also says where the episode stands in its rollout batch (`step`, `group`, `batch_size`), so an
-    environment drawn from the simulator's workload can draw the very trajectory the simulator draws there."""
+    environment drawn from the simulator's workload can draw the very trajectory the simulator draws there.
+    `model` is the job's model: a model directory's environments speak its tokenizer and chat template."""
     _load_builtins()
     factory = REGISTRY.get(name)
     if factory is None:
@@ -52,6 +54,7 @@ def make_env(
         step=step,
         group=group,
         batch_size=batch_size,
+        model=model,
     )
 
 

@@ -16,7 +16,7 @@ import zlib
 
 from agents.dataplane import MAX_PROMPT_TOKENS
 from agents.envs.base import Environment, Turn, register
-from agents.tokenizer import TOKENIZER
+from agents.tokenizer import load_tokenizer
 from controlplane.core.workload import WorkloadSpec, draw_batch
 
 
@@ -40,6 +40,7 @@ class SweLike(Environment):
         step: int | None = None,
         group: int = 0,
         batch_size: int | None = None,
+        model: str = "tiny",
         **_: object,
     ) -> None:
         length = min(max_tokens, MAX_PROMPT_TOKENS)
@@ -55,10 +56,13 @@ class SweLike(Environment):
         self.salt = zlib.crc32(f"{seed}-{task}-{member}".encode())
         # whether the "tests pass" at the end: a fixed fraction of the group's tasks, by member
         self.passes = (self.salt % 100) < 40
+        bos = load_tokenizer(model).bos_id  # the byte tokenizer's, or the model directory's (Qwen's has none)
+        self.bos = [] if bos is None else [bos]
 
     async def reset(self) -> Turn:
         t = self.turns[0]
-        return Turn([TOKENIZER.bos_id, *_synthetic(t.new_prompt_tokens - 1, self.salt)], max_tokens=t.generated_tokens)
+        body = _synthetic(t.new_prompt_tokens - len(self.bos), self.salt)
+        return Turn([*self.bos, *body], max_tokens=t.generated_tokens)
 
     async def step(self, response: list[int]) -> Turn:
         spent = self.turns[self.k]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from agents.tokenizer import CHAT_START_ID, TOKENIZER, TOOL_CALL_END_ID, TOOL_CALL_ID
+from agents.tokenizer import CHAT_START_ID, TOKENIZER, TOOL_CALL_END_ID, TOOL_CALL_ID, hf_tokenizer, is_builtin
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -221,12 +221,8 @@ class HFChatFormat:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> HFChatFormat:
-        from transformers import AutoTokenizer
-
-        p = Path(path)
-        if not p.is_dir():
-            raise ValueError(f"model directory {str(path)!r} does not exist")
-        return cls(AutoTokenizer.from_pretrained(str(p), local_files_only=True), name=p.name)
+        # the process's one copy of the directory's tokenizer (the engines and environments share it)
+        return cls(hf_tokenizer(str(path)), name=Path(path).name)
 
     def _text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation: bool) -> str:
         try:
@@ -269,6 +265,6 @@ class HFChatFormat:
 def load_format(model: str) -> ChatFormat:
     """The chat format of a job's `model`: the tiny model's byte template, or the tokenizer of a local
     `save_pretrained` directory."""
-    if model in ("", "tiny") or model.startswith("tiny"):
+    if is_builtin(model):
         return ByteChatFormat()
     return HFChatFormat.from_dir(model)

@@ -57,7 +57,13 @@ class StrictChoiceField(serializers.ChoiceField):
 
 class JobCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=63, validators=[NAME_VALIDATOR])
-    model = StrictChoiceField(choices=list(known_models()), default="tiny")
+    model = StrictCharField(
+        max_length=512,
+        default="tiny",
+        help_text=f"a profile's model ({', '.join(known_models())}) or the absolute path of a save_pretrained "
+        "directory of a Qwen3, Qwen2, Llama or Mistral model with its tokenizer and chat template (engine torch or "
+        "vllm); the job's submission checks the directory",
+    )
     engine = StrictChoiceField(choices=[e.value for e in EngineKind], default=EngineKind.EMULATED.value)
     hardware = StrictCharField(max_length=32, default="cpu")
     hardware_types = serializers.ListField(

@@ -9,10 +9,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.core.agent_spec import SpecError, validate_agent_spec
+from controlplane.core.model_dir import ModelDirError, is_model_dir_spec
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
-from controlplane.core.profiles import get_hardware, get_profile
+from controlplane.core.profiles import get_hardware, get_profile, known_models
 from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role
 from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
+from controlplane.selectors import model_dirs
 from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import OVERRIDE_FIELDS, override_dict, override_summary
 from controlplane.services.errors import Conflict, InvalidInput
@@ -72,6 +74,7 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
     except OptionError as exc:
         raise InvalidInput(str(exc), field=f"policy_options.{exc.option}") from None
     spec = _with_agent(spec)
+    _check_model(spec)
     tp = int(spec.get("tp", 1))
     try:
         get_profile(spec.get("hardware", "cpu"), spec.get("model", "tiny"), tp)
@@ -136,6 +139,29 @@ def _with_hardware_types(spec: dict[str, Any], tp: int) -> dict[str, Any]:
             raise InvalidInput(f"hardware_types names {name} twice", field="hardware_types")
         out.append(name)
     return {**spec, "hardware_types": out}
+
+
+def _check_model(spec: dict[str, Any]) -> None:
+    """`model` is a profile's model name or the absolute path of a `save_pretrained` directory this process can
+    read (as the agent spec's files, checked where the job is submitted): one that is missing, has no weights,
+    has an unsupported architecture or a tokenizer without a chat template is a 400 naming which, and its
+    profile, derived from its config.json, is registered for the checks below and the planner."""
+    model = str(spec.get("model", "tiny"))
+    if not is_model_dir_spec(model):
+        if model.lower() not in known_models() and "/" in model:
+            raise InvalidInput(f"model directory {model!r} must be given as an absolute path", field="model")
+        return
+    if spec.get("engine", "emulated") == "emulated":
+        raise InvalidInput(
+            "a model directory runs on engine 'torch' or 'vllm' (the emulated engine runs the profiles' models: "
+            f"{', '.join(known_models())})",
+            field="model",
+        )
+    try:
+        model_dirs.inspect(model)
+        model_dirs.ensure_profile(model)
+    except ModelDirError as exc:
+        raise InvalidInput(str(exc), field="model") from None
 
 
 def _with_agent(spec: dict[str, Any]) -> dict[str, Any]:

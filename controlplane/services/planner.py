@@ -38,6 +38,7 @@ from controlplane.models import (
     Worker,
     WorkerGPU,
 )
+from controlplane.selectors import model_dirs
 from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
@@ -160,6 +161,7 @@ def job_inventory(job: Job) -> Inventory:
 def job_policy(job: Job) -> Policy:
     """The job's policy with its options, its runtime tracker refitted from stored telemetry and
     the state it carried from the last signal."""
+    model_dirs.ensure_profile(job.model)  # a model directory's profile, derived from its config.json
     profile = get_profile(job.hardware, job.model, tp=job.tp)
     policy = make_policy(
         job.policy,
