@@ -6,6 +6,8 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandParser
 from rest_framework.authtoken.models import Token
 
+from controlplane.selectors.users import OPERATORS_GROUP
+
 
 class Command(BaseCommand):
     help = "Create a user (operator by default) and print its API token."
@@ -24,6 +26,6 @@ class Command(BaseCommand):
             user.is_staff = user.is_superuser = True
         user.save()
         if not opts["viewer"]:
-            user.groups.add(Group.objects.get_or_create(name="operators")[0])
+            user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
         token, _ = Token.objects.get_or_create(user=user)
         self.stdout.write(token.key)

@@ -337,6 +337,8 @@ class Command(BaseCommand):
         from django.contrib.auth.models import Group, User
         from rest_framework.authtoken.models import Token
 
+        from controlplane.selectors.users import OPERATORS_GROUP
+
         creds = var / "demo-credentials.json"
         user, created = User.objects.get_or_create(
             username=DEMO_OPERATOR, defaults={"is_staff": True, "is_superuser": True}
@@ -345,7 +347,7 @@ class Command(BaseCommand):
         password: str = saved["password"] if not created and saved.get("password") else secrets.token_urlsafe(9)
         user.set_password(password)
         user.save()
-        user.groups.add(Group.objects.get_or_create(name="operators")[0])
+        user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
         token = Token.objects.get_or_create(user=user)[0].key
         creds.write_text(json.dumps({"username": DEMO_OPERATOR, "password": password, "token": token}))
         os.chmod(creds, 0o600)
