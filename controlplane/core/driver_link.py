@@ -164,7 +164,7 @@ class RoutableWorker:
 class JobView:
     name: str = field(metadata=bounded(max_len=63))
     environment: str = field(metadata=bounded(max_len=64))
-    model: str = field(metadata=bounded(max_len=64))
+    model: str = field(metadata=bounded(max_len=512))  # a profile's model or a model directory's path
     engine: str = field(metadata=bounded(max_len=16))
     batch_size: int = field(metadata=bounded(1, 1 << 20))
     group_size: int = field(metadata=bounded(1, 1 << 20))
