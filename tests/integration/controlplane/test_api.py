@@ -295,3 +295,15 @@ def test_state_changes_are_rate_limited(api, settings):
     assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
     assert api.get(f"/api/jobs/{job.pk}/").status_code == 200  # reads are not limited
     cache.clear()
+
+
+def test_create_api_user_makes_an_operator_unless_viewer(capsys):
+    """The command's users and the API's permission read one group name: an operator may drain, a viewer may read."""
+    from django.core.management import call_command
+
+    node = make_node("r1")
+    for name, viewer, drain_status in (("viewer1", True, 403), ("ops1", False, 200)):
+        call_command("create_api_user", name, *(["--viewer"] if viewer else []))
+        client = APIClient(HTTP_AUTHORIZATION=f"Token {capsys.readouterr().out.strip()}")
+        assert client.get("/api/nodes/").status_code == 200
+        assert client.post(f"/api/nodes/{node.pk}/drain/").status_code == drain_status
