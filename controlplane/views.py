@@ -24,8 +24,8 @@ from controlplane.api.views import IsOperator
 from controlplane.selectors.health import database_answers
 from controlplane.selectors.jobs import job_series, job_status
 from controlplane.selectors.metrics import ClusterCollector
+from controlplane.selectors.nodes import available_gpus
 from controlplane.services import latency
-from controlplane.services.jobs import available_gpus
 from controlplane.services.simulations import scenarios
 from pearl_site.celery import app
 

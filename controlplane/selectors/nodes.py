@@ -1,9 +1,10 @@
-"""Nodes as the REST API lists them."""
+"""Nodes as the REST API lists them, and the GPUs the launch form and job admission may count on."""
 
 from __future__ import annotations
 
 from django.db.models import Count, Q, QuerySet
 
+from controlplane.core.state import NodeStatus, Pool
 from controlplane.models import GPU, Node
 
 
@@ -17,3 +18,13 @@ def present_gpus(node: Node) -> int:
     """A node's GPU slots present now: the list's annotation, or one count for a node read on its own."""
     annotated = getattr(node, "present_gpus", None)
     return annotated if annotated is not None else GPU.objects.filter(node=node, present=True).count()
+
+
+def available_gpus() -> dict[str, int]:
+    """GPUs present on nodes that can take work, by pool."""
+    counts = {p.value: 0 for p in Pool}
+    for pool in (
+        GPU.objects.filter(present=True).exclude(node__status=NodeStatus.GONE).values_list("node__pool", flat=True)
+    ):
+        counts[pool] += 1
+    return counts

@@ -12,11 +12,12 @@ from controlplane.core.agent_spec import SpecError, validate_agent_spec
 from controlplane.core.model_dir import ModelDirError, is_model_dir_spec
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
 from controlplane.core.profiles import get_hardware, get_profile, known_models
-from controlplane.core.state import Activity, Mode, NodeStatus, Pool, Role
-from controlplane.models import GPU, Job, Node, Override, Worker, WorkerGPU
+from controlplane.core.state import Activity, Mode, Pool, Role
+from controlplane.models import Job, Node, Override, Worker, WorkerGPU
 from controlplane.selectors import model_dirs
 from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import OVERRIDE_FIELDS, override_dict, override_summary
+from controlplane.selectors.nodes import available_gpus
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.invariants import assert_invariants
@@ -46,16 +47,6 @@ def job_delta(job: Job) -> dict[str, Any]:
         "failure_reason": job.failure_reason,
         "remaining": job.remaining,
     }
-
-
-def available_gpus() -> dict[str, int]:
-    """GPUs present on nodes that can take work, by pool."""
-    counts = {p.value: 0 for p in Pool}
-    for pool in (
-        GPU.objects.filter(present=True).exclude(node__status=NodeStatus.GONE).values_list("node__pool", flat=True)
-    ):
-        counts[pool] += 1
-    return counts
 
 
 def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:

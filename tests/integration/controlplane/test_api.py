@@ -307,3 +307,12 @@ def test_create_api_user_makes_an_operator_unless_viewer(capsys):
         client = APIClient(HTTP_AUTHORIZATION=f"Token {capsys.readouterr().out.strip()}")
         assert client.get("/api/nodes/").status_code == 200
         assert client.post(f"/api/nodes/{node.pk}/drain/").status_code == drain_status
+
+
+def test_the_launch_page_counts_the_clusters_gpus(client, django_user_model):
+    make_node("r1", slots=4)
+    make_node("e1", pool="elastic", slots=2)
+    client.force_login(django_user_model.objects.create_user("page-viewer", password="x"))
+    page = client.get("/jobs/new/")
+    assert page.status_code == 200
+    assert "GPUs in the cluster: 4 reserved, 2 elastic (preemptible), 0 training." in page.content.decode()
