@@ -135,7 +135,7 @@ def first_render(page: Page, base: str, mode: str = "auto") -> tuple[float, int]
 
 
 def change_latency(page: Page, base: str, node_id: int, n: int) -> list[float]:
-    from controlplane.services.nodes import drain_node, undrain_node
+    from controlplane.services.draining import drain_node, undrain_node
 
     page.goto(base + "/")
     page.wait_for_selector(f".node[data-id='{node_id}']", timeout=60000)

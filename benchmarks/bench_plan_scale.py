@@ -137,7 +137,7 @@ def preempt(n_preempt: int, single: bool = False) -> tuple[float, list[int]]:
     from django.utils import timezone
 
     from controlplane.models import Node, Worker
-    from controlplane.services import nodes
+    from controlplane.services import draining
 
     held = sorted(set(Worker.objects.filter(alive=True).values_list("node_id", flat=True)))
     victims = held[-n_preempt:]
@@ -145,9 +145,9 @@ def preempt(n_preempt: int, single: bool = False) -> tuple[float, list[int]]:
     deadline = timezone.now() + timedelta(minutes=30)
     if single:
         for nid in victims:
-            nodes.preemption_notice(node_id=nid, deadline=deadline, actor="bench")
+            draining.preemption_notice(node_id=nid, deadline=deadline, actor="bench")
     else:
-        nodes.preemption_notices(deadlines=dict.fromkeys(victims, deadline), actor="bench")
+        draining.preemption_notices(deadlines=dict.fromkeys(victims, deadline), actor="bench")
     assert Node.objects.filter(pk__in=victims, status="draining").count() == len(victims)
     return t0, victims
 

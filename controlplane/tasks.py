@@ -11,7 +11,7 @@ from celery import shared_task
 
 from controlplane.selectors.history import unfinished_transition_ids
 from controlplane.selectors.jobs import live_job_ids
-from controlplane.services import dispatch, executor, expiry, nodes, planner, simulations, telemetry
+from controlplane.services import dispatch, draining, executor, expiry, planner, simulations, telemetry
 from controlplane.services.dispatch import TaskName
 from controlplane.services.plan_queue import take_plan_signals
 from controlplane.services.retry import retry_transient
@@ -22,7 +22,7 @@ def sweep() -> dict[str, list[str] | int]:
     """Heartbeat sweeper: expire leases (fence before reassignment), remove preempted nodes, prune telemetry,
     and send the dashboards every node's last-seen (their heartbeat ages; heartbeats push none)."""
     expired = expiry.expire_leases()
-    gone = nodes.remove_preempted()
+    gone = draining.remove_preempted()
     pruned = telemetry.prune_if_due()
     seen = expiry.push_last_seen()
     return {"expired": expired, "gone": gone, "pruned": pruned, "seen": seen}

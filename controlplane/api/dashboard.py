@@ -23,7 +23,7 @@ from controlplane.models import Trajectory
 from controlplane.selectors import trajectories as trajectory_selectors
 from controlplane.selectors.jobs import job_exists, job_series, job_status
 from controlplane.selectors.simulations import run_dict, simulation_run, simulation_runs
-from controlplane.services import nodes, simulations
+from controlplane.services import draining, simulations
 from controlplane.services.errors import InvalidInput, NotFound
 
 # a JSON array of objects (the schema said object); build_basic_type is None only for OpenApiTypes.NONE
@@ -63,7 +63,7 @@ class NodeUndrainView(APIView):
 
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     def post(self, request: Request, pk: str) -> Response:
-        node = nodes.undrain_node(node_id=parse_id(pk), actor=actor_of(request))
+        node = draining.undrain_node(node_id=parse_id(pk), actor=actor_of(request))
         return Response(s.NodeSerializer(node).data)
 
 

@@ -34,7 +34,7 @@ from controlplane.selectors import nodes as node_selectors
 from controlplane.selectors.catalog import catalog
 from controlplane.selectors.cluster import cluster_snapshot
 from controlplane.selectors.users import is_operator
-from controlplane.services import credentials, jobs, nodes
+from controlplane.services import credentials, draining, jobs
 
 
 def actor_of(request: Request) -> str:
@@ -142,7 +142,7 @@ class NodeViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixi
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, pk: str) -> Response:
-        node = nodes.drain_node(node_id=parse_id(pk), actor=actor_of(request))
+        node = draining.drain_node(node_id=parse_id(pk), actor=actor_of(request))
         return Response(s.NodeSerializer(node).data)
 
     @extend_schema(request=s.PreemptionSerializer, responses={200: s.NodeSerializer})
@@ -152,7 +152,7 @@ class NodeViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixi
         body = s.PreemptionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         deadline = timezone.now() + timedelta(seconds=body.validated_data["deadline_s"])
-        node = nodes.preemption_notice(node_id=parse_id(pk), deadline=deadline, actor=actor_of(request))
+        node = draining.preemption_notice(node_id=parse_id(pk), deadline=deadline, actor=actor_of(request))
         return Response(s.NodeSerializer(node).data)
 
 

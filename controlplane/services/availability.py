@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.core.state import NodeStatus, Pool
 from controlplane.models import Node
-from controlplane.services import leases, nodes
+from controlplane.services import draining, leases
 from controlplane.services.errors import InvalidInput
 
 
@@ -36,7 +36,7 @@ def _gpus(node: Node) -> int:
 
 def _leased(node: Node, now: datetime) -> bool:
     """Whether the node's agent still holds its lease: the effective expiry (its Redis renewal, else the row's),
-    as `nodes.undrain_node` decides it; the row's lease alone is coarse while Redis renews."""
+    as `draining.undrain_node` decides it; the row's lease alone is coarse while Redis renews."""
     expiry, _ = leases.effective_expiry(node.pk, epoch=node.epoch, row_lease=node.lease_expires)
     return expiry is not None and expiry > now
 
@@ -48,7 +48,7 @@ def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> Availabil
     notice count as gone. Idempotent: a second call with the same target changes nothing."""
     if gpus < 0:
         raise InvalidInput("the elastic capacity must be >= 0 GPUs", field="gpus")
-    if not 0 < notice_s <= nodes.MAX_PREEMPTION_NOTICE_S:
+    if not 0 < notice_s <= draining.MAX_PREEMPTION_NOTICE_S:
         raise InvalidInput("the preemption notice must be within (0, 24 h]", field="notice_s")
     now = timezone.now()
     elastic = list(Node.objects.filter(pool=Pool.ELASTIC).order_by("name"))
@@ -65,7 +65,7 @@ def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> Availabil
     for n in back:  # grow: the first nodes by name come back while they fit
         if have + _gpus(n) > gpus:
             break
-        nodes.undrain_node(node_id=n.pk, actor=actor)
+        draining.undrain_node(node_id=n.pk, actor=actor)
         have += _gpus(n)
         returned.append(n.name)
     noticed: list[int] = []
@@ -77,7 +77,7 @@ def set_elastic_capacity(*, gpus: int, notice_s: float, actor: str) -> Availabil
         preempted.append(n.name)
     if noticed:
         deadline = now + timedelta(seconds=notice_s)
-        nodes.preemption_notices(deadlines=dict.fromkeys(noticed, deadline), actor=actor)
+        draining.preemption_notices(deadlines=dict.fromkeys(noticed, deadline), actor=actor)
     return AvailabilityChange(gpus, before, have, tuple(preempted), tuple(returned))
 
 

@@ -21,10 +21,11 @@ from django.utils import timezone
 from controlplane.core import cluster_events as ce
 from controlplane.core.state import Activity, NodeStatus
 from controlplane.models import GPU, NAME_VALIDATOR, AgentCredential, Event, Node, Worker, WorkerGPU
-from controlplane.services import nodes
+from controlplane.services import draining, nodes
 from controlplane.services.credentials import issue_agent_token
 from controlplane.services.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from controlplane.services.events import emit
+from controlplane.services.locks import locked
 
 BRIDGE_TOKEN_PREFIX = "pbr_"
 BRIDGE_SCOPE = "bridge"
@@ -122,7 +123,7 @@ def bind(*, bridge: BridgePrincipal, name: str, ray_node_id: str, address: str) 
     if _ray_name(ray_node_id) != name:
         raise PermissionDenied(f"node {name!r} is not the node of Ray node {ray_node_id}", field="name")
     with transaction.atomic():
-        node = nodes.locked(Node.objects.filter(name=name)).first()
+        node = locked(Node.objects.filter(name=name)).first()
         if node is None:
             raise NotFound(f"node {name} has not registered", field="name")
         if node.ray_node_id == ray_node_id and node.ray_address == address[:64]:
@@ -150,7 +151,7 @@ def preemption(*, bridge: BridgePrincipal, name: str, deadline: float) -> Node:
     """Ray drains the node for preemption: PEARL's preemption notice, with Ray's deadline."""
     _check(bridge)
     node = _bound(name)
-    return nodes.preemption_notice(
+    return draining.preemption_notice(
         node_id=node.pk, deadline=datetime.fromtimestamp(deadline, tz=UTC), actor=bridge.actor
     )
 
@@ -158,14 +159,14 @@ def preemption(*, bridge: BridgePrincipal, name: str, deadline: float) -> Node:
 def preemptions(*, bridge: BridgePrincipal, notices: list[ce.Notice]) -> list[Node]:
     """Ray drains several nodes for preemption at once: PEARL's notices for all of them in one call (one
     transaction, one re-plan per job), each with Ray's deadline. All or nothing, as
-    `nodes.preemption_notices`: a refused one refuses them all (the caller may deliver them one by one)."""
+    `draining.preemption_notices`: a refused one refuses them all (the caller may deliver them one by one)."""
     _check(bridge)
     names = {n.name for n in notices}
     bound = dict(Node.objects.filter(name__in=names).exclude(ray_node_id="").values_list("name", "pk"))
     missing = sorted(names - set(bound))
     if missing:
         raise NotFound(f"no Ray-bound node {missing[0]}", field="name")
-    return nodes.preemption_notices(
+    return draining.preemption_notices(
         deadlines={bound[n.name]: datetime.fromtimestamp(n.deadline, tz=UTC) for n in notices}, actor=bridge.actor
     )
 
@@ -173,7 +174,7 @@ def preemptions(*, bridge: BridgePrincipal, notices: list[ce.Notice]) -> list[No
 def drain(*, bridge: BridgePrincipal, name: str, why: str) -> Node:
     _check(bridge)
     node = _bound(name)
-    drained = nodes.drain_node(node_id=node.pk, actor=bridge.actor)
+    drained = draining.drain_node(node_id=node.pk, actor=bridge.actor)
     emit(kind="node.ray_drain", message=f"node {name}: {why}", node=drained, actor=bridge.actor, data={"why": why})
     return drained
 
@@ -185,7 +186,7 @@ def gone(*, bridge: BridgePrincipal, name: str, reason: str, message: str) -> No
     node_id = _bound(name).pk
     now = timezone.now()
     with transaction.atomic():
-        node = nodes.locked(Node.objects.filter(pk=node_id)).first()
+        node = locked(Node.objects.filter(pk=node_id)).first()
         if node is None or node.status == NodeStatus.GONE:
             return node
         ids = list(Worker.objects.filter(node=node, alive=True).values_list("id", flat=True))

@@ -140,7 +140,7 @@ def test_launch_watch_steer_drain_and_reconnect(control_plane_server, celery_wor
         assert page.get_attribute("#conn", "data-state") == "reconnecting"
         shot(page, "cluster-stale")
         from controlplane.models import Node
-        from controlplane.services.nodes import drain_node
+        from controlplane.services.draining import drain_node
 
         off_loop(drain_node, node_id=Node.objects.get(name="res-b").pk, actor="ops")
         port = int(cp.base_url.rsplit(":", 1)[1])

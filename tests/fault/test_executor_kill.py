@@ -99,7 +99,7 @@ def test_a_transition_completes_whichever_phase_its_executor_is_killed_in(tmp_pa
     if not redis_available():
         pytest.skip("Redis is not reachable")
     from controlplane.models import GPU, Job, Transition, WorkerGPU
-    from controlplane.services.nodes import drain_node
+    from controlplane.services.draining import drain_node
 
     make_node("r1", slots=4, hardware="H800")
     make_node("t1", pool="training", slots=2, hardware="H800")

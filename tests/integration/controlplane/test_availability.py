@@ -43,7 +43,7 @@ def test_capacity_follows_the_level_by_notices_and_returns():
 
 def test_an_operators_drain_is_not_undone():
     from controlplane.models import Node
-    from controlplane.services.nodes import drain_node
+    from controlplane.services.draining import drain_node
 
     make_node("e1", pool="elastic", slots=4, hardware="H800")
     make_node("e2", pool="elastic", slots=4, hardware="H800")

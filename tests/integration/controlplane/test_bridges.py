@@ -120,7 +120,7 @@ def test_a_ray_drain_and_death_reach_the_node_with_rays_deadline_and_reason(brid
 
 
 def test_a_node_let_go_at_its_deadline_still_gets_rays_death_reason_once(bridge):
-    from controlplane.services.nodes import remove_preempted
+    from controlplane.services.draining import remove_preempted
 
     name = ce.pearl_node_name(RAY_ID)
     register(bridges.agent_token(bridge=bridge, ray_node_id=RAY_ID), name)
@@ -195,7 +195,7 @@ def test_a_ray_drain_of_several_nodes_is_one_notice_call_and_a_refused_node_refu
     import json
 
     from controlplane.management.commands.ray_bridge import Command
-    from controlplane.services import nodes
+    from controlplane.services import draining
 
     ids = [f"{i:02x}" * 28 for i in (0xA1, 0xA2, 0xA3)]
     names = [ce.pearl_node_name(i) for i in ids]
@@ -204,13 +204,13 @@ def test_a_ray_drain_of_several_nodes_is_one_notice_call_and_a_refused_node_refu
         bridges.bind(bridge=bridge, name=name, ray_node_id=rid, address="10.77.0.11")
     up = {rid: ce.NodeUp(rid, "10.77.0.11", "", {"GPU": 2.0}, {ce.POOL_LABEL: "elastic"}) for rid in ids}
     calls: list[int] = []
-    real = nodes.preemption_notices
+    real = draining.preemption_notices
 
     def spy(**kw):
         calls.append(len(kw["deadlines"]))
         return real(**kw)
 
-    monkeypatch.setattr(nodes, "preemption_notices", spy)
+    monkeypatch.setattr(draining, "preemption_notices", spy)
     command = Command()
     deadline = time.time() + 60
     ray = _Ray([ce.NodeDraining(r, "10.77.0.11", deadline, "preemption", up[r]) for r in ids[:2]])

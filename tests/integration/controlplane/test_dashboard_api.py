@@ -11,7 +11,7 @@ from django.utils import timezone
 from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.telemetry import step, train, turn
 from controlplane.models import Event, Node, Override, SimulationRun, TelemetrySample
-from controlplane.services import nodes, planner, simulations, telemetry
+from controlplane.services import draining, planner, simulations, telemetry
 from controlplane.services.principals import job_principal
 from tests.support.cluster import make_job, make_node
 
@@ -29,8 +29,8 @@ def test_undrain_returns_draining_and_preempted_nodes(api):
     r = api.post(f"/api/nodes/{node.pk}/undrain/")
     assert r.status_code == 200 and r.json()["preemption_deadline"] is None  # the notice is cancelled
     # Past its deadline it is gone; if its agent still holds a lease it comes back, GPUs included.
-    nodes.preemption_notice(node_id=node.pk, deadline=timezone.now() + timedelta(seconds=1), actor="t")
-    nodes.remove_preempted(now=timezone.now() + timedelta(seconds=5))
+    draining.preemption_notice(node_id=node.pk, deadline=timezone.now() + timedelta(seconds=1), actor="t")
+    draining.remove_preempted(now=timezone.now() + timedelta(seconds=5))
     assert Node.objects.get(pk=node.pk).status == "gone"
     assert api.post(f"/api/nodes/{node.pk}/undrain/").json()["gpus"] == 2
     Node.objects.filter(pk=node.pk).update(status="draining", lease_expires=timezone.now() - timedelta(seconds=1))
@@ -43,7 +43,7 @@ def test_undrain_needs_an_operator(viewer):
     from rest_framework.test import APIClient
 
     node = make_node("n1")
-    nodes.drain_node(node_id=node.pk, actor="t")
+    draining.drain_node(node_id=node.pk, actor="t")
     client = APIClient()
     client.force_authenticate(viewer)
     assert client.post(f"/api/nodes/{node.pk}/undrain/").status_code == 403

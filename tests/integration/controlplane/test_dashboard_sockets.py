@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from controlplane import consumers
 from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.telemetry import step
-from controlplane.services import jobs, nodes, telemetry
+from controlplane.services import draining, jobs, telemetry
 from controlplane.services.principals import job_principal
 from pearl_site.asgi import application
 from tests.integration.controlplane.test_sockets import _session_cookie
@@ -61,7 +61,7 @@ async def test_job_view_gets_its_job_only():
     )
     await database_sync_to_async(jobs.set_overrides)(job_id=other.pk, changes={"freeze": True}, actor="t")
     node = await database_sync_to_async(make_node)("n2", slots=1)
-    await database_sync_to_async(nodes.drain_node)(node_id=node.pk, actor="t")
+    await database_sync_to_async(draining.drain_node)(node_id=node.pk, actor="t")
     await database_sync_to_async(jobs.set_overrides)(job_id=mine.pk, changes={"borrowing": False}, actor="t")
     for job, makespan in ((mine, 5.0), (other, 6.0)):  # each job's driver reports its own steps
         await database_sync_to_async(

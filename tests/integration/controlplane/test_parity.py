@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.core.context import Signal
 from controlplane.models import Decision, Node, Transition
-from controlplane.services import jobs, nodes, planner
+from controlplane.services import draining, jobs, planner
 from controlplane.sim.cluster import Simulation
 from controlplane.sim.scenario import scenario_from_dict
 from tests.support.cluster import make_job, make_node, run_transition
@@ -123,8 +123,8 @@ def _run_live(policy: str, options: dict, overrides: dict | None = None) -> list
     out: list[dict[str, Any]] = []
     for t, signal, remaining, change in SEQUENCE:
         if change == "lose c":
-            nodes.preemption_notice(node_id=c.pk, deadline=timezone.now() + timedelta(seconds=1), actor="test")
-            nodes.remove_preempted(now=timezone.now() + timedelta(seconds=2))
+            draining.preemption_notice(node_id=c.pk, deadline=timezone.now() + timedelta(seconds=1), actor="test")
+            draining.remove_preempted(now=timezone.now() + timedelta(seconds=2))
         elif change == "gain d":
             make_node("d-ela", pool="elastic", slots=4, hardware="H800")
         if signal in (Signal.TRAINING_BEGIN, Signal.TRAINING_FINISHED):

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
-from controlplane.services import executor, jobs, nodes, planner
+from controlplane.services import draining, executor, jobs, planner
 from tests.support.cluster import agents_converge, make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
@@ -34,7 +34,7 @@ def _preempted_cluster() -> tuple[Job, Transition]:
         "n2",
     ]
     n1 = Node.objects.get(name="n1")
-    nodes.preemption_notice(node_id=n1.pk, deadline=timezone.now() + timedelta(minutes=10), actor="t")
+    draining.preemption_notice(node_id=n1.pk, deadline=timezone.now() + timedelta(minutes=10), actor="t")
     agents_converge()
     tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
     assert tr is not None
@@ -116,7 +116,7 @@ def _grown_cluster(k: int, prefix: str, hardware: str) -> Transition:
     held = sorted(set(Worker.objects.filter(job=job, alive=True).values_list("node__name", flat=True)))
     assert held == names[:k]
     for node in Node.objects.filter(name__in=held):
-        nodes.preemption_notice(node_id=node.pk, deadline=timezone.now() + timedelta(minutes=10), actor="t")
+        draining.preemption_notice(node_id=node.pk, deadline=timezone.now() + timedelta(minutes=10), actor="t")
     agents_converge()
     tr = planner.plan_job(job_id=job.pk, signal="capacity_change")
     assert tr is not None
@@ -270,7 +270,7 @@ def test_notices_for_several_nodes_drain_each_as_one_notice_would_in_the_queries
         deadlines = dict.fromkeys(sorted(n.pk for n in held), timezone.now() + timedelta(minutes=10))
         replans.clear()
         with CaptureQueriesContext(connection) as queries:
-            out = nodes.preemption_notices(deadlines=deadlines, actor="t")
+            out = draining.preemption_notices(deadlines=deadlines, actor="t")
         cost[k] = len(queries)
         assert [n.pk for n in out] == sorted(deadlines)
         for n in Node.objects.filter(pk__in=deadlines):
@@ -283,7 +283,7 @@ def test_notices_for_several_nodes_drain_each_as_one_notice_would_in_the_queries
     assert cost[1] == cost[4], cost
     # nodes under notice get new deadlines, each its own (one UPDATE per distinct deadline)
     later = {n.pk: timezone.now() + timedelta(minutes=20 + i) for i, n in enumerate(held)}
-    nodes.preemption_notices(deadlines=later, actor="t")
+    draining.preemption_notices(deadlines=later, actor="t")
     assert dict(Node.objects.filter(pk__in=later).values_list("pk", "preemption_deadline")) == later
 
 
@@ -295,6 +295,6 @@ def test_notices_for_several_nodes_are_all_or_nothing():
     reserved = make_node("r0", slots=2, hardware="H800")
     deadline = timezone.now() + timedelta(minutes=10)
     with pytest.raises(Conflict, match="only elastic nodes"):
-        nodes.preemption_notices(deadlines=dict.fromkeys([*(n.pk for n in held), reserved.pk], deadline), actor="t")
+        draining.preemption_notices(deadlines=dict.fromkeys([*(n.pk for n in held), reserved.pk], deadline), actor="t")
     assert set(Node.objects.values_list("status", flat=True)) == {"ready"}
     assert Worker.objects.filter(node__in=held, activity=Activity.ACTIVE).count() == 4

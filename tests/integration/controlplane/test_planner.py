@@ -8,7 +8,7 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity
 from controlplane.models import Decision, Transition, TransitionStep, Worker
 from controlplane.selectors.cluster import training_flags, worker_views
-from controlplane.services import expiry, jobs, nodes, planner
+from controlplane.services import draining, expiry, jobs, planner
 from controlplane.services.errors import Conflict
 from tests.support.cluster import make_job, make_node, run_transition
 
@@ -186,7 +186,7 @@ def test_a_preemption_notice_mid_transition_fails_it_at_once_and_the_replan_runs
     ).exists()
     executor.execute_transition(transition_id=tr.pk)  # workers asked for; no agent has confirmed them yet
     e1 = Node.objects.get(name="e1")
-    nodes.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
+    draining.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
     tr = executor.execute_transition(transition_id=tr.pk)  # not after MAX_ATTEMPTS step timeouts
     assert tr.status == "failed" and "node e1 is leaving" in tr.error
     assert not Worker.objects.filter(job=job, node=e1, alive=True, activity=Activity.ACTIVE).exists()
@@ -215,7 +215,7 @@ def test_a_notice_after_the_workers_started_leaves_them_out_of_the_finalize():
     assert TransitionStep.objects.filter(transition=tr, kind="start_worker", args__node=e1.pk).exists()
     executor.execute_transition(transition_id=tr.pk)
     agents_converge()  # the agents started every worker, e1's included
-    nodes.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
+    draining.preemption_notice(node_id=e1.pk, deadline=timezone.now() + timedelta(seconds=30), actor="test")
     assert run_transition(tr).status == "succeeded"
     assert not Worker.objects.filter(job=job, node=e1, alive=True, activity=Activity.ACTIVE).exists()
     assert Worker.objects.filter(job=job, alive=True, activity=Activity.ACTIVE).exclude(role="training").exists()

@@ -12,7 +12,7 @@ from controlplane.core.invariants import check_invariants
 from controlplane.core.state import Activity, NodeStatus, Pool, Role
 from controlplane.models import Event, Node, Worker, WorkerGPU
 from controlplane.selectors.cluster import desired_state, training_flags, worker_views
-from controlplane.services import expiry, heartbeat, jobs, nodes, registration, workers
+from controlplane.services import draining, expiry, heartbeat, jobs, registration, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
 from tests.support.cluster import agents_converge, make_job, make_node
@@ -133,14 +133,14 @@ def test_preemption_notice_only_for_elastic_and_removes_after_deadline():
     r = make_node("r1", pool="reserved")
     e = make_node("e1", pool="elastic")
     with pytest.raises(Conflict):
-        nodes.preemption_notice(node_id=r.pk, deadline=timezone.now() + timedelta(seconds=30), actor="t")
+        draining.preemption_notice(node_id=r.pk, deadline=timezone.now() + timedelta(seconds=30), actor="t")
     with pytest.raises(InvalidInput):
-        nodes.preemption_notice(node_id=e.pk, deadline=timezone.now() - timedelta(seconds=1), actor="t")
+        draining.preemption_notice(node_id=e.pk, deadline=timezone.now() - timedelta(seconds=1), actor="t")
     job = make_job()
     workers.start_worker(job_id=job.pk, node_id=e.pk, gpu_indexes=[0], role="colocated", activity="active")
-    nodes.preemption_notice(node_id=e.pk, deadline=timezone.now() + timedelta(seconds=30), actor="t")
+    draining.preemption_notice(node_id=e.pk, deadline=timezone.now() + timedelta(seconds=30), actor="t")
     assert Worker.objects.get(alive=True).activity == Activity.TRANSITIONING
-    assert nodes.remove_preempted(now=timezone.now() + timedelta(seconds=60)) == ["e1"]
+    assert draining.remove_preempted(now=timezone.now() + timedelta(seconds=60)) == ["e1"]
     assert not Worker.objects.filter(alive=True).exists()
 
 
