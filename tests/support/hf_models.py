@@ -19,8 +19,8 @@ CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
     "Call one as <tool_call>{json}</tool_call>.<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{%- if m.content is string %}{{ m.content }}{% endif %}"
-    "{%- for c in m.tool_calls or [] %}<tool_call>"
+    "{% if m.content is string %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>"
     '{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}</tool_call>{% endfor %}'
     "<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
