@@ -24,6 +24,7 @@ from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal
 from controlplane.core.loop import Event, RolloutLoop
+from controlplane.core.loop.state import DRIVER_RESTARTED
 from controlplane.core.state import Configuration, Mode, Role
 
 log = logging.getLogger("pearl.driver")
@@ -88,6 +89,12 @@ class RolloutDriver(EpisodeRunner):
         self._checkpoint_sent_at = float("-inf")
         self._last_progress: tuple[int, int] | None = None
         self._unreported: list[tuple[int, Any]] = []  # (step, TrajectorySummary) not yet sent
+        self._trained_reports: list[dl.TrainedReport] = []  # sent once the trajectories' own reports are
+        # a restarted driver's recovery: the finished trajectories the trainer holds (durable before the old
+        # driver counted them), each taken as finished once instead of run again; and the replacements of
+        # trajectories the old driver left unfinished (their records say `rerun`)
+        self.recovered: dict[str, dp.BufferedTrajectory] = {}
+        self.reruns: set[str] = set()
         self.trained: list[dict[str, Any]] = []  # per update: step, loss, reward, correct (for tests / logs)
         if job.environment == "agent" and job.agent:  # bring your own agent: the job's gateway and agent runner
             from agents.envs.agent import configure
@@ -106,6 +113,7 @@ class RolloutDriver(EpisodeRunner):
         if self.cluster is not None:
             self.on_cluster(self.cluster)
         if self.restored:
+            await self._recover()
             self._reassert_training_state()
         self.runner.feed(lp.Start(self.runner.now()))
         try:
@@ -120,6 +128,34 @@ class RolloutDriver(EpisodeRunner):
 
     def stop(self) -> None:
         self.done.set()
+
+    async def _recover(self) -> None:
+        """Before a restored loop resumes: ask the trainer which finished trajectories it holds for the steps
+        not trained yet, and feed each one the loop still has live as `TrajectoryRecovered` (finished, not
+        run again); the rest of them are recovered if the loop starts them again under their ids (a step the
+        checkpoint did not show started, a replacement it did not show made). Without an answer the loop
+        resumes as before: every unfinished trajectory reruns."""
+        try:
+            held = await self._trainer_call("samples", lambda trainer: trainer.buffered())
+        except RuntimeError as exc:
+            log.error("resumed without recovery (the trainer did not list its samples): %s", exc)
+            return
+        self.recovered = {b.trajectory: b for b in held.trajectories if b.step >= self.loop.trained_next}
+        live = [tid for tid in self.loop.trajs if tid in self.recovered]
+        for tid in live:
+            self._recover_one(tid)
+        log.info("resumed: %d finished trajectories recovered (%d held)", len(live), len(held.trajectories))
+
+    def _recover_one(self, tid: str) -> None:
+        b = self.recovered.pop(tid)
+        self._feed(lp.TrajectoryRecovered(self._now(), tid, b.reward, b.weight_version))
+
+    def _begin(self, ref: lp.TrajectoryRef, step: int) -> None:
+        """A trajectory the loop made: recovered if the trainer holds it finished, else its episode starts."""
+        if ref.trajectory in self.recovered:
+            self._recover_one(ref.trajectory)
+        else:
+            self._start_episode(ref, step)
 
     def _reassert_training_state(self) -> None:
         """A restored loop says again where its trainer handshake is, before anything it resumes asks for.
@@ -260,10 +296,12 @@ class RolloutDriver(EpisodeRunner):
             "step %d starts with weights v%d (%d trajectories)", cmd.step, cmd.weight_version, len(cmd.trajectories)
         )
         for ref in cmd.trajectories:
-            self._start_episode(ref, cmd.step)
+            self._begin(ref, cmd.step)
         done = self.loop.trained_next  # a step left without an update (nothing to train) sends no Train: its
-        for tid in [t for t, ep in self.episodes.items() if ep.step < done and t not in self.loop.trajs]:
-            del self.episodes[tid]  # finished episodes are let go here, not by `_train`
+        gone = [t for t, ep in self.episodes.items() if ep.step < done and t not in self.loop.trajs]
+        for tid in gone:
+            step = self.episodes.pop(tid).step  # finished episodes are let go here, not by `_train`
+            self._audit_trained(step, self.loop.version, [], [tid], self._dropped_reason(step))
 
     def return_overlap(self, cmd: lp.ReturnOverlap) -> None:
         self.waiting_return = True
@@ -292,7 +330,9 @@ class RolloutDriver(EpisodeRunner):
         if ep is not None and ep.task is not None:
             ep.task.cancel()
         if cmd.replacement is not None:
-            self._start_episode(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
+            if cmd.reason == DRIVER_RESTARTED:  # the old driver's, lost with it: run again from its prompt
+                self.reruns.add(cmd.replacement.trajectory)
+            self._begin(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
 
     # ------------------------------------------------------------------ training
     async def _train(self, cmd: lp.Train) -> None:
@@ -300,7 +340,11 @@ class RolloutDriver(EpisodeRunner):
         step is idempotent there (a restarted driver asking again gets the version it published)."""
         tids = [t for g in cmd.groups for t in g]
         req = dp.StepRequest(
-            step=cmd.step, trajectories=tids, dropped=list(cmd.dropped), training_gpus=self.job.training_gpus
+            step=cmd.step,
+            trajectories=tids,
+            dropped=list(cmd.dropped),
+            training_gpus=self.job.training_gpus,
+            version=cmd.weight_version,  # the update is of these weights: a trainer elsewhere refuses it
         )
         res = await self._trainer_call("step", lambda trainer: trainer.update_step(req))
         stats = res.step or {}
@@ -308,6 +352,9 @@ class RolloutDriver(EpisodeRunner):
             log.error("the trainer lacked the samples of %d trajectories of step %d", len(res.missing), cmd.step)
         for tid in (*tids, *cmd.dropped):
             self.episodes.pop(tid, None)
+        missing = set(res.missing)  # committed: the records of what it consumed say `trained` now, not before
+        self._audit_trained(cmd.step, res.version, [t for t in tids if t not in missing], list(cmd.dropped))
+        self._audit_trained(cmd.step, res.version, [], sorted(missing), "not trained: the trainer lacked its samples")
         loss = float(stats.get("loss", 0.0))
         self.trained.append(
             {
@@ -381,16 +428,12 @@ class RolloutDriver(EpisodeRunner):
         from agents.envs.agent import runner
 
         records = runner().records
-        for name in list(records):
+        for name in list(records):  # listed as they end; `trained` comes with the step's update (TrainedReport)
             step = step_of(name, max(0, self.loop.step))
-            if records[name].get("status") == "done":
-                trained = self._trained(name, step)
-                if trained is None:
-                    continue  # its step's batch is not complete: whether it is trained is not known yet
-                records[name]["trained"], why = trained
-                if why:
-                    records[name]["reason"] = why
-            self._unreported.append((step, summarize(name, records.pop(name))))
+            record = records.pop(name)
+            record["rerun"] = name in self.reruns
+            self.reruns.discard(name)
+            self._unreported.append((step, summarize(name, record)))
         while self._unreported:
             batch = reports(self._unreported)
             sent = 0
@@ -401,20 +444,31 @@ class RolloutDriver(EpisodeRunner):
                 self._unreported = [(s, t) for s, t in self._unreported if (s, t.name) not in done]
             if not sent:
                 break
+        while self._trained_reports and not self._unreported:  # after the records they mark
+            await self.link.send(self._trained_reports[0])
+            self._trained_reports.pop(0)
 
-    def _trained(self, name: str, step: int) -> tuple[bool | None, str] | None:
-        """Whether a done trajectory of `step` is in the step's update, and if not why; None until the step's
-        batch is complete (its groups left with too few members are dropped then); not known (None, "") once
-        the job stops before that."""
-        loop = self.loop
-        if step == loop.step and loop.rollout_active:
-            return (None, "") if self.done.is_set() else None
-        st = loop.steps.get(step)
-        if st is None or name not in st.dropped:
-            return True, ""
+    def _audit_trained(
+        self, step: int, version: int, trained: list[str], untrained: list[str], reason: str = ""
+    ) -> None:
+        """Queue what a step's committed update consumed (and left out, and why) for the trajectory records
+        (agent jobs'), in reports of at most MAX_TRAJECTORIES names, sent after the records themselves."""
+        if self.job.environment != "agent" or not self.job.agent or not (trained or untrained):
+            return
+        if untrained and not reason:
+            reason = self._dropped_reason(step)
+        n = dl.MAX_TRAJECTORIES
+        for i in range(0, max(len(trained), len(untrained)), n):
+            self._trained_reports.append(
+                dl.TrainedReport(step, version, trained[i : i + n], untrained[i : i + n], reason if untrained else "")
+            )
+
+    def _dropped_reason(self, step: int) -> str:
+        st = self.loop.steps.get(step)
         keep = min(2, self.job.group_size)
-        return False, (
-            f"not trained: its group was dropped (fewer than {keep} members left; {st.given_up} member(s) of the"
+        given_up = st.given_up if st is not None else 0
+        return (
+            f"not trained: its group was dropped (fewer than {keep} members left; {given_up} member(s) of the"
             " step gave up)"
         )
 

@@ -109,6 +109,8 @@ def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:
         workers=workers[:turns],
         latency_s=latency[:turns],
         trained=record["trained"] if isinstance(record.get("trained"), bool) else None,
+        rerun=bool(record.get("rerun")),
+        resumed=bool(record.get("resumed")),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from aiohttp import ClientSession
 
@@ -87,15 +88,28 @@ async def test_a_member_that_keeps_failing_is_given_up_and_its_step_trains_the_r
 
 
 def reported(link: Link, step: int) -> dict[str, dl.TrajectorySummary]:
-    """The trajectories of `step` the driver reported over the (in-process) link, by name."""
-    reports = [m for m in link.sent if isinstance(m, dl.TrajectoryReport) and m.step == step]
-    return {t.name: t for m in reports for t in m.trajectories}
+    """The trajectories of `step` the driver reported over the (in-process) link, by name, each with `trained`
+    and `reason` as the step's TrainedReports (sent once its update committed) set them on their records."""
+    out: dict[str, dl.TrajectorySummary] = {}
+    for m in link.sent:
+        if isinstance(m, dl.TrajectoryReport) and m.step == step:
+            out |= {t.name: t for t in m.trajectories}
+        elif isinstance(m, dl.TrainedReport) and m.step == step:
+            out |= {n: replace(out[n], trained=True) for n in m.trained if n in out}
+            out |= {n: replace(out[n], trained=False, reason=m.reason) for n in m.untrained if n in out}
+    return out
+
+
+def audited(link: Link, step: int) -> bool:
+    """The step's update committed and the driver said so (after the trajectories' own reports)."""
+    return any(isinstance(m, dl.TrainedReport) and m.step == step for m in link.sent)
 
 
 async def test_a_finished_member_of_a_dropped_group_is_reported_as_not_trained(tmp_path):
     """Groups of 2: the first agent to start fails for good (agent_max_attempts 1), so its group keeps one
     finished member, which is dropped from the update: the driver reports it done with `trained: false` and
-    why, the other group's members `trained: true`, the given-up one with no `trained`."""
+    why, the other group's members `trained: true`, the given-up one with no `trained`. Each is reported as it
+    ends with no `trained` (its update has not committed); the step's TrainedReport says it after the update."""
     (tmp_path / "agent.py").write_text(AGENT)
     os.environ["OUT"] = str(tmp_path)
     wrunner, url, _ = await serve_engine(EmulatedEngine(model="qwen3-8b", time_factor=0.1, worker_id=1))
@@ -110,7 +124,7 @@ async def test_a_finished_member_of_a_dropped_group_is_reported_as_not_trained(t
         run = await run_agent_job(
             [dl.RoutableWorker(1, Role.COLOCATED, url)],
             spec,
-            until=lambda r: len(reported(r.driver.link, 0)) == 4,
+            until=lambda r: len(reported(r.driver.link, 0)) == 4 and audited(r.driver.link, 0),
             batch=4,
             group=2,
             engine="emulated",
@@ -119,9 +133,8 @@ async def test_a_finished_member_of_a_dropped_group_is_reported_as_not_trained(t
         )
         link = run.driver.link
         assert isinstance(link, Link)
-        got = {
-            t.name: t for m in link.sent if isinstance(m, dl.TrajectoryReport) and m.step == 0 for t in m.trajectories
-        }
+        got = reported(link, 0)
+        assert all(t.trained is None for m in link.sent if isinstance(m, dl.TrajectoryReport) for t in m.trajectories)
         (gone,) = [n for n, t in got.items() if t.status == "failed"]
         index = int(gone.split("-t")[1])
         mate = f"s0-t{index ^ 1}"  # its group's other member
