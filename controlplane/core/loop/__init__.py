@@ -23,14 +23,17 @@ What happens to a command is the driver's business (the simulator's world, or re
 environments and the control plane); what happened comes back as an event.
 
 The package, by idea: `messages` (the events and commands), `state` (the loop's records and their
-checkpoint codec), `machine` (`LoopConfig`, `RolloutLoop`), `feeder` (`Feeder`: how a driver feeds it),
-`sink` (`CommandSink`, `dispatch`: how a driver carries every kind of command out, checked by the type checker).
+checkpoint codec), `base` (`LoopConfig`; `LoopBase`: the loop's records, admitting a step), `training` (the trainer
+handshake), `routing` (workers and routing), `machine` (`RolloutLoop`: the entry point, the trajectories' events),
+`feeder` (`Feeder`: how a driver feeds it), `sink` (`CommandSink`, `dispatch`: how a driver carries every kind of
+command out, checked by the type checker).
 """
 
 from __future__ import annotations
 
+from controlplane.core.loop.base import LoopConfig
 from controlplane.core.loop.feeder import Feeder
-from controlplane.core.loop.machine import LoopConfig, RolloutLoop
+from controlplane.core.loop.machine import RolloutLoop
 from controlplane.core.loop.messages import (
     Abort,
     Admission,

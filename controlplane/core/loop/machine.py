@@ -13,7 +13,7 @@ from typing import Any
 
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
-from controlplane.core.loop.base import LoopConfig as LoopConfig  # the package imports it from here
+from controlplane.core.loop.base import LoopConfig
 from controlplane.core.loop.messages import (
     Abort,
     Admission,
