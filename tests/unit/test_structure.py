@@ -237,10 +237,21 @@ ORM_LAYERS = (
     "controlplane.migrations",
     "controlplane.management",  # management commands are operator scripts (create a user, launch)
 )
-# QuerySet and Model methods no other library here spells (`filter` on a QuerySet is the only `.filter(` in the
-# project): `.get`, `.count`, `.update`, `.values` and `.exists` are left out, dicts, lists and paths have them
+# Only the Django side can query (core, sim and agents import no Django: DJANGO_FREE); there, these QuerySet,
+# manager and Model methods mean the database (`.get`, `.count`, `.update`, `.values` and `.exists` are left
+# out: dicts, lists and paths have them too)
 QUERYSET_METHODS = frozenset(
     {
+        "all",
+        "first",
+        "last",
+        "earliest",
+        "iterator",
+        "only",
+        "defer",
+        "create",
+        "save",
+        "delete",
         "select_for_update",
         "select_related",
         "prefetch_related",
@@ -263,6 +274,25 @@ QUERYSET_METHODS = frozenset(
 )
 # what an adapter may take from django.db: a type to annotate with, errors to answer with a 4xx; never a query
 DJANGO_DB_TYPES = frozenset({"QuerySet", "DataError", "IntegrityError", "OperationalError", "DatabaseError"})
+
+
+# the layers that never import Django (the node agents run without it; core and sim are pure), by prefix
+DJANGO_FREE = ("controlplane.core", "controlplane.sim", "agents", "pearl_cli")
+DJANGO_ENTRY_POINTS = {"pearl_cli.manage"}  # `pearl-manage`: the installed manage.py, Django's command line
+DJANGO_PACKAGES = frozenset({"django", "rest_framework", "channels", "drf_spectacular", "celery"})
+
+
+def django_imports(tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [f"line {node.lineno}: import {n}" for n in names if n.split(".")[0] in DJANGO_PACKAGES]
+    return found
 
 
 def orm_uses(tree: ast.Module) -> list[str]:
@@ -464,9 +494,15 @@ def trees() -> dict[str, tuple[ast.Module, int]]:
 
 
 def test_only_services_selectors_models_and_commands_query_the_database(trees):
-    found = {m: uses for m, (tree, _) in trees.items() if not _in(m, ORM_LAYERS) and (uses := orm_uses(tree))}
+    found = {
+        m: uses
+        for m, (tree, _) in trees.items()
+        if not _in(m, ORM_LAYERS)
+        and (uses := django_imports(tree) if _in(m, DJANGO_FREE) and m not in DJANGO_ENTRY_POINTS else orm_uses(tree))
+    }
     assert not found, (
-        "database queries outside services/, selectors/, models.py and management commands:\n"
+        "database queries outside services/, selectors/, models.py and management commands "
+        "(or Django imported where it may not be: core, sim, agents, the CLI):\n"
         + "\n".join(f"  {m}: {', '.join(uses)}" for m, uses in sorted(found.items()))
     )
 
@@ -549,6 +585,18 @@ def test_the_orm_checker_sees_queries_and_leaves_dicts_alone():
         }
     )
     assert not any(orm_uses(tree) for tree, _ in clean.values())
+    assert orm_uses(_trees_of({"a": "def f(s):\n    s.save()\n"})["a"][0]) == ["line 2: .save(...)"]
+
+
+def test_the_django_free_layers_import_no_django():
+    trees = _trees_of(
+        {
+            "a": "def f():\n    from django.conf import settings\n",
+            "b": "import rest_framework.fields\n",
+            "c": "import json\nfrom . import django\n",
+        }
+    )
+    assert [bool(django_imports(tree)) for tree, _ in trees.values()] == [True, True, False]
 
 
 def test_the_line_checker_counts_lines():
