@@ -21,9 +21,10 @@ and no import cycle between any two modules.
 
 The rest of the house rules (issue 33) are read from the same syntax trees: only services/, selectors/,
 models.py, the migrations and the management commands query the database (adapters parse, call one service or
-selector, answer; core, sim, agents and the CLI import no Django at all); no product module is over 600 lines; a top-level class name is defined in one product
-module (a model and the core value it stores share one only where the glossary says so); and there is one
-wire codec, core/wire.py. Each checker is also run on planted violations at the end of this file.
+selector, answer; core, sim, agents and the CLI import no Django at all); no product module is over 600 lines;
+a top-level class name is defined in one product module (a model and the core value it stores share one only
+where the glossary says so); and there is one wire codec, core/wire.py. Each checker is also run on planted
+violations at the end of this file.
 """
 
 from __future__ import annotations
