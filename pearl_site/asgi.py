@@ -15,7 +15,9 @@ from django.conf import settings  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from controlplane.api.limits import BodyLimit  # noqa: E402
-from controlplane.consumers import AgentConsumer, DashboardConsumer, DriverConsumer  # noqa: E402
+from controlplane.consumers.agent import AgentConsumer  # noqa: E402
+from controlplane.consumers.dashboard import DashboardConsumer  # noqa: E402
+from controlplane.consumers.driver import DriverConsumer  # noqa: E402
 
 dashboard_routes = AllowedHostsOriginValidator(
     AuthMiddlewareStack(URLRouter([path("ws/dashboard/", DashboardConsumer.as_asgi())]))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from controlplane import consumers
+from controlplane.consumers import dashboard
 from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.telemetry import step
 from controlplane.services import draining, jobs, telemetry
@@ -31,7 +31,7 @@ def socket(cookie: str, query: str = "") -> WebsocketCommunicator:
 
 
 async def test_large_snapshot_arrives_in_chunks(monkeypatch):
-    monkeypatch.setattr(consumers, "SNAPSHOT_CHUNK_GPUS", 5)
+    monkeypatch.setattr(dashboard, "SNAPSHOT_CHUNK_GPUS", 5)
     for i in range(4):
         await database_sync_to_async(make_node)(f"n{i}", slots=3)
     ws = socket(await database_sync_to_async(_session_cookie)())
