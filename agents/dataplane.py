@@ -269,8 +269,9 @@ class BufferedSamples:
 
 
 @dataclass(slots=True)
-class SamplesBuffered:
-    """`POST /samples` with a `step`: the step's finished trajectories the trainer holds now."""
+class SamplesKept:
+    """`POST /samples` with a `step`: how many of the step's finished trajectories the trainer keeps now
+    (`buffered`, the wire's word); not `BufferedSamples`, the trajectories themselves (`GET /samples`)."""
 
     buffered: int
     version: int

@@ -155,11 +155,11 @@ class TrainerClient:
     def _worker(self) -> WorkerClient:
         return WorkerClient(self.endpoint, self.secret, self.session)
 
-    async def submit_samples(self, req: dp.SubmitSamples) -> dp.SamplesBuffered | dp.SamplesQueued:
+    async def submit_samples(self, req: dp.SubmitSamples) -> dp.SamplesKept | dp.SamplesQueued:
         """Samples for a rollout step's update (`req.step` >= 0: buffered) or for the queue."""
         data = await self._worker().call("samples", dp.DATA_PLANE.dump(req))
-        answer = dp.SamplesBuffered if "buffered" in data else dp.SamplesQueued
-        parsed: dp.SamplesBuffered | dp.SamplesQueued = dp.DATA_PLANE.parse(data, answer)
+        answer = dp.SamplesKept if "buffered" in data else dp.SamplesQueued
+        parsed: dp.SamplesKept | dp.SamplesQueued = dp.DATA_PLANE.parse(data, answer)
         return parsed
 
     async def buffered(self) -> dp.BufferedSamples:

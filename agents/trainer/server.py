@@ -121,7 +121,7 @@ class TrainerServer:
             # idempotent by trajectory: a re-post keeps the first durable copy; a step trained already takes none
             if body.step not in self.trainer.trained_steps:
                 self.buffer.add(body.step, body.samples)
-            return _answer(dp.SamplesBuffered(self.buffer.size(body.step), self.trainer.version))
+            return _answer(dp.SamplesKept(self.buffer.size(body.step), self.trainer.version))
         self.queue.extend(body.samples)
         stats = None
         if body.train and len(self.queue) >= self.trainer.batch_size:

@@ -124,7 +124,7 @@ RAW_ANSWERS = {
     "worker_error": (ErrorReply(detail="body is not JSON: bad"), orjson.dumps),
     "worker_telemetry": (dp.TelemetryRecords([{"kind": "TURN", "time_s": 1.5}]), orjson.dumps),
     "trainer_error": (ErrorReply(detail="SubmitSamples.samples: bad"), json.dumps),
-    "trainer_samples_buffered": (dp.SamplesBuffered(3, 2), json.dumps),
+    "trainer_samples_buffered": (dp.SamplesKept(3, 2), json.dumps),
     "trainer_samples_queued": (dp.SamplesQueued(5, 2, STATS), json.dumps),
     "trainer_step": (dp.UpdateAnswer(4, STATS, already=False, missing=["s0-t3"]), json.dumps),
     "trainer_step_queued": (dp.QueuedUpdateAnswer(4, None), json.dumps),
