@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pearl_cli.client import ApiError, Client, CliError, load_settings, save_settings
+from pearl_cli.profile import cmd_profile
 from pearl_cli.spec import load_spec
 
 
@@ -439,6 +440,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--policies", type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
     p.add_argument("--no-wait", dest="wait", action="store_false")
+    p = add("profile", cmd_profile, "the planner's prior for a model directory, from its config.json (local)")
+    p.add_argument("dir", help="a save_pretrained directory (or its config.json)")
+    p.add_argument("--hardware", default="H800", help="chip type (default H800)")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per worker (default 1)")
     return ap
 
 
