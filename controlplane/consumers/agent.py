@@ -4,7 +4,6 @@ telemetry; the node's desired state is pushed to it in full on every change (lev
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -14,8 +13,7 @@ from django.conf import settings
 from controlplane.consumers.common import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, bearer_token, service
 from controlplane.core import agent_link as link
 from controlplane.core.wire import ErrorReply, WireError
-from controlplane.models import Node
-from controlplane.selectors.cluster import desired_state
+from controlplane.selectors.cluster import agent_desired_state
 from controlplane.services import agent_reports, credentials, heartbeat, latency, leases, registration
 from controlplane.services.errors import PermissionDenied, ServiceError, StaleEpoch, Superseded
 from controlplane.services.events import agent_group
@@ -119,14 +117,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 if rotated or behind:
                     await self._send_desired()
         elif isinstance(message, (link.TelemetryBatch, link.Fault)):
-            record = (
-                agent_reports.record_telemetry
-                if isinstance(message, link.TelemetryBatch)
-                else agent_reports.record_fault
+            recorded = await service(agent_reports.record_agent_report)(
+                credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name
             )
-            if not await service(_checked)(
-                self.credential_id, record, node_id=self.node_id, message=message, channel=self.channel_name
-            ):
+            if not recorded:
                 await self._revoked()
 
     async def _heartbeat(self, message: link.Heartbeat) -> int | None:
@@ -134,8 +128,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
         A report equal to this socket's last accepted one renews in Redis on this event loop, with no
         database query and no hop to the database thread (`leases.renew_in_redis`); any other, or whenever
-        Redis' record does not match, takes the database path (`heartbeat.record_heartbeat`, the token checked
-        in the same hop), which also re-joins the agent group: a Redis restart empties the records too, so
+        Redis' record does not match, takes the database path (`heartbeat.record_agent_heartbeat`, the token
+        checked in the same hop), which also re-joins the agent group: a Redis restart empties the records too, so
         the first heartbeat after one always comes here."""
         assert self.node_id is not None
         digest = leases.report_digest(message)
@@ -146,7 +140,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             if generation is not None:
                 return generation
         self.accepted_digest = ""
-        result = await service(_heartbeat)(
+        result = await service(heartbeat.record_agent_heartbeat)(
             credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name
         )
         if result is None:
@@ -199,7 +193,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _send_desired(self) -> None:
         self.sent_bucket = self._resend_bucket()
-        state = await database_sync_to_async(_desired)(self.node_id, self.channel_name)
+        state = (  # not registered on this socket yet: nothing to send
+            None
+            if self.node_id is None
+            else await database_sync_to_async(agent_desired_state)(self.node_id, self.channel_name)
+        )
         if state is not None:
             self.sent_generation = state.generation
             await self.send_json(link.AGENT_LINK.dump(state))
@@ -223,28 +221,3 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def _revoked(self) -> None:
         await self._error("revoked", "this agent token was revoked")
         await self.close(code=CLOSE_UNAUTHENTICATED)
-
-
-def _heartbeat(
-    *, credential_id: int | None, node_id: int, message: link.Heartbeat, channel: str
-) -> heartbeat.HeartbeatResult | None:
-    """The token check and the heartbeat, in one call on the database thread; None: the token was revoked."""
-    if credential_id is None or not credentials.credential_is_valid(credential_id):
-        return None
-    return heartbeat.record_heartbeat(node_id=node_id, message=message, channel=channel)
-
-
-def _checked(credential_id: int | None, fn: Callable[..., Any], **kwargs: Any) -> bool:
-    """The token check and a use case, in one call on the database thread; False: the token was revoked."""
-    if credential_id is None or not credentials.credential_is_valid(credential_id):
-        return False
-    fn(**kwargs)
-    return True
-
-
-def _desired(node_id: int | None, channel: str) -> link.DesiredState | None:
-    """The node's desired state, for the socket holding its lease only."""
-    if node_id is None:  # not registered on this socket yet
-        return None
-    node = Node.objects.filter(pk=node_id, agent_channel=channel).first()
-    return desired_state(node) if node else None

@@ -12,7 +12,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane.consumers.common import CLOSE_PROTOCOL, CLOSE_UNAUTHENTICATED
 from controlplane.selectors.cluster import cluster_snapshot
-from controlplane.selectors.jobs import job_series, job_status, jobs_overview, recent_events
+from controlplane.selectors.jobs import job_name, job_series, job_status, jobs_overview, recent_events
+from controlplane.selectors.simulations import simulation_runs
 from controlplane.services.events import DASHBOARD_GROUP
 
 
@@ -40,7 +41,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.view = (params.get("view") or ["cluster"])[0]
         if self.view == "job":
             raw = (params.get("job") or [""])[0]
-            self.job_name = await database_sync_to_async(_job_name)(raw)
+            if raw.isascii() and raw.isdigit() and len(raw) <= 18:
+                self.job_name = await database_sync_to_async(job_name)(int(raw))
             if not self.job_name:
                 await self.close(code=CLOSE_PROTOCOL)
                 return
@@ -145,26 +147,11 @@ def _chunks(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
-def _job_name(raw: str) -> str:
-    from controlplane.models import Job
-
-    if not raw.isdigit() or len(raw) > 18:
-        return ""
-    return Job.objects.filter(pk=int(raw)).values_list("name", flat=True).first() or ""
-
-
 def _snapshot(view: str, job_id: int | None) -> dict[str, Any]:
     if view == "job" and job_id is not None:
         return {"type": "snapshot", "view": "job", "status": job_status(job_id), "series": job_series(job_id)}
     if view == "sim":
-        from controlplane.models import SimulationRun
-        from controlplane.services.simulations import run_dict
-
-        return {
-            "type": "snapshot",
-            "view": "sim",
-            "runs": [run_dict(r, full=False) for r in SimulationRun.objects.select_related("created_by")[:50]],
-        }
+        return {"type": "snapshot", "view": "sim", "runs": simulation_runs()}
     return {
         "type": "snapshot",
         "view": "cluster",

@@ -13,7 +13,8 @@ from controlplane.consumers.common import CLOSE_UNAUTHENTICATED, bearer_token, s
 from controlplane.core import agent_link as link
 from controlplane.core import driver_link as dl
 from controlplane.core.wire import ErrorReply, WireError
-from controlplane.services import credentials, jobs, progress, telemetry
+from controlplane.selectors.driver import job_cluster_view, job_welcome
+from controlplane.services import credentials, jobs, progress
 from controlplane.services.errors import Conflict, ServiceError
 from controlplane.services.events import driver_group
 from controlplane.services.trajectories import mark_trained, record_trajectories
@@ -76,7 +77,7 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
                 driver_group(self.job_id), {"type": "driver.superseded", "by": self.channel_name}
             )
             await self.channel_layer.group_add(driver_group(self.job_id), self.channel_name)
-            welcome = await database_sync_to_async(_driver_welcome)(self.job_id)
+            welcome = await database_sync_to_async(job_welcome)(self.job_id)
             self.ready = True
             self.last_view = dl.DRIVER_LINK.dump(welcome.cluster)
             await self.send_json(dl.DRIVER_LINK.dump(welcome))
@@ -92,7 +93,7 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
                 job_id=self.job_id, signal=message.signal, remaining=message.remaining, actor=actor
             )
         elif isinstance(message, dl.TelemetryReport):
-            await service(_ingest)(self.job_id, message)
+            await service(progress.report_telemetry)(job_id=self.job_id, message=message)
         elif isinstance(message, dl.CheckpointReport):
             await service(progress.save_loop_checkpoint)(job_id=self.job_id, state=message.state)
         elif isinstance(message, dl.TrajectoryReport):  # agent trajectories, for the job page (issue 19)
@@ -110,7 +111,7 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
     async def driver_changed(self, event: dict[str, Any]) -> None:
         if not self.ready or self.job_id is None:
             return
-        view = dl.DRIVER_LINK.dump(await database_sync_to_async(_driver_view)(self.job_id))
+        view = dl.DRIVER_LINK.dump(await database_sync_to_async(job_cluster_view)(self.job_id))
         if view != self.last_view:
             self.last_view = view
             await self.send_json(view)
@@ -124,24 +125,3 @@ class DriverConsumer(AsyncJsonWebsocketConsumer):
 
     async def _error(self, code: str, detail: str, field: str = "") -> None:
         await self.send_json(dl.DRIVER_LINK.dump(ErrorReply(error=code[:64], detail=detail[:4096], field=field[:256])))
-
-
-def _driver_welcome(job_id: int) -> dl.Welcome:
-    from controlplane.models import Job
-    from controlplane.selectors.driver import welcome
-
-    return welcome(Job.objects.get(pk=job_id))
-
-
-def _driver_view(job_id: int) -> dl.ClusterView:
-    from controlplane.models import Job
-    from controlplane.selectors.driver import cluster_view
-
-    return cluster_view(Job.objects.get(pk=job_id))
-
-
-def _ingest(job_id: int, message: dl.TelemetryReport) -> int:
-    from controlplane.models import Job
-    from controlplane.services.principals import job_principal
-
-    return telemetry.ingest(principal=job_principal(Job.objects.get(pk=job_id)), message=message)

@@ -134,6 +134,12 @@ def node_summary(node_id: int) -> dict[str, Any] | None:
     return nodes[0] if nodes else None
 
 
+def agent_desired_state(node_id: int, channel: str) -> DesiredState | None:
+    """The node's desired state, for the agent socket holding its lease only (None for any other socket)."""
+    node = Node.objects.filter(pk=node_id, agent_channel=channel).first()
+    return desired_state(node) if node else None
+
+
 def desired_state(node: Node) -> DesiredState:
     """The node's full desired state: every alive worker bound to its GPUs. Rollout workers get the
     job's weights URL (its trainer, as recorded here) and a scoped, rotating token for it; the job's

@@ -82,6 +82,16 @@ def job_view(job: Job) -> dl.JobView:
     )
 
 
+def job_welcome(job_id: int) -> dl.Welcome:
+    """The driver link's `welcome` for the job (the driver socket holds only its job's id)."""
+    return welcome(Job.objects.get(pk=job_id))
+
+
+def job_cluster_view(job_id: int) -> dl.ClusterView:
+    """The job's cluster view, pushed to its driver after each change."""
+    return cluster_view(Job.objects.get(pk=job_id))
+
+
 def welcome(job: Job) -> dl.Welcome:
     return dl.Welcome(
         job=job_view(job),

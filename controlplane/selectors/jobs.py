@@ -24,6 +24,11 @@ def job_exists(job_id: int) -> bool:
     return Job.objects.filter(pk=job_id).exists()
 
 
+def job_name(job_id: int) -> str:
+    """The job's name, or "" when there is no such job (the job page's socket subscribes by it)."""
+    return Job.objects.filter(pk=job_id).values_list("name", flat=True).first() or ""
+
+
 def live_job_ids() -> list[int]:
     """Jobs pending or running: what the periodic re-plan plans."""
     return list(Job.objects.filter(status__in=LIVE).values_list("id", flat=True))

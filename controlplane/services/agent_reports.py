@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.core.agent_link import Fault, TelemetryBatch
-from controlplane.services import leases, telemetry
+from controlplane.services import credentials, leases, telemetry
 from controlplane.services.events import emit
 from controlplane.services.principals import node_principal
 
@@ -39,3 +39,17 @@ def record_telemetry(*, node_id: int, message: TelemetryBatch, channel: str = ""
     with transaction.atomic():
         node = leases.fence(node_id, channel, message.epoch)
         return telemetry.ingest(principal=node_principal(node), message=message)
+
+
+def record_agent_report(
+    *, credential_id: int | None, node_id: int, message: TelemetryBatch | Fault, channel: str
+) -> bool:
+    """An agent socket's telemetry or fault: its token re-checked and the report recorded, in one call (one
+    trip to the database thread); False: the token was revoked."""
+    if credential_id is None or not credentials.credential_is_valid(credential_id):
+        return False
+    if isinstance(message, TelemetryBatch):
+        record_telemetry(node_id=node_id, message=message, channel=channel)
+    else:
+        record_fault(node_id=node_id, message=message, channel=channel)
+    return True

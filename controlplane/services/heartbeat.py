@@ -15,7 +15,7 @@ from django.utils import timezone
 from controlplane.core.agent_link import Heartbeat
 from controlplane.core.state import NodeStatus, Role
 from controlplane.models import Job, Node, Worker, WorkerGPU
-from controlplane.services import leases
+from controlplane.services import credentials, leases
 from controlplane.services.dispatch import kick_executor_on_commit
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.locks import lock_nodes, locked
@@ -260,3 +260,13 @@ def _is_loopback(address: str) -> bool:
 
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+def record_agent_heartbeat(
+    *, credential_id: int | None, node_id: int, message: Heartbeat, channel: str
+) -> HeartbeatResult | None:
+    """An agent socket's heartbeat: its token re-checked and the heartbeat recorded, in one call (one trip to
+    the database thread); None: the token was revoked."""
+    if credential_id is None or not credentials.credential_is_valid(credential_id):
+        return None
+    return record_heartbeat(node_id=node_id, message=message, channel=channel)

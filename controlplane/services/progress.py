@@ -13,13 +13,16 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.context import Signal
+from controlplane.core.driver_link import TelemetryReport
 from controlplane.core.loop import LoopConfig, RolloutLoop
 from controlplane.models import Job
+from controlplane.services import telemetry
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import push_delta_on_commit
 from controlplane.services.jobs import job_delta, set_training_active
 from controlplane.services.locks import lock_job
 from controlplane.services.plan_queue import enqueue_plan
+from controlplane.services.principals import job_principal
 
 MAX_CHECKPOINT_BYTES = 8 << 20
 
@@ -96,3 +99,8 @@ def restore_loop(*, job_id: int) -> RolloutLoop:
     if job.loop_state:
         return RolloutLoop.restore(loop_config(job), job.loop_state)
     return RolloutLoop(loop_config(job))
+
+
+def report_telemetry(*, job_id: int, message: TelemetryReport) -> int:
+    """The driver's telemetry records, checked against what its job owns (`telemetry.ingest`)."""
+    return telemetry.ingest(principal=job_principal(Job.objects.get(pk=job_id)), message=message)
