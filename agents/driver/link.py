@@ -48,17 +48,15 @@ class ControlLink:
 
     @staticmethod
     def encode(msg: Any) -> str:
-        """A report as its JSON frame. Telemetry records and the checkpoint are JSON-ready already (the
-        records' `to_json`, the loop's `checkpoint`): they are encoded as they are, without `dl.dump`'s
-        walk over every record and every trajectory of the state."""
-        if isinstance(msg, dl.TelemetryReport):
-            return json.dumps({"type": msg.type, "records": msg.records}, default=str)
+        """A report as its JSON frame, through the link's codec (which sends telemetry records and the
+        checkpoint as they are: their fields are typed as JSON already)."""
+        frame = dl.DRIVER_LINK.dump(msg)
         if isinstance(msg, dl.CheckpointReport):  # the whole state (hundreds of KiB at B·G = 1,024), every 2 s
             try:
-                return orjson.dumps({"type": msg.type, "state": msg.state}).decode()
+                return orjson.dumps(frame).decode()
             except TypeError:  # what orjson does not take (a key that is not a string): as json does
-                return json.dumps({"type": msg.type, "state": msg.state}, default=str)
-        return json.dumps(dl.DRIVER_LINK.dump(msg), default=str)
+                pass
+        return json.dumps(frame, default=str)
 
     async def run_forever(self) -> None:
         """Connect, say hello, receive until the socket closes; again, with backoff, until stopped. Any

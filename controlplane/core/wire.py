@@ -121,16 +121,39 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+def _is_json_typed(hint: Any) -> bool:
+    """`Any`, `dict[str, Any]`, a list of those (or None besides): a field whose value is JSON already."""
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return len(rest) == 1 and _is_json_typed(rest[0])
+    if origin is dict:
+        return args[1:] == (Any,)
+    if origin is list:
+        return len(args) == 1 and args[0] is not Any and _is_json_typed(args[0])
+    return False
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(name, JSON already) of a class's fields: a record, a checkpoint, a job's agent spec are sent as they
+    are, not walked item by item (a driver's checkpoint is hundreds of KiB every 2 s)."""
+    hints = _hints(cls)
+    return tuple((f.name, _is_json_typed(hints[f.name])) for f in fields(cls))
 
 
 def to_json(obj: Any) -> Any:
     """A message dataclass as JSON-ready dicts and lists: `dataclasses.asdict` without copying lists of
-    scalars item by item (token ids, logprobs; the result is encoded at once, never mutated). A class's
-    field names are looked up once (a rollout driver dumps a request per turn, thousands a second)."""
+    scalars item by item (token ids, logprobs; the result is encoded at once, never mutated), nor walking
+    fields typed as JSON already. A class's fields are looked up once (a rollout driver dumps a request per
+    turn, thousands a second)."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return {name: to_json(getattr(obj, name)) for name in _field_names(type(obj))}
+        return {
+            name: getattr(obj, name) if as_is else to_json(getattr(obj, name))
+            for name, as_is in _field_names(type(obj))
+        }
     if isinstance(obj, (list, tuple)):
         # message lists are homogeneous (list[X]): the first item tells whether there is anything to convert
         if obj and (is_dataclass(obj[0]) or isinstance(obj[0], (list, tuple, dict))):
@@ -143,24 +166,26 @@ def to_json(obj: Any) -> Any:
 
 def _numbers(kind: type, value: list[Any], lo: Any, hi: Any, int_min: int | None) -> list[Any] | None:
     """A list of numbers checked in whole-list passes (the same rules as `_coerce` item by item), or
-    None if some item breaks them."""
+    None if some item breaks them. The passes run in C (`map`): a turn's token ids and log-probs are
+    thousands of items, on every request and every answer."""
     if not value:
         return []
+    kinds = set(map(type, value))
     if kind is int:
-        if not all(type(v) is int for v in value):
+        if kinds != {int}:
             return None
         low = lo if lo is not None else int_min
         high = hi if hi is not None else DEFAULT_MAX_INT
     else:
         try:
-            if not all(type(v) is float or type(v) is int for v in value) or not all(map(math.isfinite, value)):
+            if not kinds <= {float, int} or not all(map(math.isfinite, value)):
                 return None
         except OverflowError:  # an integer beyond any float
             return None
         low, high = lo, hi
     if (low is not None and min(value) < low) or (high is not None and max(value) > high):
         return None
-    return list(value) if kind is int else [float(v) for v in value]
+    return list(value) if kind is int or kinds == {float} else list(map(float, value))
 
 
 def _coerce(
