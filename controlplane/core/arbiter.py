@@ -1,0 +1,440 @@
+"""The cluster arbiter (issue 35): several RL jobs share one cluster's rollout units.
+
+On every capacity change, job arrival, job end and training phase change the arbiter divides the dedicated
+rollout units (reserved + preemptible) among the running jobs, and lends the training units a job leaves idle
+between its updates to the other jobs' rollout. Each job's own PEARL decision (mode, P:D ratio, its own
+borrowing) then runs inside its allotment, unchanged.
+
+Pearl's division (`arbitrate`), in order:
+1. what the jobs held is kept (a unit that moves costs a weight reload and lost KV caches), capped by each
+   job's maximum; when the pool shrank, the units whose loss costs least go first;
+2. guarantees (`min_units`) by priority: free units first, then units of lower-priority jobs (never below
+   their own guarantee);
+3. free units one at a time to the job whose weighted predicted step time the next unit shortens most:
+   benefit = weight · ln(T(n) / T(n+1)) (proportional fairness: equal weights and equal curves give equal
+   shares; a job's first unit is worth infinitely much, so no running job starves), a job below its weighted
+   fair share of the pool served first;
+4. moves between jobs only where the receiver's benefit beats the donor's loss by the hysteresis margin plus
+   the move's cost (the receiver's weight reload, the donor's lost KV caches, each as a fraction of a step,
+   paid back over `payback_steps` steps); a job below its fair share needs only to pay for the move. So
+   allotments do not flap: no move is worth undoing;
+5. cross-job borrowing: a job's idle training units are lent to another job's rollout only when the lend pays
+   for its reload within the window before the owner's Training Begin (the deadline accounting of intra-job
+   borrowing, `core.borrowing.return_deadline`); they are returned at that Training Begin.
+
+The baselines the simulator compares it with are here too, pure like it: `split_static` (a fixed equal
+split), `split_fcfs` (first come takes free units and keeps them: the behaviour before the arbiter) and
+`split_rlix` (units in proportion to outstanding demand, RLix's gap ratio, no cross-job borrowing).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from controlplane.core.borrowing import return_deadline
+
+
+class Sharing(StrEnum):
+    """How several jobs share the cluster (the simulator's multi-job policies)."""
+
+    STATIC = "static"  # each job a fixed equal-weight split of the pool
+    FCFS = "fcfs"  # first come takes free units and keeps them (before the arbiter)
+    RLIX = "rlix"  # rollout units split by outstanding demand, no cross-job borrowing
+    PEARL = "pearl"  # the arbiter (`arbitrate`) + each job's PEARL inside its allotment
+
+
+SHARING_NAMES: tuple[str, ...] = tuple(s.value for s in Sharing)
+
+StepCurve = Callable[[int], float]  # predicted step time (s) of a job with n rollout units; inf at n = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobDemand:
+    """What the arbiter knows of one running job."""
+
+    name: str
+    max_units: int  # rollout_gpus / tp: never more
+    step_time: StepCurve  # from the job's own predictor
+    priority: int = 0  # higher is served first
+    weight: float = 1.0  # the fair share among equal priorities
+    min_units: int = 0  # guaranteed while it runs
+    arrival_s: float = 0.0  # order of arrival (fcfs; ties)
+    training: bool = False  # its trainer is computing: its training units are busy
+    lendable_units: int = 0  # its training units idle now and not borrowed by itself
+    training_begin_s: float = math.inf  # predicted time of its next Training Begin (lent units are due then)
+    reload_s: float = 0.0  # a unit joining it loads its model's weights this long
+    kv_loss_s: float = 0.0  # a unit leaving it costs this much of its step (KV caches lost, re-prefill)
+    deactivation_s: float = 0.0  # a lent unit takes this long to stop serving the borrower
+    outstanding: int = 0  # unfinished trajectories × tp (RLix's demand)
+
+    def __post_init__(self) -> None:
+        if self.max_units < 0 or self.min_units < 0:
+            raise ValueError(f"job {self.name}: unit counts must be >= 0")
+        if not self.weight > 0:
+            raise ValueError(f"job {self.name}: weight must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Lend:
+    """Training units of `owner` serving `borrower`'s rollout until the owner's Training Begin."""
+
+    owner: str
+    borrower: str
+    units: int
+    due_s: float  # the owner's predicted Training Begin: back by then
+
+
+@dataclass(frozen=True, slots=True)
+class ArbiterConfig:
+    # a move between jobs must gain this much weighted ln(step time) beyond its cost (hysteresis)
+    hysteresis: float = 0.03
+    # a move's one-time cost (reload, lost KV) is paid back over this many of the receiver's steps
+    payback_steps: float = 4.0
+    return_margin_s: float = 5.0  # lent units are due this long before the owner's Training Begin
+    min_benefit: float = 1e-3  # a unit that shortens a step by less than 0.1% is not worth giving
+    lending: bool = True  # cross-job borrowing of idle training units
+
+
+@dataclass(frozen=True, slots=True)
+class Allotment:
+    """The division: dedicated units per job, lends of training units, and why it changed."""
+
+    units: Mapping[str, int]
+    lends: tuple[Lend, ...] = ()
+    explanation: tuple[str, ...] = ()
+    predicted_gain: float = 0.0  # weighted ln(step time) the changes are predicted to save
+
+    def borrowed(self, job: str) -> int:
+        return sum(lend.units for lend in self.lends if lend.borrower == job)
+
+    def lent(self, job: str) -> int:
+        return sum(lend.units for lend in self.lends if lend.owner == job)
+
+    def total(self, job: str) -> int:
+        """The rollout units `job` serves on: its dedicated units plus those lent to it."""
+        return self.units.get(job, 0) + self.borrowed(job)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.explanation)
+
+
+@dataclass(slots=True)
+class _Curve:
+    """A job's step-time curve, evaluated lazily and memoised (the arbiter asks only near its allotment)."""
+
+    job: JobDemand
+    memo: dict[int, float] = field(default_factory=dict)
+
+    def at(self, n: int) -> float:
+        if n <= 0:
+            return math.inf
+        v = self.memo.get(n)
+        if v is None:
+            v = float(self.job.step_time(n))
+            self.memo[n] = v
+        return v
+
+    def benefit(self, n: int) -> float:
+        """Weighted ln(T(n)/T(n+1)): what the (n+1)-th unit is worth (inf for the first)."""
+        a, b = self.at(n), self.at(n + 1)
+        if not math.isfinite(b):
+            return 0.0
+        if not math.isfinite(a):
+            return math.inf
+        return self.job.weight * math.log(a / b) if b > 0 else 0.0
+
+
+def fair_shares(total: int, jobs: Sequence[JobDemand]) -> dict[str, int]:
+    """Weighted water-filling of `total` units, each job capped at its maximum (integer, stable order)."""
+    share = {j.name: 0 for j in jobs}
+    open_ = [j for j in jobs if j.max_units > 0]
+    left = total
+    while left > 0 and open_:
+        wsum = sum(j.weight for j in open_)
+        give = {j.name: min(j.max_units - share[j.name], int(left * j.weight / wsum)) for j in open_}
+        if not any(give.values()):
+            # fewer units than jobs: one each, by priority, weight, then arrival
+            for j in sorted(open_, key=lambda j: (-j.priority, -j.weight, j.arrival_s, j.name)):
+                if left == 0:
+                    break
+                share[j.name] += 1
+                left -= 1
+        else:
+            for j in open_:
+                share[j.name] += give[j.name]
+                left -= give[j.name]
+        open_ = [j for j in open_ if share[j.name] < j.max_units]
+    return share
+
+
+def _order(j: JobDemand) -> tuple[int, float, str]:
+    return (-j.priority, j.arrival_s, j.name)
+
+
+def arbitrate(
+    capacity: int,
+    jobs: Sequence[JobDemand],
+    previous: Allotment | None = None,
+    *,
+    reason: str = "",
+    now_s: float = 0.0,
+    config: ArbiterConfig = ArbiterConfig(),
+) -> Allotment:
+    """Divide `capacity` dedicated rollout units among the running `jobs` (and lend idle training units)."""
+    prev = previous.units if previous is not None else {}
+    curves = {j.name: _Curve(j) for j in jobs}
+    by = {j.name: j for j in jobs}
+    deserved = fair_shares(capacity, jobs)
+    alloc = {j.name: min(prev.get(j.name, 0), j.max_units) for j in jobs}
+    notes: list[str] = []
+
+    def loss(name: str) -> float:
+        return curves[name].benefit(alloc[name] - 1)
+
+    # 1. the pool shrank: the cheapest losses go first (above guarantees first, lowest priority first)
+    excess = sum(alloc.values()) - capacity
+    while excess > 0:
+        cands = [n for n in alloc if alloc[n] > 0]
+        victim = min(
+            cands,
+            key=lambda n: (alloc[n] <= by[n].min_units, by[n].priority, alloc[n] <= deserved[n], loss(n)),
+        )
+        alloc[victim] -= 1
+        excess -= 1
+    free = capacity - sum(alloc.values())
+    # 2. guarantees by priority: free units first, then lower-priority jobs above their own guarantee
+    for j in sorted(jobs, key=_order):
+        need = min(j.min_units, j.max_units) - alloc[j.name]
+        while need > 0:
+            if free > 0:
+                free -= 1
+            else:
+                donors = [
+                    n for n in alloc if n != j.name and alloc[n] > by[n].min_units and by[n].priority < j.priority
+                ]
+                donors = donors or [n for n in alloc if n != j.name and alloc[n] > by[n].min_units]
+                if not donors:
+                    notes.append(f"{j.name}'s guarantee of {j.min_units} units cannot be met ({alloc[j.name]})")
+                    break
+                d = min(donors, key=lambda n: (by[n].priority, loss(n)))
+                alloc[d] -= 1
+            alloc[j.name] += 1
+            need -= 1
+
+    # 3. free units by weighted marginal benefit, jobs below their fair share first
+    def receive_key(name: str) -> tuple[int, float, int, float]:
+        b = curves[name].benefit(alloc[name])
+        below = alloc[name] < deserved[name] and b > config.min_benefit
+        return (int(below), b, by[name].priority, -by[name].arrival_s)
+
+    heap = [(_neg(receive_key(n)), n) for n in alloc if alloc[n] < by[n].max_units]
+    heapq.heapify(heap)
+    while free > 0 and heap:
+        key, n = heapq.heappop(heap)
+        if _neg(key) != receive_key(n) or alloc[n] >= by[n].max_units:
+            if alloc[n] < by[n].max_units:
+                heapq.heappush(heap, (_neg(receive_key(n)), n))
+            continue
+        if key[1] > -config.min_benefit:  # the best remaining unit is worth nothing
+            break
+        alloc[n] += 1
+        free -= 1
+        if alloc[n] < by[n].max_units:
+            heapq.heappush(heap, (_neg(receive_key(n)), n))
+    # 4. moves between jobs, gated by cost and hysteresis (each move strictly improves: it terminates)
+    gain_total = 0.0
+    for _ in range(capacity + 1):
+        recv = [n for n in alloc if alloc[n] < by[n].max_units]
+        if not recv:
+            break
+        r = max(recv, key=receive_key)
+        rk = receive_key(r)
+        donors = [n for n in alloc if n != r and alloc[n] > by[n].min_units]
+        if not donors:
+            break
+
+        def donate_key(n: str) -> tuple[int, float]:
+            return (int(alloc[n] <= deserved[n]), loss(n))
+
+        d = min(donors, key=donate_key)
+        dk = donate_key(d)
+        if rk[0] < dk[0]:
+            break
+        cr, cd = curves[r], curves[d]
+        cost = (
+            by[r].weight * by[r].reload_s / max(cr.at(alloc[r] + 1), 1e-9)
+            + by[d].weight * by[d].kv_loss_s / max(cd.at(alloc[d] - 1), 1e-9)
+        ) / config.payback_steps
+        net = rk[1] - dk[1] - cost if rk[0] == dk[0] else rk[1] - cost
+        if not net > config.hysteresis:
+            break
+        alloc[r] += 1
+        alloc[d] -= 1
+        gain_total += net
+    lends = _lend(jobs, alloc, curves, previous, now_s, config) if config.lending else ()
+    out = Allotment(dict(alloc), lends, (), gain_total)
+    return Allotment(out.units, lends, tuple(notes) + explain(reason, previous, out, jobs), gain_total)
+
+
+def _neg(k: tuple[int, float, int, float]) -> tuple[int, float, int, float]:
+    return (-k[0], -k[1], -k[2], -k[3])
+
+
+def _lend(
+    jobs: Sequence[JobDemand],
+    alloc: Mapping[str, int],
+    curves: Mapping[str, _Curve],
+    previous: Allotment | None,
+    now_s: float,
+    config: ArbiterConfig,
+) -> tuple[Lend, ...]:
+    """Idle training units to other jobs' rollout: a lend must pay for the borrower's reload within the
+    window before the owner's Training Begin (less the deactivation and the margin), as Eq. 7 gates a borrow."""
+    by = {j.name: j for j in jobs}
+    extra = {j.name: 0 for j in jobs}
+    lends: dict[tuple[str, str], int] = {}
+    kept = {(lend.owner, lend.borrower): lend.units for lend in (previous.lends if previous else ())}
+    owners = sorted((j for j in jobs if not j.training and j.lendable_units > 0), key=lambda j: -j.training_begin_s)
+
+    def admits(owner: JobDemand, b: JobDemand, sticky: bool) -> float:
+        n = alloc[b.name] + extra[b.name]
+        if n >= b.max_units:
+            return -math.inf
+        dl = return_deadline(
+            training_begin_s=owner.training_begin_s,
+            deactivation_s=owner.deactivation_s,
+            now_s=now_s,
+            margin_s=config.return_margin_s,
+        )
+        window = dl.start_by_s - now_s - (0.0 if sticky else b.reload_s)
+        c = curves[b.name]
+        t_now, t_more = c.at(n), c.at(n + 1)
+        if window <= 0 or not math.isfinite(t_more):
+            return -math.inf
+        saved = (t_now - t_more) * min(1.0, window / t_now) if math.isfinite(t_now) else window
+        toggle = (0.0 if sticky else b.reload_s) + owner.deactivation_s  # T_toggle of Eq. 7
+        return b.weight * (saved - toggle) if saved > toggle else -math.inf
+
+    for owner in owners:
+        left = owner.lendable_units
+        # keep what was lent before first (a returned and re-lent unit reloads its weights)
+        for (o, bname), k in sorted(kept.items()):
+            if o != owner.name or bname not in by or bname == owner.name:
+                continue
+            while k > 0 and left > 0 and admits(owner, by[bname], True) > 0:
+                lends[(o, bname)] = lends.get((o, bname), 0) + 1
+                extra[bname] += 1
+                left -= 1
+                k -= 1
+        while left > 0:
+            scored = [(admits(owner, b, False), b.name) for b in jobs if b.name != owner.name]
+            scored = [s for s in scored if s[0] > 0]
+            if not scored:
+                break
+            _, bname = max(scored)
+            lends[(owner.name, bname)] = lends.get((owner.name, bname), 0) + 1
+            extra[bname] += 1
+            left -= 1
+    return tuple(Lend(o, b, k, by[o].training_begin_s) for (o, b), k in sorted(lends.items()))
+
+
+def explain(reason: str, previous: Allotment | None, new: Allotment, jobs: Sequence[JobDemand]) -> tuple[str, ...]:
+    """'job B arrived: A 6→4, B 0→2' (units each job serves on; '+k lent' where some are another job's
+    training units). Empty when nothing changed."""
+    names = [j.name for j in sorted(jobs, key=lambda j: (j.arrival_s, j.name))]
+    gone = sorted(set(previous.units) - set(names)) if previous is not None else []
+    parts: list[str] = []
+    for n in gone + names:
+        a = previous.total(n) if previous is not None else 0
+        b = new.total(n)
+        la = previous.borrowed(n) if previous is not None else 0
+        lb = new.borrowed(n)
+        if a != b or la != lb:
+            parts.append(f"{n} {a}→{b}" + (f" (+{lb} lent)" if lb else ""))
+    if not parts:
+        return ()
+    return (f"{reason}: {', '.join(parts)}" if reason else ", ".join(parts),)
+
+
+# ---------------------------------------------------------------- the baselines (simulator only)
+def split_static(capacity: int, all_jobs: Sequence[str], running: Sequence[JobDemand]) -> dict[str, int]:
+    """A fixed equal split of the pool over every job of the cluster, present or not (a job's share sits idle
+    while it is absent), each capped at its maximum."""
+    n = len(all_jobs)
+    out: dict[str, int] = {}
+    for j in running:
+        i = list(all_jobs).index(j.name)
+        share = capacity // n + (1 if i < capacity % n else 0)
+        out[j.name] = min(share, j.max_units)
+    return out
+
+
+def split_fcfs(capacity: int, running: Sequence[JobDemand], previous: Mapping[str, int]) -> dict[str, int]:
+    """First come, first served: each job keeps what it holds; free units go to the earliest arrival that
+    wants more (up to its maximum); a shrinking pool takes from the latest arrivals first."""
+    order = sorted(running, key=lambda j: (j.arrival_s, j.name))
+    alloc = {j.name: min(previous.get(j.name, 0), j.max_units) for j in order}
+    excess = sum(alloc.values()) - capacity
+    for j in reversed(order):
+        if excess <= 0:
+            break
+        take = min(excess, alloc[j.name])
+        alloc[j.name] -= take
+        excess -= take
+    free = capacity - sum(alloc.values())
+    for j in order:
+        give = min(free, j.max_units - alloc[j.name])
+        alloc[j.name] += give
+        free -= give
+    return alloc
+
+
+def split_rlix(
+    capacity: int, running: Sequence[JobDemand], previous: Mapping[str, int] | None = None, rebalance: float = 0.10
+) -> dict[str, int]:
+    """RLix's gap ratio: units in proportion to outstanding demand (unfinished trajectories × tp), every job
+    with demand keeps at least one unit, each capped at its maximum; no cross-job borrowing. Like RLix's
+    poll, the previous split stays while every job's demand share and unit share differ by <= `rebalance`."""
+    wanting = [j for j in running if j.max_units > 0]
+    alloc = {j.name: 0 for j in running}
+    if not wanting or capacity <= 0:
+        return alloc
+    demand = sum(max(1, j.outstanding) for j in wanting)
+    if previous is not None and set(previous) >= set(alloc) and sum(previous.get(n, 0) for n in alloc) == capacity:
+        gap = max(abs(max(1, j.outstanding) / demand - previous.get(j.name, 0) / capacity) for j in wanting)
+        if gap <= rebalance and all(previous.get(j.name, 0) <= j.max_units for j in wanting):
+            return {n: previous.get(n, 0) for n in alloc}
+    for j in sorted(wanting, key=lambda j: (-j.outstanding, j.arrival_s))[:capacity]:
+        alloc[j.name] = 1
+    left = capacity - sum(alloc.values())
+    while left > 0:
+        open_ = [j for j in wanting if alloc[j.name] < j.max_units]
+        if not open_:
+            break
+        # the largest gap: demand share minus unit share
+        g = max(open_, key=lambda j: (max(1, j.outstanding) / demand - alloc[j.name] / capacity, -j.arrival_s))
+        alloc[g.name] += 1
+        left -= 1
+    return alloc
+
+
+__all__ = [
+    "SHARING_NAMES",
+    "Allotment",
+    "ArbiterConfig",
+    "JobDemand",
+    "Lend",
+    "Sharing",
+    "StepCurve",
+    "arbitrate",
+    "explain",
+    "fair_shares",
+    "split_fcfs",
+    "split_rlix",
+    "split_static",
+]
