@@ -12,9 +12,21 @@ from controlplane.core.context import PolicyContext, Signal
 from controlplane.core.decision import Decision, evaluate
 from controlplane.core.policies import names
 from controlplane.core.policies.base import OptionError, OptionSpec, PolicyAction, StaticPool, TrackedPolicy
-from controlplane.core.profiles import Profile
+from controlplane.core.predictor import WorkloadProfile
+from controlplane.core.profiles import EngineCoefficients, Profile
 from controlplane.core.state import Configuration
 from controlplane.core.telemetry import TelemetryRecord
+
+
+def fixed_decision(
+    workload: WorkloadProfile, coeffs: EngineCoefficients, cfg: Configuration, reason: str, inputs: dict[str, Any]
+) -> Decision:
+    """A baseline's choice of `cfg` as a `Decision`: made without the engine's rules, so always admitted, never
+    forced, `cfg` its own best; its predicted makespan the engine's (inf where the table has no such row)."""
+    table = evaluate(workload, coeffs, cfg.total)
+    pred = table.find(cfg)
+    ms = pred.makespan_s if pred else math.inf
+    return Decision(cfg, cfg.total, table, ms, None, cfg, 0.0, True, False, False, reason, inputs)
 
 
 class FixedPolicy(TrackedPolicy):
@@ -39,23 +51,8 @@ class FixedPolicy(TrackedPolicy):
         w, c, _ = self.fitted(ctx)
         n = self._pool(ctx)
         cfg = Configuration.colocated(n)
-        table = evaluate(w, c, n)
-        pred = table.find(cfg)
-        d = Decision(
-            cfg,
-            n,
-            table,
-            pred.makespan_s if pred else math.inf,
-            None,
-            cfg,
-            0.0,
-            True,
-            False,
-            False,
-            f"{self.name}: fixed colocated pool of {n} workers ({cfg.label()}).",
-            {"signal": str(ctx.signal), "pool": n},
-        )
-        return self._act(cfg, 0, d)
+        reason = f"{self.name}: fixed colocated pool of {n} workers ({cfg.label()})."
+        return self._act(cfg, 0, fixed_decision(w, c, cfg, reason, {"signal": str(ctx.signal), "pool": n}))
 
 
 class FixedLargePolicy(FixedPolicy):
@@ -176,24 +173,11 @@ class ElasticPolicy(TrackedPolicy):
                 self._returned_at = ctx.now_s
         n = dedicated + borrow
         cfg = Configuration.colocated(n)
-        table = evaluate(w, c, n)
-        pred = table.find(cfg)
-        d = Decision(
-            cfg,
-            n,
-            table,
-            pred.makespan_s if pred else math.inf,
-            None,
-            cfg,
-            0.0,
-            True,
-            False,
-            False,
-            f"{self.name}: colocated on {dedicated} dedicated + {borrow} seeding workers; "
-            f"T_seed {self.t_seed_s:.1f} s.",
-            {"signal": str(ctx.signal), "dedicated": dedicated, "borrow": borrow, "t_seed_s": self.t_seed_s},
+        reason = (
+            f"{self.name}: colocated on {dedicated} dedicated + {borrow} seeding workers; T_seed {self.t_seed_s:.1f} s."
         )
-        return self._act(cfg, borrow, d)
+        inputs = {"signal": str(ctx.signal), "dedicated": dedicated, "borrow": borrow, "t_seed_s": self.t_seed_s}
+        return self._act(cfg, borrow, fixed_decision(w, c, cfg, reason, inputs))
 
     def _adapt(self, ctx: PolicyContext, dedicated: int) -> None:
         """Algorithm 1 at Training Begin (the end of this step's idle window)."""
