@@ -83,6 +83,8 @@ class Job(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending"
         RUNNING = "running"
+        # no rollout workers, its trainer, driver, checkpoint and records kept; resumed where it was (issue 34)
+        PAUSED = "paused"
         STOPPING = "stopping"
         STOPPED = "stopped"
         FAILED = "failed"
