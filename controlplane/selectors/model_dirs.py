@@ -14,13 +14,22 @@ from controlplane.core.profiles import is_registered
 
 def inspect(path: str) -> ModelDir:
     """The checked directory (`ModelDirError` names what is wrong: missing, no config, no weights, an unsupported
-    architecture, no tokenizer or no chat template)."""
-    return inspect_model_dir(
-        path,
-        is_dir=os.path.isdir,
-        list_dir=lambda p: sorted(os.listdir(p)),
-        read_text=lambda p: Path(p).read_text(encoding="utf-8"),
-    )
+    architecture, no tokenizer or no chat template; one this process may not read, too)."""
+    try:
+        return inspect_model_dir(path, is_dir=_is_dir, list_dir=lambda p: sorted(os.listdir(p)), read_text=_read)
+    except OSError as exc:  # a directory it may not list
+        raise ModelDirError(f"model directory {path!r} cannot be read: {exc}") from None
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return os.path.isdir(path)
+    except ValueError:  # a path with a NUL byte names nothing
+        return False
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 def ensure_profile(model: str) -> None:
@@ -28,10 +37,7 @@ def ensure_profile(model: str) -> None:
     A directory that can no longer be read is a `ModelDirError` naming it."""
     if not is_model_dir_spec(model) or is_registered(model):
         return
-    try:
-        config = inspect(model).config
-    except OSError as exc:
-        raise ModelDirError(f"model directory {model!r} cannot be read: {exc}") from None
+    config = inspect(model).config
     try:
         _register(model, config)
     except ValueError as exc:
