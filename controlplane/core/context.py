@@ -1,6 +1,6 @@
 """What a policy sees at an elastic signal: the signal, the worker budget and the manual overrides.
 
-Its own module so that the decision engine (`decision.py`) and the policies (`policies.py`) both
+Its own module so that the decision engine (`decision/`) and the policies (`policies/`) both
 import it and neither imports the other's callers: no import cycle inside core.
 """
 
@@ -28,7 +28,7 @@ class Overrides:
     """Manual policy overrides; they always win over the decision engine."""
 
     force_mode: str | None = None  # "colocated" | "disaggregated"
-    force_ratio: tuple[int, int] | None = None  # (N_P, N_D): a ratio scaled to the budget (decision._scaled_ratio)...
+    force_ratio: tuple[int, int] | None = None  # (N_P, N_D): a ratio scaled to the budget (decision.homogeneous)...
     exact_ratio: bool = False  # ...or, when True, exact worker counts (spare workers stay unused)
     freeze: bool = False  # keep the current configuration unless it is infeasible
     borrowing: bool = True  # False: never borrow training GPUs
