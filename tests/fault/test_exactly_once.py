@@ -83,43 +83,25 @@ def _driver_pid(agent_pid: int, job: str) -> int | None:
     return None
 
 
-def test_a_driver_killed_mid_rollout_resumes_its_step_with_the_finished_trajectories(stack):
-    from controlplane.models import Job
+def _just_finished(ckpt: Path, within_s: float = 60.0) -> tuple[int, set[str]] | None:
+    """Waits for a trajectory of a step in flight to become durable at the trainer, others of the step still
+    unfinished: that step and its durable trajectories (None if none within `within_s`)."""
+    before = _buffered(ckpt)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = _buffered(ckpt)
+        for step, names in now.items():
+            if names - before.get(step, set()) and len(names) < BATCH:
+                return step, names
+        before = now
+    return None
 
-    stack.agent("train-x", pool="training", slots=1, time_factor=TIME_FACTOR)
-    stack.agent("roll-x", slots=2, time_factor=TIME_FACTOR)
-    for name in ("train-x", "roll-x"):
-        registered(name)
-    job = _job("once")
-    wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= 1, 120, "a first update")
-    ckpt = _ckpt(stack, "train-x", job.name)
-    assert ckpt is not None
 
-    # the moment a trajectory of a step in flight has just become durable (the driver's last checkpoint,
-    # sent every 2 s, is then very likely older than it), with others of the step still unfinished
-    def just_finished() -> tuple[int, set[str]] | None:
-        before = _buffered(ckpt)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
-            now = _buffered(ckpt)
-            for step, names in now.items():
-                if names - before.get(step, set()) and len(names) < BATCH:
-                    return step, names
-            before = now
-        return None
-
-    found = wait_for(just_finished, 90, "a step with some trajectories finished")
-    pid = _driver_pid(stack.procs["agent-train-x"].pid, job.name)
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    step, _ = found
-    durable = _buffered(ckpt).get(step, set())  # what the trainer acknowledged before the driver died
-    assert 0 < len(durable) < BATCH
-    v = Job.objects.get(pk=job.pk).weight_version
-    wait_for(lambda: _driver_pid(stack.procs["agent-train-x"].pid, job.name) not in (None, pid), 30, "a new driver")
-    wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= max(v, step) + 2, 120, "two updates after it")
-
+def _assert_exactly_once(ckpt: Path, job, step: int, durable: set[str]) -> None:
+    """The trainer's audit after the restart: each step's update committed once, consecutive versions, no
+    trajectory trained twice, each batch slot once per step; the durable ones trained in their step as they were
+    (not regenerated); the loop's task cursor where its step says; the job running, the cluster's invariants."""
     updates = [json.loads(line) for line in (ckpt / "updates.jsonl").read_text().splitlines()]
     steps = [u["step"] for u in updates]
     assert steps == list(range(len(steps))), steps  # each step's update committed once, none skipped
@@ -139,3 +121,54 @@ def test_a_driver_killed_mid_rollout_resumes_its_step_with_the_finished_trajecto
     assert cp["prompts_drawn"] == (cp["step"] + 1) * (BATCH // GROUP)  # the task cursor
     assert job.status == "running"
     assert_invariants()
+
+
+def test_a_driver_killed_mid_rollout_resumes_its_step_with_the_finished_trajectories(stack):
+    from controlplane.models import Job
+
+    stack.agent("train-x", pool="training", slots=1, time_factor=TIME_FACTOR)
+    stack.agent("roll-x", slots=2, time_factor=TIME_FACTOR)
+    for name in ("train-x", "roll-x"):
+        registered(name)
+    job = _job("once")
+    wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= 1, 120, "a first update")
+    ckpt = _ckpt(stack, "train-x", job.name)
+    assert ckpt is not None
+
+    # the moment a trajectory of a step in flight has just become durable (the driver's last checkpoint,
+    # sent every 2 s, is then very likely older than it), with others of the step still unfinished
+    found = wait_for(lambda: _just_finished(ckpt), 90, "a step with some trajectories finished")
+    pid = _driver_pid(stack.procs["agent-train-x"].pid, job.name)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    step, _ = found
+    durable = _buffered(ckpt).get(step, set())  # what the trainer acknowledged before the driver died
+    assert 0 < len(durable) < BATCH
+    v = Job.objects.get(pk=job.pk).weight_version
+    wait_for(lambda: _driver_pid(stack.procs["agent-train-x"].pid, job.name) not in (None, pid), 30, "a new driver")
+    wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= max(v, step) + 2, 120, "two updates after it")
+
+    _assert_exactly_once(ckpt, job, step, durable)
+
+
+def test_the_training_node_killed_mid_rollout_resumes_with_its_trainer_and_driver(stack):
+    """The job's training node agent SIGKILLed (its trainer and rollout driver die with it) and started again on
+    the same state directory: the trainer comes back from its checkpoint and step buffer, the driver from the
+    loop's checkpoint, and the step goes on with the trajectories that were durable at the kill."""
+    from controlplane.models import Job
+
+    stack.agent("train-y", pool="training", slots=1, time_factor=TIME_FACTOR)
+    stack.agent("roll-y", slots=2, time_factor=TIME_FACTOR)
+    for name in ("train-y", "roll-y"):
+        registered(name)
+    job = _job("once-node")
+    wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= 1, 120, "a first update")
+    ckpt = _ckpt(stack, "train-y", job.name)
+    assert ckpt is not None
+    step, _ = wait_for(lambda: _just_finished(ckpt), 90, "a step with some trajectories finished")
+    stack.kill9("agent-train-y")
+    durable = _buffered(ckpt).get(step, set())
+    assert 0 < len(durable) < BATCH
+    stack.agent("train-y", pool="training", slots=1, time_factor=TIME_FACTOR)
+    wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= step + 2, 150, "two updates after it")
+    _assert_exactly_once(ckpt, job, step, durable)
