@@ -104,6 +104,20 @@ class JobViewSet(IdLookupMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
         job = jobs.stop_job(job_id=parse_id(pk), actor=actor_of(request))
         return Response(s.JobSerializer(job).data)
 
+    @extend_schema(request=None, responses={200: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str) -> Response:
+        """Release the job's rollout workers; its trainer, driver, checkpoint and records stay (409 unless running)."""
+        job = jobs.pause_job(job_id=parse_id(pk), actor=actor_of(request))
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(request=None, responses={200: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        """A paused job runs again where it was (409 unless paused)."""
+        job = jobs.resume_job(job_id=parse_id(pk), actor=actor_of(request))
+        return Response(s.JobSerializer(job).data)
+
     @extend_schema(request=s.TrainingSerializer, responses={200: s.JobSerializer})
     @action(detail=True, methods=["post"])
     def training(self, request: Request, pk: str) -> Response:

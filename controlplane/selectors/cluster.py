@@ -20,7 +20,8 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
 
 
-LIVE_JOBS = (Job.Status.PENDING, Job.Status.RUNNING)
+# jobs whose rollout driver runs (a paused job's too: its loop keeps the step and its trajectories)
+LIVE_JOBS = (Job.Status.PENDING, Job.Status.RUNNING, Job.Status.PAUSED)
 
 
 def cluster_snapshot(*, node_ids: Iterable[int] | None = None) -> dict[str, Any]:

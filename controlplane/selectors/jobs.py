@@ -30,8 +30,9 @@ def job_name(job_id: int) -> str:
 
 
 def live_job_ids() -> list[int]:
-    """Jobs pending or running: what the periodic re-plan plans."""
-    return list(Job.objects.filter(status__in=LIVE).values_list("id", flat=True))
+    """Jobs pending, running or paused: what the periodic re-plan plans (a paused one's plan releases its
+    rollout workers, retried until none is left)."""
+    return list(Job.objects.filter(status__in=(*LIVE, Job.Status.PAUSED)).values_list("id", flat=True))
 
 
 OVERRIDE_FIELDS = (

@@ -1,4 +1,4 @@
-"""Job use cases: create, stop, overrides, training begin/finish."""
+"""Job use cases: create, stop, pause and resume, overrides, training begin/finish."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.core.agent_spec import SpecError, validate_agent_spec
+from controlplane.core.context import Signal
 from controlplane.core.model_dir import ModelDirError, is_model_dir_spec
 from controlplane.core.policies import POLICY_NAMES, PRODUCT_POLICIES, OptionError, names, validate_options
 from controlplane.core.profiles import get_hardware, get_profile, known_models
@@ -185,6 +186,59 @@ def stop_job(*, job_id: int, actor: str) -> Job:
 def fail_job(*, job_id: int, reason: str, actor: str = "system") -> Job:
     """The job cannot go on: its workers are released and `reason` says why (shown on its page)."""
     return _end_job(job_id=job_id, status=Job.Status.FAILED, reason=reason, actor=actor)
+
+
+def pause_job(*, job_id: int, actor: str) -> Job:
+    """Pause a running job (issue 34): it gives its rollout GPUs back and keeps the rest. The planner releases
+    its rollout workers by a transition that drains each first (a turn in flight finishes, or goes back to the
+    rollout driver with its partial output, which the driver keeps), then stops it (a borrowed overlap worker
+    goes back to sleep). Its training workers stay, and with them the trainer (an update in progress finishes
+    and is published), its checkpoint and step buffer, the rollout driver with the loop (its step, weight
+    version, finished and partial trajectories) and the records. The training GPUs are kept, not released:
+    the trainer's checkpoint and buffer live in its worker's state directory on its node, which a new training
+    worker would not restore from. 409 naming the status unless the job is running; nothing changes then."""
+    with transaction.atomic():
+        job = lock_job(job_id, live="it cannot be paused")
+        if job.status != Job.Status.RUNNING:
+            raise Conflict(f"job {job.name} is {job.status}; only a running job can be paused", field="status")
+        job.status = Job.Status.PAUSED
+        job.status_reason = ""
+        job.save(update_fields=["status", "status_reason", "updated"])
+        emit(
+            kind="job.paused",
+            message=f"job {job.name} paused by {actor} at step {job.step} (weights v{job.weight_version}): "
+            "its rollout workers are released, its trainer, driver, checkpoint and records kept",
+            job=job,
+            actor=actor,
+            data={"step": job.step, "weight_version": job.weight_version},
+        )
+        push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        notify_drivers_on_commit([job.pk])
+        enqueue_plan(job.pk, Signal.CAPACITY_CHANGE)  # the release (deferred while a transition is in flight)
+    return job
+
+
+def resume_job(*, job_id: int, actor: str) -> Job:
+    """Resume a paused job where it was: running again, the planner places its rollout workers as for any
+    change of capacity, and the driver's loop goes on with the step, the weights and the trajectories it kept
+    (none finished is run again). 409 naming the status unless the job is paused; nothing changes then."""
+    with transaction.atomic():
+        job = lock_job(job_id, live="it cannot be resumed")
+        if job.status != Job.Status.PAUSED:
+            raise Conflict(f"job {job.name} is {job.status}; only a paused job can be resumed", field="status")
+        job.status = Job.Status.RUNNING
+        job.save(update_fields=["status", "updated"])
+        emit(
+            kind="job.resumed",
+            message=f"job {job.name} resumed by {actor} at step {job.step} (weights v{job.weight_version})",
+            job=job,
+            actor=actor,
+            data={"step": job.step, "weight_version": job.weight_version},
+        )
+        push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        notify_drivers_on_commit([job.pk])
+        enqueue_plan(job.pk, Signal.CAPACITY_CHANGE)
+    return job
 
 
 def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:

@@ -26,7 +26,7 @@ from controlplane.core.policies import Policy, make_policy
 from controlplane.core.profiles import get_hardware, get_profile
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
-from controlplane.core.transitions import StepKind
+from controlplane.core.transitions import StepKind, TransitionPlan, plan_transition
 from controlplane.models import (
     GPU,
     Decision,
@@ -221,6 +221,8 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             if signal != Signal.PERIODIC:
                 defer_plan(job.pk, str(signal))  # one transition at a time: this signal is planned when it ends
             return None
+        if job.status == Job.Status.PAUSED:
+            return _release_rollout(job, actor)
         ensure_training_workers(job)
         policy = job_policy(job)
         inv = job_inventory(job)
@@ -363,6 +365,84 @@ def _record_decision(job: Job, signal: str, p: Placement) -> Decision:
     return decision
 
 
+def _release_rollout(job: Job, actor: str) -> Transition | None:
+    """A paused job holds no rollout unit: each dedicated rollout worker drains (a turn in flight finishes, or
+    goes back to the driver with its partial output, which the driver keeps) and stops; each lent overlap
+    worker drains and goes back to sleep on its training GPUs. Its training workers (the trainer, its
+    checkpoint and step buffer on their node, and the node's rollout driver) stay. The policy is not asked:
+    the target is nothing. None when nothing is left to release."""
+    current: dict[int, Role] = {}
+    overlap: list[int] = []
+    load: dict[int, int] = {}
+    rows = (
+        Worker.objects.filter(job=job, alive=True)
+        .exclude(role=Role.TRAINING)
+        .values_list("slot", "role", "zone", "activity", "inflight")
+    )
+    for slot, role, zone, activity, inflight in rows:
+        if zone == Zone.OVERLAP:
+            if activity == Activity.INACTIVE:
+                continue  # asleep on the trainer's GPUs already
+            overlap.append(slot)
+        current[slot] = Role(role)
+        load[slot] = inflight
+    if (job.n_prefill, job.n_decode, job.n_colocated) != (0, 0, 0):  # it serves nothing (the page shows 0C)
+        job.n_prefill, job.n_decode, job.n_colocated = 0, 0, 0
+        job.save(update_fields=["n_prefill", "n_decode", "n_colocated", "updated"])
+        push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+    if not current:
+        return None
+    plan = plan_transition(current, {}, inflight=load, overlap=overlap)
+    transition = Transition.objects.create(
+        job=job,
+        plan={
+            "add": {},
+            "remove": list(plan.remove),
+            "reassign": {},
+            "cost": plan.cost,
+            "d_worker": plan.d_worker,
+            "d_role": plan.d_role,
+            "target": "paused",
+            "borrow": 0,
+        },
+    )
+    _store_steps(transition, plan, {})
+    emit(
+        kind="transition.planned",
+        job=job,
+        actor=actor,
+        message=f"{job.name}: paused, its rollout workers {sorted(current)} released (−{len(plan.remove)})",
+        data={"transition": transition.pk, "decision": None},
+    )
+    dispatch.execute_transition_on_commit(transition.pk)
+    return transition
+
+
+def _store_steps(transition: Transition, plan: TransitionPlan, new_workers: dict[int, Unit]) -> None:
+    """The transition's ordered steps, then its finalize step (which admits the plan's result at once)."""
+    steps = []
+    for i, st in enumerate(plan.steps):
+        args: dict[str, Any] = {"role": str(st.role) if st.role else None, "forced": st.forced}
+        if st.kind == StepKind.START_WORKER:
+            # a new worker starts on a free unit, keyed ("free", node id, GPU indexes) by _free_units
+            _, node_id, gpus = cast("tuple[str, int, tuple[int, ...]]", new_workers[st.worker].key)
+            args |= {"node": node_id, "gpus": list(gpus)}
+        steps.append(
+            TransitionStep(transition=transition, index=i, kind=st.kind, worker_slot=st.worker, args=args, key=st.key)
+        )
+    final = {str(s): str(r) for s, r in plan.result.items()}
+    steps.append(
+        TransitionStep(
+            transition=transition,
+            index=len(steps),
+            kind="finalize",
+            args={"result": final},
+            key=f"{plan.plan_id}:finalize",
+        )
+    )
+    TransitionStep.objects.bulk_create(steps)
+
+
 def _record_transition(job: Job, decision: Decision, p: Placement, actor: str) -> Transition:
     plan = p.plan
     transition = Transition.objects.create(
@@ -379,27 +459,7 @@ def _record_transition(job: Job, decision: Decision, p: Placement, actor: str) -
             "borrow": p.borrow,
         },
     )
-    steps = []
-    for i, st in enumerate(plan.steps):
-        args: dict[str, Any] = {"role": str(st.role) if st.role else None, "forced": st.forced}
-        if st.kind == StepKind.START_WORKER:
-            # a new worker starts on a free unit, keyed ("free", node id, GPU indexes) by _free_units
-            _, node_id, gpus = cast("tuple[str, int, tuple[int, ...]]", p.new_workers[st.worker].key)
-            args |= {"node": node_id, "gpus": list(gpus)}
-        steps.append(
-            TransitionStep(transition=transition, index=i, kind=st.kind, worker_slot=st.worker, args=args, key=st.key)
-        )
-    final = {str(s): str(r) for s, r in plan.result.items()}
-    steps.append(
-        TransitionStep(
-            transition=transition,
-            index=len(steps),
-            kind="finalize",
-            args={"result": final},
-            key=f"{plan.plan_id}:finalize",
-        )
-    )
-    TransitionStep.objects.bulk_create(steps)
+    _store_steps(transition, plan, p.new_workers)
     current = p.current
     emit(
         kind="transition.planned",
