@@ -40,6 +40,28 @@ def test_token_of_node_a_cannot_register_node_b():
     assert not Node.objects.filter(name="node-b").exists()
 
 
+def test_an_agents_heartbeat_and_reports_check_its_token_in_the_use_case():
+    """What the agent socket calls: a revoked token records nothing (None / False), a valid one records."""
+    from controlplane.core.agent_link import Fault, Heartbeat
+    from controlplane.models import AgentCredential
+    from controlplane.services import agent_reports
+    from controlplane.services.credentials import revoke_agent_tokens
+
+    node = make_node("n1")
+    cred = AgentCredential.objects.get(node_name="n1")
+    beat = Heartbeat(epoch=node.epoch, generation=node.generation)
+    fault = Fault(epoch=node.epoch, worker_id=0, kind="refused", detail="stale command")
+    kw = {"credential_id": cred.pk, "node_id": node.pk, "channel": node.agent_channel}
+    assert heartbeat.record_agent_heartbeat(message=beat, **kw) is not None
+    assert agent_reports.record_agent_report(message=fault, **kw) is True
+    assert Event.objects.filter(kind="worker.fault", node=node).count() == 1
+    revoke_agent_tokens(node_name="n1")
+    assert heartbeat.record_agent_heartbeat(message=beat, **kw) is None
+    assert agent_reports.record_agent_report(message=fault, **kw) is False
+    assert heartbeat.record_agent_heartbeat(message=beat, **{**kw, "credential_id": None}) is None
+    assert Event.objects.filter(kind="worker.fault", node=node).count() == 1
+
+
 def test_new_incarnation_bumps_epoch():
     n = make_node("n1", incarnation="a")
     again = make_node("n1", incarnation="b")
