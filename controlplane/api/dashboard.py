@@ -148,7 +148,9 @@ class JobTrajectoriesView(ListAPIView):
 
 
 class JobTrajectoryStepsView(APIView):
-    """The steps of a job that have trajectories, newest first, with counts per status (the browser's index)."""
+    """The steps of a job that have trajectories, newest first, with counts per status (the browser's index) and
+    the audit counts: trained (its committed update consumed it), untrained, rerun (regenerated after a crash),
+    resumed (continued from a kept prefix). A step's trajectories are listed as they end, before it trains."""
 
     @extend_schema(responses={200: OBJECT_LIST})
     def get(self, request: Request, pk: str) -> Response:
