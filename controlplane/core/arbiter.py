@@ -49,6 +49,7 @@ class Sharing(StrEnum):
 
 SHARING_NAMES: tuple[str, ...] = tuple(s.value for s in Sharing)
 
+INFEASIBLE_S = 1e7  # the price of a job size the predictor rejects, over n (see `_Curve.at`)
 StepCurve = Callable[[int], float]  # predicted step time (s) of a job with n rollout units; inf at n = 0
 
 
@@ -131,11 +132,15 @@ class _Curve:
     memo: dict[int, float] = field(default_factory=dict)
 
     def at(self, n: int) -> float:
+        """T(n); a size the predictor rejects (the batch's KV does not fit) is priced INFEASIBLE_S / n, so a
+        unit still counts there: it brings the job nearer to a size that runs."""
         if n <= 0:
             return math.inf
         v = self.memo.get(n)
         if v is None:
             v = float(self.job.step_time(n))
+            if not math.isfinite(v):
+                v = INFEASIBLE_S / n
             self.memo[n] = v
         return v
 
@@ -246,6 +251,15 @@ def arbitrate(
         free -= 1
         if alloc[n] < by[n].max_units:
             heapq.heappush(heap, (_neg(receive_key(n)), n))
+    # units no job gains from are not left idle: by fair share, then arrival (a later arrival or a changed
+    # curve will claim them; until then they serve)
+    while free > 0:
+        open_ = [j for j in jobs if alloc[j.name] < j.max_units]
+        if not open_:
+            break
+        j = min(open_, key=lambda j: (alloc[j.name] / j.weight, j.arrival_s, j.name))
+        alloc[j.name] += 1
+        free -= 1
     # 4. moves between jobs, gated by cost and hysteresis (each move strictly improves: it terminates)
     gain_total = 0.0
     for _ in range(capacity + 1):

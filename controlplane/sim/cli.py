@@ -74,6 +74,23 @@ def _table(sc: Scenario, results: dict[str, RunResult], wall: float) -> str:
     return "\n".join(lines)
 
 
+def _multi(sc: Scenario, args: argparse.Namespace) -> int:
+    """A `jobs:` scenario: its sharing policies side by side (`sim.multi`); `run` runs one of them."""
+    from controlplane.sim.multi import compare_multi, compare_multi_json, multi_table
+
+    if args.cmd == "run":
+        policies = [args.policy]
+    else:
+        policies = [p.strip() for p in args.policies.split(",")] if args.policies else list(sc.policies)
+    t0 = time.perf_counter()
+    results = compare_multi(sc, policies)
+    if args.json:
+        print(json.dumps(compare_multi_json(sc, results)))
+    else:
+        print(multi_table(sc, results, time.perf_counter() - t0))
+    return 0
+
+
 def _with_scenario_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Where the scenario comes from (a shipped name or a file), its seed and an optional trace."""
     g = p.add_mutually_exclusive_group(required=True)
@@ -124,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{name:32s} {sc.description}")
             return 0
         sc = _load(args)
+        if sc.jobs:
+            return _multi(sc, args)
         if args.cmd == "run":
             res = run_policy(sc, args.policy)
             if args.json:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from controlplane.core.arbiter import SHARING_NAMES
 from controlplane.core.batching import CHUNK_TOKENS
 from controlplane.core.policies import POLICY_NAMES
 from controlplane.core.workload import WorkloadSpec
@@ -90,6 +91,29 @@ class EngineSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job of a multi-job scenario (`jobs:`): its model, trainer, workload and share of the cluster."""
+
+    name: str
+    model: str = "qwen3-8b"
+    training_gpus: int = 8
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    arrival_s: float = 0.0
+    priority: int = 0  # higher is served first (guarantees)
+    weight: float = 1.0  # the fair share among equal priorities
+    min_rollout_gpus: int = 0  # guaranteed while the job runs
+    rollout_gpus: int = 1 << 20  # the job's maximum
+
+    def __post_init__(self) -> None:
+        if self.training_gpus < 0 or self.min_rollout_gpus < 0 or self.rollout_gpus < 0 or self.arrival_s < 0:
+            raise ScenarioError(f"job {self.name}: training_gpus, *_rollout_gpus and arrival_s must be >= 0")
+        if not self.weight > 0:
+            raise ScenarioError(f"job {self.name}: weight must be > 0")
+        if self.min_rollout_gpus > self.rollout_gpus:
+            raise ScenarioError(f"job {self.name}: min_rollout_gpus > rollout_gpus")
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     description: str = ""
@@ -106,6 +130,8 @@ class Scenario:
     # variant name -> base policy, or {base, overrides, gate, options} (ablation; sim.adapters.parse_variant)
     variants: dict[str, str | dict[str, Any]] = field(default_factory=dict)
     paper: dict[str, Any] = field(default_factory=dict)  # the paper's figures for this scenario
+    # several jobs sharing `cluster` and `trace` (issue 35; `sim.multi`); empty: the one-job form above
+    jobs: tuple[JobSpec, ...] = ()
 
     @property
     def large_pool_gpus(self) -> int:
@@ -141,12 +167,19 @@ def _trace_from(spec: Any, base: Path, where: str) -> AvailabilityTrace:
     if "file" in spec:
         p = Path(spec["file"])
         candidates = [p] if p.is_absolute() else [base / p, TRACE_DIR / p, Path.cwd() / p]
+        scale = spec.get("scale", 1)
+        if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+            raise ScenarioError(f"{where}: scale must be an integer >= 1")
         for c in candidates:
             if c.exists():
                 try:
-                    return load_trace(c)
+                    tr = load_trace(c)
                 except TraceError as exc:
                     raise ScenarioError(str(exc)) from None
+                # a larger cluster's pool with the same shape: every row's GPUs times `scale`
+                if scale == 1:
+                    return tr
+                return AvailabilityTrace(tr.times, tuple(g * scale for g in tr.gpus), name=f"{tr.name}x{scale}")
         raise ScenarioError(f"{where}: trace file {spec['file']!r} not found")
     if "constant_gpus" in spec:
         g = int(spec["constant_gpus"])
@@ -158,6 +191,25 @@ def _trace_from(spec: Any, base: Path, where: str) -> AvailabilityTrace:
         except (TypeError, ValueError, IndexError) as exc:
             raise ScenarioError(f"{where}: bad points: {exc}") from None
     raise ScenarioError(f"{where}: give one of file, constant_gpus, points")
+
+
+def _jobs_from(spec: Any, source: str) -> tuple[JobSpec, ...]:
+    if spec is None:
+        return ()
+    if not isinstance(spec, list) or not spec:
+        raise ScenarioError(f"{source}: jobs must be a non-empty list")
+    out: list[JobSpec] = []
+    for i, item in enumerate(spec):
+        where = f"{source}: jobs[{i}]"
+        if not isinstance(item, dict) or "name" not in item:
+            raise ScenarioError(f"{where}: must be a mapping with a name")
+        item = dict(item)
+        item["workload"] = _dataclass_from(WorkloadSpec, item.get("workload"), f"{where}: workload")
+        out.append(_dataclass_from(JobSpec, item, where))
+    names = [j.name for j in out]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"{source}: job names must be unique")
+    return tuple(out)
 
 
 def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, source: str = "<scenario>") -> Scenario:
@@ -178,8 +230,10 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
         "policy_options",
         "variants",
         "paper",
+        "jobs",
     }
-    unknown = set(data) - known
+    # keys starting with "x-" hold YAML anchors shared by the jobs (as in compose files) and are ignored
+    unknown = {k for k in set(data) - known if not str(k).startswith("x-")}
     if unknown:
         raise ScenarioError(f"{source}: unknown keys {sorted(unknown)}")
     if "name" not in data:
@@ -192,7 +246,12 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
     if min(trace.gpus) < cluster.reserved_gpus:
         raise ScenarioError(f"{source}: trace drops below the {cluster.reserved_gpus} reserved GPUs")
     variants = data.get("variants") or {}
-    policies = tuple(data.get("policies") or DEFAULT_POLICIES)
+    jobs = _jobs_from(data.get("jobs"), source)
+    policies = tuple(data.get("policies") or (SHARING_NAMES if jobs else DEFAULT_POLICIES))
+    if jobs:
+        bad = [p for p in policies if p not in SHARING_NAMES]
+        if bad:
+            raise ScenarioError(f"{source}: multi-job policies are {', '.join(SHARING_NAMES)}; not {bad}")
     try:
         return Scenario(
             name=str(data["name"]),
@@ -209,6 +268,7 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
             policy_options=dict(data.get("policy_options") or {}),
             variants=dict(variants),
             paper=dict(data.get("paper") or {}),
+            jobs=jobs,
         )
     except (TypeError, ValueError) as exc:
         raise ScenarioError(f"{source}: {exc}") from None

@@ -42,6 +42,8 @@ class Transitions(WorldState):
         for s in self.slots.values():
             nxt = s.next_role()
             if s.pool == "overlap":
+                if s.lent:  # serving another job's rollout (multi-job): not this job's to borrow
+                    continue
                 if s.state == DRAINING and nxt is None:  # being returned: not borrowable until inactive
                     units.append(Unit(s.sid, Pool.TRAINING, s.wid, None, leaving=True, hardware=hw(s)))
                     continue

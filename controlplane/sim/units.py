@@ -83,6 +83,7 @@ class Slot:
     after_drain: tuple[str, Role | None] | None = None  # (next state, next role) once drained
     borrowed_since: float | None = None
     hardware: str = ""  # its chip type (the units of a TP group are one node's: one type)
+    lent: bool = False  # an overlap unit lent to another job's rollout (multi-job, `sim.multi`): not borrowable
 
     def next_role(self) -> Role | None:
         """The role once in-flight transitions complete (None: not in service)."""
@@ -204,7 +205,11 @@ class WorldState:
 
     def set_elastic(self, t: float, total_gpus: int, initial: bool = False) -> None:
         """Bring the number of elastic units (incl. preparing) to what the trace grants."""
-        want = max(0, total_gpus - self.sim.sc.cluster.reserved_gpus) // self.tp
+        self.set_elastic_units(t, max(0, total_gpus - self.sim.sc.cluster.reserved_gpus) // self.tp, initial)
+
+    def set_elastic_units(self, t: float, want: int, initial: bool = False) -> None:
+        """Bring the number of elastic units (incl. preparing) to `want`: new ones prepare (weights load),
+        surplus ones are preempted at once (their partial trajectories continue elsewhere)."""
         self.elastic_target = want
         live = [s for s in self.slots.values() if s.pool == "elastic" and s.state != GONE]
         if len(live) < want:
