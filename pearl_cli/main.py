@@ -224,6 +224,16 @@ def cmd_stop(c: Client, args: argparse.Namespace) -> None:
     _out(args, job, f"job {job['name']} {job['status']}")
 
 
+def cmd_pause(c: Client, args: argparse.Namespace) -> None:
+    job = c.post(f"/api/jobs/{c.job_id(args.job)}/pause/")
+    _out(args, job, f"job {job['name']} {job['status']} at step {job['step']}: its rollout workers are released")
+
+
+def cmd_resume(c: Client, args: argparse.Namespace) -> None:
+    job = c.post(f"/api/jobs/{c.job_id(args.job)}/resume/")
+    _out(args, job, f"job {job['name']} {job['status']} from step {job['step']}")
+
+
 def _pd(text: str) -> tuple[int, int]:
     try:
         p, d = (int(x) for x in text.replace("P", ":").replace("D", "").split(":") if x != "")
@@ -410,6 +420,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--status", choices=["running", "done", "failed", "aborted"])
     p.add_argument("--limit", type=int, default=50, help="at most this many (default 50, at most 200)")
     p = add("stop", cmd_stop, "stop a job (its workers are released)")
+    p.add_argument("job")
+    p = add("pause", cmd_pause, "pause a running job: its rollout GPUs are released, its trainer and step kept")
+    p.add_argument("job")
+    p = add("resume", cmd_resume, "resume a paused job where it was")
     p.add_argument("job")
     p = add("override", cmd_override, "set or clear a job's overrides (the planner re-plans at once)")
     p.add_argument("job")

@@ -216,3 +216,26 @@ def test_submit_the_agent_example_and_list_its_trajectories(cp):
     assert [r["name"] for r in rows] == ["s0-t0"] and rows[0]["mask"] == [0, 0, 1, 1]
     bad = pearl(cp, "trajectories", "calc-agent", "--limit", "999", token=token, check=False)
     assert bad.returncode != 0 and "limit" in bad.stderr
+
+
+def test_pause_and_resume(cp, tmp_path):
+    from controlplane.models import Event, Job, Worker
+    from controlplane.services import planner
+
+    token = cp.user_token("alice")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC)
+    jid = json.loads(pearl(cp, "submit", str(spec), "--json", token=token).stdout)["id"]
+    run_transition(planner.plan_job(job_id=jid, signal="step_start"))
+    early = pearl(cp, "resume", "grpo-cli", token=token, check=False)
+    assert early.returncode == 1 and "only a paused job can be resumed" in early.stderr
+    out = pearl(cp, "pause", "grpo-cli", token=token).stdout
+    assert "job grpo-cli paused at step 0: its rollout workers are released" in out
+    again = pearl(cp, "pause", "grpo-cli", token=token, check=False)
+    assert again.returncode == 1 and "only a running job can be paused" in again.stderr
+    run_transition(planner.plan_job(job_id=jid, signal="capacity_change"))
+    assert not Worker.objects.filter(job_id=jid, alive=True, zone="rollout").exists()
+    assert "paused" in pearl(cp, "status", "grpo-cli", token=token).stdout
+    resumed = json.loads(pearl(cp, "resume", "grpo-cli", "--json", token=token).stdout)
+    assert resumed["status"] == "running" and Job.objects.get(pk=jid).status == "running"
+    assert [e.actor for e in Event.objects.filter(job_id=jid, kind__in=["job.paused", "job.resumed"])] == ["alice"] * 2
