@@ -16,6 +16,8 @@
     const why = j.failure_reason ? `Failed: ${j.failure_reason}` : (j.status_reason ? `Waiting: ${j.status_reason}` : "");
     const f = $("failure"); f.hidden = !why; f.textContent = why;
     const stop = $("stop"); if (stop) stop.disabled = j.status === "stopped" || j.status === "failed";
+    const pause = $("pause"); if (pause) pause.hidden = j.status !== "running";
+    const resume = $("resume"); if (resume) resume.hidden = j.status !== "paused";
     const d = S.latest_decision, st8 = S.staleness;
     const cards = [
       ["Configuration", `${fmt.config(j)} ${j.mode}`, "config"],
@@ -106,6 +108,20 @@
     const res = await api("POST", `/api/jobs/${jobId}/stop/`);
     if (!res.ok) toast(res.data.detail || `error ${res.status}`, true); else toast("job stopped");
   });
+  // pause: the rollout workers drain and are released, the trainer (an update in progress finishes), the
+  // driver's step and trajectories, the checkpoint and the records stay; resume: it runs again where it was
+  const jobAction = (id, verb, text, done) => {
+    const b = $(id);
+    if (b) b.addEventListener("click", async () => {
+      if (!(await confirmAction(text(), { ok: verb }))) return;
+      const res = await api("POST", `/api/jobs/${jobId}/${id}/`);
+      if (!res.ok) { toast(res.data.detail || `error ${res.status}`, true); return; }
+      S.job.status = res.data.status; renderHeader(); toast(done);
+    });
+  };
+  jobAction("pause", "Pause", () => `Pause ${S.job.name}? Its rollout workers finish or hand back their turns and are released; ` +
+    "its trainer, its step and its finished trajectories are kept, and Resume brings it back where it was.", "job paused");
+  jobAction("resume", "Resume", () => `Resume ${S.job.name} at step ${S.job.step}? The planner places its rollout workers again.`, "job resumed");
 
   // ---- decision, transitions, events ---------------------------------------------------------------
   function renderDecision() {
@@ -229,7 +245,9 @@
     for (const s of tr.steps) {
       // given up: members that failed agent_max_attempts times (out of the batch); groups dropped: left with < 2
       const untrained = (s.given_up ? `, ${s.given_up} given up` : "") + (s.dropped_groups ? `, ${s.dropped_groups} groups dropped` : "") + (s.untrained ? `, ${s.untrained} done not trained` : "");
-      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted${untrained})`);
+      // the audit (issue 34): trained by the step's committed update, rerun after a crash, resumed from a kept prefix
+      const audit = ` · trained ${s.trained || 0}, untrained ${s.untrained || 0}, rerun ${s.rerun || 0}, resumed ${s.resumed || 0}`;
+      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted${untrained})${audit}`);
       o.value = String(s.step); sel.appendChild(o);
     }
     if (!tr.steps.length) { $("tr-empty").hidden = false; return; }
