@@ -165,7 +165,7 @@ async def run_agent_job(
     timeout_s: float = 120.0,
     every_s: float = 0.1,
 ) -> AgentRun:
-    """The real rollout driver of one `environment: agent` job over `workers` (driver-link `WorkerView`s), a GRPO
+    """The real rollout driver of one `environment: agent` job over `workers` (driver-link `RoutableWorker`s), a GRPO
     trainer server and the in-process `Link`, run until `until(run)` holds (checked every `every_s`);
     `act(driver, http)`, awaited as often, plays the control plane's part beyond `Link.pump` (a kill, a
     return). `report`: the agent spec comes in the JobView, as from the control plane (the driver configures
