@@ -298,10 +298,11 @@ class RolloutDriver(EpisodeRunner):
         for ref in cmd.trajectories:
             self._begin(ref, cmd.step)
         done = self.loop.trained_next  # a step left without an update (nothing to train) sends no Train: its
-        gone = [t for t, ep in self.episodes.items() if ep.step < done and t not in self.loop.trajs]
-        for tid in gone:
-            step = self.episodes.pop(tid).step  # finished episodes are let go here, not by `_train`
-            self._audit_trained(step, self.loop.version, [], [tid], self._dropped_reason(step))
+        gone: dict[int, list[str]] = {}
+        for tid in [t for t, ep in self.episodes.items() if ep.step < done and t not in self.loop.trajs]:
+            gone.setdefault(self.episodes.pop(tid).step, []).append(tid)  # let go here, not by `_train`
+        for step, tids in gone.items():  # their groups were dropped: no update took them
+            self._audit_trained(step, self.loop.version, [], tids)
 
     def return_overlap(self, cmd: lp.ReturnOverlap) -> None:
         self.waiting_return = True
@@ -459,8 +460,9 @@ class RolloutDriver(EpisodeRunner):
             reason = self._dropped_reason(step)
         n = dl.MAX_TRAJECTORIES
         for i in range(0, max(len(trained), len(untrained)), n):
+            left_out = untrained[i : i + n]
             self._trained_reports.append(
-                dl.TrainedReport(step, version, trained[i : i + n], untrained[i : i + n], reason if untrained else "")
+                dl.TrainedReport(step, version, trained[i : i + n], left_out, reason if left_out else "")
             )
 
     def _dropped_reason(self, step: int) -> str:

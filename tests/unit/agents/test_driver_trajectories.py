@@ -116,3 +116,40 @@ async def test_the_driver_reports_ended_trajectories_once_and_keeps_them_across_
     assert [(m.step, [t.name for t in m.trajectories]) for m in link.sent] == [(0, ["s0-t0"]), (1, ["s1-t0-r1"])]
     assert link.sent[1].trajectories[0].reason == "the agent exited with status 1"
     assert not driver._unreported
+
+
+@pytest.mark.asyncio
+async def test_a_steps_trained_report_goes_after_its_records_in_bounded_frames_and_names_the_skipped():
+    """Issue 34: the records are listed as they end, with no `trained`; what a step's committed update consumed
+    (and left out, and why) follows them, never before one of them is delivered; a step left without an
+    update (every group dropped) reports its finished members untrained when the next step starts."""
+    from controlplane.core import loop as lp
+
+    link = Link(fail=1)
+    driver = RolloutDriver(JOB, link=link, token="t")
+    agent_env.runner().records["s0-t0"] = _rec()
+    names = [f"s0-t{i}" for i in range(300)]
+    driver._audit_trained(0, 1, names, ["s0-x"])
+    with pytest.raises(ConnectionError):  # the record's report failed: nothing after it goes
+        await driver._report_trajectories()
+    await driver._report_trajectories()
+    kinds = [type(m).__name__ for m in link.sent]
+    assert kinds == ["TrajectoryReport", "TrainedReport", "TrainedReport"]
+    first, second = link.sent[1:]
+    assert link.sent[0].trajectories[0].trained is None
+    assert first.trained + second.trained == names and len(first.trained) == dl.MAX_TRAJECTORIES
+    assert first.untrained == ["s0-x"] and first.reason.startswith("not trained: its group was dropped")
+    assert second.untrained == [] and second.reason == ""
+
+    # step 1 skipped (nothing trained): its finished members are let go at step 2's start, reported untrained
+    class Episode:
+        step = 1
+
+    driver.episodes = {"s1-t0": Episode(), "s1-t1": Episode()}  # type: ignore[dict-item]
+    driver.loop.trained_next = 2
+    driver._start_episode = lambda ref, step: None  # type: ignore[method-assign]
+    driver.start_step(lp.StartStep(2, 1, ()))
+    await driver._report_trajectories()
+    (skipped,) = link.sent[3:]
+    assert isinstance(skipped, dl.TrainedReport) and skipped.step == 1 and skipped.untrained == ["s1-t0", "s1-t1"]
+    assert not driver.episodes
