@@ -190,6 +190,13 @@ class TelemetryRecords:
 
 
 @dataclass(slots=True)
+class InflightRequests:
+    """A worker's requests in flight with their partial outputs so far (`GET /inflight`; what its journal keeps)."""
+
+    inflight: list[dict[str, Any]] = field(metadata=bounded(max_len=1 << 20))
+
+
+@dataclass(slots=True)
 class WeightsIndex:
     """A weight store's snapshots (`GET /weights/latest`): the latest version and every one it keeps."""
 

@@ -301,7 +301,7 @@ class WorkerServer:
         return _json(dp.DATA_PLANE.dump(dp.TelemetryRecords(self.engine.take_telemetry())))
 
     async def inflight(self, request: web.Request) -> web.Response:
-        return _json({"inflight": self.engine.inflight()})
+        return _json(dp.DATA_PLANE.dump(dp.InflightRequests(self.engine.inflight())))
 
     async def _journal_loop(self) -> None:
         assert self.state_dir is not None

@@ -142,6 +142,9 @@ class WorkerClient:
     async def telemetry(self) -> dp.TelemetryRecords:
         return await self._get("telemetry", dp.TelemetryRecords)
 
+    async def inflight(self) -> dp.InflightRequests:
+        return await self._get("inflight", dp.InflightRequests)
+
 
 @dataclass
 class TrainerClient:

@@ -77,8 +77,9 @@ class WorkerProc:
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def inflight(self, http: ClientSession) -> list[dict[str, Any]]:
-        async with http.get(f"{self.url}/inflight", headers={"Authorization": f"Bearer {SECRET}"}) as r:
-            return list((await r.json())["inflight"])
+        from agents.worker_client import WorkerClient
+
+        return (await WorkerClient(self.url, SECRET, http).inflight()).inflight
 
     def stop(self) -> None:
         if self.proc.poll() is None:
