@@ -306,8 +306,8 @@ def test_jsq_dispatch_keeps_the_home_on_ties_and_fills_a_new_worker_first() -> N
 def test_a_long_run_keeps_a_bounded_window_of_step_records_and_its_checkpoint_restores() -> None:
     """A final step's record (its B·G trajectory ids) is not kept forever: the loop and its checkpoint hold
     the last STEP_RECORDS_KEPT of them, so a checkpoint's size does not grow with the steps trained."""
-    from controlplane.core.loop.training import STEP_RECORDS_KEPT
     from controlplane.core.loop.state import encode
+    from controlplane.core.loop.training import STEP_RECORDS_KEPT
 
     world = ToyWorld({0: C, 1: C}, train_s=1.0)
     loop, cmds = run_heap(world, cfg(), [], until=400.0)
