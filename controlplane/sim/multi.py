@@ -25,6 +25,7 @@ from typing import Any
 
 from controlplane.core import loop as lp
 from controlplane.core.arbiter import (
+    SHARING_NAMES,
     Allotment,
     JobDemand,
     Sharing,
@@ -54,6 +55,7 @@ class JobRun:
     index: int
     sim: Simulation
     started: bool = False
+    ended: bool = False  # its `steps` trainer updates are done: its units went back to the pool
     phase: tuple[bool, int] = (False, -1)
     units: int = 0  # units its world has now (dedicated + borrowed)
     lent: int = 0  # its training units lent out now
@@ -250,7 +252,7 @@ class MultiSimulation:
     def divide(self, reason: str) -> None:
         """Re-run the sharing policy over the running jobs and apply the result to their worlds."""
         t = self.t
-        running = [r for r in self.runs if r.started]
+        running = [r for r in self.runs if r.started and not r.ended]
         demands = [self._demand(r, t) for r in running]
         prev = self.allot
         if self.sharing is Sharing.PEARL:
@@ -319,6 +321,21 @@ class MultiSimulation:
         sim.feed(lp.Start(0.0))
         run.phase = (sim.training_active, sim.loop.step)
 
+    def _end(self, run: JobRun) -> None:
+        """The job's last update is published: it stops, its units go to the others."""
+        sim = run.sim
+        tl = run.local(self.t)
+        sim.t = tl
+        sim.feed(lp.Stop(tl))
+        sim.heap.clear()
+        run.ended = True
+        for s in sim.world.slots.values():
+            s.lent = False
+        if run.units:
+            sim.world.set_elastic_units(tl, 0)
+            run.units = 0
+        self.divide(f"job {run.name} ended")
+
     def run(self) -> MultiResult:
         wall0 = _time.perf_counter()
         sc = self.sc
@@ -351,6 +368,9 @@ class MultiSimulation:
                 break
             self.t = t_job
             nxt.sim.advance(nxt.sim.heap[0][0])  # its own time: arrival + t - arrival may round below it
+            if nxt.spec.steps and sum(1 for s in nxt.sim.steps if s.train_end_s > 0) >= nxt.spec.steps:
+                self._end(nxt)
+                continue
             phase = (nxt.sim.training_active, nxt.sim.loop.step)
             if phase != nxt.phase:
                 old_phase, nxt.phase = nxt.phase, phase
@@ -406,6 +426,9 @@ def run_multi(scenario: Scenario, policy: str, *, seed: int | None = None) -> Mu
 def compare_multi(scenario: Scenario, policies: list[str] | None = None) -> dict[str, MultiResult]:
     """Every sharing policy on the same seed; `static` always runs (the reference of jain and slowdown)."""
     wanted = list(policies or scenario.policies)
+    unknown = [p for p in wanted if p not in SHARING_NAMES]
+    if unknown:
+        raise ValueError(f"unknown multi-job policy {unknown}; known: {', '.join(SHARING_NAMES)}")
     order = [Sharing.STATIC.value] + [p for p in wanted if p != Sharing.STATIC.value]
     out = {p: run_multi(scenario, p) for p in order}
     return {p: out[p] for p in order if p in wanted or p == Sharing.STATIC.value}

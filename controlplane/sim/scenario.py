@@ -103,10 +103,11 @@ class JobSpec:
     weight: float = 1.0  # the fair share among equal priorities
     min_rollout_gpus: int = 0  # guaranteed while the job runs
     rollout_gpus: int = 1 << 20  # the job's maximum
+    steps: int = 0  # the job ends after this many trainer updates (0: it runs to the scenario's end)
 
     def __post_init__(self) -> None:
-        if self.training_gpus < 0 or self.min_rollout_gpus < 0 or self.rollout_gpus < 0 or self.arrival_s < 0:
-            raise ScenarioError(f"job {self.name}: training_gpus, *_rollout_gpus and arrival_s must be >= 0")
+        if min(self.training_gpus, self.min_rollout_gpus, self.rollout_gpus, self.arrival_s, self.steps) < 0:
+            raise ScenarioError(f"job {self.name}: training_gpus, *_rollout_gpus, arrival_s, steps must be >= 0")
         if not self.weight > 0:
             raise ScenarioError(f"job {self.name}: weight must be > 0")
         if self.min_rollout_gpus > self.rollout_gpus:

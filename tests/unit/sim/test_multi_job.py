@@ -1,0 +1,122 @@
+"""Several jobs in the simulator (issue 35): the jobs: form, the one-job form, compare --json, a short run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controlplane.core.arbiter import SHARING_NAMES
+from controlplane.sim.cli import main
+from controlplane.sim.multi import run_multi
+from controlplane.sim.scenario import ScenarioError, get_scenario, scenario_from_dict
+
+WL = {"batch_size": 8, "group_size": 4, "max_length": 8192, "turns_mean": 6.0, "turns_max": 10}
+TWO: dict[str, Any] = {
+    "name": "two-small",
+    "cluster": {"reserved_gpus": 4, "preemptible_gpus": 8, "hardware": "H800", "tp": 2},
+    "trace": {"points": [[0, 8], [300, 12], [500, 6]]},
+    "duration_s": 900,
+    "seed": 1,
+    "jobs": [
+        {"name": "a", "model": "qwen3-8b", "training_gpus": 4, "workload": WL, "rollout_gpus": 8},
+        {
+            "name": "b",
+            "model": "qwen3-30b-a3b",
+            "training_gpus": 4,
+            "workload": WL,
+            "arrival_s": 120,
+            "priority": 1,
+            "weight": 2,
+            "min_rollout_gpus": 2,
+            "rollout_gpus": 8,
+        },
+    ],
+}
+
+
+def test_jobs_are_parsed_with_their_fields():
+    sc = scenario_from_dict(dict(TWO))
+    assert [j.name for j in sc.jobs] == ["a", "b"]
+    b = sc.jobs[1]
+    assert (b.model, b.training_gpus, b.arrival_s, b.priority, b.weight) == ("qwen3-30b-a3b", 4, 120, 1, 2)
+    assert (b.min_rollout_gpus, b.rollout_gpus, b.workload.batch_size) == (2, 8, 8)
+    assert sc.policies == SHARING_NAMES
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"jobs": []}, "non-empty list"),
+        ({"jobs": [{"model": "qwen3-8b"}]}, "with a name"),
+        ({"jobs": [{"name": "a", "color": 1}]}, "unknown keys"),
+        ({"jobs": [{"name": "a", "weight": 0}]}, "weight"),
+        ({"jobs": [{"name": "a", "min_rollout_gpus": 8, "rollout_gpus": 4}]}, "min_rollout_gpus"),
+        ({"jobs": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ({"policies": ["fixed"]}, "multi-job policies"),
+    ],
+)
+def test_bad_jobs_are_named(change, needle):
+    with pytest.raises(ScenarioError, match=needle):
+        scenario_from_dict({**TWO, **change})
+
+
+def test_the_one_job_form_stays_valid():
+    sc = get_scenario("paper-qwen3-8b-seg1")
+    assert sc.jobs == () and "fixed" in sc.policies
+
+
+def test_shipped_multi_job_scenarios_load():
+    for name, n in (("multi-2jobs", 2), ("multi-4jobs", 4), ("multi-8jobs", 8)):
+        sc = get_scenario(name)
+        assert len(sc.jobs) == n
+        assert {j.model for j in sc.jobs} == {"qwen3-8b", "qwen3-30b-a3b"}
+        assert len({j.arrival_s for j in sc.jobs}) == n  # staggered
+        assert max(sc.trace.gpus) > min(sc.trace.gpus)  # a preemptible trace
+
+
+def test_a_two_job_run_shares_the_pool():
+    sc = scenario_from_dict(dict(TWO))
+    r = run_multi(sc, "pearl")
+    assert set(r.jobs) == {"a", "b"}
+    assert all(j.steps >= 1 for j in r.jobs.values())
+    assert all(j.misses == 0 and j.lost_tokens == 0 for j in r.jobs.values())
+    assert r.trained_tokens > 0 and r.cost_efficiency > 0
+    # b's arrival is explained, and b (priority 1, 2 GPUs guaranteed) got units
+    arrived = [e for e in r.explanations if "job b arrived" in e]
+    assert arrived and "b 0→" in arrived[0] and "b 0→0" not in arrived[0]
+
+
+def test_compare_json_keys(tmp_path: Path, capsys):
+    p = tmp_path / "two.yaml"
+    p.write_text(yaml.safe_dump(TWO))
+    assert main(["compare", "--scenario-file", str(p), "--policies", "static,pearl", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["scenario"] == "two-small" and data["jobs"] == ["a", "b"]
+    assert set(data["policies"]) == {"static", "pearl"}
+    for row in data["policies"].values():
+        assert {"cost_efficiency", "jain", "jobs", "misses"} <= set(row)
+        assert set(row["jobs"]) == {"a", "b"}
+        for j in row["jobs"].values():
+            assert {"throughput", "steps", "slowdown", "misses"} <= set(j)
+    assert data["policies"]["static"]["jain"] == 1.0
+
+
+def test_an_unknown_sharing_policy_is_a_clear_error(tmp_path: Path, capsys):
+    p = tmp_path / "two.yaml"
+    p.write_text(yaml.safe_dump(TWO))
+    assert main(["compare", "--scenario-file", str(p), "--policies", "fixed", "--json"]) == 2
+    assert "fixed" in capsys.readouterr().err
+
+
+def test_a_job_that_ends_gives_its_units_back():
+    jobs = [dict(TWO["jobs"][0], steps=2), TWO["jobs"][1]]
+    sc = scenario_from_dict({**TWO, "jobs": jobs})
+    r = run_multi(sc, "pearl")
+    assert r.jobs["a"].steps == 2
+    ended = [e for e in r.explanations if "job a ended" in e]
+    assert ended and "a " in ended[0] and "→0" in ended[0]
+    assert all(j.misses == 0 and j.lost_tokens == 0 for j in r.jobs.values())
