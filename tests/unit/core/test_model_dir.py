@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -126,8 +127,8 @@ def test_a_registered_config_answers_get_profile_and_replaces_on_change():
     assert "H800" in known_hardware()
 
 
-def _check(**kw):
-    base = dict(
+def _check(**kw: Any) -> str:
+    base: dict[str, Any] = dict(
         exists=True,
         files=["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"],
         config={"model_type": "llama"},
