@@ -14,6 +14,7 @@ first token's text (a letter calls the tool, a digit answers).
 from __future__ import annotations
 
 import random
+from functools import lru_cache
 
 from agents.envs.base import Environment, Turn, register, text
 from agents.gateway.chat import ChatFormat, load_format
@@ -30,6 +31,12 @@ def _is_call(c: str) -> bool:
     return "a" <= c <= "z" and len(c) == 1  # a lowercase letter
 
 
+@lru_cache(maxsize=4)
+def _chat(model: str) -> ChatFormat:
+    """A model directory's chat format, built once per process (it renders its template to learn its markers)."""
+    return load_format(model)
+
+
 class Calculator(Environment):
     temperature = 1.0
 
@@ -41,7 +48,7 @@ class Calculator(Environment):
         self.called = False
         self.turns = 0
         self.tokenizer = load_tokenizer(model)
-        self.chat: ChatFormat | None = None if self.tokenizer is TOKENIZER else load_format(model)
+        self.chat: ChatFormat | None = None if self.tokenizer is TOKENIZER else _chat(model)
 
     async def reset(self) -> Turn:
         question = f"{self.a}+{self.b}?"
