@@ -77,10 +77,14 @@ class JobAdmin(ReadOnlyAdmin):
         "n_decode",
         "n_colocated",
         "step",
+        "priority",
+        "weight",
+        "min_rollout_gpus",
+        "allotted_rollout_gpus",
         "created_by",
         "created",
     )
-    list_filter = ("status", "policy", "engine", "model")
+    list_filter = ("status", "policy", "engine", "model", "priority")
     search_fields = ("name",)
     inlines = [OverrideInline]
 

@@ -108,6 +108,14 @@ class Job(models.Model):
     max_trajectory_tokens = models.PositiveIntegerField(default=32768, validators=[MinValueValidator(1)])
     rollout_gpus = models.PositiveIntegerField(default=0)  # max dedicated rollout GPUs (0 = all available)
     training_gpus = models.PositiveIntegerField(default=0)
+    # sharing the cluster with other jobs (issue 35, core.arbiter): higher priority is served first, weight is
+    # the fair share among equal priorities, min_rollout_gpus is guaranteed while it runs (checked at submission
+    # against the reserved pool beside the other live jobs' guarantees)
+    priority = models.IntegerField(default=0)
+    weight = models.FloatField(default=1.0)
+    min_rollout_gpus = models.PositiveIntegerField(default=0)
+    # the arbiter's allotment: dedicated rollout GPUs the job may hold now (None: not arbitrated yet)
+    allotted_rollout_gpus = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     mode = models.CharField(max_length=16, choices=choices(Mode), default=Mode.COLOCATED)
     n_prefill = models.PositiveIntegerField(default=0)
