@@ -405,7 +405,7 @@ class Command(BaseCommand):
         from controlplane.models import Job
         from controlplane.services.jobs import create_job
 
-        if Job.objects.filter(status__in=["pending", "running"]).exists():
+        if Job.objects.filter(status__in=["pending", "running", "paused"]).exists():  # a paused one holds its GPUs
             return
         operator = User.objects.filter(username=DEMO_OPERATOR).first()  # "created by" names it, as for `pearl submit`
         n = int(time.time()) % 100000
