@@ -42,7 +42,9 @@ class Transitions(WorldState):
         for s in self.slots.values():
             nxt = s.next_role()
             if s.pool == "overlap":
-                if s.lent:  # serving another job's rollout (multi-job): not this job's to borrow
+                if s.lent:  # serving another job's rollout (multi-job): not this job's to borrow, its slot id kept
+                    if s.wid is not None:
+                        taken.add(s.wid)
                     continue
                 if s.state == DRAINING and nxt is None:  # being returned: not borrowable until inactive
                     units.append(Unit(s.sid, Pool.TRAINING, s.wid, None, leaving=True, hardware=hw(s)))

@@ -120,3 +120,17 @@ def test_a_job_that_ends_gives_its_units_back():
     ended = [e for e in r.explanations if "job a ended" in e]
     assert ended and "a " in ended[0] and "→0" in ended[0]
     assert all(j.misses == 0 and j.lost_tokens == 0 for j in r.jobs.values())
+
+
+def test_a_lent_training_unit_is_hidden_from_its_owner_but_keeps_its_slot_id():
+    from controlplane.sim.cluster import Simulation
+    from controlplane.sim.multi import job_scenario
+
+    sc = scenario_from_dict(dict(TWO))
+    sim = Simulation(job_scenario(sc, sc.jobs[0], 0), "pearl")
+    sim.world.add_training_units(2)
+    ovl = [s for s in sim.world.slots.values() if s.pool == "overlap"]
+    ovl[0].lent = True
+    inv = sim.world.inventory(False)
+    assert {u.key for u in inv.units} == {ovl[1].sid}
+    assert ovl[0].wid in inv.taken_slots  # a new dedicated worker may not take the lent unit's slot id
