@@ -16,8 +16,8 @@ Pearl's division (`arbitrate`), in order:
    fair share of the pool served first;
 4. moves between jobs only where the receiver's benefit beats the donor's loss by the hysteresis margin plus
    the move's cost (the receiver's weight reload, the donor's lost KV caches, each as a fraction of a step,
-   paid back over `payback_steps` steps); a job below its fair share needs only to pay for the move. So
-   allotments do not flap: no move is worth undoing;
+   paid back over `payback_steps` steps); a job below its fair share needs only to pay for the move, over
+   `fair_payback_steps`. So allotments do not flap: no move is worth undoing;
 5. cross-job borrowing: a job's idle training units are lent to another job's rollout only when the lend pays
    for its reload within the window before the owner's Training Begin (the deadline accounting of intra-job
    borrowing, `core.borrowing.return_deadline`); they are returned at that Training Begin.
@@ -93,8 +93,11 @@ class Lend:
 class ArbiterConfig:
     # a move between jobs must gain this much weighted ln(step time) beyond its cost (hysteresis)
     hysteresis: float = 0.03
-    # a move's one-time cost (reload, lost KV) is paid back over this many of the receiver's steps
+    # a move's one-time cost (reload, lost KV) is paid back over this many of the receiver's steps...
     payback_steps: float = 4.0
+    # ...or over this many when it brings a job below its fair share back towards it (it keeps that share for
+    # the rest of its run, and such a move is never undone: the donor stays at or above its own share)
+    fair_payback_steps: float = 20.0
     return_margin_s: float = 5.0  # lent units are due this long before the owner's Training Begin
     min_benefit: float = 1e-3  # a unit that shortens a step by less than 0.1% is not worth giving
     lending: bool = True  # cross-job borrowing of idle training units
@@ -280,11 +283,12 @@ def arbitrate(
         if rk[0] < dk[0]:
             break
         cr, cd = curves[r], curves[d]
+        fair = rk[0] > dk[0]
         cost = (
             by[r].weight * by[r].reload_s / max(cr.at(alloc[r] + 1), 1e-9)
             + by[d].weight * by[d].kv_loss_s / max(cd.at(alloc[d] - 1), 1e-9)
-        ) / config.payback_steps
-        net = rk[1] - dk[1] - cost if rk[0] == dk[0] else rk[1] - cost
+        ) / (config.fair_payback_steps if fair else config.payback_steps)
+        net = rk[1] - cost if fair else rk[1] - dk[1] - cost
         if not net > config.hysteresis:
             break
         alloc[r] += 1

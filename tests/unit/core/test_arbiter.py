@@ -68,11 +68,11 @@ def test_a_saturated_job_gives_way():
 
 def test_a_move_is_gated_by_its_cost():
     # 8/4 is off the 6/6 optimum; without costs or hysteresis it is corrected, but a move reloads weights
-    # and loses KV caches: with those costs one step's gain does not pay for it
+    # and loses KV caches: a move whose cost its gain does not pay back is not made
     prev = Allotment({"A": 8, "B": 4})
     free = ArbiterConfig(hysteresis=0.0, payback_steps=1.0)
     assert dict(arbitrate(12, [job("A"), job("B")], prev, config=free).units) == {"A": 6, "B": 6}
-    costly = [job("A", reload_s=60.0, kv_loss_s=20.0), job("B", reload_s=60.0, kv_loss_s=20.0)]
+    costly = [job("A", reload_s=3000.0, kv_loss_s=200.0), job("B", reload_s=3000.0, kv_loss_s=200.0)]
     a = arbitrate(12, costly, prev, config=free)
     assert dict(a.units) == {"A": 8, "B": 4}
     assert not a.changed
