@@ -17,6 +17,16 @@ every agent registered:
   generators' own), Redis commands per heartbeat (INFO commandstats, every client) and Daphne memory per
   node (RSS after the window less RSS before the agents connected, over N).
 
+`--storm` measures a restart of the control plane at full size instead (issue 34): all N agents connect within
+one second to fresh Daphne processes, then again within one second of a Daphne restart (`--phases`); the
+agents keep their links as the product's node agents do (re-register after a close, reconnect with jittered
+exponential backoff, adopt a new epoch after a lost lease: load_agents.py). Each phase is watched from the
+storm on (nodes ready, leases lost, every 5 s), and measured over `--duration` seconds from `--settle` seconds
+after the storm: every node ready or not, leases lost (node.lease_expired events), links dropped, lease-lost
+notices (a desired state with a newer epoch on a registered socket), heartbeats refused, database row writes
+per heartbeat (every heartbeat of the storm reports no change; telemetry is not sent), server CPU; with
+`--py-spy`, where the Daphne processes spend the first `--spy-s` seconds of each phase.
+
 `--code DIR` runs the servers from another checkout (e.g. `git worktree add /tmp/base <commit>`) with the
 same database schema: the same command measures the code before and after a change; `--report A.json
 B.json` prints two saved runs side by side.
@@ -24,6 +34,7 @@ B.json` prints two saved runs side by side.
 Usage: DATABASE_URL=postgres://.../pearl_load .venv/bin/python benchmarks/bench_load.py
        [--agents 128,256,512,1024,2048] [--periods 3,1] [--daphnes 2] [--generators 2] [--duration 30]
        [--code DIR] [--out FILE.json] [--py-spy PATH]
+       [--storm [--phases storm,restart] [--settle 60] [--spy-s 30]]
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -264,9 +276,154 @@ def run_step(
     }
 
 
-def spy(args: argparse.Namespace, pid: int, out: Path) -> subprocess.Popen[bytes]:
+def run_storm(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    tmp: Path,
+    db: str,
+    agents: list[list[Any]],
+    job: str,
+    period: float,
+    procs: dict[str, subprocess.Popen[bytes]],
+) -> dict[str, Any]:
+    """The storm (`--storm`): every agent connects within one second of fresh Daphnes, then (phase
+    "restart") again within one second of their restart; each phase watched and measured (`storm_phase`)."""
+    code = Path(args.code).resolve()
+    denv = dict(env, PEARL_HEARTBEAT_S=str(period))
+    ports, web = harness.start_daphnes(args.daphnes, cwd=code, env=denv, tmp=tmp)
+    names = [a[0] for a in agents]
+    gens: list[subprocess.Popen[str]] = []
+    phases: list[dict[str, Any]] = []
+    try:
+        time.sleep(1.0)
+        spec = {"period": period, "job": job, "storm": True, "probe_every": 0, "change_every": 0}
+        for label in args.phases.split(","):
+            if label == "storm":
+                t0 = time.time()
+                gens = harness.start_generators(agents, generators=args.generators, ports=ports, tmp=tmp, **spec)
+            elif label == "restart":
+                harness.stop(web)
+                ports, web = harness.start_daphnes(args.daphnes, cwd=code, env=denv, tmp=tmp, ports=ports)
+                t0 = time.time()
+                harness.send(gens, {"storm": t0})
+            else:
+                raise SystemExit(f"unknown phase {label!r}: storm or restart")
+            phases.append(storm_phase(args, label, t0, db, names, web, procs, tmp))
+        harness.send(gens, {"stop": True}, last=True)
+        outs = harness.results(gens)
+    finally:
+        harness.stop(gens, kill=True)
+        harness.stop(web)
+    for ph in phases:
+        ph |= storm_counts(ph, outs, names)
+        ph.pop("_t0")
+        ph.pop("_window")
+    return {"period_s": period, "agents": len(agents), "daphnes": args.daphnes, "phases": phases}
+
+
+def storm_phase(
+    args: argparse.Namespace,
+    label: str,
+    t0: float,
+    db: str,
+    names: list[str],
+    web: list[subprocess.Popen[bytes]],
+    procs: dict[str, subprocess.Popen[bytes]],
+    tmp: Path,
+) -> dict[str, Any]:
+    """One storm from t0: nodes ready and leases lost every 5 s until the settle, Daphne profiled over the
+    first --spy-s seconds (--py-spy), then the window's database writes and server CPU."""
+    from controlplane.models import Event, Node, TelemetrySample
+
+    def ready() -> int:
+        return Node.objects.filter(name__in=names, status="ready").count()
+
+    def lost(since: float, until: float) -> int:
+        return Event.objects.filter(
+            kind="node.lease_expired", created__gte=utc(since), created__lt=utc(until), node__name__in=names
+        ).count()
+
+    spies = []
+    if args.py_spy:
+        spies = [spy(args, w.pid, tmp / f"storm-{label}-{len(names)}-{i}.txt", args.spy_s) for i, w in enumerate(web)]
+    timeline: list[list[float]] = []
+    w0 = t0 + args.settle
+    while time.time() < w0:
+        time.sleep(min(5.0, max(0.0, w0 - time.time())))
+        timeline.append([round(time.time() - t0, 1), ready(), lost(t0, time.time())])
+    groups = {"daphne": [w.pid for w in web], "celery": [procs["celery"].pid], "redis": [procs["redis"].pid]}
+    cpu0 = sum(harness.cpu_s(pid) for pids in groups.values() for pid in pids)
+    before = (pg_counters(db), TelemetrySample.objects.count())
+    ready0 = ready()
+    time.sleep(args.duration)
+    w1 = time.time()
+    cpu1 = sum(harness.cpu_s(pid) for pids in groups.values() for pid in pids)
+    ready1 = ready()
+    time.sleep(2.0)  # backends flush their statistics
+    after = (pg_counters(db), TelemetrySample.objects.count())
+    for sp in spies:
+        sp.wait(timeout=120)
+    return {
+        "phase": label,
+        "timeline_s_ready_lost": timeline,
+        "ready_at_window_start": ready0,
+        "ready_at_window_end": ready1,
+        "leases_lost_before_window": lost(t0, w0),
+        "leases_lost": lost(w0, w1),
+        "window_s": [round(w0 - t0, 1), round(w1 - t0, 1)],
+        "_t0": t0,
+        "_window": (w0, w1),
+        "_rows": after[0][0] - before[0][0] - (after[1] - before[1]),
+        "_commits": after[0][1] - before[0][1],
+        "_cpu_s": cpu1 - cpu0,
+        "load_average": [round(x, 1) for x in os.getloadavg()],
+        "profile": profile_summary(sorted(tmp.glob(f"storm-{label}-{len(names)}-*.txt"))) if args.py_spy else {},
+    }
+
+
+def utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, tz=UTC)
+
+
+def storm_counts(ph: dict[str, Any], outs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """A phase's figures from the load generators' timestamps: how long until every agent registered after
+    the storm, and in the window the links dropped, lease-lost notices and refusals, and per heartbeat the
+    row writes, commits and server CPU."""
+    t0, (w0, w1) = ph["_t0"], ph["_window"]
+    first: dict[str, float] = {}
+    for o in outs:
+        for t, name in o["registered_at"]:
+            if t >= t0 and (name not in first or t < first[name]):
+                first[name] = t
+    sent = sum(n for o in outs for sec, n in o["sent_per_s"].items() if w0 <= int(sec) < w1)
+
+    def within(key: str) -> int:
+        return sum(1 for o in outs for t in o[key] if w0 <= (t[0] if isinstance(t, list) else t) < w1)
+
+    refused: dict[str, int] = {}
+    for o in outs:
+        for t, code in o["refused"]:
+            if w0 <= t < w1:
+                refused[code] = refused.get(code, 0) + 1
+    return {
+        "registered": len(first),
+        "all_registered_s": round(max(first.values()) - t0, 1) if len(first) == len(names) else None,
+        "registrations_in_window": within("registered_at"),
+        "links_dropped": within("dropped"),
+        "connects_failed": within("failed"),
+        "lease_lost_notices": within("lease_lost"),
+        "refused": refused,
+        "heartbeats": sent,
+        "row_writes_per_heartbeat": round(ph.pop("_rows") / max(sent, 1), 4),
+        "commits_per_heartbeat": round(ph.pop("_commits") / max(sent, 1), 4),
+        "cpu_ms_per_heartbeat": round(1000 * ph.pop("_cpu_s") / max(sent, 1), 2),
+        "errors": [e for o in outs for e in o["errors"]][:5],
+    }
+
+
+def spy(args: argparse.Namespace, pid: int, out: Path, duration: float = 0.0) -> subprocess.Popen[bytes]:
     """py-spy over one process for the window: raw (collapsed) stacks, 50 samples/s, the process not paused."""
-    cmd = [args.py_spy, "record", "--duration", str(int(args.duration)), "--rate", "50", "--nonblocking"]
+    cmd = [args.py_spy, "record", "--duration", str(int(duration or args.duration)), "--rate", "50", "--nonblocking"]
     return subprocess.Popen(
         [*cmd, "--format", "raw", "--pid", str(pid), "-o", str(out)],
         stdout=subprocess.DEVNULL,
@@ -349,6 +506,10 @@ def main() -> None:
     p.add_argument("--report", nargs="+", help="print saved runs side by side")
     p.add_argument("--stop-p95-ms", type=float, default=1000.0, help="skip larger N at a period once p95 passes this")
     p.add_argument("--py-spy", default="", help="a py-spy binary: profile every Daphne process over each window")
+    p.add_argument("--storm", action="store_true", help="a restart at full size: every agent connects at once")
+    p.add_argument("--phases", default="storm,restart", help="--storm: storms to run in order (storm, restart)")
+    p.add_argument("--settle", type=float, default=60.0, help="--storm: seconds from the storm to the window")
+    p.add_argument("--spy-s", type=float, default=30.0, help="--storm --py-spy: seconds profiled from each storm")
     args = p.parse_args()
     if args.report:
         report(args.report)
@@ -387,6 +548,12 @@ def main() -> None:
         )
         for period in [float(x) for x in args.periods.split(",")]:
             for n in sizes:
+                if args.storm:
+                    r = run_storm(args, env, tmp, db, agents[:n], job, period, procs)
+                    results.append(r)
+                    print(json.dumps(r), file=sys.stderr, flush=True)
+                    time.sleep(22.0)  # the step's agents' leases lapse before the next step
+                    continue
                 r = run_step(args, env, tmp, db, agents[:n], job, period, cookie, procs, rport)
                 results.append(r)
                 print(json.dumps(r), file=sys.stderr, flush=True)

@@ -148,11 +148,12 @@ def start_redis() -> tuple[subprocess.Popen[bytes], int]:
 
 
 def start_daphnes(
-    n: int, *, cwd: Path, env: dict[str, str], tmp: Path
+    n: int, *, cwd: Path, env: dict[str, str], tmp: Path, ports: list[int] | None = None
 ) -> tuple[list[int], list[subprocess.Popen[bytes]]]:
-    """n Daphne processes of the checkout at `cwd`, each on a free port, logging to tmp/daphne-<port>.log,
-    once each accepts connections (up to 600 s: a contended machine starts Django slowly): (ports, processes)."""
-    ports = [free_port() for _ in range(n)]
+    """n Daphne processes of the checkout at `cwd`, each on a free port (or on `ports`: a restart on the same
+    addresses), logging to tmp/daphne-<port>.log, once each accepts connections (up to 600 s: a contended
+    machine starts Django slowly): (ports, processes)."""
+    ports = list(ports) if ports else [free_port() for _ in range(n)]
     web = [
         subprocess.Popen(
             [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pt), "pearl_site.asgi:application"],

@@ -12,6 +12,15 @@ something); "slots" and "pool" set what it registers, "slow": {name: delay s} de
 negative delay: it never reports a change), and the results count the desired states each node got after the
 go line ("desired_counts"). A {"stop": true} line on stdin ends the run.
 
+With "storm": true (bench_load.py --storm) every agent connects at a uniform moment within one second of the
+spec, with no cap on handshakes in flight, and keeps its link as the product's node agent does: a link that
+closes or fails is reconnected with the jittered exponential backoff of `agents.reconnect` (0.2 s doubling to
+RECONNECT_BACKOFF_MAX_S), and re-registers; a desired state with a newer epoch than its socket's (its lease
+was lost) is adopted and heartbeated at. A {"storm": t} line makes every agent whose link is down connect again
+within one second of t (the bench restarted Daphne). The results carry timestamps (registrations, dropped
+links, lease-lost notices, refused heartbeats) and the heartbeats sent per second, which the bench counts
+per window; no "READY" line is written.
+
 Measured here, per heartbeat of a probing agent (every `probe_every`-th agent): heartbeat sent -> lease
 renewed. The link answers nothing to a heartbeat, so right after it the agent sends a frame the server
 refuses at once (`{"type": "probe"}`: unknown message type); a consumer handles its socket's frames one at a
@@ -33,6 +42,10 @@ import time
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, WSMsgType
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: agents.*
+from agents.node.session import RECONNECT_BACKOFF_MAX_S
+from agents.reconnect import LINK_ERRORS
 
 TAIL_S = 10.0  # heartbeats go on this long after the measured window
 CONNECTS_AT_ONCE = 16  # registrations in flight per generator process
@@ -77,19 +90,7 @@ async def agent(
     async with session.ws_connect(
         url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0, heartbeat=None
     ) as ws:
-        await ws.send_json(
-            {
-                "type": "register",
-                "node": name,
-                "pool": cfg.get("pool", "reserved"),
-                "hardware": "H800",
-                "incarnation": f"load-{os.getpid()}",
-                "data_plane": "",
-                "slots": [
-                    {"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(int(cfg.get("slots", 2)))
-                ],
-            }
-        )
+        await ws.send_json(register_message(name, cfg))
         epoch = generation = 0
         desired: list[dict[str, Any]] = []
         while True:
@@ -205,11 +206,172 @@ async def agent(
             rd.cancel()
 
 
+def register_message(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "register",
+        "node": name,
+        "pool": cfg.get("pool", "reserved"),
+        "hardware": "H800",
+        "incarnation": f"load-{os.getpid()}",
+        "data_plane": "",
+        "slots": [{"index": s, "hardware": "H800", "memory_mb": 81920} for s in range(int(cfg.get("slots", 2)))],
+    }
+
+
+class Storm:
+    """What the storm's agents share: the moment of the latest storm (they connect within a second of it) and
+    an event set when a new storm is called (it ends the backoff of every agent whose link is down)."""
+
+    def __init__(self) -> None:
+        self.at = time.time()
+        self.called = asyncio.Event()
+        self.stopping = asyncio.Event()
+
+    def call(self, at: float) -> None:
+        self.at = at
+        self.called.set()
+        self.called = asyncio.Event()
+
+
+async def storm_agent(
+    session: ClientSession, url: str, spec: list[Any], cfg: dict[str, Any], out: dict[str, Any], storm: Storm
+) -> None:
+    """One agent of the storm: connect within a second of the storm, then keep the link as the node agent
+    does (`agents.node.session`: register on every connection, heartbeat every period at the epoch it holds,
+    adopt a desired state's newer epoch, reconnect with jittered exponential backoff)."""
+    name, token, workers = spec
+    period = float(cfg["period"])
+    delay = 0.2
+    called = storm.called
+    await asyncio.sleep(max(0.0, storm.at + random.random() - time.time()))
+    while not storm.stopping.is_set():
+        try:
+            await storm_session(session, url, name, token, workers, period, cfg, out, storm)
+            delay = 0.2
+            out["dropped"].append(time.time())
+        except LINK_ERRORS as exc:
+            out["failed"].append(time.time())
+            if len(out["errors"]) < 10:
+                out["errors"].append(f"{name}: {exc!r}"[:160])
+        if storm.stopping.is_set():
+            break
+        wait = asyncio.ensure_future(called.wait())
+        stop = asyncio.ensure_future(storm.stopping.wait())
+        await asyncio.wait([wait, stop], timeout=delay * (0.5 + random.random()), return_when=asyncio.FIRST_COMPLETED)
+        wait.cancel()
+        stop.cancel()
+        if called.is_set():  # a new storm: connect within a second of it, whatever the backoff said
+            called = storm.called
+            delay = 0.2
+            await asyncio.sleep(max(0.0, storm.at + random.random() - time.time()))
+        else:
+            delay = min(RECONNECT_BACKOFF_MAX_S, delay * 2)
+
+
+async def storm_session(
+    session: ClientSession,
+    url: str,
+    name: str,
+    token: str,
+    workers: list[int],
+    period: float,
+    cfg: dict[str, Any],
+    out: dict[str, Any],
+    storm: Storm,
+) -> None:
+    """One connection of a storm agent, until it closes (or the run stops)."""
+    async with session.ws_connect(
+        url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0, heartbeat=30
+    ) as ws:
+        await ws.send_json(register_message(name, cfg))
+        state = {"epoch": 0, "generation": 0}
+        registered = asyncio.Event()
+
+        async def beat() -> None:
+            await registered.wait()
+            await asyncio.sleep(random.random() * period)
+            while True:
+                report = fixed_report(workers, state["generation"])
+                await ws.send_json(
+                    {"type": "heartbeat", "epoch": state["epoch"], "generation": state["generation"], "workers": report}
+                )
+                second = str(int(time.time()))
+                out["sent_per_s"][second] = out["sent_per_s"].get(second, 0) + 1
+                await asyncio.sleep(period)
+
+        beater = asyncio.create_task(beat())
+        stop = asyncio.create_task(storm.stopping.wait())
+        try:
+            while True:
+                recv = asyncio.create_task(ws.receive())
+                done, _ = await asyncio.wait({recv, stop, beater}, return_when=asyncio.FIRST_COMPLETED)
+                if recv not in done:
+                    recv.cancel()
+                    if beater in done:
+                        beater.result()  # a send on a closing link: raise it
+                    return
+                m = recv.result()
+                if m.type != WSMsgType.TEXT:
+                    return
+                d = json.loads(m.data)
+                kind = d.get("type")
+                if kind == "registered":
+                    state["epoch"] = d["epoch"]
+                    out["registered_at"].append([time.time(), name])
+                elif kind == "desired_state":
+                    if d["epoch"] > state["epoch"] and registered.is_set():
+                        out["lease_lost"].append(time.time())  # a new epoch not of this socket's registration
+                    state["epoch"] = max(state["epoch"], d["epoch"])
+                    state["generation"] = max(state["generation"], d["generation"])
+                    registered.set()
+                elif kind == "error":
+                    out["refused"].append([time.time(), str(d.get("code", ""))])
+        finally:
+            for t in (beater, stop):
+                t.cancel()
+            await asyncio.gather(beater, stop, return_exceptions=True)
+
+
+async def run_storm(cfg: dict[str, Any]) -> None:
+    """The storm's agents until a {"stop": true} line; {"storm": t} lines call a new storm. Results on stdout."""
+    loop = asyncio.get_running_loop()
+    out: dict[str, Any] = {
+        "registered_at": [],
+        "dropped": [],
+        "failed": [],
+        "lease_lost": [],
+        "refused": [],
+        "sent_per_s": {},
+        "errors": [],
+    }
+    storm = Storm()
+    urls, offset = cfg["urls"], int(cfg.get("offset", 0))
+    async with ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0)) as s:
+        tasks = [
+            asyncio.create_task(storm_agent(s, urls[(i + offset) % len(urls)], a, cfg, out, storm))
+            for i, a in enumerate(cfg["agents"])
+        ]
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            msg = json.loads(line) if line.strip() else {"stop": True}
+            if msg.get("stop"):
+                break
+            storm.call(float(msg["storm"]))
+        storm.stopping.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+    out["failed_agents"] = sum(1 for d in done if isinstance(d, BaseException))
+    out["errors"] += [repr(d)[:120] for d in done if isinstance(d, BaseException)][:5]
+    print(json.dumps(out), flush=True)
+
+
 async def main() -> None:
     """Line 1 on stdin: the spec; "READY" on stdout once every agent registered (they heartbeat from then on);
     line 2 on stdin: {"t_start": wall s}, the start of the measured window; then the results on stdout."""
     loop = asyncio.get_running_loop()
     cfg = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
+    if cfg.get("storm"):
+        await run_storm(cfg)
+        return
     out: dict[str, Any] = {
         "registered": 0,
         "sent": 0,
