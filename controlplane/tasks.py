@@ -11,9 +11,9 @@ from celery import shared_task
 
 from controlplane.selectors.history import unfinished_transition_ids
 from controlplane.selectors.jobs import live_job_ids
-from controlplane.services import dispatch, draining, executor, expiry, planner, simulations, telemetry
+from controlplane.services import arbitration, dispatch, draining, executor, expiry, planner, simulations, telemetry
 from controlplane.services.dispatch import TaskName
-from controlplane.services.plan_queue import take_plan_signals
+from controlplane.services.plan_queue import enqueue_arbitration, take_arbitration_reasons, take_plan_signals
 from controlplane.services.retry import retry_transient
 
 
@@ -44,6 +44,21 @@ def plan_job(job_id: int, signal: str | None = None) -> list[int]:
         t = planner.plan_job_isolated(job_id=job_id, signal=sig)
         if t is not None:
             planned.append(t.pk)
+    return planned
+
+
+@shared_task(name=TaskName.ARBITRATE)
+def arbitrate() -> list[int]:
+    """One division of the cluster (core.arbiter) per batch of queued cluster events (single flight), then,
+    in this one task, a plan for each job whose allotment changed, the shrinking ones first: the jobs never
+    race each other for units. Each job's plan is its own PEARL decision inside its allotment."""
+    planned: list[int] = []
+    while (reason := take_arbitration_reasons()) is not None:
+        division = retry_transient(arbitration.rebalance, reason=reason)
+        for job_id, signal in division.plan_order:
+            t = planner.plan_job_isolated(job_id=job_id, signal=signal)
+            if t is not None:
+                planned.append(t.pk)
     return planned
 
 
@@ -78,6 +93,7 @@ def replan_all() -> list[int]:
         tr, outcome = retry_transient(executor.advance, transition_id=tr_id)
         if outcome == "waiting":  # its executor died (the lease ran out): this one carries on
             dispatch.execute_transition(tr_id, tr.lease_owner, countdown=0.25)
+    enqueue_arbitration("periodic")  # the division follows the jobs' refitted predictors (hysteresis: no flapping)
     planned = []
     for job_id in live_job_ids():
         t = planner.plan_job_isolated(job_id=job_id, signal="periodic")  # one failing job never stops the others

@@ -13,7 +13,10 @@ sequence_length: 32768               # or max_trajectory_tokens:
 policy: pearl                        # a product policy: GET /api/catalog/ lists them
 policy_options: {}                   # the policy's options (GET /api/catalog/)
 tensor_parallel_size: 2              # or tp:
-gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus:
+gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus: (rollout: the job's maximum)
+priority: 0                          # sharing the cluster: higher is served first
+weight: 1                            # the fair share among jobs of equal priority
+min_rollout_gpus: 0                  # rollout GPUs guaranteed while the job runs (or gpus: {min_rollout: N})
 # environment: agent (bring your own agent): agent_command / agent_function, agent_workdir, tasks,
 # agent_timeout_s, agent_concurrency (examples/agents/job.yaml)
 """
@@ -49,9 +52,12 @@ ALIASES = {
     "tp": "tp",
     "rollout_gpus": "rollout_gpus",
     "training_gpus": "training_gpus",
+    "priority": "priority",
+    "weight": "weight",
+    "min_rollout_gpus": "min_rollout_gpus",
     **{k: k for k in AGENT_FIELDS},
 }
-GPU_KEYS = {"rollout": "rollout_gpus", "training": "training_gpus"}
+GPU_KEYS = {"rollout": "rollout_gpus", "training": "training_gpus", "min_rollout": "min_rollout_gpus"}
 
 
 def load_spec(path: str, *, name: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -71,7 +77,7 @@ def load_spec(path: str, *, name: str | None = None) -> tuple[dict[str, Any], di
     for key, value in raw.items():
         if key == "gpus":
             if not isinstance(value, dict) or set(value) - set(GPU_KEYS):
-                raise CliError(f"{path}: gpus must be a mapping with 'rollout' and 'training'", 2)
+                raise CliError(f"{path}: gpus must be a mapping with 'rollout', 'training' (and 'min_rollout')", 2)
             for k, v in value.items():
                 body[GPU_KEYS[k]], wrote[GPU_KEYS[k]] = v, f"gpus.{k}"
             continue

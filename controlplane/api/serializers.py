@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -85,6 +86,18 @@ class JobCreateSerializer(serializers.Serializer):
     max_trajectory_tokens = StrictIntegerField(min_value=1, max_value=1 << 21, default=32768)
     rollout_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
     training_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
+    # sharing the cluster with other jobs (issue 35; rollout_gpus is the job's maximum)
+    priority = StrictIntegerField(
+        min_value=-1000, max_value=1000, default=0, help_text="higher is served first when jobs share the cluster"
+    )
+    weight = StrictFloatField(default=1.0, help_text="positive: the fair share among jobs of equal priority")
+    min_rollout_gpus = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_GPUS,
+        default=0,
+        help_text="rollout GPUs guaranteed while the job runs (at most rollout_gpus; the reserved pool must hold it "
+        "beside the other live jobs' guarantees)",
+    )
     # environment "agent" (issue 19): JSON as given; services.jobs checks them with core.agent_spec (400 naming
     # the field) and keeps them as the job's `agent`
     agent_command = serializers.JSONField(required=False, help_text="argv list of the agent (environment agent)")
@@ -101,7 +114,19 @@ class JobCreateSerializer(serializers.Serializer):
     )
     agent_processes = serializers.JSONField(required=False, help_text="agent_function's worker processes at most")
 
+    def validate_weight(self, value: float) -> float:
+        if not (math.isfinite(value) and 0 < value <= 1e6):
+            raise serializers.ValidationError("weight must be a positive number (at most 1e6)")
+        return value
+
     def validate(self, attrs: dict) -> dict:
+        if attrs["min_rollout_gpus"] > attrs["rollout_gpus"]:
+            raise serializers.ValidationError(
+                {
+                    "min_rollout_gpus": f"min_rollout_gpus={attrs['min_rollout_gpus']} is above rollout_gpus="
+                    f"{attrs['rollout_gpus']} (the job's maximum)"
+                }
+            )
         if attrs["batch_size"] % attrs["group_size"]:
             raise serializers.ValidationError({"batch_size": "batch_size must be a multiple of group_size"})
         agent = {k: attrs.pop(k) for k in AGENT_FIELDS if k in attrs}
@@ -134,6 +159,10 @@ class JobSerializer(serializers.ModelSerializer):
             "max_trajectory_tokens",
             "rollout_gpus",
             "training_gpus",
+            "priority",
+            "weight",
+            "min_rollout_gpus",
+            "allotted_rollout_gpus",
             "status",
             "mode",
             "n_prefill",

@@ -25,6 +25,7 @@ class TaskName(StrEnum):
     EXECUTE_TRANSITION = "controlplane.execute_transition"
     REPLAN_ALL = "controlplane.replan_all"
     RUN_SIMULATION = "controlplane.run_simulation"
+    ARBITRATE = "controlplane.arbitrate"
 
 
 def _send(name: TaskName, *args: Any, countdown: float | None = None) -> None:
@@ -36,6 +37,11 @@ def _send(name: TaskName, *args: Any, countdown: float | None = None) -> None:
 def plan_job(job_id: int) -> None:
     """Send the job's plan task now (the plan queue's single flight decides when: `plan_queue`)."""
     _send(TaskName.PLAN_JOB, job_id)
+
+
+def arbitrate() -> None:
+    """Send the arbiter's task now (its single flight is the plan queue's: `plan_queue.enqueue_arbitration`)."""
+    _send(TaskName.ARBITRATE)
 
 
 def execute_transition(transition_id: int, owner: str = "", *, countdown: float | None = None) -> None:

@@ -31,7 +31,7 @@ from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.invariants import checked_once
 from controlplane.services.locks import lock_job, lock_nodes, locked
 from controlplane.services.nodes import bump_generations, push_nodes
-from controlplane.services.plan_queue import resume_deferred_plans
+from controlplane.services.plan_queue import replan_short_jobs, resume_deferred_plans
 from controlplane.services.planner import ACTIVE_TRANSITION
 from controlplane.services.workers import (
     WorkerChange,
@@ -113,6 +113,8 @@ def advance(*, transition_id: int, owner: str = "", actor: str = "executor") -> 
             Transition.objects.filter(pk=tr.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
     if outcome in ("done", "failed"):
         resume_deferred_plans(tr.job_id)
+    if outcome == "done" and tr.plan.get("remove"):
+        replan_short_jobs(exclude=tr.job_id)  # units came free: the jobs the arbiter allots them to take them
     if outcome == "done":
         with transaction.atomic():
             Transition.objects.filter(pk=tr.pk).update(status=Transition.Status.SUCCEEDED, finished=timezone.now())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -24,10 +25,11 @@ from controlplane.services.events import emit, notify_drivers_on_commit, push_de
 from controlplane.services.invariants import assert_invariants
 from controlplane.services.locks import lock_job, lock_nodes
 from controlplane.services.nodes import bump_generations, push_nodes
-from controlplane.services.plan_queue import enqueue_plan
+from controlplane.services.plan_queue import enqueue_arbitration, enqueue_plan
 from controlplane.services.workers import return_borrowed
 
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
+LIVE_STATUSES = (Job.Status.PENDING, Job.Status.RUNNING, Job.Status.PAUSED)  # jobs that hold (or will) a guarantee
 MAX_TASK_FILE_BYTES = 64 << 20  # what submission reads of an agent job's task file
 
 
@@ -90,9 +92,11 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         )
     if rollout_gpus % tp or training_gpus % tp:
         raise InvalidInput(f"GPU counts must be multiples of tp={tp}", field="tp")
+    _check_sharing(spec, rollout_gpus, tp)
     with transaction.atomic():
         if Job.objects.filter(name=spec["name"]).exists():
             raise Conflict(f"a job named {spec['name']!r} exists", field="name")
+        _admit_guarantee(int(spec.get("min_rollout_gpus", 0)), gpus[Pool.RESERVED])
         try:
             with transaction.atomic():  # a concurrent create of the same name loses here, not with a 500
                 job = Job.objects.create(**spec, created_by=user if getattr(user, "is_authenticated", False) else None)
@@ -107,8 +111,51 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
             data={"spec": {k: v for k, v in spec.items()}},
         )
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
-        enqueue_plan(job.pk, "step_start")
+        enqueue_arbitration(f"job {job.name} arrived")  # the arbiter allots its share, then plans it
     return job
+
+
+def _check_sharing(spec: dict[str, Any], rollout_gpus: int, tp: int) -> None:
+    """priority, weight and min_rollout_gpus (issue 35): how the job shares the cluster; a bad value names its
+    field (the API checks the JSON types, this the values, for every caller)."""
+    priority, weight, guarantee = spec.get("priority", 0), spec.get("weight", 1.0), spec.get("min_rollout_gpus", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput("priority must be an integer", field="priority")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
+        raise InvalidInput(f"weight must be a positive number, not {weight!r}", field="weight")
+    if isinstance(guarantee, bool) or not isinstance(guarantee, int) or guarantee < 0:
+        raise InvalidInput("min_rollout_gpus must be an integer >= 0", field="min_rollout_gpus")
+    if guarantee % tp:
+        raise InvalidInput(f"min_rollout_gpus={guarantee} is not a multiple of tp={tp}", field="min_rollout_gpus")
+    if rollout_gpus and guarantee > rollout_gpus:
+        raise InvalidInput(
+            f"min_rollout_gpus={guarantee} is above rollout_gpus={rollout_gpus} (the job's maximum)",
+            field="min_rollout_gpus",
+        )
+
+
+def _admit_guarantee(guarantee: int, reserved: int) -> None:
+    """A guarantee is admitted only if the reserved pool holds it beside every live job's (pending, running or
+    paused: a paused job gets its guarantee back when it resumes). Preemptible GPUs do not count: they may
+    leave at any time. Refused at submission rather than queued: a guarantee is a promise made when the job
+    is admitted, and a queued one would wait behind the others' for as long as they run, unbounded; the
+    refusal gives the arithmetic now, and the submitter lowers it (0 runs on the fair share) or stops a job."""
+    if guarantee <= 0:
+        return
+    held = list(
+        Job.objects.filter(status__in=LIVE_STATUSES, min_rollout_gpus__gt=0)
+        .order_by("name")
+        .values_list("name", "min_rollout_gpus")
+    )
+    taken = sum(g for _, g in held)
+    if taken + guarantee > reserved:
+        detail = f" ({', '.join(f'{n}: {g}' for n, g in held)})" if held else ""
+        raise InvalidInput(
+            f"min_rollout_gpus={guarantee} cannot be guaranteed: the reserved pool has {reserved} GPUs, the live "
+            f"jobs' guarantees take {taken}{detail}, {max(0, reserved - taken)} are left "
+            f"({taken} + {guarantee} > {reserved}); lower it or stop a job",
+            field="min_rollout_gpus",
+        )
 
 
 def _with_hardware_types(spec: dict[str, Any], tp: int) -> dict[str, Any]:
@@ -215,6 +262,7 @@ def pause_job(*, job_id: int, actor: str) -> Job:
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, Signal.CAPACITY_CHANGE)  # the release (deferred while a transition is in flight)
+        enqueue_arbitration(f"job {job.name} paused")
     return job
 
 
@@ -238,6 +286,7 @@ def resume_job(*, job_id: int, actor: str) -> Job:
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, Signal.CAPACITY_CHANGE)
+        enqueue_arbitration(f"job {job.name} resumed")
     return job
 
 
@@ -274,6 +323,7 @@ def _end_job(*, job_id: int, status: str, reason: str, actor: str) -> Job:
                 actor=actor,
             )
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
+        enqueue_arbitration(f"job {job.name} {'stopped' if status == Job.Status.STOPPED else 'failed'}")
     return job
 
 
@@ -361,6 +411,7 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, "training_begin" if active else "training_finished")
+        enqueue_arbitration(f"{job.name} {'Training Begin' if active else 'Training Finished'}")
     return job
 
 

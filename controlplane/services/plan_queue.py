@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.core.state import Zone
 from controlplane.models import Job, Worker
 from controlplane.services import dispatch
 
@@ -41,6 +42,55 @@ def replan_live_jobs(signal: str, *, node_id: int | None = None, node_ids: Itera
         jobs = jobs.filter(pk__in=Worker.objects.filter(node_id__in=ids).values("job_id"))
     for job_id in jobs.values_list("id", flat=True):
         enqueue_plan(job_id, signal)
+    enqueue_arbitration("capacity change")
+
+
+ARBITER_KEY = "pearl:arbiter"
+
+
+def enqueue_arbitration(reason: str) -> None:
+    """A cluster event (a job arrived or ended, capacity changed, a job paused, resumed or changed training
+    phase): once this transaction commits, one arbiter task divides the cluster again and plans the jobs whose
+    allotment changed, one after the other (`tasks.arbitrate`). Single flight, like a job's plan queue: one
+    task at a time divides once for every event queued meanwhile; no reason is dropped."""
+    transaction.on_commit(lambda: _arbitrate_now(reason), robust=True)
+
+
+def _arbitrate_now(reason: str) -> None:
+    r = dispatch.redis_client()
+    r.rpush(ARBITER_KEY, reason)
+    r.expire(ARBITER_KEY, 3600)
+    if r.set(f"{ARBITER_KEY}:queued", "1", nx=True, ex=300):
+        dispatch.arbitrate()
+
+
+def take_arbitration_reasons() -> str | None:
+    """Every reason queued for the arbiter, in order and each once ('job b arrived; capacity change'), or
+    None: the arbiter task is then no longer queued (a reason arriving right after sends a new one)."""
+    r = dispatch.redis_client()
+    pipe = r.pipeline()
+    pipe.lrange(ARBITER_KEY, 0, -1)
+    pipe.delete(ARBITER_KEY)
+    raw, _ = pipe.execute()
+    reasons = list(dict.fromkeys(x.decode() for x in raw))
+    if not reasons:
+        r.delete(f"{ARBITER_KEY}:queued")
+        if r.llen(ARBITER_KEY) and r.set(f"{ARBITER_KEY}:queued", "1", nx=True, ex=300):
+            return take_arbitration_reasons()
+        return None
+    return "; ".join(reasons)
+
+
+def replan_short_jobs(*, exclude: int | None = None) -> None:
+    """A transition stopped rollout workers: plan every live job that holds fewer dedicated rollout GPUs than
+    the arbiter allots it, so it starts workers on the units just freed (after commit)."""
+    jobs = Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING], allotted_rollout_gpus__gt=0)
+    if exclude is not None:
+        jobs = jobs.exclude(pk=exclude)
+    for job_id, tp, allotted in jobs.values_list("id", "tp", "allotted_rollout_gpus"):
+        held = Worker.objects.filter(job_id=job_id, alive=True, zone=Zone.ROLLOUT).count() * tp
+        if held < (allotted or 0):
+            enqueue_plan(job_id, "capacity_change")
 
 
 def defer_plan(job_id: int, signal: str) -> None:

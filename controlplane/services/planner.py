@@ -155,6 +155,8 @@ def job_inventory(job: Job) -> Inventory:
         )
     units += _free_units(job.tp, job.rollout_hardware, typed=typed)
     cap = job.rollout_gpus // job.tp if job.rollout_gpus else None
+    if job.allotted_rollout_gpus is not None:  # the cluster arbiter's share (services.arbitration): never beyond
+        cap = min(cap if cap is not None else 1 << 30, job.allotted_rollout_gpus // job.tp)
     return Inventory(tuple(units), frozenset(taken), cap, job.training_active)
 
 
@@ -290,7 +292,17 @@ def _admission(job: Job, p: Placement) -> str:
             f"waiting for training GPUs: {have * job.tp} of {job.training_gpus} bound (no free {job.tp}-GPU "
             f"{job.hardware} group on a ready training node; add or undrain one)"
         )
-    if p.target.total == 0:
+    if p.target.total == 0 and job.allotted_rollout_gpus == 0:
+        reasons.append(
+            "waiting for rollout GPUs: the cluster arbiter allots it 0 (higher-priority jobs' guarantees or the "
+            "other jobs' shares take every unit; its priority, weight and min_rollout_gpus set its share)"
+        )
+    elif p.target.total == 0 and job.allotted_rollout_gpus:
+        reasons.append(
+            f"waiting for rollout GPUs: the cluster arbiter allots it {job.allotted_rollout_gpus}, none free yet "
+            "(the jobs that give them up drain their workers first)"
+        )
+    elif p.target.total == 0:
         reasons.append(
             f"waiting for rollout GPUs: no free {job.tp}-GPU {'/'.join(job.rollout_hardware)} group on a ready "
             "reserved or elastic node "

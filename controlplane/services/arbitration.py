@@ -1,0 +1,194 @@
+"""The live cluster arbiter (issue 35): on each cluster event (a job arrives or ends, a node's capacity comes or
+goes, a job pauses, resumes or changes training phase) one division of the dedicated rollout GPUs among the
+running jobs, by `core.arbiter.arbitrate`, the code the simulator's `pearl` sharing runs.
+
+The division is stored as each job's `allotted_rollout_gpus`; the planner caps the job's dedicated workers there
+(`planner.job_inventory`), and each job's own PEARL decision (mode, P:D ratio, its own borrowing of its idle
+training GPUs) runs inside it. Capacity moves between jobs only through the paths that keep work: the job over
+its allotment is planned first, and its transition drains the workers it gives up (a turn in flight finishes
+or comes back to the driver with its partial output, which goes on elsewhere); a training worker is never
+touched. Once that transition has stopped them (`plan_queue.replan_short_jobs`) the job under its allotment is
+planned again and starts workers on the freed units. An `arbiter.reallocated` event explains each change
+('job b arrived: a 4→2, b 0→2', in units of `unit_gpus` GPUs).
+
+Not live yet: cross-job lending of idle training GPUs (`ArbiterConfig.lending` is off here; the simulator
+lends), and a division of a cluster whose jobs accept different chip types is one pool of the types any job
+accepts, each job capped at the units of its own types.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, arbitrate
+from controlplane.core.policies.base import best_makespan
+from controlplane.core.profiles import get_reconfig_costs
+from controlplane.core.state import NodeStatus, Pool, Zone
+from controlplane.models import GPU, Event, Job, Worker
+from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.planner import job_policy
+
+log = logging.getLogger(__name__)
+
+LIVE_CONFIG = ArbiterConfig(lending=False)  # cross-job lending of training GPUs is the simulator's only
+EVENT_KIND = "arbiter.reallocated"
+ARBITRATED = (Job.Status.PENDING, Job.Status.RUNNING)  # a paused job holds no rollout unit
+
+
+@dataclass(frozen=True, slots=True)
+class Rebalance:
+    """One division: what each job is allotted (GPUs), the order to plan them in, and why it changed."""
+
+    allotted: dict[int, int]  # job id -> dedicated rollout GPUs
+    plan_order: list[tuple[int, str]]  # (job id, signal): the shrinking jobs first, then the growing, then pending
+    explanation: str
+    unit_gpus: int
+    capacity_gpus: int
+
+
+def _groups() -> dict[tuple[int, str], int]:
+    """GPUs per (node, chip) on ready reserved / elastic nodes: what dedicated rollout workers may run on."""
+    out: dict[tuple[int, str], int] = {}
+    for node_id, hw in GPU.objects.filter(
+        present=True, node__status=NodeStatus.READY, node__pool__in=[Pool.RESERVED, Pool.ELASTIC]
+    ).values_list("node_id", "hardware"):
+        key = (node_id, hw.lower())
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _amdahl(n: int) -> float:
+    return math.inf if n <= 0 else 1.0 + 10.0 / n
+
+
+def _curve(job: Job, unit_gpus: int) -> Callable[[int], float]:
+    """The job's predicted rollout makespan with n arbiter units, from its own policy's fitted predictor (the
+    one its decision uses); a policy without one (or a profile that cannot be read) gets a plain 1/n curve,
+    which shares by weight alone."""
+    try:
+        tracker = getattr(job_policy(job), "tracker", None)
+        if tracker is None:
+            return _amdahl
+        fp = tracker.fitted()
+    except Exception:  # a job whose policy cannot be built is planned (and failed) by the planner, not here
+        log.debug("no predictor for job %s; its curve is 1/n", job.pk, exc_info=True)
+        return _amdahl
+    memo: dict[int, float] = {}
+
+    def at(n: int) -> float:
+        workers = n * unit_gpus // max(1, job.tp)
+        if workers not in memo:
+            memo[workers] = best_makespan(fp.workload, fp.coefficients, workers)
+        return memo[workers]
+
+    return at
+
+
+def _demand(job: Job, unit_gpus: int, own_units: int) -> JobDemand:
+    try:
+        costs = get_reconfig_costs(job.model)
+        reload_s, kv_s = costs.inter_scale_preparation_s, costs.inter_scale_finalisation_s
+    except ValueError:  # a model directory without sourced costs: moves are gated by hysteresis alone
+        reload_s, kv_s = 0.0, 0.0
+    most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
+    return JobDemand(
+        name=job.name,
+        max_units=min(most, own_units),
+        step_time=_curve(job, unit_gpus),
+        priority=job.priority,
+        weight=job.weight if job.weight > 0 else 1.0,
+        min_units=job.min_rollout_gpus // unit_gpus,
+        arrival_s=job.created.timestamp(),
+        training=job.training_active,
+        reload_s=reload_s,
+        kv_loss_s=kv_s,
+        outstanding=(job.remaining if job.remaining is not None else job.batch_size) * job.tp,
+    )
+
+
+def _held(job_ids: list[int]) -> dict[int, int]:
+    """Dedicated rollout GPUs each job's live workers hold now."""
+    out = {j: 0 for j in job_ids}
+    for job_id, tp in Worker.objects.filter(job_id__in=job_ids, alive=True, zone=Zone.ROLLOUT).values_list(
+        "job_id", "job__tp"
+    ):
+        out[job_id] += tp
+    return out
+
+
+def _last_capacity() -> int | None:
+    last = Event.objects.filter(kind=EVENT_KIND).order_by("-id").values_list("data", flat=True).first()
+    cap = (last or {}).get("capacity_gpus")
+    return int(cap) if isinstance(cap, int) else None
+
+
+def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
+    """Divide the cluster's dedicated rollout GPUs among the pending and running jobs and store the allotments.
+
+    The units are the jobs' common TP (one GPU when their TPs differ: each job's allotment is then rounded down
+    to its own TP). The previous division is each job's stored allotment (what it holds, if it has none yet),
+    so the arbiter's cost gate and hysteresis see what a move would undo."""
+    jobs = list(Job.objects.filter(status__in=ARBITRATED).order_by("created", "id"))
+    groups = _groups()
+    tps = {j.tp for j in jobs}
+    unit_gpus = tps.pop() if len(tps) == 1 else 1
+    accepted = {h.lower() for j in jobs for h in j.rollout_hardware}
+    capacity = sum(n // unit_gpus for (_, hw), n in groups.items() if hw in accepted)
+    capacity_gpus = capacity * unit_gpus
+    if reason == "capacity change":
+        before = _last_capacity()
+        if before is not None and before != capacity_gpus:
+            reason = f"capacity {before}→{capacity_gpus} GPUs"
+    held = _held([j.pk for j in jobs])
+    demands = []
+    for j in jobs:
+        types = {h.lower() for h in j.rollout_hardware}
+        own = sum((n // j.tp) * j.tp for (_, hw), n in groups.items() if hw in types) // unit_gpus
+        demands.append(_demand(j, unit_gpus, own))
+    prev = Allotment(
+        {
+            j.name: (j.allotted_rollout_gpus if j.allotted_rollout_gpus is not None else held[j.pk]) // unit_gpus
+            for j in jobs
+        }
+    )
+    new = arbitrate(capacity, demands, prev, reason=reason, config=LIVE_CONFIG)
+    allotted = {j.pk: new.units.get(j.name, 0) * unit_gpus // j.tp * j.tp for j in jobs}
+    changed = [j for j in jobs if j.allotted_rollout_gpus != allotted[j.pk]]
+    shrink = [j for j in changed if allotted[j.pk] < (j.allotted_rollout_gpus or held[j.pk])]
+    grow = [j for j in changed if j not in shrink]
+    waiting = [j for j in jobs if j.status == Job.Status.PENDING and j not in changed]
+    order = [(j.pk, _signal(j)) for j in shrink + grow + waiting]
+    explanation = "; ".join(new.explanation)
+    with transaction.atomic():
+        for j in changed:
+            Job.objects.filter(pk=j.pk).update(allotted_rollout_gpus=allotted[j.pk])
+        if changed:
+            units = {j.name: allotted[j.pk] for j in jobs}
+            emit(
+                kind=EVENT_KIND,
+                actor=actor,
+                message=(explanation or f"{reason}: allotments set")
+                + (f" (units of {unit_gpus} GPUs)" if unit_gpus > 1 else ""),
+                data={
+                    "reason": reason,
+                    "gpus": units,
+                    "held": {j.name: held[j.pk] for j in jobs},
+                    "lent": {},
+                    "unit_gpus": unit_gpus,
+                    "capacity_gpus": capacity_gpus,
+                },
+            )
+            push_delta_on_commit(
+                kind="allotment", key="cluster", data={"gpus": units, "capacity_gpus": capacity_gpus, "lent": {}}
+            )
+    return Rebalance(allotted, order, explanation, unit_gpus, capacity_gpus)
+
+
+def _signal(job: Job) -> str:
+    """A job not placed yet is planned as at its first step's start; a running one as for a capacity change."""
+    return "step_start" if job.status == Job.Status.PENDING else "capacity_change"

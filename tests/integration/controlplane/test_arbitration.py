@@ -1,0 +1,144 @@
+"""The live cluster arbiter (issue 35) through the real services, agents converging without processes: a job's
+fields and their 400s, the admission of guarantees, and one division per cluster event that the planner then
+places inside, capacity moving between jobs only by draining the giver's workers first."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.state import Activity, Zone
+from controlplane.models import Event, Job, TransitionStep, Worker
+from controlplane.services import arbitration, planner
+from controlplane.services.errors import InvalidInput
+from tests.support.cluster import make_job, make_node, run_transition
+
+pytestmark = pytest.mark.django_db
+
+SPEC = {"rollout_gpus": 4, "training_gpus": 1, "model": "tiny", "batch_size": 16, "group_size": 4}
+
+
+def _rollout(job: Job) -> int:
+    return Worker.objects.filter(job=job, alive=True, zone=Zone.ROLLOUT).count()
+
+
+def _place_all(division: arbitration.Rebalance) -> None:
+    """What the arbiter task does: plan each job in the division's order (the shrinking first), executing the
+    transitions as the agents confirm them."""
+    for job_id, signal in division.plan_order:
+        t = planner.plan_job(job_id=job_id, signal=signal)
+        if t is not None:
+            assert run_transition(t).status == "succeeded"
+
+
+def _cluster() -> None:
+    make_node("r1", slots=4)
+    make_node("t1", pool="training", slots=2)
+
+
+def test_a_second_job_gets_an_equal_share_by_draining_the_first():
+    _cluster()
+    a = make_job("a", **SPEC)
+    first = arbitration.rebalance(reason="job a arrived")
+    assert first.allotted == {a.pk: 4} and first.explanation == "job a arrived: a 0→4"
+    _place_all(first)
+    assert _rollout(a) == 4 and Job.objects.get(pk=a.pk).status == "running"
+
+    b = make_job("b", **SPEC)
+    second = arbitration.rebalance(reason="job b arrived")
+    assert second.allotted == {a.pk: 2, b.pk: 2}
+    assert [j for j, _ in second.plan_order] == [a.pk, b.pk]  # the giver first
+    ev = Event.objects.filter(kind=arbitration.EVENT_KIND).latest("id")
+    assert ev.message == "job b arrived: a 4→2, b 0→2"
+    assert ev.data["gpus"] == {"a": 2, "b": 2} and ev.data["held"] == {"a": 4, "b": 0}
+
+    shrink = planner.plan_job(job_id=a.pk, signal="capacity_change")
+    assert shrink is not None
+    # it gives up two dedicated rollout workers (their agent retires each by draining it first: a turn in flight
+    # finishes or goes back to the driver with its partial output), never a training worker
+    stops = [
+        s
+        for k, s in TransitionStep.objects.filter(transition=shrink).values_list("kind", "worker_slot")
+        if k == "stop_worker"
+    ]
+    assert len(stops) == 2
+    assert set(Worker.objects.filter(job=a, slot__in=stops).values_list("zone", flat=True)) == {Zone.ROLLOUT}
+    # before the giver's workers stopped, the newcomer starts no dedicated worker on them (it may borrow its own
+    # idle training GPUs meanwhile)
+    early = planner.plan_job(job_id=b.pk, signal="step_start")
+    if early is None:
+        assert "allots it 2, none free yet" in Job.objects.get(pk=b.pk).status_reason
+    else:
+        assert "start_worker" not in set(TransitionStep.objects.filter(transition=early).values_list("kind", flat=True))
+        assert run_transition(early).status == "succeeded"
+    assert run_transition(shrink).status == "succeeded"
+    run_transition(planner.plan_job(job_id=b.pk, signal="capacity_change"))
+    assert (_rollout(a), _rollout(b)) == (2, 2)
+    assert Job.objects.get(pk=b.pk).status == "running"
+    assert not Worker.objects.filter(job=a, alive=True, role="training").exclude(activity=Activity.INACTIVE).exists()
+
+    # nothing changed: no event, nothing to plan but the running jobs' own signals
+    again = arbitration.rebalance(reason="periodic")
+    assert again.plan_order == [] and Event.objects.filter(kind=arbitration.EVENT_KIND).count() == 2
+
+
+def test_a_higher_priority_guarantee_is_met_from_a_lower_priority_job():
+    _cluster()
+    low = make_job("low", **SPEC)
+    _place_all(arbitration.rebalance(reason="job low arrived"))
+    assert _rollout(low) == 4
+    high = make_job("high", **SPEC | {"priority": 5, "min_rollout_gpus": 3})
+    division = arbitration.rebalance(reason="job high arrived")
+    assert division.allotted[high.pk] >= 3 and division.allotted[low.pk] >= 1
+    _place_all(division)
+    planner.plan_job(job_id=high.pk, signal="capacity_change")  # what replan_short_jobs asks once units came free
+    assert _rollout(high) >= 3 and _rollout(low) + _rollout(high) == 4
+
+
+def test_a_job_that_ends_gives_its_share_back():
+    _cluster()
+    a, b = make_job("a", **SPEC), make_job("b", **SPEC)
+    division = arbitration.rebalance(reason="two jobs")
+    assert sorted(division.allotted.values()) == [2, 2]
+    Job.objects.filter(pk=b.pk).update(status="stopped")
+    after = arbitration.rebalance(reason="job b stopped")
+    assert after.allotted == {a.pk: 4} and "job b stopped: a 2→4" in after.explanation
+
+
+def test_a_guarantee_the_reserved_pool_cannot_hold_beside_the_others_is_refused_with_the_arithmetic(api):
+    _cluster()
+    make_job("a", **SPEC | {"min_rollout_gpus": 3})
+    with pytest.raises(InvalidInput) as exc:
+        make_job("b", **SPEC | {"min_rollout_gpus": 2})
+    assert exc.value.field == "min_rollout_gpus"
+    assert "reserved pool has 4 GPUs, the live jobs' guarantees take 3 (a: 3), 1 are left (3 + 2 > 4)" in str(exc.value)
+    body = {"name": "c", **SPEC, "min_rollout_gpus": 2}
+    r = api.post("/api/jobs/", body, format="json")
+    assert r.status_code == 400 and r.json()["field"] == "min_rollout_gpus", r.json()
+    assert api.post("/api/jobs/", {**body, "min_rollout_gpus": 1}, format="json").status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"weight": 0}, "weight"),
+        ({"weight": -1.5}, "weight"),
+        ({"weight": "2"}, "weight"),
+        ({"priority": 1.5}, "priority"),
+        ({"min_rollout_gpus": -1}, "min_rollout_gpus"),
+        ({"min_rollout_gpus": 5}, "min_rollout_gpus"),
+    ],
+)
+def test_bad_sharing_fields_are_400s_naming_the_field(api, change, field):
+    _cluster()
+    r = api.post("/api/jobs/", {"name": "x", **SPEC, **change}, format="json")
+    assert r.status_code == 400 and r.json()["field"] == field, r.json()
+
+
+def test_the_sharing_fields_are_stored_and_shown(api):
+    _cluster()
+    r = api.post(
+        "/api/jobs/", {"name": "x", **SPEC, "priority": 2, "weight": 1.5, "min_rollout_gpus": 2}, format="json"
+    )
+    assert r.status_code == 201, r.json()
+    got = api.get(f"/api/jobs/{r.json()['id']}/").json()
+    assert (got["priority"], got["weight"], got["min_rollout_gpus"], got["allotted_rollout_gpus"]) == (2, 1.5, 2, None)
