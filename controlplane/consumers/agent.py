@@ -140,7 +140,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             if generation is not None:
                 return generation
         self.accepted_digest = ""
-        result = await service(heartbeat.record_agent_heartbeat)(
+        result = await service(heartbeat.record_agent_heartbeat, waited=leases.note_link_wait)(
             credential_id=self.credential_id, node_id=self.node_id, message=message, channel=self.channel_name
         )
         if result is None:
@@ -157,7 +157,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return result.generation
 
     async def _register(self, message: link.Register) -> None:
-        node, superseded = await service(registration.register_agent)(
+        node, superseded, state = await service(registration.register_agent_socket, waited=leases.note_link_wait)(
             credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address
         )
         # the registration is committed: a channel layer that fails now (Redis restarting) must not leave
@@ -186,18 +186,21 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 )
             )
         )
-        await self._send_desired()
+        await self._send_state(state)  # read in the registration's trip to the database thread
 
     def _resend_bucket(self) -> int:
         return link.resend_bucket(settings.PEARL["WEIGHTS_TOKEN_ROTATE_S"], self.node_id or 0)
 
     async def _send_desired(self) -> None:
-        self.sent_bucket = self._resend_bucket()
         state = (  # not registered on this socket yet: nothing to send
             None
             if self.node_id is None
             else await database_sync_to_async(agent_desired_state)(self.node_id, self.channel_name)
         )
+        await self._send_state(state)
+
+    async def _send_state(self, state: link.DesiredState | None) -> None:
+        self.sent_bucket = self._resend_bucket()
         if state is not None:
             self.sent_generation = state.generation
             await self.send_json(link.AGENT_LINK.dump(state))

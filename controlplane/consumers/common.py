@@ -3,6 +3,7 @@ write use case (on the database thread, a deadlock victim run again)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -18,9 +19,24 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_PROTOCOL = 4400
 
 
-def service(fn: Callable[..., R]) -> Callable[..., Awaitable[R]]:
-    """A write use case called from a socket, in a worker thread; a deadlock victim runs again."""
-    return database_sync_to_async(partial(retry_transient, fn))
+def service(fn: Callable[..., R], *, waited: Callable[[float], None] | None = None) -> Callable[..., Awaitable[R]]:
+    """A write use case called from a socket, in a worker thread; a deadlock victim runs again. `waited`, if
+    given, is told how long the call queued for the database thread (the agent link publishes it: the
+    sweeper defers expiries by it)."""
+    if waited is None:
+        return database_sync_to_async(partial(retry_transient, fn))
+    report = waited
+
+    async def call(*args: Any, **kwargs: Any) -> R:
+        queued = time.monotonic()
+
+        def run() -> R:
+            report(time.monotonic() - queued)
+            return retry_transient(fn, *args, **kwargs)
+
+        return await database_sync_to_async(run)()
+
+    return call
 
 
 def bearer_token(scope: dict[str, Any]) -> str:

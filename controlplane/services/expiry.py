@@ -3,7 +3,8 @@ workers are fenced and its epoch bumped (`nodes.node_lost`); the dashboard gets 
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
 
 import redis
 from django.db import transaction
@@ -16,20 +17,30 @@ from controlplane.services.events import send_delta_now
 from controlplane.services.locks import locked
 from controlplane.services.nodes import node_lost
 
+log = logging.getLogger(__name__)
+
 
 def expire_leases(*, now: datetime | None = None) -> list[str]:
     """Mark nodes whose lease expired not_ready, bump their epoch and fence their workers.
 
     The candidates are the nodes whose Redis renewal ran out (ZRANGEBYSCORE) and those whose row lease ran
     out (while Redis renews, the row's lease is coarse and a live node's never does): the cost follows the
-    nodes that expired, not the cluster. Each is decided under its row lock by `leases.effective_expiry`."""
+    nodes that expired, not the cluster. Each is decided under its row lock by `leases.effective_expiry`.
+
+    A lease that ran out less than the agent-link servers' backlog ago (`leases.link_backlog`: how long their
+    sockets' messages wait for the database) waits for the next sweep: its node's registration or heartbeat
+    may be in that queue (after a restart, a thousand agents register at once), and losing it would add a
+    new epoch and a full-path heartbeat to the queue that delayed it."""
     now = now or timezone.now()
     expired: list[str] = []
     try:
         leases.notice_empty()
         from_redis = set(leases.expired_ids(now.timestamp()))
+        backlog = leases.link_backlog(now.timestamp())
     except redis.RedisError:
-        from_redis = set()
+        from_redis, backlog = set(), 0.0
+    deadline = now - timedelta(seconds=backlog)
+    deferred = 0
     from_rows = set(
         Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING], lease_expires__lt=now).values_list(
             "id", flat=True
@@ -47,6 +58,9 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
                 if not by_redis and node_id in from_redis:
                     stale.append(node_id)
                 continue  # someone renewed it meanwhile, or the row's lease still holds
+            if expiry is not None and expiry >= deadline:
+                deferred += 1  # within the control plane's own backlog: decided again at the next sweep
+                continue
             fenced = _fence_workers(node)
             seen = expiry - leases.lease_span() if by_redis and expiry else node.last_heartbeat
             age = (now - seen).total_seconds() if seen else None
@@ -60,6 +74,8 @@ def expire_leases(*, now: datetime | None = None) -> list[str]:
             )
             expired.append(node.name)
     leases.forget(stale)
+    if deferred:
+        log.warning("%s expired lease(s) deferred: the agent link is %.1f s behind", deferred, backlog)
     return expired
 
 

@@ -16,14 +16,21 @@ durable state:
   the row was written behind Redis' back (a new registration, a fenced node, an operator), so the row wins.
 - `pearl:lease:boot` (string): Redis' generation, written by the sweeper. When it is missing, Redis was
   emptied (restart, flush): logged; no repair is needed (below).
+- `pearl:link:backlog` (hash): agent-link server process -> "wait,at": the longest a message of its agent
+  sockets waited for the database thread in the second before `at` (`note_link_wait`). The sweeper defers
+  an expiry by the longest fresh wait (`link_backlog`): a lease that ran out while its node's registration or
+  heartbeat queued behind a storm of others (a thousand agents reconnecting after a restart) is the control
+  plane's silence, not the node's; expiring it would start a new epoch, a full-path heartbeat and more queue.
 
-While Redis renews, the row's lease is coarse: each database write sets it LEASE_S + DB_REFRESH_S ahead, and
-a heartbeat rewrites it (last-seen included) when less than one LEASE_S of it is left, i.e. at most once per
-DB_REFRESH_S per node. So the row's lease always reaches at least as far as the Redis renewal (the grace is
-built in): a Redis restart, an empty Redis or Redis down makes no node look lost, the row's coarse lease holds
-until the agent's next heartbeat writes Redis again (or, with Redis down, the database as before, with the
-exact lease). What an empty Redis costs is slower detection of nodes that died meanwhile (up to
-LEASE_S + DB_REFRESH_S after their last row write) and one database heartbeat per node to rebuild its record.
+While Redis renews, the row's lease is coarse: each database write sets it LEASE_S + DB_REFRESH_S ahead (the
+refresh span stretched by a random factor in [1, 1.25) per write, so that nodes that registered together, as
+after a restart, do not refresh their rows together ever after), and a heartbeat rewrites it (last-seen
+included) when less than one LEASE_S of it is left, i.e. at most once per DB_REFRESH_S per node. So the row's
+lease always reaches at least as far as the Redis renewal (the grace is built in): a Redis restart, an empty
+Redis or Redis down makes no node look lost, the row's coarse lease holds until the agent's next heartbeat
+writes Redis again (or, with Redis down, the database as before, with the exact lease). What an empty Redis
+costs is slower detection of nodes that died meanwhile (up to LEASE_S + 1.25 DB_REFRESH_S after their last row
+write: `longest_row_lease`) and one database heartbeat per node to rebuild its record.
 
 The agent socket's heartbeat that reports what its last accepted report said renews on the server's event
 loop in one Redis round trip and no database query (`renew_unchanged`, a Lua script): only when the record
@@ -41,7 +48,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import random
 import secrets
+import socket
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -68,6 +78,10 @@ log = logging.getLogger(__name__)
 
 HOLDERS = "pearl:lease:holders"
 BOOT = "pearl:lease:boot"
+BACKLOG = "pearl:link:backlog"
+BACKLOG_FRESH_S = 10.0  # a link server's wait older than this is not the backlog any more (it went quiet or down)
+BACKLOG_MIN_S = 1.0  # a shorter wait defers nothing (a lease is many seconds; a sweep runs every few)
+REFRESH_JITTER = 0.25  # the coarse row lease's refresh span is stretched by up to this share, at random
 
 
 def db_refresh_s() -> float:
@@ -320,8 +334,56 @@ def effective_expiry(node_id: int, *, epoch: int, row_lease: datetime | None) ->
 
 
 def coarse_row_lease(now: datetime) -> datetime:
-    """The row lease written while Redis renews: one lease plus the refresh span ahead."""
-    return now + timedelta(seconds=lease_s() + db_refresh_s())
+    """The row lease written while Redis renews: one lease plus the refresh span (stretched at random by up to
+    REFRESH_JITTER, see the module's docstring) ahead."""
+    return now + timedelta(seconds=lease_s() + db_refresh_s() * (1 + REFRESH_JITTER * random.random()))
+
+
+def longest_row_lease() -> timedelta:
+    """The furthest a coarse row lease reaches past its write: how long a node that died goes undetected at most
+    when Redis lost its renewals."""
+    return timedelta(seconds=lease_s() + db_refresh_s() * (1 + REFRESH_JITTER))
+
+
+_PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+_wait = {"longest": 0.0, "written": 0.0}
+
+
+def note_link_wait(wait_s: float) -> None:
+    """An agent socket's message waited `wait_s` for this process' database thread (Channels runs all of a
+    process' database work on one thread): published in Redis at most once a second, the longest of that
+    second, for the sweeper (`link_backlog`). A Redis that cannot be reached publishes nothing (no deferral)."""
+    now = time.time()
+    _wait["longest"] = max(_wait["longest"], wait_s)
+    if now - _wait["written"] < 1.0:
+        return
+    try:
+        client().hset(BACKLOG, _PROCESS, f"{_wait['longest']:.3f},{now:.3f}")
+    except redis.RedisError as exc:
+        log.debug("link wait not published: %s", exc)
+    _wait["longest"], _wait["written"] = 0.0, now
+
+
+def link_backlog(now: float) -> float:
+    """How far behind the agent-link servers are (seconds): the longest wait any of them published within
+    BACKLOG_FRESH_S, at most one refresh span (a control plane that far behind is down, not busy). Entries gone
+    stale are dropped. Raises redis.RedisError."""
+    longest = 0.0
+    stale: list[bytes] = []
+    raw = cast("dict[bytes, bytes]", client().hgetall(BACKLOG))  # redis-py: any reply
+    for process, value in raw.items():
+        try:
+            wait, at = (float(x) for x in value.decode().split(","))
+        except ValueError:
+            stale.append(process)
+            continue
+        if at < now - BACKLOG_FRESH_S:
+            stale.append(process)
+        else:
+            longest = max(longest, wait)
+    if stale:
+        client().hdel(BACKLOG, *stale)
+    return min(longest, db_refresh_s()) if longest >= BACKLOG_MIN_S else 0.0
 
 
 def lease_span() -> timedelta:

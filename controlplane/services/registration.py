@@ -6,9 +6,10 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.core.agent_link import Register
+from controlplane.core.agent_link import DesiredState, Register
 from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, AgentCredential, Node, Worker
+from controlplane.selectors.cluster import agent_desired_state
 from controlplane.services import leases
 from controlplane.services.errors import Conflict, InvalidInput, PermissionDenied
 from controlplane.services.events import emit
@@ -20,6 +21,17 @@ from controlplane.services.plan_queue import replan_live_jobs
 def register_node(*, credential_id: int, message: Register, address: str = "127.0.0.1") -> Node:
     """Register the node the credential belongs to, outside any socket (tests, seeding, benchmarks)."""
     return register_agent(credential_id=credential_id, message=message, address=address)[0]
+
+
+def register_agent_socket(
+    *, credential_id: int, message: Register, channel: str, address: str
+) -> tuple[Node, str, DesiredState | None]:
+    """An agent socket's registration (`register_agent`) and the desired state it is answered with, read after
+    the commit in the same trip to the database thread: after a restart a thousand agents register at once,
+    and each trip queues behind all the others. A change committed between that read and the socket joining
+    its node's group reaches the agent at its next heartbeat (it reports a generation behind the node's)."""
+    node, superseded = register_agent(credential_id=credential_id, message=message, channel=channel, address=address)
+    return node, superseded, agent_desired_state(node.pk, channel)
 
 
 def register_agent(*, credential_id: int, message: Register, channel: str = "", address: str = "") -> tuple[Node, str]:
@@ -45,6 +57,10 @@ def register_agent(*, credential_id: int, message: Register, channel: str = "", 
         raise InvalidInput("slot indexes must be unique", field="slots")
     now = timezone.now()
     with transaction.atomic():
+        # the token's last use, in this transaction (the handshake writes nothing); a revocation committed since
+        # the check above is seen here (the UPDATE waits for its row lock)
+        if not AgentCredential.objects.filter(pk=credential.pk, revoked__isnull=True).update(last_used=now):
+            raise PermissionDenied("this agent token is not valid")
         node = locked(Node.objects.filter(name=message.node)).first()
         created = node is None
         if node is None:

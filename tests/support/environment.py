@@ -31,7 +31,7 @@ def fresh_leases() -> None:
 
     if not redis_available():
         pytest.skip("Redis is not reachable")
-    leases.client().delete(leases.LEASES, leases.HOLDERS, leases.BOOT)
+    leases.client().delete(leases.LEASES, leases.HOLDERS, leases.BOOT, leases.BACKLOG)
 
 
 def postgres_in_use() -> bool:
