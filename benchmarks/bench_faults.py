@@ -9,7 +9,9 @@ fault, how many were injected and survived, and the detection and recovery times
 - lease_expiry_paused_agent: SIGSTOP -> fenced (detect) / SIGCONT -> resynced (recover);
 - preemption: notice -> in-flight request drained, partial reported, worker stopped (drain);
 - borrowed_return_at_training_begin: Training Begin -> the borrowed worker parked (return);
-- launcher_agent_kill9: an agent under `manage.py launch` killed -> re-registered by the supervisor.
+- launcher_agent_kill9: an agent under `manage.py launch` killed -> re-registered by the supervisor;
+- job_pause_resume: a job paused mid-rollout -> its rollout workers drained and released (released) / resumed ->
+  a trajectory finished again (rollout_back).
 
 Usage: .venv/bin/python benchmarks/bench_faults.py [--runs 3] [--json]  (uses scripts/test.sh: its own Redis;
 PostgreSQL when DATABASE_URL or 127.0.0.1:5432 has one)

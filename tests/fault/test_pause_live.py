@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.fault.conftest import assert_invariants, wait_for
+from tests.fault.conftest import assert_invariants, record_timing, wait_for
 from tests.fault.test_exactly_once import BATCH, _assert_exactly_once, _buffered, _ckpt, _job, _just_finished
 from tests.fault.test_faults import registered
 
@@ -63,7 +63,7 @@ def test_a_job_paused_mid_rollout_releases_its_rollout_workers_and_resumes_its_s
     durable = _buffered(ckpt).get(step, set())  # what the trainer acknowledged when the pause came
     assert 0 < len(durable) < BATCH
     wait_for(lambda: _released(job, "roll-p"), 60, "the rollout workers released")
-    print(f"released {time.monotonic() - t0:.1f} s after the pause; step {step} durable: {_buffered(ckpt).get(step)}")
+    released_s = time.monotonic() - t0
     # the trainer stays and, with it, the driver; an update in progress finishes: then nothing moves
     wait_for(lambda: not Job.objects.get(pk=job.pk).training_active, 60, "the update in progress finished")
     time.sleep(1.0)
@@ -75,8 +75,16 @@ def test_a_job_paused_mid_rollout_releases_its_rollout_workers_and_resumes_its_s
     assert Worker.objects.get(pk=trainer.pk).alive
     assert_invariants()
 
+    t1 = time.monotonic()
     r = api.post(f"/api/jobs/{job.pk}/resume/")
     assert r.status_code == 200 and r.json()["status"] == "running", r.content
+    wait_for(lambda: _buffered(ckpt) != buffered, 60, "a trajectory finished after the resume")
+    rollout_back_s = time.monotonic() - t1
+    record_timing("job_pause_resume", released_s=released_s, rollout_back_s=rollout_back_s)
+    print(
+        f"released {released_s:.1f} s after the pause (step {step}: {len(durable)} of {BATCH} durable then); "
+        f"a trajectory finished {rollout_back_s:.1f} s after the resume"
+    )
     assert r.json()["step"] == before.step and r.json()["weight_version"] == before.weight_version
     wait_for(lambda: Job.objects.get(pk=job.pk).weight_version >= max(before.weight_version, step) + 2, 150, "updates")
     assert Worker.objects.get(pk=trainer.pk).alive  # the same trainer throughout
