@@ -244,10 +244,11 @@
     sel.replaceChildren();
     for (const s of tr.steps) {
       // given up: members that failed agent_max_attempts times (out of the batch); groups dropped: left with < 2
-      const untrained = (s.given_up ? `, ${s.given_up} given up` : "") + (s.dropped_groups ? `, ${s.dropped_groups} groups dropped` : "") + (s.untrained ? `, ${s.untrained} done not trained` : "");
-      // the audit (issue 34): trained by the step's committed update, rerun after a crash, resumed from a kept prefix
+      const outOfBatch = (s.given_up ? `, ${s.given_up} given up` : "") + (s.dropped_groups ? `, ${s.dropped_groups} groups dropped` : "");
+      // the audit (issue 34): trained by the step's committed update, untrained (done, left out of it: the row says
+      // why), rerun (regenerated after a crash), resumed (continued from a kept prefix)
       const audit = ` · trained ${s.trained || 0}, untrained ${s.untrained || 0}, rerun ${s.rerun || 0}, resumed ${s.resumed || 0}`;
-      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted${untrained})${audit}`);
+      const o = el("option", null, `step ${s.step} · ${s.total} (${s.done || 0} done, ${s.failed || 0} failed, ${s.aborted || 0} aborted${outOfBatch})${audit}`);
       o.value = String(s.step); sel.appendChild(o);
     }
     if (!tr.steps.length) { $("tr-empty").hidden = false; return; }

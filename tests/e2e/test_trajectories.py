@@ -53,7 +53,10 @@ def _setup():
                     "messages": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}],
                 },
             ),
-            summarize("s3-t1", {"status": "failed", "reason": "the agent exited with status 1", "stderr": "boom"}),
+            summarize(  # run again after a crash of its driver (issue 34's audit)
+                "s3-t1",
+                {"status": "failed", "reason": "the agent exited with status 1", "stderr": "boom", "rerun": True},
+            ),
             summarize(  # its group's other member: finished, left out of the update (its group was dropped)
                 "s3-t2",
                 {
@@ -84,7 +87,7 @@ def test_the_trajectory_browser_and_the_cards(control_plane_server, page):
     page.wait_for_selector("#trajectories tbody tr[data-name='s3-t0']", timeout=15000)
     assert page.locator("#trajectories tbody tr").count() == 3
     assert "step 3" in page.inner_text("#tr-step") and "1 given up, 1 groups dropped" in page.inner_text("#tr-step")
-    assert "1 done not trained" in page.inner_text("#tr-step")
+    assert "trained 0, untrained 1, rerun 1, resumed 0" in page.inner_text("#tr-step")  # the step's audit counts
     untrained = page.inner_text("#trajectories tbody tr[data-name='s3-t2']")
     assert "done (not trained)" in untrained and "its group was dropped" in untrained
     assert "not trained" not in page.inner_text("#trajectories tbody tr[data-name='s3-t0']")
