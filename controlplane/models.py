@@ -137,6 +137,16 @@ class Job(models.Model):
     # environment "agent" (issue 19): agent_command / agent_function, agent_workdir, tasks, agent_timeout_s,
     # agent_concurrency as submitted (validated by core.agent_spec); the driver gets it in its JobView
     agent = models.JSONField(default=dict, blank=True)
+    # exported checkpoints (issue 36, core.checkpoints): a Hugging Face directory every `checkpoint_every`
+    # trainer updates and at stop, the newest `checkpoint_keep` kept (0: all), under `checkpoint_dir` (a path
+    # the training node writes and the control plane reads: shared storage on several hosts)
+    checkpoint_every = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
+    checkpoint_keep = models.PositiveIntegerField(default=3)
+    checkpoint_dir = models.CharField(max_length=1024, blank=True)
+    init_from = models.CharField(max_length=1024, blank=True)  # the directory its policy starts from ("": model)
+    # experiment trackers (issue 36, core.tracking_spec) and, per tracker, how far it logged and its last error
+    tracking = models.JSONField(default=dict, blank=True)
+    tracking_state = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -148,6 +158,25 @@ class Job(models.Model):
     def rollout_hardware(self) -> list[str]:
         """The chip types its rollout workers may run on (`hardware` alone unless it names several)."""
         return list(self.hardware_types) or [self.hardware]
+
+
+class Checkpoint(models.Model):
+    """An exported checkpoint of a job's policy (a Hugging Face directory, core.checkpoints), as the control
+    plane found it complete under the job's checkpoint directory; gone once retention removed it."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()  # the rollout step whose trainer update produced it
+    weight_version = models.PositiveIntegerField()
+    written = models.DateTimeField()  # when the trainer finished writing it
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    path = models.CharField(max_length=1100)
+    files = models.JSONField(default=dict, blank=True)  # name -> bytes
+    tokenizer = models.CharField(max_length=16, blank=True)  # "hf": the model directory's; "byte": the tiny model's
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job_id", "step"]
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="checkpoint_job_step")]
 
 
 class Override(models.Model):

@@ -11,7 +11,18 @@ from celery import shared_task
 
 from controlplane.selectors.history import unfinished_transition_ids
 from controlplane.selectors.jobs import live_job_ids
-from controlplane.services import arbitration, dispatch, draining, executor, expiry, planner, simulations, telemetry
+from controlplane.services import (
+    arbitration,
+    checkpoints,
+    dispatch,
+    draining,
+    executor,
+    expiry,
+    planner,
+    simulations,
+    telemetry,
+    tracking,
+)
 from controlplane.services.dispatch import TaskName
 from controlplane.services.plan_queue import enqueue_arbitration, take_arbitration_reasons, take_plan_signals
 from controlplane.services.retry import retry_transient
@@ -106,3 +117,11 @@ def replan_all() -> list[int]:
 def run_simulation(run_id: int) -> str:
     """A simulator comparison asked for from the dashboard (seconds to a minute of CPU)."""
     return simulations.run(run_id=run_id).status
+
+
+@shared_task(name=TaskName.TRAINED_STEP)
+def trained_step(job_id: int) -> dict:
+    """After a trainer update of the job (issue 36): record the checkpoints its directory holds now, then log
+    the trained steps its experiment trackers have not taken (a tracker's failure is reported, never raised)."""
+    found = checkpoints.sync(job_id)
+    return {"checkpoints": [c.step for c in found], "tracking": tracking.sync(job_id)}

@@ -17,6 +17,10 @@ gpus: {rollout: 8, training: 4}      # or rollout_gpus: / training_gpus: (rollou
 priority: 0                          # sharing the cluster: higher is served first
 weight: 1                            # the fair share among jobs of equal priority
 min_rollout_gpus: 0                  # rollout GPUs guaranteed while the job runs (or gpus: {min_rollout: N})
+checkpoint_every: 10                 # a Hugging Face checkpoint every N trainer updates (and at stop)
+checkpoint_keep: 3                   # the newest K kept (0: all)
+init_from: {job: other-job, step: 20}  # or an absolute checkpoint directory
+tracking: {tensorboard: /abs/logdir, mlflow: file:/abs/mlruns, wandb: my-project}
 # environment: agent (bring your own agent): agent_command / agent_function, agent_workdir, tasks,
 # agent_timeout_s, agent_concurrency (examples/agents/job.yaml)
 """
@@ -55,6 +59,7 @@ ALIASES = {
     "priority": "priority",
     "weight": "weight",
     "min_rollout_gpus": "min_rollout_gpus",
+    **{k: k for k in ("checkpoint_every", "checkpoint_keep", "checkpoint_dir", "init_from", "tracking")},
     **{k: k for k in AGENT_FIELDS},
 }
 GPU_KEYS = {"rollout": "rollout_gpus", "training": "training_gpus", "min_rollout": "min_rollout_gpus"}

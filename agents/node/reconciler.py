@@ -381,6 +381,11 @@ class Reconciler:
         if training:
             extra += ["--weights-dir", str(state_dir / "weights"), "--ckpt-dir", str(state_dir / "ckpt")]
             env |= {"PEARL_WEIGHTS_KEY": spec.weights_key, "PEARL_WEIGHTS_ROTATE_S": str(self.weights_rotate_s)}
+            if spec.checkpoint_dir:  # Hugging Face checkpoints the user takes home (issue 36)
+                extra += ["--export-dir", spec.checkpoint_dir, "--export-every", str(spec.checkpoint_every)]
+                extra += ["--export-keep", str(spec.checkpoint_keep)]
+            if spec.init_from:
+                extra += ["--init-from", spec.init_from]
         elif self.cfg.interference != 1.0:
             extra += ["--interference", str(self.cfg.interference)]
         m.state = "starting"

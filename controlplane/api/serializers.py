@@ -113,6 +113,26 @@ class JobCreateSerializer(serializers.Serializer):
         required=False, help_text="agent_function: 'process' (a worker pool, the default) or 'inline'"
     )
     agent_processes = serializers.JSONField(required=False, help_text="agent_function's worker processes at most")
+    # issue 36: exported checkpoints and experiment trackers (services.checkpoints, services.tracking check them)
+    checkpoint_every = StrictIntegerField(
+        required=False, min_value=1, max_value=1_000_000, help_text="trainer updates between checkpoints (10)"
+    )
+    checkpoint_keep = StrictIntegerField(
+        required=False, min_value=0, max_value=10_000, help_text="the newest K checkpoints kept (3; 0 keeps all)"
+    )
+    checkpoint_dir = StrictCharField(
+        required=False,
+        max_length=1000,
+        help_text="absolute directory the training node writes checkpoints to and the control plane reads "
+        "(default: the control plane's var dir)",
+    )
+    init_from = serializers.JSONField(
+        required=False, help_text="{job: NAME, step: N} (step: default the newest) or an absolute checkpoint directory"
+    )
+    tracking = serializers.JSONField(
+        required=False,
+        help_text="{tensorboard: LOGDIR, mlflow: URI | {uri, experiment}, wandb: PROJECT | {project, entity}}",
+    )
 
     def validate_weight(self, value: float) -> float:
         if not (math.isfinite(value) and 0 < value <= 1e6):
@@ -179,6 +199,12 @@ class JobSerializer(serializers.ModelSerializer):
             "status_reason",
             "remaining",
             "agent",
+            "checkpoint_every",
+            "checkpoint_keep",
+            "checkpoint_dir",
+            "init_from",
+            "tracking",
+            "tracking_state",
         ]
         read_only_fields = fields
 

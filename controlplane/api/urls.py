@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import dashboard, views
+from controlplane.api import checkpoints, dashboard, views
 
 router = DefaultRouter()
 router.include_format_suffixes = False  # one URL per resource: `?format=` still works; `/stop.json` was a 500
@@ -19,6 +19,12 @@ urlpatterns = [
     path("jobs/<str:pk>/series/", dashboard.JobSeriesView.as_view(), name="job-series"),
     path("jobs/<str:pk>/trajectories/", dashboard.JobTrajectoriesView.as_view(), name="job-trajectories"),
     path("jobs/<str:pk>/trajectories/steps/", dashboard.JobTrajectoryStepsView.as_view(), name="job-trajectory-steps"),
+    path("jobs/<str:pk>/checkpoints/", checkpoints.JobCheckpointsView.as_view(), name="job-checkpoints"),
+    path(
+        "jobs/<str:pk>/checkpoints/<str:step>/",
+        checkpoints.JobCheckpointDownloadView.as_view(),
+        name="job-checkpoint-download",
+    ),
     path("nodes/<str:pk>/undrain/", dashboard.NodeUndrainView.as_view(), name="node-undrain"),
     path("scenarios/", dashboard.ScenarioListView.as_view(), name="scenarios"),
     path("simulations/", dashboard.SimulationListView.as_view(), name="simulations"),

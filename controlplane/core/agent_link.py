@@ -82,6 +82,12 @@ class DesiredWorker:
     weights_token: str = ""  # rollout workers: scoped, rotating token for the job's weights
     weights_key: str = ""  # the training worker only: the per-job key it verifies weights tokens with
     dataplane_token: str = ""  # the job's data-plane token: its rollout driver calls this worker with it
+    # the training worker only (issue 36, core.checkpoints): where it exports Hugging Face checkpoints, every how
+    # many updates, how many it keeps, and the checkpoint directory its policy starts from ("" = the model's)
+    checkpoint_dir: str = field(default="", metadata=bounded(max_len=1100))
+    checkpoint_every: int = field(default=0, metadata=bounded(0, MAX_VERSION))
+    checkpoint_keep: int = field(default=0, metadata=bounded(0, MAX_VERSION))
+    init_from: str = field(default="", metadata=bounded(max_len=1100))
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ class TelemetryRecord:
     generated_tokens_total: int = 0  # tokens generated into the step's samples
     train_tokens: int = 0  # tokens the trainer consumes (prompts + responses of the batch)
     reward_mean: float = 0.0
+    reward_std: float = 0.0  # the spread of the trained trajectories' rewards (population standard deviation)
     borrowed_gpu_s: float = 0.0  # overlap (training-GPU) GPU-seconds serving this step's rollout
     stale_aborted: int = 0  # trajectories aborted by the staleness bound
     interruptions: int = 0  # requests interrupted (preemption, drain, return) and resumed elsewhere

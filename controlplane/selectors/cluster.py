@@ -182,6 +182,10 @@ def desired_state(node: Node) -> DesiredState:
                 weights_token="" if training else token,
                 weights_key=key if training else "",
                 dataplane_token=dataplane,
+                checkpoint_dir=job.checkpoint_dir if training else "",
+                checkpoint_every=job.checkpoint_every if training else 0,
+                checkpoint_keep=job.checkpoint_keep if training else 0,
+                init_from=job.init_from if training else "",
             )
         )
     drivers = [

@@ -293,6 +293,12 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
             "created": job.created.isoformat(),
             "submitted_by": submitted_by(job),
             "agent": job.agent or None,
+            "checkpoint_every": job.checkpoint_every,
+            "checkpoint_keep": job.checkpoint_keep,
+            "checkpoint_dir": job.checkpoint_dir,
+            "init_from": job.init_from,
+            "tracking": job.tracking,
+            "tracking_state": job.tracking_state,
             "stopped_at": job.stopped_at.isoformat() if job.stopped_at else None,
         },
         "override": ({k: v for k, v in o.items() if k != "job_id"} if o else None),
@@ -358,8 +364,10 @@ def job_series(job_id: int, *, limit: int = 2000) -> dict[str, Any]:
         .order_by("-id")
         .values_list("kind", "record", "created")[:limit]
     )[::-1]
-    decided = list(Decision.objects.filter(job_id=job_id).order_by("created", "id").values_list("created", "profile"))
-    times = [c for c, _ in decided]
+    decided = list(
+        Decision.objects.filter(job_id=job_id).order_by("created", "id").values_list("created", "profile", "reason")
+    )
+    times = [d[0] for d in decided]
     steps: list[dict[str, Any]] = []
     train: list[dict[str, Any]] = []
     for kind, rec, created in rows:
@@ -391,6 +399,7 @@ def job_series(job_id: int, *, limit: int = 2000) -> dict[str, Any]:
                     "generated_tokens_total",
                     "train_tokens",
                     "reward_mean",
+                    "reward_std",
                     "borrowed_gpu_s",
                     "stale_aborted",
                     "interruptions",
@@ -401,7 +410,16 @@ def job_series(job_id: int, *, limit: int = 2000) -> dict[str, Any]:
                     "time_s",
                 )
             }
-            | {"mode": rec.get("mode", ""), "confidence": mean_confidence(decided[i][1]) if i >= 0 else None}
+            | {
+                "mode": rec.get("mode", ""),
+                "confidence": mean_confidence(decided[i][1]) if i >= 0 else None,
+                # what the experiment trackers log beside the numbers (issue 36): the configuration the step ran
+                # and the reason of the decision in force when it finished
+                "configuration": configuration_label(
+                    rec.get("mode", ""), rec.get("n_prefill", 0), rec.get("n_decode", 0), rec.get("n_colocated", 0)
+                ),
+                "why": decided[i][2] if i >= 0 else "",
+            }
         )
     return {"steps": with_throughput(steps), "train": train}
 

@@ -25,6 +25,7 @@ class TaskName(StrEnum):
     EXECUTE_TRANSITION = "controlplane.execute_transition"
     REPLAN_ALL = "controlplane.replan_all"
     RUN_SIMULATION = "controlplane.run_simulation"
+    TRAINED_STEP = "controlplane.trained_step"
     ARBITRATE = "controlplane.arbitrate"
 
 
@@ -57,6 +58,19 @@ def execute_transition_on_commit(transition_id: int) -> None:
 def run_simulation_on_commit(run_id: int) -> None:
     """A simulator comparison was recorded: a Celery worker runs it once this transaction commits."""
     transaction.on_commit(lambda: _send(TaskName.RUN_SIMULATION, run_id), robust=True)
+
+
+def trained_step_on_commit(job_ids: Iterable[int]) -> None:
+    """Trainer updates of these jobs were recorded: a Celery worker records their new checkpoints and logs the
+    steps to their experiment trackers once this transaction commits (off the telemetry path: issue 36)."""
+    ids = sorted(set(job_ids))
+
+    def send() -> None:
+        for j in ids:
+            _send(TaskName.TRAINED_STEP, j)
+
+    if ids:
+        transaction.on_commit(send, robust=True)
 
 
 def redis_client() -> redis.Redis:

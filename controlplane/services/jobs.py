@@ -20,6 +20,7 @@ from controlplane.selectors import model_dirs
 from controlplane.selectors.driver import not_returned
 from controlplane.selectors.jobs import OVERRIDE_FIELDS, override_dict, override_summary
 from controlplane.selectors.nodes import available_gpus
+from controlplane.services import checkpoints, tracking
 from controlplane.services.errors import Conflict, InvalidInput
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.invariants import assert_invariants
@@ -69,6 +70,7 @@ def create_job(*, spec: dict[str, Any], actor: str, user: Any = None) -> Job:
         raise InvalidInput(str(exc), field=f"policy_options.{exc.option}") from None
     spec = _with_agent(spec)
     _check_model(spec)
+    spec = tracking.check_spec(checkpoints.check_settings(spec))  # issue 36: checkpoints, init_from, trackers
     tp = int(spec.get("tp", 1))
     try:
         get_profile(spec.get("hardware", "cpu"), spec.get("model", "tiny"), tp)

@@ -9,7 +9,7 @@ from controlplane.core.agent_link import TelemetryBatch
 from controlplane.core.driver_link import TelemetryReport
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
 from controlplane.models import Job, TelemetrySample
-from controlplane.services import latency
+from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput
 from controlplane.services.events import push_delta_on_commit
 from controlplane.services.principals import Principal
@@ -59,6 +59,8 @@ def ingest(*, principal: Principal, message: TelemetryBatch | TelemetryReport) -
                 push_delta_on_commit(
                     kind="series", key=str(row.job_id), data={"job": row.job_id, "kind": row.kind, "record": row.record}
                 )
+        # a trainer update: its checkpoints and its experiment trackers are brought up to date off this path
+        dispatch.trained_step_on_commit(r.job_id for r in created if r.kind == RecordKind.TRAIN and r.job_id)
     for seconds in turns:
         latency.TURN_SECONDS.observe(seconds)
     return len(rows)

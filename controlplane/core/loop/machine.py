@@ -395,6 +395,7 @@ class RolloutLoop(TrainingPhase, Routing):
             generated_tokens_total=st.generated_tokens,
             train_tokens=sum(t.prompt + t.generated for t in trajs),
             reward_mean=sum(t.reward for t in trajs) / n,
+            reward_std=_spread([t.reward for t in trajs]),
             borrowed_gpu_s=st.borrowed_gpu_s,
             stale_aborted=st.stale_aborted,
             interruptions=st.interruptions,
@@ -416,6 +417,14 @@ class RolloutLoop(TrainingPhase, Routing):
             if t.state is TrajState.FIRST and t.worker is not None:
                 loop._on_first[t.worker] = loop._on_first.get(t.worker, 0) + 1
         return loop
+
+
+def _spread(values: list[float]) -> float:
+    """The population standard deviation (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 _HANDLERS: dict[type, Any] = {
