@@ -49,7 +49,7 @@ def _rec(n: int = 4, **extra) -> dict:
 
 class Link:
     def __init__(self, fail: int = 0) -> None:
-        self.sent: list[dl.TrajectoryReport] = []
+        self.sent: list = []  # TrajectoryReport, TrainedReport
         self.fail = fail
 
     async def send(self, msg) -> None:
@@ -136,6 +136,7 @@ async def test_a_steps_trained_report_goes_after_its_records_in_bounded_frames_a
     kinds = [type(m).__name__ for m in link.sent]
     assert kinds == ["TrajectoryReport", "TrainedReport", "TrainedReport"]
     first, second = link.sent[1:]
+    assert isinstance(first, dl.TrainedReport) and isinstance(second, dl.TrainedReport)
     assert link.sent[0].trajectories[0].trained is None
     assert first.trained + second.trained == names and len(first.trained) == dl.MAX_TRAJECTORIES
     assert first.untrained == ["s0-x"] and first.reason.startswith("not trained: its group was dropped")
