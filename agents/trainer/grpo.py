@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from agents import dataplane as dp
 from agents import models
 from agents.trainer.base import UpdateStats
+from agents.trainer.export import Exporter, load_into
 from agents.weights import WeightStore, atomic_write
 
 
@@ -73,16 +74,23 @@ class GRPOTrainer:
         store: WeightStore | None = None,
         threads: int | None = None,
         job: str = "",
+        init_from: str = "",
+        exporter: Exporter | None = None,
     ) -> None:
         self.config = config or GRPOConfig()
         models.set_threads(threads)
         torch.manual_seed(self.config.seed)
         self.model = models.load_model(model)
+        if init_from:  # a new job starts from another's checkpoint (its own checkpoint, below, wins on a restart)
+            load_into(self.model, init_from)
+        self.exporter = exporter  # Hugging Face checkpoints every `exporter.every` updates and at stop (issue 36)
         self.model.train()
         # right padding, masked out of attention and loss: any id in the vocabulary would do; the model's own
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad) if isinstance(pad, int) and 0 <= pad < self.model.config.vocab_size else 0
         self.ref = models.load_model(model) if self.config.kl_beta > 0 else None
+        if self.ref is not None and init_from:
+            load_into(self.ref, init_from)
         self.optim = torch.optim.AdamW(
             self.model.parameters(), lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay
         )
@@ -202,6 +210,16 @@ class GRPOTrainer:
             self.save_checkpoint()
         if self.store:
             self.publish()
+        if self.exporter is not None and self.exporter.due(self.version):
+            self.export()
+
+    def export(self) -> Path | None:
+        """Write the current weights as a Hugging Face checkpoint (named by the rollout step whose update made
+        them); at stop too, unless that one is written already. None before any update."""
+        if self.exporter is None or self.version == 0:
+            return None
+        step = max((s for s, v in self.trained_steps.items() if v == self.version), default=self.version - 1)
+        return self.exporter.export(self.model, step=step, version=self.version)
 
     # ---- weights
     def wire_state(self) -> dict[str, torch.Tensor]:

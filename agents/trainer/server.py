@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import sys
@@ -28,6 +29,7 @@ from agents import dataplane as dp
 from agents.process import die_with_parent, serve_until_signal, visible_devices
 from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
+from agents.trainer.export import DEFAULT_SHARD_SIZE, Exporter
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.weights import WeightStore
 from controlplane.core.wire import ErrorReply, WireError
@@ -285,6 +287,18 @@ async def serve(args: argparse.Namespace, token: str) -> None:
             batch_size=args.batch_size,
         )
     else:
+        exporter = (
+            Exporter(
+                Path(args.export_dir),
+                every=args.export_every,
+                keep=args.export_keep,
+                model_spec=args.model,
+                job=args.job or "",
+                max_shard_size=os.environ.get("PEARL_EXPORT_SHARD_SIZE") or DEFAULT_SHARD_SIZE,
+            )
+            if args.export_dir
+            else None
+        )
         trainer = GRPOTrainer(
             args.model,
             cfg,
@@ -292,6 +306,8 @@ async def serve(args: argparse.Namespace, token: str) -> None:
             store=store,
             threads=args.threads,
             job=args.job or "",
+            init_from=args.init_from,
+            exporter=exporter,
         )
     server = TrainerServer(
         trainer,
@@ -306,7 +322,11 @@ async def serve(args: argparse.Namespace, token: str) -> None:
     )
     await stop.wait()
     async with server._lock:  # let a running step finish (its checkpoint is atomic anyway)
-        pass
+        if isinstance(trainer, GRPOTrainer) and trainer.exporter is not None:  # the checkpoint at stop (issue 36)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, trainer.export)
+            except Exception:  # a failed export never hides the process's exit (the last periodic one stands)
+                logging.getLogger(__name__).exception("the checkpoint at stop failed")
     await runner.cleanup()
 
 
@@ -322,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    # Hugging Face checkpoints the user takes home (issue 36): where, every how many updates, how many kept
+    p.add_argument("--export-dir", default="")
+    p.add_argument("--export-every", type=int, default=10)
+    p.add_argument("--export-keep", type=int, default=3)
+    p.add_argument("--init-from", default="", help="a checkpoint directory the policy starts from")
     # accepted so the agent can spawn a trainer like any worker
     p.add_argument("--emulated", action="store_true", help="time updates by the profile instead of training")
     for extra in ("--role", "--worker-id", "--engine", "--job", "--hardware", "--time-factor", "--state-dir", "--tp"):
