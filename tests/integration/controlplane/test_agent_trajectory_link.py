@@ -4,6 +4,8 @@ nothing. Over the real ASGI app and Redis channel layer."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from channels.db import database_sync_to_async
 
@@ -70,4 +72,14 @@ async def test_a_trajectory_report_is_kept():
     assert err["type"] == "error" and err["field"] == "trajectories.status"
     rows = await database_sync_to_async(lambda: list(Trajectory.objects.filter(job=job).values("name", "mask")))()
     assert rows == [{"name": "s0-t0", "mask": [0, 1, 1]}]
+    # issue 34: listed as it ended (trained null); the step's update committed: the driver's TrainedReport
+    trained = lambda: list(Trajectory.objects.filter(job=job).values_list("trained", flat=True))
+    assert await database_sync_to_async(trained)() == [None]
+    await ws.send_json_to(dl.DRIVER_LINK.dump(dl.TrainedReport(0, 1, ["s0-t0"])))
+    await ws.send_json_to(dl.DRIVER_LINK.dump(dl.ProgressReport(0, 0)))  # answered in order: the report was taken
+    for _ in range(50):
+        if await database_sync_to_async(trained)() == [True]:
+            break
+        await asyncio.sleep(0.1)
+    assert await database_sync_to_async(trained)() == [True]
     await ws.disconnect()
