@@ -2,7 +2,7 @@
 
     tracking:
       tensorboard: /abs/logdir          # event files under <logdir>/<job name>
-      mlflow: file:/abs/mlruns          # a tracking URI (a local file: store or http(s)://server), or
+      mlflow: file:/abs/mlruns          # a tracking URI (a local file: store, sqlite:////abs/db, http(s)://server), or
                                         # {uri: ..., experiment: NAME} (default experiment: pearl)
       wandb: my-project                 # a project, or {project: ..., entity: ...}; WANDB_MODE=offline honoured
 
@@ -17,7 +17,7 @@ from typing import Any
 
 BACKENDS = ("tensorboard", "mlflow", "wandb")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
-_URI = re.compile(r"^(file:/|https?://)\S{1,1000}$")
+_URI = re.compile(r"^(file:/|sqlite:////|https?://)\S{1,1000}$")
 
 
 class TrackingSpecError(ValueError):
@@ -60,7 +60,12 @@ def normalise(spec: Any) -> dict[str, dict[str, str]]:
         v = spec["mlflow"]
         v = v if isinstance(v, dict) else {"uri": v}
         _keys(v, ("uri", "experiment"), "tracking.mlflow")
-        uri = _text(v.get("uri"), "tracking.mlflow.uri", _URI, "a tracking URI (file:/abs/path or http(s)://host)")
+        uri = _text(
+            v.get("uri"),
+            "tracking.mlflow.uri",
+            _URI,
+            "a tracking URI (file:/abs/path, sqlite:////abs/db or http(s)://host)",
+        )
         experiment = _text(v.get("experiment", "pearl"), "tracking.mlflow.experiment", _NAME, "an experiment name")
         out["mlflow"] = {"uri": uri, "experiment": experiment}
     if "wandb" in spec:

@@ -156,6 +156,8 @@ class MLflowSink:
     def __init__(self, job: Job, conf: dict[str, str], state: dict[str, Any]) -> None:
         from mlflow.tracking import MlflowClient
 
+        if conf["uri"].startswith("file:"):  # the user chose a local file store (MLflow 3 asks to be told so)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=conf["uri"])
         self.state = state
         if not state.get("run_id"):
