@@ -24,7 +24,7 @@ from controlplane.services import (
     tracking,
 )
 from controlplane.services.dispatch import TaskName
-from controlplane.services.plan_queue import enqueue_arbitration, take_arbitration_reasons, take_plan_signals
+from controlplane.services.plan_queue import take_arbitration_reasons, take_plan_signals
 from controlplane.services.retry import retry_transient
 
 
@@ -104,7 +104,9 @@ def replan_all() -> list[int]:
         tr, outcome = retry_transient(executor.advance, transition_id=tr_id)
         if outcome == "waiting":  # its executor died (the lease ran out): this one carries on
             dispatch.execute_transition(tr_id, tr.lease_owner, countdown=0.25)
-    enqueue_arbitration("periodic")  # the division follows the jobs' refitted predictors (hysteresis: no flapping)
+    # the division follows the jobs' refitted predictors (hysteresis: no flapping); run here, not queued, so the
+    # periodic re-plan also heals an arbiter task whose send was lost
+    retry_transient(arbitration.rebalance, reason="periodic")
     planned = []
     for job_id in live_job_ids():
         t = planner.plan_job_isolated(job_id=job_id, signal="periodic")  # one failing job never stops the others

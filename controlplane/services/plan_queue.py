@@ -60,7 +60,7 @@ def _arbitrate_now(reason: str) -> None:
     r = dispatch.redis_client()
     r.rpush(ARBITER_KEY, reason)
     r.expire(ARBITER_KEY, 3600)
-    if r.set(f"{ARBITER_KEY}:queued", "1", nx=True, ex=300):
+    if r.set(f"{ARBITER_KEY}:queued", "1", nx=True, ex=60):  # a lost send heals within a minute
         dispatch.arbitrate()
 
 
@@ -75,7 +75,7 @@ def take_arbitration_reasons() -> str | None:
     reasons = list(dict.fromkeys(x.decode() for x in raw))
     if not reasons:
         r.delete(f"{ARBITER_KEY}:queued")
-        if r.llen(ARBITER_KEY) and r.set(f"{ARBITER_KEY}:queued", "1", nx=True, ex=300):
+        if r.llen(ARBITER_KEY) and r.set(f"{ARBITER_KEY}:queued", "1", nx=True, ex=60):
             return take_arbitration_reasons()
         return None
     return "; ".join(reasons)
