@@ -265,6 +265,7 @@ class BufferedTrajectory:
     trajectory: str = field(metadata=bounded(max_len=MAX_ID_LEN))
     reward: float
     weight_version: int = field(metadata=bounded(0))  # the oldest weights that generated any of its samples
+    turns: int = field(default=0, metadata=bounded(0, 1 << 20))  # its samples (one per turn)
 
 
 @dataclass(slots=True)

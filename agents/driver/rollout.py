@@ -148,7 +148,7 @@ class RolloutDriver(EpisodeRunner):
 
     def _recover_one(self, tid: str) -> None:
         b = self.recovered.pop(tid)
-        self._feed(lp.TrajectoryRecovered(self._now(), tid, b.reward, b.weight_version))
+        self._feed(lp.TrajectoryRecovered(self._now(), tid, b.reward, b.weight_version, turns=b.turns))
 
     def _begin(self, ref: lp.TrajectoryRef, step: int) -> None:
         """A trajectory the loop made: recovered if the trainer holds it finished, else its episode starts."""

@@ -133,7 +133,7 @@ class TrainerServer:
     async def buffered(self, request: Any) -> Any:
         """The finished trajectories held for the steps not trained yet (a restarted driver recovers them)."""
         out = [
-            dp.BufferedTrajectory(step, tid, ss[0].reward, min(x.weight_version for x in ss))
+            dp.BufferedTrajectory(step, tid, ss[0].reward, min(x.weight_version for x in ss), turns=len(ss))
             for step, trajs in sorted(self.buffer.steps.items())
             for tid, ss in trajs.items()
             if ss

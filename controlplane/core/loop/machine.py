@@ -254,6 +254,7 @@ class RolloutLoop(TrainingPhase, Routing):
         if ev.weight_version is not None:
             t.min_version = min(t.min_version, ev.weight_version)
         t.reward = ev.reward
+        t.turn = max(t.turn, ev.turns)  # (its tokens are not known here: the STEP record counts what it saw)
         if self._stale(t):
             self._restart(t, ev.now_s, "stale", stale=True)
             return

@@ -102,6 +102,7 @@ class TrajectoryRecovered:
     trajectory: str
     reward: float = 0.0
     weight_version: int | None = None  # the oldest weights that generated any of its samples (None: not known)
+    turns: int = 0  # its turns (samples), for its step's STEP record
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ def test_samples_are_idempotent_by_trajectory_and_listed_for_recovery(tmp_path: 
                 assert status == 200, listed
                 got = {t["trajectory"]: t["reward"] for t in listed["trajectories"]}
                 assert got == {"s0-t0": 1.0, "s0-t1": 0.5}  # the re-post of s0-t0 changed nothing
+                assert [t["turns"] for t in listed["trajectories"]] == [1, 1]  # one sample each
         finally:
             await runner.cleanup()
 

@@ -11,6 +11,7 @@ import pytest
 from controlplane.core import loop as lp
 from controlplane.core.loop.state import DRIVER_RESTARTED
 from controlplane.core.state import Role
+from controlplane.core.telemetry import RecordKind
 
 from .loop_world import ToyWorld, run_heap
 
@@ -62,9 +63,11 @@ def test_a_batch_completed_by_recovery_trains_the_recovered_trajectories_and_sta
     loop = lp.RolloutLoop.restore(CFG, snap)
     out: list[lp.Command] = []
     for tid in snap_ids(snap):
-        out += loop.handle(lp.TrajectoryRecovered(5.0, tid, 1.0))
+        out += loop.handle(lp.TrajectoryRecovered(5.0, tid, 1.0, turns=7))
     out += loop.handle(lp.Start(5.0))
     assert not [c for c in out if isinstance(c, lp.Abort)]
+    (record,) = [c.record for c in out if isinstance(c, lp.Telemetry) and c.record.kind is RecordKind.STEP]
+    assert record.turns_max == 7  # the recovered trajectories' turns, as the trainer counted their samples
     assert list(loop.ready) == [0] and loop.steps[0].remaining == 0  # collected (step 1 may start meanwhile)
     out += loop.handle(lp.ReturnConfirmed(6.0))
     train = [c for c in out if isinstance(c, lp.Train)]
