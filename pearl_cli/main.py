@@ -211,6 +211,10 @@ def cmd_trajectories(c: Client, args: argparse.Namespace) -> None:
     page = c.get(f"/api/jobs/{jid}/trajectories/", **params)
     text = trajectories_text(step, page["results"], page["count"])
     counts: dict[str, Any] = next((s for s in steps if s["step"] == step), {})
+    if counts:  # the step's audit (issue 34): trained by its committed update, left out, rerun after a crash, resumed
+        text += "\nstep {}: trained {}, untrained {}, rerun {}, resumed {}".format(
+            step, *(counts.get(k, 0) for k in ("trained", "untrained", "rerun", "resumed"))
+        )
     if counts.get("given_up") or counts.get("dropped_groups"):  # slots of the step's batch that were not trained
         text += (
             f"\nstep {step}: {counts.get('given_up', 0)} member(s) given up after agent_max_attempts,"

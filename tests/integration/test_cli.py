@@ -202,6 +202,7 @@ def test_submit_the_agent_example_and_list_its_trajectories(cp):
     out = pearl(cp, "trajectories", "calc-agent", token=token).stdout  # the latest step by default
     assert "s1-t0" in out and "s0-t0" not in out and "2/4" in out and "v2" in out
     assert "the agent exited with status 1" in out and "given up" not in out
+    assert "step 1: trained 0, untrained 0, rerun 0, resumed 0" in out  # the step's audit: not trained yet
     # step 0's STEP record: a member given up and its group dropped (the driver reports it)
     from controlplane.core import telemetry as tm
     from controlplane.models import TelemetrySample
