@@ -97,6 +97,14 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
         lines.append(f"  failed: {j['failure_reason']}")
     if j.get("status_reason"):  # what a pending job waits for (the planner's admission), for a person to act on
         lines.append(f"  {j['status']}: {j['status_reason']}")
+    sh = j.get("sharing")
+    if sh:  # the cluster arbiter's share (issue 35)
+        allotted = sh["allotted_rollout_gpus"]
+        lines.append(
+            f"share: {'not divided yet' if allotted is None else f'allotted {allotted}'} of at most "
+            f"{sh['max_rollout_gpus'] or 'all'} rollout GPUs, holds {sh['held_rollout_gpus']}; guaranteed "
+            f"{sh['min_rollout_gpus']}, priority {sh['priority']}, weight {sh['weight']:g}"
+        )
     types = j.get("hardware_types") or [j["hardware"]]
     if types != [j["hardware"]]:
         lines.append(f"hardware: training on {j['hardware']}, rollout on {', '.join(types)}")

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from django.db.models import Count, Max, Min, QuerySet
 
-from controlplane.core.state import Activity, Role
+from controlplane.core.state import Activity, Role, Zone
 from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker, WorkerGPU
 
 HISTORY_KINDS = ("step", "train")
@@ -251,6 +251,20 @@ def submitted_by(job: Job) -> str:
     return actor or "unknown"
 
 
+def sharing(job: Job) -> dict[str, Any]:
+    """How the job shares the cluster (issue 35): its priority, weight, guarantee and maximum, the arbiter's
+    allotment (None: not divided yet) and the dedicated rollout GPUs its live workers hold now."""
+    held = Worker.objects.filter(job=job, alive=True, zone=Zone.ROLLOUT).count() * job.tp
+    return {
+        "priority": job.priority,
+        "weight": job.weight,
+        "min_rollout_gpus": job.min_rollout_gpus,
+        "max_rollout_gpus": job.rollout_gpus,
+        "allotted_rollout_gpus": job.allotted_rollout_gpus,
+        "held_rollout_gpus": held,
+    }
+
+
 def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, events: int = 50) -> dict[str, Any] | None:
     """Everything the job page and `pearl status` show: the job, the override in force, the latest
     decision in full, recent decisions (for the chart), transitions with their steps, staleness, events."""
@@ -281,6 +295,7 @@ def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, event
             "max_trajectory_tokens": job.max_trajectory_tokens,
             "rollout_gpus": job.rollout_gpus,
             "training_gpus": job.training_gpus,
+            "sharing": sharing(job),
             "mode": job.mode,
             "n_prefill": job.n_prefill,
             "n_decode": job.n_decode,

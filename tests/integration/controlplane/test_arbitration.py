@@ -9,7 +9,9 @@ import pytest
 from controlplane.core.state import Activity, Zone
 from controlplane.models import Event, Job, TransitionStep, Worker
 from controlplane.services import arbitration, planner
+from controlplane.selectors.jobs import job_status
 from controlplane.services.errors import InvalidInput
+from pearl_cli.main import status_text
 from tests.support.cluster import make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +69,7 @@ def test_a_second_job_gets_an_equal_share_by_draining_the_first():
     early = planner.plan_job(job_id=b.pk, signal="step_start")
     if early is None:
         assert "allots it 2, none free yet" in Job.objects.get(pk=b.pk).status_reason
+        assert "pending: waiting for rollout GPUs: the cluster arbiter allots it 2" in status_text(job_status(b.pk))
     else:
         assert "start_worker" not in set(TransitionStep.objects.filter(transition=early).values_list("kind", flat=True))
         assert run_transition(early).status == "succeeded"
@@ -75,6 +78,10 @@ def test_a_second_job_gets_an_equal_share_by_draining_the_first():
     assert (_rollout(a), _rollout(b)) == (2, 2)
     assert Job.objects.get(pk=b.pk).status == "running"
     assert not Worker.objects.filter(job=a, alive=True, role="training").exclude(activity=Activity.INACTIVE).exists()
+
+    # `pearl status` prints the job's share (and, while it waits, why)
+    text = status_text(job_status(b.pk))
+    assert "share: allotted 2 of at most 4 rollout GPUs, holds 2; guaranteed 0, priority 0, weight 1" in text, text
 
     # nothing changed: no event, nothing to plan but the running jobs' own signals
     again = arbitration.rebalance(reason="periodic")
