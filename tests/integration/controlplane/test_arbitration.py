@@ -8,8 +8,8 @@ import pytest
 
 from controlplane.core.state import Activity, Zone
 from controlplane.models import Event, Job, TransitionStep, Worker
-from controlplane.services import arbitration, planner
 from controlplane.selectors.jobs import job_status
+from controlplane.services import arbitration, planner
 from controlplane.services.errors import InvalidInput
 from pearl_cli.main import status_text
 from tests.support.cluster import make_job, make_node, run_transition
