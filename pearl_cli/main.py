@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pearl_cli.checkpoints import cmd_checkpoints, cmd_export
 from pearl_cli.client import ApiError, Client, CliError, load_settings, save_settings
 from pearl_cli.profile import cmd_profile
 from pearl_cli.spec import load_spec
@@ -466,6 +467,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--policies", type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
     p.add_argument("--no-wait", dest="wait", action="store_false")
+    p = add("checkpoints", cmd_checkpoints, "a job's exported checkpoints: step, weights, when, size, path")
+    p.add_argument("job", help="job id or name")
+    p = add("export", cmd_export, "copy a job's checkpoint out as a Hugging Face directory (from_pretrained loads it)")
+    p.add_argument("job", help="job id or name")
+    p.add_argument("dir", help="the directory to create (absent or empty)")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
     p = add("profile", cmd_profile, "the planner's prior for a model directory, from its config.json (local)")
     p.add_argument("dir", help="a save_pretrained directory (or its config.json)")
     p.add_argument("--hardware", default="H800", help="chip type (default H800)")

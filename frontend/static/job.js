@@ -187,6 +187,34 @@
   }
   $("ev-filter").addEventListener("change", (ev) => { evFilter = ev.target.value; renderEvents(); });
 
+  // ---- checkpoints (issue 36): Hugging Face directories to take home; the trackers and what they took ----
+  async function loadCheckpoints() {
+    const r = await api("GET", `/api/jobs/${jobId}/checkpoints/`);
+    if (!r.ok) return;
+    const body = $("checkpoints").querySelector("tbody"); body.replaceChildren();
+    $("checkpoints-empty").hidden = r.data.length > 0;
+    const j = S.job;
+    $("checkpoints-summary").textContent = `every ${j.checkpoint_every} updates, ${j.checkpoint_keep ? "newest " + j.checkpoint_keep + " kept" : "all kept"}` +
+      (j.init_from ? ` · started from ${j.init_from}` : "");
+    for (const c of r.data.slice().reverse()) {
+      const tr = el("tr"); tr.dataset.step = c.step;
+      for (const v of [String(c.step), `v${c.weight_version}`, fmt.time(c.written), `${(c.size_bytes / 1e6).toFixed(1)} MB`, c.tokenizer, c.path]) tr.appendChild(el("td", null, v));
+      const a = el("a", null, "download (tar)"); a.href = `/api/jobs/${jobId}/checkpoints/${c.step}/`;
+      const td = el("td"); td.appendChild(a); tr.appendChild(td); body.appendChild(tr);
+    }
+  }
+  function renderTrackers() {
+    const conf = S.job.tracking || {}, state = S.job.tracking_state || {}, ul = $("trackers"); ul.replaceChildren();
+    $("trackers-empty").hidden = Object.keys(conf).length > 0;
+    for (const [name, c] of Object.entries(conf)) {
+      const st = state[name] || {};
+      const where = c.logdir || c.uri || c.project || "";
+      const li = el("li", st.error ? "tracker-failed" : null,
+        `${name} (${where}): ` + (st.error ? `failing — ${st.error}` : st.step >= 0 ? `logged through step ${st.step}` : "no trained step yet"));
+      li.dataset.tracker = name; ul.appendChild(li);
+    }
+  }
+
   // ---- charts (plotly, served locally) -------------------------------------------------------------
   const EMPTY = { annotations: [{ text: "no step has finished yet: points appear as the rollout driver reports them", showarrow: false, font: { color: "#8792a2" } }] };
   function charts() {
@@ -203,7 +231,8 @@
     Plotly.react("chart-throughput", [{ x: steps, y: st.map((s) => s.throughput_tok_s), type: "bar", name: "tokens/s",
       hovertext: st.map((s) => `${s.mode} ${s.mode === "disaggregated" ? s.n_prefill + "P" + s.n_decode + "D" : s.n_colocated + "C"}`) }],
       chartLayout("Throughput per step ((generated + training tokens) / step time)", Object.assign({ xaxis: { title: "step" }, yaxis: { title: "tokens/s" } }, st.length ? {} : EMPTY)), cfg);
-    Plotly.react("chart-reward", [{ x: steps, y: st.map((s) => s.reward_mean), mode: "lines+markers", name: "mean reward" }],
+    Plotly.react("chart-reward", [{ x: steps, y: st.map((s) => s.reward_mean), mode: "lines+markers", name: "mean reward",
+      error_y: { type: "data", array: st.map((s) => s.reward_std || 0), visible: true, color: "#8792a2" } }],
       chartLayout("Reward per step", Object.assign({ xaxis: { title: "step" }, yaxis: { title: "mean reward" } }, st.length ? {} : EMPTY)), cfg);
     const t0 = Math.min(...st.map((s) => s.time_s).concat(tr.map((t) => t.time_s - t.duration_s)).filter((x) => x > 0), Infinity);
     const rel = (x) => (isFinite(t0) ? x - t0 : x);
@@ -335,7 +364,7 @@
     clearTimeout(refreshTimer);
     refreshTimer = setTimeout(async () => { const r = await api("GET", `/api/jobs/${jobId}/status/`); if (r.ok) { S = r.data; renderAll(false); } }, 150);
   }
-  function renderAll(resetForm) { renderHeader(); if (resetForm) fillOverrides(); renderDecision(); renderTransitions(); renderWorkers(); renderEvents(); charts(); }
+  function renderAll(resetForm) { renderHeader(); if (resetForm) fillOverrides(); renderDecision(); renderTransitions(); renderWorkers(); renderEvents(); renderTrackers(); charts(); }
 
   function apply(msg) {
     if (msg.type === "snapshot") {
@@ -353,11 +382,16 @@
       const r = $("decision-reason"); if (r) r.textContent = d.reason; // at once; the table follows
       refreshSoon();
     }
-    else if (msg.kind === "event") { S.events.unshift(d); S.events.length = Math.min(S.events.length, 200); renderEvents(); if (d.kind.startsWith("transition.")) refreshSoon(); }
+    else if (msg.kind === "event") {
+      S.events.unshift(d); S.events.length = Math.min(S.events.length, 200); renderEvents();
+      if (d.kind.startsWith("transition.") || d.kind.startsWith("tracking.")) refreshSoon();
+      if (d.kind === "checkpoint.written") loadCheckpoints();
+    }
     else if (msg.kind === "transition") refreshSoon();
     else if (msg.kind === "series") addSeriesRecord(d.kind, d.record);
   }
 
   renderAll(true);
+  loadCheckpoints();
   live({ view: "job", job: jobId }, apply);
 })();

@@ -184,3 +184,13 @@ def test_init_from_another_jobs_checkpoint(api, tmp_path):
     assert r.status_code == 201, r.json()
     r = _submit(api, name="fifth", init_from=str(tmp_path))
     assert r.status_code == 400 and "not a checkpoint directory" in r.json()["detail"], r.json()
+
+
+def test_the_job_page_lists_checkpoints_and_trackers(client, operator, api, tmp_path):
+    _cluster()
+    job = _submit(api, checkpoint_dir=str(tmp_path / "ck"), tracking={"tensorboard": str(tmp_path / "tb")}).json()
+    client.force_login(operator)
+    page = client.get(f"/jobs/{job['id']}/").content.decode()
+    assert 'id="checkpoints"' in page and 'id="trackers"' in page
+    assert f"pearl export {job['name']} DIR" in page
+    assert '"tracking": {"tensorboard": {"logdir": ' in page  # the page's initial state: what renderTrackers draws
