@@ -105,7 +105,7 @@ def _close(a: float, b: float) -> bool:
 
 @needs_tb
 def test_tensorboard_holds_every_trained_step_equal_to_the_api_once_each(api, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
 
     job = _job(api, {"tensorboard": str(tmp_path / "tb")})
     _trained(job, range(3))
@@ -169,7 +169,7 @@ def _wandb_history(run_dir: str) -> list[dict[str, str]]:
             records.append(part + chunk)
     out = []
     for raw in records:
-        rec = wandb_internal_pb2.Record()
+        rec = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         rec.ParseFromString(raw)
         if rec.WhichOneof("record_type") == "history":
             out.append({i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item})
