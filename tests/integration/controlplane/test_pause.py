@@ -151,3 +151,23 @@ def test_only_operators_pause_and_resume(viewer):
     assert APIClient().post(f"/api/jobs/{job.pk}/resume/").status_code in (401, 403)
     assert Job.objects.get(pk=job.pk).status == "paused"
     assert not Event.objects.filter(kind__in=["job.paused", "job.resumed"]).exists()
+
+
+def test_the_update_in_progress_finishes_while_paused():
+    """Paused at Training Begin: the borrowed workers are back, the update is granted and Training Finished is
+    taken; the release goes on beside it and places nothing, whatever signal the driver sends."""
+    from tests.support.cluster import agents_converge
+
+    job = _running_job()
+    jobs.set_training_active(job_id=job.pk, active=True)  # the borrowed workers return at once
+    jobs.pause_job(job_id=job.pk, actor="test")
+    assert run_transition(planner.plan_job(job_id=job.pk, signal="training_begin")).status == "succeeded"
+    agents_converge()
+    jobs.start_update(job_id=job.pk)  # the trainer computes: a paused job's update is not held back
+    trainers = Worker.objects.filter(job=job, alive=True, role="training")
+    assert {w.activity for w in trainers} == {Activity.ACTIVE}
+    jobs.set_training_active(job_id=job.pk, active=False)
+    assert planner.plan_job(job_id=job.pk, signal="training_finished") is None
+    assert planner.plan_job(job_id=job.pk, signal="step_start") is None
+    job.refresh_from_db()
+    assert job.status == "paused" and not job.training_active and _serving(job) == []
