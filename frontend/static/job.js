@@ -13,7 +13,9 @@
   function renderHeader() {
     const j = S.job;
     const st = $("job-status"); st.textContent = j.status; st.className = `pill st-${j.status}`; st.dataset.status = j.status;
-    const why = j.failure_reason ? `Failed: ${j.failure_reason}` : (j.status_reason ? `Waiting: ${j.status_reason}` : "");
+    const paused = j.status === "paused" ? `Paused at step ${j.step}: its rollout workers are released; its trainer (weights v${j.weight_version}), ` +
+      "its step and its trajectories are kept, and Resume brings it back where it was." : "";
+    const why = j.failure_reason ? `Failed: ${j.failure_reason}` : (paused || (j.status_reason ? `Waiting: ${j.status_reason}` : ""));
     const f = $("failure"); f.hidden = !why; f.textContent = why;
     const stop = $("stop"); if (stop) stop.disabled = j.status === "stopped" || j.status === "failed";
     const pause = $("pause"); if (pause) pause.hidden = j.status !== "running";

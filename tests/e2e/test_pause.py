@@ -36,6 +36,7 @@ def test_pause_and_resume_from_the_job_page(control_plane_server, page):
     page.click("#confirm-ok")
     page.wait_for_selector("#job-status[data-status=paused]")
     assert page.is_hidden("#pause") and page.is_visible("#resume")
+    assert "Paused at step 4: its rollout workers are released" in page.inner_text("#failure")
     assert off_loop(_status, job.pk) == "paused"
     shot(page, "job-paused")
 
@@ -44,7 +45,7 @@ def test_pause_and_resume_from_the_job_page(control_plane_server, page):
     assert "Resume pausable at step 4?" in page.inner_text("#confirm-text")
     page.click("#confirm-ok")
     page.wait_for_selector("#job-status[data-status=running]")
-    assert page.is_hidden("#resume") and page.is_visible("#pause")
+    assert page.is_hidden("#resume") and page.is_visible("#pause") and page.is_hidden("#failure")
     assert off_loop(_status, job.pk) == "running"
     page.wait_for_function("document.querySelector('#events').innerText.includes('resumed by ops')")
     assert page.js_errors == []
