@@ -12,7 +12,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane.consumers.common import CLOSE_PROTOCOL, CLOSE_UNAUTHENTICATED
 from controlplane.selectors.cluster import cluster_snapshot
-from controlplane.selectors.jobs import job_name, job_series, job_status, jobs_overview, recent_events
+from controlplane.selectors.jobs import job_name, job_series, job_status, jobs_overview, recent_events, share_history
 from controlplane.selectors.simulations import simulation_runs
 from controlplane.services.events import DASHBOARD_GROUP
 
@@ -158,4 +158,5 @@ def _snapshot(view: str, job_id: int | None) -> dict[str, Any]:
         "cluster": cluster_snapshot(),
         "jobs": jobs_overview(),
         "events": recent_events(),
+        "shares": share_history(),
     }

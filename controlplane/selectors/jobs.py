@@ -251,6 +251,25 @@ def submitted_by(job: Job) -> str:
     return actor or "unknown"
 
 
+SHARE_EVENT = "arbiter.reallocated"  # one division of the cluster by the arbiter (services.arbitration)
+SHARE_HISTORY = 500
+
+
+def share_history(limit: int = SHARE_HISTORY) -> list[dict[str, Any]]:
+    """Each job's share over time, for the cluster page's stacked chart: the arbiter's divisions, oldest first
+    (`gpus`: dedicated rollout GPUs allotted per job; `lent`: training GPUs lent to it by other jobs)."""
+    rows = Event.objects.filter(kind=SHARE_EVENT).order_by("-id").values_list("created", "message", "data")[:limit]
+    return [
+        {
+            "t": created.isoformat(),
+            "why": message,
+            "gpus": (data or {}).get("gpus", {}),
+            "lent": (data or {}).get("lent", {}),
+        }
+        for created, message, data in reversed(list(rows))
+    ]
+
+
 def sharing(job: Job) -> dict[str, Any]:
     """How the job shares the cluster (issue 35): its priority, weight, guarantee and maximum, the arbiter's
     allotment (None: not divided yet) and the dedicated rollout GPUs its live workers hold now."""

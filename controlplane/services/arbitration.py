@@ -30,13 +30,14 @@ from controlplane.core.policies.base import best_makespan
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, Event, Job, Worker
+from controlplane.selectors.jobs import SHARE_EVENT
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.planner import job_policy
 
 log = logging.getLogger(__name__)
 
 LIVE_CONFIG = ArbiterConfig(lending=False)  # cross-job lending of training GPUs is the simulator's only
-EVENT_KIND = "arbiter.reallocated"
+EVENT_KIND = SHARE_EVENT
 ARBITRATED = (Job.Status.PENDING, Job.Status.RUNNING)  # a paused job holds no rollout unit
 
 
@@ -169,7 +170,7 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
             Job.objects.filter(pk=j.pk).update(allotted_rollout_gpus=allotted[j.pk])
         if changed:
             units = {j.name: allotted[j.pk] for j in jobs}
-            emit(
+            ev = emit(
                 kind=EVENT_KIND,
                 actor=actor,
                 message=(explanation or f"{reason}: allotments set")
@@ -183,8 +184,10 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
                     "capacity_gpus": capacity_gpus,
                 },
             )
-            push_delta_on_commit(
-                kind="allotment", key="cluster", data={"gpus": units, "capacity_gpus": capacity_gpus, "lent": {}}
+            push_delta_on_commit(  # the cluster page's share chart grows by one point (selectors.jobs.share_history)
+                kind="allotment",
+                key="cluster",
+                data={"t": ev.created.isoformat(), "why": ev.message, "gpus": units, "lent": {}},
             )
     return Rebalance(allotted, order, explanation, unit_gpus, capacity_gpus)
 

@@ -2,8 +2,9 @@
 // then name); a node delta re-renders only that node's row (detail) or block (heatmap).
 (function () {
   "use strict";
-  const { $, el, esc, api, confirmAction, toast, live, fmt, canOperate } = window.PEARL;
-  const state = { nodes: new Map(), jobs: new Map() };
+  const { $, el, esc, api, confirmAction, toast, live, fmt, canOperate, chartLayout } = window.PEARL;
+  const state = { nodes: new Map(), jobs: new Map(), shares: [] };
+  const SHARES_KEPT = 500;
   const ROLE_LETTER = { prefill: "P", decode: "D", colocated: "C", training: "T" };
   const COLORS = { prefill: "#4c8df6", decode: "#b072f5", colocated: "#2fb6a4", training: "#e3a008", none: "#2a323d" };
   const POOL_ORDER = { reserved: 0, elastic: 1, training: 2 };
@@ -29,11 +30,26 @@
     return `${n.name} GPU ${g.index} · ${g.hardware} · ${g.zone}${g.present ? "" : " · gone"}${lent}${who ? "\n" + who : "\nidle"}`;
   }
 
+  // a job's colour, the same in the share chart and under its GPUs on the map
+  function jobColor(name) {
+    let h = 0; for (const ch of name) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+    return `hsl(${h % 360}, 65%, 60%)`;
+  }
+
+  // the job that holds the GPU: its serving rollout worker's (a lent training GPU: the borrower's), else any
+  function holder(v) {
+    const w = v.workers.find((x) => x.activity === "active" && x.role !== "training") || v.workers[0];
+    return w ? w.job : "";
+  }
+
   function gpuHtml(n, g) {
     const v = gpuView(g);
     const cls = `gpu role-${v.role} act-${v.activity}${v.borrowed ? " borrowed" : ""}${g.present ? "" : " gone"}`;
-    const style = v.borrowed ? ` style="--brole:var(--${v.role})"` : "";
+    const job = holder(v);
+    const vars = (v.borrowed ? `--brole:var(--${v.role});` : "") + (job ? `--job:${jobColor(job)};` : "");
+    const style = vars ? ` style="${vars}"` : "";
     return `<span class="${cls}"${style} data-gpu="${g.index}" data-role="${v.role}" data-activity="${v.activity}"` +
+      (job ? ` data-job="${esc(job)}"` : "") +
       `${v.borrowed ? ' data-borrowed="1"' : ""} title="${esc(gpuTitle(n, g, v))}">${ROLE_LETTER[v.role] || "·"}</span>`;
   }
 
@@ -225,6 +241,27 @@
     }
   }
 
+  // ---- each job's share over time (the arbiter's divisions; plotly, served locally) ----------------
+  function renderShares() {
+    if (typeof Plotly === "undefined") return;
+    const pts = state.shares, jobs = [];
+    for (const p of pts) for (const name of [...Object.keys(p.gpus), ...Object.keys(p.lent || {})]) if (!jobs.includes(name)) jobs.push(name);
+    const x = pts.map((p) => p.t), text = pts.map((p) => p.why);
+    const traces = [];
+    for (const name of jobs) {
+      const color = jobColor(name);
+      traces.push({ x, y: pts.map((p) => p.gpus[name] || 0), text, name, stackgroup: "units", line: { shape: "hv", color },
+        fillcolor: color, hovertemplate: `${name}: %{y} GPUs<br>%{text}<extra></extra>` });
+      if (pts.some((p) => (p.lent || {})[name]))
+        traces.push({ x, y: pts.map((p) => (p.lent || {})[name] || 0), text, name: `${name} (borrowed)`, stackgroup: "units",
+          line: { shape: "hv", color }, fillcolor: "rgba(0,0,0,0)", fillpattern: { shape: "/", fgcolor: color },
+          hovertemplate: `${name} borrowed: %{y} training GPUs<br>%{text}<extra></extra>` });
+    }
+    const empty = pts.length ? {} : { annotations: [{ text: "no division yet: the arbiter divides when a job arrives", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }] };
+    Plotly.react("chart-shares", traces, chartLayout("Rollout GPUs per job over time", Object.assign({ xaxis: { type: "date", gridcolor: "#2a323d" }, yaxis: { title: "GPUs", gridcolor: "#2a323d", rangemode: "tozero" } }, empty)),
+      { displayModeBar: false, responsive: true });
+  }
+
   function addEvent(e) {
     const list = $("events"); const li = el("li");
     li.append(el("time", "muted", new Date(e.created).toLocaleTimeString()), el("code", null, e.kind), document.createTextNode(" " + e.message));
@@ -238,6 +275,7 @@
       state.jobs = new Map(msg.jobs.map((j) => [String(j.id), j]));
       $("events").replaceChildren();
       for (const e of [...(msg.events || [])].reverse()) addEvent(e);
+      state.shares = msg.shares || []; renderShares();
       renderJobs(); full = true;
       if (!msg.more) schedule(); // a large cluster's nodes follow in snapshot_more messages
       return;
@@ -271,6 +309,7 @@
     else if (msg.kind === "job") { state.jobs.set(msg.key, Object.assign(state.jobs.get(msg.key) || { override: "" }, msg.data)); renderJobs(); }
     else if (msg.kind === "override") { const j = state.jobs.get(msg.key); if (j) { j.override = msg.data.summary || ""; renderJobs(); } }
     else if (msg.kind === "event") addEvent(msg.data);
+    else if (msg.kind === "allotment") { state.shares.push(msg.data); state.shares.splice(0, state.shares.length - SHARES_KEPT); renderShares(); }
   }
 
   // ---- node actions (confirmation first; the API decides) ----------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from controlplane.consumers.dashboard import _snapshot
 from controlplane.core.state import Activity, Zone
 from controlplane.models import Event, Job, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
@@ -78,6 +79,11 @@ def test_a_second_job_gets_an_equal_share_by_draining_the_first():
     assert (_rollout(a), _rollout(b)) == (2, 2)
     assert Job.objects.get(pk=b.pk).status == "running"
     assert not Worker.objects.filter(job=a, alive=True, role="training").exclude(activity=Activity.INACTIVE).exists()
+
+    # the cluster page's share chart: one point per division, each job's GPUs and why
+    shares = _snapshot("cluster", None)["shares"]
+    assert [p["gpus"] for p in shares] == [{"a": 4}, {"a": 2, "b": 2}]
+    assert shares[-1]["why"] == "job b arrived: a 4→2, b 0→2" and shares[-1]["lent"] == {}
 
     # `pearl status` prints the job's share (and, while it waits, why)
     text = status_text(job_status(b.pk))
