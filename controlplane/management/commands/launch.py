@@ -104,6 +104,46 @@ def _redis_ok(url: str) -> bool:
         return False
 
 
+def shared_demo_jobs(cluster: list[tuple[str, str, int, str]], count: int, tag: int) -> list[dict[str, Any]]:
+    """`--demo-jobs N` (issue 35): N equal emulated Qwen3-8B SWE-like jobs on the GPU nodes, each free to use the
+    whole rollout pool (reserved + preemptible: the arbiter divides it among them, by equal weights) and an even
+    split of the training GPUs (TP2 groups). A cluster whose training GPUs cannot give each job a group is a
+    clear error."""
+    tp = 2
+    training = {hw: 0 for _, p, _, hw in cluster if p == "training" and hw != "cpu"}
+    for _, pool, slots, hw in cluster:
+        if pool == "training" and hw != "cpu":
+            training[hw] += slots
+    roll_hw = sorted({hw for _, p, _, hw in cluster if p != "training" and hw != "cpu"})
+    rollout = sum(s for _, p, s, hw in cluster if p != "training" and hw != "cpu")
+    if count < 1 or len(training) != 1 or rollout < tp:
+        raise CommandError("--demo-jobs needs N >= 1, GPU training nodes of one chip type and rollout GPU nodes")
+    ((train_hw, train_gpus),) = training.items()
+    each = train_gpus // count // tp * tp
+    if each < tp:
+        raise CommandError(
+            f"--demo-jobs {count}: {train_gpus} {train_hw} training GPUs cannot give each job a {tp}-GPU group"
+        )
+    return [
+        {
+            "name": f"share{i}-{tag}",
+            "model": "qwen3-8b",
+            "hardware": train_hw,
+            **({"hardware_types": roll_hw} if roll_hw != [train_hw] else {}),
+            "engine": "emulated",
+            "environment": "swe-like",
+            "tp": tp,
+            "batch_size": 32,
+            "group_size": 16,
+            "rollout_gpus": rollout - rollout % tp,
+            "training_gpus": each,
+            "max_staleness": 1,
+            "max_trajectory_tokens": 32768,
+        }
+        for i in range(count)
+    ]
+
+
 class Command(BaseCommand):
     help = "Start the whole PEARL stack locally (Redis, Daphne, Celery worker + beat, demo agents, a demo job)."
 
@@ -112,6 +152,14 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-agents", action="store_true", help="start no demo agents")
         parser.add_argument("--no-demo-job", action="store_true", help="do not create the demo jobs")
+        parser.add_argument(
+            "--demo-jobs",
+            type=int,
+            default=0,
+            metavar="N",
+            help="instead of the demo jobs, N emulated SWE-like jobs that share the GPU nodes' rollout pool (the "
+            "cluster arbiter divides it; the training GPUs split evenly among them)",
+        )
         parser.add_argument(
             "--nodes",
             default="",
@@ -410,6 +458,14 @@ class Command(BaseCommand):
         operator = User.objects.filter(username=DEMO_OPERATOR).first()  # "created by" names it, as for `pearl submit`
         n = int(time.time()) % 100000
         cluster = opts["cluster"]
+        if opts.get("demo_jobs"):
+            for spec in shared_demo_jobs(cluster, int(opts["demo_jobs"]), n):
+                create_job(spec=spec, actor="launcher", user=operator)
+                self.step(
+                    f"demo job {spec['name']} submitted ({spec['model']}, emulated, {spec['training_gpus']} training "
+                    f"GPUs, up to {spec['rollout_gpus']} rollout GPUs shared by the arbiter)"
+                )
+            return
         slots = {pool: sum(s for _, p, s, hw in cluster if p == pool and hw != "cpu") for pool in POOLS}
         cpu = {pool: sum(s for _, p, s, hw in cluster if p == pool and hw == "cpu") for pool in POOLS}
         train_hw = sorted({hw for _, p, _, hw in cluster if p == "training" and hw != "cpu"})

@@ -155,3 +155,20 @@ def test_the_sharing_fields_are_stored_and_shown(api):
     assert r.status_code == 201, r.json()
     got = api.get(f"/api/jobs/{r.json()['id']}/").json()
     assert (got["priority"], got["weight"], got["min_rollout_gpus"], got["allotted_rollout_gpus"]) == (2, 1.5, 2, None)
+
+
+def test_launch_demo_jobs_share_the_spot_pool():
+    from django.core.management.base import CommandError
+
+    from controlplane.management.commands.launch import DEMO_NODES, Command, shared_demo_jobs
+
+    for name, pool, slots, hw in DEMO_NODES:
+        make_node(name, pool=pool, slots=slots, hardware=hw)
+    Command()._demo_job({"cluster": DEMO_NODES, "demo_jobs": 3})
+    jobs = list(Job.objects.order_by("name"))
+    assert len(jobs) == 3 and {(j.rollout_gpus, j.training_gpus, j.tp, j.weight) for j in jobs} == {(8, 2, 2, 1.0)}
+    division = arbitration.rebalance(reason="demo")
+    assert division.unit_gpus == 2 and division.capacity_gpus == 8
+    assert sorted(division.allotted.values()) == [2, 2, 4]  # 4 TP2 units over 3 equal jobs
+    with pytest.raises(CommandError, match="8 H800 training GPUs cannot give each job a 2-GPU group"):
+        shared_demo_jobs(DEMO_NODES, 5, 1)
