@@ -126,7 +126,8 @@ def launch_page(request: HttpRequest) -> HttpResponse:
                 "label": name.replace("_", " "),
                 "help": HELP.get(name, ""),
                 "choices": list(getattr(f, "choices", {}) or {}),
-                "numeric": isinstance(f, drf_fields.IntegerField),
+                "numeric": isinstance(f, (drf_fields.IntegerField, drf_fields.FloatField)),
+                "float": isinstance(f, drf_fields.FloatField),
                 "json": isinstance(f, drf_fields.DictField),
                 "required": f.required,
                 "default": ""
@@ -158,6 +159,10 @@ HELP = {
     "max_trajectory_tokens": "sequence length: the longest trajectory, in tokens",
     "rollout_gpus": "dedicated rollout GPUs at most (reserved + preemptible)",
     "training_gpus": "training GPUs (lent to rollout between updates)",
+    "priority": "sharing the cluster with other jobs: a higher priority is served first",
+    "weight": "the fair share among jobs of equal priority (a positive number)",
+    "min_rollout_gpus": "rollout GPUs guaranteed while the job runs (the reserved pool must hold it beside the "
+    "other jobs' guarantees)",
 }
 
 

@@ -172,3 +172,12 @@ def test_launch_demo_jobs_share_the_spot_pool():
     assert sorted(division.allotted.values()) == [2, 2, 4]  # 4 TP2 units over 3 equal jobs
     with pytest.raises(CommandError, match="8 H800 training GPUs cannot give each job a 2-GPU group"):
         shared_demo_jobs(DEMO_NODES, 5, 1)
+
+
+def test_the_launch_form_has_the_sharing_fields(client, django_user_model):
+    _cluster()
+    client.force_login(django_user_model.objects.create_user("former", password="x"))
+    page = client.get("/jobs/new/").content.decode()
+    assert 'id="id_priority" name="priority" value="0"' in page
+    assert 'type="number" id="id_weight" name="weight" value="1.0" step="any"' in page
+    assert 'id="id_min_rollout_gpus" name="min_rollout_gpus" value="0"' in page
