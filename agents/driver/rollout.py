@@ -153,6 +153,7 @@ class RolloutDriver(EpisodeRunner):
     def _begin(self, ref: lp.TrajectoryRef, step: int) -> None:
         """A trajectory the loop made: recovered if the trainer holds it finished, else its episode starts."""
         if ref.trajectory in self.recovered:
+            log.info("%s finished before the restart (its samples are at the trainer): recovered", ref.trajectory)
             self._recover_one(ref.trajectory)
         else:
             self._start_episode(ref, step)
