@@ -4,8 +4,7 @@ telemetry; the node's desired state is pushed to it in full on every change (lev
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -20,14 +19,6 @@ from controlplane.services.errors import PermissionDenied, ServiceError, StaleEp
 from controlplane.services.events import agent_group
 
 log = logging.getLogger(__name__)
-R = TypeVar("R")
-
-
-def token_check(fn: Callable[..., R]) -> Callable[..., Awaitable[R]]:
-    """A token check (one read) off the process' database thread, in the thread pool: the handshake must answer
-    within Daphne's connect timeout (5 s), and after a restart the database thread queues a thousand agents'
-    registrations and first heartbeats; behind them every handshake timed out, was retried and queued again."""
-    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
@@ -49,7 +40,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     accepted_digest: str = ""  # digest of the last report the database took in full on this socket
 
     async def connect(self) -> None:
-        cred = await token_check(credentials.authenticate_agent)(bearer_token(self.scope))
+        cred = await database_sync_to_async(credentials.authenticate_agent)(bearer_token(self.scope))
         if cred is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
@@ -88,7 +79,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         # renews in Redis: a revocation drops the node's Redis record, so the next heartbeat takes the
         # database path and its check
         in_hop = isinstance(message, (link.Heartbeat, link.TelemetryBatch, link.Fault)) and self.node_id is not None
-        if not in_hop and not await token_check(credentials.credential_is_valid)(self.credential_id):
+        if not in_hop and not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
             await self._revoked()
             return
         try:
