@@ -299,16 +299,17 @@ def run_storm(
         spec = {"period": period, "job": job, "storm": True, "probe_every": 0, "change_every": 0}
         for label in args.phases.split(","):
             if label == "storm":
-                t0 = time.time()
+                t0 = since = time.time()
                 gens = harness.start_generators(agents, generators=args.generators, ports=ports, tmp=tmp, **spec)
             elif label == "restart":
+                since = time.time()  # registrations from the restart on count (an agent may beat t0 by a hair)
                 harness.stop(web)
                 ports, web = harness.start_daphnes(args.daphnes, cwd=code, env=denv, tmp=tmp, ports=ports)
                 t0 = time.time()
                 harness.send(gens, {"storm": t0})
             else:
                 raise SystemExit(f"unknown phase {label!r}: storm or restart")
-            phases.append(storm_phase(args, label, t0, db, names, web, procs, tmp))
+            phases.append(storm_phase(args, label, t0, db, names, web, procs, tmp) | {"_since": since})
         harness.send(gens, {"stop": True}, last=True)
         outs = harness.results(gens)
     finally:
@@ -316,8 +317,8 @@ def run_storm(
         harness.stop(web)
     for ph in phases:
         ph |= storm_counts(ph, outs, names)
-        ph.pop("_t0")
-        ph.pop("_window")
+        for key in ("_t0", "_window", "_since"):
+            ph.pop(key)
     return {"period_s": period, "agents": len(agents), "daphnes": args.daphnes, "phases": phases}
 
 
@@ -389,11 +390,11 @@ def storm_counts(ph: dict[str, Any], outs: list[dict[str, Any]], names: list[str
     """A phase's figures from the load generators' timestamps: how long until every agent registered after
     the storm, and in the window the links dropped, lease-lost notices and refusals, and per heartbeat the
     row writes, commits and server CPU."""
-    t0, (w0, w1) = ph["_t0"], ph["_window"]
+    t0, since, (w0, w1) = ph["_t0"], ph["_since"], ph["_window"]
     first: dict[str, float] = {}
     for o in outs:
         for t, name in o["registered_at"]:
-            if t >= t0 and (name not in first or t < first[name]):
+            if t >= since and (name not in first or t < first[name]):
                 first[name] = t
     sent = sum(n for o in outs for sec, n in o["sent_per_s"].items() if w0 <= int(sec) < w1)
 
@@ -408,6 +409,7 @@ def storm_counts(ph: dict[str, Any], outs: list[dict[str, Any]], names: list[str
     return {
         "registered": len(first),
         "all_registered_s": round(max(first.values()) - t0, 1) if len(first) == len(names) else None,
+        "restart_s": round(t0 - since, 1),
         "registrations_in_window": within("registered_at"),
         "links_dropped": within("dropped"),
         "connects_failed": within("failed"),
