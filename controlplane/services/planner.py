@@ -248,8 +248,10 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             job.status_reason = waiting
             job.save(update_fields=["status_reason", "policy_state", "updated"])
             push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
-        if waiting and (job.status == Job.Status.PENDING or target.total == 0):
-            return None  # admitted only once it can run: never "running" on nothing
+        if waiting and (job.status == Job.Status.PENDING or (target.total == 0 and p.plan.empty)):
+            # admitted only once it can run: never "running" on nothing; a running job the arbiter allots nothing
+            # (higher-priority guarantees take every unit) still gives its workers up
+            return None
         last = Decision.objects.filter(job=job).first()
         if (
             signal == Signal.PERIODIC

@@ -8,9 +8,9 @@ import pytest
 
 from controlplane.consumers.dashboard import _snapshot
 from controlplane.core.state import Activity, Zone
-from controlplane.models import Event, Job, TransitionStep, Worker
+from controlplane.models import Event, Job, Transition, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
-from controlplane.services import arbitration, planner
+from controlplane.services import arbitration, jobs, planner
 from controlplane.services.errors import InvalidInput
 from pearl_cli.main import status_text
 from tests.support.cluster import make_job, make_node, run_transition
@@ -181,3 +181,20 @@ def test_the_launch_form_has_the_sharing_fields(client, django_user_model):
     assert 'id="id_priority" name="priority" value="0"' in page
     assert 'type="number" id="id_weight" name="weight" value="1.0" step="any"' in page
     assert 'id="id_min_rollout_gpus" name="min_rollout_gpus" value="0"' in page
+
+
+def test_a_running_job_allotted_nothing_gives_every_unit_to_a_higher_priority_guarantee():
+    _cluster()
+    low = make_job("low", **SPEC)
+    jobs.set_overrides(job_id=low.pk, changes={"borrowing": False}, actor="test")  # no overlap worker to run on
+    _place_all(arbitration.rebalance(reason="job low arrived"))
+    high = make_job("high", **SPEC | {"priority": 5, "min_rollout_gpus": 4})
+    division = arbitration.rebalance(reason="job high arrived")
+    assert division.allotted == {low.pk: 0, high.pk: 4}
+    tr = planner.plan_job(job_id=low.pk, signal="capacity_change")
+    assert tr is not None and run_transition(tr).status == "succeeded"
+    assert _rollout(low) == 0 and Job.objects.get(pk=low.pk).status == "running"
+    assert "the cluster arbiter allots it 0" in Job.objects.get(pk=low.pk).status_reason
+    planner.plan_job(job_id=high.pk, signal="capacity_change")
+    run_transition(Transition.objects.filter(job=high).order_by("-id").first())
+    assert _rollout(high) == 4
