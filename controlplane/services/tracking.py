@@ -98,13 +98,20 @@ def params_of(job: Job) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in spec.items()}
 
 
+_TB_WRITERS: dict[str, Any] = {}  # one event file per log directory and process, kept open between syncs
+
+
 class TensorBoardSink:
-    """Event files under `<logdir>/<job name>` (tensorboard's own writer and protos; no TensorFlow)."""
+    """Event files under `<logdir>/<job name>` (tensorboard's own writer and protos; no TensorFlow): one file
+    per job and Celery worker process, appended to and flushed at each sync (not a file per step)."""
 
     def __init__(self, job: Job, conf: dict[str, str], state: dict[str, Any]) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
 
-        self.writer = EventFileWriter(str(Path(conf["logdir"]) / job.name))
+        where = str(Path(conf["logdir"]) / job.name)
+        if where not in _TB_WRITERS or not Path(where).is_dir():
+            _TB_WRITERS[where] = EventFileWriter(where)
+        self.writer = _TB_WRITERS[where]
         if not state.get("params"):
             self._texts(0, {"job_spec": "\n".join(f"{k}: {v}" for k, v in sorted(params_of(job).items()))})
 
@@ -147,7 +154,7 @@ class TensorBoardSink:
         self._texts(step, texts)
 
     def close(self) -> None:
-        self.writer.close()
+        self.writer.flush()
 
 
 class MLflowSink:
