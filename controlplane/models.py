@@ -1,4 +1,4 @@
-"""Durable state: the unified GPU–worker–role map (DESIGN §4) and its history.
+"""Durable state: the unified GPU–worker–role map (docs/design.md §3) and its history.
 
 All writes go through `controlplane.services`; these models only declare shape and the database
 backstops of the invariants (partial unique constraints), so that even a buggy caller cannot bind

@@ -1,4 +1,4 @@
-"""The invariants of the unified GPU–worker–role map (DESIGN §4), as one pure function.
+"""The invariants of the unified GPU–worker–role map (docs/design.md §3), as one pure function.
 
 Services check them on every write (inside the transaction, before commit) and the fuzz test checks
 them after every random service call, so the same code defines "a valid cluster" everywhere.

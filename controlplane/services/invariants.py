@@ -1,4 +1,4 @@
-"""The invariant check (DESIGN §4) that every write use case runs over the rows it changed."""
+"""The invariant check (docs/design.md §3) that every write use case runs over the rows it changed."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ _pending: ContextVar[_Pending | None] = ContextVar("pearl_invariants_pending", d
 
 
 def assert_invariants(*, job_ids: Iterable[int] = (), gpu_ids: Iterable[int] = ()) -> None:
-    """Check DESIGN §4 over every alive worker touching these jobs or GPUs; raise 409 if violated. Inside a
+    """Check docs/design.md §3 over every alive worker touching these jobs or GPUs; raise 409 if violated. Inside a
     `checked_once` block the check is left to the block's end (still before its transaction commits)."""
     pending = _pending.get()
     if pending is not None:

@@ -1,6 +1,6 @@
 """The discrete-event cluster simulator: one policy on one scenario, in virtual time.
 
-The simulator is a *driver* of the same core code the live system runs (DESIGN §7): the RL loop
+The simulator is a *driver* of the same core code the live system runs (docs/design.md §10): the RL loop
 (`core.loop.RolloutLoop`: steps, routing, training handshake, staleness, telemetry), placement
 (`core.placement.place`: budget → policy action → transition plan) and the policy under test
 (`core.policies.make_policy`, fed the loop's and engines' telemetry). What is simulated is only

@@ -1,4 +1,4 @@
-"""The asynchronous RL loop as a pure state machine: events in, commands out (DESIGN §7).
+"""The asynchronous RL loop as a pure state machine: events in, commands out (docs/design.md §10).
 
 One rollout/training loop for one job, with no I/O and no clock of its own: every event carries
 the time it happened, and `handle(event)` returns the commands the driver must carry out (the

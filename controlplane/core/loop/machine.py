@@ -1,4 +1,4 @@
-"""The RL loop's state machine: `cmds = loop.handle(event)` (the etcd/raft `Ready` pattern, DESIGN §7).
+"""The RL loop's state machine: `cmds = loop.handle(event)` (the etcd/raft `Ready` pattern, docs/design.md §10).
 
 `RolloutLoop` is the whole machine: the entry point and the step cycle, the trajectories' events (turns,
 environment steps, restarts and final failures), the scheduler's feedback and the STEP record, on top of

@@ -1,4 +1,4 @@
-"""The loop's messages: the events a driver feeds in and the commands the loop hands back (DESIGN §7).
+"""The loop's messages: the events a driver feeds in and the commands the loop hands back (docs/design.md §10).
 
 Both are frozen dataclasses and closed unions (`Event`, `Command`): a driver carries out every kind of
 `Command` through `controlplane.core.loop.sink.dispatch`, which makes a missing handler a type error.

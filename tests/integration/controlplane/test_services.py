@@ -1,4 +1,4 @@
-"""Service use cases and the invariants of DESIGN §4 (incl. a long random fuzz of service calls)."""
+"""Service use cases and the invariants of docs/design.md §3 (incl. a long random fuzz of service calls)."""
 
 from __future__ import annotations
 
