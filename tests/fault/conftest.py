@@ -60,7 +60,7 @@ def record_timing(fault: str, **figures: float) -> None:
 
 
 def assert_invariants() -> None:
-    """DESIGN §4 over the whole cluster: no GPU bound to two active rollout workers, no GPU in two roles,
+    """docs/design.md §3 over the whole cluster: no GPU bound to two active rollout workers, no GPU in two roles,
     no overlap rollout worker active while its job trains; plus every worker process pinned as bound."""
     from controlplane.core.invariants import check_invariants
     from controlplane.models import WorkerGPU
