@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -22,6 +23,8 @@ from agents import models
 from agents.trainer.base import UpdateStats
 from agents.trainer.export import Exporter, load_into
 from agents.weights import WeightStore, atomic_write
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -211,7 +214,10 @@ class GRPOTrainer:
         if self.store:
             self.publish()
         if self.exporter is not None and self.exporter.due(self.version):
-            self.export()
+            try:
+                self.export()
+            except Exception:  # a by-product: a full disk or a bad directory never stops training (logged)
+                log.exception("the checkpoint of v%d failed; training goes on", self.version)
 
     def export(self) -> Path | None:
         """Write the current weights as a Hugging Face checkpoint (named by the rollout step whose update made

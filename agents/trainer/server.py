@@ -30,6 +30,7 @@ from agents.process import die_with_parent, serve_until_signal, visible_devices
 from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.export import DEFAULT_SHARD_SIZE, Exporter
+from agents.trainer.export import DEFAULT_SHARD_SIZE, Exporter
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.weights import WeightStore
 from controlplane.core.wire import ErrorReply, WireError
@@ -287,18 +288,22 @@ async def serve(args: argparse.Namespace, token: str) -> None:
             batch_size=args.batch_size,
         )
     else:
-        exporter = (
-            Exporter(
-                Path(args.export_dir),
-                every=args.export_every,
-                keep=args.export_keep,
-                model_spec=args.model,
-                job=args.job or "",
-                max_shard_size=os.environ.get("PEARL_EXPORT_SHARD_SIZE") or DEFAULT_SHARD_SIZE,
+        exporter = None
+        try:
+            exporter = (
+                Exporter(
+                    Path(args.export_dir),
+                    every=args.export_every,
+                    keep=args.export_keep,
+                    model_spec=args.model,
+                    job=args.job or "",
+                    max_shard_size=os.environ.get("PEARL_EXPORT_SHARD_SIZE") or DEFAULT_SHARD_SIZE,
+                )
+                if args.export_dir
+                else None
             )
-            if args.export_dir
-            else None
-        )
+        except OSError:  # a directory it may not write: it trains without exporting (logged), never fails to start
+            logging.getLogger(__name__).exception("no Hugging Face checkpoints: %s is not writable", args.export_dir)
         trainer = GRPOTrainer(
             args.model,
             cfg,
@@ -342,6 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    # Hugging Face checkpoints the user takes home (issue 36): where, every how many updates, how many kept
+    p.add_argument("--export-dir", default="")
+    p.add_argument("--export-every", type=int, default=10)
+    p.add_argument("--export-keep", type=int, default=3)
+    p.add_argument("--init-from", default="", help="a checkpoint directory the policy starts from")
     # Hugging Face checkpoints the user takes home (issue 36): where, every how many updates, how many kept
     p.add_argument("--export-dir", default="")
     p.add_argument("--export-every", type=int, default=10)

@@ -99,3 +99,14 @@ def test_init_from_a_checkpoint_of_another_architecture_is_refused(tmp_path):
     out = ex.export(models.load_model("tiny"), step=0, version=1)
     with pytest.raises(ValueError, match="do not fit the model"):
         GRPOTrainer(str(model_dir(tmp_path, "qwen2")), GRPOConfig(), init_from=str(out))
+
+
+def test_a_checkpoint_that_cannot_be_written_never_stops_training(tmp_path, caplog):
+    ex = Exporter(tmp_path / "ck", every=1, keep=0, model_spec="tiny", job="j")
+    (tmp_path / "full").write_text("a file where the directory should be")
+    ex.dir = tmp_path / "full" / "ck"  # every write now fails, as on a full or vanished disk
+    t = GRPOTrainer("tiny", GRPOConfig(lr=1e-2), exporter=ex, job="j")
+    for step in range(2):
+        t.update_blocking(fixed_batch(t.version), rollout_step=step)
+    assert t.version == 2 and t.trained_steps == {0: 1, 1: 2}
+    assert "the checkpoint of v2 failed; training goes on" in caplog.text
