@@ -30,7 +30,6 @@ from agents.process import die_with_parent, serve_until_signal, visible_devices
 from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.export import DEFAULT_SHARD_SIZE, Exporter
-from agents.trainer.export import DEFAULT_SHARD_SIZE, Exporter
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
 from agents.weights import WeightStore
 from controlplane.core.wire import ErrorReply, WireError
@@ -347,11 +346,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
-    # Hugging Face checkpoints the user takes home (issue 36): where, every how many updates, how many kept
-    p.add_argument("--export-dir", default="")
-    p.add_argument("--export-every", type=int, default=10)
-    p.add_argument("--export-keep", type=int, default=3)
-    p.add_argument("--init-from", default="", help="a checkpoint directory the policy starts from")
     # Hugging Face checkpoints the user takes home (issue 36): where, every how many updates, how many kept
     p.add_argument("--export-dir", default="")
     p.add_argument("--export-every", type=int, default=10)
