@@ -68,11 +68,27 @@ def _typed(job: Job) -> bool:
     return len({_chip(h) for h in [job.hardware, *job.rollout_hardware]}) > 1
 
 
-def _free_units(tp: int, hardware: list[str], *, typed: bool = True) -> list[Unit]:
+def _claimed(job: Job) -> set[tuple[int, int]]:
+    """(node id, GPU index) that another job's unfinished transition is about to start a worker on: planned for
+    it, not bound yet. Jobs planned one after the other (the arbiter's task) must not both pick them."""
+    out: set[tuple[int, int]] = set()
+    for args in (
+        TransitionStep.objects.filter(kind=StepKind.START_WORKER, transition__status__in=ACTIVE_TRANSITION)
+        .exclude(transition__job=job)
+        .values_list("args", flat=True)
+    ):
+        out.update((int(args["node"]), int(i)) for i in args.get("gpus", []))
+    return out
+
+
+def _free_units(
+    tp: int, hardware: list[str], *, typed: bool = True, claimed: set[tuple[int, int]] | None = None
+) -> list[Unit]:
     """Free `tp`-GPU groups of the job's accepted chip types on ready reserved/elastic nodes, in stable (node
     name, index) order. A group is one node's GPUs of one type, so it never mixes types; `typed`: each unit
-    carries its type (else "")."""
+    carries its type (else ""); `claimed` GPUs (`_claimed`) are not free."""
     bound = set(WorkerGPU.objects.filter(alive=True, kind="rollout").values_list("gpu_id", flat=True))
+    claimed = claimed or set()
     types = Q()
     for t in hardware:
         types |= Q(hardware__iexact=t)
@@ -87,7 +103,7 @@ def _free_units(tp: int, hardware: list[str], *, typed: bool = True) -> list[Uni
         .order_by("node__name", "index")
         .values_list("id", "node_id", "node__pool", "index", "hardware")
     ):
-        if gid not in bound:
+        if gid not in bound and (node_id, index) not in claimed:
             groups.setdefault((node_id, pool, _chip(chip)), []).append(index)
     units = []
     for (node_id, pool, chip), idx in groups.items():
@@ -153,7 +169,7 @@ def job_inventory(job: Job) -> Inventory:
                 hardware=_chip(hardware) if typed else "",
             )
         )
-    units += _free_units(job.tp, job.rollout_hardware, typed=typed)
+    units += _free_units(job.tp, job.rollout_hardware, typed=typed, claimed=_claimed(job))
     cap = job.rollout_gpus // job.tp if job.rollout_gpus else None
     if job.allotted_rollout_gpus is not None:  # the cluster arbiter's share (services.arbitration): never beyond
         cap = min(cap if cap is not None else 1 << 30, job.allotted_rollout_gpus // job.tp)

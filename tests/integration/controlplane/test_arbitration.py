@@ -198,3 +198,22 @@ def test_a_running_job_allotted_nothing_gives_every_unit_to_a_higher_priority_gu
     planner.plan_job(job_id=high.pk, signal="capacity_change")
     run_transition(Transition.objects.filter(job=high).order_by("-id").first())
     assert _rollout(high) == 4
+
+
+def test_jobs_planned_one_after_the_other_never_pick_the_same_free_gpus():
+    _cluster()
+    a, b = make_job("a", **SPEC), make_job("b", **SPEC)
+    division = arbitration.rebalance(reason="two jobs")
+    assert sorted(division.allotted.values()) == [2, 2]
+    # the arbiter's task plans a, then b, before a's transition has started its workers
+    trs = [planner.plan_job(job_id=j, signal=s) for j, s in division.plan_order]
+    assert all(t is not None for t in trs)
+
+    def starts(t: Transition) -> set[tuple[int, int]]:
+        rows = TransitionStep.objects.filter(transition=t, kind="start_worker").values_list("args", flat=True)
+        return {(r["node"], g) for r in rows for g in r["gpus"]}
+
+    first, second = (starts(t) for t in trs if t is not None)
+    assert len(first) == 2 and len(second) == 2 and not first & second
+    assert all(run_transition(t).status == "succeeded" for t in trs if t is not None)
+    assert (_rollout(a), _rollout(b)) == (2, 2)
