@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from aiohttp import ClientSession
 
 from agents import dataplane as dp
+from agents.crash import crash_point
 from agents.dataplane import MAX_NEW_TOKENS
 from agents.envs import Environment, EnvironmentFailed, make_env
 from agents.worker_client import UNREACHABLE, WorkerCallError, WorkerClient
@@ -160,6 +161,7 @@ class EpisodeRunner:
             # the samples reach the trainer before the loop counts the trajectory as finished: whatever
             # restarts afterwards, a finished trajectory's samples are kept for its step's update
             await self._submit_samples(dp.SubmitSamples(self._samples(ep), train=False, step=ep.step))
+            crash_point("driver.trajectory_durable")
         self._feed(
             lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward, observation_tokens=len(turn.observation))
         )

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import ClientSession
 
 from agents import dataplane as dp
+from agents.crash import crash_point
 from agents.driver.clock import AsyncLoopRunner
 from agents.driver.episodes import Episode, EpisodeRunner
 from agents.worker_client import UNREACHABLE, TrainerClient, WorkerCallError, WorkerClient
@@ -288,6 +289,8 @@ class RolloutDriver(EpisodeRunner):
     def emit_signal(self, cmd: lp.EmitSignal) -> None:
         log.info("signal %s (R=%d)", cmd.signal, cmd.remaining)
         report = dl.SignalReport(cmd.signal, cmd.remaining)
+        if cmd.signal == Signal.TRAINING_BEGIN:
+            crash_point("driver.before_training_begin")
         if cmd.signal in (Signal.TRAINING_BEGIN, Signal.TRAINING_FINISHED):
             self.training_signal = report
         self._spawn(self.link.send(report), "signal")
@@ -349,6 +352,7 @@ class RolloutDriver(EpisodeRunner):
             version=cmd.weight_version,  # the update is of these weights: a trainer elsewhere refuses it
         )
         res = await self._trainer_call("step", lambda trainer: trainer.update_step(req))
+        crash_point("driver.after_update")
         stats = res.step or {}
         if res.missing:
             log.error("the trainer lacked the samples of %d trajectories of step %d", len(res.missing), cmd.step)

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from agents import dataplane as dp
+from agents.crash import crash_point
 from agents.process import die_with_parent, serve_until_signal, visible_devices
 from agents.trainer.base import Trainer, UpdateStats
 from agents.trainer.emulated import EmulatedTrainer
 from agents.trainer.export import DEFAULT_SHARD_SIZE, Exporter
 from agents.trainer.grpo import GRPOConfig, GRPOTrainer
-from agents.weights import WeightStore
+from agents.weights import WeightStore, atomic_write
 from controlplane.core.wire import ErrorReply, WireError
 
 
@@ -73,6 +74,7 @@ class TrainerServer:
 
         self.queue: list[dp.TrainSample] = []
         self.buffer = StepBuffer(trainer.ckpt_dir)
+        self._settle_audit()
         # a buffer its checkpoint says is trained outlived a crash between the update's commit and its drop
         for step in [s for s in self.buffer.steps if s in trainer.trained_steps]:
             self.buffer.drop_through(step)
@@ -170,15 +172,19 @@ class TrainerServer:
                     f"step {body.step} updates weights v{body.version}, but this trainer is at v{t.version}"
                 )
             samples, missing = self.buffer.take(body.step, body.trajectories, body.dropped)
-            stats = await t.update(samples, body.step, body.training_gpus)
             consumed = list(dict.fromkeys(s.trajectory for s in samples))
+            self._audit_ahead(body.step, consumed, missing)
+            crash_point("trainer.mid_update")
+            stats = await t.update(samples, body.step, body.training_gpus)
+            crash_point("trainer.after_commit")
             self._audit(body.step, t.trained_steps[body.step], consumed, missing)
             self.buffer.drop_through(body.step)
             self.history.append(stats)
             return dp.UpdateAnswer(t.trained_steps[body.step], asdict(stats), missing=missing)
 
     def _audit(self, step: int, version: int, trajectories: list[str], missing: list[str]) -> None:
-        """One line per committed update: the step, the version it published, the trajectories it consumed."""
+        """One line per committed update: the step, the version it published, the trajectories it consumed;
+        then the line written ahead of the commit (`_audit_ahead`) is done with."""
         ckpt = self.trainer.ckpt_dir
         if ckpt is None:
             return
@@ -187,6 +193,38 @@ class TrainerServer:
             f.write(json.dumps(line) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        (Path(ckpt) / "updates.pending").unlink(missing_ok=True)
+
+    def _audit_ahead(self, step: int, trajectories: list[str], missing: list[str]) -> None:
+        """The update's audit line, durable before its commit (`<ckpt>/updates.pending`): a crash between the
+        commit and the line (found by the crash suite: that update went missing from the audit, and the
+        driver's retry is answered `already`) leaves it for the restarted trainer (`_settle_audit`)."""
+        ckpt = self.trainer.ckpt_dir
+        if ckpt is not None:
+            line = {"step": step, "trajectories": trajectories, "missing": missing}
+            atomic_write(Path(ckpt) / "updates.pending", json.dumps(line).encode())
+
+    def _settle_audit(self) -> None:
+        """At start: the line written ahead of an update is appended if its update committed (the checkpoint's
+        `trained_steps` has the step) and the audit lacks it; else the update never committed and it goes."""
+        ckpt = self.trainer.ckpt_dir
+        pending = Path(ckpt) / "updates.pending" if ckpt is not None else None
+        if pending is None or not pending.exists():
+            return
+        try:
+            line = json.loads(pending.read_text())
+            step = int(line["step"])
+        except (ValueError, KeyError, TypeError):
+            pending.unlink(missing_ok=True)
+            return
+        audit = pending.with_name("updates.jsonl")
+        done: set[int] = set()
+        for x in audit.read_text().splitlines() if audit.exists() else []:
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # a torn last line is no update's
+                done.add(int(json.loads(x)["step"]))
+        if step in self.trainer.trained_steps and step not in done:
+            self._audit(step, self.trainer.trained_steps[step], list(line["trajectories"]), list(line["missing"]))
+        pending.unlink(missing_ok=True)
 
     async def _update_queued(self, everything: bool = False) -> UpdateStats | None:
         async with self._lock:

@@ -124,9 +124,16 @@ class Stack:
         return proc
 
     def agent(
-        self, name: str, pool: str = "reserved", slots: int = 2, engine: str = "emulated", time_factor: float = 0.5
+        self,
+        name: str,
+        pool: str = "reserved",
+        slots: int = 2,
+        engine: str = "emulated",
+        time_factor: float = 0.5,
+        **env: str,
     ) -> subprocess.Popen:
-        """An agent process; emulated engines take H800 × model timings (qwen3-8b requests run for a while)."""
+        """An agent process; emulated engines take H800 × model timings (qwen3-8b requests run for a while).
+        `env`: more of its environment, which its workers and rollout drivers inherit (e.g. PEARL_CRASH_AT)."""
         from controlplane.services.credentials import issue_agent_token
 
         if name not in self.tokens:
@@ -159,6 +166,7 @@ class Stack:
             ],
             PEARL_AGENT_TOKEN=self.tokens[name],
             PEARL_DATAPLANE_SECRET=SECRET,
+            **env,
         )
 
     def kill9(self, name: str) -> None:
