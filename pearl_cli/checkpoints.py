@@ -90,3 +90,21 @@ def cmd_export(c: Client, args: argparse.Namespace) -> None:
         else f"exported the checkpoint of step {at} of job {args.job} to {out} ({len(files)} files); load it with "
         f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
     )
+
+
+def outputs_lines(j: dict[str, Any]) -> list[str]:
+    """`pearl status`'s lines on what the job hands back: its checkpoint settings and each experiment tracker (how
+    far it logged, or why it fails)."""
+    if "checkpoint_every" not in j:  # a server before issue 36
+        return []
+    keep = f"newest {j['checkpoint_keep']} kept" if j.get("checkpoint_keep") else "all kept"
+    lines = [f"checkpoints: every {j['checkpoint_every']} updates and at stop, {keep}, in {j.get('checkpoint_dir')}"]
+    if j.get("init_from"):
+        lines.append(f"  started from {j['init_from']}")
+    state = j.get("tracking_state") or {}
+    for name, conf in (j.get("tracking") or {}).items():
+        st = state.get(name) or {}
+        where = conf.get("logdir") or conf.get("uri") or conf.get("project") or ""
+        done = f"logged through step {st['step']}" if st.get("step", -1) >= 0 else "no trained step logged yet"
+        lines.append(f"tracker {name} ({where}): " + (f"FAILING — {st['error']}" if st.get("error") else done))
+    return lines

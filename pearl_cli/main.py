@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pearl_cli.checkpoints import cmd_checkpoints, cmd_export
+from pearl_cli.checkpoints import cmd_checkpoints, cmd_export, outputs_lines
 from pearl_cli.client import ApiError, Client, CliError, load_settings, save_settings
 from pearl_cli.profile import cmd_profile
 from pearl_cli.spec import load_spec
@@ -144,6 +144,7 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
             f"lag {s['lag']} / bound {s['max_staleness']}"
             + (f", {s['asleep']} asleep (pull on wake)" if s.get("asleep") else "")
         )
+    lines += outputs_lines(j)
     return "\n".join(lines)
 
 

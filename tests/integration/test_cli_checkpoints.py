@@ -76,3 +76,25 @@ def test_checkpoints_listed_and_exported(cp, tmp_path):
     assert not (tmp_path / "out-x").exists()
     r = pearl(cp, "export", "ck-cli", str(tmp_path / "out-9"), token=token, check=False)
     assert r.returncode == 2 and "not an empty directory" in r.stderr, r.stderr
+
+
+def test_status_says_where_checkpoints_go_and_how_each_tracker_fares():
+    from pearl_cli.checkpoints import outputs_lines
+
+    job = {
+        "checkpoint_every": 10,
+        "checkpoint_keep": 3,
+        "checkpoint_dir": "/ck/j",
+        "init_from": "",
+        "tracking": {"tensorboard": {"logdir": "/tb"}, "wandb": {"project": "p"}},
+        "tracking_state": {
+            "tensorboard": {"step": 7, "error": ""},
+            "wandb": {"step": -1, "error": "wandb: not installed"},
+        },
+    }
+    assert outputs_lines(job) == [
+        "checkpoints: every 10 updates and at stop, newest 3 kept, in /ck/j",
+        "tracker tensorboard (/tb): logged through step 7",
+        "tracker wandb (p): FAILING — wandb: not installed",
+    ]
+    assert outputs_lines({}) == []
