@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from functools import partial
 
 from tests.fault.conftest import assert_invariants, record_timing, wait_for
 from tests.fault.test_faults import registered
@@ -123,12 +124,12 @@ def test_jobs_share_the_live_cluster_by_the_arbiter(stack):
 
     # the moves kept the work: each job trains on, no update misses its return, no trajectory is lost or dropped
     versions = {j.pk: Job.objects.get(pk=j.pk).weight_version for j in (a, b)}
+
+    def trained_on(job_id: int) -> bool | None:
+        return Job.objects.get(pk=job_id).weight_version >= versions[job_id] + 1 or None
+
     for j in (a, b):
-        wait_for(
-            lambda j=j: Job.objects.get(pk=j.pk).weight_version >= versions[j.pk] + 1 or None,
-            90,
-            f"{j.name} trains after the moves",
-        )
+        wait_for(partial(trained_on, j.pk), 90, f"{j.name} trains after the moves")
     for j in (a, b, c):
         trains, steps = _records(j, "train"), _records(j, "step")
         assert all(t["missing_trajectories"] == 0 for t in trains), trains
