@@ -151,11 +151,18 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
         types = {h.lower() for h in j.rollout_hardware}
         own = sum((n // j.tp) * j.tp for (_, hw), n in groups.items() if hw in types) // unit_gpus
         demands.append(_demand(j, unit_gpus, own))
+    # a job that paused or ended since the last division gave its share back: listed once ('b 2→0'), then 0
+    gone = list(
+        Job.objects.exclude(status__in=ARBITRATED)
+        .filter(allotted_rollout_gpus__gt=0)
+        .values_list("pk", "name", "allotted_rollout_gpus")
+    )
     prev = Allotment(
         {
             j.name: (j.allotted_rollout_gpus if j.allotted_rollout_gpus is not None else held[j.pk]) // unit_gpus
             for j in jobs
         }
+        | {name: (was or 0) // unit_gpus for _, name, was in gone}
     )
     new = arbitrate(capacity, demands, prev, reason=reason, config=LIVE_CONFIG)
     allotted = {j.pk: new.units.get(j.name, 0) * unit_gpus // j.tp * j.tp for j in jobs}
@@ -168,8 +175,9 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     with transaction.atomic():
         for j in changed:
             Job.objects.filter(pk=j.pk).update(allotted_rollout_gpus=allotted[j.pk])
-        if changed:
-            units = {j.name: allotted[j.pk] for j in jobs}
+        Job.objects.filter(pk__in=[pk for pk, _, _ in gone]).update(allotted_rollout_gpus=0)
+        if changed or gone:
+            units = {name: 0 for _, name, _ in gone} | {j.name: allotted[j.pk] for j in jobs}
             ev = emit(
                 kind=EVENT_KIND,
                 actor=actor,

@@ -121,7 +121,9 @@ def test_a_job_that_ends_gives_its_share_back():
     assert sorted(division.allotted.values()) == [2, 2]
     Job.objects.filter(pk=b.pk).update(status="stopped")
     after = arbitration.rebalance(reason="job b stopped")
-    assert after.allotted == {a.pk: 4} and "job b stopped: a 2→4" in after.explanation
+    assert after.allotted == {a.pk: 4} and after.explanation == "job b stopped: b 2→0, a 2→4"
+    assert Job.objects.get(pk=b.pk).allotted_rollout_gpus == 0
+    assert arbitration.rebalance(reason="periodic").explanation == ""  # said once
 
 
 def test_a_guarantee_the_reserved_pool_cannot_hold_beside_the_others_is_refused_with_the_arithmetic(api):
