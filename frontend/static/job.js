@@ -33,6 +33,10 @@
         (st8.stale_aborted_last_step ? ` · ${st8.stale_aborted_last_step} aborted` : ""), "staleness"],
       ["Trainer", j.training_active ? "computing (borrowed GPUs returned)" : "idle (training GPUs may be lent)", "training"],
       ["Spec", `${j.model} · ${j.engine} · ${hardwareText(j)} · TP${j.tp} · B=${j.batch_size} · G=${j.group_size} · ${j.rollout_gpus}+${j.training_gpus} GPUs`, "spec"],
+      // the cluster arbiter's share of the rollout GPUs (issue 35)
+      ...(j.sharing ? [["Share", (j.sharing.allotted_rollout_gpus === null ? "not divided yet" : `allotted ${j.sharing.allotted_rollout_gpus}`) +
+        ` of ≤ ${j.sharing.max_rollout_gpus || "all"} rollout GPUs · holds ${j.sharing.held_rollout_gpus} · guaranteed ${j.sharing.min_rollout_gpus}` +
+        ` · priority ${j.sharing.priority} · weight ${j.sharing.weight}`, "share"]] : []),
       ["Submitted", `${j.submitted_by || j.created_by || "unknown"} at ${fmt.time(j.created)}`, "submitted"],
     ];
     const box = $("cards"); box.replaceChildren();

@@ -226,3 +226,13 @@ def test_jobs_planned_one_after_the_other_never_pick_the_same_free_gpus():
     assert len(first) == 2 and len(second) == 2 and not first & second
     assert all(run_transition(t).status == "succeeded" for t in trs if t is not None)
     assert (_rollout(a), _rollout(b)) == (2, 2)
+
+
+def test_the_job_page_carries_the_share_for_its_card(client, django_user_model):
+    _cluster()
+    a = make_job("a", **SPEC | {"priority": 3, "min_rollout_gpus": 1})
+    arbitration.rebalance(reason="job a arrived")
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    page = client.get(f"/jobs/{a.pk}/").content.decode()
+    assert '"sharing": {"priority": 3, "weight": 1.0, "min_rollout_gpus": 1, "max_rollout_gpus": 4' in page
+    assert '"allotted_rollout_gpus": 4, "held_rollout_gpus": 0}' in page
