@@ -194,3 +194,9 @@ def test_the_job_page_lists_checkpoints_and_trackers(client, operator, api, tmp_
     assert 'id="checkpoints"' in page and 'id="trackers"' in page
     assert f"pearl export {job['name']} DIR" in page
     assert '"tracking": {"tensorboard": {"logdir": ' in page  # the page's initial state: what renderTrackers draws
+    _exporter(job).export(models.load_model("tiny"), step=0, version=1)
+    r = client.get(f"/api/jobs/{job['id']}/checkpoints/0/")  # the page's download link, with the page's session
+    assert r.status_code == 200 and r["Content-Type"] == "application/x-tar"
+    from django.test import Client
+
+    assert Client().get(f"/api/jobs/{job['id']}/checkpoints/0/").status_code == 401  # never without a login
