@@ -43,6 +43,9 @@ def check_settings(spec: dict[str, Any]) -> dict[str, Any]:
     where = spec.get("checkpoint_dir") or default_dir(str(spec["name"]))
     if not isinstance(where, str) or not where.startswith("/") or "\x00" in where:
         raise InvalidInput("checkpoint_dir must be an absolute directory path", field="checkpoint_dir")
+    other = Job.objects.filter(checkpoint_dir=where).values_list("name", flat=True).first()
+    if other is not None:  # its retention would remove the other job's checkpoints
+        raise InvalidInput(f"checkpoint_dir {where!r} holds job {other!r}'s checkpoints", field="checkpoint_dir")
     return {
         **spec,
         "checkpoint_every": every,
@@ -135,7 +138,7 @@ def sync(job_id: int) -> list[Checkpoint]:
     """Record the checkpoints the job's directory holds now (a `checkpoint.written` event for each new one) and
     forget those retention removed; the job's checkpoints, oldest first."""
     job = Job.objects.get(pk=job_id)
-    found = scan(job.checkpoint_dir) if job.checkpoint_dir else {}
+    found = {s: f for s, f in (scan(job.checkpoint_dir) if job.checkpoint_dir else {}).items() if f[1].job == job.name}
     with transaction.atomic():
         have = {c.step: c for c in Checkpoint.objects.select_for_update().filter(job=job)}
         gone = [s for s in have if s not in found]

@@ -200,3 +200,16 @@ def test_the_job_page_lists_checkpoints_and_trackers(client, operator, api, tmp_
     from django.test import Client
 
     assert Client().get(f"/api/jobs/{job['id']}/checkpoints/0/").status_code == 401  # never without a login
+
+
+def test_a_checkpoint_dir_is_one_jobs(api, tmp_path):
+    _cluster()
+    first = _submit(api, checkpoint_dir=str(tmp_path / "ck")).json()
+    r = _submit(api, name="other", checkpoint_dir=str(tmp_path / "ck"))
+    assert r.status_code == 400 and r.json()["field"] == "checkpoint_dir", r.json()
+    assert "holds job 'ck-job'" in r.json()["detail"]
+    # a checkpoint another job's trainer left there is not this job's
+    Exporter(tmp_path / "ck", every=1, keep=0, model_spec="tiny", job="someone-else").export(
+        models.load_model("tiny"), step=0, version=1
+    )
+    assert api.get(f"/api/jobs/{first['id']}/checkpoints/").json() == []
