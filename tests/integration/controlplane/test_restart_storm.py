@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -122,7 +123,7 @@ async def test_a_registration_is_answered_in_one_trip_to_the_database_thread(mon
     trips: list[str] = []
     real = agent_socket.database_sync_to_async
 
-    def counting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(fn: Any, *args: Any, **kwargs: Any) -> Any:
         trips.append(getattr(fn, "__name__", repr(fn)))
         return real(fn, *args, **kwargs)
 
