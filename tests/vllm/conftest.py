@@ -30,10 +30,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def save_tiny(path: Path, seed: int = 0) -> Path:
-    """The tiny seeded random Qwen3 of `agents.models`, saved as a checkpoint vLLM loads."""
+    """The tiny random Qwen3 of `agents.models` from `seed`, saved as a model directory vLLM loads.
+    A directory needs a tokenizer with a chat template (the model-directory check): the test one of
+    tests.support.hf_models, which only names text and EOS here (these tests send token ids, stop_at_eos off)."""
     from agents import models
+    from tests.support.hf_models import build_tokenizer
 
     models.load_model("tiny", seed=seed).save_pretrained(path, safe_serialization=True)
+    build_tokenizer().save_pretrained(path)
     return path
 
 
@@ -66,7 +70,7 @@ class Worker:
         return body["records"]
 
 
-async def start_worker(model: Path, worker_id: int, http: ClientSession, **engine_kw: Any) -> Worker:
+async def start_worker(model: Path | str, worker_id: int, http: ClientSession, **engine_kw: Any) -> Worker:
     from agents.engines.vllm_engine import VLLMEngine
     from agents.worker import WorkerServer
 
@@ -81,8 +85,10 @@ async def start_worker(model: Path, worker_id: int, http: ClientSession, **engin
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("vllm") / "tiny")
+def tiny() -> str:
+    """The seeded tiny Qwen3 as workers run it (`model: tiny`): the engine saves it at one path per content, the
+    same for both workers, as NIXL's handshake needs."""
+    return "tiny"
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -92,7 +98,7 @@ async def http() -> AsyncIterator[ClientSession]:
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def pd(tiny: Path, http: ClientSession) -> AsyncIterator[tuple[Worker, Worker]]:
+async def pd(tiny: str, http: ClientSession) -> AsyncIterator[tuple[Worker, Worker]]:
     """A prefill worker and a decode worker, both vLLM with NixlConnector (kv_both: either can take
     either role, or serve colocated)."""
     workers: list[Worker] = []

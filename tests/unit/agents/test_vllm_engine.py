@@ -21,14 +21,13 @@ def test_without_vllm_the_engine_fails_with_a_clear_error():
 
 
 @pytest.mark.vllm
-async def test_vllm_generates_with_logprobs_and_reloads_weights(tmp_path):
+async def test_vllm_generates_with_logprobs_and_reloads_weights():
     pytest.importorskip("vllm")
     from agents import models
     from agents.dataplane import GenerateRequest, SamplingParams
 
     model = models.load_model("tiny")
-    model.save_pretrained(tmp_path / "m", safe_serialization=True)
-    engine = build_engine("vllm", model=str(tmp_path / "m"))
+    engine = build_engine("vllm", model="tiny")  # the seeded tiny Qwen3, saved by the engine where vLLM loads it
     await engine.start()
     try:
         r = await engine.generate(
@@ -57,19 +56,17 @@ async def test_vllm_generates_with_logprobs_and_reloads_weights(tmp_path):
 
 
 @pytest.mark.vllm
-async def test_vllm_reports_each_prompts_prefill_with_its_cached_prefix_and_the_decodes_beside_it(tmp_path):
+async def test_vllm_reports_each_prompts_prefill_with_its_cached_prefix_and_the_decodes_beside_it():
     """What the runtime tracker measures the PD interference from (PREFILL records: tokens computed, the
     cached prefix, vLLM's own prefill time, decodes in the same iterations), as the emulated engine and the
     simulator report it."""
     pytest.importorskip("vllm")
     import asyncio
 
-    from agents import models
     from agents.dataplane import GenerateRequest, SamplingParams
     from controlplane.core.telemetry import RecordKind
 
-    models.load_model("tiny").save_pretrained(tmp_path / "m", safe_serialization=True)
-    engine = build_engine("vllm", model=str(tmp_path / "m"))
+    engine = build_engine("vllm", model="tiny")
     await engine.start()
 
     def req(rid: str, n: int) -> GenerateRequest:
