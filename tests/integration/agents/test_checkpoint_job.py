@@ -70,7 +70,10 @@ def test_a_live_job_writes_checkpoints_and_logs_its_steps(control_plane_server, 
         # a second job starts from that checkpoint: its trainer publishes those weights as its version 0 (what its
         # rollout workers pull first)
         start = checkpoints.scan(str(tmp_path / "ck"))
-        second = create_job(spec={"name": "ck-next", **spec, "init_from": {"job": "ck-live"}}, actor="test")
+        second = create_job(
+            spec={"name": "ck-next", **spec, "checkpoint_dir": str(tmp_path / "ck2"), "init_from": {"job": "ck-live"}},
+            actor="test",
+        )
         assert second.init_from == str(start[max(start)][0])
         wait_for(lambda: Job.objects.get(pk=second.pk).weight_version >= 1, timeout=240, what="ck-next's update")
         v0 = WeightStore(_store_dir(tmp_path, "ck-next"))
