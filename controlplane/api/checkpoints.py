@@ -29,7 +29,7 @@ class JobCheckpointsView(APIView):
     """The job's exported checkpoints, oldest first: step, weight version, when written, size, path, files and
     which tokenizer they carry (as its checkpoint directory holds them now: retention removes the oldest)."""
 
-    @extend_schema(responses={200: OBJECT_LIST})
+    @extend_schema(operation_id="jobs_checkpoints_list", responses={200: OBJECT_LIST})
     def get(self, request: Request, pk: str) -> Response:
         job_id = parse_id(pk)
         if not job_exists(job_id):
@@ -41,7 +41,9 @@ class JobCheckpointDownloadView(APIView):
     """One checkpoint (`latest` or a step) as an uncompressed tar of its files, streamed: a Hugging Face
     directory (`from_pretrained` loads it once unpacked). `pearl export` unpacks it."""
 
-    @extend_schema(responses={(200, "application/x-tar"): OpenApiTypes.BINARY})
+    @extend_schema(
+        operation_id="jobs_checkpoints_download", responses={(200, "application/x-tar"): OpenApiTypes.BINARY}
+    )
     def get(self, request: Request, pk: str, step: str) -> StreamingHttpResponse:
         job_id = parse_id(pk)
         at = None if step == "latest" else parse_count(step, "step", lo=0, hi=2**31)
