@@ -1,5 +1,5 @@
 """The live cluster arbiter (issue 35): on each cluster event (a job arrives or ends, a node's capacity comes or
-goes, a job pauses, resumes or changes training phase) one division of the dedicated rollout GPUs among the
+goes, a job pauses or resumes; and every periodic re-plan) one division of the dedicated rollout GPUs among the
 running jobs, by `core.arbiter.arbitrate`, the code the simulator's `pearl` sharing runs.
 
 The division is stored as each job's `allotted_rollout_gpus`; the planner caps the job's dedicated workers there
@@ -12,8 +12,10 @@ planned again and starts workers on the freed units. An `arbiter.reallocated` ev
 ('job b arrived: a 4→2, b 0→2', in units of `unit_gpus` GPUs).
 
 Not live yet: cross-job lending of idle training GPUs (`ArbiterConfig.lending` is off here; the simulator
-lends), and a division of a cluster whose jobs accept different chip types is one pool of the types any job
-accepts, each job capped at the units of its own types.
+lends): so a training phase change, which moves units between jobs only by lending, queues no division here
+(it would cost the Celery worker a predictor refit per job at every Training Begin and Finished); and a
+division of a cluster whose jobs accept different chip types is one pool of the types any job accepts, each
+job capped at the units of its own types.
 """
 
 from __future__ import annotations

@@ -413,7 +413,8 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, "training_begin" if active else "training_finished")
-        enqueue_arbitration(f"{job.name} {'Training Begin' if active else 'Training Finished'}")
+        # no division here: a phase change moves units between jobs only by lending training GPUs, which the live
+        # arbiter does not do yet (services.arbitration); the periodic re-plan follows the refitted curves
     return job
 
 

@@ -49,8 +49,8 @@ ARBITER_KEY = "pearl:arbiter"
 
 
 def enqueue_arbitration(reason: str) -> None:
-    """A cluster event (a job arrived or ended, capacity changed, a job paused, resumed or changed training
-    phase): once this transaction commits, one arbiter task divides the cluster again and plans the jobs whose
+    """A cluster event (a job arrived or ended, capacity changed, a job paused or resumed): once this
+    transaction commits, one arbiter task divides the cluster again and plans the jobs whose
     allotment changed, one after the other (`tasks.arbitrate`). Single flight, like a job's plan queue: one
     task at a time divides once for every event queued meanwhile; no reason is dropped."""
     transaction.on_commit(lambda: _arbitrate_now(reason), robust=True)

@@ -133,10 +133,19 @@ def test_jobs_share_the_live_cluster_by_the_arbiter(stack):
     for j in (a, b, c):
         trains, steps = _records(j, "train"), _records(j, "step")
         assert all(t["missing_trajectories"] == 0 for t in trains), trains
-        assert all(t["return_latency_s"] <= t["return_deadline_s"] for t in trains), trains
+        late = [(t["step"], t["return_latency_s"], t["return_deadline_s"]) for t in trains]
+        assert all(t["return_latency_s"] <= t["return_deadline_s"] for t in trains), (j.name, late)
         assert all(s["stale_aborted"] == 0 and s["given_up"] == 0 and s["dropped_groups"] == 0 for s in steps), steps
         assert all(t["trajectories"] == BATCH for t in trains), trains
-    bad = Event.objects.filter(kind__in=["plan.error", "transition.failed", "job.failed"])
+    # no planning error, no failed job, and no two jobs ever bound the same GPU (a transition that Training Begin
+    # overtook fails by design, rolled back, and the next plan goes on)
+    bad = Event.objects.filter(kind__in=["plan.error", "job.failed"]) | Event.objects.filter(
+        kind="transition.failed", message__contains="taken"
+    )
     assert not bad.exists(), list(bad.values_list("message", flat=True))
     assert_invariants()
-    record_timing("arbiter_live", b_runs_s=b_runs, b_equal_share_s=b_shared, c_guarantee_s=c_guaranteed)
+    # requests a move interrupted went back to their driver with their partial output and resumed elsewhere
+    resumed = sum(s["interruptions"] for j in (a, b, c) for s in _records(j, "step"))
+    record_timing(
+        "arbiter_live", b_runs_s=b_runs, b_equal_share_s=b_shared, c_guarantee_s=c_guaranteed, resumed=resumed
+    )
