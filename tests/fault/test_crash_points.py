@@ -32,7 +32,7 @@ from tests.fault.conftest import wait_for
 from tests.fault.test_exactly_once import BATCH, TIME_FACTOR, _assert_exactly_once, _buffered, _ckpt, _job
 from tests.fault.test_faults import registered
 
-pytestmark = [pytest.mark.slow, pytest.mark.replan_every(2)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.replan_every(2)]
 
 DIAGONAL = ("driver.before_training_begin", "trainer.after_commit")
 

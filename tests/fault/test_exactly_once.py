@@ -22,7 +22,7 @@ import pytest
 from tests.fault.conftest import assert_invariants, wait_for
 from tests.fault.test_faults import registered
 
-pytestmark = [pytest.mark.slow, pytest.mark.replan_every(2)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.replan_every(2)]
 
 BATCH, GROUP = 8, 4
 TIME_FACTOR = 0.05  # emulated H800 time x0.05: a SWE-like step takes seconds of wall time

@@ -16,7 +16,7 @@ from tests.fault.conftest import assert_invariants, record_timing, wait_for
 from tests.fault.test_exactly_once import BATCH, _assert_exactly_once, _buffered, _ckpt, _job, _just_finished
 from tests.fault.test_faults import registered
 
-pytestmark = [pytest.mark.slow, pytest.mark.replan_every(2)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.replan_every(2)]
 
 TIME_FACTOR = 0.2  # emulated H800 time x0.2: a step's trajectories finish over seconds, not all at once
 

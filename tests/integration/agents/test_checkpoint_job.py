@@ -18,7 +18,7 @@ from tests.integration.agents.test_agents_via_control_plane import start_agent
 from tests.integration.agents.test_control_plane_link import wait_for
 from tests.support.hf_models import model_dir
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
 
 def test_a_live_job_writes_checkpoints_and_logs_its_steps(control_plane_server, celery_worker_process, tmp_path):
