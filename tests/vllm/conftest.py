@@ -17,6 +17,9 @@ import pytest_asyncio
 from aiohttp import ClientSession, web
 
 SECRET = "vllm-test-secret"
+# the size of tests.support.hf_models' directories on vLLM: its CPU attention has no kernel for the helper's head
+# dim of 16 ("Unsupported CPU attention configuration: head_dim=16"), so 32, as the tiny model's, with 4 heads
+VLLM_SIZE = {"hidden_size": 128, "head_dim": 32}
 PREFILL_LEASE_S = 15.0  # PEARL's lease on the prefill worker's descriptors (vLLM pins the blocks 30 s longer)
 
 

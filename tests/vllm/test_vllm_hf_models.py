@@ -11,13 +11,10 @@ import pytest
 from aiohttp import ClientSession
 
 from tests.support.hf_models import ARCHITECTURES, model_dir
-from tests.vllm.conftest import start_worker
+from tests.vllm.conftest import VLLM_SIZE, start_worker
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-# vLLM's CPU attention has no kernel for the helper's head dim of 16 ("Unsupported CPU attention configuration:
-# head_dim=16"): 32, as the tiny model's, with 4 heads
-VLLM_SIZE = {"hidden_size": 128, "head_dim": 32}
 
 
 @pytest.fixture(scope="module")
