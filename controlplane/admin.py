@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib import admin
 
 from controlplane import models as m
+from controlplane.selectors.jobs import OVERRIDE_FIELDS
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -51,17 +52,7 @@ class GPUAdmin(ReadOnlyAdmin):
 class OverrideInline(admin.StackedInline):
     model = m.Override
     can_delete = False
-    readonly_fields = (
-        "force_mode",
-        "force_n_prefill",
-        "force_n_decode",
-        "force_exact",
-        "freeze",
-        "borrowing",
-        "elasticity",
-        "updated_by",
-        "updated",
-    )
+    readonly_fields = (*OVERRIDE_FIELDS, "updated_by", "updated")
 
 
 @admin.register(m.Job)
