@@ -70,7 +70,9 @@ def steps(job_id: int) -> list[dict[str, Any]]:
     )
     for a in audit:
         if a["step"] in out:
-            out[a["step"]].update({k: a[f"n_{k}"] for k in ("trained", "untrained", "rerun", "resumed")})
+            row = out[a["step"]]
+            row["trained"], row["untrained"] = a["n_trained"], a["n_untrained"]
+            row["rerun"], row["resumed"] = a["n_rerun"], a["n_resumed"]
     if out:
         which = Q(record__step__in=list(out))
         if 0 in out:  # a record leaves its fields at their defaults out: step 0's has no "step"

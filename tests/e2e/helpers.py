@@ -64,7 +64,7 @@ class Agent:
 
         from websockets.sync.client import ClientConnection, connect
 
-        from controlplane.core.agent_link import Register, SlotSpec, dump
+        from controlplane.core.agent_link import AGENT_LINK, Register, SlotSpec
         from controlplane.core.state import Pool
         from controlplane.services.credentials import issue_agent_token
 
@@ -79,7 +79,7 @@ class Agent:
             incarnation=f"{name}-1",
             slots=[SlotSpec(index=i, hardware="cpu", memory_mb=1024) for i in range(slots)],
         )
-        self.ws.send(json.dumps(dump(msg)))
+        self.ws.send(json.dumps(AGENT_LINK.dump(msg)))
         self.registered: dict[str, Any] = json.loads(self.ws.recv(timeout=10))
         assert self.registered["type"] == "registered", self.registered
         self.epoch = self.registered["epoch"]
@@ -87,7 +87,7 @@ class Agent:
         self._reader.start()
 
     def _serve(self) -> None:
-        from controlplane.core.agent_link import Heartbeat, ObservedWorker, dump
+        from controlplane.core.agent_link import AGENT_LINK, Heartbeat, ObservedWorker
         from controlplane.core.state import Activity
 
         report = Heartbeat(epoch=self.epoch, generation=0, workers=[])
@@ -120,7 +120,7 @@ class Agent:
             elif data:
                 continue
             try:
-                self.ws.send(json.dumps(dump(report)))
+                self.ws.send(json.dumps(AGENT_LINK.dump(report)))
             except Exception:
                 return
 

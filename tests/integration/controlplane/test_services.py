@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -51,7 +52,7 @@ def test_an_agents_heartbeat_and_reports_check_its_token_in_the_use_case():
     cred = AgentCredential.objects.get(node_name="n1")
     beat = Heartbeat(epoch=node.epoch, generation=node.generation)
     fault = Fault(epoch=node.epoch, worker_id=0, kind="refused", detail="stale command")
-    kw = {"credential_id": cred.pk, "node_id": node.pk, "channel": node.agent_channel}
+    kw: dict[str, Any] = {"credential_id": cred.pk, "node_id": node.pk, "channel": node.agent_channel}
     assert heartbeat.record_agent_heartbeat(message=beat, **kw) is not None
     assert agent_reports.record_agent_report(message=fault, **kw) is True
     assert Event.objects.filter(kind="worker.fault", node=node).count() == 1

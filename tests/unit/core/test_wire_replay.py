@@ -6,6 +6,7 @@ the answers the trainer and the weight store built as raw dicts (aiohttp's `json
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def data_plane_messages() -> dict[str, Any]:
 STATS = {"version": 4, "loss": 0.5, "grad_norm": 1.25, "mean_reward": 0.75, "accepted": 8, "rejected_stale": 0,
          "kl": 0.0, "duration_s": 2.5}  # fmt: skip
 # the answers the servers built as raw dicts: (recorded name, message, its encoder)
-RAW_ANSWERS = {
+RAW_ANSWERS: dict[str, tuple[Any, Callable[[Any], str | bytes]]] = {
     "worker_error": (ErrorReply(detail="body is not JSON: bad"), orjson.dumps),
     "worker_telemetry": (dp.TelemetryRecords([{"kind": "TURN", "time_s": 1.5}]), orjson.dumps),
     "trainer_error": (ErrorReply(detail="SubmitSamples.samples: bad"), json.dumps),
