@@ -169,7 +169,7 @@ def _wandb_history(run_dir: str) -> list[dict[str, str]]:
             records.append(part + chunk)
     out = []
     for raw in records:
-        rec = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        rec = wandb_internal_pb2.Record()  # type: ignore[attr-defined,unused-ignore]
         rec.ParseFromString(raw)
         if rec.WhichOneof("record_type") == "history":
             out.append({i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item})
