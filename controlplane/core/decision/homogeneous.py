@@ -16,7 +16,14 @@ import numpy as np
 
 from controlplane.core.context import Overrides
 from controlplane.core.decision.candidates import Candidate, CandidateTable, Decision, Thresholds, expected_gain
-from controlplane.core.decision.rules import Rule, always, first_rule
+from controlplane.core.decision.rules import (
+    Rule,
+    Verdict,
+    always,
+    current_makespan,
+    incumbent_makespan,
+    verdict,
+)
 from controlplane.core.predictor import (
     FeasibilityRule,
     WorkloadProfile,
@@ -138,6 +145,7 @@ class Situation:
         self.workload, self.coeffs, self.budget, self.rule = workload, coeffs, budget, rule
         self.current, self.ov, self.th = current, overrides, thresholds
         self.table = evaluate(workload, coeffs, budget, rule)
+        self.tables = {budget: self.table}  # by size: an exact forced ratio may leave workers unused
         self.inputs: dict[str, Any] = {
             "budget": budget,
             "batch_size": workload.batch_size,
@@ -149,36 +157,30 @@ class Situation:
             "prefill_interference": coeffs.prefill_interference,
         }
 
-    def make(
-        self,
-        cfg: Configuration,
-        *,
-        best: Candidate | None,
-        cur_ms: float | None,
-        admitted: bool,
-        forced: bool,
-        overridden: bool,
-        reason: str,
-        predicted_s: float | None = None,
-    ) -> Decision:
-        """The Decision to run `cfg`; its predicted makespan is the table's unless `predicted_s` says it."""
-        if predicted_s is None:
-            chosen = self.table.find(cfg)
-            predicted_s = chosen.makespan_s if chosen is not None else float("inf")
+    def decision(self, v: Verdict[Configuration]) -> Decision:
+        """The Decision a rule's verdict makes: run its configuration, predicted at its own size."""
+        chosen = self.candidate(v.takes)
+        best = self.best
         return Decision(
-            cfg,
+            v.takes,
             self.budget,
             self.table,
-            predicted_s,
-            cur_ms,
+            chosen.makespan_s if chosen is not None else float("inf"),
+            v.current_s,
             best.configuration if best else None,
-            expected_gain(cur_ms, best),
-            admitted,
-            forced,
-            overridden,
-            reason,
+            expected_gain(v.current_s, best),
+            v.admitted,
+            v.forced,
+            v.overridden,
+            v.reason,
             self.inputs,
         )
+
+    def candidate(self, cfg: Configuration) -> Candidate | None:
+        """`cfg`'s candidate, predicted on `cfg.total` workers (the budget's table unless that differs)."""
+        if cfg.total not in self.tables:
+            self.tables[cfg.total] = evaluate(self.workload, self.coeffs, cfg.total, self.rule)
+        return self.tables[cfg.total].find(cfg)
 
     @cached_property
     def forced_mode(self) -> Mode | None:
@@ -186,15 +188,48 @@ class Situation:
         mode = Mode(self.ov.force_mode) if self.ov.force_mode else None
         return Mode.COLOCATED if mode is Mode.DISAGGREGATED and self.budget < 2 else mode
 
+    @property
+    def ratio_forced(self) -> bool:
+        """An override forces the P:D ratio (on a budget that can split)."""
+        return self.ov.force_ratio is not None and self.budget >= 2
+
     @cached_property
     def best(self) -> Candidate | None:
-        """The best feasible candidate (of the forced mode, if any)."""
-        return _best(self.table, self.forced_mode)
+        """The best feasible candidate: of the forced mode, if any, unless the ratio is forced too (that
+        decision is compared with the best of either mode)."""
+        return _best(self.table, None if self.ratio_forced else self.forced_mode)
 
     @property
     def top(self) -> Candidate:
         assert self.best is not None
         return self.best
+
+    @cached_property
+    def least(self) -> Candidate:
+        """When nothing is feasible: the least bad candidate (of the forced mode, if any)."""
+        least = _least_bad(self.table, self.forced_mode)
+        assert least is not None
+        return least
+
+    @cached_property
+    def ratio(self) -> tuple[Configuration, str]:
+        """The configuration a forced ratio gives, and what the reason says of it: the ratio scaled to the
+        budget, or the exact split when it fits."""
+        assert self.ov.force_ratio is not None
+        p, d = self.ov.force_ratio
+        budget = self.budget
+        if self.ov.exact_ratio and p + d <= budget:
+            cfg = Configuration.disaggregated(p, d)
+            spare = budget - p - d
+            return cfg, f"exact {cfg.label()} on {budget} workers" + (f", {spare} left unused" if spare else "")
+        cfg = _scaled_ratio(self.ov.force_ratio, budget)
+        short = f"; exact {p}P{d}D needs {p + d} workers, so the ratio is scaled" if self.ov.exact_ratio else ""
+        return cfg, f"forced ratio {p}:{d} gives {cfg.label()} on {budget} workers{short}"
+
+    @property
+    def ratio_note(self) -> str:
+        c = self.candidate(self.ratio[0])
+        return "" if c is not None and c.feasible else f" (predicted infeasible: {c.why_infeasible if c else 'n/a'})"
 
     @property
     def now(self) -> Configuration:
@@ -211,6 +246,16 @@ class Situation:
     def cur(self) -> Candidate:
         assert self.found is not None
         return self.found
+
+    @property
+    def current_s(self) -> float | None:
+        """The current configuration's makespan at this budget, if it is a candidate."""
+        return self.found.makespan_s if self.found else None
+
+    @property
+    def incumbent_s(self) -> float:
+        """The incumbent's makespan."""
+        return self.kept.makespan_s
 
     @property
     def budget_changed(self) -> bool:
@@ -252,271 +297,189 @@ class Situation:
         """The best candidate of the current mode."""
         return _best(self.table, self.now.mode)
 
+    @property
+    def same(self) -> Candidate:
+        assert self.same_mode is not None
+        return self.same_mode
+
     @cached_property
     def same_mode_gain(self) -> float:
-        assert self.same_mode is not None
-        return (self.cur.makespan_s - self.same_mode.makespan_s) / self.cur.makespan_s
+        return (self.cur.makespan_s - self.same.makespan_s) / self.cur.makespan_s
 
 
-# ----------------------------------------------------------------------------------- what each rule makes
-def _no_workers(s: Situation) -> Decision:
-    return s.make(
-        Configuration.colocated(0),
-        best=None,
-        cur_ms=None,
-        admitted=True,
-        forced=s.current is not None and s.current.total != 0,
-        overridden=False,
-        reason="No rollout workers in the budget.",
-    )
+# The rules in order: each may take for granted that none before it held. What each takes: the best
+# candidate, the current configuration, the incumbent (the best of its mode at a new budget) or the best
+# of the current mode; what its choice is compared with: the current's makespan or the incumbent's.
+def _best_one(s: Situation) -> Configuration:
+    return s.top.configuration
 
 
-def _override_ratio(s: Situation) -> Decision:
-    """The forced ratio, scaled to the budget or exact; an exact split on fewer workers is predicted at its
-    own size."""
-    assert s.ov.force_ratio is not None
-    p, d = s.ov.force_ratio
-    budget = s.budget
-    if s.ov.exact_ratio and p + d <= budget:
-        cfg = Configuration.disaggregated(p, d)
-        spare = budget - p - d
-        what = f"exact {cfg.label()} on {budget} workers" + (f", {spare} left unused" if spare else "")
-    else:
-        cfg = _scaled_ratio(s.ov.force_ratio, budget)
-        short = f"; exact {p}P{d}D needs {p + d} workers, so the ratio is scaled" if s.ov.exact_ratio else ""
-        what = f"forced ratio {p}:{d} gives {cfg.label()} on {budget} workers{short}"
-    c = evaluate(s.workload, s.coeffs, cfg.total, s.rule).find(cfg) if cfg.total != budget else s.table.find(cfg)
-    note = "" if c is not None and c.feasible else f" (predicted infeasible: {c.why_infeasible if c else 'n/a'})"
-    return s.make(
-        cfg,
-        best=_best(s.table, None),
-        cur_ms=None,
-        admitted=True,
-        forced=False,
-        overridden=True,
-        reason=f"Override: {what}{note}.",
-        predicted_s=c.makespan_s if c is not None else float("inf"),
-    )
+def _current(s: Situation) -> Configuration:
+    return s.now
 
 
-def _least_bad_one(s: Situation) -> Decision:
-    least = _least_bad(s.table, s.forced_mode)
-    assert least is not None
-    return s.make(
-        least.configuration,
-        best=None,
-        cur_ms=None,
-        admitted=True,
-        forced=True,
-        overridden=s.forced_mode is not None,
-        reason=f"No feasible configuration on {s.budget} workers ({least.why_infeasible}); "
-        f"running {least.label}, the least bad.",
-    )
+def _mode_overridden(s: Situation) -> bool:
+    return s.forced_mode is not None
 
 
-def _first(s: Situation) -> Decision:
-    best = s.top
-    return s.make(
-        best.configuration,
-        best=best,
-        cur_ms=None,
-        admitted=True,
-        forced=False,
-        overridden=s.forced_mode is not None,
-        reason=f"First configuration: {best.label} predicts {best.makespan_s:.1f} s on {s.budget} workers"
-        + _vs_other_mode(s.table, best)
-        + ".",
-    )
-
-
-def _override_mode(s: Situation) -> Decision:
-    best = s.top
-    return s.make(
-        best.configuration,
-        best=best,
-        cur_ms=s.found.makespan_s if s.found else None,
-        admitted=True,
-        forced=False,
-        overridden=True,
-        reason=f"Override: mode forced to {s.forced_mode}; {best.label} predicts {best.makespan_s:.1f} s.",
-    )
-
-
-def _budget_changed_no_incumbent(s: Situation) -> Decision:
-    best = s.top
-    return s.make(
-        best.configuration,
-        best=best,
-        cur_ms=None,
-        admitted=True,
-        forced=True,
-        overridden=s.forced_mode is not None,
-        reason=f"Budget changed {s.now.total}→{s.budget} and no {s.now.mode} split is feasible; "
-        f"switching to {best.label} ({best.makespan_s:.1f} s).",
-    )
-
-
-def _budget_changed_incumbent(s: Situation) -> Decision:
-    incumbent = s.kept
-    why = "frozen: keeping the mode" if s.ov.freeze else "best"
-    return s.make(
-        incumbent.configuration,
-        best=s.top,
-        cur_ms=incumbent.makespan_s,
-        admitted=True,
-        forced=True,
-        overridden=s.ov.freeze,
-        reason=f"Budget changed {s.now.total}→{s.budget}: {incumbent.label} ({why}, {incumbent.makespan_s:.1f} s).",
-    )
-
-
-def _budget_changed_switch_mode(s: Situation) -> Decision:
-    best, incumbent = s.top, s.kept
-    return s.make(
-        best.configuration,
-        best=best,
-        cur_ms=incumbent.makespan_s,
-        admitted=True,
-        forced=True,
-        overridden=False,
-        reason=f"Budget changed {s.now.total}→{s.budget}: switching mode to {best.label} "
-        f"({best.makespan_s:.1f} s), {s.budget_gain:.1%} faster than {incumbent.label} "
-        f"(threshold {s.th.mode_switch:.1%}).",
-    )
-
-
-def _budget_changed_keep_mode(s: Situation) -> Decision:
-    best, incumbent = s.top, s.kept
-    return s.make(
-        incumbent.configuration,
-        best=best,
-        cur_ms=incumbent.makespan_s,
-        admitted=False,
-        forced=True,
-        overridden=False,
-        reason=f"Budget changed {s.now.total}→{s.budget}: keeping {s.now.mode} as {incumbent.label} "
-        f"({incumbent.makespan_s:.1f} s); {best.label} is only {s.budget_gain:.1%} faster "
-        f"(mode-switch threshold {s.th.mode_switch:.1%}).",
-    )
-
-
-def _current_infeasible(s: Situation) -> Decision:
-    best, cur = s.top, s.cur
-    return s.make(
-        best.configuration,
-        best=best,
-        cur_ms=cur.makespan_s,
-        admitted=True,
-        forced=True,
-        overridden=False,
-        reason=f"Current {cur.label} is infeasible ({cur.why_infeasible}); forced switch to "
-        f"{best.label} ({best.makespan_s:.1f} s).",
-    )
-
-
-def _frozen(s: Situation) -> Decision:
-    best, cur = s.top, s.cur
-    return s.make(
-        s.now,
-        best=best,
-        cur_ms=cur.makespan_s,
-        admitted=False,
-        forced=False,
-        overridden=True,
-        reason=f"Frozen by override: keeping {cur.label} ({cur.makespan_s:.1f} s; best {best.label} "
-        f"{best.makespan_s:.1f} s).",
-    )
-
-
-def _still_best(s: Situation) -> Decision:
-    cur = s.cur
-    return s.make(
-        s.now,
-        best=s.top,
-        cur_ms=cur.makespan_s,
-        admitted=True,
-        forced=False,
-        overridden=False,
-        reason=f"{cur.label} is still the best ({cur.makespan_s:.1f} s); no change.",
-    )
-
-
-def _switch(s: Situation) -> Decision:
-    best, cur = s.top, s.cur
-    return s.make(
-        best.configuration,
-        best=best,
-        cur_ms=cur.makespan_s,
-        admitted=True,
-        forced=False,
-        overridden=False,
-        reason=f"{s.kind.capitalize()} {cur.label}→{best.label}: predicted {best.makespan_s:.1f} s vs "
-        f"{cur.makespan_s:.1f} s ({s.gain:.1%} > {s.threshold:.1%}).",
-    )
-
-
-def _ratio_within_mode(s: Situation) -> Decision:
-    best, cur, same = s.top, s.cur, s.same_mode
-    assert same is not None
-    return s.make(
-        same.configuration,
-        best=best,
-        cur_ms=cur.makespan_s,
-        admitted=False,
-        forced=False,
-        overridden=False,
-        reason=f"Ratio change {cur.label}→{same.label} ({s.same_mode_gain:.1%} > {s.th.ratio_change:.1%}); "
-        f"the mode switch to {best.label} gains only {s.gain:.1%} "
-        f"(< {s.th.mode_switch:.1%}).",
-    )
-
-
-def _keep(s: Situation) -> Decision:
-    best, cur = s.top, s.cur
-    return s.make(
-        s.now,
-        best=best,
-        cur_ms=cur.makespan_s,
-        admitted=False,
-        forced=False,
-        overridden=False,
-        reason=f"Keeping {cur.label}: {best.label} would gain only {s.gain:.1%} "
-        f"(< {s.threshold:.1%} {s.kind} threshold).",
-    )
-
-
-# The rules in order: each may take for granted that none before it held.
-RULES: tuple[Rule[Situation, Decision], ...] = (
-    Rule("no rollout workers", lambda s: s.budget == 0, _no_workers),
-    # 1. overrides always win
-    Rule("override: forced ratio", lambda s: s.ov.force_ratio is not None and s.budget >= 2, _override_ratio),
-    Rule("no feasible configuration", lambda s: s.best is None, _least_bad_one),
-    Rule("first configuration", lambda s: s.current is None, _first),
+RULES: tuple[Rule[Situation, Configuration], ...] = (
     Rule(
-        "override: forced mode", lambda s: s.forced_mode is not None and s.now.mode is not s.forced_mode, _override_mode
+        "no rollout workers",
+        lambda s: s.budget == 0,
+        takes=lambda s: Configuration.colocated(0),
+        admitted=True,
+        forced=lambda s: s.current is not None and s.current.total != 0,
+        overridden=False,
+        reason=lambda s: "No rollout workers in the budget.",
+    ),
+    # 1. overrides always win
+    Rule(
+        "override: forced ratio",
+        lambda s: s.ratio_forced,
+        takes=lambda s: s.ratio[0],
+        admitted=True,
+        forced=False,
+        overridden=True,
+        reason=lambda s: f"Override: {s.ratio[1]}{s.ratio_note}.",
+    ),
+    Rule(
+        "no feasible configuration",
+        lambda s: s.best is None,
+        takes=lambda s: s.least.configuration,
+        admitted=True,
+        forced=True,
+        overridden=_mode_overridden,
+        reason=lambda s: (
+            f"No feasible configuration on {s.budget} workers ({s.least.why_infeasible}); "
+            f"running {s.least.label}, the least bad."
+        ),
+    ),
+    Rule(
+        "first configuration",
+        lambda s: s.current is None,
+        takes=_best_one,
+        admitted=True,
+        forced=False,
+        overridden=_mode_overridden,
+        reason=lambda s: (
+            f"First configuration: {s.top.label} predicts {s.top.makespan_s:.1f} s on {s.budget} "
+            f"workers{_vs_other_mode(s.table, s.top)}."
+        ),
+    ),
+    Rule(
+        "override: forced mode",
+        lambda s: s.forced_mode is not None and s.now.mode is not s.forced_mode,
+        takes=_best_one,
+        current_s=current_makespan,
+        admitted=True,
+        forced=False,
+        overridden=True,
+        reason=lambda s: f"Override: mode forced to {s.forced_mode}; {s.top.label} predicts {s.top.makespan_s:.1f} s.",
     ),
     # 2. forced switches: the budget changed, or the current configuration is infeasible
     Rule(
         "budget changed, none of its mode",
         lambda s: s.budget_changed and s.incumbent is None,
-        _budget_changed_no_incumbent,
+        takes=_best_one,
+        admitted=True,
+        forced=True,
+        overridden=_mode_overridden,
+        reason=lambda s: (
+            f"Budget changed {s.now.total}→{s.budget} and no {s.now.mode} split is feasible; "
+            f"switching to {s.top.label} ({s.top.makespan_s:.1f} s)."
+        ),
     ),
     Rule(
         "budget changed, its mode kept",
         lambda s: s.budget_changed and (s.ov.freeze or s.kept.configuration == s.top.configuration),
-        _budget_changed_incumbent,
+        takes=lambda s: s.kept.configuration,
+        current_s=incumbent_makespan,
+        admitted=True,
+        forced=True,
+        overridden=lambda s: s.ov.freeze,
+        reason=lambda s: (
+            f"Budget changed {s.now.total}→{s.budget}: {s.kept.label} "
+            f"({'frozen: keeping the mode' if s.ov.freeze else 'best'}, {s.kept.makespan_s:.1f} s)."
+        ),
     ),
     Rule(
         "budget changed, mode switched",
         lambda s: s.budget_changed and s.budget_gain > s.th.mode_switch,
-        _budget_changed_switch_mode,
+        takes=_best_one,
+        current_s=incumbent_makespan,
+        admitted=True,
+        forced=True,
+        overridden=False,
+        reason=lambda s: (
+            f"Budget changed {s.now.total}→{s.budget}: switching mode to {s.top.label} "
+            f"({s.top.makespan_s:.1f} s), {s.budget_gain:.1%} faster than {s.kept.label} "
+            f"(threshold {s.th.mode_switch:.1%})."
+        ),
     ),
-    Rule("budget changed, mode switch not worth it", lambda s: s.budget_changed, _budget_changed_keep_mode),
-    Rule("current infeasible", lambda s: not s.cur.feasible, _current_infeasible),
+    Rule(
+        "budget changed, mode switch not worth it",
+        lambda s: s.budget_changed,
+        takes=lambda s: s.kept.configuration,
+        current_s=incumbent_makespan,
+        admitted=False,
+        forced=True,
+        overridden=False,
+        reason=lambda s: (
+            f"Budget changed {s.now.total}→{s.budget}: keeping {s.now.mode} as {s.kept.label} "
+            f"({s.kept.makespan_s:.1f} s); {s.top.label} is only {s.budget_gain:.1%} faster "
+            f"(mode-switch threshold {s.th.mode_switch:.1%})."
+        ),
+    ),
+    Rule(
+        "current infeasible",
+        lambda s: not s.cur.feasible,
+        takes=_best_one,
+        current_s=current_makespan,
+        admitted=True,
+        forced=True,
+        overridden=False,
+        reason=lambda s: (
+            f"Current {s.cur.label} is infeasible ({s.cur.why_infeasible}); forced switch to "
+            f"{s.top.label} ({s.top.makespan_s:.1f} s)."
+        ),
+    ),
     # 3. a freeze, then the hysteresis
-    Rule("frozen by override", lambda s: s.ov.freeze, _frozen),
-    Rule("still the best", lambda s: s.top.configuration == s.now, _still_best),
-    Rule("switch admitted", lambda s: s.gain > s.threshold, _switch),
+    Rule(
+        "frozen by override",
+        lambda s: s.ov.freeze,
+        takes=_current,
+        current_s=current_makespan,
+        admitted=False,
+        forced=False,
+        overridden=True,
+        reason=lambda s: (
+            f"Frozen by override: keeping {s.cur.label} ({s.cur.makespan_s:.1f} s; best "
+            f"{s.top.label} {s.top.makespan_s:.1f} s)."
+        ),
+    ),
+    Rule(
+        "still the best",
+        lambda s: s.top.configuration == s.now,
+        takes=_current,
+        current_s=current_makespan,
+        admitted=True,
+        forced=False,
+        overridden=False,
+        reason=lambda s: f"{s.cur.label} is still the best ({s.cur.makespan_s:.1f} s); no change.",
+    ),
+    Rule(
+        "switch admitted",
+        lambda s: s.gain > s.threshold,
+        takes=_best_one,
+        current_s=current_makespan,
+        admitted=True,
+        forced=False,
+        overridden=False,
+        reason=lambda s: (
+            f"{s.kind.capitalize()} {s.cur.label}→{s.top.label}: predicted {s.top.makespan_s:.1f} s "
+            f"vs {s.cur.makespan_s:.1f} s ({s.gain:.1%} > {s.threshold:.1%})."
+        ),
+    ),
     Rule(
         "ratio change within the mode",  # the mode switch is not worth it; a better ratio within the mode may be
         lambda s: (
@@ -525,9 +488,30 @@ RULES: tuple[Rule[Situation, Decision], ...] = (
             and s.same_mode.configuration != s.now
             and s.same_mode_gain > s.th.ratio_change
         ),
-        _ratio_within_mode,
+        takes=lambda s: s.same.configuration,
+        current_s=current_makespan,
+        admitted=False,
+        forced=False,
+        overridden=False,
+        reason=lambda s: (
+            f"Ratio change {s.cur.label}→{s.same.label} ({s.same_mode_gain:.1%} > "
+            f"{s.th.ratio_change:.1%}); the mode switch to {s.top.label} gains only {s.gain:.1%} "
+            f"(< {s.th.mode_switch:.1%})."
+        ),
     ),
-    Rule("kept by hysteresis", always, _keep),
+    Rule(
+        "kept by hysteresis",
+        always,
+        takes=_current,
+        current_s=current_makespan,
+        admitted=False,
+        forced=False,
+        overridden=False,
+        reason=lambda s: (
+            f"Keeping {s.cur.label}: {s.top.label} would gain only {s.gain:.1%} "
+            f"(< {s.threshold:.1%} {s.kind} threshold)."
+        ),
+    ),
 )
 
 
@@ -553,4 +537,4 @@ def decide(
         thresholds or Thresholds(),
         rule or FeasibilityRule(),
     )
-    return first_rule(RULES, situation)
+    return situation.decision(verdict(RULES, situation))

@@ -23,7 +23,14 @@ from controlplane.core.decision.candidates import (
     expected_gain,
 )
 from controlplane.core.decision.homogeneous import evaluate
-from controlplane.core.decision.rules import Rule, always, first_rule
+from controlplane.core.decision.rules import (
+    Rule,
+    Verdict,
+    always,
+    current_makespan,
+    incumbent_makespan,
+    verdict,
+)
 from controlplane.core.predictor import (
     FeasibilityRule,
     WorkloadProfile,
@@ -182,20 +189,32 @@ class MixedSituation:
         self.workload, self.cands, self.current, self.th = workload, cands, current, th
         self.best = best_feasible(cands)
 
-    def out(self, chosen: Candidate, cur_ms: float | None, admitted: bool, forced: bool, reason: str) -> MixedDecision:
-        """The decision to run `chosen`."""
+    def decision(self, v: Verdict[Candidate]) -> MixedDecision:
+        """The decision a rule's verdict makes: run its candidate (a mixed pool takes no overrides)."""
         best = self.best
         return MixedDecision(
-            chosen.configuration,
+            v.takes.configuration,
             tuple(self.cands),
-            chosen.makespan_s,
-            cur_ms,
+            v.takes.makespan_s,
+            v.current_s,
             best.configuration if best else None,
-            expected_gain(cur_ms, best),
-            admitted,
-            forced,
-            reason,
+            expected_gain(v.current_s, best),
+            v.admitted,
+            v.forced,
+            v.reason,
         )
+
+    @property
+    def nothing(self) -> Candidate:
+        """What an empty pool runs."""
+        return Candidate.of(
+            Configuration.colocated(0), float("inf"), False, 0.0, 0.0, 0.0, self.workload.env_time_s, "no workers"
+        )
+
+    @property
+    def least(self) -> Candidate:
+        """When nothing is feasible: the least bad candidate."""
+        return min(self.cands, key=lambda c: c.makespan_s)
 
     @property
     def top(self) -> Candidate:
@@ -219,6 +238,16 @@ class MixedSituation:
         return self.found
 
     @property
+    def current_s(self) -> float | None:
+        """The current configuration's makespan, if it is still a candidate."""
+        return self.found.makespan_s if self.found else None
+
+    @property
+    def incumbent_s(self) -> float:
+        """The incumbent's makespan."""
+        return self.same.makespan_s
+
+    @property
     def kind(self) -> tuple[Mode, str, str]:
         """The current configuration's mode and chip types: what a ratio change keeps."""
         return self.now.mode, self.now.prefill_hardware, self.now.decode_hardware
@@ -229,11 +258,15 @@ class MixedSituation:
         kind = self.kind
         return best_feasible(self.cands, lambda c: c.kind == kind)
 
+    @property
+    def same(self) -> Candidate:
+        assert self.same_kind is not None
+        return self.same_kind
+
     @cached_property
     def pool_gain(self) -> float:
         """The best candidate's gain over the incumbent of the current kind."""
-        assert self.same_kind is not None
-        return (self.same_kind.makespan_s - self.top.makespan_s) / self.same_kind.makespan_s
+        return (self.same.makespan_s - self.top.makespan_s) / self.same.makespan_s
 
     @cached_property
     def gain(self) -> float:
@@ -254,113 +287,15 @@ class MixedSituation:
 
     @cached_property
     def same_kind_gain(self) -> float:
-        assert self.same_kind is not None
-        return (self.cur.makespan_s - self.same_kind.makespan_s) / self.cur.makespan_s
+        return (self.cur.makespan_s - self.same.makespan_s) / self.cur.makespan_s
 
-
-# ----------------------------------------------------------------------------------- what each rule makes
-def _no_workers(s: MixedSituation) -> MixedDecision:
-    empty = Candidate.of(
-        Configuration.colocated(0), float("inf"), False, 0.0, 0.0, 0.0, s.workload.env_time_s, "no workers"
-    )
-    return s.out(empty, None, True, True, "No rollout workers in the pool.")
-
-
-def _least_bad(s: MixedSituation) -> MixedDecision:
-    least = min(s.cands, key=lambda c: c.makespan_s)
-    return s.out(
-        least,
-        None,
-        True,
-        True,
-        f"No feasible configuration ({least.why_infeasible}); running {least.label}, the least bad.",
-    )
-
-
-def _first(s: MixedSituation) -> MixedDecision:
-    best = s.top
-    homo = best_homogeneous(s.cands)
-    vs = f" vs {homo.makespan_s:.1f} s for the best single type ({homo.label})" if homo and homo is not best else ""
-    return s.out(best, None, True, False, f"First configuration: {best.label} predicts {best.makespan_s:.1f} s{vs}.")
-
-
-def _current_gone(s: MixedSituation) -> MixedDecision:
-    best, cur = s.top, s.found
-    why = "is no longer a candidate on this pool" if cur is None else f"is infeasible ({cur.why_infeasible})"
-    return s.out(
-        best,
-        cur.makespan_s if cur else None,
-        True,
-        True,
-        f"Current {s.now.label()} {why}; switching to {best.label} ({best.makespan_s:.1f} s).",
-    )
-
-
-def _pool_changed_kind_kept(s: MixedSituation) -> MixedDecision:
-    best, incumbent = s.top, s.same_kind
-    assert incumbent is not None
-    return s.out(
-        incumbent,
-        incumbent.makespan_s,
-        incumbent is best,
-        True,
-        f"Pool changed: {incumbent.label} ({incumbent.makespan_s:.1f} s) keeps the kind of "
-        f"{s.now.label()}; {best.label} gains {s.pool_gain:.1%} (threshold {s.th.mode_switch:.1%}).",
-    )
-
-
-def _pool_changed_switch(s: MixedSituation) -> MixedDecision:
-    best, incumbent = s.top, s.same_kind
-    assert incumbent is not None
-    return s.out(
-        best,
-        incumbent.makespan_s,
-        True,
-        True,
-        f"Pool changed: switching to {best.label} ({best.makespan_s:.1f} s), {s.pool_gain:.1%} faster than "
-        f"{incumbent.label} (threshold {s.th.mode_switch:.1%}).",
-    )
-
-
-def _still_best(s: MixedSituation) -> MixedDecision:
-    cur = s.cur
-    return s.out(cur, cur.makespan_s, True, False, f"{cur.label} is still the best ({cur.makespan_s:.1f} s).")
-
-
-def _switch(s: MixedSituation) -> MixedDecision:
-    best, cur = s.top, s.cur
-    return s.out(
-        best,
-        cur.makespan_s,
-        True,
-        False,
-        f"{s.what.capitalize()} {cur.label}→{best.label}: {best.makespan_s:.1f} s vs {cur.makespan_s:.1f} s "
-        f"({s.gain:.1%} > {s.threshold:.1%}).",
-    )
-
-
-def _ratio_within_kind(s: MixedSituation) -> MixedDecision:
-    best, cur, same = s.top, s.cur, s.same_kind
-    assert same is not None
-    return s.out(
-        same,
-        cur.makespan_s,
-        False,
-        False,
-        f"Ratio change {cur.label}→{same.label} ({s.same_kind_gain:.1%} > {s.th.ratio_change:.1%}); "
-        f"{best.label} gains only {s.gain:.1%} (< {s.th.mode_switch:.1%}).",
-    )
-
-
-def _keep(s: MixedSituation) -> MixedDecision:
-    best, cur = s.top, s.cur
-    return s.out(
-        cur,
-        cur.makespan_s,
-        False,
-        False,
-        f"Keeping {cur.label}: {best.label} would gain only {s.gain:.1%} (< {s.threshold:.1%} {s.what} threshold).",
-    )
+    @property
+    def vs_single_type(self) -> str:
+        """How the best candidate compares with the best on one chip type (when that is another one)."""
+        best, homo = self.top, best_homogeneous(self.cands)
+        return (
+            f" vs {homo.makespan_s:.1f} s for the best single type ({homo.label})" if homo and homo is not best else ""
+        )
 
 
 def _current_unusable(s: MixedSituation) -> bool:
@@ -368,27 +303,109 @@ def _current_unusable(s: MixedSituation) -> bool:
     return s.found is None or not s.found.feasible
 
 
-# The rules in order: each may take for granted that none before it held.
-MIXED_RULES: tuple[Rule[MixedSituation, MixedDecision], ...] = (
-    Rule("no rollout workers", lambda s: not s.cands, _no_workers),
-    Rule("no feasible configuration", lambda s: s.best is None, _least_bad),
-    Rule("first configuration", lambda s: s.current is None, _first),
+# The rules in order: each may take for granted that none before it held. What each takes: the best
+# candidate, the current one, or the best of the current kind (the incumbent when the current is gone);
+# what its choice is compared with: the current's makespan or the incumbent's.
+def _best_one(s: MixedSituation) -> Candidate:
+    return s.top
+
+
+def _current(s: MixedSituation) -> Candidate:
+    return s.cur
+
+
+MIXED_RULES: tuple[Rule[MixedSituation, Candidate], ...] = (
+    Rule(
+        "no rollout workers",
+        lambda s: not s.cands,
+        takes=lambda s: s.nothing,
+        admitted=True,
+        forced=True,
+        reason=lambda s: "No rollout workers in the pool.",
+    ),
+    Rule(
+        "no feasible configuration",
+        lambda s: s.best is None,
+        takes=lambda s: s.least,
+        admitted=True,
+        forced=True,
+        reason=lambda s: (
+            f"No feasible configuration ({s.least.why_infeasible}); running {s.least.label}, the least bad."
+        ),
+    ),
+    Rule(
+        "first configuration",
+        lambda s: s.current is None,
+        takes=_best_one,
+        admitted=True,
+        forced=False,
+        reason=lambda s: f"First configuration: {s.top.label} predicts {s.top.makespan_s:.1f} s{s.vs_single_type}.",
+    ),
     # forced switches: an infeasible current, or one gone from the pool with nothing of its kind left
     Rule(
         "current gone or infeasible",
         lambda s: _current_unusable(s) and (s.same_kind is None or s.found is not None),
-        _current_gone,
+        takes=_best_one,
+        current_s=current_makespan,
+        admitted=True,
+        forced=True,
+        reason=lambda s: (
+            f"Current {s.now.label()} "
+            + (
+                "is no longer a candidate on this pool"
+                if s.found is None
+                else f"is infeasible ({s.cur.why_infeasible})"
+            )
+            + f"; switching to {s.top.label} ({s.top.makespan_s:.1f} s)."
+        ),
     ),
     # gone from the pool: the best candidate of its kind is the incumbent, as `decide` does on a budget change
     Rule(
         "pool changed, kind kept",
         lambda s: s.found is None and (s.pool_gain <= s.th.mode_switch or s.same_kind is s.best),
-        _pool_changed_kind_kept,
+        takes=lambda s: s.same,
+        current_s=incumbent_makespan,
+        admitted=lambda s: s.same_kind is s.best,
+        forced=True,
+        reason=lambda s: (
+            f"Pool changed: {s.same.label} ({s.same.makespan_s:.1f} s) keeps the kind of "
+            f"{s.now.label()}; {s.top.label} gains {s.pool_gain:.1%} (threshold {s.th.mode_switch:.1%})."
+        ),
     ),
-    Rule("pool changed, switched", lambda s: s.found is None, _pool_changed_switch),
+    Rule(
+        "pool changed, switched",
+        lambda s: s.found is None,
+        takes=_best_one,
+        current_s=incumbent_makespan,
+        admitted=True,
+        forced=True,
+        reason=lambda s: (
+            f"Pool changed: switching to {s.top.label} ({s.top.makespan_s:.1f} s), {s.pool_gain:.1%} "
+            f"faster than {s.same.label} (threshold {s.th.mode_switch:.1%})."
+        ),
+    ),
     # the hysteresis
-    Rule("still the best", lambda s: s.top.configuration == s.now, _still_best),
-    Rule("switch admitted", lambda s: s.gain > s.threshold, _switch),
+    Rule(
+        "still the best",
+        lambda s: s.top.configuration == s.now,
+        takes=_current,
+        current_s=current_makespan,
+        admitted=True,
+        forced=False,
+        reason=lambda s: f"{s.cur.label} is still the best ({s.cur.makespan_s:.1f} s).",
+    ),
+    Rule(
+        "switch admitted",
+        lambda s: s.gain > s.threshold,
+        takes=_best_one,
+        current_s=current_makespan,
+        admitted=True,
+        forced=False,
+        reason=lambda s: (
+            f"{s.what.capitalize()} {s.cur.label}→{s.top.label}: {s.top.makespan_s:.1f} s vs "
+            f"{s.cur.makespan_s:.1f} s ({s.gain:.1%} > {s.threshold:.1%})."
+        ),
+    ),
     Rule(
         "ratio change within the kind",  # the switch of kind is not worth it; a better ratio may be
         lambda s: (
@@ -397,9 +414,27 @@ MIXED_RULES: tuple[Rule[MixedSituation, MixedDecision], ...] = (
             and s.same_kind.configuration != s.now
             and s.same_kind_gain > s.th.ratio_change
         ),
-        _ratio_within_kind,
+        takes=lambda s: s.same,
+        current_s=current_makespan,
+        admitted=False,
+        forced=False,
+        reason=lambda s: (
+            f"Ratio change {s.cur.label}→{s.same.label} ({s.same_kind_gain:.1%} > "
+            f"{s.th.ratio_change:.1%}); {s.top.label} gains only {s.gain:.1%} (< {s.th.mode_switch:.1%})."
+        ),
     ),
-    Rule("kept by hysteresis", always, _keep),
+    Rule(
+        "kept by hysteresis",
+        always,
+        takes=_current,
+        current_s=current_makespan,
+        admitted=False,
+        forced=False,
+        reason=lambda s: (
+            f"Keeping {s.cur.label}: {s.top.label} would gain only {s.gain:.1%} "
+            f"(< {s.threshold:.1%} {s.what} threshold)."
+        ),
+    ),
 )
 
 
@@ -422,4 +457,5 @@ def decide_mixed(
     cands = evaluate_mixed(workload, coeffs, workers, link, rule or FeasibilityRule())
     if allow is not None:  # e.g. `single_type`: the best-homogeneous baseline plans over one chip type only
         cands = [c for c in cands if allow(c)]
-    return first_rule(MIXED_RULES, MixedSituation(workload, cands, current, thresholds or Thresholds()))
+    situation = MixedSituation(workload, cands, current, thresholds or Thresholds())
+    return situation.decision(verdict(MIXED_RULES, situation))

@@ -11,7 +11,7 @@ from controlplane.core.context import Overrides
 from controlplane.core.decision import Thresholds, decide, decide_mixed, evaluate, evaluate_mixed
 from controlplane.core.decision.homogeneous import RULES, Situation
 from controlplane.core.decision.mixed import MIXED_RULES, MixedSituation
-from controlplane.core.decision.rules import Rule, always, first_rule
+from controlplane.core.decision.rules import Rule, Verdict, always, first_rule, verdict
 from controlplane.core.policies.baselines import fixed_decision
 from controlplane.core.predictor import FeasibilityRule, WorkloadProfile, swe_bench_workload
 from controlplane.core.profiles import EngineCoefficients, get_profile, link_bytes_per_s
@@ -68,13 +68,27 @@ def test_every_rule_of_each_table_is_named_once_and_the_last_always_holds() -> N
     assert [c[0] for c in MIXED_CASES] == [r.name for r in MIXED_RULES]
 
 
-def test_the_first_rule_that_holds_decides() -> None:
-    rules: tuple[Rule[int, str], ...] = (
-        Rule("negative", lambda n: n < 0, lambda n: "negative"),
-        Rule("small", lambda n: n < 10, lambda n: f"small {n}"),
-        Rule("any", always, lambda n: "large"),
+def test_the_first_rule_that_holds_decides_and_its_verdict_reads_the_situation() -> None:
+    rules: tuple[Rule[int, int], ...] = (
+        Rule("negative", lambda n: n < 0, takes=abs, admitted=False, forced=True, reason=lambda n: "negative"),
+        Rule(
+            "small",
+            lambda n: n < 10,
+            takes=lambda n: n + 1,
+            current_s=float,
+            admitted=lambda n: n % 2 == 1,
+            forced=False,
+            overridden=True,
+            reason=lambda n: f"small {n}",
+        ),
+        Rule("any", always, takes=lambda n: 9, admitted=True, forced=False, reason=lambda n: "large"),
     )
-    assert [first_rule(rules, n) for n in (-5, 3, 50)] == ["negative", "small 3", "large"]
+    assert [verdict(rules, n) for n in (-5, 3, 4, 50)] == [
+        Verdict("negative", 5, None, False, True, False, "negative"),
+        Verdict("small", 4, 3.0, True, False, True, "small 3"),
+        Verdict("small", 5, 4.0, False, False, True, "small 4"),
+        Verdict("any", 9, None, True, False, False, "large"),
+    ]
     with pytest.raises(AssertionError):
         first_rule(rules[:1], 3)
 
@@ -86,9 +100,9 @@ def test_decide_is_made_by_the_first_rule_that_holds(case: tuple) -> None:
     c = _coeffs(hw, w, 2)
     current = Configuration.parse(label) if label else None
     situation = Situation(w, c, budget, current, OVERRIDES[ov], THRESHOLDS[th], FeasibilityRule())
-    rule = next(r for r in RULES if r.holds(situation))
+    rule = first_rule(RULES, situation)
     assert rule.name == name
-    made = rule.makes(situation)
+    made = situation.decision(rule.verdict(situation))
     d = decide(w, c, budget, current=current, overrides=OVERRIDES[ov], thresholds=THRESHOLDS[th])
     assert (d.configuration, d.reason, d.admitted, d.forced, d.overridden) == (
         made.configuration,
@@ -122,10 +136,10 @@ def test_decide_mixed_is_made_by_the_first_rule_that_holds(case: tuple) -> None:
     current = Configuration.parse(label) if label else None
     cands = evaluate_mixed(w, coeffs, workers, link_bytes_per_s)
     situation = MixedSituation(w, cands, current, THRESHOLDS[th])
-    rule = next(r for r in MIXED_RULES if r.holds(situation))
+    rule = first_rule(MIXED_RULES, situation)
     assert rule.name == name
     assert decide_mixed(w, coeffs, workers, link_bytes_per_s, current=current, thresholds=THRESHOLDS[th]) == (
-        rule.makes(situation)
+        situation.decision(rule.verdict(situation))
     )
 
 
