@@ -221,6 +221,11 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def _units_went_elsewhere(job: Job) -> bool:
+    """The arbiter gave this job's rollout units to other jobs (rather than the cluster having none)."""
+    return Job.objects.filter(allotted_rollout_gpus__gt=0).exclude(pk=job.pk).exists()
+
+
 def plan_job(
     *, job_id: int, signal: str = Signal.PERIODIC, actor: str = "planner", now_s: float | None = None
 ) -> Transition | None:
@@ -264,9 +269,13 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             job.status_reason = waiting
             job.save(update_fields=["status_reason", "policy_state", "updated"])
             push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
-        if waiting and (job.status == Job.Status.PENDING or (target.total == 0 and p.plan.empty)):
+        if waiting and (
+            job.status == Job.Status.PENDING or (target.total == 0 and (p.plan.empty or not _units_went_elsewhere(job)))
+        ):
             # admitted only once it can run: never "running" on nothing; a running job the arbiter allots nothing
-            # (higher-priority guarantees take every unit) still gives its workers up
+            # because other jobs hold the units (higher-priority guarantees) still gives its workers up, while one
+            # that has nothing because no capacity is left (its node's lease lapsed) keeps its fenced workers
+            # parked for the node's resync
             return None
         last = Decision.objects.filter(job=job).first()
         if (
