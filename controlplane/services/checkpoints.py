@@ -44,7 +44,7 @@ def check_settings(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(where, str) or not where.startswith("/") or "\x00" in where:
         raise InvalidInput("checkpoint_dir must be an absolute directory path", field="checkpoint_dir")
     other = Job.objects.filter(checkpoint_dir=where).values_list("name", flat=True).first()
-    if other is not None:  # its retention would remove the other job's checkpoints
+    if other is not None and other != spec.get("name"):  # its retention would remove the other job's checkpoints
         raise InvalidInput(f"checkpoint_dir {where!r} holds job {other!r}'s checkpoints", field="checkpoint_dir")
     return {
         **spec,
