@@ -174,7 +174,12 @@ def test_a_preemption_drain_reaches_pearl_with_its_deadline_and_the_node_goes_at
         30,
         "PEARL's preemption notice",
     )[0]
-    ray_deadline = next(x["deadline"] for x in cluster.bridge_lines() if x["bridge"] == "notice")
+    # the bridge writes its line just after the notice commits: the event may be read before the line is out
+    ray_deadline = wait_for(
+        lambda: next((x["deadline"] for x in cluster.bridge_lines() if x["bridge"] == "notice"), None),
+        10,
+        "the bridge's notice line",
+    )
     t_drain = ray_deadline - 10  # `ray drain-node` sets the deadline 10 s after the moment it drains
     reaction = _ts(notice["created"]) - t_drain
     record("ray_drain_to_notice", reaction_s=reaction)
