@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.support.environment import ROOT
@@ -39,14 +40,16 @@ def start_process(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.
     )
 
 
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate, then kill what is still running after 10 s."""
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    """Terminate (SIGTERM), then kill what is still running after `grace_s` for them all (a node agent's
+    SIGTERM stops its workers and drivers first: give it a minute)."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=10)
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
 

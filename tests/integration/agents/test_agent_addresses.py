@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from agents.node.config import AgentConfig
 from agents.worker_client import WorkerClient, session
 from tests.integration.agents.test_agents_via_control_plane import observed, train_one_step
 from tests.integration.agents.test_control_plane_link import wait_for
+from tests.support.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 SECRET = "dp-secret-e2e"  # train_one_step authenticates with this one
@@ -186,11 +186,4 @@ def test_agents_bound_to_other_addresses_advertise_serve_and_are_routed_there(co
         assert [urlsplit(x["endpoint"]).hostname for x in listing] == [OTHER]
         assert asyncio.run(train_one_step(t["endpoint"])) == 1
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-        for a in agents:
-            try:
-                a.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                a.kill()
+        stop_processes(agents, grace_s=60)

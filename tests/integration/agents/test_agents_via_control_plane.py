@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from agents import dataplane as dp
 from agents.worker_client import WorkerClient, generate_disaggregated, session
 from tests.integration.agents.test_control_plane_link import wait_for
+from tests.support.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -181,14 +181,7 @@ def test_agents_serve_pd_and_colocated_and_pull_trained_weights(control_plane_se
             fields = ("pk", "name", "status", "epoch", "generation", "applied_generation", "lease_expires", "observed")
             for row in Node.objects.values(*fields):
                 print("node", row)
-        for a in (trainer_agent, rollout_agent):
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-        for a in (trainer_agent, rollout_agent):
-            try:
-                a.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                a.kill()
+        stop_processes([trainer_agent, rollout_agent], grace_s=60)
         logs = [tmp_path / f"{name}.log" for name in ("train-e2e", "roll-e2e")] + sorted(tmp_path.rglob("stderr.log"))
         for log in logs:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])

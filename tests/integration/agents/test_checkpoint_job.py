@@ -7,9 +7,6 @@ A second job starts from that checkpoint (`init_from`): its trainer's first weig
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from tests.integration.agents.test_agents_via_control_plane import start_agent
 from tests.integration.agents.test_control_plane_link import wait_for
 from tests.support.hf_models import model_dir
+from tests.support.processes import stop_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
@@ -79,15 +77,7 @@ def test_a_live_job_writes_checkpoints_and_logs_its_steps(control_plane_server, 
         v0 = WeightStore(_store_dir(tmp_path, "ck-next"))
         first = st_load(v0.read(0)) if 0 in v0.versions() else None
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        for a in agents:
-            try:
-                a.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                a.kill()
+        stop_processes(agents, grace_s=60)
 
     found = checkpoints.sync(job.pk)
     assert len(found) == 2 and found[0].step < found[1].step  # retention kept the newest two

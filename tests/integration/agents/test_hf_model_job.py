@@ -5,15 +5,12 @@ rollout driver runs calculator episodes through its chat template, and GRPO upda
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
-
 import pytest
 
 from tests.integration.agents.test_agents_via_control_plane import start_agent
 from tests.integration.agents.test_control_plane_link import wait_for
 from tests.support.hf_models import model_dir
+from tests.support.processes import stop_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
@@ -55,15 +52,7 @@ def test_a_llama_directory_trains_as_a_job(control_plane_server, celery_worker_p
         # turns were served by the directory's model: the engines' TURN records came back
         wait_for(lambda: TelemetrySample.objects.filter(job=job, kind="turn").exists(), timeout=60, what="TURNs")
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        for a in agents:
-            try:
-                a.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                a.kill()
+        stop_processes(agents, grace_s=60)
 
 
 def _heartbeat(name: str) -> bool:

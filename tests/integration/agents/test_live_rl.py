@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from tests.integration.agents.test_agents_via_control_plane import start_agent
 from tests.integration.agents.test_control_plane_link import wait_for
+from tests.support.processes import stop_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -106,13 +106,5 @@ def test_a_job_trains_live_and_survives_a_driver_kill(control_plane_server, cele
         )
         assert Job.objects.get(pk=job.pk).step >= 3
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        for a in agents:
-            try:
-                a.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                a.kill()
+        stop_processes(agents, grace_s=60)
         assert _driver_pids("calc-live") == []  # drivers stop with their agent
