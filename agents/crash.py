@@ -10,6 +10,7 @@ so the process restarted with the same environment (a driver restarted by its no
 The points, each in the process its name starts with:
 
 - `driver.trajectory_durable`: a trajectory's samples were acknowledged by the trainer, before the loop counts it;
+- `driver.mid_rollout_after_turn`: a turn that did not end its trajectory is journaled, before the next is asked for;
 - `driver.before_training_begin`: the step's last trajectory is in, before Training Begin goes out;
 - `driver.after_update`: the trainer answered the update, before the driver reports it trained;
 - `trainer.mid_update`: the update's samples are taken from the buffer, before it trains and commits;
@@ -25,6 +26,7 @@ from pathlib import Path
 POINTS = frozenset(
     {
         "driver.trajectory_durable",
+        "driver.mid_rollout_after_turn",
         "driver.before_training_begin",
         "driver.after_update",
         "trainer.mid_update",

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import agents.driver
 from agents.driver.link import run_driver
@@ -21,8 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--control-plane", required=True, help="http(s)://host:port of the control plane")
     p.add_argument("--job", required=True)
     p.add_argument("--time-factor", type=float, default=1.0, help="scale of environment (tool) latencies")
+    p.add_argument(
+        "--state-dir", default=None, help="the driver's own directory (its turn journal); none: nothing is journaled"
+    )
     # accepted so an agent can spawn the driver like a worker
-    for extra in ("--role", "--worker-id", "--engine", "--hardware", "--state-dir", "--model"):
+    for extra in ("--role", "--worker-id", "--engine", "--hardware", "--model"):
         p.add_argument(extra, default=None)
     args = p.parse_args(argv)
     token = os.environ.get("PEARL_DRIVER_TOKEN", "")
@@ -33,7 +37,8 @@ def main(argv: list[str] | None = None) -> None:
 
     die_with_parent()  # an agent's driver stops with its agent (the restarted agent starts it again)
     started = time.monotonic()
-    asyncio.run(run_driver(args.control_plane, args.job, token, time_factor=args.time_factor))
+    state_dir = Path(args.state_dir) if args.state_dir else None
+    asyncio.run(run_driver(args.control_plane, args.job, token, time_factor=args.time_factor, state_dir=state_dir))
     log.info("driver for %s stopped after %.0f s", args.job, time.monotonic() - started)
 
 

@@ -7,6 +7,10 @@ worker the loop routed it to (colocated, or prefill → KV hand-off → decode) 
 client (`agents.worker_client`). What happened goes back to the loop as events (`TrajectoryStarted`,
 `Prefilled`, `TurnGenerated`, `TurnInterrupted`, `EnvStepped`); a finished trajectory's samples go to the
 trainer before the loop counts it as finished.
+
+A built-in environment's episode is journaled turn by turn (`agents.driver.journal`): a restarted driver
+continues it from its last finished turn, its environment restored from the journaled snapshot and its prefix's
+samples (tokens, log-probs as sampled, weights) taken from the journal, rather than running it again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from aiohttp import ClientSession
 from agents import dataplane as dp
 from agents.crash import crash_point
 from agents.dataplane import MAX_NEW_TOKENS
+from agents.driver.journal import JournaledTrajectory, JournaledTurn, TurnJournal
 from agents.envs import Environment, EnvironmentFailed, make_env
 from agents.worker_client import UNREACHABLE, WorkerCallError, WorkerClient
 from controlplane.core import driver_link as dl
@@ -62,6 +67,8 @@ class Episode:
     task: asyncio.Task[None] | None = None
     reward: float = 0.0
     info: dict[str, float] = field(default_factory=dict)
+    resumed: bool = False  # continued from a journaled prefix after the driver restarted
+    journaled: bool = False  # its turns are journaled (its environment can be snapshotted)
 
 
 class EpisodeRunner:
@@ -78,6 +85,7 @@ class EpisodeRunner:
     episodes: dict[str, Episode]
     workers: dict[int, dl.RoutableWorker]
     clients: dict[str, WorkerClient]  # endpoint -> its client
+    journal: TurnJournal | None  # the driver's turn journal (None: no state directory, or an agent job)
 
     def _now(self) -> float:
         raise NotImplementedError
@@ -91,11 +99,16 @@ class EpisodeRunner:
     async def _submit_samples(self, req: dp.SubmitSamples) -> None:
         raise NotImplementedError
 
+    def _finished(self, ep: Episode) -> None:
+        """After the loop took `ep`'s end: the driver's own record of it (where the driver keeps them)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ environments
     def _task_id(self, step: int, group: int) -> int:
         return zlib.crc32(f"{self.job.seed}-{step}-{group}".encode())
 
-    def _start_episode(self, ref: lp.TrajectoryRef, step: int) -> None:
+    def _make_env(self, ref: lp.TrajectoryRef, step: int) -> Environment:
+        """The environment of `ref`'s task and place in the batch (a replacement's is its original's)."""
         job = self.job
         env = make_env(
             job.environment,
@@ -112,6 +125,10 @@ class EpisodeRunner:
         )
         if hasattr(env, "trajectory"):  # an agent's record is kept under the loop's trajectory id (reported)
             env.trajectory = ref.trajectory
+        return env
+
+    def _start_episode(self, ref: lp.TrajectoryRef, step: int) -> None:
+        env = self._make_env(ref, step)
         ep = Episode(ref.trajectory, step, ref.group, env, temperature=getattr(env, "temperature", 1.0))
         self.episodes[ref.trajectory] = ep
         ep.task = self._spawn(self._reset(ep), f"reset {ep.tid}")
@@ -126,7 +143,47 @@ class EpisodeRunner:
         ep.budget = turn.max_tokens
         ep.new_tokens = len(turn.observation)
         ep.version = self.loop.version
+        if self.journal is not None and ep.env.snapshot() is not None:
+            head = JournaledTrajectory(ep.tid, ep.step, list(ep.context), ep.budget, ep.version)
+            ep.journaled = await asyncio.to_thread(self.journal.begin, head)
         self._feed(lp.TrajectoryStarted(self._now(), ep.tid, prompt_tokens=len(turn.observation)))
+
+    def _resume_episode(self, ref: lp.TrajectoryRef, step: int, j: JournaledTrajectory) -> bool:
+        """Continue the journaled trajectory `j` (the old driver's) as `ref` from its last finished turn: its
+        environment restored from the turn's snapshot, its context and samples rebuilt from the journal (the
+        log-probs as they were sampled, each turn's weights), the next turn routed by the loop as any other.
+        False if the environment cannot take the snapshot (then `ref` starts from its prompt)."""
+        env = self._make_env(ref, step)
+        try:
+            env.restore(j.turns[-1].env)
+        except (NotImplementedError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s cannot resume from the journal of %s (%r): rerun", ref.trajectory, j.trajectory, exc)
+            return False
+        ep = Episode(ref.trajectory, step, ref.group, env, temperature=getattr(env, "temperature", 1.0))
+        ep.context, ep.version, ep.resumed = list(j.prompt), j.version, True
+        for t in j.turns:
+            ep.samples.append(
+                {
+                    "prompt_tokens": list(ep.context),
+                    "completion_tokens": t.response,
+                    "logprobs": t.logprobs,
+                    "weight_version": t.weight_version,
+                    "workers": t.workers,
+                }
+            )
+            ep.context += t.response + t.observation
+            ep.version = min(ep.version, t.weight_version)
+        ep.budget = max(1, j.turns[-1].max_tokens)
+        ep.new_tokens = len(ep.context)  # a fresh request: the engine prefills the whole context
+        self.episodes[ref.trajectory] = ep
+        if self.journal is not None:  # the journal goes on under the new id (the old one's file is then let go)
+            moved = JournaledTrajectory(ref.trajectory, step, j.prompt, j.budget, j.version, list(j.turns))
+            ep.journaled = self.journal.begin(moved)
+            if j.trajectory != ref.trajectory:
+                self.journal.remove(j.trajectory)
+        log.info("%s resumed from the journal of %s after %d turns", ref.trajectory, j.trajectory, len(j.turns))
+        self._feed(lp.TrajectoryStarted(self._now(), ep.tid, prompt_tokens=len(ep.context)))
+        return True
 
     def _env_failed(self, ep: Episode, exc: EnvironmentFailed) -> None:
         log.warning("trajectory %s failed%s: %s", ep.tid, " (final)" if exc.final else "", exc)
@@ -142,6 +199,7 @@ class EpisodeRunner:
                 "completion_tokens": response,
                 "logprobs": logprobs,
                 "weight_version": version,
+                "workers": workers,
             }
         )
         t0 = self._now()
@@ -162,14 +220,30 @@ class EpisodeRunner:
             # restarts afterwards, a finished trajectory's samples are kept for its step's update
             await self._submit_samples(dp.SubmitSamples(self._samples(ep), train=False, step=ep.step))
             crash_point("driver.trajectory_durable")
+            if ep.journaled and self.journal is not None:  # the trainer's copy is the durable one now
+                self.journal.remove(ep.tid)
+                ep.journaled = False
+        elif ep.journaled and self.journal is not None:  # before the next turn is asked for
+            state = ep.env.snapshot()
+            done = JournaledTurn(response, logprobs, version, workers, list(turn.observation), ep.budget, state or {})
+            if state is None or replaced is not None or not await asyncio.to_thread(self.journal.append, ep.tid, done):
+                self.journal.remove(ep.tid)  # a gap in the journal: it reruns after a crash rather than resume
+                ep.journaled = False
+            crash_point("driver.mid_rollout_after_turn")
         self._feed(
             lp.EnvStepped(self._now(), ep.tid, env_s, turn.done, turn.reward, observation_tokens=len(turn.observation))
         )
+        if turn.done:
+            self._finished(ep)
+
+    def _synthetic_tokens(self) -> bool:
+        """An emulated model's tokens are synthetic: only their number means something."""
+        return self.job.engine == "emulated" and self.job.model != "tiny"
 
     def _samples(self, ep: Episode) -> list[dp.TrainSample]:
         """One sample per turn, each with the trajectory's reward (its turns share one advantage). An
         emulated model's samples carry their size instead of their synthetic tokens."""
-        counts_only = self.job.engine == "emulated" and self.job.model != "tiny"
+        counts_only = self._synthetic_tokens()
         out = []
         for s in ep.samples:
             prompt, completion = s["prompt_tokens"], s["completion_tokens"]
@@ -292,10 +366,10 @@ class EpisodeRunner:
         chain = ep.kept_workers + served
         workers = [w for i, w in enumerate(chain) if i == 0 or w != chain[i - 1]]  # each worker once per stretch
         ep.kept, ep.kept_logprobs, ep.kept_workers = [], [], []
+        # a resumed episode's prefix may be of older weights than this turn: the loop checks its staleness on them
+        version = ep.version if ep.resumed else res.weight_version
         self._feed(
-            lp.TurnGenerated(
-                self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled, weight_version=res.weight_version
-            )
+            lp.TurnGenerated(self._now(), ep.tid, wid, len(tokens), prefilled_tokens=prefilled, weight_version=version)
         )
         if self.episodes.get(ep.tid) is not ep:  # the loop ended it on this turn (stale): no answer reaches its agent
             return

@@ -13,6 +13,7 @@ import json
 import logging
 import resource
 import secrets
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -140,8 +141,11 @@ def _allow_sockets(n: int) -> None:
             log.warning("could not raise the open-file limit to %d: %r", want, exc)
 
 
-async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0) -> RolloutDriver:
-    """Connect, take the job and the loop's checkpoint from the welcome, run the driver until the job stops."""
+async def run_driver(
+    url: str, job: str, token: str, *, time_factor: float = 1.0, state_dir: Path | None = None
+) -> RolloutDriver:
+    """Connect, take the job and the loop's checkpoint from the welcome, run the driver until the job stops
+    (`state_dir`: the driver's own directory, where it journals its trajectories' turns)."""
     _allow_sockets(4096)
     # no cap on connections: every trajectory may have its turn in flight (aiohttp's default of 100 held
     # B·G = 1,024 trajectories to 100 turns at once, whatever the engines could batch)
@@ -157,6 +161,7 @@ async def run_driver(url: str, job: str, token: str, *, time_factor: float = 1.0
             time_factor=time_factor,
             checkpoint=welcome.checkpoint or None,
             http=http,
+            state_dir=state_dir,
         )
         driver.cluster = welcome.cluster
         link.driver = driver

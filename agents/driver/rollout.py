@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import ClientSession
@@ -20,6 +21,7 @@ from agents import dataplane as dp
 from agents.crash import crash_point
 from agents.driver.clock import AsyncLoopRunner
 from agents.driver.episodes import Episode, EpisodeRunner
+from agents.driver.journal import JournaledTrajectory, TurnJournal
 from agents.worker_client import UNREACHABLE, TrainerClient, WorkerCallError, WorkerClient
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
@@ -53,6 +55,7 @@ class RolloutDriver(EpisodeRunner):
         time_factor: float = 1.0,
         checkpoint: dict[str, Any] | None = None,
         http: ClientSession | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.job = job
         self.link = link
@@ -96,6 +99,13 @@ class RolloutDriver(EpisodeRunner):
         # trajectories the old driver left unfinished (their records say `rerun`)
         self.recovered: dict[str, dp.BufferedTrajectory] = {}
         self.reruns: set[str] = set()
+        # the turn journal (`agents.driver.journal`) of a built-in environment's trajectories, in the driver's
+        # state directory; a restarted driver continues what its predecessor journaled (records `resumed`)
+        agent_job = job.environment == "agent"
+        self.journal = TurnJournal(state_dir / "journal") if state_dir is not None and not agent_job else None
+        self.journaled: dict[str, JournaledTrajectory] = {}
+        self.resumed: set[str] = set()
+        self.ended: dict[str, tuple[int, dict[str, Any]]] = {}  # a built-in job's ended trajectories' records
         self.trained: list[dict[str, Any]] = []  # per update: step, loss, reward, correct (for tests / logs)
         if job.environment == "agent" and job.agent:  # bring your own agent: the job's gateway and agent runner
             from agents.envs.agent import configure
@@ -116,6 +126,8 @@ class RolloutDriver(EpisodeRunner):
         if self.restored:
             await self._recover()
             self._reassert_training_state()
+        elif self.journal is not None:  # a job starting afresh continues nothing a driver before it left
+            self.journal.prune(set())
         self.runner.feed(lp.Start(self.runner.now()))
         try:
             await self.done.wait()
@@ -135,29 +147,60 @@ class RolloutDriver(EpisodeRunner):
         not trained yet, and feed each one the loop still has live as `TrajectoryRecovered` (finished, not
         run again); the rest of them are recovered if the loop starts them again under their ids (a step the
         checkpoint did not show started, a replacement it did not show made). Without an answer the loop
-        resumes as before: every unfinished trajectory reruns."""
+        resumes as before: every unfinished trajectory reruns.
+
+        Then the turn journal: an unfinished trajectory the old driver journaled continues from its last
+        finished turn when the loop makes its replacement (`abort`, DRIVER_RESTARTED) or makes it again under
+        its id (`_begin`); the others rerun from their prompt. An agent job's trajectories always rerun: their
+        state is the agent process's, which died with the driver (`AgentEnvironment`)."""
+        self._load_journal()
         try:
             held = await self._trainer_call("samples", lambda trainer: trainer.buffered())
         except RuntimeError as exc:
             log.error("resumed without recovery (the trainer did not list its samples): %s", exc)
             return
         self.recovered = {b.trajectory: b for b in held.trajectories if b.step >= self.loop.trained_next}
+        for tid in set(self.journaled) & set(self.recovered):  # finished after all: the trainer's copy wins
+            self.journaled.pop(tid)
+            self._journal_remove(tid)
         live = [tid for tid in self.loop.trajs if tid in self.recovered]
         for tid in live:
             self._recover_one(tid)
         log.info("resumed: %d finished trajectories recovered (%d held)", len(live), len(held.trajectories))
 
+    def _load_journal(self) -> None:
+        """What the old driver journaled of the steps not trained yet (the rest is removed)."""
+        if self.journal is None:
+            return
+        loaded = self.journal.load()
+        self.journaled = {t: j for t, j in loaded.items() if j.step >= self.loop.trained_next and j.turns}
+        self.journal.prune(set(self.journaled))
+        log.info("resumed: %d trajectories journaled with finished turns", len(self.journaled))
+
+    def _journal_remove(self, tid: str) -> None:
+        if self.journal is not None:
+            self.journal.remove(tid)
+
     def _recover_one(self, tid: str) -> None:
         b = self.recovered.pop(tid)
         self._feed(lp.TrajectoryRecovered(self._now(), tid, b.reward, b.weight_version, turns=b.turns))
 
-    def _begin(self, ref: lp.TrajectoryRef, step: int) -> None:
-        """A trajectory the loop made: recovered if the trainer holds it finished, else its episode starts."""
+    def _begin(self, ref: lp.TrajectoryRef, step: int, lost: str | None = None) -> bool:
+        """A trajectory the loop made (`lost`: the old driver's trajectory it replaces): recovered if the
+        trainer holds it finished, resumed if the old driver journaled it (or what it replaces) with finished
+        turns, else its episode starts from its prompt. True if it did not start from its prompt."""
         if ref.trajectory in self.recovered:
             log.info("%s finished before the restart (its samples are at the trainer): recovered", ref.trajectory)
             self._recover_one(ref.trajectory)
-        else:
-            self._start_episode(ref, step)
+            return True
+        j = self.journaled.pop(lost or ref.trajectory, None)
+        if j is not None and j.step == step and self._resume_episode(ref, step, j):
+            self.resumed.add(ref.trajectory)
+            return True
+        if j is not None:
+            self._journal_remove(j.trajectory)
+        self._start_episode(ref, step)
+        return False
 
     def _reassert_training_state(self) -> None:
         """A restored loop says again where its trainer handshake is, before anything it resumes asks for.
@@ -334,10 +377,14 @@ class RolloutDriver(EpisodeRunner):
             self._spawn(ep.env.aclose(cmd.reason), f"close {cmd.trajectory}")
         if ep is not None and ep.task is not None:
             ep.task.cancel()
+        restarted = cmd.reason == DRIVER_RESTARTED
+        if not restarted:  # stale, failed or given up: its prefix is not continued
+            self._journal_remove(cmd.trajectory)
         if cmd.replacement is not None:
-            if cmd.reason == DRIVER_RESTARTED:  # the old driver's, lost with it: run again from its prompt
+            step = int(cmd.trajectory.split("-")[0][1:])
+            # the old driver's, lost with it: continued from its journaled turns, else run again from its prompt
+            if not self._begin(cmd.replacement, step, cmd.trajectory if restarted else None) and restarted:
                 self.reruns.add(cmd.replacement.trajectory)
-            self._begin(cmd.replacement, int(cmd.trajectory.split("-")[0][1:]))
 
     # ------------------------------------------------------------------ training
     async def _train(self, cmd: lp.Train) -> None:
@@ -358,6 +405,8 @@ class RolloutDriver(EpisodeRunner):
             log.error("the trainer lacked the samples of %d trajectories of step %d", len(res.missing), cmd.step)
         for tid in (*tids, *cmd.dropped):
             self.episodes.pop(tid, None)
+        if self.journal is not None:  # trained: nothing of the step is continued any more
+            self.journal.remove_step(cmd.step)
         missing = set(res.missing)  # committed: the records of what it consumed say `trained` now, not before
         self._audit_trained(cmd.step, res.version, [t for t in tids if t not in missing], list(cmd.dropped))
         self._audit_trained(cmd.step, res.version, [], sorted(missing), "not trained: the trainer lacked its samples")
@@ -425,20 +474,40 @@ class RolloutDriver(EpisodeRunner):
         state = self.loop.checkpoint() | {"clock_epoch": self.epoch}
         return state if state != self._checkpointed else None
 
+    def _finished(self, ep: Episode) -> None:
+        """A built-in environment's trajectory the loop counted as finished: its record, reported with the
+        next flush (an agent job's records are its agent runner's)."""
+        t = self.loop.trajs.get(ep.tid)
+        if self.job.environment == "agent" or t is None or t.state is not lp.TrajState.DONE:
+            return
+        from agents.driver.trajectories import episode_record
+
+        self.ended[ep.tid] = (ep.step, episode_record(ep.samples, ep.reward, tokens=not self._synthetic_tokens()))
+
+    def _keeps_records(self) -> bool:
+        return self.job.environment != "agent" or bool(self.job.agent)
+
     async def _report_trajectories(self) -> None:
-        """The agent trajectories that ended since the last flush, summarised per step (the job page's
-        browser); the runner's records are taken as they are reported, so they do not pile up."""
-        if self.job.environment != "agent" or not self.job.agent:
+        """The trajectories that ended since the last flush, summarised per step (the job page's browser and
+        the steps' audit); an agent job's runner's records, or the driver's own of a built-in environment's,
+        taken as they are reported, so they do not pile up."""
+        if not self._keeps_records():
             return
         from agents.driver.trajectories import reports, step_of, summarize
-        from agents.envs.agent import runner
 
-        records = runner().records
-        for name in list(records):  # listed as they end; `trained` comes with the step's update (TrainedReport)
-            step = step_of(name, max(0, self.loop.step))
-            record = records.pop(name)
+        if self.job.environment == "agent":
+            from agents.envs.agent import runner
+
+            records = runner().records
+            ended = [(step_of(name, max(0, self.loop.step)), name, records.pop(name)) for name in list(records)]
+        else:
+            ended = [(step, name, record) for name, (step, record) in self.ended.items()]
+            self.ended.clear()
+        for step, name, record in ended:  # listed as they end; `trained` comes with the update (TrainedReport)
             record["rerun"] = name in self.reruns
+            record["resumed"] = name in self.resumed
             self.reruns.discard(name)
+            self.resumed.discard(name)
             self._unreported.append((step, summarize(name, record)))
         while self._unreported:
             batch = reports(self._unreported)
@@ -459,7 +528,7 @@ class RolloutDriver(EpisodeRunner):
     ) -> None:
         """Queue what a step's committed update consumed (and left out, and why) for the trajectory records
         (agent jobs'), in reports of at most MAX_TRAJECTORIES names, sent after the records themselves."""
-        if self.job.environment != "agent" or not self.job.agent or not (trained or untrained):
+        if not self._keeps_records() or not (trained or untrained):
             return
         if untrained and not reason:
             reason = self._dropped_reason(step)

@@ -1,5 +1,5 @@
-"""What the driver reports of its agent trajectories (bring your own agent, issue 19): each ended
-trajectory's record (`agents.envs.agent.AgentRunner.records`) cut to the bounds of
+"""What the driver reports of its trajectories: each ended trajectory's record (an agent's, bring your own agent,
+issue 19: `agents.envs.agent.AgentRunner.records`; a built-in environment's: `episode_record`) cut to the bounds of
 `core.driver_link.TrajectorySummary`, in reports that fit one link frame. The trainer gets the full
 samples elsewhere; this is what the job page's trajectory browser and `pearl trajectories` show.
 """
@@ -66,6 +66,29 @@ def _served(turn: Any) -> list[int]:
     """A turn's workers, in order (an older record's single worker id as a list of one), cut to a bound."""
     ids = turn if isinstance(turn, list) else [turn]
     return [max(-1, int(w)) for w in ids[:MAX_WORKERS_PER_TURN]]
+
+
+def episode_record(samples: list[dict[str, Any]], reward: float, *, tokens: bool = True) -> dict[str, Any]:
+    """A built-in environment's finished trajectory (the driver's per-turn samples: each turn's context, its
+    response, log-probs, weights and workers) as a record in the agent runner's shape: one token sequence, the
+    responses masked in with their log-probs, the context each turn added masked out. Without `tokens` (an
+    emulated model's synthetic ones, which mean nothing), only the turns' weights and workers."""
+    seq: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for s in samples if tokens else []:
+        added = s["prompt_tokens"][len(seq) :]  # a built-in environment's context only grows
+        seq += added + s["completion_tokens"]
+        mask += [0] * len(added) + [1] * len(s["completion_tokens"])
+        logprobs += [0.0] * len(added) + list(s["logprobs"])
+    sample = {
+        "tokens": seq,
+        "mask": mask,
+        "logprobs": logprobs,
+        "weight_versions": [s["weight_version"] for s in samples],
+        "workers": [list(s.get("workers") or []) for s in samples],
+    }
+    return {"samples": [sample], "reward": reward, "turns": len(samples), "status": "done"}
 
 
 def summarize(name: str, record: Mapping[str, Any]) -> dl.TrajectorySummary:

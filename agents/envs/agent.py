@@ -165,7 +165,11 @@ class AgentRunner:
 
 
 class AgentEnvironment(Environment):
-    """One run of the agent = one trajectory; see the module docstring."""
+    """One run of the agent = one trajectory; see the module docstring.
+
+    Not resumable after a driver crash (`snapshot` stays None): the trajectory's state is the agent process's
+    own (its program counter, its Python objects, its tool sandbox), which died with the driver, and a new agent
+    cannot be made to be where the old one was. A restarted driver reruns it from its task (record `rerun`)."""
 
     stop_at_eos = True  # a turn ends at the template's end of turn, as the agent's answer does
     temperature = 1.0

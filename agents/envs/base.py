@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agents.tokenizer import TOKENIZER
 
@@ -43,6 +44,17 @@ class Environment(abc.ABC):
     def take_context(self) -> list[int] | None:
         """After `step`: a context that replaces the driver's (an agent rewrote its history), once."""
         return None
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The episode's state after a turn, as JSON, from which `restore` continues it in a fresh environment
+        of the same task (the driver journals it per turn, so a restarted driver resumes the trajectory rather
+        than run it again). None (the default): the episode cannot be restored (its state lives outside this
+        object, e.g. an agent's process or a sandbox), and a restarted driver reruns it from its prompt."""
+        return None
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from `snapshot()`'s state, in place of `reset()` (only called where `snapshot` gave one)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be restored")
 
     async def aclose(self, why: str = "aborted") -> None:  # noqa: B027 (an optional hook, not abstract)
         """The trajectory was aborted or the job stops: end what the episode runs (an agent's processes)."""

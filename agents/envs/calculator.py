@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
+from typing import Any
 
 from agents.envs.base import Environment, Turn, register, text
 from agents.gateway.chat import ChatFormat, load_format
@@ -68,6 +69,13 @@ class Calculator(Environment):
             reward=self.score(c),
             info={"correct": float(c == str(self.result)), "tool_used": float(self.called)},
         )
+
+    def snapshot(self) -> dict[str, Any]:
+        """All that changes in an episode (the task, a+b, comes from the task and seed)."""
+        return {"called": self.called, "turns": self.turns}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.called, self.turns = bool(state["called"]), int(state["turns"])
 
     def _tool_result(self, response: list[int]) -> list[int]:
         result = f"={self.result}"

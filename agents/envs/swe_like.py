@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from typing import Any
 
 from agents.dataplane import MAX_PROMPT_TOKENS
 from agents.envs.base import Environment, Turn, register
@@ -63,6 +64,16 @@ class SweLike(Environment):
         t = self.turns[0]
         body = _synthetic(t.new_prompt_tokens - len(self.bos), self.salt)
         return Turn([*self.bos, *body], max_tokens=t.generated_tokens)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The turn it is at (its turns are drawn from the task, seed and place in the batch)."""
+        return {"k": self.k}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        k = int(state["k"])
+        if not 0 <= k < len(self.turns):
+            raise ValueError(f"turn {k} of {len(self.turns)}")
+        self.k = k
 
     async def step(self, response: list[int]) -> Turn:
         spent = self.turns[self.k]

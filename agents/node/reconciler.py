@@ -110,6 +110,8 @@ class DriverProcess:
             self.job,
             "--time-factor",
             str(time_factor),
+            "--state-dir",  # its turn journal, kept across its restarts on this node
+            str(log_dir / self.job),
         ]
         with open(log_dir / f"{self.job}.log", "ab") as out:
             self.proc = await spawn_child(args, {"PEARL_DRIVER_TOKEN": token}, stdout=out, stderr=out)
