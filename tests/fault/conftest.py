@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.fault.private_postgres import PrivatePostgres, default_database, private_postgres, unavailable
 from tests.support.environment import ROOT, child_env
 from tests.support.processes import free_port, wait_port
 
@@ -97,6 +98,7 @@ class Stack:
     env: dict[str, str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
+    postgres: PrivatePostgres | None = None  # the stack's own database server (`private_postgres` marker)
 
     def start_redis(self) -> None:
         argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1"]
@@ -190,14 +192,27 @@ class Stack:
 
 
 @pytest.fixture
+def postgres_cluster(transactional_db) -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL cluster, migrated, as this process's default database while the test runs (the
+    stack's servers get it through `child_env`); skipped where one cannot be started."""
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with private_postgres() as pg, default_database(pg.url):
+        yield pg
+
+
+@pytest.fixture
 def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
     """The stack on its own Redis; this test process sends its pushes through that Redis too. A test marked
     `replan_every(seconds)` also gets the periodic re-plan, created before beat starts: django-celery-beat
     misses a task created between its first read of the schedule and its first change check. A test marked
-    `lease(seconds)` runs on that lease instead of the fault tests' short one."""
+    `lease(seconds)` runs on that lease instead of the fault tests' short one; one marked `private_postgres` on
+    its own PostgreSQL cluster (`stack.postgres`), which it may kill and start again."""
     from channels.layers import channel_layers
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
+    pg = request.getfixturevalue("postgres_cluster") if request.node.get_closest_marker("private_postgres") else None
     redis_port, web_port = free_port(), free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}"
     settings.REDIS_URL = redis_url
@@ -215,7 +230,9 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
         REDIS_URL=redis_url, PEARL_LEASE_S=str(lease_s), PEARL_HEARTBEAT_S=str(HEARTBEAT_S), PEARL_SWEEP_S=str(SWEEP_S)
     )
     env.pop("PEARL_AGENT_TOKEN", None)
-    s = Stack(base_url=f"http://127.0.0.1:{web_port}", redis_port=redis_port, tmp=tmp_path, env=env)
+    if pg is not None:  # production's persistent connections (off in tests), which must survive a server restart
+        env["PEARL_DB_CONN_MAX_AGE"] = "60"
+    s = Stack(base_url=f"http://127.0.0.1:{web_port}", redis_port=redis_port, tmp=tmp_path, env=env, postgres=pg)
     every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.create(name="sweeper", task="controlplane.sweep", interval=every)
     replan = request.node.get_closest_marker("replan_every")
