@@ -98,7 +98,7 @@ def test_compare_json_keys(tmp_path: Path, capsys):
     assert data["scenario"] == "two-small" and data["jobs"] == ["a", "b"]
     assert set(data["policies"]) == {"static", "pearl"}
     for row in data["policies"].values():
-        assert {"cost_efficiency", "jain", "jobs", "misses"} <= set(row)
+        assert {"cost_efficiency", "cost_efficiency_prorated", "jain", "jobs", "misses"} <= set(row)
         assert set(row["jobs"]) == {"a", "b"}
         for j in row["jobs"].values():
             assert {"throughput", "steps", "slowdown", "misses"} <= set(j)
@@ -120,6 +120,12 @@ def test_a_job_that_ends_gives_its_units_back():
     ended = [e for e in r.explanations if "job a ended" in e]
     assert ended and "a " in ended[0] and "→0" in ended[0]
     assert all(j.misses == 0 and j.lost_tokens == 0 for j in r.jobs.values())
+    # prorating: a job that stopped after its last update has nothing in flight to count; one still running
+    # at the end counts its unfinished step at its own measured rate (more than its whole steps, never less)
+    assert r.jobs["a"].prorated_tokens == r.jobs["a"].trained_tokens
+    b = r.jobs["b"]
+    assert b.trained_tokens > 0 and b.prorated_tokens > b.trained_tokens
+    assert r.cost_efficiency_prorated > r.cost_efficiency
 
 
 def test_a_lent_training_unit_is_hidden_from_its_owner_but_keeps_its_slot_id():
@@ -134,3 +140,23 @@ def test_a_lent_training_unit_is_hidden_from_its_owner_but_keeps_its_slot_id():
     inv = sim.world.inventory(False)
     assert {u.key for u in inv.units} == {ovl[1].sid}
     assert ovl[0].wid in inv.taken_slots  # a new dedicated worker may not take the lent unit's slot id
+
+
+def test_a_jobs_curve_is_one_fit_never_a_memo_mixed_with_a_newer_one():
+    from controlplane.core.policies.base import best_makespan
+    from controlplane.sim.multi import MultiSimulation
+
+    ms = MultiSimulation(scenario_from_dict(dict(TWO)), "pearl")
+    ms.run()
+    run = ms.by_name["a"]
+    early = ms._curve(run)
+    first = [early(n) for n in (1, 2, 3)]  # memoised
+    trained = [s for s in run.sim.steps if s.train_end_s > 0]
+    trained[-1].train_end_s += 500.0  # the next update's time is known: the curve's floor moved
+    later = ms._curve(run)
+    fp = run.sim.policy.tracker.fitted()
+    train_s = trained[-1].train_end_s - trained[-1].train_start_s
+    now = [later(n) for n in range(1, 7)]
+    assert now == [max(best_makespan(fp.workload, fp.coefficients, n), train_s) for n in range(1, 7)]
+    assert now != first + now[3:]  # the memo of the earlier curve was not reused
+    assert all(a >= b for a, b in zip(now, now[1:]))  # one fit: more units never predict a longer step
