@@ -21,7 +21,8 @@ from tests.support.cluster import agents_converge, make_job, make_node
 from tests.support.environment import child_env, redis_available
 from tests.support.processes import start_process
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# a minute of kills; the crash suite (also `long`) kills the executor mid-transition of a live job
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
 
 def _celery(tmp_path: Path, n: int) -> subprocess.Popen:

@@ -84,6 +84,7 @@ def _assert_whole_accounting(job) -> None:
     assert cp["started_trajectories"] == cp["finished_trajectories"] + cp["stale_aborted"] + running, cp
 
 
+@pytest.mark.long  # test_faults.py kills an agent in the default suite; this one, mid-generation, is a long run
 def test_agent_killed_mid_generation_its_trajectories_finish_elsewhere(stack):
     from controlplane.models import Job, Node, Worker
 

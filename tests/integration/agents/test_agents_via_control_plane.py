@@ -113,7 +113,8 @@ async def train_one_step(trainer_ep: str) -> int:
         await s.close()
 
 
-@pytest.mark.parametrize("engine", ["torch", "emulated"])
+# the torch engine's run (a minute of real forward passes) is a long run; the emulated one stays in the default suite
+@pytest.mark.parametrize("engine", [pytest.param("torch", marks=pytest.mark.long), "emulated"])
 def test_agents_serve_pd_and_colocated_and_pull_trained_weights(control_plane_server, tmp_path, engine):
     from controlplane.models import Job, Node, Worker
     from controlplane.services.workers import WorkerChange, change_workers, start_worker
