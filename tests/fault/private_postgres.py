@@ -1,5 +1,5 @@
 """A private PostgreSQL cluster a fault test may kill (`kill -9` of the postmaster) and start again: the shared
-server on 127.0.0.1:5432 and SQLite may not be killed. Debian's binaries, run as the `postgres` OS user (initdb
+server on 127.0.0.1:5432 and SQLite may not be killed. Debian's server binaries, run as the `postgres` OS user (initdb
 refuses root) in a temporary directory it owns, on a free loopback port, trust authentication."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.processes import free_port, wait_port
 
-BIN = Path("/usr/lib/postgresql/15/bin")
+# Debian's layout, /usr/lib/postgresql/<major>/bin: the newest major present (15 here)
+BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), default=Path("/nonexistent"))
 DATABASE = "pearl"
 
 
@@ -43,17 +44,19 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _group(pgid: int) -> list[int]:
-    """Live processes of a process group (the postmaster's backends keep its group after it is killed)."""
+def _processes_in(root: Path) -> list[int]:
+    """Live processes working in `root`: the server and its children run in its data directory (each child
+    makes its own session, and outlives a killed postmaster a moment, so neither the group nor the parent
+    finds them)."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        if cwd.startswith(str(root)) and _alive(int(entry.name)):
             out.append(int(entry.name))
     return out
 
@@ -63,7 +66,6 @@ class PrivatePostgres:
     root: Path
     port: int
     proc: subprocess.Popen | None = None
-    groups: list[int] = field(default_factory=list)  # every postmaster's process group, for the final check
 
     @property
     def url(self) -> str:
@@ -85,7 +87,6 @@ class PrivatePostgres:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, user="postgres", group="postgres", start_new_session=True
             )
-            self.groups.append(self.proc.pid)
             try:
                 wait_port(self.port, timeout=30, proc=self.proc)
             except RuntimeError:
@@ -124,8 +125,8 @@ class PrivatePostgres:
         return (self.root / "postgres.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> list[int]:
-        """Stop the server (fast shutdown), then kill whatever of any of its process groups is left; returns
-        what was left (the caller's "no process outlives the test" check)."""
+        """Stop the server (fast shutdown), then kill whatever still works in its directory (a killed
+        postmaster's children included); returns what was left (the caller's "no process outlives it" check)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -133,7 +134,7 @@ class PrivatePostgres:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        left = [pid for g in self.groups for pid in _group(g) if _alive(pid)]
+        left = _processes_in(self.root)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         return left

@@ -11,7 +11,7 @@ No process of the stack outlives it (the `stack` fixture's check).
 A second test SIGKILLs a whole process mid-rollout (a step with some trajectories durable at the trainer,
 others in flight) and starts it again: Daphne (the control plane alone), Redis, the Celery worker with beat, the
 rollout node's agent, or PostgreSQL (a private cluster the test starts as the postgres OS user,
-`tests/fault/private_postgres.py`, skipped without root or Debian's PostgreSQL 15 binaries; the stack on
+`tests/fault/private_postgres.py`, skipped without root or Debian's PostgreSQL server binaries; the stack on
 production's persistent connections; killed with its postmaster, back after `DATABASE_AWAY_S`, and afterwards no
 database error in Daphne's or Celery's log while the job trains one more step); the same checks after. A third
 kills the Celery worker mid-transition of a live job (a drained rollout node returned mid-rollout, its worker's
