@@ -49,6 +49,15 @@ class Sharing(StrEnum):
 
 SHARING_NAMES: tuple[str, ...] = tuple(s.value for s in Sharing)
 
+
+class Idle(StrEnum):
+    """Why the arbiter allots a running job no unit (`Allotment.idle`): whether its workers should give way."""
+
+    NO_CAPACITY = "no capacity"  # the pool has no unit (nodes gone, leases lapsed): nothing went to anyone
+    NO_UNITS = "no unit it can use"  # its maximum is 0 units (none of its chip types in the pool, or < one unit)
+    ELSEWHERE = "other jobs hold every unit"  # guarantees, priorities and shares gave the units to other jobs
+
+
 INFEASIBLE_S = 1e7  # the price of a job size the predictor rejects, over n (see `_Curve.at`)
 StepCurve = Callable[[int], float]  # predicted step time (s) of a job with n rollout units; inf at n = 0
 
@@ -111,6 +120,7 @@ class Allotment:
     lends: tuple[Lend, ...] = ()
     explanation: tuple[str, ...] = ()
     predicted_gain: float = 0.0  # weighted ln(step time) the changes are predicted to save
+    idle: Mapping[str, Idle] = field(default_factory=dict)  # why each job allotted nothing has nothing
 
     def borrowed(self, job: str) -> int:
         return sum(lend.units for lend in self.lends if lend.borrower == job)
@@ -295,8 +305,15 @@ def arbitrate(
         alloc[d] -= 1
         gain_total += net
     lends = _lend(jobs, alloc, curves, previous, now_s, config) if config.lending else ()
+    idle = {j.name: _idle(capacity, j) for j in jobs if alloc[j.name] == 0}
     out = Allotment(dict(alloc), lends, (), gain_total)
-    return Allotment(out.units, lends, tuple(notes) + explain(reason, previous, out, jobs), gain_total)
+    return Allotment(out.units, lends, tuple(notes) + explain(reason, previous, out, jobs), gain_total, idle)
+
+
+def _idle(capacity: int, job: JobDemand) -> Idle:
+    if capacity <= 0:
+        return Idle.NO_CAPACITY
+    return Idle.NO_UNITS if job.max_units <= 0 else Idle.ELSEWHERE
 
 
 def _neg(k: tuple[int, float, int, float]) -> tuple[int, float, int, float]:
@@ -445,6 +462,7 @@ __all__ = [
     "SHARING_NAMES",
     "Allotment",
     "ArbiterConfig",
+    "Idle",
     "JobDemand",
     "Lend",
     "Sharing",

@@ -1,5 +1,6 @@
 """The live cluster arbiter (issue 35): on each cluster event (a job arrives or ends, a node's capacity comes or
-goes, a job pauses or resumes; and every periodic re-plan) one division of the dedicated rollout GPUs among the
+goes, a job pauses or resumes, a job's Training Begin or Finished while another job shares the cluster; and
+every periodic re-plan) one division of the dedicated rollout GPUs among the
 running jobs, by `core.arbiter.arbitrate`, the code the simulator's `pearl` sharing runs.
 
 The division is stored as each job's `allotted_rollout_gpus`; the planner caps the job's dedicated workers there
@@ -12,8 +13,8 @@ planned again and starts workers on the freed units. An `arbiter.reallocated` ev
 ('job b arrived: a 4→2, b 0→2', in units of `unit_gpus` GPUs).
 
 Not live yet: cross-job lending of idle training GPUs (`ArbiterConfig.lending` is off here; the simulator
-lends): so a training phase change, which moves units between jobs only by lending, queues no division here
-(it would cost the Celery worker a predictor refit per job at every Training Begin and Finished); and a
+lends): so a training phase change moves units here only through the refitted curves it divides on (it
+costs the Celery worker a predictor refit per job, so a lone job's phase change queues none); and a
 division of a cluster whose jobs accept different chip types is one pool of the types any job accepts, each
 job capped at the units of its own types.
 """
@@ -31,10 +32,10 @@ from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, arbit
 from controlplane.core.policies.base import best_makespan
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
-from controlplane.models import GPU, Event, Job, Worker
+from controlplane.models import GPU, Job, Worker
 from controlplane.selectors.jobs import SHARE_EVENT
 from controlplane.services.events import emit, push_delta_on_commit
-from controlplane.services.planner import job_policy
+from controlplane.services.planner import job_policy, last_division
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +125,6 @@ def _held(job_ids: list[int]) -> dict[int, int]:
     return out
 
 
-def _last_capacity() -> int | None:
-    last = Event.objects.filter(kind=EVENT_KIND).order_by("-id").values_list("data", flat=True).first()
-    cap = (last or {}).get("capacity_gpus")
-    return int(cap) if isinstance(cap, int) else None
-
-
 def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     """Divide the cluster's dedicated rollout GPUs among the pending and running jobs and store the allotments.
 
@@ -143,9 +138,10 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     accepted = {h.lower() for j in jobs for h in j.rollout_hardware}
     capacity = sum(n // unit_gpus for (_, hw), n in groups.items() if hw in accepted)
     capacity_gpus = capacity * unit_gpus
+    last = last_division()
     if reason == "capacity change":
-        before = _last_capacity()
-        if before is not None and before != capacity_gpus:
+        before = last.get("capacity_gpus")
+        if isinstance(before, int) and before != capacity_gpus:
             reason = f"capacity {before}→{capacity_gpus} GPUs"
     held = _held([j.pk for j in jobs])
     demands = []
@@ -174,11 +170,14 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     waiting = [j for j in jobs if j.status == Job.Status.PENDING and j not in changed]
     order = [(j.pk, _signal(j)) for j in shrink + grow + waiting]
     explanation = "; ".join(new.explanation)
+    idle = {name: str(why) for name, why in new.idle.items()}
     with transaction.atomic():
         for j in changed:
             Job.objects.filter(pk=j.pk).update(allotted_rollout_gpus=allotted[j.pk])
         Job.objects.filter(pk__in=[pk for pk, _, _ in gone]).update(allotted_rollout_gpus=0)
-        if changed or gone:
+        # a job's reason for having nothing may change with no allotment changing (the capacity went from the
+        # others): recorded too, the planner reads it (`idle_reason`)
+        if changed or gone or idle != (last.get("idle") or {}):
             units = {name: 0 for _, name, _ in gone} | {j.name: allotted[j.pk] for j in jobs}
             ev = emit(
                 kind=EVENT_KIND,
@@ -192,6 +191,7 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
                     "lent": {},
                     "unit_gpus": unit_gpus,
                     "capacity_gpus": capacity_gpus,
+                    "idle": idle,
                 },
             )
             push_delta_on_commit(  # the cluster page's share chart grows by one point (selectors.jobs.share_history)

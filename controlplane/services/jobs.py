@@ -26,7 +26,7 @@ from controlplane.services.events import emit, notify_drivers_on_commit, push_de
 from controlplane.services.invariants import assert_invariants
 from controlplane.services.locks import lock_job, lock_nodes
 from controlplane.services.nodes import bump_generations, push_nodes
-from controlplane.services.plan_queue import enqueue_arbitration, enqueue_plan
+from controlplane.services.plan_queue import enqueue_arbitration, enqueue_phase_arbitration, enqueue_plan
 from controlplane.services.workers import return_borrowed
 
 TERMINAL = (Job.Status.STOPPED, Job.Status.FAILED)
@@ -413,8 +413,7 @@ def set_training_active(*, job_id: int, active: bool, actor: str = "system") -> 
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         notify_drivers_on_commit([job.pk])
         enqueue_plan(job.pk, "training_begin" if active else "training_finished")
-        # no division here: a phase change moves units between jobs only by lending training GPUs, which the live
-        # arbiter does not do yet (services.arbitration); the periodic re-plan follows the refitted curves
+        enqueue_phase_arbitration(job, training=active)  # the arbiter divides again (when another job shares)
     return job
 
 

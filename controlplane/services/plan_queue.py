@@ -49,11 +49,30 @@ ARBITER_KEY = "pearl:arbiter"
 
 
 def enqueue_arbitration(reason: str) -> None:
-    """A cluster event (a job arrived or ended, capacity changed, a job paused or resumed): once this
-    transaction commits, one arbiter task divides the cluster again and plans the jobs whose
-    allotment changed, one after the other (`tasks.arbitrate`). Single flight, like a job's plan queue: one
-    task at a time divides once for every event queued meanwhile; no reason is dropped."""
+    """A cluster event (a job arrived or ended, capacity changed, a job paused, resumed or changed training
+    phase: `enqueue_phase_arbitration`): once this transaction commits, one arbiter task divides the cluster
+    again and plans the jobs whose allotment changed, one after the other (`tasks.arbitrate`). Single flight,
+    like a job's plan queue: one task at a time divides once for every event queued meanwhile; no reason is
+    dropped."""
     transaction.on_commit(lambda: _arbitrate_now(reason), robust=True)
+
+
+def phase_arbitration_reason(job: Job, *, training: bool) -> str | None:
+    """Why a Training Begin / Finished of `job` divides the cluster again ('a Training Begin'), or None when no
+    other job shares the cluster: a lone job's phase change cannot move units between jobs, and each division
+    refits every job's predictor on the Celery worker."""
+    others = Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.RUNNING]).exclude(pk=job.pk)
+    if not others.exists():
+        return None
+    return f"{job.name} {'Training Begin' if training else 'Training Finished'}"
+
+
+def enqueue_phase_arbitration(job: Job, *, training: bool) -> None:
+    """Training Begin / Finished: a division as on the other cluster events, single flight with them (a burst of
+    phase changes divides once), where another job shares the cluster (`phase_arbitration_reason`)."""
+    reason = phase_arbitration_reason(job, training=training)
+    if reason is not None:
+        enqueue_arbitration(reason)
 
 
 def _arbitrate_now(reason: str) -> None:

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.core.arbiter import Idle
 from controlplane.core.context import Overrides, Signal
 from controlplane.core.placement import Inventory, Placement, Unit, place
 from controlplane.core.policies import Policy, make_policy
@@ -30,6 +31,7 @@ from controlplane.core.transitions import StepKind, TransitionPlan, plan_transit
 from controlplane.models import (
     GPU,
     Decision,
+    Event,
     Job,
     Override,
     TelemetrySample,
@@ -39,6 +41,7 @@ from controlplane.models import (
     WorkerGPU,
 )
 from controlplane.selectors import model_dirs
+from controlplane.selectors.jobs import SHARE_EVENT
 from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
@@ -221,9 +224,18 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _units_went_elsewhere(job: Job) -> bool:
-    """The arbiter gave this job's rollout units to other jobs (rather than the cluster having none)."""
-    return Job.objects.filter(allotted_rollout_gpus__gt=0).exclude(pk=job.pk).exists()
+def last_division() -> dict[str, Any]:
+    """The data of the last division that changed anything (its `arbiter.reallocated` event): each job's GPUs,
+    the capacity and, per job allotted nothing, why (`core.arbiter.Idle`); {} before the first."""
+    last = Event.objects.filter(kind=SHARE_EVENT).order_by("-id").values_list("data", flat=True).first()
+    return last if isinstance(last, dict) else {}
+
+
+def idle_reason(job: Job) -> Idle:
+    """Why the last division allots `job` nothing. Not recorded (no division since, or one before reasons were
+    recorded): no capacity, so a job keeps its parked workers until a division says its units went elsewhere."""
+    why = (last_division().get("idle") or {}).get(job.name)
+    return Idle(why) if why in set(Idle) else Idle.NO_CAPACITY
 
 
 def plan_job(
@@ -270,12 +282,13 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             job.save(update_fields=["status_reason", "policy_state", "updated"])
             push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
         if waiting and (
-            job.status == Job.Status.PENDING or (target.total == 0 and (p.plan.empty or not _units_went_elsewhere(job)))
+            job.status == Job.Status.PENDING
+            or (target.total == 0 and (p.plan.empty or idle_reason(job) is not Idle.ELSEWHERE))
         ):
             # admitted only once it can run: never "running" on nothing; a running job the arbiter allots nothing
-            # because other jobs hold the units (higher-priority guarantees) still gives its workers up, while one
-            # that has nothing because no capacity is left (its node's lease lapsed) keeps its fenced workers
-            # parked for the node's resync
+            # because other jobs hold the units (Idle.ELSEWHERE: higher-priority guarantees) still gives its
+            # workers up, while one that has nothing because no capacity is left (its node's lease lapsed) keeps
+            # its fenced workers parked for the node's resync
             return None
         last = Decision.objects.filter(job=job).first()
         if (
@@ -320,9 +333,16 @@ def _admission(job: Job, p: Placement) -> str:
             f"{job.hardware} group on a ready training node; add or undrain one)"
         )
     if p.target.total == 0 and job.allotted_rollout_gpus == 0:
+        why = idle_reason(job)
         reasons.append(
-            "waiting for rollout GPUs: the cluster arbiter allots it 0 (higher-priority jobs' guarantees or the "
-            "other jobs' shares take every unit; its priority, weight and min_rollout_gpus set its share)"
+            "waiting for rollout GPUs: the cluster arbiter allots it 0 "
+            + (
+                "(higher-priority jobs' guarantees or the other jobs' shares take every unit; its priority, weight "
+                "and min_rollout_gpus set its share)"
+                if why is Idle.ELSEWHERE
+                else f"({why}: no ready reserved or elastic node has a {job.tp}-GPU "
+                f"{'/'.join(job.rollout_hardware)} group)"
+            )
         )
     elif p.target.total == 0 and job.allotted_rollout_gpus:
         reasons.append(

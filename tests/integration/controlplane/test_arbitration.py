@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from controlplane.consumers.dashboard import _snapshot
-from controlplane.core.state import Activity, Zone
-from controlplane.models import Event, Job, Transition, TransitionStep, Worker
+from controlplane.core.arbiter import Idle
+from controlplane.core.state import Activity, NodeStatus, Zone
+from controlplane.models import Event, Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
-from controlplane.services import arbitration, jobs, planner
+from controlplane.services import arbitration, jobs, plan_queue, planner
 from controlplane.services.errors import InvalidInput
 from pearl_cli.main import status_text
 from tests.support.cluster import make_job, make_node, run_transition
@@ -236,3 +237,34 @@ def test_the_job_page_carries_the_share_for_its_card(client, django_user_model):
     page = client.get(f"/jobs/{a.pk}/").content.decode()
     assert '"sharing": {"priority": 3, "weight": 1.0, "min_rollout_gpus": 1, "max_rollout_gpus": 4' in page
     assert '"allotted_rollout_gpus": 4, "held_rollout_gpus": 0}' in page
+
+
+def test_a_training_phase_change_divides_again_only_where_another_job_shares_the_cluster():
+    _cluster()
+    a = make_job("a", **SPEC)
+    assert plan_queue.phase_arbitration_reason(a, training=True) is None  # alone: nothing to move between jobs
+    make_job("b", **SPEC)
+    assert plan_queue.phase_arbitration_reason(a, training=True) == "a Training Begin"
+    assert plan_queue.phase_arbitration_reason(a, training=False) == "a Training Finished"
+
+
+def test_a_running_job_left_with_no_capacity_keeps_its_workers_parked():
+    # its node is no longer ready (a lapsed lease): the arbiter allots it 0 because there is nothing to allot,
+    # not because another job took its units, so the planner keeps its workers for the node's resync
+    _cluster()
+    a = make_job("a", **SPEC)
+    jobs.set_overrides(job_id=a.pk, changes={"borrowing": False}, actor="test")
+    _place_all(arbitration.rebalance(reason="job a arrived"))
+    assert _rollout(a) == 4
+    Node.objects.filter(name="r1").update(status=NodeStatus.NOT_READY)
+    division = arbitration.rebalance(reason="capacity change")
+    assert division.allotted == {a.pk: 0} and division.capacity_gpus == 0
+    assert planner.idle_reason(Job.objects.get(pk=a.pk)) is Idle.NO_CAPACITY
+    assert planner.plan_job(job_id=a.pk, signal="capacity_change") is None
+    assert _rollout(a) == 4
+    assert "the cluster arbiter allots it 0 (no capacity" in Job.objects.get(pk=a.pk).status_reason
+    # a job whose units went to a higher-priority guarantee is told so
+    Node.objects.filter(name="r1").update(status=NodeStatus.READY)
+    make_job("high", **SPEC | {"priority": 5, "min_rollout_gpus": 4})
+    assert arbitration.rebalance(reason="job high arrived").allotted[a.pk] == 0
+    assert planner.idle_reason(Job.objects.get(pk=a.pk)) is Idle.ELSEWHERE

@@ -9,6 +9,7 @@ import pytest
 from controlplane.core.arbiter import (
     Allotment,
     ArbiterConfig,
+    Idle,
     JobDemand,
     arbitrate,
     fair_shares,
@@ -158,3 +159,15 @@ def test_baselines():
     assert split_fcfs(10, jobs, {}) == {"A": 10, "B": 0}
     r = split_rlix(8, jobs)
     assert r["A"] > r["B"] >= 1 and sum(r.values()) == 8
+
+
+def test_a_job_allotted_nothing_says_why():
+    # the pool is empty: nothing went to anyone
+    assert arbitrate(0, [job("A"), job("B")]).idle == {"A": Idle.NO_CAPACITY, "B": Idle.NO_CAPACITY}
+    # a higher-priority guarantee took every unit: the low job's units went elsewhere
+    a = arbitrate(4, [job("low"), job("high", priority=1, min_units=4)])
+    assert a.units["low"] == 0 and a.idle == {"low": Idle.ELSEWHERE}
+    # none of its chip types in the pool (its maximum is 0)
+    assert arbitrate(4, [job("A", max_units=0), job("B")]).idle == {"A": Idle.NO_UNITS}
+    # a job with units has no reason
+    assert arbitrate(4, [job("A"), job("B")]).idle == {}
