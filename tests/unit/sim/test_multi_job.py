@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -159,4 +160,4 @@ def test_a_jobs_curve_is_one_fit_never_a_memo_mixed_with_a_newer_one():
     now = [later(n) for n in range(1, 7)]
     assert now == [max(best_makespan(fp.workload, fp.coefficients, n), train_s) for n in range(1, 7)]
     assert now != first + now[3:]  # the memo of the earlier curve was not reused
-    assert all(a >= b for a, b in zip(now, now[1:]))  # one fit: more units never predict a longer step
+    assert all(a >= b for a, b in itertools.pairwise(now))  # one fit: more units never predict a longer step
