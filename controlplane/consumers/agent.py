@@ -40,11 +40,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     accepted_digest: str = ""  # digest of the last report the database took in full on this socket
 
     async def connect(self) -> None:
-        cred = await database_sync_to_async(credentials.authenticate_agent)(bearer_token(self.scope))
+        # on this event loop (a Redis read), not the database thread: a handshake that queues there behind a
+        # storm of registrations outlives Daphne's connect timeout, and its retry lengthens the queue
+        cred = await credentials.authenticate_agent_async(bearer_token(self.scope))
         if cred is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.credential_id, self.node_name = cred.pk, cred.node_name
+        self.credential_id, self.node_name = cred
         client = self.scope.get("client") or ("", 0)
         self.address = str(client[0] or "")
         await self.accept()
@@ -73,12 +75,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(message, WireError):
             await self._error("bad_message", str(message))
             return
-        # every other message re-checks the token; a registered socket's heartbeat, telemetry or fault does it
-        # in the same trip to the database thread as the message itself (Daphne runs all of a process'
-        # database work on one thread, and each trip costs a connection), a heartbeat not at all when it
-        # renews in Redis: a revocation drops the node's Redis record, so the next heartbeat takes the
-        # database path and its check
-        in_hop = isinstance(message, (link.Heartbeat, link.TelemetryBatch, link.Fault)) and self.node_id is not None
+        # every other message re-checks the token; a registration, and a registered socket's heartbeat,
+        # telemetry or fault, do it in the same trip to the database thread as the message itself (Daphne
+        # runs all of a process' database work on one thread, and each trip costs a connection), a heartbeat
+        # not at all when it renews in Redis: a revocation drops the node's Redis record, so the next
+        # heartbeat takes the database path and its check
+        in_hop = isinstance(message, link.Register) or (
+            isinstance(message, (link.Heartbeat, link.TelemetryBatch, link.Fault)) and self.node_id is not None
+        )
         if not in_hop and not await database_sync_to_async(credentials.credential_is_valid)(self.credential_id):
             await self._revoked()
             return
@@ -157,9 +161,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return result.generation
 
     async def _register(self, message: link.Register) -> None:
-        node, superseded, state = await service(registration.register_agent_socket, waited=leases.note_link_wait)(
+        registered = await service(registration.register_agent_socket, waited=leases.note_link_wait)(
             credential_id=self.credential_id, message=message, channel=self.channel_name, address=self.address
         )
+        if registered is None:
+            await self._revoked()
+            return
+        node, superseded, state = registered
         # the registration is committed: a channel layer that fails now (Redis restarting) must not leave
         # this socket unregistered; the old socket is fenced by the new epoch, the group re-joined per beat
         try:

@@ -264,6 +264,12 @@ def _async_script() -> tuple[aioredis.Redis, Any]:
     return per_loop[url]
 
 
+def async_client() -> aioredis.Redis:
+    """This event loop's client of the lease Redis (db 2), for what a socket reads there without the
+    database thread (the agent token cache: `credentials.authenticate_agent_async`)."""
+    return _async_script()[0]
+
+
 async def renew_unchanged(node_id: int, *, epoch: int, channel: str, digest: str, now: float) -> int | None:
     """On the caller's event loop, no database: renew the lease until now + LEASE_S if Redis' record says
     this socket holds this epoch's lease and the database took this very report (see the module's

@@ -11,6 +11,7 @@ from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, AgentCredential, Node, Worker
 from controlplane.selectors.cluster import agent_desired_state
 from controlplane.services import leases
+from controlplane.services.credentials import credential_is_valid
 from controlplane.services.errors import Conflict, InvalidInput, PermissionDenied
 from controlplane.services.events import emit
 from controlplane.services.locks import locked
@@ -25,11 +26,15 @@ def register_node(*, credential_id: int, message: Register, address: str = "127.
 
 def register_agent_socket(
     *, credential_id: int, message: Register, channel: str, address: str
-) -> tuple[Node, str, DesiredState | None]:
+) -> tuple[Node, str, DesiredState | None] | None:
     """An agent socket's registration (`register_agent`) and the desired state it is answered with, read after
-    the commit in the same trip to the database thread: after a restart a thousand agents register at once,
-    and each trip queues behind all the others. A change committed between that read and the socket joining
-    its node's group reaches the agent at its next heartbeat (it reports a generation behind the node's)."""
+    the commit, in one trip to the database thread with the token's re-check: after a restart a thousand
+    agents register at once, and each trip queues behind all the others. None: the token was revoked (the
+    socket closes as for any revoked message). A change committed between the desired state's read and the
+    socket joining its node's group reaches the agent at its next heartbeat (it reports a generation behind
+    the node's)."""
+    if not credential_is_valid(credential_id):
+        return None
     node, superseded = register_agent(credential_id=credential_id, message=message, channel=channel, address=address)
     return node, superseded, agent_desired_state(node.pk, channel)
 
