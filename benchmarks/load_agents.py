@@ -15,7 +15,8 @@ go line ("desired_counts"). A {"stop": true} line on stdin ends the run.
 With "storm": true (bench_load.py --storm) every agent connects at a uniform moment within one second of the
 spec, with no cap on handshakes in flight, and keeps its link as the product's node agent does: a link that
 closes or fails is reconnected with the jittered exponential backoff of `agents.reconnect` (0.2 s doubling to
-RECONNECT_BACKOFF_MAX_S), and re-registers; a desired state with a newer epoch than its socket's (its lease
+RECONNECT_BACKOFF_MAX_S, at least as long as a failed attempt took; a handshake given up after
+HANDSHAKE_TIMEOUT_S), and re-registers; a desired state with a newer epoch than its socket's (its lease
 was lost) is adopted and heartbeated at. A {"storm": t} line makes every agent whose link is down connect again
 within one second of t (the bench restarted Daphne). The results carry timestamps (registrations, dropped
 links, lease-lost notices, refused heartbeats) and the heartbeats sent per second, which the bench counts
@@ -45,7 +46,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, WSMsgType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: agents.*
 from agents.node.session import RECONNECT_BACKOFF_MAX_S
-from agents.reconnect import LINK_ERRORS
+from agents.reconnect import HANDSHAKE_TIMEOUT_S, LINK_ERRORS, failed_delay
 
 TAIL_S = 10.0  # heartbeats go on this long after the measured window
 CONNECTS_AT_ONCE = 16  # registrations in flight per generator process
@@ -245,11 +246,13 @@ async def storm_agent(
     called = storm.called
     await asyncio.sleep(max(0.0, storm.at + random.random() - time.time()))
     while not storm.stopping.is_set():
+        started = time.monotonic()
         try:
             await storm_session(session, url, name, token, workers, period, cfg, out, storm)
             delay = 0.2
             out["dropped"].append(time.time())
         except LINK_ERRORS as exc:
+            delay = failed_delay(delay, time.monotonic() - started, RECONNECT_BACKOFF_MAX_S)
             out["failed"].append(time.time())
             if len(out["errors"]) < 10:
                 out["errors"].append(f"{name}: {exc!r}"[:160])
@@ -280,9 +283,9 @@ async def storm_session(
     storm: Storm,
 ) -> None:
     """One connection of a storm agent, until it closes (or the run stops)."""
-    async with session.ws_connect(
-        url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0, heartbeat=30
-    ) as ws:
+    async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):  # as the node agent's handshake
+        ws = await session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0, heartbeat=30)
+    async with ws:
         await ws.send_json(register_message(name, cfg))
         state = {"epoch": 0, "generation": 0}
         registered = asyncio.Event()

@@ -19,7 +19,7 @@ from aiohttp import ClientSession, ClientTimeout, WSMsgType, web
 from agents.node.config import AgentConfig
 from agents.node.reconciler import WEIGHTS_WATCH_S, DriverProcess, Managed, Reconciler, partials
 from agents.process import kill_leftovers, serve_app
-from agents.reconnect import reconnect_forever
+from agents.reconnect import HANDSHAKE_TIMEOUT_S, reconnect_forever
 from controlplane.core import agent_link as link
 from controlplane.core.state import Pool
 from controlplane.core.wire import ErrorReply, WireError, to_json
@@ -196,9 +196,11 @@ class NodeAgent(Reconciler):
         """One connection, until it closes; returns the close code."""
         assert self._http is not None
         headers = {"Authorization": f"Bearer {self.cfg.token}"}
-        async with self._http.ws_connect(
-            self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES
-        ) as ws:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):  # not the client's 600 s: a loaded server is retried later
+            ws = await self._http.ws_connect(
+                self.ws_url, headers=headers, heartbeat=30, max_msg_size=link.MAX_MESSAGE_BYTES
+            )
+        async with ws:
             await ws.send_json(link.AGENT_LINK.dump(self.register_message()))
             self.superseded = False
             self.connected.set()

@@ -7,8 +7,9 @@ import itertools
 import time
 
 import pytest
+from aiohttp import ServerDisconnectedError
 
-from agents.reconnect import GIVE_WAY_CLOSE_CODES, reconnect_forever
+from agents.reconnect import GIVE_WAY_CLOSE_CODES, HANDSHAKE_TIMEOUT_S, failed_delay, reconnect_forever
 from controlplane.core import agent_link as link
 
 
@@ -75,3 +76,34 @@ def test_stop_ends_the_wait_at_once():
         return time.monotonic() - t0
 
     assert asyncio.run(main()) < 2.0
+
+
+def test_a_slow_failed_handshake_waits_at_least_as_long_before_the_next():
+    """A fleet whose handshakes all failed after seconds (a loaded server) spreads its retries over that long."""
+    outcomes: list[object] = [OSError("timed out"), 1000, 1000]
+    starts: list[float] = []
+    stop = asyncio.Event()
+
+    async def connect_once() -> int | None:
+        starts.append(time.monotonic())
+        if len(starts) == 1:
+            await asyncio.sleep(0.3)  # the attempt took 0.3 s, then failed
+        if len(starts) == len(outcomes):
+            stop.set()
+        outcome = outcomes[len(starts) - 1]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome  # type: ignore[return-value]
+
+    asyncio.run(reconnect_forever(connect_once, stop=stop, initial_s=0.01, max_s=10.0, jitter=False))
+    assert starts[1] - starts[0] >= 0.3 + 0.3 - 0.01  # the attempt's 0.3 s, then a wait of as long
+    # a link that served past a handshake's longest, then failed, is no sign of load: the delay stands
+    assert failed_delay(0.2, HANDSHAKE_TIMEOUT_S + 1.0, 30.0) == 0.2
+    assert failed_delay(0.2, 5.0, 30.0) == 5.0 and failed_delay(0.2, 5.0, 2.0) == 2.0
+
+
+def test_a_server_that_goes_away_mid_handshake_is_a_link_that_is_down():
+    # a control plane restarting closes connections before it answers: aiohttp's ServerDisconnectedError is no
+    # OSError, and ending the loop on it would leave the node without a link until someone restarts its agent
+    waits = run_attempts([ServerDisconnectedError(), 1000], initial_s=0.01, jitter=False)
+    assert len(waits) == 1
