@@ -275,7 +275,13 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
         yield s
     finally:
         s.stop()
+        # a worker or driver whose agent died is told so (SIGHUP) and exits on its own, which on a loaded machine
+        # can take a few seconds: what is still there after that grace outlived the stack
         leftover = processes_under(tmp_path / "agents")
+        deadline = time.monotonic() + 10.0
+        while leftover and time.monotonic() < deadline:
+            time.sleep(0.2)
+            leftover = processes_under(tmp_path / "agents")
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
         channel_layers.backends.clear()
