@@ -73,6 +73,15 @@ def assert_invariants() -> None:
     assert len(active) == len(set(active)), "a GPU has two active workers"
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line, for a message."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return f"{pid}: (gone)"
+    return f"{pid}: {cmd.decode(errors='replace')[:300]}"
+
+
 def processes_under(path: Path) -> list[int]:
     """Live processes whose command line mentions `path` (this test's agents and their workers)."""
     out = []
@@ -282,7 +291,8 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
         while leftover and time.monotonic() < deadline:
             time.sleep(0.2)
             leftover = processes_under(tmp_path / "agents")
+        outlived = [_cmdline(pid) for pid in leftover]
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
         channel_layers.backends.clear()
-        assert not leftover, f"processes outlived the stack: {leftover}"
+        assert not leftover, f"processes outlived the stack: {outlived}"
