@@ -14,6 +14,7 @@ from functools import partial
 
 from tests.fault.conftest import assert_invariants, record_timing, wait_for
 from tests.fault.test_faults import registered
+from tests.support.cluster import swe_spec
 
 TIME_FACTOR = 0.1  # emulated H800 time x0.1: steps of a few seconds, so moves land mid-rollout
 # a batch that a second unit shortens (the arbiter gives a unit where the job's predictor says it helps: with a
@@ -43,20 +44,7 @@ def _submit(stack, name: str, **extra):
 
 
 def _spec(name: str) -> dict:
-    return {
-        "name": name,
-        "model": "qwen3-8b",
-        "hardware": "h800",
-        "engine": "emulated",
-        "environment": "swe-like",
-        "tp": 1,
-        "batch_size": BATCH,
-        "group_size": GROUP,
-        "rollout_gpus": 4,
-        "training_gpus": 1,
-        "max_staleness": 1,
-        "max_trajectory_tokens": 8192,
-    }
+    return swe_spec(name, batch_size=BATCH, group_size=GROUP, rollout_gpus=4)
 
 
 def _serving(job, *, dedicated: bool = True) -> int:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.fault.conftest import assert_invariants, wait_for
 from tests.fault.test_faults import registered
+from tests.support.cluster import make_job, swe_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.replan_every(2)]
 
@@ -29,25 +30,7 @@ TIME_FACTOR = 0.05  # emulated H800 time x0.05: a SWE-like step takes seconds of
 
 
 def _job(name: str):
-    from controlplane.services.jobs import create_job
-
-    return create_job(
-        spec={
-            "name": name,
-            "model": "qwen3-8b",
-            "hardware": "h800",
-            "engine": "emulated",
-            "environment": "swe-like",
-            "tp": 1,
-            "batch_size": BATCH,
-            "group_size": GROUP,
-            "rollout_gpus": 2,
-            "training_gpus": 1,
-            "max_staleness": 1,
-            "max_trajectory_tokens": 8192,
-        },
-        actor="test",
-    )
+    return make_job(**swe_spec(name, batch_size=BATCH, group_size=GROUP, rollout_gpus=2))
 
 
 def _ckpt(stack, node: str, job: str) -> Path | None:

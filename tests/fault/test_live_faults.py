@@ -12,6 +12,7 @@ import pytest
 
 from tests.fault.conftest import assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
 from tests.fault.test_faults import call, registered
+from tests.support.cluster import make_job, swe_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.replan_every(2)]
 
@@ -20,25 +21,7 @@ TIME_FACTOR = "0.05"  # emulated H800 time ×0.05: a SWE-like step takes seconds
 
 
 def _live_job(name: str, rollout_gpus: int):
-    from controlplane.services.jobs import create_job
-
-    return create_job(
-        spec={
-            "name": name,
-            "model": "qwen3-8b",
-            "hardware": "h800",
-            "engine": "emulated",
-            "environment": "swe-like",
-            "tp": 1,
-            "batch_size": BATCH,
-            "group_size": 4,
-            "rollout_gpus": rollout_gpus,
-            "training_gpus": 1,
-            "max_staleness": 1,
-            "max_trajectory_tokens": 8192,
-        },
-        actor="test",
-    )
+    return make_job(**swe_spec(name, batch_size=BATCH, rollout_gpus=rollout_gpus))
 
 
 def _records(job, kind: str) -> list[dict]:

@@ -28,6 +28,7 @@ import pytest
 
 from tests.multihost.conftest import HEAD_IP, LEASE_S, RAY_PORT, Cluster, wait_for
 from tests.multihost.test_ray_cluster import _ts, record
+from tests.support.cluster import swe_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a hang guard: the first test builds the job
 
@@ -104,20 +105,7 @@ def job(cluster: Cluster) -> int:
     start_bridge(cluster)
     for host in ("t1", "r1", "r2"):
         wait_for(functools.partial(_ready, cluster, host), 240, f"the agent on {host}")
-    spec = {
-        "name": "across",
-        "model": "qwen3-8b",
-        "hardware": "h800",
-        "engine": "emulated",
-        "environment": "swe-like",
-        "tp": 1,
-        "batch_size": BATCH,
-        "group_size": 4,
-        "rollout_gpus": 4,
-        "training_gpus": 1,
-        "max_staleness": 1,
-        "max_trajectory_tokens": 8192,
-    }
+    spec = swe_spec("across", batch_size=BATCH, rollout_gpus=4)
     out = cluster.manage(
         "shell",
         "-c",

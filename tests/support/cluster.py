@@ -31,6 +31,23 @@ def make_node(
     return register_node(credential_id=cred.pk, message=msg)
 
 
+def swe_spec(name: str, **overrides: Any) -> dict[str, Any]:
+    """The live fault and sharing tests' job: a Qwen3-8B-profile SWE-like job on emulated H800 engines (one
+    training GPU, TP 1, groups of 4, staleness 1), its fields as `pearl submit` takes them; `overrides` win."""
+    return {
+        "name": name,
+        "model": "qwen3-8b",
+        "hardware": "h800",
+        "engine": "emulated",
+        "environment": "swe-like",
+        "tp": 1,
+        "group_size": 4,
+        "training_gpus": 1,
+        "max_staleness": 1,
+        "max_trajectory_tokens": 8192,
+    } | overrides
+
+
 def make_job(name: str = "job1", **spec: Any) -> Job:
     """Create a job through the service (one rollout GPU, no training GPU unless `spec` says otherwise)."""
     from controlplane.services.jobs import create_job
