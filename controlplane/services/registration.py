@@ -33,9 +33,14 @@ def register_agent_socket(
     socket closes as for any revoked message). A change committed between the desired state's read and the
     socket joining its node's group reaches the agent at its next heartbeat (it reports a generation behind
     the node's)."""
-    if not credential_is_valid(credential_id):
-        return None
-    node, superseded = register_agent(credential_id=credential_id, message=message, channel=channel, address=address)
+    try:
+        node, superseded = register_agent(
+            credential_id=credential_id, message=message, channel=channel, address=address
+        )
+    except PermissionDenied:
+        if not credential_is_valid(credential_id):  # checked only here: a registration reads the token anyway
+            return None
+        raise
     return node, superseded, agent_desired_state(node.pk, channel)
 
 
