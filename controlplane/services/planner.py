@@ -160,6 +160,10 @@ def job_inventory(job: Job) -> Inventory:
         if role == Role.TRAINING:
             taken.add(slot)
             continue
+        # a dedicated rollout worker is parked only by fencing (its node's lease lapsed: `expiry`); once its node is
+        # back it still counts as the job's, in its role, so the plan is empty, and only a transition's finalize
+        # activates it again: it is one still to be admitted (busy), or the job would stall on workers that never serve
+        fenced = zone == Zone.ROLLOUT and activity == Activity.INACTIVE
         units.append(
             Unit(
                 ("w", slot),
@@ -167,7 +171,7 @@ def job_inventory(job: Job) -> Inventory:
                 slot,
                 Role(role) if (zone == Zone.ROLLOUT or activity != Activity.INACTIVE) else None,
                 leaving=status != NodeStatus.READY,
-                busy=activity == Activity.TRANSITIONING,
+                busy=activity == Activity.TRANSITIONING or fenced,
                 inflight=inflight,
                 hardware=_chip(hardware) if typed else "",
             )
@@ -290,9 +294,11 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             # workers up, while one that has nothing because no capacity is left (its node's lease lapsed) keeps
             # its fenced workers parked for the node's resync
             return None
+        activation_pending = any(u.busy and u.in_service for u in inv.units if not u.overlap)
         last = Decision.objects.filter(job=job).first()
         if (
             signal == Signal.PERIODIC
+            and not activation_pending  # its workers wait for a finalize: the periodic re-plan is what heals that
             and last is not None
             and last.budget == p.budget
             and last.borrow == p.borrow
@@ -313,7 +319,6 @@ def _plan_job(*, job_id: int, signal: str, actor: str, now_s: float | None) -> T
             job.status = Job.Status.RUNNING
         job.save(update_fields=["mode", "n_prefill", "n_decode", "n_colocated", "status", "policy_state", "updated"])
         push_delta_on_commit(kind="job", key=str(job.pk), data=job_delta(job))
-        activation_pending = any(u.busy and u.in_service for u in inv.units if not u.overlap)
         if p.plan.empty and not activation_pending:
             return None
         transition = _record_transition(job, decision, p, actor)
