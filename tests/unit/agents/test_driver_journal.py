@@ -18,9 +18,9 @@ from agents.driver import journal as jr
 from agents.driver.journal import JournaledTrajectory, JournaledTurn, TurnJournal
 from agents.driver.trajectories import episode_record, summarize
 from agents.envs import make_env
-from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.state import Role
+from tests.support.driver import job_view
 from tests.unit.core.loop_world import ToyWorld, run_heap
 
 
@@ -123,17 +123,7 @@ def test_an_agent_environment_has_no_snapshot() -> None:
     assert AgentEnvironment.snapshot(object.__new__(AgentEnvironment)) is None
 
 
-JOB = dl.JobView(
-    name="j",
-    environment="calculator",
-    model="tiny",
-    engine="emulated",
-    batch_size=4,
-    group_size=2,
-    max_staleness=1,
-    max_trajectory_tokens=4096,
-    return_deadline_s=30.0,
-)
+JOB = job_view()
 
 
 class Sink:

@@ -13,18 +13,9 @@ from controlplane.core import loop as lp
 from controlplane.core import telemetry as tm
 from controlplane.core.context import Signal
 from controlplane.core.state import Role
+from tests.support.driver import job_view
 
-JOB = dl.JobView(
-    name="j",
-    environment="calculator",
-    model="tiny",
-    engine="emulated",
-    batch_size=64,
-    group_size=16,
-    max_staleness=1,
-    max_trajectory_tokens=4096,
-    return_deadline_s=30.0,
-)
+JOB = job_view(batch_size=64, group_size=16)
 
 
 def _loop_in_flight() -> lp.RolloutLoop:

@@ -14,18 +14,9 @@ from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.context import Signal
 from controlplane.core.wire import ErrorReply
+from tests.support.driver import job_view
 
-JOB = dl.JobView(
-    name="j",
-    environment="calculator",
-    model="tiny",
-    engine="emulated",
-    batch_size=4,
-    group_size=2,
-    max_staleness=1,
-    max_trajectory_tokens=4096,
-    return_deadline_s=30.0,
-)
+JOB = job_view()
 
 
 class Socket:
