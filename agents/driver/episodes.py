@@ -103,6 +103,10 @@ class EpisodeRunner:
         """After the loop took `ep`'s end: the driver's own record of it (where the driver keeps them)."""
         raise NotImplementedError
 
+    async def _keep_record(self, ep: Episode) -> None:
+        """Before `ep`'s samples go to the trainer: keep its record durably until it is reported (where the
+        driver keeps records on its own disk); nothing by default."""
+
     # ------------------------------------------------------------------ environments
     def _task_id(self, step: int, group: int) -> int:
         return zlib.crc32(f"{self.job.seed}-{step}-{group}".encode())
@@ -216,6 +220,7 @@ class EpisodeRunner:
         ep.new_tokens = len(turn.observation)
         if turn.done:
             ep.reward, ep.info = turn.reward, dict(turn.info)
+            await self._keep_record(ep)  # its record outlives a crash before it is reported
             # the samples reach the trainer before the loop counts the trajectory as finished: whatever
             # restarts afterwards, a finished trajectory's samples are kept for its step's update
             await self._submit_samples(dp.SubmitSamples(self._samples(ep), train=False, step=ep.step))

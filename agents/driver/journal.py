@@ -239,3 +239,59 @@ def read(path: Path) -> JournaledTrajectory | None:
         except (ValueError, KeyError, TypeError):
             break  # a bad line: what follows it cannot be trusted to be the next turn
     return j
+
+
+class RecordJournal:
+    """A built-in environment's finished trajectories whose records the control plane has not taken yet
+    (`<dir>/<trajectory>.json`: {"step", "record"}), written whole (temporary file, fsync, rename) before the
+    trajectory's samples go to the trainer and removed once its record was sent. A driver killed between the two
+    leaves the file: its successor reports the record of each trajectory the trainer holds (the steps' audit
+    lists it) and drops the others (their trajectories run again, with records of their own)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, tid: str) -> Path:
+        if not _NAME.match(tid):
+            raise ValueError(f"trajectory id {tid[:40]!r} is not a file name")
+        return self.dir / f"{tid}.json"
+
+    def keep(self, tid: str, step: int, record: dict[str, Any]) -> bool:
+        """Write `tid`'s record durably; False (nothing kept) past the size bound or for a bad id."""
+        try:
+            path = self._path(tid)
+        except ValueError:
+            return False
+        data = json.dumps({"step": step, "record": record}, separators=(",", ":"), allow_nan=False).encode()
+        if len(data) > MAX_FILE_BYTES:
+            return False
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return True
+
+    def drop(self, tid: str) -> None:
+        try:
+            self._path(tid).unlink()
+        except (FileNotFoundError, ValueError):
+            return
+
+    def load(self) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Every record kept here by a driver before this one (unreadable files and temporaries removed)."""
+        out: dict[str, tuple[int, dict[str, Any]]] = {}
+        for tmp in self.dir.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                d = json.loads(path.read_bytes())
+                out[path.stem] = (int(d["step"]), dict(d["record"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("kept record %s unreadable: removed", path.name)
+                path.unlink(missing_ok=True)
+        return out

@@ -21,7 +21,7 @@ from agents import dataplane as dp
 from agents.crash import crash_point
 from agents.driver.clock import AsyncLoopRunner
 from agents.driver.episodes import Episode, EpisodeRunner
-from agents.driver.journal import JournaledTrajectory, TurnJournal
+from agents.driver.journal import JournaledTrajectory, RecordJournal, TurnJournal
 from agents.worker_client import UNREACHABLE, TrainerClient, WorkerCallError, WorkerClient
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
@@ -103,6 +103,9 @@ class RolloutDriver(EpisodeRunner):
         # state directory; a restarted driver continues what its predecessor journaled (records `resumed`)
         agent_job = job.environment == "agent"
         self.journal = TurnJournal(state_dir / "journal") if state_dir is not None and not agent_job else None
+        # and the records of its finished trajectories not reported yet (`RecordJournal`), so that the audit
+        # lists a trajectory that became durable at the trainer just before a crash
+        self.kept = RecordJournal(state_dir / "records") if state_dir is not None and not agent_job else None
         self.journaled: dict[str, JournaledTrajectory] = {}
         self.resumed: set[str] = set()
         self.ended: dict[str, tuple[int, dict[str, Any]]] = {}  # a built-in job's ended trajectories' records
@@ -160,6 +163,7 @@ class RolloutDriver(EpisodeRunner):
             log.error("resumed without recovery (the trainer did not list its samples): %s", exc)
             return
         self.recovered = {b.trajectory: b for b in held.trajectories if b.step >= self.loop.trained_next}
+        self._report_kept(set(self.recovered))
         for tid in set(self.journaled) & set(self.recovered):  # finished after all: the trainer's copy wins
             self.journaled.pop(tid)
             self._journal_remove(tid)
@@ -167,6 +171,20 @@ class RolloutDriver(EpisodeRunner):
         for tid in live:
             self._recover_one(tid)
         log.info("resumed: %d finished trajectories recovered (%d held)", len(live), len(held.trajectories))
+
+    def _report_kept(self, held: set[str]) -> None:
+        """The records the old driver kept but had not reported: those of trajectories the trainer holds are
+        reported now (they finished before the crash; the audit lists them), the others are dropped (their
+        samples never reached the trainer: they run again and report their own)."""
+        if self.kept is None:
+            return
+        kept = self.kept.load()
+        for tid, (step, record) in kept.items():
+            if tid in held:
+                self.ended[tid] = (step, record)
+            else:
+                self.kept.drop(tid)
+        log.info("resumed: %d kept records reported again", sum(1 for t in kept if t in held))
 
     def _load_journal(self) -> None:
         """What the old driver journaled of the steps not trained yet (the rest is removed)."""
@@ -480,9 +498,16 @@ class RolloutDriver(EpisodeRunner):
         t = self.loop.trajs.get(ep.tid)
         if self.job.environment == "agent" or t is None or t.state is not lp.TrajState.DONE:
             return
+        self.ended[ep.tid] = (ep.step, self._record(ep))
+
+    def _record(self, ep: Episode) -> dict[str, Any]:
         from agents.driver.trajectories import episode_record
 
-        self.ended[ep.tid] = (ep.step, episode_record(ep.samples, ep.reward, tokens=not self._synthetic_tokens()))
+        return episode_record(ep.samples, ep.reward, tokens=not self._synthetic_tokens())
+
+    async def _keep_record(self, ep: Episode) -> None:
+        if self.kept is not None:
+            await asyncio.to_thread(self.kept.keep, ep.tid, ep.step, self._record(ep))
 
     def _keeps_records(self) -> bool:
         return self.job.environment != "agent" or bool(self.job.agent)
@@ -517,6 +542,9 @@ class RolloutDriver(EpisodeRunner):
                 sent += len(msg.trajectories)
                 done = {(msg.step, t.name) for t in msg.trajectories}
                 self._unreported = [(s, t) for s, t in self._unreported if (s, t.name) not in done]
+                if self.kept is not None:
+                    for _, name in done:
+                        self.kept.drop(name)
             if not sent:
                 break
         while self._trained_reports and not self._unreported:  # after the records they mark

@@ -177,3 +177,49 @@ def test_a_restarted_driver_continues_a_journaled_trajectory_from_its_last_turn(
         assert record.resumed and record.sample_lens == [len(prompt) + 1] and record.mask[-1] == 1
 
     asyncio.run(body())
+
+
+def test_kept_records_reload_and_a_bad_file_is_removed(tmp_path: Path) -> None:
+    kept = jr.RecordJournal(tmp_path)
+    assert kept.keep("s0-t0", 0, {"reward": 1.0, "turns": 2})
+    assert not kept.keep("../x", 0, {})  # not a file name: nothing kept
+    (tmp_path / "s0-t1.json").write_text("{not json")
+    (tmp_path / "s0-t2.tmp").write_text("half")
+    assert jr.RecordJournal(tmp_path).load() == {"s0-t0": (0, {"reward": 1.0, "turns": 2})}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0-t0.json"]
+
+
+def test_a_restarted_driver_reports_the_records_its_predecessor_kept_of_what_the_trainer_holds(
+    tmp_path: Path,
+) -> None:
+    """The old driver died after s0-t0's samples were durable at the trainer but before its record went out, and
+    after keeping s0-t2's record but before the trainer took its samples. The new driver reports s0-t0's kept
+    record (the audit lists it) and drops s0-t2's (it runs again and reports its own)."""
+    world = ToyWorld({0: Role.COLOCATED}, turns=2)
+    early, _ = run_heap(world, lp.LoopConfig(batch_size=4, group_size=2), [], until=0.1)
+    checkpoint = json.loads(json.dumps(early.checkpoint())) | {"clock_epoch": 0.0}
+    state = tmp_path / "driver"
+    old = jr.RecordJournal(state / "records")
+    old.keep("s0-t0", 0, episode_record([], 1.0, tokens=False) | {"turns": 2})
+    old.keep("s0-t2", 0, episode_record([], 0.0, tokens=False))
+
+    async def body() -> None:
+        async def held(verb: str, fn: Any) -> dp.BufferedSamples:
+            return dp.BufferedSamples([dp.BufferedTrajectory(0, "s0-t0", 1.0, 0, turns=2)], 0)
+
+        sink = Sink()
+        driver = RolloutDriver(JOB, link=sink, token="t", checkpoint=checkpoint, state_dir=state)
+        driver._trainer_call = held  # type: ignore[method-assign,assignment]
+        driver._start_episode = lambda ref, step: None  # type: ignore[method-assign]
+        run = asyncio.create_task(driver.run())
+        await asyncio.sleep(0.2)
+        driver.stop()
+        await run
+        await driver._report_trajectories()
+        names = [t.name for m in sink.sent for t in getattr(m, "trajectories", []) or []]
+        assert names.count("s0-t0") == 1 and "s0-t2" not in names
+        reported = next(t for m in sink.sent for t in getattr(m, "trajectories", []) or [] if t.name == "s0-t0")
+        assert reported.reward == 1.0 and reported.turns == 2 and not reported.rerun
+        assert list((state / "records").iterdir()) == []  # reported: dropped; not held: dropped
+
+    asyncio.run(body())
