@@ -79,6 +79,9 @@ def die_with_parent() -> None:
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     if not parent:
         return
+    # an ignored SIGHUP is inherited through exec (an agent started under `nohup`): the death signal would do
+    # nothing and a rollout driver, which installs no handler of its own, would outlive its agent
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
     if os.getppid() != parent:
