@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.weights import atomic_write
+
 log = logging.getLogger("pearl.driver")
 MAX_FILE_BYTES = 16 << 20  # one trajectory's journal at most (a 32k-token trajectory journals well under it)
 VERSION = 1
@@ -136,14 +138,7 @@ class TurnJournal:
         if len(data) > MAX_FILE_BYTES:
             self.remove(j.trajectory)
             return False
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        atomic_write(path, data)
         self._sync_dir()
         self.sizes[j.trajectory] = len(data)
         return True
@@ -266,14 +261,7 @@ class RecordJournal:
         data = json.dumps({"step": step, "record": record}, separators=(",", ":"), allow_nan=False).encode()
         if len(data) > MAX_FILE_BYTES:
             return False
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        atomic_write(path, data)
         return True
 
     def drop(self, tid: str) -> None:
