@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from agents import dataplane as dp
 from agents.driver import RolloutDriver
 from agents.driver import journal as jr
 from agents.driver.journal import JournaledTrajectory, JournaledTurn, TurnJournal
@@ -20,7 +19,7 @@ from agents.driver.trajectories import episode_record, summarize
 from agents.envs import make_env
 from controlplane.core import loop as lp
 from controlplane.core.state import Role
-from tests.support.driver import job_view
+from tests.support.driver import Sink, holding, job_view
 from tests.unit.core.loop_world import ToyWorld, run_heap
 
 
@@ -126,14 +125,6 @@ def test_an_agent_environment_has_no_snapshot() -> None:
 JOB = job_view()
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    async def send(self, msg: Any) -> None:
-        self.sent.append(msg)
-
-
 def test_a_restarted_driver_continues_a_journaled_trajectory_from_its_last_turn(tmp_path: Path) -> None:
     """The old driver died with step 0 live: s0-t0 had finished (the trainer holds it), s0-t1 had one finished
     turn journaled (a tool call), s0-t2 and s0-t3 none. The new driver recovers s0-t0, resumes s0-t1 from its
@@ -153,11 +144,8 @@ def test_a_restarted_driver_continues_a_journaled_trajectory_from_its_last_turn(
         old.append("s0-t1", JournaledTurn([ord("c")], [-1.25], 0, [0], list(tool.observation), 1, env.snapshot() or {}))
         old.begin(JournaledTrajectory("s0-t2", 0, prompt, 1, 0))  # no finished turn: nothing to continue
 
-        async def held(verb: str, fn: Any) -> dp.BufferedSamples:
-            return dp.BufferedSamples([dp.BufferedTrajectory(0, "s0-t0", 1.0, 0)], 0)
-
         driver = RolloutDriver(JOB, link=Sink(), token="t", checkpoint=checkpoint, state_dir=state)
-        driver._trainer_call = held  # type: ignore[method-assign,assignment]
+        driver._trainer_call = holding({"s0-t0": 1.0})  # type: ignore[method-assign]
         started: list[str] = []
         driver._start_episode = lambda ref, step: started.append(ref.trajectory)  # type: ignore[method-assign]
         run = asyncio.create_task(driver.run())
@@ -204,12 +192,9 @@ def test_a_restarted_driver_reports_the_records_its_predecessor_kept_of_what_the
     old.keep("s0-t2", 0, episode_record([], 0.0, tokens=False))
 
     async def body() -> None:
-        async def held(verb: str, fn: Any) -> dp.BufferedSamples:
-            return dp.BufferedSamples([dp.BufferedTrajectory(0, "s0-t0", 1.0, 0, turns=2)], 0)
-
         sink = Sink()
         driver = RolloutDriver(JOB, link=sink, token="t", checkpoint=checkpoint, state_dir=state)
-        driver._trainer_call = held  # type: ignore[method-assign,assignment]
+        driver._trainer_call = holding({"s0-t0": 1.0})  # type: ignore[method-assign]
         driver._start_episode = lambda ref, step: None  # type: ignore[method-assign]
         run = asyncio.create_task(driver.run())
         await asyncio.sleep(0.2)

@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 
-from agents import dataplane as dp
 from agents.driver import RolloutDriver
 from agents.driver.link import ControlLink
 from controlplane.core import driver_link as dl
 from controlplane.core import loop as lp
 from controlplane.core.state import Role
 from controlplane.core.wire import ErrorReply
-from tests.support.driver import job_view
+from tests.support.driver import Sink, holding, job_view
 from tests.unit.core.loop_world import ToyWorld, run_heap
 
 JOB = job_view()
@@ -72,7 +71,7 @@ def test_a_driver_restored_mid_update_gets_its_update_whatever_the_control_plane
         driver = RolloutDriver(JOB, link=link, token="t", checkpoint=checkpoint | {"clock_epoch": 0.0})
         driver.cluster = view
         driver._train = _no_trainer  # type: ignore[method-assign]  # the update itself is not this test's
-        driver._trainer_call = _holding({})  # type: ignore[method-assign]
+        driver._trainer_call = holding({})  # type: ignore[method-assign]
         link.driver, link.ws = driver, cp
         link._receive(dl.DRIVER_LINK.dump(dl.Welcome(job=JOB, cluster=view, dataplane_token="t")))
         run = asyncio.create_task(driver.run())
@@ -94,17 +93,6 @@ async def _no_trainer(cmd: lp.Train) -> None:
     return None
 
 
-def _holding(finished: dict[str, float]) -> Any:
-    """The trainer's answer to `GET /samples`: it holds these finished trajectories (name -> reward)."""
-
-    async def call(verb: str, fn: Any) -> dp.BufferedSamples:
-        assert verb == "samples"
-        held = [dp.BufferedTrajectory(int(t.split("-")[0][1:]), t, r, 0) for t, r in finished.items()]
-        return dp.BufferedSamples(held, 0)
-
-    return call
-
-
 def test_a_restarted_driver_recovers_what_the_trainer_holds_and_reruns_only_the_rest() -> None:
     """The driver died with its checkpoint showing none of step 0 finished; the trainer holds two of its
     trajectories (acknowledged before the old driver counted them, after its last checkpoint)."""
@@ -115,7 +103,7 @@ def test_a_restarted_driver_recovers_what_the_trainer_holds_and_reruns_only_the_
 
     async def body() -> None:
         driver = RolloutDriver(JOB, link=Sink(), token="t", checkpoint=checkpoint)
-        driver._trainer_call = _holding({"s0-t0": 1.0, "s0-t3": 0.5})  # type: ignore[method-assign]
+        driver._trainer_call = holding({"s0-t0": 1.0, "s0-t3": 0.5})  # type: ignore[method-assign]
         started: list[str] = []
         driver._start_episode = lambda ref, step: started.append(ref.trajectory)  # type: ignore[method-assign]
         run = asyncio.create_task(driver.run())
@@ -129,13 +117,3 @@ def test_a_restarted_driver_recovers_what_the_trainer_holds_and_reruns_only_the_
         assert not driver.recovered
 
     asyncio.run(body())
-
-
-class Sink:
-    """A link that takes every report."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    async def send(self, msg: Any) -> None:
-        self.sent.append(msg)
