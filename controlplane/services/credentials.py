@@ -108,7 +108,7 @@ def _cache(entries: dict[str, tuple[int, str]], *, loaded: bool = False) -> None
             pipe.set(TOKENS_LOADED, "1")
         pipe.execute()
     except redis.RedisError as exc:  # the next handshake reads the database again
-        log.warning("agent token cache not written: %s", exc)
+        log.info("agent token cache not written (handshakes read the database): %s", exc)
 
 
 def _forget(hashes: list[str]) -> None:
