@@ -12,8 +12,10 @@ import time
 import urllib.request
 from functools import partial
 
+import pytest
+
 from tests.fault.conftest import assert_invariants, record_timing, wait_for
-from tests.fault.test_faults import registered
+from tests.fault.test_faults import LONG_LEASE_S, registered
 from tests.support.cluster import swe_spec
 
 TIME_FACTOR = 0.1  # emulated H800 time x0.1: steps of a few seconds, so moves land mid-rollout
@@ -81,6 +83,7 @@ def _records(job, kind: str) -> list[dict]:
     return [TelemetryRecord.from_json(r).as_dict() for r in rows]
 
 
+@pytest.mark.lease(LONG_LEASE_S)  # a 3 s lease lapsed at start under load 14 once, before any arbiter decision
 def test_jobs_share_the_live_cluster_by_the_arbiter(stack):
     from controlplane.models import Event, Job
 
