@@ -8,6 +8,7 @@ detection and recovery times (benchmarks/bench_faults.py runs the suite and repo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -108,6 +109,9 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     postgres: PrivatePostgres | None = None  # the stack's own database server (`private_postgres` marker)
+    # every process group the stack started, a restarted process's old one too: a SIGKILLed Celery worker's
+    # embedded beat (its child) lives on in the killed worker's group, and `stop` kills what is left there
+    groups: list[int] = field(default_factory=list)
 
     def start_redis(self) -> None:
         argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1"]
@@ -119,6 +123,7 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self.groups.append(self.procs["redis"].pid)
         wait_port(self.redis_port, proc=self.procs["redis"])
 
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
@@ -132,6 +137,7 @@ class Stack:
                 start_new_session=True,
             )
         self.procs[name] = proc
+        self.groups.append(proc.pid)
         return proc
 
     def agent(
@@ -198,6 +204,9 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+        for pgid in self.groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -286,11 +295,11 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
         s.stop()
         # a worker or driver whose agent died is told so (SIGHUP) and exits on its own, which on a loaded machine
         # can take a few seconds: what is still there after that grace outlived the stack
-        leftover = processes_under(tmp_path / "agents")
+        leftover = processes_under(tmp_path)  # the agents' workers and drivers, the Celery worker's beat
         deadline = time.monotonic() + 10.0
         while leftover and time.monotonic() < deadline:
             time.sleep(0.2)
-            leftover = processes_under(tmp_path / "agents")
+            leftover = processes_under(tmp_path)
         outlived = [_cmdline(pid) for pid in leftover]
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
