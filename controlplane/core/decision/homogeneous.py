@@ -17,10 +17,11 @@ import numpy as np
 from controlplane.core.context import Overrides
 from controlplane.core.decision.candidates import Candidate, CandidateTable, Decision, Thresholds, expected_gain
 from controlplane.core.decision.rules import (
+    Comparison,
     Rule,
     Verdict,
-    always,
     current_makespan,
+    hysteresis_rules,
     incumbent_makespan,
     verdict,
 )
@@ -127,7 +128,7 @@ def _vs_other_mode(table: CandidateTable, best: Candidate) -> str:
     return f" vs {other.makespan_s:.1f} s for the best {other.mode} ({other.label})"
 
 
-class Situation:
+class Situation(Comparison):
     """What `decide`'s rules read: the inputs, the candidate table and the figures derived from them, each
     computed when a rule first reads it. The properties that assert a value exists are read only by the
     rules after the one that holds when it does not."""
@@ -199,11 +200,6 @@ class Situation:
         decision is compared with the best of either mode)."""
         return _best(self.table, None if self.ratio_forced else self.forced_mode)
 
-    @property
-    def top(self) -> Candidate:
-        assert self.best is not None
-        return self.best
-
     @cached_property
     def least(self) -> Candidate:
         """When nothing is feasible: the least bad candidate (of the forced mode, if any)."""
@@ -231,26 +227,10 @@ class Situation:
         c = self.candidate(self.ratio[0])
         return "" if c is not None and c.feasible else f" (predicted infeasible: {c.why_infeasible if c else 'n/a'})"
 
-    @property
-    def now(self) -> Configuration:
-        """The current configuration (read once the rules know there is one)."""
-        assert self.current is not None
-        return self.current
-
     @cached_property
     def found(self) -> Candidate | None:
         """The current configuration's candidate at this budget."""
         return self.table.find(self.current) if self.current is not None else None
-
-    @property
-    def cur(self) -> Candidate:
-        assert self.found is not None
-        return self.found
-
-    @property
-    def current_s(self) -> float | None:
-        """The current configuration's makespan at this budget, if it is a candidate."""
-        return self.found.makespan_s if self.found else None
 
     @property
     def incumbent_s(self) -> float:
@@ -275,36 +255,24 @@ class Situation:
     def budget_gain(self) -> float:
         return (self.kept.makespan_s - self.top.makespan_s) / self.kept.makespan_s
 
-    @cached_property
-    def gain(self) -> float:
-        return (self.cur.makespan_s - self.top.makespan_s) / self.cur.makespan_s
-
     @property
     def mode_switch(self) -> bool:
         """The best candidate is of the other mode."""
         return self.top.mode is not self.now.mode
 
     @property
-    def threshold(self) -> float:
-        return self.th.mode_switch if self.mode_switch else self.th.ratio_change
+    def kind_kept(self) -> bool:
+        """The best candidate is of the current mode (a switch to it is a ratio change)."""
+        return not self.mode_switch
 
     @property
-    def kind(self) -> str:
+    def what(self) -> str:
         return "mode switch" if self.mode_switch else "ratio change"
 
     @cached_property
-    def same_mode(self) -> Candidate | None:
+    def same_kind(self) -> Candidate | None:
         """The best candidate of the current mode."""
         return _best(self.table, self.now.mode)
-
-    @property
-    def same(self) -> Candidate:
-        assert self.same_mode is not None
-        return self.same_mode
-
-    @cached_property
-    def same_mode_gain(self) -> float:
-        return (self.cur.makespan_s - self.same.makespan_s) / self.cur.makespan_s
 
 
 # The rules in order: each may take for granted that none before it held. What each takes: the best
@@ -457,61 +425,7 @@ RULES: tuple[Rule[Situation, Configuration], ...] = (
             f"{s.top.label} {s.top.makespan_s:.1f} s)."
         ),
     ),
-    Rule(
-        "still the best",
-        lambda s: s.top.configuration == s.now,
-        takes=_current,
-        current_s=current_makespan,
-        admitted=True,
-        forced=False,
-        overridden=False,
-        reason=lambda s: f"{s.cur.label} is still the best ({s.cur.makespan_s:.1f} s); no change.",
-    ),
-    Rule(
-        "switch admitted",
-        lambda s: s.gain > s.threshold,
-        takes=_best_one,
-        current_s=current_makespan,
-        admitted=True,
-        forced=False,
-        overridden=False,
-        reason=lambda s: (
-            f"{s.kind.capitalize()} {s.cur.label}→{s.top.label}: predicted {s.top.makespan_s:.1f} s "
-            f"vs {s.cur.makespan_s:.1f} s ({s.gain:.1%} > {s.threshold:.1%})."
-        ),
-    ),
-    Rule(
-        "ratio change within the mode",  # the mode switch is not worth it; a better ratio within the mode may be
-        lambda s: (
-            s.mode_switch
-            and s.same_mode is not None
-            and s.same_mode.configuration != s.now
-            and s.same_mode_gain > s.th.ratio_change
-        ),
-        takes=lambda s: s.same.configuration,
-        current_s=current_makespan,
-        admitted=False,
-        forced=False,
-        overridden=False,
-        reason=lambda s: (
-            f"Ratio change {s.cur.label}→{s.same.label} ({s.same_mode_gain:.1%} > "
-            f"{s.th.ratio_change:.1%}); the mode switch to {s.top.label} gains only {s.gain:.1%} "
-            f"(< {s.th.mode_switch:.1%})."
-        ),
-    ),
-    Rule(
-        "kept by hysteresis",
-        always,
-        takes=_current,
-        current_s=current_makespan,
-        admitted=False,
-        forced=False,
-        overridden=False,
-        reason=lambda s: (
-            f"Keeping {s.cur.label}: {s.top.label} would gain only {s.gain:.1%} "
-            f"(< {s.threshold:.1%} {s.kind} threshold)."
-        ),
-    ),
+    *hysteresis_rules("mode", best=_best_one, current=_current, same=lambda s: s.same.configuration),
 )
 
 

@@ -24,10 +24,11 @@ from controlplane.core.decision.candidates import (
 )
 from controlplane.core.decision.homogeneous import evaluate
 from controlplane.core.decision.rules import (
+    Comparison,
     Rule,
     Verdict,
-    always,
     current_makespan,
+    hysteresis_rules,
     incumbent_makespan,
     verdict,
 )
@@ -178,7 +179,7 @@ def best_homogeneous(cands: list[Candidate]) -> Candidate | None:
     return best_feasible(cands, single_type)
 
 
-class MixedSituation:
+class MixedSituation(Comparison):
     """What `decide_mixed`'s rules read: the candidates, the current configuration and the figures derived
     from them, each computed when a rule first reads it (the asserting properties only by the rules after
     the one that holds when the value is missing)."""
@@ -187,7 +188,11 @@ class MixedSituation:
         self, workload: WorkloadProfile, cands: list[Candidate], current: Configuration | None, th: Thresholds
     ) -> None:
         self.workload, self.cands, self.current, self.th = workload, cands, current, th
-        self.best = best_feasible(cands)
+
+    @cached_property
+    def best(self) -> Candidate | None:
+        """The best feasible candidate."""
+        return best_feasible(self.cands)
 
     def decision(self, v: Verdict[Candidate]) -> MixedDecision:
         """The decision a rule's verdict makes: run its candidate (a mixed pool takes no overrides)."""
@@ -216,31 +221,10 @@ class MixedSituation:
         """When nothing is feasible: the least bad candidate."""
         return min(self.cands, key=lambda c: c.makespan_s)
 
-    @property
-    def top(self) -> Candidate:
-        assert self.best is not None
-        return self.best
-
-    @property
-    def now(self) -> Configuration:
-        """The current configuration (read once the rules know there is one)."""
-        assert self.current is not None
-        return self.current
-
     @cached_property
     def found(self) -> Candidate | None:
         """The current configuration's candidate on this pool."""
         return next((c for c in self.cands if c.configuration == self.current), None)
-
-    @property
-    def cur(self) -> Candidate:
-        assert self.found is not None
-        return self.found
-
-    @property
-    def current_s(self) -> float | None:
-        """The current configuration's makespan, if it is still a candidate."""
-        return self.found.makespan_s if self.found else None
 
     @property
     def incumbent_s(self) -> float:
@@ -258,19 +242,10 @@ class MixedSituation:
         kind = self.kind
         return best_feasible(self.cands, lambda c: c.kind == kind)
 
-    @property
-    def same(self) -> Candidate:
-        assert self.same_kind is not None
-        return self.same_kind
-
     @cached_property
     def pool_gain(self) -> float:
         """The best candidate's gain over the incumbent of the current kind."""
         return (self.same.makespan_s - self.top.makespan_s) / self.same.makespan_s
-
-    @cached_property
-    def gain(self) -> float:
-        return (self.cur.makespan_s - self.top.makespan_s) / self.cur.makespan_s
 
     @property
     def kind_kept(self) -> bool:
@@ -278,16 +253,8 @@ class MixedSituation:
         return self.top.kind == self.kind
 
     @property
-    def threshold(self) -> float:
-        return self.th.ratio_change if self.kind_kept else self.th.mode_switch
-
-    @property
     def what(self) -> str:
         return "ratio change" if self.kind_kept else "switch of mode or chip types"
-
-    @cached_property
-    def same_kind_gain(self) -> float:
-        return (self.cur.makespan_s - self.same.makespan_s) / self.cur.makespan_s
 
     @property
     def vs_single_type(self) -> str:
@@ -385,56 +352,7 @@ MIXED_RULES: tuple[Rule[MixedSituation, Candidate], ...] = (
         ),
     ),
     # the hysteresis
-    Rule(
-        "still the best",
-        lambda s: s.top.configuration == s.now,
-        takes=_current,
-        current_s=current_makespan,
-        admitted=True,
-        forced=False,
-        reason=lambda s: f"{s.cur.label} is still the best ({s.cur.makespan_s:.1f} s).",
-    ),
-    Rule(
-        "switch admitted",
-        lambda s: s.gain > s.threshold,
-        takes=_best_one,
-        current_s=current_makespan,
-        admitted=True,
-        forced=False,
-        reason=lambda s: (
-            f"{s.what.capitalize()} {s.cur.label}→{s.top.label}: {s.top.makespan_s:.1f} s vs "
-            f"{s.cur.makespan_s:.1f} s ({s.gain:.1%} > {s.threshold:.1%})."
-        ),
-    ),
-    Rule(
-        "ratio change within the kind",  # the switch of kind is not worth it; a better ratio may be
-        lambda s: (
-            not s.kind_kept
-            and s.same_kind is not None
-            and s.same_kind.configuration != s.now
-            and s.same_kind_gain > s.th.ratio_change
-        ),
-        takes=lambda s: s.same,
-        current_s=current_makespan,
-        admitted=False,
-        forced=False,
-        reason=lambda s: (
-            f"Ratio change {s.cur.label}→{s.same.label} ({s.same_kind_gain:.1%} > "
-            f"{s.th.ratio_change:.1%}); {s.top.label} gains only {s.gain:.1%} (< {s.th.mode_switch:.1%})."
-        ),
-    ),
-    Rule(
-        "kept by hysteresis",
-        always,
-        takes=_current,
-        current_s=current_makespan,
-        admitted=False,
-        forced=False,
-        reason=lambda s: (
-            f"Keeping {s.cur.label}: {s.top.label} would gain only {s.gain:.1%} "
-            f"(< {s.threshold:.1%} {s.what} threshold)."
-        ),
-    ),
+    *hysteresis_rules("kind", best=_best_one, current=_current, same=lambda s: s.same),
 )
 
 

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Generic, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, Union
+
+if TYPE_CHECKING:
+    from controlplane.core.decision.candidates import Candidate, Thresholds
+    from controlplane.core.state import Configuration
 
 S = TypeVar("S")  # the situation the rules read
 T = TypeVar("T")  # what a rule takes: a configuration, or a candidate
@@ -110,3 +114,141 @@ def first_rule(rules: Sequence[Rule[S, T]], situation: S) -> Rule[S, T]:
 def verdict(rules: Sequence[Rule[S, T]], situation: S) -> Verdict[T]:
     """What the first rule that holds makes of `situation`."""
     return first_rule(rules, situation).verdict(situation)
+
+
+class Comparison:
+    """What both decisions' situations derive alike from their candidates, and what the hysteresis rules read:
+    the best candidate `top`, the current one `cur` (its configuration `now`), the best candidate of the
+    current kind `same`, the gains over `cur` and the threshold that applies. A situation says which is which:
+    `best`, `current`, `found` (the current configuration's candidate), `same_kind`, `kind_kept` (a switch to
+    `top` keeps the current kind: a ratio change), `what` that switch is, and its thresholds `th`."""
+
+    current: Configuration | None
+    th: Thresholds
+
+    @property
+    def best(self) -> Candidate | None:
+        raise NotImplementedError
+
+    @property
+    def found(self) -> Candidate | None:
+        raise NotImplementedError
+
+    @property
+    def incumbent_s(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def same_kind(self) -> Candidate | None:
+        raise NotImplementedError
+
+    @property
+    def kind_kept(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def what(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def top(self) -> Candidate:
+        assert self.best is not None
+        return self.best
+
+    @property
+    def now(self) -> Configuration:
+        """The current configuration (read once the rules know there is one)."""
+        assert self.current is not None
+        return self.current
+
+    @property
+    def cur(self) -> Candidate:
+        assert self.found is not None
+        return self.found
+
+    @property
+    def current_s(self) -> float | None:
+        """The current configuration's makespan, if it is a candidate."""
+        return self.found.makespan_s if self.found else None
+
+    @property
+    def same(self) -> Candidate:
+        assert self.same_kind is not None
+        return self.same_kind
+
+    @property
+    def gain(self) -> float:
+        return (self.cur.makespan_s - self.top.makespan_s) / self.cur.makespan_s
+
+    @property
+    def same_kind_gain(self) -> float:
+        return (self.cur.makespan_s - self.same.makespan_s) / self.cur.makespan_s
+
+    @property
+    def threshold(self) -> float:
+        return self.th.ratio_change if self.kind_kept else self.th.mode_switch
+
+
+H = TypeVar("H", bound=Comparison)
+
+
+def hysteresis_rules(
+    kind: str, *, best: Callable[[H], T], current: Callable[[H], T], same: Callable[[H], T]
+) -> tuple[Rule[H, T], ...]:
+    """The end of both decisions' tables: keep the current configuration while it is the best, switch where the
+    gain beats the threshold of its kind of switch, else a better ratio of the current `kind` ("mode", "kind")
+    where that alone beats the ratio-change threshold, else keep. `best`, `current` and `same` say what the
+    table takes for the top candidate, the current one and the best of the current kind."""
+    return (
+        Rule(
+            "still the best",
+            lambda s: s.top.configuration == s.now,
+            takes=current,
+            current_s=current_makespan,
+            admitted=True,
+            forced=False,
+            reason=lambda s: f"{s.cur.label} is still the best ({s.cur.makespan_s:.1f} s); no change.",
+        ),
+        Rule(
+            "switch admitted",
+            lambda s: s.gain > s.threshold,
+            takes=best,
+            current_s=current_makespan,
+            admitted=True,
+            forced=False,
+            reason=lambda s: (
+                f"{s.what.capitalize()} {s.cur.label}→{s.top.label}: predicted {s.top.makespan_s:.1f} s "
+                f"vs {s.cur.makespan_s:.1f} s ({s.gain:.1%} > {s.threshold:.1%})."
+            ),
+        ),
+        Rule(
+            f"ratio change within the {kind}",  # the switch of kind is not worth it; a better ratio may be
+            lambda s: (
+                not s.kind_kept
+                and s.same_kind is not None
+                and s.same_kind.configuration != s.now
+                and s.same_kind_gain > s.th.ratio_change
+            ),
+            takes=same,
+            current_s=current_makespan,
+            admitted=False,
+            forced=False,
+            reason=lambda s: (
+                f"Ratio change {s.cur.label}→{s.same.label} ({s.same_kind_gain:.1%} > "
+                f"{s.th.ratio_change:.1%}); the {s.what} to {s.top.label} gains only {s.gain:.1%} "
+                f"(< {s.th.mode_switch:.1%})."
+            ),
+        ),
+        Rule(
+            "kept by hysteresis",
+            always,
+            takes=current,
+            current_s=current_makespan,
+            admitted=False,
+            forced=False,
+            reason=lambda s: (
+                f"Keeping {s.cur.label}: {s.top.label} would gain only {s.gain:.1%} "
+                f"(< {s.threshold:.1%} {s.what} threshold)."
+            ),
+        ),
+    )
