@@ -38,7 +38,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 90.0, what: str = ""
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}{last_events()}")
+
+
+def last_events(n: int = 12) -> str:
+    """The cluster's last events on one line, for a failure message: CI's report shows a failure's one-line
+    summary whatever else it cuts."""
+    try:
+        from controlplane.models import Event
+
+        rows = list(Event.objects.order_by("-id").values_list("kind", "message")[:n])
+    except Exception:  # no database in this test: nothing to add
+        return ""
+    return "; last events: " + " | ".join(f"{kind}: {message[:120]}" for kind, message in reversed(rows))
 
 
 def preempt_via_api(node_id: int, deadline_s: float, operator: str) -> float:

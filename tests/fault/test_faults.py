@@ -12,11 +12,20 @@ import threading
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agents import dataplane as dp
 from agents.worker_client import WorkerClient, session
-from tests.fault.conftest import SECRET, assert_invariants, preempt_via_api, processes_under, record_timing, wait_for
+from tests.fault.conftest import (
+    SECRET,
+    assert_invariants,
+    last_events,
+    preempt_via_api,
+    processes_under,
+    record_timing,
+    wait_for,
+)
 from tests.support.cluster import make_job
 from tests.support.processes import journaled_tokens
 
@@ -69,7 +78,10 @@ async def _call(endpoint: str, coro_fn):
 
 
 def call(endpoint: str, coro_fn):
-    return asyncio.run(_call(endpoint, coro_fn))
+    try:
+        return asyncio.run(_call(endpoint, coro_fn))
+    except aiohttp.ClientConnectorError as exc:  # a worker gone: say what the cluster saw
+        raise AssertionError(f"{exc}{last_events()}") from exc
 
 
 def long_request(endpoint: str, request_id: str) -> dict:
