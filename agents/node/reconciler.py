@@ -255,6 +255,14 @@ class Reconciler:
                 # a worker retired by a drain that was taken back (a preemption notice cancelled, the node
                 # returned to service) is wanted again: it starts afresh on its slot
                 if m is None or m.state == "stopped" or self._identity_changed(m.desired, spec):
+                    if m is not None:  # a restart in place: say why (an operator asks when a worker's pid changed)
+                        log.warning(
+                            "worker %s starts afresh: %s",
+                            wid,
+                            "its drain was taken back"
+                            if m.state == "stopped"
+                            else f"{m.desired} is now {spec} (generation {ds.generation})",
+                        )
                     if m is not None and m.state != "stopped":
                         await self._retire(m, self.cfg.drain_timeout_s)
                     m = self.workers[wid] = Managed(desired=spec)
