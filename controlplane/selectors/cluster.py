@@ -162,6 +162,11 @@ def desired_state(node: Node) -> DesiredState:
     derived: dict[int, tuple[str, str, str]] = {}  # job id -> (weights token, weights key, data-plane token)
     workers = []
     for w in rows:
+        if w.id not in indexes:
+            # its bindings were not there when they were read: it started between the two reads (a start commits
+            # the worker and its bindings at once; every live worker has GPUs). Sent with none, an agent would run
+            # it unpinned and start it again when the next desired state gave it its GPUs; the next one lists it
+            continue
         job = w.job
         if job.pk not in derived:
             url = weights_urls.get(job.pk, "")
@@ -171,7 +176,7 @@ def desired_state(node: Node) -> DesiredState:
         workers.append(
             DesiredWorker(
                 worker_id=w.id,
-                gpus=sorted(indexes.get(w.id, [])),
+                gpus=sorted(indexes[w.id]),
                 role=Role(w.role),
                 activity=Activity(w.activity),
                 engine=w.engine,

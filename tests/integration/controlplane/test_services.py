@@ -343,3 +343,43 @@ def test_a_rollout_worker_reported_before_its_trainer_in_one_heartbeat_is_not_re
     )
     assert heartbeat.record_heartbeat(node_id=t.pk, message=hb).refused == []
     assert Worker.objects.get(pk=rollout.pk).weight_version == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_desired_state_read_while_a_worker_starts_never_sends_it_without_its_gpus():
+    """desired_state reads the bindings, then the workers: a start that commits between the two reads must not
+    reach the agent as a worker with no GPUs (it ran unpinned, then was started again once the next desired state
+    gave it its GPUs: a fault test's worker refused calls a second after it first ran)."""
+    import threading
+
+    from django.db import connection
+
+    node = make_node("torn", slots=1)
+    job = make_job("torn-job", rollout_gpus=1)
+    bindings_read, started = threading.Event(), threading.Event()
+
+    def pause_after_the_bindings(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "controlplane_workergpu" in sql and not bindings_read.is_set():
+            bindings_read.set()
+            started.wait(30)  # the start commits here, between the two reads
+        return result
+
+    seen: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            with connection.execute_wrapper(pause_after_the_bindings):
+                seen["state"] = desired_state(Node.objects.get(pk=node.pk))
+        finally:
+            connection.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert bindings_read.wait(30)
+    w = workers.start_worker(job_id=job.pk, node_id=node.pk, gpu_indexes=[0], role="colocated", activity="active")
+    started.set()
+    reader.join(30)
+    assert all(x.gpus for x in seen["state"].workers), seen["state"].workers
+    (listed,) = desired_state(Node.objects.get(pk=node.pk)).workers  # the next read lists it, on its GPU
+    assert (listed.worker_id, listed.gpus) == (w.pk, [0])
