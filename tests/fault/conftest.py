@@ -238,7 +238,10 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
     `replan_every(seconds)` also gets the periodic re-plan, created before beat starts: django-celery-beat
     misses a task created between its first read of the schedule and its first change check. A test marked
     `lease(seconds)` runs on that lease instead of the fault tests' short one; one marked `private_postgres` on
-    its own PostgreSQL cluster (`stack.postgres`), which it may kill and start again."""
+    its own PostgreSQL cluster (`stack.postgres`), which it may kill and start again; one marked
+    `manual_placement` with the planner off (`PEARL_PLANNER=off`), as it places its workers itself: a node's
+    registration and a job's arrival each queue the arbiter's task, which plans every live job, and its plan
+    replaced workers such a test had just placed (a rollout worker stopped: `2C → 1C`)."""
     from channels.layers import channel_layers
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -254,10 +257,21 @@ def stack(request, transactional_db, tmp_path, settings) -> Iterator[Stack]:
     }
     lease = request.node.get_closest_marker("lease")
     lease_s = float(lease.args[0]) if lease else LEASE_S
-    settings.PEARL = {**settings.PEARL, "LEASE_S": lease_s, "HEARTBEAT_S": HEARTBEAT_S, "SWEEP_S": SWEEP_S}
+    manual = request.node.get_closest_marker("manual_placement") is not None
+    settings.PEARL = {
+        **settings.PEARL,
+        "LEASE_S": lease_s,
+        "HEARTBEAT_S": HEARTBEAT_S,
+        "SWEEP_S": SWEEP_S,
+        "PLANNER": not manual,
+    }
     channel_layers.backends.clear()
     env = child_env(
-        REDIS_URL=redis_url, PEARL_LEASE_S=str(lease_s), PEARL_HEARTBEAT_S=str(HEARTBEAT_S), PEARL_SWEEP_S=str(SWEEP_S)
+        REDIS_URL=redis_url,
+        PEARL_LEASE_S=str(lease_s),
+        PEARL_HEARTBEAT_S=str(HEARTBEAT_S),
+        PEARL_SWEEP_S=str(SWEEP_S),
+        PEARL_PLANNER="off" if manual else "on",
     )
     env.pop("PEARL_AGENT_TOKEN", None)
     if pg is not None:  # production's persistent connections (off in tests), which must survive a server restart

@@ -29,7 +29,7 @@ from tests.fault.conftest import (
 from tests.support.cluster import make_job
 from tests.support.processes import journaled_tokens
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.manual_placement]  # these tests place the workers themselves
 # a test that kills no agent and pauses none holds a lease the loaded CI machine cannot lapse: with the fault
 # stack's 3 s lease one lapse fenced the node mid-test there (its workers were stopped and, with no planner
 # in these tests, never placed again)
