@@ -254,15 +254,11 @@ class Reconciler:
                 m = self.workers.get(wid)
                 # a worker retired by a drain that was taken back (a preemption notice cancelled, the node
                 # returned to service) is wanted again: it starts afresh on its slot
-                if m is None or m.state == "stopped" or self._identity_changed(m.desired, spec):
+                changed = {} if m is None else self._identity_change(m.desired, spec)
+                if m is None or m.state == "stopped" or changed:
                     if m is not None:  # a restart in place: say why (an operator asks when a worker's pid changed)
-                        log.warning(
-                            "worker %s starts afresh: %s",
-                            wid,
-                            "its drain was taken back"
-                            if m.state == "stopped"
-                            else f"{m.desired} is now {spec} (generation {ds.generation})",
-                        )
+                        why = "its drain was taken back" if m.state == "stopped" else f"{changed} (old, new)"
+                        log.warning("worker %s starts afresh at generation %s: %s", wid, ds.generation, why)
                     if m is not None and m.state != "stopped":
                         await self._retire(m, self.cfg.drain_timeout_s)
                     m = self.workers[wid] = Managed(desired=spec)
@@ -277,16 +273,14 @@ class Reconciler:
                     log.error("worker %s did not converge: %r", wid, r)
 
     @staticmethod
-    def _identity_changed(old: link.DesiredWorker, new: link.DesiredWorker) -> bool:
-        """G_w, engine, model and job are fixed for a worker's life; a role change is not."""
-        training_flip = (old.role == Role.TRAINING) != (new.role == Role.TRAINING)
-        return (
-            old.gpus != new.gpus
-            or old.engine != new.engine
-            or old.model != new.model
-            or old.job != new.job
-            or training_flip
+    def _identity_change(old: link.DesiredWorker, new: link.DesiredWorker) -> dict[str, tuple[Any, Any]]:
+        """What changed of what is fixed for a worker's life: G_w, engine, model, job and whether it trains (a role
+        change within rollout is not). Field names and (old, new) values only: a desired worker carries secrets."""
+        a, b = (
+            {"gpus": w.gpus, "engine": w.engine, "model": w.model, "job": w.job, "training": w.role == Role.TRAINING}
+            for w in (old, new)
         )
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
     async def _converge(self, m: Managed, ds: link.DesiredState) -> None:
         spec = m.desired
