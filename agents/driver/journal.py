@@ -110,18 +110,35 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-class TurnJournal:
-    """The journal directory of one driver (one job). Every method is a few small fsync'ed writes."""
+class _TrajectoryFiles:
+    """A directory of one file per trajectory, `<trajectory id><suffix>` (an id that is no plain file name is
+    refused), written whole through a temporary file (`atomic_write`)."""
+
+    suffix = ""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.sizes: dict[str, int] = {}  # bytes written per trajectory journaled by this driver
 
     def _path(self, tid: str) -> Path:
         if not _NAME.match(tid):
             raise ValueError(f"trajectory id {tid[:40]!r} is not a file name")
-        return self.dir / f"{tid}.jsonl"
+        return self.dir / f"{tid}{self.suffix}"
+
+    def _remove_temporaries(self) -> None:
+        """The temporary files of a whole write cut short (by a crash)."""
+        for tmp in self.dir.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+class TurnJournal(_TrajectoryFiles):
+    """The journal directory of one driver (one job). Every method is a few small fsync'ed writes."""
+
+    suffix = ".jsonl"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.sizes: dict[str, int] = {}  # bytes written per trajectory journaled by this driver
 
     def _sync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)
@@ -179,9 +196,8 @@ class TurnJournal:
         """Every trajectory journaled here (by a driver before this one), its torn or bad tail left out.
         Temporary files of a `begin` cut short are removed; an unreadable header drops its file."""
         out: dict[str, JournaledTrajectory] = {}
-        for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
-        for path in sorted(self.dir.glob("*.jsonl")):
+        self._remove_temporaries()
+        for path in sorted(self.dir.glob(f"*{self.suffix}")):
             j = read(path)
             if j is None or j.trajectory != path.stem:
                 log.warning("journal %s unreadable: removed", path.name)
@@ -236,21 +252,14 @@ def read(path: Path) -> JournaledTrajectory | None:
     return j
 
 
-class RecordJournal:
+class RecordJournal(_TrajectoryFiles):
     """A built-in environment's finished trajectories whose records the control plane has not taken yet
     (`<dir>/<trajectory>.json`: {"step", "record"}), written whole (temporary file, fsync, rename) before the
     trajectory's samples go to the trainer and removed once its record was sent. A driver killed between the two
     leaves the file: its successor reports the record of each trajectory the trainer holds (the steps' audit
     lists it) and drops the others (their trajectories run again, with records of their own)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, tid: str) -> Path:
-        if not _NAME.match(tid):
-            raise ValueError(f"trajectory id {tid[:40]!r} is not a file name")
-        return self.dir / f"{tid}.json"
+    suffix = ".json"
 
     def keep(self, tid: str, step: int, record: dict[str, Any]) -> bool:
         """Write `tid`'s record durably; False (nothing kept) past the size bound or for a bad id."""
@@ -273,9 +282,8 @@ class RecordJournal:
     def load(self) -> dict[str, tuple[int, dict[str, Any]]]:
         """Every record kept here by a driver before this one (unreadable files and temporaries removed)."""
         out: dict[str, tuple[int, dict[str, Any]]] = {}
-        for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
-        for path in sorted(self.dir.glob("*.json")):
+        self._remove_temporaries()
+        for path in sorted(self.dir.glob(f"*{self.suffix}")):
             try:
                 d = json.loads(path.read_bytes())
                 out[path.stem] = (int(d["step"]), dict(d["record"]))
