@@ -254,8 +254,9 @@ PEARL: dict[str, Any] = {  # numbers and rate strings: read by key where each is
     "HEARTBEAT_S": float(os.environ.get("PEARL_HEARTBEAT_S", "3")),
     "SWEEP_S": float(os.environ.get("PEARL_SWEEP_S", "5")),
     "REPLAN_S": float(os.environ.get("PEARL_REPLAN_S", "10")),
-    # off: no decision and no transition for any job, on any signal (an operator's stop for an incident or
-    # maintenance: workers keep serving as placed; leases, sweeps, allotments and Training Begin's returns go on)
+    # off: no new decision or transition for any job, on any signal (an operator's stop for an incident or
+    # maintenance: one already planned runs to its end, workers keep serving as placed; leases, sweeps, allotments
+    # and Training Begin's returns go on)
     "PLANNER": env_bool("PEARL_PLANNER", True),
     "MAX_JSON_DEPTH": 16,
     # weights tokens rotate every period (a leaked one opens one job's weights for <= 3 periods)

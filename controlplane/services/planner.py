@@ -367,8 +367,9 @@ def _admission(job: Job, p: Placement) -> str:
 def plan_job_isolated(*, job_id: int, signal: str = Signal.PERIODIC) -> Transition | None:
     """`plan_job` for the Celery tasks: one job's failure never stops the others. A job that cannot be
     planned at all fails with a reason a person can act on; a conflict with something in progress is
-    retried by the next signal or tick. With the planner off (`PEARL_PLANNER=off`) it plans nothing."""
-    if not settings.PEARL.get("PLANNER", True):
+    retried by the next signal or tick. With the planner off (`PEARL_PLANNER=off`) it plans nothing (a transition
+    already planned still runs to its end)."""
+    if not settings.PEARL["PLANNER"]:
         return None
     try:
         return retry_transient(plan_job, job_id=job_id, signal=signal)

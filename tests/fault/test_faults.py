@@ -30,9 +30,8 @@ from tests.support.cluster import make_job
 from tests.support.processes import journaled_tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.manual_placement]  # these tests place the workers themselves
-# a test that kills no agent and pauses none holds a lease the loaded CI machine cannot lapse: with the fault
-# stack's 3 s lease one lapse fenced the node mid-test there (its workers were stopped and, with no planner
-# in these tests, never placed again)
+# a test that kills no agent and pauses none holds a lease a loaded machine cannot lapse: a lapse of the fault
+# stack's 3 s lease parks the node's workers, and with the planner off in these tests none would serve again
 LONG_LEASE_S = 30.0
 
 
@@ -167,7 +166,7 @@ def test_agent_kill9_orphans_die_lease_expires_restart_recovers(stack):
 
 
 # ------------------------------------------------------------------ kill -9 of a worker
-@pytest.mark.lease(LONG_LEASE_S)  # no lease lapse is part of it: a 3 s lease lapsed under CI load and fenced the node
+@pytest.mark.lease(LONG_LEASE_S)
 def test_worker_kill9_restarted_in_place_with_partials_reported(stack):
     from controlplane.models import Event
     from controlplane.services.workers import start_worker
@@ -223,7 +222,7 @@ def _train_step(endpoint: str, step: int) -> int:
     return call(endpoint, run)
 
 
-@pytest.mark.lease(LONG_LEASE_S)  # no lease lapse is part of it: a 3 s lease lapsed under CI load and fenced the node
+@pytest.mark.lease(LONG_LEASE_S)
 def test_trainer_kill9_resumes_version_and_borrowed_gpus_return_before_training(stack):
     from controlplane.models import Job, Node, Worker
     from controlplane.selectors.cluster import desired_state
@@ -356,7 +355,7 @@ def test_paused_agent_is_fenced_then_resyncs(stack):
 
 
 # ------------------------------------------------------------------ preemption
-@pytest.mark.lease(LONG_LEASE_S)  # no lease lapse is part of it: a 3 s lease lapsed under CI load and fenced the node
+@pytest.mark.lease(LONG_LEASE_S)
 def test_preemption_drains_reports_partials_and_removes_the_node(stack):
     from controlplane.models import GPU, Node, Worker
     from controlplane.services.workers import start_worker
