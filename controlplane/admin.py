@@ -87,6 +87,12 @@ class WorkerAdmin(ReadOnlyAdmin):
     search_fields = ("job__name", "node__name")
 
 
+@admin.register(m.TrainingLend)
+class TrainingLendAdmin(ReadOnlyAdmin):
+    list_display = ("owner", "borrower", "gpus", "due", "created")
+    search_fields = ("owner__name", "borrower__name")
+
+
 @admin.register(m.Decision)
 class DecisionAdmin(ReadOnlyAdmin):
     list_display = (

@@ -160,6 +160,25 @@ class Job(models.Model):
         return list(self.hardware_types) or [self.hardware]
 
 
+class TrainingLend(models.Model):
+    """Cross-job borrowing (issue 35): `gpus` of `owner`'s training GPUs, idle between its updates, serve
+    `borrower`'s rollout until the owner's next Training Begin takes them back (`services.lending`). The
+    cluster arbiter writes it; the borrower's planner starts workers on the lent GPUs (at most `gpus`), the
+    owner's planner does not borrow them meanwhile."""
+
+    owner = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="lends_out")
+    borrower = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="lends_in")
+    gpus = models.PositiveIntegerField()
+    due = models.DateTimeField(null=True, blank=True)  # the owner's predicted Training Begin: back by then
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "borrower"], name="one_lend_per_job_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.owner} → {self.borrower}: {self.gpus} GPUs"
+
+
 class Checkpoint(models.Model):
     """An exported checkpoint of a job's policy (a Hugging Face directory, core.checkpoints), as the control
     plane found it complete under the job's checkpoint directory; gone once retention removed it."""

@@ -106,6 +106,11 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
             f"{sh['max_rollout_gpus'] or 'all'} rollout GPUs, holds {sh['held_rollout_gpus']}; guaranteed "
             f"{sh['min_rollout_gpus']}, priority {sh['priority']}, weight {sh['weight']:g}"
         )
+        # cross-job lends of idle training GPUs, each until its owner's next Training Begin
+        for other, gpus in sorted((sh.get("borrows") or {}).items()):
+            lines.append(f"  borrows {gpus} training GPU(s) of job {other} until {other}'s next Training Begin")
+        for other, gpus in sorted((sh.get("lends") or {}).items()):
+            lines.append(f"  lends {gpus} training GPU(s) to job {other} until its next Training Begin")
     types = j.get("hardware_types") or [j["hardware"]]
     if types != [j["hardware"]]:
         lines.append(f"hardware: training on {j['hardware']}, rollout on {', '.join(types)}")

@@ -258,6 +258,9 @@ PEARL: dict[str, Any] = {  # numbers and rate strings: read by key where each is
     # maintenance: one already planned runs to its end, workers keep serving as placed; leases, sweeps, allotments
     # and Training Begin's returns go on)
     "PLANNER": env_bool("PEARL_PLANNER", True),
+    # the cluster arbiter lends a job's idle training GPUs to other jobs' rollout until its next Training Begin
+    # (services.lending); off: each job's training GPUs serve only its own rollout
+    "CROSS_JOB_LENDING": env_bool("PEARL_CROSS_JOB_LENDING", True),
     "MAX_JSON_DEPTH": 16,
     # weights tokens rotate every period (a leaked one opens one job's weights for <= 3 periods)
     "WEIGHTS_TOKEN_ROTATE_S": float(os.environ.get("PEARL_WEIGHTS_TOKEN_ROTATE_S", "300")),

@@ -7,8 +7,18 @@ from typing import Any, cast
 
 from django.db.models import Count, Max, Min, QuerySet
 
-from controlplane.core.state import Activity, Role, Zone
-from controlplane.models import Decision, Event, Job, Override, TelemetrySample, Transition, Worker, WorkerGPU
+from controlplane.core.state import Activity, Pool, Role, Zone
+from controlplane.models import (
+    Decision,
+    Event,
+    Job,
+    Override,
+    TelemetrySample,
+    TrainingLend,
+    Transition,
+    Worker,
+    WorkerGPU,
+)
 
 HISTORY_KINDS = ("step", "train")
 LIVE = (Job.Status.PENDING, Job.Status.RUNNING)
@@ -272,9 +282,17 @@ def share_history(limit: int = SHARE_HISTORY) -> list[dict[str, Any]]:
 
 def sharing(job: Job) -> dict[str, Any]:
     """How the job shares the cluster (issue 35): its priority, weight, guarantee and maximum, the arbiter's
-    allotment (None: not divided yet) and the dedicated rollout GPUs its live workers hold now."""
-    held = Worker.objects.filter(job=job, alive=True, zone=Zone.ROLLOUT).count() * job.tp
+    allotment (None: not divided yet), the dedicated rollout GPUs its live workers hold now, and the training GPUs
+    other jobs lend it (`borrows`) or it lends them (`lends`) until the owner's next Training Begin, by job."""
+    held = (
+        Worker.objects.filter(
+            job=job, alive=True, zone=Zone.ROLLOUT, node__pool__in=[Pool.RESERVED, Pool.ELASTIC]
+        ).count()
+        * job.tp
+    )
     return {
+        "borrows": dict(TrainingLend.objects.filter(borrower=job).values_list("owner__name", "gpus")),
+        "lends": dict(TrainingLend.objects.filter(owner=job).values_list("borrower__name", "gpus")),
         "priority": job.priority,
         "weight": job.weight,
         "min_rollout_gpus": job.min_rollout_gpus,

@@ -12,34 +12,46 @@ touched. Once that transition has stopped them (`plan_queue.replan_short_jobs`) 
 planned again and starts workers on the freed units. An `arbiter.reallocated` event explains each change
 ('job b arrived: a 4→2, b 0→2', in units of `unit_gpus` GPUs).
 
-Not live yet: cross-job lending of idle training GPUs (`ArbiterConfig.lending` is off here; the simulator
-lends): so a training phase change moves units here only through the refitted curves it divides on (it
-costs the Celery worker a predictor refit per job, so a lone job's phase change queues none); and a
-division of a cluster whose jobs accept different chip types is one pool of the types any job accepts, each
-job capped at the units of its own types.
+The same division lends idle training units across jobs (`services.lending`: stored as `TrainingLend` rows,
+the borrower planned to use them, each due back by the owner's predicted Training Begin less the time its
+returns take), within the limits said there (one TP, accepted chip types, a job lends or borrows). A division
+of a cluster whose jobs accept different chip types is one pool of the types any job accepts, each job capped
+at the units of its own types.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 
-from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, arbitrate
+from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, Lend, arbitrate
 from controlplane.core.policies.base import best_makespan
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, Job, Worker
 from controlplane.selectors.jobs import SHARE_EVENT
+from controlplane.selectors.lending import (
+    lendable_units,
+    lends_of,
+    measured_reload_s,
+    measured_return_s,
+    next_training_begin,
+)
 from controlplane.services.events import emit, push_delta_on_commit
+from controlplane.services.lending import store_lends
 from controlplane.services.planner import job_policy, last_division
 
 log = logging.getLogger(__name__)
 
-LIVE_CONFIG = ArbiterConfig(lending=False)  # cross-job lending of training GPUs is the simulator's only
+# a lend is due before the owner's Training Begin by the time its returns measurably take (`deactivation_s`),
+# not by the simulator's fixed margin: the owner's update waits for the return in any case (`jobs.start_update`)
+LIVE_CONFIG = ArbiterConfig(return_margin_s=0.0)
 EVENT_KIND = SHARE_EVENT
 ARBITRATED = (Job.Status.PENDING, Job.Status.RUNNING)  # a paused job holds no rollout unit
 
@@ -93,13 +105,15 @@ def _curve(job: Job, unit_gpus: int) -> Callable[[int], float]:
     return at
 
 
-def _demand(job: Job, unit_gpus: int, own_units: int) -> JobDemand:
+def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending) -> JobDemand:
     try:
         costs = get_reconfig_costs(job.model)
         reload_s, kv_s = costs.inter_scale_preparation_s, costs.inter_scale_finalisation_s
     except ValueError:  # a model directory without sourced costs: moves are gated by hysteresis alone
         reload_s, kv_s = 0.0, 0.0
+    measured = measured_reload_s(job)  # what its own new workers took to serve, where it has started some
     most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
+    lendable, tb, returns_s = lending.offer(job, unit_gpus)
     return JobDemand(
         name=job.name,
         max_units=min(most, own_units),
@@ -109,18 +123,48 @@ def _demand(job: Job, unit_gpus: int, own_units: int) -> JobDemand:
         min_units=job.min_rollout_gpus // unit_gpus,
         arrival_s=job.created.timestamp(),
         training=job.training_active,
-        reload_s=reload_s,
+        lendable_units=lendable,
+        training_begin_s=tb,
+        deactivation_s=returns_s,
+        reload_s=reload_s if measured is None else measured,
         kv_loss_s=kv_s,
         outstanding=(job.remaining if job.remaining is not None else job.batch_size) * job.tp,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Lending:
+    """Which jobs may lend their idle training units in this division (`services.lending`): all of one TP,
+    and a job lends only what every other job's rollout accepts, and only if it borrows nothing now."""
+
+    jobs: list[Job]
+    borrowing: set[int]  # jobs that hold a lend now: they lend nothing (no two jobs wait on each other)
+    now_s: float
+
+    def offer(self, job: Job, unit_gpus: int) -> tuple[int, float, float]:
+        """(training units it may lend, its predicted next Training Begin in epoch s, the time its returns take);
+        (0, inf, 0) if it lends none."""
+        none = (0, math.inf, 0.0)
+        if not settings.PEARL["CROSS_JOB_LENDING"] or len(self.jobs) < 2 or job.pk in self.borrowing:
+            return none
+        if any(j.tp != unit_gpus for j in self.jobs):
+            return none
+        chip = job.hardware.lower()
+        if any(chip not in {h.lower() for h in j.rollout_hardware} for j in self.jobs if j.pk != job.pk):
+            return none
+        tb = next_training_begin(job, self.now_s)
+        if tb is None:
+            return none
+        return lendable_units(job), tb, measured_return_s(job)
+
+
 def _held(job_ids: list[int]) -> dict[int, int]:
-    """Dedicated rollout GPUs each job's live workers hold now."""
+    """Dedicated rollout GPUs each job's live workers hold now (on reserved and elastic nodes: a worker on a
+    lent training unit is not the job's share)."""
     out = {j: 0 for j in job_ids}
-    for job_id, tp in Worker.objects.filter(job_id__in=job_ids, alive=True, zone=Zone.ROLLOUT).values_list(
-        "job_id", "job__tp"
-    ):
+    for job_id, tp in Worker.objects.filter(
+        job_id__in=job_ids, alive=True, zone=Zone.ROLLOUT, node__pool__in=[Pool.RESERVED, Pool.ELASTIC]
+    ).values_list("job_id", "job__tp"):
         out[job_id] += tp
     return out
 
@@ -144,11 +188,16 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
         if isinstance(before, int) and before != capacity_gpus:
             reason = f"capacity {before}→{capacity_gpus} GPUs"
     held = _held([j.pk for j in jobs])
+    now_s = time.time()
+    lent_before = lends_of([j.pk for j in jobs])
+    lending = Lending(jobs, {b for (_, b) in lent_before}, now_s)
     demands = []
     for j in jobs:
         types = {h.lower() for h in j.rollout_hardware}
         own = sum((n // j.tp) * j.tp for (_, hw), n in groups.items() if hw in types) // unit_gpus
-        demands.append(_demand(j, unit_gpus, own))
+        demands.append(_demand(j, unit_gpus, own, lending))
+    by_id = {j.pk: j for j in jobs}
+    by_name = {j.name: j for j in jobs}
     # a job that paused or ended since the last division gave its share back: listed once ('b 2→0'), then 0
     gone = list(
         Job.objects.exclude(status__in=ARBITRATED)
@@ -160,24 +209,42 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
             j.name: (j.allotted_rollout_gpus if j.allotted_rollout_gpus is not None else held[j.pk]) // unit_gpus
             for j in jobs
         }
-        | {name: (was or 0) // unit_gpus for _, name, was in gone}
+        | {name: (was or 0) // unit_gpus for _, name, was in gone},
+        tuple(
+            Lend(by_id[o].name, by_id[b].name, g // unit_gpus, math.inf)
+            for (o, b), g in sorted(lent_before.items())
+            if g // unit_gpus > 0
+        ),
     )
-    new = arbitrate(capacity, demands, prev, reason=reason, config=LIVE_CONFIG)
+    new = arbitrate(capacity, demands, prev, reason=reason, now_s=now_s, config=LIVE_CONFIG)
+    borrowers = {lend.borrower for lend in new.lends}
+    lends = {  # a job that borrows in this division lends nothing in it (`Lending`)
+        (by_name[lend.owner].pk, by_name[lend.borrower].pk): (lend.units * unit_gpus, lend.due_s)
+        for lend in new.lends
+        if lend.owner not in borrowers
+    }
     allotted = {j.pk: new.units.get(j.name, 0) * unit_gpus // j.tp * j.tp for j in jobs}
     changed = [j for j in jobs if j.allotted_rollout_gpus != allotted[j.pk]]
     shrink = [j for j in changed if allotted[j.pk] < (j.allotted_rollout_gpus or held[j.pk])]
     grow = [j for j in changed if j not in shrink]
-    waiting = [j for j in jobs if j.status == Job.Status.PENDING and j not in changed]
-    order = [(j.pk, _signal(j)) for j in shrink + grow + waiting]
     explanation = "; ".join(new.explanation)
     idle = {name: str(why) for name, why in new.idle.items()}
     with transaction.atomic():
         for j in changed:
             Job.objects.filter(pk=j.pk).update(allotted_rollout_gpus=allotted[j.pk])
         Job.objects.filter(pk__in=[pk for pk, _, _ in gone]).update(allotted_rollout_gpus=0)
+        # the lends: a new one frees the owner's units (its parked overlap workers stop), an ended one's
+        # borrower is planned to stop its workers there (services.lending)
+        relent = [by_id[b] for b in sorted(store_lends(lends, actor=actor)) if b in by_id]
+        lent_now = lends_of([j.pk for j in jobs])
+        lent = {j.name: sum(g for (_, b), g in lent_now.items() if b == j.pk) for j in jobs}
+        lent = {name: g for name, g in lent.items() if g}
+        grow += [j for j in relent if j not in changed]
+        waiting = [j for j in jobs if j.status == Job.Status.PENDING and j not in changed + relent]
+        order = [(j.pk, _signal(j)) for j in shrink + grow + waiting]
         # a job's reason for having nothing may change with no allotment changing (the capacity went from the
         # others): recorded too, the planner reads it (`idle_reason`)
-        if changed or gone or idle != (last.get("idle") or {}):
+        if changed or gone or relent or idle != (last.get("idle") or {}):
             units = {name: 0 for _, name, _ in gone} | {j.name: allotted[j.pk] for j in jobs}
             ev = emit(
                 kind=EVENT_KIND,
@@ -188,7 +255,7 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
                     "reason": reason,
                     "gpus": units,
                     "held": {j.name: held[j.pk] for j in jobs},
-                    "lent": {},
+                    "lent": lent,
                     "unit_gpus": unit_gpus,
                     "capacity_gpus": capacity_gpus,
                     "idle": idle,
@@ -197,7 +264,7 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
             push_delta_on_commit(  # the cluster page's share chart grows by one point (selectors.jobs.share_history)
                 kind="allotment",
                 key="cluster",
-                data={"t": ev.created.isoformat(), "why": ev.message, "gpus": units, "lent": {}},
+                data={"t": ev.created.isoformat(), "why": ev.message, "gpus": units, "lent": lent},
             )
     return Rebalance(allotted, order, explanation, unit_gpus, capacity_gpus)
 

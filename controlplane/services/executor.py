@@ -21,10 +21,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.core.state import Activity, EngineKind, NodeStatus, Role, Zone
+from controlplane.core.state import Activity, EngineKind, NodeStatus, Pool, Role, Zone
 from controlplane.core.transitions import StepKind
 from controlplane.models import Job, Node, Transition, TransitionStep, Worker
 from controlplane.selectors.driver import observed, serving
+from controlplane.selectors.lending import taken_back, training_owner
 from controlplane.services import latency
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.events import emit, push_delta_on_commit
@@ -269,7 +270,7 @@ def _issue(job: Job, steps: list[TransitionStep], actor: str) -> None:
         slots = [s.worker_slot for s in steps if s.worker_slot is not None]
         alive = {w.slot: w for w in Worker.objects.filter(job=job, slot__in=slots, alive=True)}
         # the lock order (job -> nodes -> workers): every node the batch touches, at once, in id order
-        lock_nodes([w.node_id for w in alive.values()] + [s.args["node"] for s in steps if "node" in s.args])
+        held = lock_nodes([w.node_id for w in alive.values()] + [s.args["node"] for s in steps if "node" in s.args])
         starts: list[WorkerStart] = []
         out: list[WorkerChange] = []  # out of service: drains, deactivations
         roles: list[WorkerChange] = []  # role changes and activations
@@ -307,6 +308,14 @@ def _issue(job: Job, steps: list[TransitionStep], actor: str) -> None:
                 stop_workers(job_id=job.pk, slots=stops, actor=actor)
             if out:
                 change_workers(job_id=job.pk, changes=out, actor=actor)
+            # a lent training GPU whose owner began training meanwhile is its owner's again
+            on_training = [st for st in starts if st.node_id in held and held[st.node_id].pool == Pool.TRAINING]
+            back = training_owner(job, [(st.node_id, st.gpu_indexes) for st in on_training])
+            if back is not None:
+                raise Conflict(
+                    f"job {back[0].name}'s Training Begin arrived before worker {on_training[back[1]].slot} started "
+                    "on its lent training GPUs: they stay with its trainer and the job is re-planned"
+                )
             if starts:
                 start_workers(job_id=job.pk, starts=starts, actor=actor)
             if lend and lock_job(job.pk).training_active:  # Training Begin came meanwhile: lend nothing
@@ -481,10 +490,13 @@ def _finalize(job: Job, result: dict[str, str], actor: str) -> list[int]:
     ready = set(
         Node.objects.filter(pk__in={v[3] for v in live.values()}, status=NodeStatus.READY).values_list("id", flat=True)
     )
+    # a worker on a lent training unit whose owner has begun training since the plan stays out, as one on a
+    # leaving node does (its owner took the unit back: `services.lending`); the next plan stops it
+    back = taken_back(job, list(live))
     changes = []
     for slot, role in result.items():
         w = live.get(int(slot))
-        if w is None or w[3] not in ready:
+        if w is None or w[3] not in ready or int(slot) in back:
             continue
         w_role, w_activity, w_zone, _ = w
         if w_zone == Zone.OVERLAP and training:

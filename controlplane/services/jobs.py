@@ -427,7 +427,13 @@ def start_update(*, job_id: int, actor: str = "system") -> Job:
         out = not_returned(job)  # parked here and, where their agents are up, reported asleep
         if out:
             raise Conflict(
-                f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out)} are not returned yet",
+                f"job {job.name}: borrowed worker(s) {sorted(w.slot for w in out if w.job_id == job.pk)} are not "
+                "returned yet"
+                + "".join(
+                    f"; job {w.job.name}'s worker {w.slot} on its lent training GPUs is not back yet"
+                    for w in out
+                    if w.job_id != job.pk
+                ),
                 field="borrowed",
             )
         trainers = list(Worker.objects.filter(job=job, alive=True, role=Role.TRAINING))

@@ -9,8 +9,9 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.core.state import Zone
+from controlplane.core.state import Pool, Zone
 from controlplane.models import Job, Worker
+from controlplane.selectors.lending import lend_followups
 from controlplane.services import dispatch
 
 SIGNAL_PRIORITY = ("training_begin", "training_finished", "step_start", "capacity_change", "periodic")
@@ -107,9 +108,16 @@ def replan_short_jobs(*, exclude: int | None = None) -> None:
     if exclude is not None:
         jobs = jobs.exclude(pk=exclude)
     for job_id, tp, allotted in jobs.values_list("id", "tp", "allotted_rollout_gpus"):
-        held = Worker.objects.filter(job_id=job_id, alive=True, zone=Zone.ROLLOUT).count() * tp
+        held = (
+            Worker.objects.filter(
+                job_id=job_id, alive=True, zone=Zone.ROLLOUT, node__pool__in=[Pool.RESERVED, Pool.ELASTIC]
+            ).count()
+            * tp
+        )  # its share: not its workers on other jobs' lent training GPUs
         if held < (allotted or 0):
             enqueue_plan(job_id, "capacity_change")
+    for job_id in sorted(lend_followups() - {exclude}):  # cross-job lends (services.lending) to fill or end
+        enqueue_plan(job_id, "capacity_change")
 
 
 def defer_plan(job_id: int, signal: str) -> None:

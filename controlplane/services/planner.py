@@ -43,10 +43,12 @@ from controlplane.models import (
 )
 from controlplane.selectors import model_dirs
 from controlplane.selectors.jobs import SHARE_EVENT
+from controlplane.selectors.lending import borrowed_units
 from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
 from controlplane.services.jobs import TERMINAL, fail_job, job_delta
+from controlplane.services.lending import restore_overlap
 from controlplane.services.locks import lock_job
 from controlplane.services.plan_queue import defer_plan
 from controlplane.services.retry import retry_transient
@@ -142,6 +144,9 @@ def ensure_training_workers(job: Job) -> int:
             job_id=job.pk, node_id=node_id, gpu_indexes=list(gpus), role=Role.COLOCATED, activity=Activity.INACTIVE
         )
         created += 1
+    overlap = Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING).count()
+    if overlap < have:  # a unit it lent to another job (services.lending) is back: its overlap worker again
+        restore_overlap(job)
     return created
 
 
@@ -157,9 +162,25 @@ def job_inventory(job: Job) -> Inventory:
         # plain rows, not model instances, and not the nodes' reports (`observed`): 8,192 workers' worth
         .values_list("slot", "role", "zone", "activity", "inflight", "node__status", "node__pool", "node__hardware")
     )
+    borrowed, lent_room = borrowed_units(job)
+    on_loan = {b.slot: b for b in borrowed if b.slot is not None}
     for slot, role, zone, activity, inflight, status, pool, hardware in rows:
         if role == Role.TRAINING:
             taken.add(slot)
+            continue
+        if slot in on_loan:  # its worker on another job's training GPUs: a dedicated unit it may have to give up
+            units.append(
+                Unit(
+                    ("w", slot),
+                    Pool.ELASTIC,
+                    slot,
+                    Role(role),
+                    leaving=on_loan[slot].leaving or status != NodeStatus.READY,
+                    busy=activity != Activity.ACTIVE,
+                    inflight=inflight,
+                    hardware=_chip(hardware) if typed else "",
+                )
+            )
             continue
         # a dedicated rollout worker is parked only by fencing (its node's lease lapsed: `expiry`); once its node is
         # back it still counts as the job's, in its role, so the plan is empty, and only a transition's finalize
@@ -178,9 +199,14 @@ def job_inventory(job: Job) -> Inventory:
             )
         )
     units += _free_units(job.tp, job.rollout_hardware, typed=typed, claimed=_claimed(job))
+    units += [  # other jobs' idle training GPUs lent to it (services.lending), where it has no worker yet
+        Unit(("free", b.node_id, b.gpus), Pool.ELASTIC, hardware=_chip(b.hardware) if typed else "")
+        for b in borrowed
+        if b.slot is None
+    ]
     cap = job.rollout_gpus // job.tp if job.rollout_gpus else None
     if job.allotted_rollout_gpus is not None:  # the cluster arbiter's share (services.arbitration): never beyond
-        cap = min(cap if cap is not None else 1 << 30, job.allotted_rollout_gpus // job.tp)
+        cap = min(cap if cap is not None else 1 << 30, job.allotted_rollout_gpus // job.tp + lent_room)
     return Inventory(tuple(units), frozenset(taken), cap, job.training_active)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Event, Job, Worker, WorkerGPU
+from controlplane.selectors.lending import on_owner_gpus
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit, emit_many
 from controlplane.services.invariants import assert_invariants, checked_once
@@ -84,8 +86,7 @@ def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "syste
                 raise NotFound(f"node {st.node_id} does not exist", field="node")
             if node.status != NodeStatus.READY:
                 raise Conflict(f"node {node.name} is {node.status}; new workers go only to ready nodes", field="node")
-            zone = Zone.OVERLAP if node.pool == Pool.TRAINING else Zone.ROLLOUT
-            if _role(st.role) is Role.TRAINING and zone is not Zone.OVERLAP:
+            if _role(st.role) is Role.TRAINING and node.pool != Pool.TRAINING:
                 raise InvalidInput("training workers live on training nodes", field="role")
         by_node: dict[int, set[int]] = {}
         for st in starts:
@@ -95,6 +96,23 @@ def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "syste
             gpu_q |= Q(node_id=node_id, index__in=sorted(idx))
         gpus = {(g.node_id, g.index): g for g in locked(GPU.objects.filter(gpu_q, present=True)).order_by("pk")}
         taken = set(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
+        # a rollout worker on another job's training GPUs (a lent unit, `services.lending`) serves that job's
+        # rollout as a dedicated worker would: its zone is rollout; on its own job's (or no job's) it is overlap
+        foreign = set(
+            WorkerGPU.objects.filter(alive=True, kind="training", gpu__in=list(gpus.values()))
+            .exclude(worker__job=job)
+            .values_list("gpu_id", flat=True)
+        )
+        zones = [
+            Zone.OVERLAP
+            if held[st.node_id].pool == Pool.TRAINING
+            and (
+                _role(st.role) is Role.TRAINING
+                or not any(g.pk in foreign for k, g in gpus.items() if k[0] == st.node_id and k[1] in st.gpu_indexes)
+            )
+            else Zone.ROLLOUT
+            for st in starts
+        ]
         slots: list[int] = []
         for st in starts:
             missing = sorted(i for i in st.gpu_indexes if (st.node_id, i) not in gpus)
@@ -118,13 +136,13 @@ def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "syste
                             job=job,
                             slot=slot,
                             node=held[st.node_id],
-                            zone=Zone.OVERLAP if held[st.node_id].pool == Pool.TRAINING else Zone.ROLLOUT,
+                            zone=zone,
                             role=_role(st.role),
                             activity=_activity(st.activity),
                             engine=job.engine,
                             generation=held[st.node_id].generation + 1,
                         )
-                        for st, slot in zip(starts, slots, strict=True)
+                        for st, slot, zone in zip(starts, slots, zones, strict=True)
                     ]
                 )
                 WorkerGPU.objects.bulk_create(
@@ -285,7 +303,16 @@ def return_borrowed(job: Job, actor: str = "system") -> list[int]:
     """Training Begin: every borrowed overlap worker (serving or still being lent) goes back to the
     trainer now, in the caller's transaction: its agent aborts in-flight turns (their callers resume
     them elsewhere from their prefixes) and puts it to sleep. The return is due by a deadline, so it
-    does not wait for a re-plan; the plan that follows sees the workers parked. Returns their slots."""
+    does not wait for a re-plan; the plan that follows sees the workers parked. Other jobs' workers on
+    its training GPUs (cross-job lends, `services.lending`) are parked the same way, each job's at once;
+    their planners stop them. Returns the job's own slots."""
+    foreign: dict[int, list[int]] = {}
+    for w in on_owner_gpus(job):
+        if w.activity != Activity.INACTIVE:
+            foreign.setdefault(w.job_id, []).append(w.slot)
+    for borrower, slots in sorted(foreign.items()):
+        park = [WorkerChange(x, activity=Activity.INACTIVE) for x in sorted(slots)]
+        take_out(borrower, actor, partial(change_workers, job_id=borrower, changes=park, actor=actor))
     lent = sorted(
         Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP)
         .exclude(role=Role.TRAINING)

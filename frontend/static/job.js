@@ -36,12 +36,19 @@
       // the cluster arbiter's share of the rollout GPUs (issue 35)
       ...(j.sharing ? [["Share", (j.sharing.allotted_rollout_gpus === null ? "not divided yet" : `allotted ${j.sharing.allotted_rollout_gpus}`) +
         ` of ≤ ${j.sharing.max_rollout_gpus || "all"} rollout GPUs · holds ${j.sharing.held_rollout_gpus} · guaranteed ${j.sharing.min_rollout_gpus}` +
-        ` · priority ${j.sharing.priority} · weight ${j.sharing.weight}`, "share"]] : []),
+        ` · priority ${j.sharing.priority} · weight ${j.sharing.weight}` + lendsText(j.sharing), "share"]] : []),
       ["Submitted", `${j.submitted_by || j.created_by || "unknown"} at ${fmt.time(j.created)}`, "submitted"],
     ];
     const box = $("cards"); box.replaceChildren();
     for (const [k, v, id] of cards) { const c = el("div", "card"); c.dataset.card = id; c.append(el("div", "k", k), el("div", "v", v)); box.appendChild(c); }
     $("override-summary").textContent = S.override_summary || "none — the policy decides";
+  }
+
+  // cross-job lends of idle training GPUs (issue 35), each until the owner's next Training Begin
+  function lendsText(sh) {
+    const part = (m, f) => Object.entries(m || {}).map(([job, n]) => f(job, n));
+    return [...part(sh.borrows, (job, n) => ` · borrows ${n} of ${job}'s training GPUs`),
+            ...part(sh.lends, (job, n) => ` · lends ${n} training GPUs to ${job}`)].join("");
   }
 
   // training on `hardware`; the rollout pool on the types the job accepts (issue 23: mixed pools)

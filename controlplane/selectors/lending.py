@@ -1,0 +1,288 @@
+"""Cross-job borrowing (issue 35), the reads: each job's training units and who holds them, what an owner may
+lend, when it next needs its units back, and what a borrower's planner may use (`services.lending` writes)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from itertools import pairwise
+
+from django.db.models import Count, F, Q
+
+from controlplane.core.state import Activity, Pool, Role, Zone
+from controlplane.core.telemetry import TelemetryRecord
+from controlplane.core.transitions import StepKind
+from controlplane.models import (
+    Event,
+    Job,
+    TelemetrySample,
+    TrainingLend,
+    Transition,
+    TransitionStep,
+    Worker,
+    WorkerGPU,
+)
+
+ACTIVE_TRANSITION = (Transition.Status.PENDING, Transition.Status.RUNNING)
+TB_HISTORY = 6  # Training Begins read to predict the next one
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingUnit:
+    """One `tp` group of a job's training GPUs and the rollout worker on it, if any (the owner's overlap worker
+    or a borrower's), or the job whose unfinished transition is about to start one there."""
+
+    node_id: int
+    gpus: tuple[int, ...]  # GPU indexes on the node
+    occupant_job: int | None
+    occupant_slot: int | None = None
+    occupant_activity: str = ""
+
+
+def claims() -> dict[tuple[int, int], int]:
+    """(node id, GPU index) -> the job whose unfinished transition is to start a worker there (not bound yet)."""
+    out: dict[tuple[int, int], int] = {}
+    for job_id, args in TransitionStep.objects.filter(
+        kind=StepKind.START_WORKER, transition__status__in=ACTIVE_TRANSITION, status=TransitionStep.Status.PENDING
+    ).values_list("transition__job_id", "args"):
+        for i in args.get("gpus", []):
+            out[(int(args["node"]), int(i))] = job_id
+    return out
+
+
+def training_units(owner: Job, claimed: dict[tuple[int, int], int] | None = None) -> list[TrainingUnit]:
+    """The owner's training units in its training workers' slot order, each with its rollout occupant."""
+    groups: dict[int, tuple[int, int, list[tuple[int, int]]]] = {}  # worker id -> (slot, node, [(index, gpu id)])
+    for wid, slot, node_id, index, gid in (
+        WorkerGPU.objects.filter(alive=True, kind="training", worker__job=owner, worker__alive=True)
+        .order_by("worker__slot", "gpu__index")
+        .values_list("worker_id", "worker__slot", "worker__node_id", "gpu__index", "gpu_id")
+    ):
+        groups.setdefault(wid, (slot, node_id, []))[2].append((index, gid))
+    gpu_ids = {gid for _, _, pairs in groups.values() for _, gid in pairs}
+    on: dict[int, tuple[int, int, str]] = {
+        gid: (job_id, slot, activity)
+        for gid, job_id, slot, activity in WorkerGPU.objects.filter(
+            alive=True, kind="rollout", gpu_id__in=gpu_ids
+        ).values_list("gpu_id", "worker__job_id", "worker__slot", "worker__activity")
+    }
+    claimed = claims() if claimed is None else claimed
+    out = []
+    for _, node_id, pairs in sorted(groups.values()):
+        occ = next((on[g] for _, g in pairs if g in on), None)
+        if occ is not None:
+            out.append(TrainingUnit(node_id, tuple(i for i, _ in pairs), occ[0], occ[1], occ[2]))
+        else:
+            by = next((claimed[(node_id, i)] for i, _ in pairs if (node_id, i) in claimed), None)
+            out.append(TrainingUnit(node_id, tuple(i for i, _ in pairs), by))
+    return out
+
+
+def in_transition(job: Job) -> set[int]:
+    """Slots the job's unfinished transitions touch (an overlap worker about to be lent to its own rollout)."""
+    return {
+        s
+        for s in TransitionStep.objects.filter(
+            transition__job=job, transition__status__in=ACTIVE_TRANSITION
+        ).values_list("worker_slot", flat=True)
+        if s is not None
+    }
+
+
+def lendable_units(owner: Job) -> int:
+    """The owner's training units it may lend now: none while its trainer computes; else those asleep (its
+    parked overlap worker, not part of a transition of its own), empty, or already lent."""
+    if owner.training_active:
+        return 0
+    busy = in_transition(owner)
+    return sum(
+        1
+        for u in training_units(owner)
+        if u.occupant_job != owner.pk
+        or (u.occupant_activity == Activity.INACTIVE and u.occupant_slot is not None and u.occupant_slot not in busy)
+    )
+
+
+def next_training_begin(owner: Job, now_s: float) -> float | None:
+    """The owner's next Training Begin (epoch s), predicted as its last one plus the median interval of its
+    recent ones; None before it has begun twice (it lends nothing before). An overdue one is due now."""
+    times = sorted(
+        t.timestamp()
+        for t in Event.objects.filter(job=owner, kind="training.begin")
+        .order_by("-id")
+        .values_list("created", flat=True)[:TB_HISTORY]
+    )
+    if len(times) < 2:
+        return None
+    period = statistics.median(b - a for a, b in pairwise(times))
+    return max(now_s, times[-1] + period)
+
+
+def measured_reload_s(job: Job) -> float | None:
+    """How long a new worker of the job takes to serve: the median of its last done START_WORKER steps (one is
+    done once its worker runs holding the job's weights); None before any."""
+    rows = list(
+        TransitionStep.objects.filter(
+            transition__job=job, kind=StepKind.START_WORKER, status=TransitionStep.Status.DONE
+        )
+        .exclude(started=None)
+        .exclude(finished=None)
+        .order_by("-id")
+        .values_list("started", "finished")[:5]
+    )
+    took = [(f - s).total_seconds() for s, f in rows if s is not None and f is not None]
+    return statistics.median(took) if took else None
+
+
+def lends_of(job_ids: list[int]) -> dict[tuple[int, int], int]:
+    """(owner id, borrower id) -> GPUs lent now, among these jobs."""
+    return {
+        (o, b): g
+        for o, b, g in TrainingLend.objects.filter(owner_id__in=job_ids, borrower_id__in=job_ids).values_list(
+            "owner_id", "borrower_id", "gpus"
+        )
+    }
+
+
+def promised_units(owner: Job) -> int:
+    """The owner's units its lends hold (held by a borrower's worker or still to be taken)."""
+    return sum(TrainingLend.objects.filter(owner=owner).values_list("gpus", flat=True)) // max(1, owner.tp)
+
+
+@dataclass(frozen=True, slots=True)
+class BorrowedUnit:
+    """A lent training unit as the borrower's planner sees it: its worker there (`slot`) or none yet."""
+
+    node_id: int
+    gpus: tuple[int, ...]
+    hardware: str
+    slot: int | None
+    leaving: bool  # the lend ended or the owner trains: the worker there goes (its turns resume elsewhere)
+
+
+def borrowed_units(job: Job) -> tuple[list[BorrowedUnit], int]:
+    """The borrower's units on other jobs' training GPUs, and how many its lends allow it now (its planner's cap
+    grows by that). Its workers there beyond its lend, or on an owner that trains, leave. Several borrowers of
+    one owner take its empty units in borrower id order, so two never pick the same one."""
+    lends = dict(TrainingLend.objects.filter(borrower=job).values_list("owner_id", "gpus"))
+    mine = WorkerGPU.objects.filter(alive=True, kind="rollout", worker__job=job, gpu__node__pool=Pool.TRAINING)
+    owners = set(lends) | set(
+        WorkerGPU.objects.filter(alive=True, kind="training", gpu_id__in=mine.values_list("gpu_id", flat=True))
+        .exclude(worker__job=job)
+        .values_list("worker__job_id", flat=True)
+    )
+    claimed = claims()
+    out: list[BorrowedUnit] = []
+    allowed = 0
+    for owner in Job.objects.filter(pk__in=owners).order_by("pk"):
+        units = training_units(owner, claimed)
+        room = lends.get(owner.pk, 0) // max(1, job.tp) if not owner.training_active and owner.tp == job.tp else 0
+        n = 0
+        for u in units:
+            if u.occupant_job == job.pk and u.occupant_slot is not None:
+                out.append(BorrowedUnit(u.node_id, u.gpus, owner.hardware, u.occupant_slot, leaving=n >= room))
+                n += 1
+            elif u.occupant_job == job.pk:  # a start of its own planned there
+                n += 1
+        allowed += min(n, room)
+        ahead = 0  # empty units the borrowers before it in id order are still to take
+        for b, gpus in TrainingLend.objects.filter(owner=owner, borrower_id__lt=job.pk).values_list(
+            "borrower_id", "gpus"
+        ):
+            ahead += max(0, gpus // max(1, owner.tp) - sum(1 for u in units if u.occupant_job == b))
+        for u in units:
+            if u.occupant_job is not None or n >= room:
+                continue
+            if ahead > 0:
+                ahead -= 1
+                continue
+            out.append(BorrowedUnit(u.node_id, u.gpus, owner.hardware, None, leaving=False))
+            n += 1
+            allowed += 1
+    return out, allowed
+
+
+def on_owner_gpus(owner: Job) -> list[Worker]:
+    """Other jobs' rollout workers on the owner's training GPUs (the lent units' workers)."""
+    gpu_ids = WorkerGPU.objects.filter(alive=True, kind="training", worker__job=owner).values_list("gpu_id", flat=True)
+    return list(
+        Worker.objects.filter(alive=True, bindings__alive=True, bindings__kind="rollout", bindings__gpu_id__in=gpu_ids)
+        .exclude(job=owner)
+        .select_related("node", "job")
+        .distinct()
+    )
+
+
+def taken_back(job: Job, slots: list[int]) -> set[int]:
+    """Of these workers of `job`, those on another job's training GPUs whose trainer has begun (Training Begin)."""
+    gpus = WorkerGPU.objects.filter(alive=True, kind="training", worker__job__training_active=True).exclude(
+        worker__job=job
+    )
+    return set(
+        WorkerGPU.objects.filter(
+            alive=True,
+            kind="rollout",
+            worker__job=job,
+            worker__slot__in=slots,
+            gpu_id__in=gpus.values_list("gpu_id", flat=True),
+        ).values_list("worker__slot", flat=True)
+    )
+
+
+def training_owner(job: Job, groups: list[tuple[int, list[int]]]) -> tuple[Job, int] | None:
+    """Another job whose training worker holds any of these (node id, GPU indexes) groups and computes now (it
+    took its lent units back; a start there must wait for the next lend), with the group's index. One query."""
+    if not groups:
+        return None
+    where = Q()
+    for node_id, indexes in groups:
+        where |= Q(gpu__node_id=node_id, gpu__index__in=indexes)
+    row = (
+        WorkerGPU.objects.filter(where, alive=True, kind="training", worker__job__training_active=True)
+        .exclude(worker__job=job)
+        .select_related("worker__job", "gpu")
+        .first()
+    )
+    if row is None:
+        return None
+    at = next(i for i, (n, idx) in enumerate(groups) if n == row.gpu.node_id and row.gpu.index in idx)
+    return row.worker.job, at
+
+
+def lend_followups() -> set[int]:
+    """The jobs to plan once a transition ended: a borrower whose lend has room its workers do not fill yet
+    (the owner not training), and an owner, lending nothing and not training, one of whose training units has
+    no overlap worker (a lend that ended left it empty: its plan starts the overlap worker again)."""
+    out: set[int] = set()
+    for owner_id, borrower_id, gpus, tp in TrainingLend.objects.filter(owner__training_active=False).values_list(
+        "owner_id", "borrower_id", "gpus", "owner__tp"
+    ):
+        owner_gpus = WorkerGPU.objects.filter(alive=True, kind="training", worker__job_id=owner_id)
+        there = (
+            Worker.objects.filter(
+                job_id=borrower_id, alive=True, bindings__alive=True, bindings__gpu_id__in=owner_gpus.values("gpu_id")
+            )
+            .distinct()
+            .count()
+        )
+        if there < gpus // max(1, tp):
+            out.add(borrower_id)
+    short = (
+        Worker.objects.filter(alive=True, zone=Zone.OVERLAP, job__status=Job.Status.RUNNING, job__training_active=False)
+        .exclude(job__lends_out__isnull=False)
+        .values("job_id")
+        .annotate(
+            trainers=Count("pk", filter=Q(role=Role.TRAINING)), overlap=Count("pk", filter=~Q(role=Role.TRAINING))
+        )
+        .filter(overlap__lt=F("trainers"))
+        .values_list("job_id", flat=True)
+    )
+    return out | set(short)
+
+
+def measured_return_s(owner: Job) -> float:
+    """How long the owner's borrowed workers took to come back at its recent Training Begins (the median of its
+    last updates' `return_latency_s`): a lend of its units is due that long before its next one. 0 before any."""
+    rows = TelemetrySample.objects.filter(job=owner, kind="train").order_by("-id").values_list("record", flat=True)[:5]
+    took = [TelemetryRecord.from_json(r).return_latency_s for r in rows]
+    return statistics.median(took) if took else 0.0

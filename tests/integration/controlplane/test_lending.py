@@ -1,0 +1,169 @@
+"""Cross-job borrowing, live (issue 35, Deliver 3), through the real services with agents converging without
+processes: the arbiter lends a job's idle training GPU to another job's rollout, the borrower's planner starts
+a worker there, the owner's Training Begin takes it back before the owner's update may start, the lend ends
+and the owner's overlap worker comes back."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from controlplane.core.state import Activity, Zone
+from controlplane.models import Event, Job, TrainingLend, TransitionStep, Worker
+from controlplane.selectors.jobs import job_status
+from controlplane.selectors.lending import borrowed_units, lend_followups, lendable_units
+from controlplane.services import arbitration, executor, jobs, planner
+from controlplane.services.errors import Conflict
+from pearl_cli.main import status_text
+from tests.support.cluster import agents_converge, make_job, make_node, run_transition
+
+pytestmark = pytest.mark.django_db
+
+SPEC = {"rollout_gpus": 4, "training_gpus": 1, "model": "tiny", "batch_size": 16, "group_size": 4}
+
+
+def _place_all(division: arbitration.Rebalance) -> None:
+    for job_id, signal in division.plan_order:
+        t = planner.plan_job(job_id=job_id, signal=signal)
+        if t is not None:
+            assert run_transition(t).status == "succeeded"
+
+
+def _train_once(job: Job) -> None:
+    """One update of the job as its driver and trainer drive it: Training Begin, the update, Training Finished."""
+    jobs.set_training_active(job_id=job.pk, active=True)
+    agents_converge()
+    jobs.start_update(job_id=job.pk)
+    jobs.set_training_active(job_id=job.pk, active=False)
+
+
+def _trained_every(job: Job, period_s: float) -> None:
+    """Two updates `period_s` apart, the last one just now (its next Training Begin is predicted then)."""
+    _train_once(job)
+    _train_once(job)
+    now = timezone.now()
+    tb = Event.objects.filter(job=job, kind="training.begin").order_by("-id").values_list("pk", flat=True)
+    for k, pk in enumerate(list(tb)):
+        Event.objects.filter(pk=pk).update(created=now - timedelta(seconds=1 + k * period_s))
+
+
+def _status_text(job_id: int) -> str:
+    st = job_status(job_id)
+    assert st is not None
+    return status_text(st)
+
+
+def _on_loan(owner: Job) -> list[Worker]:
+    """Other jobs' workers on the owner's training GPUs."""
+    from controlplane.selectors.lending import on_owner_gpus
+
+    return on_owner_gpus(owner)
+
+
+def _two_jobs() -> tuple[Job, Job]:
+    make_node("r1", slots=4)
+    make_node("t1", pool="training", slots=2)
+    a, b = make_job("a", **SPEC), make_job("b", **SPEC)
+    _place_all(arbitration.rebalance(reason="jobs arrived"))
+    assert Job.objects.get(pk=a.pk).allotted_rollout_gpus == 2 == Job.objects.get(pk=b.pk).allotted_rollout_gpus
+    return a, b
+
+
+def test_an_idle_training_gpu_serves_another_job_until_its_owner_trains():
+    a, b = _two_jobs()
+    _trained_every(a, 200.0)
+    assert lendable_units(a) == 1  # its Training Begin parked its overlap worker: the training GPU is idle
+
+    # a division after a's update: a's idle training GPU is lent to b (b wants 4 and holds 2); a's parked overlap
+    # worker stops, b is planned and starts a worker of its own there
+    division = arbitration.rebalance(reason="a's Training Finished")
+    lend = TrainingLend.objects.get()
+    assert (lend.owner_id, lend.borrower_id, lend.gpus) == (a.pk, b.pk, 1) and lend.due is not None
+    assert b.pk in [j for j, _ in division.plan_order]
+    assert "b 2→3 (+1 lent)" in division.explanation, division.explanation
+    ev = Event.objects.filter(kind=arbitration.EVENT_KIND).latest("id")
+    assert ev.data["lent"] == {"b": 1}
+    assert not Worker.objects.filter(job=a, alive=True, zone=Zone.OVERLAP).exclude(role="training").exists()
+    _place_all(division)
+    [w] = _on_loan(a)
+    assert (w.job_id, w.zone, w.activity, w.node.name) == (b.pk, Zone.ROLLOUT, Activity.ACTIVE, "t1")
+    # b's share of the cluster is unchanged: the worker on a's training GPU is a lend, not its allotment
+    assert Job.objects.get(pk=b.pk).allotted_rollout_gpus == 2
+    assert arbitration.rebalance(reason="periodic").plan_order == []  # the lend holds: nothing moves
+    # where a person looks: `pearl status` of each job, the job page's share (the same `sharing` read)
+    assert "  borrows 1 training GPU(s) of job a until a's next Training Begin" in _status_text(b.pk)
+    assert "  lends 1 training GPU(s) to job b until its next Training Begin" in _status_text(a.pk)
+    assert "holds 2;" in _status_text(b.pk)  # its share: the lent GPU is not counted there
+
+    # a's Training Begin takes the GPU back at once (the agent parks the worker; its turns resume elsewhere), and
+    # a's update waits until b's worker there is reported back
+    jobs.set_training_active(job_id=a.pk, active=True)
+    assert Worker.objects.get(pk=w.pk).activity == Activity.INACTIVE
+    with pytest.raises(Conflict, match=r"job b's worker \d+ on its lent training GPUs is not back yet"):
+        jobs.start_update(job_id=a.pk)
+    agents_converge()
+    jobs.start_update(job_id=a.pk)
+
+    # the next division ends the lend; b's planner stops its worker there
+    division = arbitration.rebalance(reason="a's Training Begin")
+    assert not TrainingLend.objects.exists()
+    assert "b 3→2" in division.explanation, division.explanation
+    _place_all(division)
+    assert not _on_loan(a)
+    stops = TransitionStep.objects.filter(transition__job=b, kind="stop_worker", worker_slot=w.slot)
+    assert stops.filter(status="done").exists()
+
+    # after a's update its next plan starts its overlap worker again, parked on its training GPU
+    jobs.set_training_active(job_id=a.pk, active=False)
+    planner.plan_job(job_id=a.pk, signal="training_finished")
+    back = Worker.objects.filter(job=a, alive=True, zone=Zone.OVERLAP).exclude(role="training")
+    assert back.count() == 1 and back.get().activity == Activity.INACTIVE
+
+
+def test_a_start_or_an_admission_the_owners_training_begin_overtook_does_not_happen():
+    a, b = _two_jobs()
+    _trained_every(a, 200.0)
+    arbitration.rebalance(reason="a's Training Finished")
+    assert TrainingLend.objects.filter(owner=a, borrower=b).exists()
+    t = planner.plan_job(job_id=b.pk, signal="capacity_change")
+    jobs.set_training_active(job_id=a.pk, active=True)  # before b's transition started its worker there
+    done = run_transition(t)
+    assert done.status == "failed" and "a's Training Begin arrived before worker" in done.error, done.error
+    assert not _on_loan(a)
+    agents_converge()
+    jobs.start_update(job_id=a.pk)
+
+    # one step later: b's worker has started there when a's Training Begin comes, before b's finalize admits it
+    jobs.set_training_active(job_id=a.pk, active=False)
+    _trained_every(a, 200.0)
+    arbitration.rebalance(reason="periodic")  # the lend holds (a lends its empty unit): b is to fill it
+    assert lend_followups() == {b.pk}  # what is planned once a transition ends (plan_queue.replan_short_jobs)
+    t = planner.plan_job(job_id=b.pk, signal="capacity_change")
+    assert executor.execute_transition(transition_id=t.pk).status == "running"  # the start is issued
+    [w] = _on_loan(a)
+    jobs.set_training_active(job_id=a.pk, active=True)
+    assert Worker.objects.get(pk=w.pk).activity == Activity.INACTIVE  # parked at once
+    assert run_transition(t).status == "succeeded"
+    assert Worker.objects.get(pk=w.pk).activity == Activity.INACTIVE  # b's finalize left it out
+    agents_converge()
+    jobs.start_update(job_id=a.pk)
+    _place_all(arbitration.rebalance(reason="a's Training Begin"))  # the lend ends: b stops its worker there
+    assert not _on_loan(a) and not TrainingLend.objects.exists()
+    assert lend_followups() == set()  # a trains: its overlap worker comes back after its update
+    jobs.set_training_active(job_id=a.pk, active=False)
+    assert lend_followups() == {a.pk}
+
+
+def test_a_job_lends_nothing_before_its_period_is_known_or_with_lending_off():
+    a, b = _two_jobs()
+    arbitration.rebalance(reason="periodic")
+    assert not TrainingLend.objects.exists()  # a has not trained twice: its next Training Begin is unknown
+    _trained_every(a, 200.0)
+    with override_settings(PEARL={**__import__("django.conf").conf.settings.PEARL, "CROSS_JOB_LENDING": False}):
+        arbitration.rebalance(reason="periodic")
+    assert not TrainingLend.objects.exists()
+    units, room = borrowed_units(Job.objects.get(pk=b.pk))
+    assert (units, room) == ([], 0)
