@@ -215,8 +215,10 @@ _DESIRED_JOB_FIELDS = ("id", "name", "created", "model", "weight_version", "max_
 
 def _trainers(jobs: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]:
     """For these jobs, in one query over their alive training workers: each job's weights URL (`weights_url`:
-    the endpoint of its first training worker that has one) and the node of its first training worker (which
-    runs its rollout driver)."""
+    the endpoint of its first training worker, by slot: the one trainer that takes its samples and updates, ""
+    until that worker reports one) and the node of that worker (which runs its rollout driver). Not the first
+    worker that has an endpoint: with several training workers starting, that one changed when an earlier slot
+    came up, and a driver posted part of a step's samples to a trainer that then did not run its update."""
     urls: dict[int, str] = {}
     first: dict[int, int] = {}
     for job_id, node_id, endpoint in (
@@ -224,9 +226,10 @@ def _trainers(jobs: Iterable[int]) -> tuple[dict[int, str], dict[int, int]]:
         .order_by("job_id", "slot")
         .values_list("job_id", "node_id", "endpoint")
     ):
-        first.setdefault(job_id, node_id)
-        if endpoint:
-            urls.setdefault(job_id, endpoint)
+        if job_id not in first:
+            first[job_id] = node_id
+            if endpoint:
+                urls[job_id] = endpoint
     return urls, first
 
 

@@ -269,6 +269,43 @@ def test_fuzz_random_service_calls_keep_invariants():
     assert t.gpus.count() == 4
 
 
+def test_a_job_with_several_training_workers_has_one_trainer_the_first_by_slot():
+    """Its samples and updates go to one trainer: the first training worker by slot, even while a later one has
+    come up first (it was the first with an endpoint, and a driver posted part of a step to it: lost samples)."""
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+    from controlplane.selectors.cluster import weights_url
+
+    t = make_node("t1", pool="training", slots=2)
+    make_node("r1", slots=1)
+    job = make_job(training_gpus=2)
+    first, second = (
+        workers.start_worker(job_id=job.pk, node_id=t.pk, gpu_indexes=[i], role="training", activity="inactive")
+        for i in (0, 1)
+    )
+
+    def report(*up: Worker) -> None:
+        hb = Heartbeat(
+            epoch=t.epoch,
+            generation=0,
+            workers=[
+                ObservedWorker(
+                    worker_id=w.pk,
+                    role=Role.TRAINING,
+                    activity=Activity.INACTIVE,
+                    state="running",
+                    endpoint=f"http://127.0.0.1:{9000 + w.slot}",
+                )
+                for w in up
+            ],
+        )
+        heartbeat.record_heartbeat(node_id=t.pk, message=hb)
+
+    report(second)  # the second trainer is up first
+    assert weights_url(job.pk) == ""  # no trainer yet: the driver waits for it
+    report(first, second)
+    assert weights_url(job.pk) == f"http://127.0.0.1:{9000 + first.slot}"
+
+
 def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     from controlplane.core.agent_link import Heartbeat, ObservedWorker
 
