@@ -103,19 +103,47 @@ def lendable_units(owner: Job) -> int:
     )
 
 
-def next_training_begin(owner: Job, now_s: float) -> float | None:
-    """The owner's next Training Begin (epoch s), predicted as its last one plus the median interval of its
-    recent ones; None before it has begun twice (it lends nothing before). An overdue one is due now."""
-    times = sorted(
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """A job's update rhythm in its loop's clock (the clock its telemetry and predictor use: wall time for real
+    engines, an emulated job's scaled time) and how that clock maps to wall time."""
+
+    period_s: float  # between its Training Begins, loop seconds (the median of its recent ones)
+    return_s: float  # its borrowed workers' return at Training Begin, loop seconds (the median)
+    scale: float  # wall seconds per loop second (1 for real engines; an emulated job's time factor)
+    last_begin_wall_s: float  # its last Training Begin, epoch seconds
+
+    def until_next_begin_s(self, now_wall_s: float) -> float:
+        """Loop seconds to its next Training Begin (0 if overdue)."""
+        return max(0.0, self.period_s - (now_wall_s - self.last_begin_wall_s) / self.scale)
+
+
+def cadence(job: Job) -> Cadence | None:
+    """The job's cadence from its last Training Begins (their events, wall time) and its last updates (their
+    TRAIN records, loop time: a Training Begin at `time_s - duration_s - return_latency_s`); None before it has
+    trained twice."""
+    walls = sorted(
         t.timestamp()
-        for t in Event.objects.filter(job=owner, kind="training.begin")
+        for t in Event.objects.filter(job=job, kind="training.begin")
         .order_by("-id")
         .values_list("created", flat=True)[:TB_HISTORY]
     )
-    if len(times) < 2:
+    recs = [
+        TelemetryRecord.from_json(r)
+        for r in TelemetrySample.objects.filter(job=job, kind="train")
+        .order_by("-id")
+        .values_list("record", flat=True)[:TB_HISTORY]
+    ]
+    loops = sorted(r.time_s - r.duration_s - r.return_latency_s for r in recs)
+    n = min(len(walls), len(loops))
+    if n < 2:
         return None
-    period = statistics.median(b - a for a, b in pairwise(times))
-    return max(now_s, times[-1] + period)
+    period = statistics.median(b - a for a, b in pairwise(loops[-n:]))
+    wall = statistics.median(b - a for a, b in pairwise(walls[-n:]))
+    if not period > 0 or not wall > 0:
+        return None
+    returns = statistics.median(r.return_latency_s for r in recs)
+    return Cadence(period, returns, wall / period, walls[-1])
 
 
 def measured_reload_s(job: Job) -> float | None:
@@ -278,11 +306,3 @@ def lend_followups() -> set[int]:
         .values_list("job_id", flat=True)
     )
     return out | set(short)
-
-
-def measured_return_s(owner: Job) -> float:
-    """How long the owner's borrowed workers took to come back at its recent Training Begins (the median of its
-    last updates' `return_latency_s`): a lend of its units is due that long before its next one. 0 before any."""
-    rows = TelemetrySample.objects.filter(job=owner, kind="train").order_by("-id").values_list("record", flat=True)[:5]
-    took = [TelemetryRecord.from_json(r).return_latency_s for r in rows]
-    return statistics.median(took) if took else 0.0

@@ -36,13 +36,7 @@ from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, Job, Worker
 from controlplane.selectors.jobs import SHARE_EVENT
-from controlplane.selectors.lending import (
-    lendable_units,
-    lends_of,
-    measured_reload_s,
-    measured_return_s,
-    next_training_begin,
-)
+from controlplane.selectors.lending import Cadence, cadence, lendable_units, lends_of, measured_reload_s
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.lending import store_lends
 from controlplane.services.planner import job_policy, last_division
@@ -105,15 +99,17 @@ def _curve(job: Job, unit_gpus: int) -> Callable[[int], float]:
     return at
 
 
-def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending) -> JobDemand:
+def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: Cadence | None) -> JobDemand:
     try:
         costs = get_reconfig_costs(job.model)
         reload_s, kv_s = costs.inter_scale_preparation_s, costs.inter_scale_finalisation_s
     except ValueError:  # a model directory without sourced costs: moves are gated by hysteresis alone
         reload_s, kv_s = 0.0, 0.0
-    measured = measured_reload_s(job)  # what its own new workers took to serve, where it has started some
+    measured = measured_reload_s(job)  # what its own new workers took to serve (wall), where it started some
+    if measured is not None:  # in its loop's clock, the one its predictor's curve is in
+        reload_s = measured / (rhythm.scale if rhythm else 1.0)
     most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
-    lendable, tb, returns_s = lending.offer(job, unit_gpus)
+    lendable, tb, returns_s = lending.offer(job, unit_gpus, rhythm)
     return JobDemand(
         name=job.name,
         max_units=min(most, own_units),
@@ -126,7 +122,7 @@ def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending) -> JobDe
         lendable_units=lendable,
         training_begin_s=tb,
         deactivation_s=returns_s,
-        reload_s=reload_s if measured is None else measured,
+        reload_s=reload_s,
         kv_loss_s=kv_s,
         outstanding=(job.remaining if job.remaining is not None else job.batch_size) * job.tp,
     )
@@ -141,21 +137,18 @@ class Lending:
     borrowing: set[int]  # jobs that hold a lend now: they lend nothing (no two jobs wait on each other)
     now_s: float
 
-    def offer(self, job: Job, unit_gpus: int) -> tuple[int, float, float]:
-        """(training units it may lend, its predicted next Training Begin in epoch s, the time its returns take);
+    def offer(self, job: Job, unit_gpus: int, rhythm: Cadence | None) -> tuple[int, float, float]:
+        """(training units it may lend, loop seconds to its next Training Begin, loop seconds its returns take);
         (0, inf, 0) if it lends none."""
         none = (0, math.inf, 0.0)
         if not settings.PEARL["CROSS_JOB_LENDING"] or len(self.jobs) < 2 or job.pk in self.borrowing:
             return none
-        if any(j.tp != unit_gpus for j in self.jobs):
+        if any(j.tp != unit_gpus for j in self.jobs) or rhythm is None:
             return none
         chip = job.hardware.lower()
         if any(chip not in {h.lower() for h in j.rollout_hardware} for j in self.jobs if j.pk != job.pk):
             return none
-        tb = next_training_begin(job, self.now_s)
-        if tb is None:
-            return none
-        return lendable_units(job), tb, measured_return_s(job)
+        return lendable_units(job), rhythm.until_next_begin_s(self.now_s), rhythm.return_s
 
 
 def _held(job_ids: list[int]) -> dict[int, int]:
@@ -191,11 +184,12 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     now_s = time.time()
     lent_before = lends_of([j.pk for j in jobs])
     lending = Lending(jobs, {b for (_, b) in lent_before}, now_s)
+    rhythms = {j.pk: cadence(j) for j in jobs}
     demands = []
     for j in jobs:
         types = {h.lower() for h in j.rollout_hardware}
         own = sum((n // j.tp) * j.tp for (_, hw), n in groups.items() if hw in types) // unit_gpus
-        demands.append(_demand(j, unit_gpus, own, lending))
+        demands.append(_demand(j, unit_gpus, own, lending, rhythms[j.pk]))
     by_id = {j.pk: j for j in jobs}
     by_name = {j.name: j for j in jobs}
     # a job that paused or ended since the last division gave its share back: listed once ('b 2→0'), then 0
@@ -216,10 +210,16 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
             if g // unit_gpus > 0
         ),
     )
-    new = arbitrate(capacity, demands, prev, reason=reason, now_s=now_s, config=LIVE_CONFIG)
+    # the lends' clock: each owner's loop seconds from now (`Cadence`), the curves' and costs' clock
+    new = arbitrate(capacity, demands, prev, reason=reason, now_s=0.0, config=LIVE_CONFIG)
     borrowers = {lend.borrower for lend in new.lends}
+
+    def _scale(lend: Lend) -> float:  # the owner's loop seconds to wall seconds (its due time, stored)
+        rhythm = rhythms[by_name[lend.owner].pk]
+        return rhythm.scale if rhythm else 1.0
+
     lends = {  # a job that borrows in this division lends nothing in it (`Lending`)
-        (by_name[lend.owner].pk, by_name[lend.borrower].pk): (lend.units * unit_gpus, lend.due_s)
+        (by_name[lend.owner].pk, by_name[lend.borrower].pk): (lend.units * unit_gpus, now_s + lend.due_s * _scale(lend))
         for lend in new.lends
         if lend.owner not in borrowers
     }

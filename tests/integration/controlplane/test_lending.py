@@ -11,8 +11,9 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from controlplane.core import telemetry as tm
 from controlplane.core.state import Activity, Zone
-from controlplane.models import Event, Job, TrainingLend, TransitionStep, Worker
+from controlplane.models import Event, Job, TelemetrySample, TrainingLend, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
 from controlplane.selectors.lending import borrowed_units, lend_followups, lendable_units
 from controlplane.services import arbitration, executor, jobs, planner
@@ -46,8 +47,13 @@ def _trained_every(job: Job, period_s: float) -> None:
     _train_once(job)
     now = timezone.now()
     tb = Event.objects.filter(job=job, kind="training.begin").order_by("-id").values_list("pk", flat=True)
+    TelemetrySample.objects.filter(job=job, kind="train").delete()
     for k, pk in enumerate(list(tb)):
         Event.objects.filter(pk=pk).update(created=now - timedelta(seconds=1 + k * period_s))
+        # its driver's record of that update, in the loop's clock (here wall time: real engines' scale 1)
+        begin = now.timestamp() - 1 - k * period_s
+        rec = tm.train(time_s=begin + 5.5, job=job.name, step=k, duration_s=5.0, return_latency_s=0.5)
+        TelemetrySample.objects.create(job=job, kind="train", record=rec.to_json())
 
 
 def _status_text(job_id: int) -> str:
