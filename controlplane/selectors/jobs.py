@@ -291,14 +291,14 @@ def sharing(job: Job) -> dict[str, Any]:
         * job.tp
     )
     return {
-        "borrows": dict(TrainingLend.objects.filter(borrower=job).values_list("owner__name", "gpus")),
-        "lends": dict(TrainingLend.objects.filter(owner=job).values_list("borrower__name", "gpus")),
         "priority": job.priority,
         "weight": job.weight,
         "min_rollout_gpus": job.min_rollout_gpus,
         "max_rollout_gpus": job.rollout_gpus,
         "allotted_rollout_gpus": job.allotted_rollout_gpus,
         "held_rollout_gpus": held,
+        "borrows": dict(TrainingLend.objects.filter(borrower=job).values_list("owner__name", "gpus")),
+        "lends": dict(TrainingLend.objects.filter(owner=job).values_list("borrower__name", "gpus")),
     }
 
 

@@ -194,6 +194,7 @@ def test_admin_lists_every_pearl_model(django_user_model):
         m.GPU,
         m.Job,
         m.Worker,
+        m.TrainingLend,
         m.Decision,
         m.Transition,
         m.Event,

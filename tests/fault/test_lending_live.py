@@ -1,0 +1,105 @@
+"""Cross-job borrowing on a live cluster (issue 35, Deliver 3): real Daphne, Celery (worker and beat), Redis and
+node agents with emulated engines, trainers and rollout drivers. Job a does not borrow its own training GPU (its
+override), so the GPU idles between a's updates; the arbiter lends it to job b, whose planner starts a worker
+there; a's Training Begin takes it back (the agent parks it, b's turns in flight resume elsewhere) before a's
+update starts, and the lend ends. No update misses its return deadline, no trajectory is lost or dropped, and
+both jobs train on."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from tests.fault.conftest import assert_invariants, record_timing, wait_for
+from tests.fault.test_arbiter_live import _records, _submit, _until
+from tests.fault.test_faults import LONG_LEASE_S, registered
+
+TIME_FACTOR = 0.1  # emulated H800 time x0.1, as the arbiter test
+
+
+def _borrowing_off(stack, job) -> None:
+    """PATCH /api/jobs/<id>/overrides/ as an operator would (`pearl override`): a's own rollout never borrows its
+    training GPU."""
+    from rest_framework.authtoken.models import Token
+
+    token = Token.objects.get(user__username="sharer")
+    req = urllib.request.Request(
+        f"{stack.base_url}/api/jobs/{job.pk}/overrides/",
+        data=json.dumps({"borrowing": False}).encode(),
+        headers={"Authorization": f"Token {token.key}", "Content-Type": "application/json"},
+        method="PATCH",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+
+
+def _lent_serving(owner) -> list[int]:
+    """Slots of other jobs' workers serving on the owner's training GPUs now."""
+    from controlplane.core.state import Activity
+    from controlplane.selectors.lending import on_owner_gpus
+
+    return [w.slot for w in on_owner_gpus(owner) if w.activity == Activity.ACTIVE]
+
+
+@pytest.mark.slow
+@pytest.mark.long  # about 80 s of live run here: CI's long stage
+@pytest.mark.lease(LONG_LEASE_S)
+def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its_owners_update(stack):
+    from controlplane.models import Event, Job
+
+    stack.agent("train-l", pool="training", slots=9, time_factor=TIME_FACTOR)  # a's 8 training GPUs, b's 1
+    stack.agent("roll-l", slots=2, time_factor=TIME_FACTOR)
+    for name in ("train-l", "roll-l"):
+        registered(name)
+    # a trains on eight GPUs and rolls out on one: its updates (~35 s of emulated time) are shorter than its
+    # rollouts (~75 s), so its training GPUs idle between them (a trainer-bound job, whose next update starts as
+    # the last one ends, has nothing to lend)
+    a = _submit(stack, "a", rollout_gpus=1, training_gpus=8)
+    _borrowing_off(stack, a)
+    b = _submit(stack, "b", rollout_gpus=2)
+    _until(lambda: Job.objects.get(pk=a.pk).weight_version >= 2 or None, 120, "a's first two updates")
+
+    # between a's updates the arbiter lends a's idle training GPU to b, and b serves on it
+    t0 = time.monotonic()
+    try:
+        _until(lambda: _lent_serving(a) or None, 120, "b serving on a's training GPU")
+    except AssertionError as exc:  # what the arbiter's lend was weighed on
+        from controlplane.selectors.lending import cadence, lendable_units, measured_reload_s
+
+        owner = Job.objects.get(pk=a.pk)
+        raise AssertionError(
+            f"{exc}; a: {cadence(owner)}, lendable {lendable_units(owner)}; b's reload {measured_reload_s(b)} s; "
+            + "; ".join(
+                f"{j.name} updates {[round(r['duration_s'], 1) for r in _records(j, 'train')][-5:]}" for j in (a, b)
+            )
+        ) from None
+    lent_after = time.monotonic() - t0
+    lend = Event.objects.filter(kind="arbiter.reallocated", message__contains="lent").latest("id")
+    assert lend.data["lent"] == {"b": 1}, lend.data
+
+    # a's next update: its Training Begin takes the GPU back, the update waits for it, then the lend ends and b's
+    # planner stops its worker there
+    version = Job.objects.get(pk=a.pk).weight_version
+    _until(lambda: Job.objects.get(pk=a.pk).weight_version > version or None, 90, "a's update after the lend")
+    ended = Event.objects.filter(kind="worker.stopped", job=b, node__name="train-l")
+    _until(lambda: ended.exists() or None, 90, "b's worker on a's training GPU stopped once the lend ended")
+    for j in (a, b):
+        v = Job.objects.get(pk=j.pk).weight_version
+        wait_for(lambda j=j, v=v: Job.objects.get(pk=j.pk).weight_version > v or None, 90, f"{j.name} trains on")
+
+    for j in (a, b):
+        trains, steps = _records(j, "train"), _records(j, "step")
+        assert all(t["missing_trajectories"] == 0 for t in trains), trains
+        late = [(t["step"], t["return_latency_s"], t["return_deadline_s"]) for t in trains]
+        assert all(t["return_latency_s"] <= t["return_deadline_s"] for t in trains), (j.name, late)
+        assert all(s["stale_aborted"] == 0 and s["given_up"] == 0 and s["dropped_groups"] == 0 for s in steps), steps
+    bad = Event.objects.filter(kind__in=["plan.error", "job.failed"])
+    assert not bad.exists(), list(bad.values_list("message", flat=True))
+    assert_invariants()
+    returns = [t["return_latency_s"] for t in _records(a, "train")]
+    resumed = sum(s["interruptions"] for s in _records(b, "step"))
+    lends = Event.objects.filter(kind="arbiter.reallocated", message__contains="lent").count()
+    record_timing("lending_live", lent_after_s=lent_after, a_return_s=max(returns), resumed=resumed, lends=lends)
