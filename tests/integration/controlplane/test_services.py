@@ -269,10 +269,30 @@ def test_fuzz_random_service_calls_keep_invariants():
     assert t.gpus.count() == 4
 
 
+def _trainers_up(node: Node, endpoints: dict[int, str], version: int = 0) -> Any:
+    """A training node's heartbeat: these training workers (id -> endpoint) running, idle, at `version`."""
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+
+    return Heartbeat(
+        epoch=node.epoch,
+        generation=0,
+        workers=[
+            ObservedWorker(
+                worker_id=wid,
+                role=Role.TRAINING,
+                activity=Activity.INACTIVE,
+                state="running",
+                weight_version=version,
+                endpoint=url,
+            )
+            for wid, url in endpoints.items()
+        ],
+    )
+
+
 def test_a_job_with_several_training_workers_has_one_trainer_the_first_by_slot():
     """Its samples and updates go to one trainer: the first training worker by slot, even while a later one has
     come up first (it was the first with an endpoint, and a driver posted part of a step to it: lost samples)."""
-    from controlplane.core.agent_link import Heartbeat, ObservedWorker
     from controlplane.selectors.cluster import weights_url
 
     t = make_node("t1", pool="training", slots=2)
@@ -284,21 +304,9 @@ def test_a_job_with_several_training_workers_has_one_trainer_the_first_by_slot()
     )
 
     def report(*up: Worker) -> None:
-        hb = Heartbeat(
-            epoch=t.epoch,
-            generation=0,
-            workers=[
-                ObservedWorker(
-                    worker_id=w.pk,
-                    role=Role.TRAINING,
-                    activity=Activity.INACTIVE,
-                    state="running",
-                    endpoint=f"http://127.0.0.1:{9000 + w.slot}",
-                )
-                for w in up
-            ],
+        heartbeat.record_heartbeat(
+            node_id=t.pk, message=_trainers_up(t, {w.pk: f"http://127.0.0.1:{9000 + w.slot}" for w in up})
         )
-        heartbeat.record_heartbeat(node_id=t.pk, message=hb)
 
     report(second)  # the second trainer is up first
     assert weights_url(job.pk) == ""  # no trainer yet: the driver waits for it
@@ -307,7 +315,6 @@ def test_a_job_with_several_training_workers_has_one_trainer_the_first_by_slot()
 
 
 def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
-    from controlplane.core.agent_link import Heartbeat, ObservedWorker
 
     t = make_node("t1", pool="training", slots=2)
     r = make_node("r1", slots=2)
@@ -317,20 +324,7 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     )
     workers.start_worker(job_id=job.pk, node_id=r.pk, gpu_indexes=[0], role="colocated", activity="active")
     gen_before = Node.objects.get(pk=r.pk).generation
-    hb = Heartbeat(
-        epoch=t.epoch,
-        generation=0,
-        workers=[
-            ObservedWorker(
-                worker_id=trainer.pk,
-                role=Role.TRAINING,
-                activity=Activity.INACTIVE,
-                state="running",
-                weight_version=3,
-                endpoint="http://127.0.0.1:9999",
-            )
-        ],
-    )
+    hb = _trainers_up(t, {trainer.pk: "http://127.0.0.1:9999"}, version=3)
     assert heartbeat.record_heartbeat(node_id=t.pk, message=hb).refused == []
     job.refresh_from_db()
     assert job.weight_version == 3
