@@ -168,14 +168,16 @@ def job_inventory(job: Job) -> Inventory:
         if role == Role.TRAINING:
             taken.add(slot)
             continue
-        if slot in on_loan:  # its worker on another job's training GPUs: a dedicated unit it may have to give up
+        if slot in on_loan or (zone == Zone.ROLLOUT and pool == Pool.TRAINING):
+            # its worker on another job's training GPUs: a dedicated unit it may have to give up (at once if no
+            # lend holds it any more: that job ended, its training GPUs are no one's to lend)
             units.append(
                 Unit(
                     ("w", slot),
                     Pool.ELASTIC,
                     slot,
                     Role(role),
-                    leaving=on_loan[slot].leaving or status != NodeStatus.READY,
+                    leaving=(on_loan[slot].leaving if slot in on_loan else True) or status != NodeStatus.READY,
                     busy=activity != Activity.ACTIVE,
                     inflight=inflight,
                     hardware=_chip(hardware) if typed else "",

@@ -173,3 +173,24 @@ def test_a_job_lends_nothing_before_its_period_is_known_or_with_lending_off():
     assert not TrainingLend.objects.exists()
     units, room = borrowed_units(Job.objects.get(pk=b.pk))
     assert (units, room) == ([], 0)
+
+
+@pytest.mark.parametrize("leaves", ["owner stops", "owner pauses", "borrower pauses"])
+def test_a_lend_ends_when_its_owner_or_borrower_leaves_and_nothing_stays_on_the_owners_gpus(leaves):
+    a, b = _two_jobs()
+    _trained_every(a, 200.0)
+    _place_all(arbitration.rebalance(reason="a's Training Finished"))
+    [w] = _on_loan(a)
+    if leaves == "owner stops":
+        jobs.stop_job(job_id=a.pk, actor="test")
+    elif leaves == "owner pauses":
+        jobs.pause_job(job_id=a.pk, actor="test")
+    else:
+        jobs.pause_job(job_id=b.pk, actor="test")
+        run_transition(planner.plan_job(job_id=b.pk, signal="periodic"))  # its release stops every rollout worker
+    _place_all(arbitration.rebalance(reason=leaves))
+    assert not TrainingLend.objects.exists()
+    assert not Worker.objects.filter(pk=w.pk, alive=True).exists()  # b's worker there drained and stopped
+    if leaves == "borrower pauses":  # a's overlap worker comes back with its next plan
+        planner.plan_job(job_id=a.pk, signal="periodic")
+        assert Worker.objects.filter(job=a, alive=True, zone=Zone.OVERLAP).exclude(role="training").count() == 1
