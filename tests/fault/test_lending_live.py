@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from functools import partial
 
 import pytest
 
@@ -34,6 +35,12 @@ def _borrowing_off(stack, job) -> None:
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
+
+
+def _trains_past(job_id: int, version: int) -> bool | None:
+    from controlplane.models import Job
+
+    return Job.objects.get(pk=job_id).weight_version > version or None
 
 
 def _lent_serving(owner) -> list[int]:
@@ -87,8 +94,7 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
     ended = Event.objects.filter(kind="worker.stopped", job=b, node__name="train-l")
     _until(lambda: ended.exists() or None, 90, "b's worker on a's training GPU stopped once the lend ended")
     for j in (a, b):
-        v = Job.objects.get(pk=j.pk).weight_version
-        wait_for(lambda j=j, v=v: Job.objects.get(pk=j.pk).weight_version > v or None, 90, f"{j.name} trains on")
+        wait_for(partial(_trains_past, j.pk, Job.objects.get(pk=j.pk).weight_version), 90, f"{j.name} trains on")
 
     for j in (a, b):
         trains, steps = _records(j, "train"), _records(j, "step")
