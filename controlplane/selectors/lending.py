@@ -40,10 +40,11 @@ class TrainingUnit:
 
 
 def claims() -> dict[tuple[int, int], int]:
-    """(node id, GPU index) -> the job whose unfinished transition is to start a worker there (not bound yet)."""
+    """(node id, GPU index) -> the job whose unfinished transition starts a worker there (planned for it, maybe
+    not bound yet): jobs planned one after the other must not both pick those GPUs."""
     out: dict[tuple[int, int], int] = {}
     for job_id, args in TransitionStep.objects.filter(
-        kind=StepKind.START_WORKER, transition__status__in=ACTIVE_TRANSITION, status=TransitionStep.Status.PENDING
+        kind=StepKind.START_WORKER, transition__status__in=ACTIVE_TRANSITION
     ).values_list("transition__job_id", "args"):
         for i in args.get("gpus", []):
             out[(int(args["node"]), int(i))] = job_id

@@ -43,7 +43,7 @@ from controlplane.models import (
 )
 from controlplane.selectors import model_dirs
 from controlplane.selectors.jobs import SHARE_EVENT
-from controlplane.selectors.lending import borrowed_units
+from controlplane.selectors.lending import borrowed_units, claims
 from controlplane.services import dispatch, latency
 from controlplane.services.errors import InvalidInput, NotFound, ServiceError
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
@@ -75,16 +75,8 @@ def _typed(job: Job) -> bool:
 
 
 def _claimed(job: Job) -> set[tuple[int, int]]:
-    """(node id, GPU index) that another job's unfinished transition is about to start a worker on: planned for
-    it, not bound yet. Jobs planned one after the other (the arbiter's task) must not both pick them."""
-    out: set[tuple[int, int]] = set()
-    for args in (
-        TransitionStep.objects.filter(kind=StepKind.START_WORKER, transition__status__in=ACTIVE_TRANSITION)
-        .exclude(transition__job=job)
-        .values_list("args", flat=True)
-    ):
-        out.update((int(args["node"]), int(i)) for i in args.get("gpus", []))
-    return out
+    """(node id, GPU index) that another job's unfinished transition is about to start a worker on."""
+    return {gpu for gpu, owner in claims().items() if owner != job.pk}
 
 
 def _free_units(

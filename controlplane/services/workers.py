@@ -98,19 +98,24 @@ def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "syste
         taken = set(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
         # a rollout worker on another job's training GPUs (a lent unit, `services.lending`) serves that job's
         # rollout as a dedicated worker would: its zone is rollout; on its own job's (or no job's) it is overlap
-        foreign = set(
-            WorkerGPU.objects.filter(alive=True, kind="training", gpu__in=list(gpus.values()))
-            .exclude(worker__job=job)
-            .values_list("gpu_id", flat=True)
+        lent = [st for st in starts if held[st.node_id].pool == Pool.TRAINING and _role(st.role) is not Role.TRAINING]
+        foreign = (
+            set(
+                WorkerGPU.objects.filter(alive=True, kind="training", gpu__in=list(gpus.values()))
+                .exclude(worker__job=job)
+                .values_list("gpu_id", flat=True)
+            )
+            if lent
+            else set()
         )
         zones = [
-            Zone.OVERLAP
-            if held[st.node_id].pool == Pool.TRAINING
-            and (
-                _role(st.role) is Role.TRAINING
-                or not any(g.pk in foreign for k, g in gpus.items() if k[0] == st.node_id and k[1] in st.gpu_indexes)
+            Zone.ROLLOUT
+            if held[st.node_id].pool != Pool.TRAINING
+            or (
+                st in lent
+                and any(g.pk in foreign for g in (gpus.get((st.node_id, i)) for i in st.gpu_indexes) if g is not None)
             )
-            else Zone.ROLLOUT
+            else Zone.OVERLAP
             for st in starts
         ]
         slots: list[int] = []
