@@ -7,6 +7,7 @@
 #   2. a live job on vLLM workers (tests/vllm/test_vllm_live.py): control plane, agents, driver and trainer
 #      in .venv (scripts/test.sh: its Redis and test database), the workers under PEARL_VLLM_PYTHON
 #      (default .venv-vllm/bin/python). PEARL_VLLM_LIVE=0 skips it.
+# `scripts/test-vllm.sh --setup` only builds .venv-vllm (CI builds it beside the linters, then runs the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -19,6 +20,7 @@ if [[ ! -x .venv-vllm/bin/python ]]; then
 fi
 # a .venv-vllm made before NIXL and orjson were needed gets them
 .venv-vllm/bin/python -c 'import nixl, orjson' 2>/dev/null || .venv-vllm/bin/pip install -q 'nixl==1.5.1' orjson
+if [[ "${1:-}" == --setup ]]; then exit 0; fi
 # a small KV pool (128 MiB: 260k tokens of the tiny model) starts faster and registers faster with NIXL
 export PEARL_VLLM_KV_CACHE_BYTES=${PEARL_VLLM_KV_CACHE_BYTES:-134217728} OMP_NUM_THREADS=1
 PYTHONPATH=. .venv-vllm/bin/python -m pytest -p no:django -p no:cacheprovider tests/unit/agents/test_vllm_engine.py \

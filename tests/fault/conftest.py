@@ -24,7 +24,7 @@ import pytest
 
 from tests.fault.private_postgres import PrivatePostgres, default_database, private_postgres, unavailable
 from tests.support.environment import ROOT, child_env
-from tests.support.processes import free_port, wait_port
+from tests.support.processes import free_port, stop_processes, wait_port
 
 LEASE_S, HEARTBEAT_S, SWEEP_S = 3.0, 0.5, 1.0
 SECRET = "fault-dp-secret"
@@ -206,16 +206,10 @@ class Stack:
         return (self.tmp / f"{name}.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        order = [n for n in self.procs if n.startswith("agent-")] + ["celery", "daphne", "redis"]
-        for name in order:
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+        """The agents first, all at once (each drains its workers; one after another they took seconds each),
+        then Celery, Daphne and Redis; whatever is left in the stack's process groups is killed."""
+        for names in ([n for n in self.procs if n.startswith("agent-")], ["celery"], ["daphne"], ["redis"]):
+            stop_processes([p for n in names if (p := self.procs.get(n)) is not None], grace_s=30.0)
         for pgid in self.groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
