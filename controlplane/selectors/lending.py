@@ -149,12 +149,7 @@ def cadence(job: Job) -> Cadence | None:
 
 def measured_reload_s(job: Job) -> float | None:
     """How long a new worker of the job takes to serve: the median of its last done START_WORKER steps (one is
-    done once its worker runs holding the job's weights), each from when it began or, if later, from the job's
-    first published weights: a worker started with its job waits for its trainer, which is the job's start-up,
-    not what a new worker costs; None before any."""
-    first_weights = (
-        Event.objects.filter(job=job, kind="weights.published").order_by("created").values_list("created", flat=True)
-    ).first()
+    done once its worker runs holding the job's weights); None before any."""
     rows = list(
         TransitionStep.objects.filter(
             transition__job=job, kind=StepKind.START_WORKER, status=TransitionStep.Status.DONE
@@ -164,11 +159,7 @@ def measured_reload_s(job: Job) -> float | None:
         .order_by("-id")
         .values_list("started", "finished")[:5]
     )
-    took = [
-        (f - (max(s, first_weights) if first_weights is not None and first_weights <= f else s)).total_seconds()
-        for s, f in rows
-        if s is not None and f is not None
-    ]
+    took = [(f - s).total_seconds() for s, f in rows if s is not None and f is not None]
     return statistics.median(took) if took else None
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.core.agent_link import Heartbeat
 from controlplane.core.state import NodeStatus, Role
-from controlplane.models import Event, Job, Node, Worker, WorkerGPU
+from controlplane.models import Job, Node, Worker, WorkerGPU
 from controlplane.services import credentials, leases
 from controlplane.services.dispatch import kick_executor_on_commit
 from controlplane.services.events import emit, notify_drivers_on_commit, push_delta_on_commit
@@ -199,17 +199,12 @@ def _publish_weights(job_id: int, version: int, node: Node) -> None:
     job = locked(Job.objects.filter(pk=job_id)).first()
     if job is None:
         return
-    # its trainer's first weights (v0, or a checkpoint's) publish too: from then on a worker of the job can serve,
-    # and one started before waited for them (`selectors.lending.measured_reload_s` counts from here)
-    first = version == job.weight_version and not Event.objects.filter(job=job, kind="weights.published").exists()
-    bumped = version > job.weight_version
-    if bumped:
+    if version > job.weight_version:
         job.weight_version = version
         job.save(update_fields=["weight_version", "updated"])
-    if bumped or first:
         emit(
             kind="weights.published",
-            message=f"{job.name}: weights v{version}" + (" (its trainer serves)" if first else ""),
+            message=f"{job.name}: weights v{version}",
             job=job,
             node=node,
             actor=f"agent:{node.name}",

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from controlplane.core.agent_link import Heartbeat
     from controlplane.models import Job, Node, Transition
 
 
@@ -30,28 +29,6 @@ def make_node(
         slots=[SlotSpec(index=i, hardware=hardware, memory_mb=1024) for i in range(slots)],
     )
     return register_node(credential_id=cred.pk, message=msg)
-
-
-def trainers_up(node: Node, endpoints: dict[int, str], version: int = 0) -> Heartbeat:
-    """A training node's heartbeat: these training workers (id -> endpoint) running, idle, at `version`."""
-    from controlplane.core.agent_link import Heartbeat, ObservedWorker
-    from controlplane.core.state import Activity, Role
-
-    return Heartbeat(
-        epoch=node.epoch,
-        generation=0,
-        workers=[
-            ObservedWorker(
-                worker_id=wid,
-                role=Role.TRAINING,
-                activity=Activity.INACTIVE,
-                state="running",
-                weight_version=version,
-                endpoint=url,
-            )
-            for wid, url in endpoints.items()
-        ],
-    )
 
 
 def swe_spec(name: str, **overrides: Any) -> dict[str, Any]:

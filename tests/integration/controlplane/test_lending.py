@@ -5,7 +5,6 @@ and the owner's overlap worker comes back."""
 
 from __future__ import annotations
 
-import statistics
 from datetime import timedelta
 
 import pytest
@@ -20,7 +19,7 @@ from controlplane.selectors.lending import borrowed_units, lend_followups, lenda
 from controlplane.services import arbitration, executor, jobs, planner
 from controlplane.services.errors import Conflict
 from pearl_cli.main import status_text
-from tests.support.cluster import agents_converge, make_job, make_node, run_transition, trainers_up
+from tests.support.cluster import agents_converge, make_job, make_node, run_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -195,30 +194,3 @@ def test_a_lend_ends_when_its_owner_or_borrower_leaves_and_nothing_stays_on_the_
     if leaves == "borrower pauses":  # a's overlap worker comes back with its next plan
         planner.plan_job(job_id=a.pk, signal="periodic")
         assert Worker.objects.filter(job=a, alive=True, zone=Zone.OVERLAP).exclude(role="training").count() == 1
-
-
-def test_a_new_workers_cost_counts_from_the_jobs_first_weights_not_its_start_up():
-    """A worker started with its job waits for the trainer's first weights: that wait is the job's start-up, not
-    what a lent unit would cost it (CI's loaded run once measured 9 s of it and lent nothing). The trainer's first
-    report publishes v0, once."""
-    from controlplane.selectors.lending import measured_reload_s
-    from controlplane.services import heartbeat
-
-    _, b = _two_jobs()
-    trainer = Worker.objects.get(job=b, role="training")
-    for _ in range(2):  # the same report twice: one event
-        up = trainers_up(trainer.node, {trainer.pk: "http://127.0.0.1:9001"}, version=0)
-        assert heartbeat.record_heartbeat(node_id=trainer.node_id, message=up).refused == []
-    [published] = Event.objects.filter(job=b, kind="weights.published")
-    assert published.data == {"version": 0} and "trainer serves" in published.message
-    t0 = published.created - timedelta(seconds=8)  # b's start-up began 8 s before its trainer served
-    starts = TransitionStep.objects.filter(transition__job=b, kind="start_worker", status="done")
-    assert starts.exists()
-    starts.update(started=t0, finished=t0 + timedelta(seconds=10))  # its workers served 2 s after the weights
-    assert measured_reload_s(b) == pytest.approx(2.0)
-    later = starts.order_by("-id").first()
-    assert later is not None  # a worker started after the weights counts whole
-    TransitionStep.objects.filter(pk=later.pk).update(
-        started=t0 + timedelta(seconds=100), finished=t0 + timedelta(seconds=103)
-    )
-    assert measured_reload_s(b) == pytest.approx(statistics.median([3.0] + [2.0] * (starts.count() - 1)))

@@ -16,7 +16,7 @@ from controlplane.selectors.cluster import desired_state, training_flags, worker
 from controlplane.services import draining, expiry, heartbeat, jobs, registration, workers
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, PermissionDenied, ServiceError
 from controlplane.services.workers import WorkerChange
-from tests.support.cluster import agents_converge, make_job, make_node, trainers_up
+from tests.support.cluster import agents_converge, make_job, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -269,6 +269,27 @@ def test_fuzz_random_service_calls_keep_invariants():
     assert t.gpus.count() == 4
 
 
+def _trainers_up(node: Node, endpoints: dict[int, str], version: int = 0) -> Any:
+    """A training node's heartbeat: these training workers (id -> endpoint) running, idle, at `version`."""
+    from controlplane.core.agent_link import Heartbeat, ObservedWorker
+
+    return Heartbeat(
+        epoch=node.epoch,
+        generation=0,
+        workers=[
+            ObservedWorker(
+                worker_id=wid,
+                role=Role.TRAINING,
+                activity=Activity.INACTIVE,
+                state="running",
+                weight_version=version,
+                endpoint=url,
+            )
+            for wid, url in endpoints.items()
+        ],
+    )
+
+
 def test_a_job_with_several_training_workers_has_one_trainer_the_first_by_slot():
     """Its samples and updates go to one trainer: the first training worker by slot, even while a later one has
     come up first (it was the first with an endpoint, and a driver posted part of a step to it: lost samples)."""
@@ -284,7 +305,7 @@ def test_a_job_with_several_training_workers_has_one_trainer_the_first_by_slot()
 
     def report(*up: Worker) -> None:
         heartbeat.record_heartbeat(
-            node_id=t.pk, message=trainers_up(t, {w.pk: f"http://127.0.0.1:{9000 + w.slot}" for w in up})
+            node_id=t.pk, message=_trainers_up(t, {w.pk: f"http://127.0.0.1:{9000 + w.slot}" for w in up})
         )
 
     report(second)  # the second trainer is up first
@@ -303,7 +324,7 @@ def test_trainer_heartbeat_publishes_weights_and_rollout_workers_get_url():
     )
     workers.start_worker(job_id=job.pk, node_id=r.pk, gpu_indexes=[0], role="colocated", activity="active")
     gen_before = Node.objects.get(pk=r.pk).generation
-    hb = trainers_up(t, {trainer.pk: "http://127.0.0.1:9999"}, version=3)
+    hb = _trainers_up(t, {trainer.pk: "http://127.0.0.1:9999"}, version=3)
     assert heartbeat.record_heartbeat(node_id=t.pk, message=hb).refused == []
     job.refresh_from_db()
     assert job.weight_version == 3
