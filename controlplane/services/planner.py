@@ -169,7 +169,7 @@ def job_inventory(job: Job) -> Inventory:
                     Pool.ELASTIC,
                     slot,
                     Role(role),
-                    leaving=(on_loan[slot].leaving if slot in on_loan else True) or status != NodeStatus.READY,
+                    leaving=slot not in on_loan or on_loan[slot].leaving or status != NodeStatus.READY,
                     busy=activity != Activity.ACTIVE,
                     inflight=inflight,
                     hardware=_chip(hardware) if typed else "",

@@ -98,21 +98,21 @@ def start_workers(*, job_id: int, starts: list[WorkerStart], actor: str = "syste
         taken = set(Worker.objects.filter(job=job, alive=True).values_list("slot", flat=True))
         # a rollout worker on another job's training GPUs (a lent unit, `services.lending`) serves that job's
         # rollout as a dedicated worker would: its zone is rollout; on its own job's (or no job's) it is overlap
-        lent = [st for st in starts if held[st.node_id].pool == Pool.TRAINING and _role(st.role) is not Role.TRAINING]
+        lending = any(held[st.node_id].pool == Pool.TRAINING and _role(st.role) is not Role.TRAINING for st in starts)
         foreign = (
             set(
                 WorkerGPU.objects.filter(alive=True, kind="training", gpu__in=list(gpus.values()))
                 .exclude(worker__job=job)
                 .values_list("gpu_id", flat=True)
             )
-            if lent
+            if lending
             else set()
         )
         zones = [
             Zone.ROLLOUT
             if held[st.node_id].pool != Pool.TRAINING
             or (
-                st in lent
+                _role(st.role) is not Role.TRAINING
                 and any(g.pk in foreign for g in (gpus.get((st.node_id, i)) for i in st.gpu_indexes) if g is not None)
             )
             else Zone.OVERLAP
