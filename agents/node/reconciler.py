@@ -65,6 +65,8 @@ class Managed:
     activation_s: float | None = None  # how long the last wake took (for the toggle record)
     held_version: int | None = None  # a trainer's weight version as it last answered (None: not yet)
     devices: list[int] = field(default_factory=list)  # what the worker process says it is pinned to
+    converging: asyncio.Task[None] | None = None  # its convergence in the reconcile pass now running
+    abandoned: bool = False  # its start was given up: the desired state no longer wants it (`abandon_starts`)
 
     def observed(self) -> link.ObservedWorker:
         return link.ObservedWorker(
@@ -265,9 +267,12 @@ class Reconciler:
                 m.desired = spec
             # the node's workers converge side by side: returning eight borrowed workers at Training Begin
             # takes one worker's time, not eight
-            results = await asyncio.gather(
-                *(self._converge(self.workers[wid], ds) for wid in wanted), return_exceptions=True
-            )
+            tasks: list[asyncio.Task[None]] = []
+            for wid in wanted:
+                m = self.workers[wid]
+                m.converging = asyncio.create_task(self._converge(m, ds))
+                tasks.append(m.converging)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
             for wid, r in zip(wanted, results):
                 if isinstance(r, Exception):
                     log.error("worker %s did not converge: %r", wid, r)
@@ -282,7 +287,36 @@ class Reconciler:
         )
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
+    def abandon_starts(self, ds: link.DesiredState) -> None:
+        """On a new desired state: a worker still starting (its process, its first weights) that `ds` no longer
+        wants, or on a node told to drain or leave, is given up at once, its process killed, rather than
+        started to the end and then retired. The reconcile pass that runs a start holds every later change
+        back, and a start can outlast a deadline: the owner's Training Begin taking a lent GPU back
+        (`services.workers.return_borrowed` stops a worker that was not running yet), a preemption notice."""
+        leaving = ds.status in ("draining", "gone") or ds.preemption_deadline is not None
+        wanted = set() if leaving else {w.worker_id for w in ds.workers}
+        for wid, m in self.workers.items():
+            task = m.converging
+            if wid not in wanted and m.state == "starting" and task is not None and not task.done():
+                m.abandoned = True
+                task.cancel()
+
     async def _converge(self, m: Managed, ds: link.DesiredState) -> None:
+        """`_converge_once`; a start given up (`abandon_starts`) ends here with its process gone, reported
+        stopped at once (the next pass retires it)."""
+        try:
+            await self._converge_once(m, ds)
+        except asyncio.CancelledError:
+            if not m.abandoned:
+                raise
+            m.stopping = True  # not a crash: the monitor leaves it alone
+            if m.proc is not None:
+                await m.proc.stop(0.0)  # it never served: nothing to drain or journal
+            m.state, m.inflight = "stopped", 0
+            log.info("worker %s: start abandoned (no longer wanted here)", m.desired.worker_id)
+            self._beat.set()
+
+    async def _converge_once(self, m: Managed, ds: link.DesiredState) -> None:
         spec = m.desired
         if m.proc is not None and m.proc.proc.returncode is not None:
             return  # it died: the monitor reports the crash (with its partial outputs), then restarts it

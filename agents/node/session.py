@@ -120,6 +120,7 @@ class NodeAgent(Reconciler):
         self.epoch = msg.epoch
         self.generation = msg.generation
         self.desired = msg
+        self.abandon_starts(msg)
         self._kick.set()
         return True
 

@@ -16,7 +16,7 @@ from controlplane.core.state import Activity, NodeStatus, Role, Zone
 from controlplane.models import Decision, Job, Worker
 from controlplane.selectors.cluster import weights_url
 from controlplane.selectors.job_tokens import job_dataplane_token
-from controlplane.selectors.lending import on_owner_gpus
+from controlplane.selectors.lending import leaving_owner_gpus, on_owner_gpus
 from controlplane.selectors.model_dirs import ensure_profile
 
 
@@ -56,11 +56,11 @@ def returned(worker: Worker) -> bool:
 
 def not_returned(job: Job) -> list[Worker]:
     """The job's overlap rollout workers, and other jobs' workers on its training GPUs (cross-job lends), that
-    are not (yet) back."""
+    are not (yet) back: parked but not reported asleep, or stopped but still run by their agent."""
     ws = list(
         Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP).exclude(role=Role.TRAINING).select_related("node")
     )
-    return [w for w in ws + on_owner_gpus(job) if not returned(w)]
+    return [w for w in ws + on_owner_gpus(job) if not returned(w)] + leaving_owner_gpus(job)
 
 
 def job_view(job: Job) -> dl.JobView:

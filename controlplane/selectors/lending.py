@@ -9,12 +9,13 @@ from itertools import pairwise
 
 from django.db.models import Count, F, Q
 
-from controlplane.core.state import Activity, Pool, Role, Zone
+from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.core.telemetry import TelemetryRecord
 from controlplane.core.transitions import StepKind
 from controlplane.models import (
     Event,
     Job,
+    Node,
     TelemetrySample,
     TrainingLend,
     Transition,
@@ -113,6 +114,7 @@ class Cadence:
     return_s: float  # its borrowed workers' return at Training Begin, loop seconds (the median)
     scale: float  # wall seconds per loop second (1 for real engines; an emulated job's time factor)
     last_begin_wall_s: float  # its last Training Begin, epoch seconds
+    update_s: float = 0.0  # its trainer's update, loop seconds (the median): the part of a period it trains
 
     def until_next_begin_s(self, now_wall_s: float) -> float:
         """Loop seconds to its next Training Begin (0 if overdue)."""
@@ -144,7 +146,7 @@ def cadence(job: Job) -> Cadence | None:
     if not period > 0 or not wall > 0:
         return None
     returns = statistics.median(r.return_latency_s for r in recs)
-    return Cadence(period, returns, wall / period, walls[-1])
+    return Cadence(period, returns, wall / period, walls[-1], statistics.median(r.duration_s for r in recs))
 
 
 def measured_reload_s(job: Job) -> float | None:
@@ -236,6 +238,32 @@ def on_owner_gpus(owner: Job) -> list[Worker]:
     gpu_ids = WorkerGPU.objects.filter(alive=True, kind="training", worker__job=owner).values_list("gpu_id", flat=True)
     return list(
         Worker.objects.filter(alive=True, bindings__alive=True, bindings__kind="rollout", bindings__gpu_id__in=gpu_ids)
+        .exclude(job=owner)
+        .select_related("node", "job")
+        .distinct()
+    )
+
+
+def leaving_owner_gpus(owner: Job) -> list[Worker]:
+    """Other jobs' workers stopped on the owner's training GPUs that their agent still runs (a lend its owner
+    took back before the worker served: `services.workers.return_borrowed` stops it; the agent abandons its
+    start and reports it gone). The owner's update waits for them as for a parked one: their process may hold
+    the GPUs. An agent that is gone runs nothing (its node is not ready: the worker is fenced)."""
+    gpus = WorkerGPU.objects.filter(alive=True, kind="training", worker__job=owner)
+    running: set[int] = set()
+    for observed in Node.objects.filter(
+        status=NodeStatus.READY, pk__in=gpus.values_list("gpu__node_id", flat=True)
+    ).values_list("observed", flat=True):
+        running.update(int(o["worker_id"]) for o in observed or [] if o.get("state") not in ("stopped", "failed"))
+    if not running:
+        return []
+    return list(
+        Worker.objects.filter(
+            pk__in=running,
+            alive=False,
+            bindings__kind="rollout",
+            bindings__gpu_id__in=gpus.values_list("gpu_id", flat=True),
+        )
         .exclude(job=owner)
         .select_related("node", "job")
         .distinct()

@@ -195,12 +195,16 @@ def _advance(tr: Transition, actor: str) -> str:
             break
         latest = _latest_workers(job, issued)
         done: list[TransitionStep] = []
+        skipped: list[TransitionStep] = []
         late: list[TransitionStep] = []
         now = timezone.now()
         for step in issued:
             w = latest.get(step.worker_slot) if step.worker_slot is not None else None
             if _confirmed(job, step, w):
                 done.append(step)
+                continue
+            if _lend_taken_back(step, w):
+                skipped.append(step)
                 continue
             leaving = _node_leaving(step, w)
             if leaving:  # what the step waits for cannot happen there: fail now, so the re-plan runs
@@ -224,7 +228,13 @@ def _advance(tr: Transition, actor: str) -> str:
         if late:
             _reissue(job, late, latest)
         first = False
-        if not done:
+        if skipped:
+            TransitionStep.objects.filter(pk__in=[s.pk for s in skipped]).update(
+                status=TransitionStep.Status.SKIPPED, finished=now
+            )
+            for step in skipped:
+                step.status = TransitionStep.Status.SKIPPED
+        if not done and not skipped:
             break
         TransitionStep.objects.filter(pk__in=[s.pk for s in done]).update(
             status=TransitionStep.Status.DONE, finished=now
@@ -253,7 +263,9 @@ def _latest_workers(job: Job, steps: list[TransitionStep]) -> dict[int, Worker]:
             .order_by("slot", "-id")
         ):
             latest.setdefault(w.slot, w)
-        nodes = Node.objects.only("id", "name", "status", "observed").in_bulk({w.node_id for w in latest.values()})
+        nodes = Node.objects.only("id", "name", "status", "pool", "observed").in_bulk(
+            {w.node_id for w in latest.values()}
+        )
         for w in latest.values():
             w.node = nodes[w.node_id]
     return latest
@@ -357,6 +369,14 @@ def _node_leaving(step: TransitionStep, w: Worker | None) -> str:
     if w.node.status not in (NodeStatus.DRAINING, NodeStatus.GONE):
         return ""
     return w.node.name
+
+
+def _lend_taken_back(step: TransitionStep, w: Worker | None) -> bool:
+    """The step's worker was stopped on another job's training GPUs before it served: that job's Training
+    Begin took the lent unit back (`workers.return_borrowed`). What the step waits for cannot happen there,
+    and nothing is lost: the step is skipped, the finalisation leaves the worker out (it is not alive), and
+    the rest of the transition goes on."""
+    return step.kind in _NEEDS_NODE and w is not None and not w.alive and w.node.pool == Pool.TRAINING
 
 
 def _reissue(job: Job, steps: list[TransitionStep], latest: dict[int, Worker]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
@@ -12,6 +11,7 @@ from django.utils import timezone
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
 from controlplane.models import GPU, Event, Job, Worker, WorkerGPU
+from controlplane.selectors.driver import observed
 from controlplane.selectors.lending import on_owner_gpus
 from controlplane.services.errors import Conflict, InvalidInput, InvariantViolation, NotFound
 from controlplane.services.events import emit, emit_many
@@ -310,14 +310,28 @@ def return_borrowed(job: Job, actor: str = "system") -> list[int]:
     them elsewhere from their prefixes) and puts it to sleep. The return is due by a deadline, so it
     does not wait for a re-plan; the plan that follows sees the workers parked. Other jobs' workers on
     its training GPUs (cross-job lends, `services.lending`) are parked the same way, each job's at once;
-    their planners stop them. Returns the job's own slots."""
-    foreign: dict[int, list[int]] = {}
+    their planners stop them. One whose agent does not report it running yet (its start, a process and
+    the borrower's weights, is in flight) stops now instead: it could only sleep once started, which may
+    take longer than the deadline, and the agent abandons a start it is no longer asked for. The
+    owner's update waits until its agent no longer runs it (`selectors.lending.leaving_owner_gpus`).
+    Returns the job's own slots."""
+    foreign: dict[int, tuple[list[int], list[int]]] = {}  # borrower -> (slots to park, slots to stop)
     for w in on_owner_gpus(job):
-        if w.activity != Activity.INACTIVE:
-            foreign.setdefault(w.job_id, []).append(w.slot)
-    for borrower, slots in sorted(foreign.items()):
-        park = [WorkerChange(x, activity=Activity.INACTIVE) for x in sorted(slots)]
-        take_out(borrower, actor, partial(change_workers, job_id=borrower, changes=park, actor=actor))
+        o = observed(w)
+        if o is None or o.get("state") != "running":
+            foreign.setdefault(w.job_id, ([], []))[1].append(w.slot)
+        elif w.activity != Activity.INACTIVE:
+            foreign.setdefault(w.job_id, ([], []))[0].append(w.slot)
+    for borrower, (parks, stops) in sorted(foreign.items()):
+        park = [WorkerChange(x, activity=Activity.INACTIVE) for x in sorted(parks)]
+
+        def back(borrower: int = borrower, park: list[WorkerChange] = park, stops: list[int] = stops) -> None:
+            if stops:
+                stop_workers(job_id=borrower, slots=sorted(stops), actor=actor)
+            if park:
+                change_workers(job_id=borrower, changes=park, actor=actor)
+
+        take_out(borrower, actor, back)
     lent = sorted(
         Worker.objects.filter(job=job, alive=True, zone=Zone.OVERLAP)
         .exclude(role=Role.TRAINING)

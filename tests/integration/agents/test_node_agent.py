@@ -480,6 +480,46 @@ async def test_a_worker_drained_by_a_notice_that_is_taken_back_starts_again(cp, 
         assert agent.workers[1].proc.pid != first
 
 
+async def test_a_start_the_desired_state_no_longer_wants_is_given_up_at_once(cp, tmp_path):
+    """A worker still starting (here its first weights never come) that a new desired state no longer wants (a
+    lent training GPU its owner's Training Begin took back: `workers.return_borrowed` stops it) is given up at
+    once, its process killed, instead of holding the reconcile pass, and with it every later change, until the
+    start ends; the agent reports it stopped, then no more."""
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        asked.set()
+        await release.wait()
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", hang)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/weights/"
+    try:
+        async with one_worker(cp, tmp_path, "n7", time_factor=SLOW) as agent:
+            starting = worker(2, "colocated", weights_url=url, weights_token="t", min_weight_version=1)
+            await cp.push(
+                link.DesiredState(generation=2, epoch=1, status="ready", workers=[worker(1, "colocated"), starting])
+            )
+            await asyncio.wait_for(asked.wait(), 60)  # its process serves and its first weight pull is out
+            proc = agent.workers[2].proc
+            assert proc is not None and agent.workers[2].state == "starting"
+            await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+            ws = await cp.wait_for(lambda c: (o := observed(c, 3)) and 2 not in o and o, timeout=30)
+            assert ws[1]["state"] == "running"
+            assert proc.proc.returncode is not None  # killed, not left behind
+            reports = [w for hb in cp.of_type("heartbeat") for w in hb["workers"] if w["worker_id"] == 2]
+            assert reports and all(w["state"] in ("starting", "stopped") for w in reports), reports
+            assert not [f for f in cp.of_type("fault") if f.get("worker_id") == 2]  # given up, not crashed
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
 async def test_a_preempted_worker_that_hangs_is_killed_before_the_deadline(cp, tmp_path):
     """A worker that neither answers the drain nor exits on SIGTERM (here SIGSTOPped: a loaded machine's
     vLLM worker can be as slow) is SIGKILLed by the agent before its node's preemption deadline, instead of
