@@ -320,6 +320,24 @@ def _neg(k: tuple[int, float, int, float]) -> tuple[int, float, int, float]:
     return (-k[0], -k[1], -k[2], -k[3])
 
 
+def lend_saving(
+    *, window_s: float, reload_s: float, deactivation_s: float, makespan_s: float, makespan_more_s: float
+) -> float:
+    """What one more unit lent for `window_s` (until the return must start, before the owner's Training Begin)
+    saves the borrower, net of its T_toggle (Eq. 7: the borrower's reload, the owner's deactivation): the
+    makespan it cuts (`makespan_s` at the borrower's units now, `makespan_more_s` with one more), in the part
+    of the step the unit serves after its reload. -inf where the lend does not pay."""
+    window = window_s - reload_s
+    if window <= 0 or not math.isfinite(makespan_more_s):
+        return -math.inf
+    if math.isfinite(makespan_s):
+        saved = (makespan_s - makespan_more_s) * min(1.0, window / makespan_s)
+    else:
+        saved = window
+    toggle = reload_s + deactivation_s
+    return saved - toggle if saved > toggle else -math.inf
+
+
 def _lend(
     jobs: Sequence[JobDemand],
     alloc: Mapping[str, int],
@@ -346,14 +364,15 @@ def _lend(
             now_s=now_s,
             margin_s=config.return_margin_s,
         )
-        window = dl.start_by_s - now_s - (0.0 if sticky else b.reload_s)
         c = curves[b.name]
-        t_now, t_more = c.at(n), c.at(n + 1)
-        if window <= 0 or not math.isfinite(t_more):
-            return -math.inf
-        saved = (t_now - t_more) * min(1.0, window / t_now) if math.isfinite(t_now) else window
-        toggle = (0.0 if sticky else b.reload_s) + owner.deactivation_s  # T_toggle of Eq. 7
-        return b.weight * (saved - toggle) if saved > toggle else -math.inf
+        net = lend_saving(
+            window_s=dl.start_by_s - now_s,
+            reload_s=0.0 if sticky else b.reload_s,
+            deactivation_s=owner.deactivation_s,
+            makespan_s=c.at(n),
+            makespan_more_s=c.at(n + 1),
+        )
+        return b.weight * net if net > 0 else -math.inf
 
     for owner in owners:
         left = owner.lendable_units
@@ -470,6 +489,7 @@ __all__ = [
     "arbitrate",
     "explain",
     "fair_shares",
+    "lend_saving",
     "split_fcfs",
     "split_rlix",
     "split_static",

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, Lend, arbitrate
+from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, Lend, arbitrate, lend_saving
+from controlplane.core.borrowing import return_deadline
 from controlplane.core.policies.base import best_makespan
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
@@ -99,15 +100,23 @@ def _curve(job: Job, unit_gpus: int) -> Callable[[int], float]:
     return at
 
 
-def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: Cadence | None) -> JobDemand:
+def _costs(job: Job, rhythm: Cadence | None) -> tuple[float, float]:
+    """(reload, KV loss) of one more worker of the job, in its loop's clock (the one its predictor's curve is
+    in): the reload is what its own new workers took to serve (wall) where it started some, else its model's
+    sourced cost."""
     try:
         costs = get_reconfig_costs(job.model)
         reload_s, kv_s = costs.inter_scale_preparation_s, costs.inter_scale_finalisation_s
     except ValueError:  # a model directory without sourced costs: moves are gated by hysteresis alone
         reload_s, kv_s = 0.0, 0.0
-    measured = measured_reload_s(job)  # what its own new workers took to serve (wall), where it started some
-    if measured is not None:  # in its loop's clock, the one its predictor's curve is in
+    measured = measured_reload_s(job)
+    if measured is not None:
         reload_s = measured / (rhythm.scale if rhythm else 1.0)
+    return reload_s, kv_s
+
+
+def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: Cadence | None) -> JobDemand:
+    reload_s, kv_s = _costs(job, rhythm)
     most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
     lendable, tb, returns_s = lending.offer(job, unit_gpus, rhythm)
     return JobDemand(
@@ -149,6 +158,58 @@ class Lending:
         if any(chip not in {h.lower() for h in j.rollout_hardware} for j in self.jobs if j.pk != job.pk):
             return none
         return lendable_units(job), rhythm.until_next_begin_s(self.now_s), rhythm.return_s
+
+
+@dataclass(frozen=True, slots=True)
+class LendOutlook:
+    """What lending one of an owner's idle training units to a borrower saves at the lend's best moment, the
+    owner's Training Finished (its whole idle window ahead), weighed as the arbiter weighs a lend
+    (`core.arbiter.lend_saving`); loop seconds."""
+
+    window_s: float  # from Training Finished to the latest start of the return, before the next Training Begin
+    reload_s: float  # the borrower's new worker, until it serves
+    deactivation_s: float  # the owner's return
+    makespan_s: float  # the borrower's predicted makespan at its units now
+    makespan_more_s: float  # ... with the lent unit
+    saving_s: float  # net of the reload and the return; -inf: no lend pays
+
+    @property
+    def pays(self) -> bool:
+        return self.saving_s > 0
+
+    def __str__(self) -> str:
+        return (
+            f"best window {self.window_s:.1f} s, borrower's reload {self.reload_s:.1f} s, owner's return "
+            f"{self.deactivation_s:.1f} s, borrower's makespan {self.makespan_s:.1f} → {self.makespan_more_s:.1f} s"
+            f" with one more unit: {'saves ' + format(self.saving_s, '.1f') + ' s' if self.pays else 'does not pay'}"
+        )
+
+
+def lend_outlook(owner: Job, borrower: Job) -> LendOutlook | None:
+    """Could a lend of `owner`'s idle training unit to `borrower` pay, at best? None before the owner has trained
+    twice (its period is unknown: it lends nothing)."""
+    rhythm = cadence(owner)
+    if rhythm is None:
+        return None
+    unit = max(1, owner.tp)
+    n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
+    curve = _curve(borrower, unit)
+    reload_s, _ = _costs(borrower, cadence(borrower))
+    dl = return_deadline(  # as the division right after Training Finished sees it
+        training_begin_s=rhythm.period_s - rhythm.return_s - rhythm.update_s,
+        deactivation_s=rhythm.return_s,
+        now_s=0.0,
+        margin_s=LIVE_CONFIG.return_margin_s,
+    )
+    t_now, t_more = curve(n), curve(n + 1)
+    saving = lend_saving(
+        window_s=dl.start_by_s,
+        reload_s=reload_s,
+        deactivation_s=rhythm.return_s,
+        makespan_s=t_now,
+        makespan_more_s=t_more,
+    )
+    return LendOutlook(dl.start_by_s, reload_s, rhythm.return_s, t_now, t_more, saving)
 
 
 def _held(job_ids: list[int]) -> dict[int, int]:

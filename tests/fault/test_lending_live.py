@@ -74,27 +74,17 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
     try:
         _until(lambda: _lent_serving(a) or None, 120, "b serving on a's training GPU")
     except AssertionError as exc:  # what the arbiter's lend was weighed on
-        from controlplane.selectors.lending import cadence, lendable_units, measured_reload_s
+        from controlplane.selectors.lending import cadence, lendable_units
+        from controlplane.services.arbitration import lend_outlook
 
         owner = Job.objects.get(pk=a.pk)
-        rhythm, reload_s = cadence(owner), measured_reload_s(b)
-        updates = [r["duration_s"] for r in _records(a, "train")][-5:]
-        why = f"a: {rhythm}, lendable {lendable_units(owner)}; b's reload {reload_s} s; a's updates {updates} s (loop)"
-        if rhythm and reload_s is not None and updates:
-            # the arbiter's gate (core.arbiter._lend) at its best moment, a's Training Finished: the time b's extra
-            # worker saves in the window before a's next Training Begin must exceed b's reload
-            from controlplane.services.arbitration import _curve
-
-            reload = reload_s / rhythm.scale
-            window = rhythm.period_s - sorted(updates)[len(updates) // 2] - 2 * rhythm.return_s - reload
-            t1, t2 = (_curve(Job.objects.get(pk=b.pk), 1)(n) for n in (1, 2))
-            saved = (t1 - t2) * min(1.0, max(0.0, window) / t1)
-            why += f"; best window {window:.1f} s, b's makespan {t1:.1f} → {t2:.1f} s: saves {saved:.1f} s"
-            if saved <= reload:
-                # no lend can pay here: starting b's worker on this machine costs more than it saves before a
-                # trains again (seen under CI's load: 9 s of wall time, 92 s of loop time, against a's ~40 s
-                # idle); the arbiter is right to lend nothing, and this run shows nothing of the lend
-                pytest.skip(f"no lend can pay on this machine now: {why}")
+        outlook = lend_outlook(owner, Job.objects.get(pk=b.pk))
+        why = f"a: {cadence(owner)}, lendable {lendable_units(owner)}; a lend of a's unit to b at its best: {outlook}"
+        if outlook is not None and not outlook.pays:
+            # no lend can pay here: starting b's worker on this machine costs more than it saves before a trains
+            # again (seen under CI's load: 9 s of wall time, 92 s of loop time, against a's ~40 s idle); the
+            # arbiter is right to lend nothing, and this run shows nothing of the lend
+            pytest.skip(f"no lend can pay on this machine now: {why}")
         raise AssertionError(f"{exc}; {why}") from None
     lent_after = time.monotonic() - t0
     lend = Event.objects.filter(kind="arbiter.reallocated", message__contains="lent").latest("id")
