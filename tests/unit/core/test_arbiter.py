@@ -13,6 +13,7 @@ from controlplane.core.arbiter import (
     JobDemand,
     arbitrate,
     fair_shares,
+    lend_saving,
     split_fcfs,
     split_rlix,
     split_static,
@@ -134,6 +135,16 @@ def test_no_lend_when_the_window_cannot_pay_for_the_reload():
     owner = job("A", lendable_units=4, training_begin_s=now + 40.0, deactivation_s=3.0)
     a = arbitrate(4, [owner, job("B", reload_s=50.0)], now_s=now)
     assert a.lends == ()
+
+
+def test_a_lend_pays_for_its_reload_and_the_owners_return():
+    # 100 s until the return must start, 20 s of them reloading: the unit serves 80 s of the borrower's 100 s
+    # makespan, which one more unit cuts to 60 s: 40 s · 80/100 = 32 s saved, less the 20 s reload and the 2 s return
+    assert lend_saving(
+        window_s=100.0, reload_s=20.0, deactivation_s=2.0, makespan_s=100.0, makespan_more_s=60.0
+    ) == pytest.approx(10.0)
+    assert lend_saving(window_s=100.0, reload_s=20.0, deactivation_s=2.0, makespan_s=100.0, makespan_more_s=80.0) < 0
+    assert lend_saving(window_s=20.0, reload_s=20.0, deactivation_s=0.0, makespan_s=100.0, makespan_more_s=0.0) < 0
 
 
 def test_a_job_never_borrows_its_own_units_through_the_arbiter():
