@@ -111,6 +111,8 @@ def status_text(st: dict[str, Any], top: int = 5) -> str:
             lines.append(f"  borrows {gpus} training GPU(s) of job {other} until {other}'s next Training Begin")
         for other, gpus in sorted((sh.get("lends") or {}).items()):
             lines.append(f"  lends {gpus} training GPU(s) to job {other} until its next Training Begin")
+        if sh.get("not_lending"):
+            lines.append(f"  lends no training GPU to other jobs: {sh['not_lending']}")
     types = j.get("hardware_types") or [j["hardware"]]
     if types != [j["hardware"]]:
         lines.append(f"hardware: training on {j['hardware']}, rollout on {', '.join(types)}")

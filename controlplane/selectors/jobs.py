@@ -19,6 +19,7 @@ from controlplane.models import (
     Worker,
     WorkerGPU,
 )
+from controlplane.selectors.lending import cadence, lend_refusal
 
 HISTORY_KINDS = ("step", "train")
 LIVE = (Job.Status.PENDING, Job.Status.RUNNING)
@@ -283,13 +284,16 @@ def share_history(limit: int = SHARE_HISTORY) -> list[dict[str, Any]]:
 def sharing(job: Job) -> dict[str, Any]:
     """How the job shares the cluster (issue 35): its priority, weight, guarantee and maximum, the arbiter's
     allotment (None: not divided yet), the dedicated rollout GPUs its live workers hold now, and the training GPUs
-    other jobs lend it (`borrows`) or it lends them (`lends`) until the owner's next Training Begin, by job."""
+    other jobs lend it (`borrows`) or it lends them (`lends`) until the owner's next Training Begin, by job, and
+    why it lends none where a limit of cross-job lending stops it (`not_lending`)."""
     held = (
         Worker.objects.filter(
             job=job, alive=True, zone=Zone.ROLLOUT, node__pool__in=[Pool.RESERVED, Pool.ELASTIC]
         ).count()
         * job.tp
     )
+    borrows = dict(TrainingLend.objects.filter(borrower=job).values_list("owner__name", "gpus"))
+    lends = dict(TrainingLend.objects.filter(owner=job).values_list("borrower__name", "gpus"))
     return {
         "priority": job.priority,
         "weight": job.weight,
@@ -297,9 +301,18 @@ def sharing(job: Job) -> dict[str, Any]:
         "max_rollout_gpus": job.rollout_gpus,
         "allotted_rollout_gpus": job.allotted_rollout_gpus,
         "held_rollout_gpus": held,
-        "borrows": dict(TrainingLend.objects.filter(borrower=job).values_list("owner__name", "gpus")),
-        "lends": dict(TrainingLend.objects.filter(owner=job).values_list("borrower__name", "gpus")),
+        "borrows": borrows,
+        "lends": lends,
+        # why its idle training GPUs go to no other job ("": none of the limits holds; a lend comes when one pays)
+        "not_lending": "" if lends or not job.training_gpus else _lend_refusal(job, borrows),
     }
+
+
+def _lend_refusal(job: Job, borrows: dict[str, int]) -> str:
+    if job.status not in LIVE:
+        return ""
+    jobs = list(Job.objects.filter(status__in=LIVE))
+    return lend_refusal(job, jobs, borrowing=bool(borrows), rhythm=cadence(job))
 
 
 def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, events: int = 50) -> dict[str, Any] | None:

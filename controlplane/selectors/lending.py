@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 
+from django.conf import settings
 from django.db.models import Count, F, Q
 
 from controlplane.core.state import Activity, NodeStatus, Pool, Role, Zone
@@ -147,6 +148,28 @@ def cadence(job: Job) -> Cadence | None:
         return None
     returns = statistics.median(r.return_latency_s for r in recs)
     return Cadence(period, returns, wall / period, walls[-1], statistics.median(r.duration_s for r in recs))
+
+
+def lend_refusal(job: Job, jobs: list[Job], *, borrowing: bool, rhythm: Cadence | None) -> str:
+    """Why the arbiter may not lend the job's idle training GPUs to the other `jobs` it divides among ("" if it
+    may: it then lends where a lend pays, `core.arbiter.lend_saving`): the limits `services.lending` says."""
+    if not settings.PEARL["CROSS_JOB_LENDING"]:
+        return "cross-job lending is off (the CROSS_JOB_LENDING setting)"
+    others = [j for j in jobs if j.pk != job.pk]
+    if not others:
+        return "no other job shares the cluster"
+    if borrowing:
+        return "it borrows another job's training GPUs now (a job lends or borrows, never both)"
+    tps = sorted({j.tp for j in jobs} | {job.tp})
+    if len(tps) > 1:
+        return f"the jobs' TPs differ ({', '.join(str(t) for t in tps)}): lends are between jobs of one TP"
+    chip = job.hardware.lower()
+    refuse = [j.name for j in others if chip not in {h.lower() for h in j.rollout_hardware}]
+    if refuse:
+        return f"job(s) {', '.join(refuse)} do not roll out on {job.hardware}"
+    if rhythm is None:
+        return "its next Training Begin cannot be predicted yet (it has trained fewer than twice)"
+    return ""
 
 
 def measured_reload_s(job: Job) -> float | None:

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, Lend, arbitrate, lend_saving
@@ -36,8 +35,15 @@ from controlplane.core.policies.base import best_makespan
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, Job, Worker
-from controlplane.selectors.jobs import SHARE_EVENT
-from controlplane.selectors.lending import Cadence, cadence, lendable_units, lends_of, measured_reload_s
+from controlplane.selectors.jobs import LIVE, SHARE_EVENT
+from controlplane.selectors.lending import (
+    Cadence,
+    cadence,
+    lend_refusal,
+    lendable_units,
+    lends_of,
+    measured_reload_s,
+)
 from controlplane.services.events import emit, push_delta_on_commit
 from controlplane.services.lending import store_lends
 from controlplane.services.planner import job_policy, last_division
@@ -48,7 +54,7 @@ log = logging.getLogger(__name__)
 # not by the simulator's fixed margin: the owner's update waits for the return in any case (`jobs.start_update`)
 LIVE_CONFIG = ArbiterConfig(return_margin_s=0.0)
 EVENT_KIND = SHARE_EVENT
-ARBITRATED = (Job.Status.PENDING, Job.Status.RUNNING)  # a paused job holds no rollout unit
+ARBITRATED = LIVE  # the jobs divided among: pending and running (a paused job holds no rollout unit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +124,7 @@ def _costs(job: Job, rhythm: Cadence | None) -> tuple[float, float]:
 def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: Cadence | None) -> JobDemand:
     reload_s, kv_s = _costs(job, rhythm)
     most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
-    lendable, tb, returns_s = lending.offer(job, unit_gpus, rhythm)
+    lendable, tb, returns_s = lending.offer(job, rhythm)
     return JobDemand(
         name=job.name,
         max_units=min(most, own_units),
@@ -146,17 +152,11 @@ class Lending:
     borrowing: set[int]  # jobs that hold a lend now: they lend nothing (no two jobs wait on each other)
     now_s: float
 
-    def offer(self, job: Job, unit_gpus: int, rhythm: Cadence | None) -> tuple[int, float, float]:
+    def offer(self, job: Job, rhythm: Cadence | None) -> tuple[int, float, float]:
         """(training units it may lend, loop seconds to its next Training Begin, loop seconds its returns take);
         (0, inf, 0) if it lends none."""
-        none = (0, math.inf, 0.0)
-        if not settings.PEARL["CROSS_JOB_LENDING"] or len(self.jobs) < 2 or job.pk in self.borrowing:
-            return none
-        if any(j.tp != unit_gpus for j in self.jobs) or rhythm is None:
-            return none
-        chip = job.hardware.lower()
-        if any(chip not in {h.lower() for h in j.rollout_hardware} for j in self.jobs if j.pk != job.pk):
-            return none
+        if lend_refusal(job, self.jobs, borrowing=job.pk in self.borrowing, rhythm=rhythm) or rhythm is None:
+            return (0, math.inf, 0.0)
         return lendable_units(job), rhythm.until_next_begin_s(self.now_s), rhythm.return_s
 
 

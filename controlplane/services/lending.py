@@ -15,7 +15,8 @@ its worker there, and the owner's next plan starts its overlap worker again (`re
 Kept simple on purpose: lends only between jobs of one TP (a lent unit is one borrower worker), to a job that
 accepts the owner's chip type; a job lends or borrows in one division, never both (no two jobs wait on each
 other's Training Begin); a job lends only once it has begun training twice (its next Training Begin is
-predicted from their interval, `selectors.lending.cadence`).
+predicted from their interval, `selectors.lending.cadence`). The job's status and page say which of these
+stops it (`selectors.lending.lend_refusal`, the arbiter's own test).
 """
 
 from __future__ import annotations

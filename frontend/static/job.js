@@ -48,7 +48,8 @@
   function lendsText(sh) {
     const part = (m, f) => Object.entries(m || {}).map(([job, n]) => f(job, n));
     return [...part(sh.borrows, (job, n) => ` · borrows ${n} of ${job}'s training GPUs`),
-            ...part(sh.lends, (job, n) => ` · lends ${n} training GPUs to ${job}`)].join("");
+            ...part(sh.lends, (job, n) => ` · lends ${n} training GPUs to ${job}`),
+            ...(sh.not_lending ? [` · lends no training GPU: ${sh.not_lending}`] : [])].join("");
   }
 
   // training on `hardware`; the rollout pool on the types the job accepts (issue 23: mixed pools)

@@ -1,5 +1,6 @@
 """The cluster page shows how jobs share the rollout GPUs (issue 35): the stacked chart of each job's share grows
-live with each division of the arbiter, and each GPU on the map carries the colour of the job that holds it."""
+live with each division of the arbiter, and each GPU on the map carries the colour of the job that holds it; a
+job's page shows its share and why it lends its idle training GPUs to no other job."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.e2e
 def test_the_share_chart_and_the_map_name_each_jobs_gpus(control_plane_server, page, django_user_model):
     django_user_model.objects.create_user(username="sharer", password="sharer-password-1")
     make_node("res-s", slots=4)
-    make_job("a", rollout_gpus=4)
+    make_node("train-s", pool="training", slots=1)
+    make_job("a", rollout_gpus=4, training_gpus=1)
     arbitration.rebalance(reason="job a arrived")
     helpers.login(page, control_plane_server.base_url, "sharer", "sharer-password-1")
     page.wait_for_selector("#conn[data-state=live]", timeout=15000)
@@ -47,3 +49,12 @@ def test_the_share_chart_and_the_map_name_each_jobs_gpus(control_plane_server, p
     )
     page.wait_for_selector("[data-node=res-s] .gpu[data-gpu='3'][data-job=b]", timeout=10000)
     assert page.locator("[data-node=res-s] .gpu[data-job=a]").count() == 0
+
+    # job a's page: its share, and why its idle training GPU goes to no other job yet
+    a = Job.objects.get(name="a")
+    page.goto(f"{control_plane_server.base_url}/jobs/{a.pk}/")
+    page.wait_for_selector("[data-card=share]", timeout=60000)
+    share = page.inner_text("[data-card=share] .v")
+    assert "allotted 2 of ≤ 4 rollout GPUs" in share, share
+    assert "lends no training GPU: its next Training Begin cannot be predicted yet" in share, share
+    assert page.js_errors == []

@@ -236,7 +236,7 @@ def test_the_job_page_carries_the_share_for_its_card(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("viewer", password="x"))
     page = client.get(f"/jobs/{a.pk}/").content.decode()
     assert '"sharing": {"priority": 3, "weight": 1.0, "min_rollout_gpus": 1, "max_rollout_gpus": 4' in page
-    assert '"allotted_rollout_gpus": 4, "held_rollout_gpus": 0, "borrows": {}, "lends": {}}' in page
+    assert '"allotted_rollout_gpus": 4, "held_rollout_gpus": 0, "borrows": {}, "lends": {}, "not_lending": ' in page
 
 
 def test_a_training_phase_change_divides_again_only_where_another_job_shares_the_cluster():

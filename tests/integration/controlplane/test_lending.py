@@ -225,12 +225,29 @@ def test_a_job_lends_nothing_before_its_period_is_known_or_with_lending_off():
     a, b = _two_jobs()
     arbitration.rebalance(reason="periodic")
     assert not TrainingLend.objects.exists()  # a has not trained twice: its next Training Begin is unknown
+    assert (  # where a person looks: why its idle training GPU goes to no other job
+        "  lends no training GPU to other jobs: its next Training Begin cannot be predicted yet" in _status_text(a.pk)
+    )
     _trained_every(a, 200.0)
     with override_settings(PEARL={**__import__("django.conf").conf.settings.PEARL, "CROSS_JOB_LENDING": False}):
         arbitration.rebalance(reason="periodic")
+        assert "lends no training GPU to other jobs: cross-job lending is off" in _status_text(a.pk)
     assert not TrainingLend.objects.exists()
     units, room = borrowed_units(Job.objects.get(pk=b.pk))
     assert (units, room) == ([], 0)
+
+
+def test_jobs_of_different_tps_lend_nothing_and_their_status_says_why():
+    make_node("r1", slots=4)
+    make_node("t1", pool="training", slots=4)
+    a = make_job("a", **SPEC)
+    b = make_job("b", **(SPEC | {"tp": 2, "training_gpus": 2}))
+    _place_all(arbitration.rebalance(reason="jobs arrived"))
+    _trained_every(a, 200.0)
+    arbitration.rebalance(reason="a's Training Finished")
+    assert not TrainingLend.objects.exists()
+    for job in (a, b):
+        assert "lends no training GPU to other jobs: the jobs' TPs differ (1, 2)" in _status_text(job.pk)
 
 
 @pytest.mark.parametrize("leaves", ["owner stops", "owner pauses", "borrower pauses"])
