@@ -307,6 +307,11 @@ async def spawn_worker(
     except BaseException:
         if proc.returncode is None:
             _signal_group(proc.pid, signal.SIGKILL)
+        # reaped before the caller hears of it: a start given up (cancelled) must not leave a process that may
+        # still hold its GPUs while the control plane counts them free
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait(), 10.0)
+        (state_dir / LEASE_FILE).unlink(missing_ok=True)
         raise
     return WorkerProcess(
         worker_id, proc, port, secret, state_dir, args, f"[{advertise}]" if ":" in advertise else advertise

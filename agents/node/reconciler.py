@@ -249,9 +249,16 @@ class Reconciler:
                 return
             await self._reconcile_drivers(ds)
             wanted = {w.worker_id: w for w in ds.workers}
-            for wid in [w for w in self.workers if w not in wanted]:
-                await self._retire(self.workers[wid], self.cfg.drain_timeout_s)
-                del self.workers[wid]
+            # the workers no longer wanted retire side by side: a lend's end stops several at once
+            gone = [w for w in self.workers if w not in wanted]
+            outcomes = await asyncio.gather(
+                *(self._retire(self.workers[wid], self.cfg.drain_timeout_s) for wid in gone), return_exceptions=True
+            )
+            for wid, r in zip(gone, outcomes, strict=True):
+                if isinstance(r, BaseException):  # the next pass tries again
+                    log.error("worker %s did not retire: %r", wid, r)
+                else:
+                    del self.workers[wid]
             for wid, spec in wanted.items():
                 m = self.workers.get(wid)
                 # a worker retired by a drain that was taken back (a preemption notice cancelled, the node
@@ -297,7 +304,7 @@ class Reconciler:
         wanted = set() if leaving else {w.worker_id for w in ds.workers}
         for wid, m in self.workers.items():
             task = m.converging
-            if wid not in wanted and m.state == "starting" and task is not None and not task.done():
+            if wid not in wanted and m.state == "starting" and not m.abandoned and task is not None and not task.done():
                 m.abandoned = True
                 task.cancel()
 

@@ -268,16 +268,20 @@ def on_owner_gpus(owner: Job) -> list[Worker]:
 
 
 def leaving_owner_gpus(owner: Job) -> list[Worker]:
-    """Other jobs' workers stopped on the owner's training GPUs that their agent still runs (a lend its owner
-    took back before the worker served: `services.workers.return_borrowed` stops it; the agent abandons its
-    start and reports it gone). The owner's update waits for them as for a parked one: their process may hold
-    the GPUs. An agent that is gone runs nothing (its node is not ready: the worker is fenced)."""
+    """Other jobs' workers stopped on the owner's training GPUs whose agent still reports them starting or
+    shutting down (a lend its owner took back before the worker served: `services.workers.return_borrowed`
+    stops it; the agent gives up its start, or retires it if it had just started, and reports it gone). The
+    owner's update waits for them as for a parked one: their process may hold the GPUs. Asked only while the
+    owner trains (its update is all that waits); an agent that is gone runs nothing (its node is not ready: the
+    worker is fenced)."""
+    if not owner.training_active:
+        return []
     gpus = WorkerGPU.objects.filter(alive=True, kind="training", worker__job=owner)
     running: set[int] = set()
     for observed in Node.objects.filter(
         status=NodeStatus.READY, pk__in=gpus.values_list("gpu__node_id", flat=True)
     ).values_list("observed", flat=True):
-        running.update(int(o["worker_id"]) for o in observed or [] if o.get("state") not in ("stopped", "failed"))
+        running.update(int(o.get("worker_id", 0)) for o in observed or [] if o.get("state") in ("starting", "draining"))
     if not running:
         return []
     return list(

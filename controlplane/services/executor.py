@@ -203,9 +203,6 @@ def _advance(tr: Transition, actor: str) -> str:
             if _confirmed(job, step, w):
                 done.append(step)
                 continue
-            if _lend_taken_back(step, w):
-                skipped.append(step)
-                continue
             leaving = _node_leaving(step, w)
             if leaving:  # what the step waits for cannot happen there: fail now, so the re-plan runs
                 return _fail(
@@ -215,6 +212,9 @@ def _advance(tr: Transition, actor: str) -> str:
                     "the agent confirmed the step",
                     actor,
                 )
+            if _lend_taken_back(step, w):
+                skipped.append(step)
+                continue
             if first and step.started is not None and now - step.started > _timeout(job):
                 if step.attempts >= MAX_ATTEMPTS:
                     return _fail(
@@ -376,7 +376,13 @@ def _lend_taken_back(step: TransitionStep, w: Worker | None) -> bool:
     Begin took the lent unit back (`workers.return_borrowed`). What the step waits for cannot happen there,
     and nothing is lost: the step is skipped, the finalisation leaves the worker out (it is not alive), and
     the rest of the transition goes on."""
-    return step.kind in _NEEDS_NODE and w is not None and not w.alive and w.node.pool == Pool.TRAINING
+    return (
+        step.kind in _NEEDS_NODE
+        and w is not None
+        and not w.alive
+        and w.node.pool == Pool.TRAINING
+        and w.node.status == NodeStatus.READY  # a node leaving or gone fails the step (`_node_leaving`)
+    )
 
 
 def _reissue(job: Job, steps: list[TransitionStep], latest: dict[int, Worker]) -> None:

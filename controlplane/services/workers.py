@@ -317,7 +317,7 @@ def return_borrowed(job: Job, actor: str = "system") -> list[int]:
     Returns the job's own slots."""
     foreign: dict[int, tuple[list[int], list[int]]] = {}  # borrower -> (slots to park, slots to stop)
     for w in on_owner_gpus(job):
-        o = observed(w)
+        o = observed(w)  # its agent's last report: a start that ended since is stopped too, and retired at once
         if o is None or o.get("state") != "running":
             foreign.setdefault(w.job_id, ([], []))[1].append(w.slot)
         elif w.activity != Activity.INACTIVE:

@@ -520,6 +520,34 @@ async def test_a_start_the_desired_state_no_longer_wants_is_given_up_at_once(cp,
         await runner.cleanup()
 
 
+async def test_a_start_given_up_before_its_worker_serves_leaves_no_process(cp, tmp_path):
+    """The same, given up while the worker process is still coming up (here SIGSTOPped before it says it serves,
+    as a vLLM engine loading its model takes long): the agent kills it and reaps it, drops its lease, and only
+    then reports it gone."""
+    import json
+
+    async with one_worker(cp, tmp_path, "n8", time_factor=SLOW) as agent:
+        await cp.push(
+            link.DesiredState(
+                generation=2, epoch=1, status="ready", workers=[worker(1, "colocated"), worker(2, "colocated")]
+            )
+        )
+        lease = tmp_path / "agent" / "jobs" / "-" / "worker-2" / "process.json"
+        pid = 0
+        for _ in range(6000):  # the lease is written as the process starts, before it serves
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(json.loads(lease.read_text())["pid"])
+                break
+            await asyncio.sleep(0.01)
+        os.kill(pid, signal.SIGSTOP)  # it never says it serves
+        assert agent.workers[2].state == "starting" and agent.workers[2].proc is None
+        await cp.push(link.DesiredState(generation=3, epoch=1, status="ready", workers=[worker(1, "colocated")]))
+        await cp.wait_for(lambda c: (o := observed(c, 3)) and 2 not in o and o, timeout=30)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped
+        assert not lease.exists()
+
+
 async def test_a_preempted_worker_that_hangs_is_killed_before_the_deadline(cp, tmp_path):
     """A worker that neither answers the drain nor exits on SIGTERM (here SIGSTOPped: a loaded machine's
     vLLM worker can be as slow) is SIGKILLed by the agent before its node's preemption deadline, instead of
