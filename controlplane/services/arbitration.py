@@ -162,11 +162,11 @@ class Lending:
 
 @dataclass(frozen=True, slots=True)
 class LendOutlook:
-    """What lending one of an owner's idle training units to a borrower saves at the lend's best moment, the
-    owner's Training Finished (its whole idle window ahead), weighed as the arbiter weighs a lend
+    """What lending one of an owner's idle training units to a borrower saves, from a moment after the owner's
+    Training Finished (at best: then, its whole idle window ahead), weighed as the arbiter weighs a lend
     (`core.arbiter.lend_saving`); loop seconds."""
 
-    window_s: float  # from Training Finished to the latest start of the return, before the next Training Begin
+    window_s: float  # from the division to the latest start of the return, before the next Training Begin
     reload_s: float  # the borrower's new worker, until it serves
     deactivation_s: float  # the owner's return
     makespan_s: float  # the borrower's predicted makespan at its units now
@@ -179,15 +179,16 @@ class LendOutlook:
 
     def __str__(self) -> str:
         return (
-            f"best window {self.window_s:.1f} s, borrower's reload {self.reload_s:.1f} s, owner's return "
+            f"window {self.window_s:.1f} s, borrower's reload {self.reload_s:.1f} s, owner's return "
             f"{self.deactivation_s:.1f} s, borrower's makespan {self.makespan_s:.1f} → {self.makespan_more_s:.1f} s"
             f" with one more unit: {'saves ' + format(self.saving_s, '.1f') + ' s' if self.pays else 'does not pay'}"
         )
 
 
-def lend_outlook(owner: Job, borrower: Job) -> LendOutlook | None:
-    """Could a lend of `owner`'s idle training unit to `borrower` pay, at best? None before the owner has trained
-    twice (its period is unknown: it lends nothing)."""
+def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutlook | None:
+    """Could a lend of `owner`'s idle training unit to `borrower` pay, as a division `after_s` loop seconds after
+    the owner's Training Finished sees it (0: at best)? None before the owner has trained twice (its period is
+    unknown: it lends nothing)."""
     rhythm = cadence(owner)
     if rhythm is None:
         return None
@@ -195,21 +196,21 @@ def lend_outlook(owner: Job, borrower: Job) -> LendOutlook | None:
     n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
     curve = _curve(borrower, unit)
     reload_s, _ = _costs(borrower, cadence(borrower))
-    dl = return_deadline(  # as the division right after Training Finished sees it
+    dl = return_deadline(  # in loop seconds from Training Finished
         training_begin_s=rhythm.period_s - rhythm.return_s - rhythm.update_s,
         deactivation_s=rhythm.return_s,
-        now_s=0.0,
+        now_s=after_s,
         margin_s=LIVE_CONFIG.return_margin_s,
     )
     t_now, t_more = curve(n), curve(n + 1)
     saving = lend_saving(
-        window_s=dl.start_by_s,
+        window_s=dl.start_by_s - after_s,
         reload_s=reload_s,
         deactivation_s=rhythm.return_s,
         makespan_s=t_now,
         makespan_more_s=t_more,
     )
-    return LendOutlook(dl.start_by_s, reload_s, rhythm.return_s, t_now, t_more, saving)
+    return LendOutlook(dl.start_by_s - after_s, reload_s, rhythm.return_s, t_now, t_more, saving)
 
 
 def _held(job_ids: list[int]) -> dict[int, int]:
