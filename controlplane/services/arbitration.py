@@ -202,15 +202,11 @@ def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutl
         now_s=after_s,
         margin_s=LIVE_CONFIG.return_margin_s,
     )
-    t_now, t_more = curve(n), curve(n + 1)
+    window, t_now, t_more = dl.start_by_s - after_s, curve(n), curve(n + 1)
     saving = lend_saving(
-        window_s=dl.start_by_s - after_s,
-        reload_s=reload_s,
-        deactivation_s=rhythm.return_s,
-        makespan_s=t_now,
-        makespan_more_s=t_more,
+        window_s=window, reload_s=reload_s, deactivation_s=rhythm.return_s, makespan_s=t_now, makespan_more_s=t_more
     )
-    return LendOutlook(dl.start_by_s - after_s, reload_s, rhythm.return_s, t_now, t_more, saving)
+    return LendOutlook(window, reload_s, rhythm.return_s, t_now, t_more, saving)
 
 
 def _held(job_ids: list[int]) -> dict[int, int]:

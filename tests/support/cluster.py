@@ -3,6 +3,7 @@ would, jobs created as the API would, and agents that report their desired state
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,11 +57,12 @@ def make_job(name: str = "job1", **spec: Any) -> Job:
     return create_job(spec=full, actor="test")
 
 
-def agents_converge(*, skip: tuple[str, ...] = ()) -> None:
+def agents_converge(*, skip: tuple[str, ...] = (), starting: Collection[int] = ()) -> None:
     """Every live node's agent (but those named in `skip`: slow or silent ones) reports its desired state as
     done, through the heartbeat service: each worker running in its role and activity, holding the weights
     the job allows, idle, on an endpoint of the node. What a real agent does after reconciling
-    (agents/node.py), without processes."""
+    (agents/node.py), without processes. The workers (ids) in `starting` are reported still starting: no
+    endpoint, no weights, no devices yet."""
     from controlplane.core.agent_link import Heartbeat, ObservedWorker
     from controlplane.core.state import Activity, NodeStatus, Role
     from controlplane.models import Job, Node
@@ -81,6 +83,18 @@ def agents_converge(*, skip: tuple[str, ...] = ()) -> None:
                 endpoint=f"http://127.0.0.1:{20000 + w.worker_id}",
                 generation=ds.generation,
                 devices=list(w.gpus),
+            )
+            if w.worker_id not in starting
+            else ObservedWorker(
+                worker_id=w.worker_id,
+                role=w.role,
+                state="starting",
+                inflight=0,
+                activity=Activity.INACTIVE,
+                weight_version=0,
+                endpoint="",
+                generation=ds.generation,
+                devices=[],
             )
             for w in ds.workers
         ]

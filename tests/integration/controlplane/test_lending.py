@@ -164,36 +164,6 @@ def test_a_start_or_an_admission_the_owners_training_begin_overtook_does_not_hap
     assert lend_followups() == {a.pk}
 
 
-def _reports_starting(node_name: str, worker: Worker) -> None:
-    """The node's agent reports `worker` still starting (its process or its weights are not up yet), and the
-    other workers of its desired state as `agents_converge` does."""
-    from controlplane.core.agent_link import Heartbeat, ObservedWorker
-    from controlplane.models import Node
-    from controlplane.selectors.cluster import desired_state
-    from controlplane.services.heartbeat import record_heartbeat
-
-    node = Node.objects.get(name=node_name)
-    ds = desired_state(node)
-    seen = [
-        ObservedWorker(
-            worker_id=x.worker_id,
-            role=x.role,
-            state="starting" if x.worker_id == worker.pk else "running",
-            activity=Activity.INACTIVE,
-            weight_version=0,
-            endpoint="" if x.worker_id == worker.pk else f"http://127.0.0.1:{20000 + x.worker_id}",
-            generation=ds.generation,
-            devices=[] if x.worker_id == worker.pk else list(x.gpus),
-        )
-        for x in ds.workers
-    ]
-    record_heartbeat(
-        node_id=node.pk,
-        message=Heartbeat(epoch=node.epoch, generation=ds.generation, workers=seen),
-        channel=node.agent_channel,
-    )
-
-
 def test_a_lent_worker_still_starting_at_its_owners_training_begin_stops_and_the_update_waits_until_it_is_gone():
     a, b = _two_jobs()
     _trained_every(a, 200.0)
@@ -201,7 +171,7 @@ def test_a_lent_worker_still_starting_at_its_owners_training_begin_stops_and_the
     t = planner.plan_job(job_id=b.pk, signal="capacity_change")
     assert executor.execute_transition(transition_id=t.pk).status == "running"  # the start is issued
     [w] = _on_loan(a)
-    _reports_starting("t1", w)  # its agent is still starting it (a process, b's weights) when a's Training Begin comes
+    agents_converge(starting={w.pk})  # its agent is still starting it (a process, b's weights) at a's Training Begin
 
     # parking it would wait for its start to end: it stops at once instead, and a's update waits until its agent
     # no longer runs it (the agent abandons the start: tests/integration/agents/test_node_agent.py)
