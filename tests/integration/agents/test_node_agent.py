@@ -595,11 +595,14 @@ async def test_an_agent_runs_its_emulated_engines_with_the_interference_it_was_g
 
         # as long a turn as a worker takes (a few seconds at this time factor): still decoding when they come
         long = asyncio.create_task(client.generate(gen("long", dp.MAX_NEW_TOKENS, "x " * 200, stop_at_eos=False)))
-        for _ in range(1000):  # until it decodes (not a fixed sleep: on a busy machine it may not have started)
+        # until it decodes (not a fixed sleep: on a busy machine it may not have started). Its decode is one
+        # segment that ends with it, so the decode-iteration count stays 0 while it runs: its prefill is the sign
+        for _ in range(1000):
             st = await client.stats()
-            if st.running_batch >= 1 and st.decode_iterations > 0:
+            if st.running_batch >= 1 and st.prefill_tokens > 0:
                 break
             await asyncio.sleep(0.01)
+        assert not long.done(), "the long turn ended before the short ones came: nothing for them to ride with"
         await asyncio.gather(*[client.generate(gen(f"s{i}", 2, f"prompt {i} " * (50 + 10 * i))) for i in range(4)])
         await long
         prof = get_profile("H800", "qwen3-8b", 1)  # one slot: the worker's TP is 1
