@@ -18,8 +18,11 @@ from tests.fault.conftest import assert_invariants, record_timing, wait_for
 from tests.fault.test_arbiter_live import _records, _submit, _until
 from tests.fault.test_faults import LONG_LEASE_S, registered
 
-TIME_FACTOR = 0.1  # emulated H800 time x0.1, as the arbiter test
-# a margin (wall s; 20 loop s at x0.1, not measured per run) for the division a Training Finished queues, which runs
+# emulated H800 time x0.2: the control plane's own wall seconds (a division queued in Celery, a worker process
+# starting) weigh half what they did at x0.1 against a's idle window in loop seconds, where a lend that paid only
+# at the best moment skipped in every run (a's window 34 loop s, 20 of them the division's wait)
+TIME_FACTOR = 0.2
+# a margin (wall s; 10 loop s at x0.2, not measured per run) for the division a Training Finished queues, which runs
 # in Celery some time after it: a lend that pays only if decided at that very moment is not one this run can expect
 # (a CI rehearsal saw a saving of 1.2 loop s at the best moment, and no lend in 120 s)
 DIVISION_AFTER_WALL_S = 2.0
@@ -56,7 +59,7 @@ def _lent_serving(owner) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # about 80 s of live run here: CI's long stage
+@pytest.mark.long  # about 150 s of live run here: CI's long stage
 @pytest.mark.lease(LONG_LEASE_S)
 def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its_owners_update(stack):
     from controlplane.models import Event, Job
@@ -65,12 +68,13 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
     stack.agent("roll-l", slots=2, time_factor=TIME_FACTOR)
     for name in ("train-l", "roll-l"):
         registered(name)
-    # a trains on eight GPUs and rolls out on one: its updates (~35 s of emulated time) are shorter than its
-    # rollouts (~75 s), so its training GPUs idle between them (a trainer-bound job, whose next update starts as
-    # the last one ends, has nothing to lend)
-    a = _submit(stack, "a", rollout_gpus=1, training_gpus=8)
+    # a trains on eight GPUs and rolls out on one, a small batch (8 groups of 4): its updates (~10 s of emulated
+    # time) are far shorter than its rollouts (~50 s, the slowest trajectory's), so its training GPUs idle ~40 s
+    # between them (a trainer-bound job, whose next update starts as the last one ends, has nothing to lend).
+    # b's batch (64 groups of 8) is rollout-bound on its one unit: a second cuts its step by a third (168 → 113 s)
+    a = _submit(stack, "a", rollout_gpus=1, training_gpus=8, batch_size=8, group_size=4)
     _borrowing_off(stack, a)
-    b = _submit(stack, "b", rollout_gpus=2)
+    b = _submit(stack, "b", rollout_gpus=2, batch_size=64)
     _until(lambda: Job.objects.get(pk=a.pk).weight_version >= 2 or None, 120, "a's first two updates")
 
     # between a's updates the arbiter lends a's idle training GPU to b, and b serves on it
