@@ -77,8 +77,8 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
     b = _submit(stack, "b", rollout_gpus=2, batch_size=64)
     _until(lambda: Job.objects.get(pk=a.pk).weight_version >= 2 or None, 120, "a's first two updates")
 
-    # between a's updates the arbiter lends a's idle training GPU to b, and b serves on it (32 s after here; 118 s with a
-    # busy loop taking one of the two cores)
+    # between a's updates the arbiter lends a's idle training GPU to b, and b serves on it (32 s after here; 118 s
+    # with a busy loop taking one of the two cores)
     t0 = time.monotonic()
     try:
         _until(lambda: _lent_serving(a) or None, 180, "b serving on a's training GPU")
