@@ -116,6 +116,9 @@ class Job(models.Model):
     min_rollout_gpus = models.PositiveIntegerField(default=0)
     # the arbiter's allotment: dedicated rollout GPUs the job may hold now (None: not arbitrated yet)
     allotted_rollout_gpus = models.PositiveIntegerField(null=True, blank=True)
+    # why the arbiter's last division lent none of its idle training GPUs though it may lend ("": it lent, or
+    # had none idle): `core.arbiter.Allotment.unlent`, for its status
+    unlent_reason = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     mode = models.CharField(max_length=16, choices=choices(Mode), default=Mode.COLOCATED)
     n_prefill = models.PositiveIntegerField(default=0)

@@ -121,6 +121,7 @@ class Allotment:
     explanation: tuple[str, ...] = ()
     predicted_gain: float = 0.0  # weighted ln(step time) the changes are predicted to save
     idle: Mapping[str, Idle] = field(default_factory=dict)  # why each job allotted nothing has nothing
+    unlent: Mapping[str, str] = field(default_factory=dict)  # why a job with idle training units lends none
 
     def borrowed(self, job: str) -> int:
         return sum(lend.units for lend in self.lends if lend.borrower == job)
@@ -304,10 +305,10 @@ def arbitrate(
         alloc[r] += 1
         alloc[d] -= 1
         gain_total += net
-    lends = _lend(jobs, alloc, curves, previous, now_s, config) if config.lending else ()
+    lends, unlent = _lend(jobs, alloc, curves, previous, now_s, config) if config.lending else ((), {})
     idle = {j.name: _idle(capacity, j) for j in jobs if alloc[j.name] == 0}
     out = Allotment(dict(alloc), lends, (), gain_total)
-    return Allotment(out.units, lends, tuple(notes) + explain(reason, previous, out, jobs), gain_total, idle)
+    return Allotment(out.units, lends, tuple(notes) + explain(reason, previous, out, jobs), gain_total, idle, unlent)
 
 
 def _idle(capacity: int, job: JobDemand) -> Idle:
@@ -332,15 +333,29 @@ def lend_saving(
     paid it once lending 2.3x the GPU-seconds (multi-8jobs) and doing worse (pearl / static 0.977 -> 0.955 on
     multi-4jobs, 1.022 -> 0.999 on multi-2jobs-paper-seg2, the rest within 0.003): a lend costs more than its
     reload (the turns it holds at the return resume elsewhere with their prefill; the owner's return)."""
+    saved, toggle = lend_terms(
+        window_s=window_s,
+        reload_s=reload_s,
+        deactivation_s=deactivation_s,
+        makespan_s=makespan_s,
+        makespan_more_s=makespan_more_s,
+    )
+    return saved - toggle if saved > toggle else -math.inf
+
+
+def lend_terms(
+    *, window_s: float, reload_s: float, deactivation_s: float, makespan_s: float, makespan_more_s: float
+) -> tuple[float, float]:
+    """`lend_saving`'s two sides, (what the lent unit saves, its T_toggle), for a job's status to say why a lend
+    does not pay: the saving is 0 where the window ends before the reload does."""
     window = window_s - reload_s
     if window <= 0 or not math.isfinite(makespan_more_s):
-        return -math.inf
-    if math.isfinite(makespan_s):
+        saved = 0.0
+    elif math.isfinite(makespan_s):
         saved = (makespan_s - makespan_more_s) * min(1.0, window / makespan_s)
     else:
         saved = window
-    toggle = reload_s + deactivation_s
-    return saved - toggle if saved > toggle else -math.inf
+    return saved, reload_s + deactivation_s
 
 
 def _lend(
@@ -350,12 +365,14 @@ def _lend(
     previous: Allotment | None,
     now_s: float,
     config: ArbiterConfig,
-) -> tuple[Lend, ...]:
+) -> tuple[tuple[Lend, ...], dict[str, str]]:
     """Idle training units to other jobs' rollout: a lend must pay for the borrower's reload within the
-    window before the owner's Training Begin (less the deactivation and the margin), as Eq. 7 gates a borrow."""
+    window before the owner's Training Begin (less the deactivation and the margin), as Eq. 7 gates a borrow.
+    Also, per owner with idle units that lends none, why (`_why_unlent`)."""
     by = {j.name: j for j in jobs}
     extra = {j.name: 0 for j in jobs}
     lends: dict[tuple[str, str], int] = {}
+    unlent: dict[str, str] = {}
     kept = {(lend.owner, lend.borrower): lend.units for lend in (previous.lends if previous else ())}
     owners = sorted((j for j in jobs if not j.training and j.lendable_units > 0), key=lambda j: -j.training_begin_s)
 
@@ -399,7 +416,57 @@ def _lend(
             lends[(owner.name, bname)] = lends.get((owner.name, bname), 0) + 1
             extra[bname] += 1
             left -= 1
-    return tuple(Lend(o, b, k, by[o].training_begin_s) for (o, b), k in sorted(lends.items()))
+        if left == owner.lendable_units:
+            unlent[owner.name] = _why_unlent(
+                owner, [b for b in jobs if b.name != owner.name], alloc, curves, now_s, config
+            )
+    return tuple(Lend(o, b, k, by[o].training_begin_s) for (o, b), k in sorted(lends.items())), unlent
+
+
+def _why_unlent(
+    owner: JobDemand,
+    others: Sequence[JobDemand],
+    alloc: Mapping[str, int],
+    curves: Mapping[str, _Curve],
+    now_s: float,
+    config: ArbiterConfig,
+) -> str:
+    """Why none of the owner's idle training units went to another job, the closest job first (whole seconds:
+    a job's status reads it, and it changes only when the reason does)."""
+    start_by = return_deadline(
+        training_begin_s=owner.training_begin_s,
+        deactivation_s=owner.deactivation_s,
+        now_s=now_s,
+        margin_s=config.return_margin_s,
+    ).start_by_s
+    window = start_by - now_s
+    full = sorted(b.name for b in others if alloc[b.name] >= b.max_units)
+    weighed: list[tuple[float, str]] = []
+    for b in others:
+        n = alloc[b.name]
+        if n >= b.max_units:
+            continue
+        saved, toggle = lend_terms(
+            window_s=window,
+            reload_s=b.reload_s,
+            deactivation_s=owner.deactivation_s,
+            makespan_s=curves[b.name].at(n),
+            makespan_more_s=curves[b.name].at(n + 1),
+        )
+        weighed.append(
+            (
+                saved - toggle,
+                f"{b.name} would save {saved:.0f} s of its step before the return, less than the "
+                f"{toggle:.0f} s the lend costs ({b.reload_s:.0f} s {b.name}'s reload, {owner.deactivation_s:.0f} s "
+                "the return)",
+            )
+        )
+    parts = [why for _, why in sorted(weighed, key=lambda w: -w[0])[:2]]
+    if full:
+        parts.append(f"{', '.join(full)} at {'its' if len(full) == 1 else 'their'} maximum")
+    if not parts:
+        return ""
+    return f"no lend pays in the {max(0.0, window):.0f} s before its return must start: " + "; ".join(parts)
 
 
 def explain(reason: str, previous: Allotment | None, new: Allotment, jobs: Sequence[JobDemand]) -> tuple[str, ...]:

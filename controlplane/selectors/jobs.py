@@ -303,7 +303,8 @@ def sharing(job: Job) -> dict[str, Any]:
         "held_rollout_gpus": held,
         "borrows": borrows,
         "lends": lends,
-        # why its idle training GPUs go to no other job ("": none of the limits holds; a lend comes when one pays)
+        # why its idle training GPUs go to no other job: a limit of lending, or the last division found no lend
+        # that pays ("": it lends, or none of its training GPUs was idle then)
         "not_lending": "" if lends or not job.training_gpus else _lend_refusal(job, borrows),
     }
 
@@ -312,7 +313,7 @@ def _lend_refusal(job: Job, borrows: dict[str, int]) -> str:
     if job.status not in LIVE:
         return ""
     jobs = list(Job.objects.filter(status__in=LIVE))
-    return lend_refusal(job, jobs, borrowing=bool(borrows), rhythm=cadence(job))
+    return lend_refusal(job, jobs, borrowing=bool(borrows), rhythm=cadence(job)) or job.unlent_reason
 
 
 def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, events: int = 50) -> dict[str, Any] | None:

@@ -290,6 +290,10 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     with transaction.atomic():
         for j in changed:
             Job.objects.filter(pk=j.pk).update(allotted_rollout_gpus=allotted[j.pk])
+        for j in jobs:  # written only when it changes (whole seconds): the division runs on every cluster event
+            why = new.unlent.get(j.name, "")
+            if j.unlent_reason != why:
+                Job.objects.filter(pk=j.pk).update(unlent_reason=why)
         Job.objects.filter(pk__in=[pk for pk, _, _ in gone]).update(allotted_rollout_gpus=0)
         # the lends: a new one frees the owner's units (its parked overlap workers stop), an ended one's
         # borrower is planned to stop its workers there (services.lending)

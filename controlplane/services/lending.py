@@ -16,7 +16,8 @@ Kept simple on purpose: lends only between jobs of one TP (a lent unit is one bo
 accepts the owner's chip type; a job lends or borrows in one division, never both (no two jobs wait on each
 other's Training Begin); a job lends only once it has begun training twice (its next Training Begin is
 predicted from their interval, `selectors.lending.cadence`). The job's status and page say which of these
-stops it (`selectors.lending.lend_refusal`, the arbiter's own test).
+stops it (`selectors.lending.lend_refusal`, the arbiter's own test) or, where none does, what the closest lend
+would have saved and cost in the last division (`core.arbiter.Allotment.unlent`, kept as `Job.unlent_reason`).
 """
 
 from __future__ import annotations

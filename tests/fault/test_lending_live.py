@@ -92,7 +92,7 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
         outlook = lend_outlook(owner, Job.objects.get(pk=b.pk), after_s=after)
         why = (
             f"a: {rhythm}, lendable {lendable_units(owner)}; a lend of a's unit to b, as a division {after:.1f} loop s "
-            f"after a's Training Finished sees it: {outlook}"
+            f"after a's Training Finished sees it: {outlook}; the arbiter's last word: {owner.unlent_reason}"
         )
         if outlook is not None and not outlook.pays:
             # no lend can pay here: starting b's worker on this machine costs more than it saves before a trains

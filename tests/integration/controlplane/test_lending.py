@@ -207,6 +207,28 @@ def test_a_job_lends_nothing_before_its_period_is_known_or_with_lending_off():
     assert (units, room) == ([], 0)
 
 
+def test_a_job_whose_idle_window_buys_no_lend_says_what_it_would_save_and_cost():
+    a, b = _two_jobs()
+    # b's workers took 30 s to serve (its measured reload), a's updates come every 12 s, the last 1 s ago: a's
+    # return must start in 10 s, before a worker of b would serve there
+    starts = TransitionStep.objects.filter(transition__job=b, kind="start_worker", status="done")
+    for pk, finished in starts.values_list("pk", "finished"):
+        assert finished is not None
+        TransitionStep.objects.filter(pk=pk).update(started=finished - timedelta(seconds=30))
+    _trained_every(a, 12.0)
+    arbitration.rebalance(reason="a's Training Finished")
+    assert not TrainingLend.objects.exists()
+    assert (
+        "lends no training GPU to other jobs: no lend pays in the 10 s before its return must start: b would save 0 s"
+        " of its step before the return, less than the 30 s the lend costs (30 s b's reload, 0 s the return)"
+    ) in _status_text(a.pk)
+    # with room in its period it lends, and its status no longer says why not
+    _trained_every(a, 200.0)
+    arbitration.rebalance(reason="a's Training Finished")
+    assert TrainingLend.objects.filter(owner=a, borrower=b).exists()
+    assert Job.objects.get(pk=a.pk).unlent_reason == "" and "lends no training GPU" not in _status_text(a.pk)
+
+
 def test_jobs_of_different_tps_lend_nothing_and_their_status_says_why():
     make_node("r1", slots=4)
     make_node("t1", pool="training", slots=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -123,6 +124,7 @@ def test_idle_training_units_are_lent_until_the_owners_training_begin():
     a = arbitrate(4, [owner, borrower], now_s=now)
     lent = a.borrowed("B")
     assert lent > 0 and a.lent("A") == lent and a.total("B") == a.units["B"] + lent
+    assert a.unlent == {}  # it lends: nothing to explain
     assert all(x.due_s == owner.training_begin_s for x in a.lends)
     # the owner's Training Begin: it is training now, nothing of it is lent any more
     back = arbitrate(4, [job("A", training=True), borrower], a, now_s=now + 600.0, reason="A Training Begin")
@@ -135,6 +137,14 @@ def test_no_lend_when_the_window_cannot_pay_for_the_reload():
     owner = job("A", lendable_units=4, training_begin_s=now + 40.0, deactivation_s=3.0)
     a = arbitrate(4, [owner, job("B", reload_s=50.0)], now_s=now)
     assert a.lends == ()
+    # what the owner's status says: its window (40 s less the 3 s return and the 5 s margin) ends before B's reload does
+    assert a.unlent == {
+        "A": "no lend pays in the 32 s before its return must start: B would save 0 s of its step before the "
+        "return, less than the 53 s the lend costs (50 s B's reload, 3 s the return)"
+    }
+    # a job at its maximum is named as such (the owner rolls out on none of the pool: B holds all of it)
+    full = arbitrate(4, [replace(owner, max_units=0), job("B", reload_s=50.0, max_units=4)], now_s=now)
+    assert full.unlent["A"] == "no lend pays in the 32 s before its return must start: B at its maximum"
 
 
 def test_a_lend_pays_for_its_reload_and_the_owners_return():
