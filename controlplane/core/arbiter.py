@@ -380,15 +380,9 @@ def _lend(
         n = alloc[b.name] + extra[b.name]
         if n >= b.max_units:
             return -math.inf
-        dl = return_deadline(
-            training_begin_s=owner.training_begin_s,
-            deactivation_s=owner.deactivation_s,
-            now_s=now_s,
-            margin_s=config.return_margin_s,
-        )
         c = curves[b.name]
         net = lend_saving(
-            window_s=dl.start_by_s - now_s,
+            window_s=_lend_window(owner, now_s, config),
             reload_s=0.0 if sticky else b.reload_s,
             deactivation_s=owner.deactivation_s,
             makespan_s=c.at(n),
@@ -423,6 +417,17 @@ def _lend(
     return tuple(Lend(o, b, k, by[o].training_begin_s) for (o, b), k in sorted(lends.items())), unlent
 
 
+def _lend_window(owner: JobDemand, now_s: float, config: ArbiterConfig) -> float:
+    """Seconds from now until a unit lent by `owner` must start its return (before its Training Begin)."""
+    dl = return_deadline(
+        training_begin_s=owner.training_begin_s,
+        deactivation_s=owner.deactivation_s,
+        now_s=now_s,
+        margin_s=config.return_margin_s,
+    )
+    return dl.start_by_s - now_s
+
+
 def _why_unlent(
     owner: JobDemand,
     others: Sequence[JobDemand],
@@ -433,13 +438,7 @@ def _why_unlent(
 ) -> str:
     """Why none of the owner's idle training units went to another job, the closest job first (whole seconds:
     a job's status reads it, and it changes only when the reason does)."""
-    start_by = return_deadline(
-        training_begin_s=owner.training_begin_s,
-        deactivation_s=owner.deactivation_s,
-        now_s=now_s,
-        margin_s=config.return_margin_s,
-    ).start_by_s
-    window = start_by - now_s
+    window = _lend_window(owner, now_s, config)
     full = sorted(b.name for b in others if alloc[b.name] >= b.max_units)
     weighed: list[tuple[float, str]] = []
     for b in others:
