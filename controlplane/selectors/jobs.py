@@ -313,7 +313,9 @@ def _lend_refusal(job: Job, borrows: dict[str, int]) -> str:
     if job.status not in LIVE:
         return ""
     jobs = list(Job.objects.filter(status__in=LIVE))
-    return lend_refusal(job, jobs, borrowing=bool(borrows), rhythm=cadence(job)) or job.unlent_reason
+    # the last division's reason is of its idle time: while it trains, nothing of it is idle to lend
+    unlent = "" if job.training_active else job.unlent_reason
+    return lend_refusal(job, jobs, borrowing=bool(borrows), rhythm=cadence(job)) or unlent
 
 
 def job_status(job_id: int, *, decisions: int = 50, transitions: int = 10, events: int = 50) -> dict[str, Any] | None:

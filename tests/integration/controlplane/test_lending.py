@@ -222,6 +222,10 @@ def test_a_job_whose_idle_window_buys_no_lend_says_what_it_would_save_and_cost()
         "lends no training GPU to other jobs: no lend pays in the 10 s before its return must start: b would save 0 s"
         " of its step before the return, less than the 30 s the lend costs (30 s b's reload, 0 s the return)"
     ) in _status_text(a.pk)
+    # at its Training Begin nothing of it is idle: the reason of its idle time is not shown
+    Job.objects.filter(pk=a.pk).update(training_active=True)
+    assert "lends no training GPU" not in _status_text(a.pk)
+    Job.objects.filter(pk=a.pk).update(training_active=False)
     # with room in its period it lends, and its status no longer says why not
     _trained_every(a, 200.0)
     arbitration.rebalance(reason="a's Training Finished")
