@@ -439,11 +439,12 @@ def _why_unlent(
     """Why none of the owner's idle training units went to another job, the closest job first (whole seconds:
     a job's status reads it, and it changes only when the reason does)."""
     window = _lend_window(owner, now_s, config)
-    full = sorted(b.name for b in others if alloc[b.name] >= b.max_units)
+    full: list[str] = []
     weighed: list[tuple[float, str]] = []
     for b in others:
         n = alloc[b.name]
         if n >= b.max_units:
+            full.append(b.name)
             continue
         saved, toggle = lend_terms(
             window_s=window,
@@ -462,7 +463,7 @@ def _why_unlent(
         )
     parts = [why for _, why in sorted(weighed, key=lambda w: -w[0])[:2]]
     if full:
-        parts.append(f"{', '.join(full)} at {'its' if len(full) == 1 else 'their'} maximum")
+        parts.append(f"{', '.join(sorted(full))} at {'its' if len(full) == 1 else 'their'} maximum")
     if not parts:
         return ""
     return f"no lend pays in the {max(0.0, window):.0f} s before its return must start: " + "; ".join(parts)

@@ -72,32 +72,23 @@ def agents_converge(*, skip: tuple[str, ...] = (), starting: Collection[int] = (
     for node in Node.objects.filter(status__in=[NodeStatus.READY, NodeStatus.DRAINING]).exclude(name__in=skip):
         ds = desired_state(node)
         versions = dict(Job.objects.values_list("name", "weight_version"))
-        workers = [
-            ObservedWorker(
-                worker_id=w.worker_id,
-                role=w.role,
-                state="running",
-                inflight=0,
-                activity=Activity.INACTIVE if w.role == Role.TRAINING and w.activity != Activity.ACTIVE else w.activity,
-                weight_version=versions.get(w.job, 0),
-                endpoint=f"http://127.0.0.1:{20000 + w.worker_id}",
-                generation=ds.generation,
-                devices=list(w.gpus),
+        workers = []
+        for w in ds.workers:
+            up = w.worker_id not in starting
+            idle = not up or (w.role == Role.TRAINING and w.activity != Activity.ACTIVE)
+            workers.append(
+                ObservedWorker(
+                    worker_id=w.worker_id,
+                    role=w.role,
+                    state="running" if up else "starting",
+                    inflight=0,
+                    activity=Activity.INACTIVE if idle else w.activity,
+                    weight_version=versions.get(w.job, 0) if up else 0,
+                    endpoint=f"http://127.0.0.1:{20000 + w.worker_id}" if up else "",
+                    generation=ds.generation,
+                    devices=list(w.gpus) if up else [],
+                )
             )
-            if w.worker_id not in starting
-            else ObservedWorker(
-                worker_id=w.worker_id,
-                role=w.role,
-                state="starting",
-                inflight=0,
-                activity=Activity.INACTIVE,
-                weight_version=0,
-                endpoint="",
-                generation=ds.generation,
-                devices=[],
-            )
-            for w in ds.workers
-        ]
         record_heartbeat(
             node_id=node.pk,
             message=Heartbeat(epoch=node.epoch, generation=ds.generation, workers=workers),
