@@ -1,12 +1,17 @@
 """How much can any division of rollout units gain on a multi-job scenario (issue 35)? Two measurements:
 
     .venv/bin/python benchmarks/multi_ceiling.py ceiling controlplane/sim/scenarios/multi-2jobs.yaml [...]
+    .venv/bin/python benchmarks/multi_ceiling.py draws --seeds 101-104 --jobs 2,4,8
     .venv/bin/python benchmarks/multi_ceiling.py curve controlplane/sim/scenarios/multi-2jobs.yaml --units 1,2,4,8,12
 
 `ceiling`: the scenario run with every job at its maximum (`rollout_gpus`) from its arrival to the end, as if
 the pool were unlimited, under `pearl` (the same batches, trainers and trace-free pool), its trained tokens
 over the real scenario's GPU-hours, beside `static`'s cost efficiency. No sharing policy can train more than
 that: it is an upper bound on `pearl / static` (capacity is in fact shared, so the true optimum is lower).
+
+`draws`: scenarios drawn, not tuned (`controlplane.sim.draws`), one per seed and job count: every sharing
+policy side by side, the ceiling, and the ratios issue 35's targets are about, one JSON line per draw and the
+medians (`--seeds 101-106 --jobs 2,4,8`; pick seeds never run before).
 
 `curve`: each distinct job (model, workload, trainer) alone on a constant pool of n units, for the scenario's
 duration: the simulated step time (the truth), the mean rollout makespan and trainer update, and the job's own
@@ -17,19 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import replace
 from typing import Any
 
+from controlplane.core.arbiter import SHARING_NAMES, Sharing
 from controlplane.core.policies import names
 from controlplane.core.policies.base import best_makespan
 from controlplane.sim.cluster import Simulation
-from controlplane.sim.multi import job_scenario, run_multi
-from controlplane.sim.scenario import Scenario, load_scenario_file
+from controlplane.sim.draws import draw_jobs_scenario
+from controlplane.sim.multi import MultiResult, compare_multi, job_scenario, run_multi
+from controlplane.sim.scenario import Scenario, load_scenario_file, scenario_from_dict
 from controlplane.sim.traces import AvailabilityTrace
 
 
-def ceiling(sc: Scenario) -> dict[str, Any]:
-    static = run_multi(sc, "static")
+def ceiling(sc: Scenario, static: MultiResult | None = None) -> dict[str, Any]:
+    static = static or run_multi(sc, "static")
     most = sum(j.rollout_gpus for j in sc.jobs)
     unlimited = replace(
         sc,
@@ -96,12 +104,54 @@ def curve(sc: Scenario, units: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+def draw_row(seed: int, n_jobs: int) -> dict[str, Any]:
+    """One drawn scenario: pearl's cost efficiency over each baseline's, the fairness figures and the ceiling."""
+    sc = scenario_from_dict(draw_jobs_scenario(seed, n_jobs), source=f"draw {seed}")
+    res = compare_multi(sc, list(SHARING_NAMES))
+    pearl, static = res.pop(Sharing.PEARL.value), res[Sharing.STATIC.value]
+    summary = pearl.summary(static)
+    vs = [j["vs_static"] for j in summary["jobs"].values() if j["vs_static"] is not None]
+    top = ceiling(sc, static)
+    return {
+        "scenario": sc.name,
+        "jobs": n_jobs,
+        **{
+            f"pearl_over_{p}": round(pearl.cost_efficiency / r.cost_efficiency, 3) if r.cost_efficiency else None
+            for p, r in res.items()
+        },
+        "pearl_over_static_prorated": round(pearl.cost_efficiency_prorated / static.cost_efficiency_prorated, 3)
+        if static.cost_efficiency_prorated
+        else None,
+        "ceiling_over_static": top["ceiling_over_static"],
+        "jain": summary["jain"],
+        "lowest_job_vs_static": min(vs) if vs else None,
+        "misses": summary["misses"],
+    }
+
+
+def _seeds(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("ceiling", "curve"))
-    ap.add_argument("scenario_files", nargs="+")
+    ap.add_argument("what", choices=("ceiling", "curve", "draws"))
+    ap.add_argument("scenario_files", nargs="*")
     ap.add_argument("--units", default="1,2,4,8,12")
+    ap.add_argument("--seeds", default="101-104", help="draws: a seed or a range lo-hi")
+    ap.add_argument("--jobs", default="2,4,8", help="draws: job counts, each drawn for every seed")
     a = ap.parse_args()
+    if a.what == "draws":
+        rows = []
+        for n in [int(x) for x in a.jobs.split(",")]:
+            for seed in _seeds(a.seeds):
+                rows.append(draw_row(seed, n))
+                print(json.dumps(rows[-1]), flush=True)
+        keys = [k for k in rows[0] if k not in ("scenario", "jobs")]
+        medians = {k: statistics.median(r[k] for r in rows if r[k] is not None) for k in keys}
+        print(json.dumps({"draws": len(rows), "median": medians}), flush=True)
+        return
     for f in a.scenario_files:
         sc = load_scenario_file(f)
         if a.what == "ceiling":

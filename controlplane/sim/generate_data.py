@@ -6,6 +6,8 @@ from typing import Any
 import yaml
 
 from controlplane.core.policies import REGISTRY, names
+from controlplane.sim.calibration import CALIBRATED_WORKLOAD
+from controlplane.sim.draws import draw_jobs_scenario
 from controlplane.sim.traces import PAPER_SEGMENTS, generate_bamboo_like
 
 D = Path(__file__).resolve().parent
@@ -14,28 +16,6 @@ D = Path(__file__).resolve().parent
 # engine_slowdown 3.0 of earlier versions is gone (issue 11). Prefix caches are flushed at every weight
 # update (EngineSpec.flush_cache_on_weight_update, default true: SGLang update_weights, RLBoost flush_cache).
 ENGINE: dict = {}
-# The SWE-like workload, each input from a measured or configured source (docs/research/calibration_sources.md; the
-# calibration table in benchmarks/BENCHMARKS.md, Simulator section, lists them with the resulting statistics):
-CALIBRATED_WORKLOAD = {
-    # r per turn is set against §1's prefill token share (96.68%): with the 32K cap and ~0.7K observations per
-    # turn, 550 tokens gives 96.6% (every prompt token through prefill). Sources that bracket it: Kimi's
-    # Tool&Agent trace (Mooncake FAST'25 Table 2) 182 output tokens per 8.6K input (97.9%), SWE-bench Pro's
-    # visible output ~110/230 tokens per call without hidden reasoning; Qwen3's thinking-mode replies are longer.
-    # (900, the earlier value, gave 94.7% and a 12.9% prefill time share, below §1's band.)
-    "response_tokens_mean": 550.0,
-    "observation_tokens_mean": 700.0,  # SWE-bench Pro ~0.7-1.0K tokens per step; SWE-Gym ~0.9K all content per turn
-    "env_latency_median_s": 0.5,  # SWE-bench Pro: median tool time per step ~0.5 s
-    "env_latency_sigma": 1.0,
-    "env_tail_prob": 0.035,  # SWE-bench Pro: calls over 10 s are 2.4-3.7% of steps
-    "env_tail_scale_s": 10.0,
-    "env_tail_alpha": 0.6,
-    "env_latency_cap_s": 60.0,  # SkyRL mini-SWE RL recipe: 60 s per command
-    # Set against §1's prefill time share: the fraction of a trajectory's cached context a turn may reuse.
-    # Physically: scaffolds that rewrite old observations (SWE-agent LastNObservations breaks prompt caching)
-    # or re-render earlier replies (Qwen3's chat template strips <think>). Resulting hit rate ~47%
-    # (Mooncake Tool&Agent trace: 59%; Concur: near zero while thrashing).
-    "prefix_reuse": 0.5,
-}
 seeds = {"seg1": 20261, "seg2": 20262, "seg3": 20263}
 for seg, spec in PAPER_SEGMENTS.items():
     tr = generate_bamboo_like(spec, seed=seeds[seg])
@@ -165,3 +145,7 @@ for L in (8192, 16384, 24576, 32768):
         "paper": {"pearl_over_rlboost_range": [0.098, 0.265]},
     }
     (D / "scenarios" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+# issue 35: multi-job scenarios drawn, not tuned (the hand-written multi-2jobs, -4jobs, -8jobs are not generated)
+for seed, n_jobs in ((11, 4), (12, 3)):
+    drawn = draw_jobs_scenario(seed, n_jobs)
+    (D / "scenarios" / f"{drawn['name']}.yaml").write_text(yaml.safe_dump(drawn, sort_keys=False))

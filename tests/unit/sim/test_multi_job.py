@@ -12,6 +12,7 @@ import yaml
 
 from controlplane.core.arbiter import SHARING_NAMES
 from controlplane.sim.cli import main
+from controlplane.sim.draws import draw_jobs_scenario
 from controlplane.sim.multi import run_multi
 from controlplane.sim.scenario import ScenarioError, get_scenario, scenario_from_dict
 
@@ -77,6 +78,26 @@ def test_shipped_multi_job_scenarios_load():
         assert {j.model for j in sc.jobs} == {"qwen3-8b", "qwen3-30b-a3b"}
         assert len({j.arrival_s for j in sc.jobs}) == n  # staggered
         assert max(sc.trace.gpus) > min(sc.trace.gpus)  # a preemptible trace
+
+
+def test_a_drawn_scenario_is_the_seeds_and_the_shipped_draws_are_its():
+    """The random multi-job scenarios come from `draws` (re-drawn, the same file), within its ranges."""
+    assert draw_jobs_scenario(7, 8) == draw_jobs_scenario(7, 8) != draw_jobs_scenario(8, 8)
+    for seed, n in ((11, 4), (12, 3)):
+        doc = draw_jobs_scenario(seed, n)
+        assert scenario_from_dict(doc) == get_scenario(doc["name"])
+    docs = [draw_jobs_scenario(seed, n) for seed in range(40) for n in (2, 8)]
+    jobs = [j for d in docs for j in d["jobs"]]
+    assert {j["model"] for j in jobs} == {"qwen3-8b", "qwen3-30b-a3b"}
+    assert {j["workload"]["max_length"] for j in jobs} == {8192, 16384, 32768}
+    assert any(j.get("steps") for j in jobs) and any(j.get("min_rollout_gpus") for j in jobs)
+    for d in docs:  # every guarantee fits in the reserved pool; the first job arrives at 0
+        assert sum(j.get("min_rollout_gpus", 0) for j in d["jobs"]) <= d["cluster"]["reserved_gpus"]
+        assert d["jobs"][0]["arrival_s"] == 0.0
+        scenario_from_dict(d)
+    assert {len({j["arrival_s"] for j in d["jobs"]}) > 1 for d in docs if len(d["jobs"]) == 8} == {True, False}
+    with pytest.raises(ValueError, match="n_jobs"):
+        draw_jobs_scenario(1, 0)
 
 
 def test_a_two_job_run_shares_the_pool():
