@@ -149,7 +149,7 @@ def main() -> None:
                 rows.append(draw_row(seed, n))
                 print(json.dumps(rows[-1]), flush=True)
         keys = [k for k in rows[0] if k not in ("scenario", "jobs")]
-        medians = {k: statistics.median(r[k] for r in rows if r[k] is not None) for k in keys}
+        medians = {k: round(statistics.median(r[k] for r in rows if r[k] is not None), 4) for k in keys}
         print(json.dumps({"draws": len(rows), "median": medians}), flush=True)
         return
     for f in a.scenario_files:
