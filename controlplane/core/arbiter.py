@@ -58,7 +58,8 @@ class Idle(StrEnum):
     ELSEWHERE = "other jobs hold every unit"  # guarantees, priorities and shares gave the units to other jobs
 
 
-INFEASIBLE_S = 1e7  # the price of a job size the predictor rejects, over n (see `_Curve.at`)
+INFEASIBLE_S = 1e7  # the price of a job size the predictor rejects, over n (see `_Curve._raw`)
+LOOKAHEAD_UNITS = 4  # a unit's benefit is the best mean over the next 1..4 units (see `_Curve.benefit`)
 StepCurve = Callable[[int], float]  # predicted step time (s) of a job with n rollout units; inf at n = 0
 
 
@@ -140,32 +141,51 @@ class Allotment:
 
 @dataclass(slots=True)
 class _Curve:
-    """A job's step-time curve, evaluated lazily and memoised (the arbiter asks only near its allotment)."""
+    """A job's step-time curve, evaluated lazily and memoised (the arbiter asks only near its allotment).
+
+    Two repairs of the predictor's raw curve, which is jagged in n (its fit, and the mode and P:D ratio it
+    picks at each size; with units of one GPU, a TP2 job's odd sizes buy nothing): `at` never rises with n (a
+    unit a job cannot use stands idle, so n + 1 units are never slower than n), and `benefit` looks past a
+    flat stretch (a job whose next unit buys nothing but whose next two buy much is not passed over)."""
 
     job: JobDemand
     memo: dict[int, float] = field(default_factory=dict)
+    filled: int = 0  # memo holds every size 1..filled
+
+    def _raw(self, n: int) -> float:
+        """The predictor's T(n); a size it rejects (the batch's KV does not fit) is priced INFEASIBLE_S / n, so
+        a unit still counts there: it brings the job nearer to a size that runs."""
+        v = float(self.job.step_time(n))
+        return v if math.isfinite(v) else INFEASIBLE_S / n
 
     def at(self, n: int) -> float:
-        """T(n); a size the predictor rejects (the batch's KV does not fit) is priced INFEASIBLE_S / n, so a
-        unit still counts there: it brings the job nearer to a size that runs."""
+        """T(n): the best predicted step time with at most n units."""
         if n <= 0:
             return math.inf
-        v = self.memo.get(n)
-        if v is None:
-            v = float(self.job.step_time(n))
-            if not math.isfinite(v):
-                v = INFEASIBLE_S / n
-            self.memo[n] = v
-        return v
+        if n > self.filled:
+            best = self.memo[self.filled] if self.filled else math.inf
+            for k in range(self.filled + 1, n + 1):
+                best = min(best, self._raw(k))
+                self.memo[k] = best
+            self.filled = n
+        return self.memo[n]
 
     def benefit(self, n: int) -> float:
-        """Weighted ln(T(n)/T(n+1)): what the (n+1)-th unit is worth (inf for the first)."""
-        a, b = self.at(n), self.at(n + 1)
-        if not math.isfinite(b):
+        """What the (n+1)-th unit is worth (inf for the first): weighted ln(T(n)/T(n+k)) / k, the best k up to
+        LOOKAHEAD_UNITS (never past the job's maximum)."""
+        if n < 0:
             return 0.0
-        if not math.isfinite(a):
-            return math.inf
-        return self.job.weight * math.log(a / b) if b > 0 else 0.0
+        a = self.at(n)
+        best = 0.0
+        for k in range(1, min(LOOKAHEAD_UNITS, self.job.max_units - n) + 1):
+            b = self.at(n + k)
+            if not math.isfinite(b):
+                continue
+            if not math.isfinite(a):
+                return math.inf
+            if b > 0:
+                best = max(best, self.job.weight * math.log(a / b) / k)
+        return best
 
 
 def fair_shares(total: int, jobs: Sequence[JobDemand]) -> dict[str, int]:

@@ -102,6 +102,19 @@ def test_a_second_job_gets_an_equal_share_by_draining_the_first():
     assert again.plan_order == [] and Event.objects.filter(kind=arbitration.EVENT_KIND).count() == 2
 
 
+def test_jobs_of_different_tps_get_equal_gpus_and_the_tp2_one_places_its_share():
+    """Jobs of TP 1 and 2 are divided in GPUs: the TP2 job's odd GPU buys nothing alone, the two after it do (it
+    got 2 of 8 GPUs, one worker, before the arbiter looked past the flat GPU)."""
+    make_node("r1", slots=8)
+    make_node("t1", pool="training", slots=4)
+    one = make_job("one", **SPEC | {"rollout_gpus": 8})
+    two = make_job("two", **SPEC | {"rollout_gpus": 8, "tp": 2, "training_gpus": 2})
+    division = arbitration.rebalance(reason="two jobs")
+    assert division.unit_gpus == 1 and division.allotted == {one.pk: 4, two.pk: 4}
+    _place_all(division)
+    assert _rollout(one) == 4 and _rollout(two) == 2  # two TP2 workers
+
+
 def test_a_higher_priority_guarantee_is_met_from_a_lower_priority_job():
     _cluster()
     low = make_job("low", **SPEC)

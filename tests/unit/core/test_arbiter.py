@@ -47,6 +47,30 @@ def test_maximum_is_never_exceeded_and_the_rest_goes_elsewhere():
     assert a.units["A"] == 2 and a.units["B"] == 10
 
 
+def test_a_tp2_job_counted_in_gpus_gets_its_fair_share():
+    """Jobs of different TPs are divided in units of one GPU: a TP2 job's odd GPU buys nothing alone, its next
+    two do. It got 2 of 8 GPUs (one worker) beside a TP1 job before the arbiter looked past the flat unit."""
+    tp2 = amdahl()
+
+    def workers_of_two(n: int) -> float:
+        return tp2(n // 2)
+
+    a = arbitrate(8, [job("tp1", max_units=8), job("tp2", max_units=8, step_time=workers_of_two, arrival_s=1)])
+    assert dict(a.units) == {"tp1": 4, "tp2": 4}
+
+
+def test_a_jagged_curve_never_makes_a_unit_worth_less_than_nothing():
+    """The predictor's raw curve may rise at a size (its mode or P:D choice there): n + 1 units are never
+    slower than n (one can stand idle), so the job is not stopped below the sizes that help it."""
+    raw = {1: 900.0, 2: 500.0, 3: 560.0, 4: 300.0, 5: 280.0}
+
+    def jagged(n: int) -> float:
+        return math.inf if n <= 0 else raw.get(n, 270.0)
+
+    a = arbitrate(8, [job("jagged", step_time=jagged), job("smooth", step_time=amdahl(serial=200.0, work=100.0))])
+    assert a.units["jagged"] >= 4
+
+
 def test_guarantees_first_by_priority():
     # 6 units: the high-priority job's guarantee of 5 is met before the low one's of 4
     jobs = [job("low", min_units=4, priority=0, arrival_s=0), job("high", min_units=5, priority=1, arrival_s=10)]
