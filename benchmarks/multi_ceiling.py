@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/multi_ceiling.py ceiling controlplane/sim/scenarios/multi-2jobs.yaml [...]
     .venv/bin/python benchmarks/multi_ceiling.py draws --seeds 101-104 --jobs 2,4,8
+    .venv/bin/python benchmarks/multi_ceiling.py rows controlplane/sim/scenarios/multi-*.yaml
     .venv/bin/python benchmarks/multi_ceiling.py curve controlplane/sim/scenarios/multi-2jobs.yaml --units 1,2,4,8,12
 
 `ceiling`: the scenario run with every job at its maximum (`rollout_gpus`) from its arrival to the end, as if
@@ -12,6 +13,8 @@ that: it is an upper bound on `pearl / static` (capacity is in fact shared, so t
 `draws`: scenarios drawn, not tuned (`controlplane.sim.draws`), one per seed and job count: every sharing
 policy side by side, the ceiling, and the ratios issue 35's targets are about, one JSON line per draw and the
 medians (`--seeds 101-106 --jobs 2,4,8`; pick seeds never run before).
+
+`rows`: the same figures for scenario files (BENCHMARKS.md's multi-job table).
 
 `curve`: each distinct job (model, workload, trainer) alone on a constant pool of n units, for the scenario's
 duration: the simulated step time (the truth), the mean rollout makespan and trainer update, and the job's own
@@ -104,9 +107,8 @@ def curve(sc: Scenario, units: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def draw_row(seed: int, n_jobs: int) -> dict[str, Any]:
-    """One drawn scenario: pearl's cost efficiency over each baseline's, the fairness figures and the ceiling."""
-    sc = scenario_from_dict(draw_jobs_scenario(seed, n_jobs), source=f"draw {seed}")
+def row(sc: Scenario) -> dict[str, Any]:
+    """One scenario: pearl's cost efficiency over each baseline's, the fairness figures and the ceiling."""
     res = compare_multi(sc, list(SHARING_NAMES))
     pearl, static = res.pop(Sharing.PEARL.value), res[Sharing.STATIC.value]
     summary = pearl.summary(static)
@@ -114,7 +116,7 @@ def draw_row(seed: int, n_jobs: int) -> dict[str, Any]:
     top = ceiling(sc, static)
     return {
         "scenario": sc.name,
-        "jobs": n_jobs,
+        "jobs": len(sc.jobs),
         **{
             f"pearl_over_{p}": round(pearl.cost_efficiency / r.cost_efficiency, 3) if r.cost_efficiency else None
             for p, r in res.items()
@@ -136,29 +138,33 @@ def _seeds(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("ceiling", "curve", "draws"))
+    ap.add_argument("what", choices=("ceiling", "curve", "draws", "rows"))
     ap.add_argument("scenario_files", nargs="*")
     ap.add_argument("--units", default="1,2,4,8,12")
     ap.add_argument("--seeds", default="101-104", help="draws: a seed or a range lo-hi")
     ap.add_argument("--jobs", default="2,4,8", help="draws: job counts, each drawn for every seed")
     a = ap.parse_args()
+    if a.what == "rows":  # BENCHMARKS.md's multi-job table
+        for f in a.scenario_files:
+            print(json.dumps(row(load_scenario_file(f))), flush=True)
+        return
     if a.what == "draws":
-        rows = []
+        drawn = []
         for n in [int(x) for x in a.jobs.split(",")]:
             for seed in _seeds(a.seeds):
-                rows.append(draw_row(seed, n))
-                print(json.dumps(rows[-1]), flush=True)
-        keys = [k for k in rows[0] if k not in ("scenario", "jobs")]
-        medians = {k: round(statistics.median(r[k] for r in rows if r[k] is not None), 4) for k in keys}
-        print(json.dumps({"draws": len(rows), "median": medians}), flush=True)
+                drawn.append(row(scenario_from_dict(draw_jobs_scenario(seed, n), source=f"draw {seed}")))
+                print(json.dumps(drawn[-1]), flush=True)
+        keys = [k for k in drawn[0] if k not in ("scenario", "jobs")]
+        medians = {k: round(statistics.median(r[k] for r in drawn if r[k] is not None), 4) for k in keys}
+        print(json.dumps({"draws": len(drawn), "median": medians}), flush=True)
         return
     for f in a.scenario_files:
         sc = load_scenario_file(f)
         if a.what == "ceiling":
             print(json.dumps(ceiling(sc)), flush=True)
         else:
-            for row in curve(sc, [int(x) for x in a.units.split(",")]):
-                print(json.dumps(row), flush=True)
+            for point in curve(sc, [int(x) for x in a.units.split(",")]):
+                print(json.dumps(point), flush=True)
 
 
 if __name__ == "__main__":
