@@ -17,7 +17,8 @@ Pearl's division (`arbitrate`), in order:
 4. moves between jobs only where the receiver's benefit beats the donor's loss by the hysteresis margin plus
    the move's cost (the receiver's weight reload, the donor's lost KV caches, each as a fraction of a step,
    paid back over `payback_steps` steps); a job below its fair share needs only to pay for the move, over
-   `fair_payback_steps`. So allotments do not flap: no move is worth undoing;
+   `fair_payback_steps`; a job at or below its own share gives only units it gains nothing from. So
+   allotments do not flap: no move is worth undoing;
 5. cross-job borrowing: a job's idle training units are lent to another job's rollout only when the lend pays
    for its reload within the window before the owner's Training Begin (the deadline accounting of intra-job
    borrowing, `core.borrowing.return_deadline`); they are returned at that Training Begin.
@@ -307,7 +308,9 @@ def arbitrate(
             break
 
         def donate_key(n: str) -> tuple[int, float]:
-            return (int(alloc[n] <= deserved[n]), loss(n))
+            # a job at or below its fair share keeps it, but not the units it gains nothing from (its trainer
+            # bounds its step): those are not a share it uses, and it gets them back once they are worth something
+            return (int(alloc[n] <= deserved[n] and loss(n) > config.min_benefit), loss(n))
 
         d = min(donors, key=donate_key)
         dk = donate_key(d)

@@ -31,7 +31,7 @@ from django.db import transaction
 
 from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, Lend, arbitrate, lend_saving
 from controlplane.core.borrowing import return_deadline
-from controlplane.core.policies.base import best_makespan
+from controlplane.core.policies.base import best_step_time
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.core.state import NodeStatus, Pool, Zone
 from controlplane.models import GPU, Job, Worker
@@ -83,10 +83,11 @@ def _amdahl(n: int) -> float:
     return math.inf if n <= 0 else 1.0 + 10.0 / n
 
 
-def _curve(job: Job, unit_gpus: int) -> Callable[[int], float]:
-    """The job's predicted rollout makespan with n arbiter units, from its own policy's fitted predictor (the
-    one its decision uses); a policy without one (or a profile that cannot be read) gets a plain 1/n curve,
-    which shares by weight alone."""
+def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> Callable[[int], float]:
+    """The job's predicted step time with n arbiter units (`best_step_time`: its rollout makespan from its own
+    policy's fitted predictor, the one its decision uses, or its trainer's update as its cadence measures it,
+    whichever is longer), in its loop's clock; a policy without a predictor (or a profile that cannot be read)
+    gets a plain 1/n curve, which shares by weight alone."""
     try:
         tracker = getattr(job_policy(job), "tracker", None)
         if tracker is None:
@@ -96,11 +97,12 @@ def _curve(job: Job, unit_gpus: int) -> Callable[[int], float]:
         log.debug("no predictor for job %s; its curve is 1/n", job.pk, exc_info=True)
         return _amdahl
     memo: dict[int, float] = {}
+    update_s = rhythm.update_s if rhythm else 0.0
 
     def at(n: int) -> float:
         workers = n * unit_gpus // max(1, job.tp)
         if workers not in memo:
-            memo[workers] = best_makespan(fp.workload, fp.coefficients, workers)
+            memo[workers] = best_step_time(fp.workload, fp.coefficients, workers, update_s)
         return memo[workers]
 
     return at
@@ -128,7 +130,7 @@ def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: 
     return JobDemand(
         name=job.name,
         max_units=min(most, own_units),
-        step_time=_curve(job, unit_gpus),
+        step_time=_curve(job, unit_gpus, rhythm),
         priority=job.priority,
         weight=job.weight if job.weight > 0 else 1.0,
         min_units=job.min_rollout_gpus // unit_gpus,
@@ -169,7 +171,7 @@ class LendOutlook:
     window_s: float  # from the division to the latest start of the return, before the next Training Begin
     reload_s: float  # the borrower's new worker, until it serves
     deactivation_s: float  # the owner's return
-    makespan_s: float  # the borrower's predicted makespan at its units now
+    makespan_s: float  # the borrower's predicted step time at its units now (`_curve`, as the division weighs it)
     makespan_more_s: float  # ... with the lent unit
     saving_s: float  # net of the reload and the return; -inf: no lend pays
 
@@ -180,7 +182,7 @@ class LendOutlook:
     def __str__(self) -> str:
         return (
             f"window {self.window_s:.1f} s, borrower's reload {self.reload_s:.1f} s, owner's return "
-            f"{self.deactivation_s:.1f} s, borrower's makespan {self.makespan_s:.1f} → {self.makespan_more_s:.1f} s"
+            f"{self.deactivation_s:.1f} s, borrower's step {self.makespan_s:.1f} → {self.makespan_more_s:.1f} s"
             f" with one more unit: {'saves ' + format(self.saving_s, '.1f') + ' s' if self.pays else 'does not pay'}"
         )
 
@@ -194,7 +196,7 @@ def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutl
         return None
     unit = max(1, owner.tp)
     n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
-    curve = _curve(borrower, unit)
+    curve = _curve(borrower, unit, cadence(borrower))
     reload_s, _ = _costs(borrower, cadence(borrower))
     dl = return_deadline(  # in loop seconds from Training Finished
         training_begin_s=rhythm.period_s - rhythm.return_s - rhythm.update_s,

@@ -36,7 +36,7 @@ from controlplane.core.arbiter import (
 )
 from controlplane.core.context import Signal
 from controlplane.core.policies import names
-from controlplane.core.policies.base import best_makespan
+from controlplane.core.policies.base import best_makespan, best_step_time
 from controlplane.core.profiles import get_reconfig_costs
 from controlplane.sim import units as un
 from controlplane.sim.cluster import EV_STOP, RunResult, Simulation
@@ -227,7 +227,7 @@ class MultiSimulation:
         def at(n: int) -> float:
             v = memo.get(n)
             if v is None:
-                v = max(best_makespan(fp.workload, fp.coefficients, n), train_s)
+                v = best_step_time(fp.workload, fp.coefficients, n, train_s)
                 memo[n] = v
             return v
 

@@ -109,3 +109,36 @@ def run_transition(transition: Transition | None, rounds: int = 20) -> Transitio
             return tr
         agents_converge()
     raise AssertionError(f"transition {transition.pk} still running after {rounds} rounds")
+
+
+def train_once(job: Job) -> None:
+    """One update of the job as its driver and trainer drive it: Training Begin, the update, Training Finished."""
+    from controlplane.services import jobs
+
+    jobs.set_training_active(job_id=job.pk, active=True)
+    agents_converge()
+    jobs.start_update(job_id=job.pk)
+    jobs.set_training_active(job_id=job.pk, active=False)
+
+
+def trained_every(job: Job, period_s: float, *, update_s: float = 5.0) -> None:
+    """Two updates of `update_s` each, `period_s` apart, the last one just now (its next Training Begin is
+    predicted then: `selectors.lending.cadence`)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.core import telemetry as tm
+    from controlplane.models import Event, TelemetrySample
+
+    train_once(job)
+    train_once(job)
+    now = timezone.now()
+    tb = Event.objects.filter(job=job, kind="training.begin").order_by("-id").values_list("pk", flat=True)
+    TelemetrySample.objects.filter(job=job, kind="train").delete()
+    for k, pk in enumerate(list(tb)):
+        Event.objects.filter(pk=pk).update(created=now - timedelta(seconds=1 + k * period_s))
+        # its driver's record of that update, in the loop's clock (here wall time: real engines' scale 1)
+        begin = now.timestamp() - 1 - k * period_s
+        rec = tm.train(time_s=begin + update_s + 0.5, job=job.name, step=k, duration_s=update_s, return_latency_s=0.5)
+        TelemetrySample.objects.create(job=job, kind="train", record=rec.to_json())

@@ -178,3 +178,10 @@ def best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
     if n <= 0:
         return math.inf
     return decide(w, c, n).predicted_makespan_s
+
+
+def best_step_time(w: WorkloadProfile, c: EngineCoefficients, n: int, update_s: float) -> float:
+    """The step time n rollout workers give a job, as the cluster arbiter weighs them: its best rollout makespan
+    or its trainer's update, whichever is longer (one step off-policy, a rollout overlaps the previous update,
+    so workers beyond the update's length buy nothing). `update_s` is 0 until the job has trained."""
+    return max(best_makespan(w, c, n), update_s)

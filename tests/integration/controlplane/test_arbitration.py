@@ -14,7 +14,7 @@ from controlplane.selectors.jobs import job_status
 from controlplane.services import arbitration, jobs, plan_queue, planner
 from controlplane.services.errors import InvalidInput
 from pearl_cli.main import status_text
-from tests.support.cluster import make_job, make_node, run_transition
+from tests.support.cluster import make_job, make_node, run_transition, trained_every
 
 pytestmark = pytest.mark.django_db
 
@@ -113,6 +113,19 @@ def test_jobs_of_different_tps_get_equal_gpus_and_the_tp2_one_places_its_share()
     assert division.unit_gpus == 1 and division.allotted == {one.pk: 4, two.pk: 4}
     _place_all(division)
     assert _rollout(one) == 4 and _rollout(two) == 2  # two TP2 workers
+
+
+def test_a_job_its_trainer_bounds_leaves_the_units_it_cannot_use_to_the_other():
+    """A job whose updates take longer than any rollout the predictor gives it (here 10,000 s each) gains
+    nothing from a unit past its first: the arbiter weighs the step time, not the rollout alone, as the
+    simulator does (`best_step_time`)."""
+    _cluster()
+    make_node("r2", slots=4)
+    slow, quick = make_job("slow", **SPEC | {"rollout_gpus": 8}), make_job("quick", **SPEC | {"rollout_gpus": 8})
+    assert sorted(arbitration.rebalance(reason="two jobs").allotted.values()) == [4, 4]
+    trained_every(slow, 20_000.0, update_s=10_000.0)
+    division = arbitration.rebalance(reason="slow trained")
+    assert division.allotted[slow.pk] < division.allotted[quick.pk], division
 
 
 def test_a_higher_priority_guarantee_is_met_from_a_lower_priority_job():

@@ -9,17 +9,15 @@ from datetime import timedelta
 
 import pytest
 from django.test import override_settings
-from django.utils import timezone
 
-from controlplane.core import telemetry as tm
 from controlplane.core.state import Activity, Zone
-from controlplane.models import Event, Job, TelemetrySample, TrainingLend, TransitionStep, Worker
+from controlplane.models import Event, Job, TrainingLend, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
 from controlplane.selectors.lending import borrowed_units, lend_followups, lendable_units
 from controlplane.services import arbitration, executor, jobs, planner
 from controlplane.services.errors import Conflict
 from pearl_cli.main import status_text
-from tests.support.cluster import agents_converge, make_job, make_node, run_transition
+from tests.support.cluster import agents_converge, make_job, make_node, run_transition, trained_every
 
 pytestmark = pytest.mark.django_db
 
@@ -31,29 +29,6 @@ def _place_all(division: arbitration.Rebalance) -> None:
         t = planner.plan_job(job_id=job_id, signal=signal)
         if t is not None:
             assert run_transition(t).status == "succeeded"
-
-
-def _train_once(job: Job) -> None:
-    """One update of the job as its driver and trainer drive it: Training Begin, the update, Training Finished."""
-    jobs.set_training_active(job_id=job.pk, active=True)
-    agents_converge()
-    jobs.start_update(job_id=job.pk)
-    jobs.set_training_active(job_id=job.pk, active=False)
-
-
-def _trained_every(job: Job, period_s: float) -> None:
-    """Two updates `period_s` apart, the last one just now (its next Training Begin is predicted then)."""
-    _train_once(job)
-    _train_once(job)
-    now = timezone.now()
-    tb = Event.objects.filter(job=job, kind="training.begin").order_by("-id").values_list("pk", flat=True)
-    TelemetrySample.objects.filter(job=job, kind="train").delete()
-    for k, pk in enumerate(list(tb)):
-        Event.objects.filter(pk=pk).update(created=now - timedelta(seconds=1 + k * period_s))
-        # its driver's record of that update, in the loop's clock (here wall time: real engines' scale 1)
-        begin = now.timestamp() - 1 - k * period_s
-        rec = tm.train(time_s=begin + 5.5, job=job.name, step=k, duration_s=5.0, return_latency_s=0.5)
-        TelemetrySample.objects.create(job=job, kind="train", record=rec.to_json())
 
 
 def _status_text(job_id: int) -> str:
@@ -80,7 +55,7 @@ def _two_jobs() -> tuple[Job, Job]:
 
 def test_an_idle_training_gpu_serves_another_job_until_its_owner_trains():
     a, b = _two_jobs()
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     assert lendable_units(a) == 1  # its Training Begin parked its overlap worker: the training GPU is idle
 
     # a division after a's update: a's idle training GPU is lent to b (b wants 4 and holds 2); a's parked overlap
@@ -131,7 +106,7 @@ def test_an_idle_training_gpu_serves_another_job_until_its_owner_trains():
 
 def test_a_start_or_an_admission_the_owners_training_begin_overtook_does_not_happen():
     a, b = _two_jobs()
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     arbitration.rebalance(reason="a's Training Finished")
     assert TrainingLend.objects.filter(owner=a, borrower=b).exists()
     t = planner.plan_job(job_id=b.pk, signal="capacity_change")
@@ -144,7 +119,7 @@ def test_a_start_or_an_admission_the_owners_training_begin_overtook_does_not_hap
 
     # one step later: b's worker has started there when a's Training Begin comes, before b's finalize admits it
     jobs.set_training_active(job_id=a.pk, active=False)
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     arbitration.rebalance(reason="periodic")  # the lend holds (a lends its empty unit): b is to fill it
     assert lend_followups() == {b.pk}  # what is planned once a transition ends (plan_queue.replan_short_jobs)
     t = planner.plan_job(job_id=b.pk, signal="capacity_change")
@@ -166,7 +141,7 @@ def test_a_start_or_an_admission_the_owners_training_begin_overtook_does_not_hap
 
 def test_a_lent_worker_still_starting_at_its_owners_training_begin_stops_and_the_update_waits_until_it_is_gone():
     a, b = _two_jobs()
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     arbitration.rebalance(reason="a's Training Finished")
     t = planner.plan_job(job_id=b.pk, signal="capacity_change")
     assert executor.execute_transition(transition_id=t.pk).status == "running"  # the start is issued
@@ -198,7 +173,7 @@ def test_a_job_lends_nothing_before_its_period_is_known_or_with_lending_off():
     assert (  # where a person looks: why its idle training GPU goes to no other job
         "  lends no training GPU to other jobs: its next Training Begin cannot be predicted yet" in _status_text(a.pk)
     )
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     with override_settings(PEARL={**__import__("django.conf").conf.settings.PEARL, "CROSS_JOB_LENDING": False}):
         arbitration.rebalance(reason="periodic")
         assert "lends no training GPU to other jobs: cross-job lending is off" in _status_text(a.pk)
@@ -215,7 +190,7 @@ def test_a_job_whose_idle_window_buys_no_lend_says_what_it_would_save_and_cost()
     for pk, finished in starts.values_list("pk", "finished"):
         assert finished is not None
         TransitionStep.objects.filter(pk=pk).update(started=finished - timedelta(seconds=30))
-    _trained_every(a, 12.0)
+    trained_every(a, 12.0)
     arbitration.rebalance(reason="a's Training Finished")
     assert not TrainingLend.objects.exists()
     assert (
@@ -227,7 +202,7 @@ def test_a_job_whose_idle_window_buys_no_lend_says_what_it_would_save_and_cost()
     assert "lends no training GPU" not in _status_text(a.pk)
     Job.objects.filter(pk=a.pk).update(training_active=False)
     # with room in its period it lends, and its status no longer says why not
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     arbitration.rebalance(reason="a's Training Finished")
     assert TrainingLend.objects.filter(owner=a, borrower=b).exists()
     assert Job.objects.get(pk=a.pk).unlent_reason == "" and "lends no training GPU" not in _status_text(a.pk)
@@ -239,7 +214,7 @@ def test_jobs_of_different_tps_lend_nothing_and_their_status_says_why():
     a = make_job("a", **SPEC)
     b = make_job("b", **(SPEC | {"tp": 2, "training_gpus": 2}))
     _place_all(arbitration.rebalance(reason="jobs arrived"))
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     arbitration.rebalance(reason="a's Training Finished")
     assert not TrainingLend.objects.exists()
     for job in (a, b):
@@ -249,7 +224,7 @@ def test_jobs_of_different_tps_lend_nothing_and_their_status_says_why():
 @pytest.mark.parametrize("leaves", ["owner stops", "owner pauses", "borrower pauses"])
 def test_a_lend_ends_when_its_owner_or_borrower_leaves_and_nothing_stays_on_the_owners_gpus(leaves):
     a, b = _two_jobs()
-    _trained_every(a, 200.0)
+    trained_every(a, 200.0)
     _place_all(arbitration.rebalance(reason="a's Training Finished"))
     [w] = _on_loan(a)
     if leaves == "owner stops":

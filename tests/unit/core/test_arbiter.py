@@ -71,6 +71,18 @@ def test_a_jagged_curve_never_makes_a_unit_worth_less_than_nothing():
     assert a.units["jagged"] >= 4
 
 
+def test_a_job_at_its_share_gives_the_units_it_gains_nothing_from():
+    """Held at its fair share, a job whose trainer bounds its step (flat from 1 unit) keeps one unit and gives the
+    rest to a job that gains from them; a job that gains keeps its share (the fair share protects only what is
+    worth something to its holder)."""
+    flat = job("flat", step_time=lambda n: math.inf if n <= 0 else 500.0)
+    prev = Allotment({"flat": 4, "gains": 4})
+    a = arbitrate(8, [flat, job("gains")], prev)
+    assert dict(a.units) == {"flat": 1, "gains": 7}
+    b = arbitrate(8, [job("A"), job("gains")], prev)
+    assert dict(b.units) == {"A": 4, "gains": 4}
+
+
 def test_guarantees_first_by_priority():
     # 6 units: the high-priority job's guarantee of 5 is met before the low one's of 4
     jobs = [job("low", min_units=4, priority=0, arrival_s=0), job("high", min_units=5, priority=1, arrival_s=10)]
