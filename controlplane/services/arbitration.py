@@ -196,8 +196,9 @@ def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutl
         return None
     unit = max(1, owner.tp)
     n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
-    curve = _curve(borrower, unit, cadence(borrower))
-    reload_s, _ = _costs(borrower, cadence(borrower))
+    borrower_rhythm = cadence(borrower)
+    curve = _curve(borrower, unit, borrower_rhythm)
+    reload_s, _ = _costs(borrower, borrower_rhythm)
     dl = return_deadline(  # in loop seconds from Training Finished
         training_begin_s=rhythm.period_s - rhythm.return_s - rhythm.update_s,
         deactivation_s=rhythm.return_s,
