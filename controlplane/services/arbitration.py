@@ -85,8 +85,8 @@ def _amdahl(n: int) -> float:
 
 def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> Callable[[int], float]:
     """The job's predicted step time with n arbiter units (`best_step_time`: its rollout makespan from its own
-    policy's fitted predictor, the one its decision uses, or its trainer's update as its cadence measures it,
-    whichever is longer), in its loop's clock; a policy without a predictor (or a profile that cannot be read)
+    policy's fitted predictor, the one its decision uses, against its trainer's update as its cadence measures
+    it), in its loop's clock; a policy without a predictor (or a profile that cannot be read)
     gets a plain 1/n curve, which shares by weight alone."""
     try:
         tracker = getattr(job_policy(job), "tracker", None)
@@ -102,7 +102,9 @@ def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> Callable[[int], 
     def at(n: int) -> float:
         workers = n * unit_gpus // max(1, job.tp)
         if workers not in memo:
-            memo[workers] = best_step_time(fp.workload, fp.coefficients, workers, update_s)
+            memo[workers] = best_step_time(
+                fp.workload, fp.coefficients, workers, update_s, max_staleness=job.max_staleness
+            )
         return memo[workers]
 
     return at

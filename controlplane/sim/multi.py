@@ -208,8 +208,8 @@ class MultiSimulation:
 
     # ------------------------------------------------------------------ the division
     def _curve(self, run: JobRun) -> Any:
-        """The job's predicted step time with n rollout units: max(rollout makespan, trainer update), from its
-        own policy's fitted predictor as it stands now.
+        """The job's predicted step time with n rollout units (`best_step_time`: its rollout makespan against its
+        trainer's last update), from its own policy's fitted predictor as it stands now.
 
         Memoised per fit and update time: the tracker refits on every record and the update time is known
         only once a step has trained, so a memo kept per step mixed two curves (T(3) from the prior before the
@@ -227,7 +227,7 @@ class MultiSimulation:
         def at(n: int) -> float:
             v = memo.get(n)
             if v is None:
-                v = best_step_time(fp.workload, fp.coefficients, n, train_s)
+                v = best_step_time(fp.workload, fp.coefficients, n, train_s, max_staleness=sim.loop.cfg.max_staleness)
                 memo[n] = v
             return v
 

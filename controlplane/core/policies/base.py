@@ -180,8 +180,12 @@ def best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
     return decide(w, c, n).predicted_makespan_s
 
 
-def best_step_time(w: WorkloadProfile, c: EngineCoefficients, n: int, update_s: float) -> float:
-    """The step time n rollout workers give a job, as the cluster arbiter weighs them: its best rollout makespan
-    or its trainer's update, whichever is longer (one step off-policy, a rollout overlaps the previous update,
-    so workers beyond the update's length buy nothing). `update_s` is 0 until the job has trained."""
-    return max(best_makespan(w, c, n), update_s)
+def best_step_time(
+    w: WorkloadProfile, c: EngineCoefficients, n: int, update_s: float, *, max_staleness: int = 1
+) -> float:
+    """The step time n rollout workers give a job, as the cluster arbiter weighs them. Off-policy by a step or
+    more, a rollout overlaps the previous update: the longer of its best rollout makespan and the update
+    (workers beyond the update's length buy nothing). On-policy (`max_staleness` 0) it waits for the update:
+    their sum. `update_s` is 0 until the job has trained."""
+    makespan = best_makespan(w, c, n)
+    return makespan + update_s if max_staleness == 0 else max(makespan, update_s)

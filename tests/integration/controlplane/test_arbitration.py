@@ -128,6 +128,19 @@ def test_a_job_its_trainer_bounds_leaves_the_units_it_cannot_use_to_the_other():
     assert division.allotted[slow.pk] < division.allotted[quick.pk], division
 
 
+def test_an_on_policy_job_with_long_updates_keeps_its_share():
+    """On-policy (max staleness 0) a rollout waits for the update: the step is their sum, so every unit still
+    shortens it, however long the update."""
+    _cluster()
+    make_node("r2", slots=4)
+    spec = SPEC | {"rollout_gpus": 8}
+    on_policy, quick = make_job("onp", **spec | {"max_staleness": 0}), make_job("quick", **spec)
+    arbitration.rebalance(reason="two jobs")
+    trained_every(on_policy, 20_000.0, update_s=10_000.0)
+    division = arbitration.rebalance(reason="onp trained")
+    assert division.allotted == {on_policy.pk: 4, quick.pk: 4}
+
+
 def test_a_higher_priority_guarantee_is_met_from_a_lower_priority_job():
     _cluster()
     low = make_job("low", **SPEC)

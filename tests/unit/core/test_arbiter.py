@@ -228,3 +228,16 @@ def test_a_job_allotted_nothing_says_why():
     assert arbitrate(4, [job("A", max_units=0), job("B")]).idle == {"A": Idle.NO_UNITS}
     # a job with units has no reason
     assert arbitrate(4, [job("A"), job("B")]).idle == {}
+
+
+def test_the_step_time_the_arbiter_weighs_overlaps_the_update_only_off_policy():
+    from controlplane.core.policies.base import best_makespan, best_step_time
+    from controlplane.core.predictor import swe_bench_workload
+    from controlplane.core.profiles import get_profile
+
+    w = swe_bench_workload(64, 32768)
+    c = get_profile("H800", "qwen3-8b").coefficients(mean_context=w.mean_context)
+    m = best_makespan(w, c, 4)
+    assert best_step_time(w, c, 4, 0.0) == m  # not trained yet
+    assert best_step_time(w, c, 4, m + 100.0) == m + 100.0  # one step off-policy: the update bounds it
+    assert best_step_time(w, c, 4, m + 100.0, max_staleness=0) == pytest.approx(2 * m + 100.0)  # on-policy: the sum
