@@ -222,7 +222,7 @@ class Simulation:
             lp.LoopConfig(
                 batch_size=wl.batch_size,
                 group_size=wl.group_size,
-                max_staleness=1,
+                max_staleness=scenario.max_staleness,
                 return_deadline_s=scenario.engine.return_deadline_s,
                 periodic_s=None if static else scenario.engine.periodic_s,
                 job=scenario.name,

@@ -172,6 +172,7 @@ def job_scenario(sc: Scenario, spec: JobSpec, index: int) -> Scenario:
         duration_s=max(0.0, sc.duration_s - spec.arrival_s),
         seed=sc.seed + 1009 * index,
         policies=(names.PEARL,),
+        max_staleness=spec.max_staleness,
     )
 
 

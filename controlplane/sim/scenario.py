@@ -104,10 +104,12 @@ class JobSpec:
     min_rollout_gpus: int = 0  # guaranteed while the job runs
     rollout_gpus: int = 1 << 20  # the job's maximum
     steps: int = 0  # the job ends after this many trainer updates (0: it runs to the scenario's end)
+    max_staleness: int = 1  # as a live job's: 0 is on-policy (each rollout waits for the update before it)
 
     def __post_init__(self) -> None:
         if min(self.training_gpus, self.min_rollout_gpus, self.rollout_gpus, self.arrival_s, self.steps) < 0:
             raise ScenarioError(f"job {self.name}: training_gpus, *_rollout_gpus, arrival_s, steps must be >= 0")
+        _check_staleness(self.max_staleness, f"job {self.name}")
         if not self.weight > 0:
             raise ScenarioError(f"job {self.name}: weight must be > 0")
         if self.min_rollout_gpus > self.rollout_gpus:
@@ -133,6 +135,7 @@ class Scenario:
     paper: dict[str, Any] = field(default_factory=dict)  # the paper's figures for this scenario
     # several jobs sharing `cluster` and `trace` (issue 35; `sim.multi`); empty: the one-job form above
     jobs: tuple[JobSpec, ...] = ()
+    max_staleness: int = 1  # the one-job form's (a job of `jobs` has its own): 0 is on-policy
 
     @property
     def large_pool_gpus(self) -> int:
@@ -143,6 +146,12 @@ class Scenario:
 
     def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
+
+
+def _check_staleness(value: Any, where: str) -> None:
+    """A live job's bound (the API's): an integer from 0 (on-policy) to 64 versions behind."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
+        raise ScenarioError(f"{where}: max_staleness must be an integer from 0 to 64, not {value!r}")
 
 
 def _dataclass_from(cls: type, data: Any, where: str) -> Any:
@@ -232,6 +241,7 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
         "variants",
         "paper",
         "jobs",
+        "max_staleness",
     }
     # keys starting with "x-" hold YAML anchors shared by the jobs (as in compose files) and are ignored
     unknown = {k for k in set(data) - known if not str(k).startswith("x-")}
@@ -248,6 +258,8 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
         raise ScenarioError(f"{source}: trace drops below the {cluster.reserved_gpus} reserved GPUs")
     variants = data.get("variants") or {}
     jobs = _jobs_from(data.get("jobs"), source)
+    max_staleness = data.get("max_staleness", 1)
+    _check_staleness(max_staleness, source)
     policies = tuple(data.get("policies") or (SHARING_NAMES if jobs else DEFAULT_POLICIES))
     if jobs:
         bad = [p for p in policies if p not in SHARING_NAMES]
@@ -270,6 +282,7 @@ def scenario_from_dict(data: dict[str, Any], *, base: Path = SCENARIO_DIR, sourc
             variants=dict(variants),
             paper=dict(data.get("paper") or {}),
             jobs=jobs,
+            max_staleness=max_staleness,
         )
     except (TypeError, ValueError) as exc:
         raise ScenarioError(f"{source}: {exc}") from None

@@ -12,8 +12,9 @@ import yaml
 
 from controlplane.core.arbiter import SHARING_NAMES
 from controlplane.sim.cli import main
+from controlplane.sim.cluster import Simulation
 from controlplane.sim.draws import draw_jobs_scenario
-from controlplane.sim.multi import run_multi
+from controlplane.sim.multi import MultiSimulation, run_multi
 from controlplane.sim.scenario import ScenarioError, get_scenario, scenario_from_dict
 
 WL = {"batch_size": 8, "group_size": 4, "max_length": 8192, "turns_mean": 6.0, "turns_max": 10}
@@ -59,6 +60,9 @@ def test_jobs_are_parsed_with_their_fields():
         ({"jobs": [{"name": "a", "min_rollout_gpus": 8, "rollout_gpus": 4}]}, "min_rollout_gpus"),
         ({"jobs": [{"name": "a"}, {"name": "a"}]}, "unique"),
         ({"policies": ["fixed"]}, "multi-job policies"),
+        ({"jobs": [{"name": "a", "max_staleness": -1}]}, "job a: max_staleness"),
+        ({"jobs": [{"name": "a", "max_staleness": True}]}, "job a: max_staleness"),
+        ({"max_staleness": 65}, "max_staleness must be an integer from 0 to 64"),
     ],
 )
 def test_bad_jobs_are_named(change, needle):
@@ -69,6 +73,9 @@ def test_bad_jobs_are_named(change, needle):
 def test_the_one_job_form_stays_valid():
     sc = get_scenario("paper-qwen3-8b-seg1")
     assert sc.jobs == () and "fixed" in sc.policies
+    assert Simulation(sc, "pearl").loop.cfg.max_staleness == 1
+    on_policy = scenario_from_dict({"name": "sync", "max_staleness": 0})
+    assert Simulation(on_policy, "pearl").loop.cfg.max_staleness == 0
 
 
 def test_shipped_multi_job_scenarios_load():
@@ -98,6 +105,19 @@ def test_a_drawn_scenario_is_the_seeds_and_the_shipped_draws_are_its():
     assert {len({j["arrival_s"] for j in d["jobs"]}) > 1 for d in docs if len(d["jobs"]) == 8} == {True, False}
     with pytest.raises(ValueError, match="n_jobs"):
         draw_jobs_scenario(1, 0)
+
+
+def test_an_on_policy_job_waits_for_each_update_and_an_off_policy_one_does_not():
+    """`max_staleness` as a live job's: 0 starts each rollout only once the previous update is done."""
+    doc = dict(TWO)
+    doc["jobs"] = [dict(TWO["jobs"][0], max_staleness=0), dict(TWO["jobs"][1], max_staleness=1)]
+    sc = scenario_from_dict(doc)
+    sim = MultiSimulation(sc, "pearl")
+    sim.run()
+    on, off = (r.sim.steps for r in sim.runs)
+    assert len(on) >= 3 and len(off) >= 3
+    assert all(nxt.start_s >= prev.train_end_s > 0 for prev, nxt in itertools.pairwise(on) if prev.train_end_s > 0)
+    assert any(0 < nxt.start_s < prev.train_end_s for prev, nxt in itertools.pairwise(off))
 
 
 def test_a_two_job_run_shares_the_pool():
