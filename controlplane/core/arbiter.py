@@ -12,8 +12,8 @@ Pearl's division (`arbitrate`), in order:
    their own guarantee);
 3. free units one at a time to the job whose weighted predicted step time the next unit shortens most:
    benefit = weight · ln(T(n) / T(n+1)) (proportional fairness: equal weights and equal curves give equal
-   shares; a job's first unit is worth infinitely much, so no running job starves), a job below its weighted
-   fair share of the pool served first;
+   shares; a job's first unit is worth infinitely much, so no running job starves; read past a flat stretch of
+   T, `_Curve`), a job below its weighted fair share of the pool served first;
 4. moves between jobs only where the receiver's benefit beats the donor's loss by the hysteresis margin plus
    the move's cost (the receiver's weight reload, the donor's lost KV caches, each as a fraction of a step,
    paid back over `payback_steps` steps); a job below its fair share needs only to pay for the move, over
