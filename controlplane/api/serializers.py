@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.core.agent_spec import AGENT_FIELDS
+from controlplane.core.loop import MAX_STALENESS
 from controlplane.core.policies import PRODUCT_POLICIES, names
 from controlplane.core.profiles import known_models
 from controlplane.core.state import EngineKind, Mode
@@ -82,7 +83,7 @@ class JobCreateSerializer(serializers.Serializer):
     tp = StrictIntegerField(min_value=1, max_value=16, default=1)
     batch_size = StrictIntegerField(min_value=1, max_value=1 << 20, default=64)
     group_size = StrictIntegerField(min_value=1, max_value=1024, default=16)
-    max_staleness = StrictIntegerField(min_value=0, max_value=64, default=1)
+    max_staleness = StrictIntegerField(min_value=0, max_value=MAX_STALENESS, default=1)
     max_trajectory_tokens = StrictIntegerField(min_value=1, max_value=1 << 21, default=32768)
     rollout_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)
     training_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS)

@@ -16,6 +16,7 @@ import yaml
 
 from controlplane.core.arbiter import SHARING_NAMES
 from controlplane.core.batching import CHUNK_TOKENS
+from controlplane.core.loop import MAX_STALENESS
 from controlplane.core.policies import POLICY_NAMES
 from controlplane.core.workload import WorkloadSpec
 from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
@@ -149,9 +150,9 @@ class Scenario:
 
 
 def _check_staleness(value: Any, where: str) -> None:
-    """A live job's bound (the API's): an integer from 0 (on-policy) to 64 versions behind."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
-        raise ScenarioError(f"{where}: max_staleness must be an integer from 0 to 64, not {value!r}")
+    """A live job's bound (the API's): an integer from 0 (on-policy) to MAX_STALENESS versions behind."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STALENESS:
+        raise ScenarioError(f"{where}: max_staleness must be an integer from 0 to {MAX_STALENESS}, not {value!r}")
 
 
 def _dataclass_from(cls: type, data: Any, where: str) -> Any:

@@ -31,7 +31,7 @@ command out, checked by the type checker).
 
 from __future__ import annotations
 
-from controlplane.core.loop.base import LoopConfig
+from controlplane.core.loop.base import MAX_STALENESS, LoopConfig
 from controlplane.core.loop.feeder import Feeder
 from controlplane.core.loop.machine import RolloutLoop
 from controlplane.core.loop.messages import (
@@ -70,6 +70,7 @@ from controlplane.core.loop.sink import CommandSink, Dispatcher, dispatch
 from controlplane.core.loop.state import StepState, Traj, TrajState
 
 __all__ = [
+    "MAX_STALENESS",
     "Abort",
     "Admission",
     "Command",

@@ -19,6 +19,8 @@ from controlplane.core.loop.state import CheckpointCache, StepState, TrainerPhas
 from controlplane.core.router import Router
 from controlplane.core.state import Configuration
 
+MAX_STALENESS = 64  # the most weight versions a job may allow its samples to lag (the API's and the simulator's bound)
+
 
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
