@@ -1,4 +1,4 @@
-"""How much can any division of rollout units gain on a multi-job scenario (issue 35)? Two measurements:
+"""How much can any division of rollout units gain on a multi-job scenario (issue 35)? Four measurements:
 
     .venv/bin/python benchmarks/multi_ceiling.py ceiling controlplane/sim/scenarios/multi-2jobs.yaml [...]
     .venv/bin/python benchmarks/multi_ceiling.py draws --seeds 101-104 --jobs 2,4,8
@@ -12,7 +12,7 @@ that: it is an upper bound on `pearl / static` (capacity is in fact shared, so t
 
 `draws`: scenarios drawn, not tuned (`controlplane.sim.draws`), one per seed and job count: every sharing
 policy side by side, the ceiling, and the ratios issue 35's targets are about, one JSON line per draw and the
-medians (`--seeds 101-106 --jobs 2,4,8`; pick seeds never run before).
+medians (`--seeds 101-104 --jobs 2,4,8`; pick seeds never run before).
 
 `rows`: the same figures for scenario files (BENCHMARKS.md's multi-job table).
 

@@ -7,7 +7,7 @@ multi-job digest's recommended evaluation (docs/research: Qwen3-8B and Qwen3-30B
 arrivals all at once or staggered) and the shipped scenarios' (trainers of 8 or 16 GPUs as in §7, batches
 32-128 as in the §7 sensitivity study); the workload's per-turn inputs are `CALIBRATED_WORKLOAD`'s. Every job
 has weight 1 (the `static` reference is an equal split, so a weighted job's share is not its fair split).
-A draw is whatever the seed gives: `benchmarks/multi_draws.py` runs seeds never looked at before.
+A draw is whatever the seed gives: `benchmarks/multi_ceiling.py draws` runs seeds never looked at before.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import random
 from typing import Any
 
 from controlplane.sim.calibration import CALIBRATED_WORKLOAD
+from controlplane.sim.traces import PAPER_SEGMENTS
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b")
 SEGMENTS = ("seg1", "seg2", "seg3")
 DURATION_S = 3600
+LATEST_ARRIVAL_S = DURATION_S // 2  # staggered arrivals come in the first half of the run
 
 
 def draw_jobs_scenario(seed: int, n_jobs: int) -> dict[str, Any]:
@@ -28,6 +30,8 @@ def draw_jobs_scenario(seed: int, n_jobs: int) -> dict[str, Any]:
         raise ValueError("n_jobs must be >= 1")
     rng = random.Random(seed)
     seg = rng.choice(SEGMENTS)
+    pool = PAPER_SEGMENTS[seg]  # one job's rollout pool, times the number of jobs
+    reserved, preemptible = pool.reserved_gpus * n_jobs, pool.max_preemptible * n_jobs
     staggered = rng.random() < 0.5
     jobs: list[dict[str, Any]] = []
     for i in range(n_jobs):
@@ -41,7 +45,7 @@ def draw_jobs_scenario(seed: int, n_jobs: int) -> dict[str, Any]:
                 "max_length": rng.choice((8192, 16384, 32768)),
                 **CALIBRATED_WORKLOAD,
             },
-            "arrival_s": round(rng.uniform(0, DURATION_S / 2), 1) if staggered and i else 0.0,
+            "arrival_s": round(rng.uniform(0, LATEST_ARRIVAL_S), 1) if staggered and i else 0.0,
             "rollout_gpus": rng.choice((16, 24, 32)),
         }
         if rng.random() < 0.25:  # a guarantee at a higher priority (the reserved pool holds every one: 4 each)
@@ -54,9 +58,9 @@ def draw_jobs_scenario(seed: int, n_jobs: int) -> dict[str, Any]:
         "name": f"multi-random-{n_jobs}jobs-s{seed}",
         "description": f"Random draw (seed {seed}, controlplane/sim/draws.py): {n_jobs} jobs of {', '.join(models)}; "
         f"trainers, batches, groups, maximum lengths, caps, guarantees, ends and "
-        f"{'staggered arrivals in [0, 1800] s' if staggered else 'arrivals at 0 s'} drawn, not tuned; "
-        f"{4 * n_jobs} reserved + <={12 * n_jobs} preemptible H800 (Bamboo {seg} x{n_jobs})",
-        "cluster": {"reserved_gpus": 4 * n_jobs, "preemptible_gpus": 12 * n_jobs, "hardware": "H800", "tp": 2},
+        f"{f'staggered arrivals in [0, {LATEST_ARRIVAL_S}] s' if staggered else 'arrivals at 0 s'} drawn, not tuned; "
+        f"{reserved} reserved + <={preemptible} preemptible H800 (Bamboo {seg} x{n_jobs})",
+        "cluster": {"reserved_gpus": reserved, "preemptible_gpus": preemptible, "hardware": "H800", "tp": pool.tp},
         "trace": {"file": f"bamboo-{seg}.csv", "scale": n_jobs},
         "duration_s": DURATION_S,
         "seed": seed,
