@@ -82,10 +82,13 @@ class JobDemand:
     kv_loss_s: float = 0.0  # a unit leaving it costs this much of its step (KV caches lost, re-prefill)
     deactivation_s: float = 0.0  # a lent unit takes this long to stop serving the borrower
     outstanding: int = 0  # unfinished trajectories × tp (RLix's demand)
+    # the units one worker of it takes (its TP over the division's unit: 1 where every job has one TP); its
+    # training units are this size too, so a lend between two jobs moves whole workers of both
+    worker_units: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_units < 0 or self.min_units < 0:
-            raise ValueError(f"job {self.name}: unit counts must be >= 0")
+        if self.max_units < 0 or self.min_units < 0 or self.worker_units < 1:
+            raise ValueError(f"job {self.name}: unit counts must be >= 0 (a worker's >= 1)")
         if not self.weight > 0:
             raise ValueError(f"job {self.name}: weight must be > 0")
 
@@ -399,9 +402,9 @@ def _lend(
     kept = {(lend.owner, lend.borrower): lend.units for lend in (previous.lends if previous else ())}
     owners = sorted((j for j in jobs if not j.training and j.lendable_units > 0), key=lambda j: -j.training_begin_s)
 
-    def admits(owner: JobDemand, b: JobDemand, sticky: bool) -> float:
-        n = alloc[b.name] + extra[b.name]
-        if n >= b.max_units:
+    def admits(owner: JobDemand, b: JobDemand, sticky: bool, left: int) -> float:
+        n, step = _whole(alloc[b.name], b) + extra[b.name], lend_step(owner, b)
+        if n + step > b.max_units or step > left:
             return -math.inf
         c = curves[b.name]
         net = lend_saving(
@@ -409,9 +412,15 @@ def _lend(
             reload_s=0.0 if sticky else b.reload_s,
             deactivation_s=owner.deactivation_s,
             makespan_s=c.at(n),
-            makespan_more_s=c.at(n + 1),
+            makespan_more_s=c.at(n + step),
         )
         return b.weight * net if net > 0 else -math.inf
+
+    def give(owner: str, b: JobDemand) -> int:
+        step = lend_step(by[owner], b)
+        lends[(owner, b.name)] = lends.get((owner, b.name), 0) + step
+        extra[b.name] += step
+        return step
 
     for owner in owners:
         left = owner.lendable_units
@@ -419,25 +428,34 @@ def _lend(
         for (o, bname), k in sorted(kept.items()):
             if o != owner.name or bname not in by or bname == owner.name:
                 continue
-            while k > 0 and left > 0 and admits(owner, by[bname], True) > 0:
-                lends[(o, bname)] = lends.get((o, bname), 0) + 1
-                extra[bname] += 1
-                left -= 1
-                k -= 1
+            while k > 0 and admits(owner, by[bname], True, left) > 0:
+                step = give(o, by[bname])
+                left -= step
+                k -= step
         while left > 0:
-            scored = [(admits(owner, b, False), b.name) for b in jobs if b.name != owner.name]
+            scored = [(admits(owner, b, False, left), b.name) for b in jobs if b.name != owner.name]
             scored = [s for s in scored if s[0] > 0]
             if not scored:
                 break
             _, bname = max(scored)
-            lends[(owner.name, bname)] = lends.get((owner.name, bname), 0) + 1
-            extra[bname] += 1
-            left -= 1
+            left -= give(owner.name, by[bname])
         if left == owner.lendable_units:
             unlent[owner.name] = _why_unlent(
                 owner, [b for b in jobs if b.name != owner.name], alloc, curves, now_s, config
             )
     return tuple(Lend(o, b, k, by[o].training_begin_s) for (o, b), k in sorted(lends.items())), unlent
+
+
+def lend_step(owner: JobDemand, borrower: JobDemand) -> int:
+    """The units a lend from `owner` to `borrower` moves at a time: whole training units of the owner that hold
+    whole workers of the borrower (a TP1 job's worker takes half a TP2 job's training unit, a TP2 worker two of a
+    TP1 job's), the least common multiple of their workers' sizes."""
+    return math.lcm(owner.worker_units, borrower.worker_units)
+
+
+def _whole(units: int, job: JobDemand) -> int:
+    """The units of `units` the job's workers can use (a TP2 job's odd GPU holds none): a lend adds to these."""
+    return units // job.worker_units * job.worker_units
 
 
 def _lend_window(owner: JobDemand, now_s: float, config: ArbiterConfig) -> float:
@@ -465,16 +483,24 @@ def _why_unlent(
     full: list[str] = []
     weighed: list[tuple[float, str]] = []
     for b in others:
-        n = alloc[b.name]
-        if n >= b.max_units:
+        n, step = _whole(alloc[b.name], b), lend_step(owner, b)
+        if n + step > b.max_units:
             full.append(b.name)
+            continue
+        if step > owner.lendable_units:
+            weighed.append(
+                (
+                    -math.inf,
+                    f"{b.name}'s workers need {step} of its units on one lend, it has {owner.lendable_units} idle",
+                )
+            )
             continue
         saved, toggle = lend_terms(
             window_s=window,
             reload_s=b.reload_s,
             deactivation_s=owner.deactivation_s,
             makespan_s=curves[b.name].at(n),
-            makespan_more_s=curves[b.name].at(n + 1),
+            makespan_more_s=curves[b.name].at(n + step),
         )
         weighed.append(
             (

@@ -53,8 +53,13 @@ def claims() -> dict[tuple[int, int], int]:
     return out
 
 
-def training_units(owner: Job, claimed: dict[tuple[int, int], int] | None = None) -> list[TrainingUnit]:
-    """The owner's training units in its training workers' slot order, each with its rollout occupant."""
+def training_units(
+    owner: Job, claimed: dict[tuple[int, int], int] | None = None, *, tp: int | None = None
+) -> list[TrainingUnit]:
+    """The owner's training units in its training workers' slot order, each with its rollout occupant (the
+    first worker found on its GPUs). With `tp` (a borrower's, other than the owner's): its training GPUs cut
+    into groups of `tp` on each node instead, in node and index order (each group one worker of the borrower:
+    half an owner's TP2 unit, or two of its TP1 units side by side), a group left short on a node dropped."""
     groups: dict[int, tuple[int, int, list[tuple[int, int]]]] = {}  # worker id -> (slot, node, [(index, gpu id)])
     for wid, slot, node_id, index, gid in (
         WorkerGPU.objects.filter(alive=True, kind="training", worker__job=owner, worker__alive=True)
@@ -70,8 +75,19 @@ def training_units(owner: Job, claimed: dict[tuple[int, int], int] | None = None
         ).values_list("gpu_id", "worker__job_id", "worker__slot", "worker__activity")
     }
     claimed = claims() if claimed is None else claimed
+    cut: list[tuple[int, list[tuple[int, int]]]] = [(node_id, pairs) for _, node_id, pairs in sorted(groups.values())]
+    if tp is not None and tp != owner.tp:
+        per_node: dict[int, list[tuple[int, int]]] = {}
+        for node_id, pairs in cut:
+            per_node.setdefault(node_id, []).extend(pairs)
+        cut = [
+            (node_id, pairs[i : i + tp])
+            for node_id, all_pairs in sorted(per_node.items())
+            for pairs in [sorted(all_pairs)]
+            for i in range(0, len(pairs) - tp + 1, tp)
+        ]
     out = []
-    for _, node_id, pairs in sorted(groups.values()):
+    for node_id, pairs in cut:
         occ = next((on[g] for _, g in pairs if g in on), None)
         if occ is not None:
             out.append(TrainingUnit(node_id, tuple(i for i, _ in pairs), occ[0], occ[1], occ[2]))
@@ -150,6 +166,13 @@ def cadence(job: Job) -> Cadence | None:
     return Cadence(period, returns, wall / period, walls[-1], statistics.median(r.duration_s for r in recs))
 
 
+def tps_fit(owner_tp: int, borrower_tp: int) -> bool:
+    """A lend between jobs of these TPs moves whole workers of both: one TP divides the other (a TP2 training
+    unit holds two TP1 workers; two TP1 units on one node hold a TP2 worker)."""
+    a, b = max(1, owner_tp), max(1, borrower_tp)
+    return max(a, b) % min(a, b) == 0
+
+
 def lend_refusal(job: Job, jobs: list[Job], *, borrowing: bool, rhythm: Cadence | None) -> str:
     """Why the arbiter may not lend the job's idle training GPUs to the other `jobs` it divides among ("" if it
     may: it then lends where a lend pays, `core.arbiter.lend_saving`): the limits `services.lending` says."""
@@ -160,9 +183,10 @@ def lend_refusal(job: Job, jobs: list[Job], *, borrowing: bool, rhythm: Cadence 
         return "no other job shares the cluster"
     if borrowing:
         return "it borrows another job's training GPUs now (a job lends or borrows, never both)"
-    tps = sorted({j.tp for j in jobs} | {job.tp})
-    if len(tps) > 1:
-        return f"the jobs' TPs differ ({', '.join(str(t) for t in tps)}): lends are between jobs of one TP"
+    apart = [j for j in others if not tps_fit(job.tp, j.tp)]
+    if apart:
+        names = ", ".join(f"{j.name} (TP {j.tp})" for j in apart)
+        return f"its TP {job.tp} and {names} neither divide the other: a lent training unit holds whole workers of both"
     chip = job.hardware.lower()
     refuse = [j.name for j in others if chip not in {h.lower() for h in j.rollout_hardware}]
     if refuse:
@@ -229,8 +253,10 @@ def borrowed_units(job: Job) -> tuple[list[BorrowedUnit], int]:
     out: list[BorrowedUnit] = []
     allowed = 0
     for owner in Job.objects.filter(pk__in=owners).order_by("pk"):
-        units = training_units(owner, claimed)
-        room = lends.get(owner.pk, 0) // max(1, job.tp) if not owner.training_active and owner.tp == job.tp else 0
+        units = training_units(owner, claimed, tp=job.tp)
+        room = (
+            lends.get(owner.pk, 0) // max(1, job.tp) if not owner.training_active and tps_fit(owner.tp, job.tp) else 0
+        )
         n = 0
         for u in units:
             if u.occupant_job == job.pk and u.occupant_slot is not None:
@@ -239,21 +265,33 @@ def borrowed_units(job: Job) -> tuple[list[BorrowedUnit], int]:
             elif u.occupant_job == job.pk:  # a start of its own planned there
                 n += 1
         allowed += min(n, room)
-        ahead = 0  # empty units the borrowers before it in id order are still to take
-        for b, gpus in TrainingLend.objects.filter(owner=owner, borrower_id__lt=job.pk).values_list(
-            "borrower_id", "gpus"
-        ):
-            ahead += max(0, gpus // max(1, owner.tp) - sum(1 for u in units if u.occupant_job == b))
+        # the owner's GPUs the borrowers before it in id order are still to take, empty ones in order
+        held = _held_on(owner)
+        ahead = sum(
+            max(0, gpus - held.get(b, 0))
+            for b, gpus in TrainingLend.objects.filter(owner=owner, borrower_id__lt=job.pk).values_list(
+                "borrower_id", "gpus"
+            )
+        )
         for u in units:
             if u.occupant_job is not None or n >= room:
                 continue
             if ahead > 0:
-                ahead -= 1
+                ahead -= len(u.gpus)
                 continue
             out.append(BorrowedUnit(u.node_id, u.gpus, owner.hardware, None, leaving=False))
             n += 1
             allowed += 1
     return out, allowed
+
+
+def _held_on(owner: Job) -> dict[int, int]:
+    """Job id -> the owner's training GPUs its rollout workers hold (or a transition of it is to start one on)."""
+    out: dict[int, int] = {}
+    for u in training_units(owner, tp=1):
+        if u.occupant_job is not None:
+            out[u.occupant_job] = out.get(u.occupant_job, 0) + 1
+    return out
 
 
 def on_owner_gpus(owner: Job) -> list[Worker]:
@@ -339,7 +377,7 @@ def lend_followups() -> set[int]:
     no overlap worker (a lend that ended left it empty: its plan starts the overlap worker again)."""
     out: set[int] = set()
     for owner_id, borrower_id, gpus, tp in TrainingLend.objects.filter(owner__training_active=False).values_list(
-        "owner_id", "borrower_id", "gpus", "owner__tp"
+        "owner_id", "borrower_id", "gpus", "borrower__tp"
     ):
         owner_gpus = WorkerGPU.objects.filter(alive=True, kind="training", worker__job_id=owner_id)
         there = (

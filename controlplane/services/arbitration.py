@@ -14,7 +14,7 @@ planned again and starts workers on the freed units. An `arbiter.reallocated` ev
 
 The same division lends idle training units across jobs (`services.lending`: stored as `TrainingLend` rows,
 the borrower planned to use them, each due back by the owner's predicted Training Begin less the time its
-returns take), within the limits said there (one TP, accepted chip types, a job lends or borrows). A division
+returns take), within the limits said there (TPs that divide, accepted chip types, a job lends or borrows). A division
 of a cluster whose jobs accept different chip types is one pool of the types any job accepts, each job capped
 at the units of its own types.
 """
@@ -144,24 +144,27 @@ def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: 
         reload_s=reload_s,
         kv_loss_s=kv_s,
         outstanding=(job.remaining if job.remaining is not None else job.batch_size) * job.tp,
+        worker_units=max(1, job.tp // unit_gpus),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Lending:
-    """Which jobs may lend their idle training units in this division (`services.lending`): all of one TP,
-    and a job lends only what every other job's rollout accepts, and only if it borrows nothing now."""
+    """Which jobs may lend their idle training units in this division (`services.lending`): a job lends only
+    what every other job's rollout accepts, to jobs whose TP divides its own or is a multiple of it, and only if
+    it borrows nothing now."""
 
     jobs: list[Job]
     borrowing: set[int]  # jobs that hold a lend now: they lend nothing (no two jobs wait on each other)
     now_s: float
+    unit_gpus: int  # the division's unit
 
     def offer(self, job: Job, rhythm: Cadence | None) -> tuple[int, float, float]:
-        """(training units it may lend, loop seconds to its next Training Begin, loop seconds its returns take);
-        (0, inf, 0) if it lends none."""
+        """(division units of its training GPUs it may lend, loop seconds to its next Training Begin, loop
+        seconds its returns take); (0, inf, 0) if it lends none."""
         if lend_refusal(job, self.jobs, borrowing=job.pk in self.borrowing, rhythm=rhythm) or rhythm is None:
             return (0, math.inf, 0.0)
-        return lendable_units(job), rhythm.until_next_begin_s(self.now_s), rhythm.return_s
+        return lendable_units(job) * job.tp // self.unit_gpus, rhythm.until_next_begin_s(self.now_s), rhythm.return_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +199,7 @@ def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutl
     rhythm = cadence(owner)
     if rhythm is None:
         return None
-    unit = max(1, owner.tp)
+    unit = math.lcm(max(1, owner.tp), max(1, borrower.tp))  # one lend step (`core.arbiter.lend_step`)
     n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
     borrower_rhythm = cadence(borrower)
     curve = _curve(borrower, unit, borrower_rhythm)
@@ -246,7 +249,7 @@ def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     held = _held([j.pk for j in jobs])
     now_s = time.time()
     lent_before = lends_of([j.pk for j in jobs])
-    lending = Lending(jobs, {b for (_, b) in lent_before}, now_s)
+    lending = Lending(jobs, {b for (_, b) in lent_before}, now_s, unit_gpus)
     rhythms = {j.pk: cadence(j) for j in jobs}
     demands = []
     for j in jobs:

@@ -12,7 +12,9 @@ the agent aborts its in-flight turns, whose callers resume them elsewhere, and p
 waits for it (`selectors.driver.not_returned`); the next division ends the lend, the borrower's planner stops
 its worker there, and the owner's next plan starts its overlap worker again (`restore_overlap`).
 
-Kept simple on purpose: lends only between jobs of one TP (a lent unit is one borrower worker), to a job that
+A lend moves whole training units of the owner holding whole workers of the borrower (`core.arbiter.lend_step`):
+a TP2 job's unit holds two workers of a TP1 job, two TP1 units side by side on one node one TP2 worker; jobs
+whose TPs do not divide lend nothing to each other. Kept simple on purpose: lends go to a job that
 accepts the owner's chip type; a job lends or borrows in one division, never both (no two jobs wait on each
 other's Training Begin); a job lends only once it has begun training twice (its next Training Begin is
 predicted from their interval, `selectors.lending.cadence`). The job's status and page say which of these
@@ -42,14 +44,17 @@ def store_lends(new: dict[tuple[int, int], tuple[int, float]], *, actor: str) ->
         if new.get((o, b), (0, 0.0))[0] <= 0:
             TrainingLend.objects.filter(pk=pk).delete()
             changed.add(b)
+    tps = dict(Job.objects.filter(pk__in={j for pair in new for j in pair}).values_list("pk", "tp"))
     for (owner_id, borrower_id), (gpus, due_s) in sorted(new.items()):
         if gpus <= 0:
             continue
         owner = lock_job(owner_id)  # serialises with the owner's planner and its Training Begin
         row = TrainingLend.objects.filter(owner_id=owner_id, borrower_id=borrower_id).first()
         had = row.gpus if row else 0
-        if gpus > had:
-            gpus = had + _free_for_lend(owner, (gpus - had) // max(1, owner.tp), actor) * owner.tp
+        if gpus > had:  # in whole training units of the owner holding whole workers of the borrower
+            step = math.lcm(max(1, owner.tp), max(1, tps.get(borrower_id, 1)))
+            freed = _free_for_lend(owner, (gpus - had) // step * step // max(1, owner.tp), actor)
+            gpus = had + freed * max(1, owner.tp) // step * step
         due = datetime.fromtimestamp(due_s, tz=UTC) if math.isfinite(due_s) else None
         if gpus <= 0:
             continue

@@ -59,13 +59,18 @@ def _lent_serving(owner) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # about 150 s of live run here: CI's long stage
+@pytest.mark.long  # about 150 s of live run here, each: CI's long stage
 @pytest.mark.lease(LONG_LEASE_S)
-def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its_owners_update(stack):
+@pytest.mark.parametrize("b_tp", [1, 2], ids=["same-tp", "tp2-borrower-on-two-tp1-units"])
+def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its_owners_update(stack, b_tp):
+    """With b at TP 2 each lend is two of a's TP1 training GPUs side by side, holding one worker of b."""
     from controlplane.models import Event, Job
+    from controlplane.selectors.lending import on_owner_gpus
 
-    stack.agent("train-l", pool="training", slots=9, time_factor=TIME_FACTOR)  # a's 8 training GPUs, b's 1
-    stack.agent("roll-l", slots=2, time_factor=TIME_FACTOR)
+    stack.agent("train-l", pool="training", slots=8 + b_tp, time_factor=TIME_FACTOR)  # a's 8 training GPUs, b's
+    # a's one rollout worker and b's one (b's TP2 worker leaves a GPU idle: b's maximum, 2 workers, must fit the
+    # cluster's rollout GPUs to be admitted)
+    stack.agent("roll-l", slots=2 * b_tp, time_factor=TIME_FACTOR)
     for name in ("train-l", "roll-l"):
         registered(name)
     # a trains on eight GPUs and rolls out on one, a small batch (8 groups of 4): its updates (~10 s of emulated
@@ -74,7 +79,7 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
     # b's batch (64 groups of 8) is rollout-bound on its one unit: a second cuts its step by a third (168 → 113 s)
     a = _submit(stack, "a", rollout_gpus=1, training_gpus=8, batch_size=8, group_size=4)
     _borrowing_off(stack, a)
-    b = _submit(stack, "b", rollout_gpus=2, batch_size=64)
+    b = _submit(stack, "b", rollout_gpus=2 * b_tp, batch_size=64, tp=b_tp, training_gpus=b_tp)
     _until(lambda: Job.objects.get(pk=a.pk).weight_version >= 2 or None, 120, "a's first two updates")
 
     # between a's updates the arbiter lends a's idle training GPU to b, and b serves on it (32 s after here; 118 s
@@ -102,7 +107,9 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
         raise AssertionError(f"{exc}; {why}") from None
     lent_after = time.monotonic() - t0
     lend = Event.objects.filter(kind="arbiter.reallocated", message__contains="lent").latest("id")
-    assert lend.data["lent"] == {"b": 1}, lend.data
+    assert lend.data["lent"] == {"b": b_tp}, lend.data
+    [w] = [w for w in on_owner_gpus(Job.objects.get(pk=a.pk)) if w.slot in _lent_serving(a)]
+    assert w.bindings.filter(alive=True).count() == b_tp  # one worker of b on b_tp of a's training GPUs
 
     # a's next update: its Training Begin takes the GPU back, the update waits for it, then the lend ends and b's
     # planner stops its worker there
@@ -125,4 +132,6 @@ def test_an_idle_training_gpu_serves_another_jobs_rollout_and_is_back_before_its
     returns = [t["return_latency_s"] for t in _records(a, "train")]
     resumed = sum(s["interruptions"] for s in _records(b, "step"))
     lends = Event.objects.filter(kind="arbiter.reallocated", message__contains="lent").count()
-    record_timing("lending_live", lent_after_s=lent_after, a_return_s=max(returns), resumed=resumed, lends=lends)
+    record_timing(
+        f"lending_live_tp{b_tp}", lent_after_s=lent_after, a_return_s=max(returns), resumed=resumed, lends=lends
+    )

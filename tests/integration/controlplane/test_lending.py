@@ -208,17 +208,71 @@ def test_a_job_whose_idle_window_buys_no_lend_says_what_it_would_save_and_cost()
     assert Job.objects.get(pk=a.pk).unlent_reason == "" and "lends no training GPU" not in _status_text(a.pk)
 
 
-def test_jobs_of_different_tps_lend_nothing_and_their_status_says_why():
+@pytest.mark.parametrize(
+    ("owner_tp", "owner_training", "borrower_tp", "workers"),
+    [(2, 2, 1, 2), (1, 2, 2, 1)],
+    ids=["tp2-unit-holds-two-tp1-workers", "two-tp1-units-hold-a-tp2-worker"],
+)
+def test_jobs_of_different_tps_lend_whole_workers_and_take_them_back(owner_tp, owner_training, borrower_tp, workers):
+    make_node("r1", slots=4)
+    make_node("t1", pool="training", slots=4)
+    a = make_job("a", **(SPEC | {"tp": owner_tp, "training_gpus": owner_training}))
+    b = make_job("b", **(SPEC | {"tp": borrower_tp, "training_gpus": borrower_tp}))
+    _place_all(arbitration.rebalance(reason="jobs arrived"))
+    assert Job.objects.get(pk=a.pk).allotted_rollout_gpus == 2 == Job.objects.get(pk=b.pk).allotted_rollout_gpus
+    trained_every(a, 200.0)
+
+    # a's two idle training GPUs go to b in one lend, as many whole workers of b as they hold
+    division = arbitration.rebalance(reason="a's Training Finished")
+    lend = TrainingLend.objects.get()
+    assert (lend.owner_id, lend.borrower_id, lend.gpus) == (a.pk, b.pk, 2), division.explanation
+    _place_all(division)
+    there = _on_loan(a)
+    assert len(there) == workers and {w.job_id for w in there} == {b.pk}
+    assert sorted(g.gpu.index for w in there for g in w.bindings.filter(alive=True)) == [0, 1]
+    assert all(w.activity == Activity.ACTIVE and w.node.name == "t1" for w in there)
+    assert arbitration.rebalance(reason="periodic").plan_order == []  # the lend holds: nothing moves
+    assert "  lends 2 training GPU(s) to job b until its next Training Begin" in _status_text(a.pk)
+
+    # a's Training Begin takes every one of them back before its update
+    jobs.set_training_active(job_id=a.pk, active=True)
+    assert {Worker.objects.get(pk=w.pk).activity for w in there} == {Activity.INACTIVE}
+    with pytest.raises(Conflict, match="on its lent training GPUs is not back yet"):
+        jobs.start_update(job_id=a.pk)
+    agents_converge()
+    jobs.start_update(job_id=a.pk)
+    _place_all(arbitration.rebalance(reason="a's Training Begin"))
+    assert not TrainingLend.objects.exists() and not _on_loan(a)
+
+    # after its update a's own overlap workers come back on its training GPUs, one per training unit
+    jobs.set_training_active(job_id=a.pk, active=False)
+    planner.plan_job(job_id=a.pk, signal="training_finished")
+    back = Worker.objects.filter(job=a, alive=True, zone=Zone.OVERLAP).exclude(role="training")
+    assert back.count() == owner_training // owner_tp
+
+
+def test_one_idle_tp1_training_gpu_is_not_lent_to_a_tp2_job_and_its_status_says_why():
     make_node("r1", slots=4)
     make_node("t1", pool="training", slots=4)
     a = make_job("a", **SPEC)
-    b = make_job("b", **(SPEC | {"tp": 2, "training_gpus": 2}))
+    make_job("b", **(SPEC | {"tp": 2, "training_gpus": 2}))
     _place_all(arbitration.rebalance(reason="jobs arrived"))
     trained_every(a, 200.0)
     arbitration.rebalance(reason="a's Training Finished")
     assert not TrainingLend.objects.exists()
-    for job in (a, b):
-        assert "lends no training GPU to other jobs: the jobs' TPs differ (1, 2)" in _status_text(job.pk)
+    assert "b's workers need 2 of its units on one lend, it has 1 idle" in _status_text(a.pk)
+
+
+def test_jobs_whose_tps_do_not_divide_lend_nothing_and_say_why():
+    make_node("r1", slots=6)
+    make_node("t1", pool="training", slots=5)
+    a = make_job("a", **(SPEC | {"tp": 2, "training_gpus": 2}))
+    make_job("b", **(SPEC | {"tp": 3, "training_gpus": 3, "rollout_gpus": 3}))
+    _place_all(arbitration.rebalance(reason="jobs arrived"))
+    trained_every(a, 200.0)
+    arbitration.rebalance(reason="a's Training Finished")
+    assert not TrainingLend.objects.exists()
+    assert "its TP 2 and b (TP 3) neither divide the other" in _status_text(a.pk)
 
 
 @pytest.mark.parametrize("leaves", ["owner stops", "owner pauses", "borrower pauses"])

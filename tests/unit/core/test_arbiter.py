@@ -168,6 +168,29 @@ def test_idle_training_units_are_lent_until_the_owners_training_begin():
     assert back.explanation and f"B {a.total('B')}→{back.units['B']}" in back.explanation[0]
 
 
+def test_a_lend_between_jobs_of_different_tps_moves_whole_workers_of_both():
+    """In GPU units: a TP2 owner's training units (2 each) lent to a TP1 job move 2 at a time; a TP1 owner's to a
+    TP2 job too (two of its units hold one TP2 worker), and an odd one left over is not lent."""
+    now = 0.0
+    tp2_owner = job("A", lendable_units=4, training_begin_s=now + 600.0, worker_units=2)
+    a = arbitrate(4, [tp2_owner, job("B", reload_s=10.0)], now_s=now)
+    assert a.lent("A") > 0 and all(x.units % 2 == 0 for x in a.lends)
+
+    def workers_of_two(n: int) -> float:
+        return amdahl()(n // 2)
+
+    tp1_owner = job("A", lendable_units=3, training_begin_s=now + 600.0)
+    tp2 = job("B", reload_s=10.0, worker_units=2, step_time=workers_of_two)
+    b = arbitrate(4, [tp1_owner, tp2], now_s=now)
+    assert b.lent("A") == 2  # one TP2 worker; the third unit alone holds none
+    # one idle unit holds no TP2 worker: nothing is lent, and the owner's status says why
+    c = arbitrate(4, [replace(tp1_owner, lendable_units=1), tp2], now_s=now)
+    assert c.lends == () and c.unlent["A"].endswith("B's workers need 2 of its units on one lend, it has 1 idle")
+    # a TP2 job holding an odd GPU it cannot use (3 of 4) still borrows a whole worker up to its maximum
+    odd = arbitrate(3, [replace(tp1_owner, max_units=0), replace(tp2, max_units=4)], now_s=now)
+    assert odd.units["B"] == 3 and odd.lent("A") == 2
+
+
 def test_no_lend_when_the_window_cannot_pay_for_the_reload():
     now = 0.0
     owner = job("A", lendable_units=4, training_begin_s=now + 40.0, deactivation_s=3.0)
