@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -446,6 +446,14 @@ def _lend(
     return tuple(Lend(o, b, k, by[o].training_begin_s) for (o, b), k in sorted(lends.items())), unlent
 
 
+def division_unit(tps: Iterable[int]) -> int:
+    """The GPUs of one arbiter unit for jobs of these TPs: their greatest common divisor (their one TP where
+    they share it; one GPU for TP1 beside TP2, two for TP2 beside TP4), so every job's worker is whole units.
+    A job's curve then prices units its workers cannot fill as idle (`_Curve`), and a lend moves whole workers
+    of both jobs (`lend_step`)."""
+    return math.gcd(*(max(1, t) for t in tps)) or 1
+
+
 def lend_step(owner: JobDemand, borrower: JobDemand) -> int:
     """The units a lend from `owner` to `borrower` moves at a time: whole training units of the owner that hold
     whole workers of the borrower (a TP1 job's worker takes half a TP2 job's training unit, a TP2 worker two of a
@@ -608,6 +616,7 @@ __all__ = [
     "Sharing",
     "StepCurve",
     "arbitrate",
+    "division_unit",
     "explain",
     "fair_shares",
     "lend_saving",

@@ -29,7 +29,15 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from controlplane.core.arbiter import Allotment, ArbiterConfig, JobDemand, Lend, arbitrate, lend_saving
+from controlplane.core.arbiter import (
+    Allotment,
+    ArbiterConfig,
+    JobDemand,
+    Lend,
+    arbitrate,
+    division_unit,
+    lend_saving,
+)
 from controlplane.core.borrowing import return_deadline
 from controlplane.core.policies.base import best_step_time
 from controlplane.core.profiles import get_reconfig_costs
@@ -231,13 +239,13 @@ def _held(job_ids: list[int]) -> dict[int, int]:
 def rebalance(*, reason: str, actor: str = "arbiter") -> Rebalance:
     """Divide the cluster's dedicated rollout GPUs among the pending and running jobs and store the allotments.
 
-    The units are the jobs' common TP (one GPU when their TPs differ: each job's allotment is then rounded down
-    to its own TP). The previous division is each job's stored allotment (what it holds, if it has none yet),
-    so the arbiter's cost gate and hysteresis see what a move would undo."""
+    The units are `division_unit`'s (the jobs' common TP, or their TPs' greatest common divisor where they
+    differ: each job's allotment is then rounded down to its own TP). The previous division is each job's
+    stored allotment (what it holds, if it has none yet), so the arbiter's cost gate and hysteresis see what a
+    move would undo."""
     jobs = list(Job.objects.filter(status__in=ARBITRATED).order_by("created", "id"))
     groups = _groups()
-    tps = {j.tp for j in jobs}
-    unit_gpus = tps.pop() if len(tps) == 1 else 1
+    unit_gpus = division_unit(j.tp for j in jobs)
     accepted = {h.lower() for j in jobs for h in j.rollout_hardware}
     capacity = sum(n // unit_gpus for (_, hw), n in groups.items() if hw in accepted)
     capacity_gpus = capacity * unit_gpus

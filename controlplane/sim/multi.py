@@ -30,6 +30,7 @@ from controlplane.core.arbiter import (
     JobDemand,
     Sharing,
     arbitrate,
+    division_unit,
     split_fcfs,
     split_rlix,
     split_static,
@@ -57,8 +58,8 @@ class JobRun:
     started: bool = False
     ended: bool = False  # its `steps` trainer updates are done: its units went back to the pool
     phase: tuple[bool, int] = (False, -1)
-    units: int = 0  # units its world has now (dedicated + borrowed)
-    lent: int = 0  # its training units lent out now
+    units: int = 0  # rollout workers its world has now (dedicated + borrowed)
+    lent: int = 0  # its training units lent out now (one worker each)
     curve: dict[int, float] = field(default_factory=dict)
     curve_key: tuple[Any, float] | None = None  # (the fit, the trainer's update time) `curve` was computed on
     result: RunResult | None = None
@@ -66,6 +67,10 @@ class JobRun:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def tp(self) -> int:
+        return self.sim.sc.cluster.tp
 
     def local(self, t: float) -> float:
         return t - self.spec.arrival_s
@@ -153,27 +158,33 @@ class MultiResult:
 
 def job_scenario(sc: Scenario, spec: JobSpec, index: int) -> Scenario:
     """The one-job scenario a job's simulation runs: its model, trainer and workload on the shared cluster's
-    hardware; its rollout units come from the sharing policy (the trace here is a placeholder)."""
+    hardware, at its TP; its rollout units come from the sharing policy (the trace here is a placeholder)."""
     cl = sc.cluster
+    tp = job_tp(sc, spec)
     return Scenario(
         name=spec.name,
         model=spec.model,
         cluster=ClusterSpec(
             training_gpus=spec.training_gpus,
-            reserved_gpus=cl.tp,
+            reserved_gpus=tp,
             preemptible_gpus=0,
             hardware=cl.hardware,
-            tp=cl.tp,
+            tp=tp,
             training_hardware=cl.training_hardware,
         ),
         workload=spec.workload,
         engine=sc.engine,
-        trace=AvailabilityTrace((0.0,), (cl.tp,), name="allotment"),
+        trace=AvailabilityTrace((0.0,), (tp,), name="allotment"),
         duration_s=max(0.0, sc.duration_s - spec.arrival_s),
         seed=sc.seed + 1009 * index,
         policies=(names.PEARL,),
         max_staleness=spec.max_staleness,
     )
+
+
+def job_tp(sc: Scenario, spec: JobSpec) -> int:
+    """The TP of the job's workers: its own, or the cluster's."""
+    return spec.tp or sc.cluster.tp
 
 
 class MultiSimulation:
@@ -184,7 +195,8 @@ class MultiSimulation:
             raise ValueError(f"scenario {scenario.name} has no jobs: list")
         self.sc = replace(scenario, seed=scenario.seed if seed is None else seed)
         self.sharing = Sharing(policy)
-        self.tp = scenario.cluster.tp
+        # GPUs of one arbiter unit (as live: the jobs' common TP, else their greatest common divisor)
+        self.unit = division_unit(job_tp(scenario, s) for s in scenario.jobs)
         self.runs = [
             JobRun(s, i, Simulation(job_scenario(self.sc, s, i), names.PEARL)) for i, s in enumerate(scenario.jobs)
         ]
@@ -201,7 +213,7 @@ class MultiSimulation:
 
     def _units_of(self, gpus: int) -> int:
         res = self.sc.cluster.reserved_gpus
-        return res // self.tp + max(0, gpus - res) // self.tp
+        return res // self.unit + max(0, gpus - res) // self.unit
 
     def _push(self, t: float, kind: int, a: Any = None) -> None:
         self._seq += 1
@@ -216,7 +228,7 @@ class MultiSimulation:
         only once a step has trained, so a memo kept per step mixed two curves (T(3) from the prior before the
         first update, T(4) from after it: T(4) > T(3), a unit worth less than nothing, and a late job below
         its fair share was passed over when capacity came back)."""
-        sim = run.sim
+        sim, per_worker = run.sim, run.tp // self.unit
         fp = sim.policy.tracker.fitted()
         trained = [s for s in sim.steps if s.train_end_s > 0]
         train_s = trained[-1].train_end_s - trained[-1].train_start_s if trained else 0.0
@@ -228,20 +240,24 @@ class MultiSimulation:
         def at(n: int) -> float:
             v = memo.get(n)
             if v is None:
-                v = best_step_time(fp.workload, fp.coefficients, n, train_s, max_staleness=sim.loop.cfg.max_staleness)
+                workers = n // per_worker
+                v = best_step_time(
+                    fp.workload, fp.coefficients, workers, train_s, max_staleness=sim.loop.cfg.max_staleness
+                )
                 memo[n] = v
             return v
 
         return at
 
     def _demand(self, run: JobRun, now: float) -> JobDemand:
-        sim, spec, tp = run.sim, run.spec, self.tp
+        sim, spec, unit = run.sim, run.spec, self.unit
+        per_worker = run.tp // unit
         costs = get_reconfig_costs(spec.model)
         loop = sim.loop
         lendable = 0
         tb = math.inf
         if run.started and not sim.training_active:
-            lendable = sum(
+            lendable = per_worker * sum(
                 1
                 for s in sim.world.slots.values()
                 if s.pool == "overlap" and (s.lent or (s.state == un.INACTIVE and s.borrowed_since is None))
@@ -253,11 +269,11 @@ class MultiSimulation:
                 )
         return JobDemand(
             name=spec.name,
-            max_units=spec.rollout_gpus // tp,
+            max_units=spec.rollout_gpus // unit,
             step_time=self._curve(run),
             priority=spec.priority,
             weight=spec.weight,
-            min_units=spec.min_rollout_gpus // tp,
+            min_units=spec.min_rollout_gpus // unit,
             arrival_s=spec.arrival_s,
             training=sim.training_active,
             lendable_units=lendable,
@@ -265,7 +281,8 @@ class MultiSimulation:
             reload_s=costs.inter_scale_preparation_s,
             kv_loss_s=costs.inter_scale_finalisation_s,
             deactivation_s=costs.intra_scale_deactivation_s,
-            outstanding=loop.remaining * tp,
+            outstanding=loop.remaining * run.tp,
+            worker_units=per_worker,
         )
 
     def divide(self, reason: str) -> None:
@@ -289,15 +306,20 @@ class MultiSimulation:
             if new.explanation and len(self.explanations) < MAX_EXPLANATIONS:
                 self.explanations.extend(f"t={t:.0f}s {e}" for e in new.explanation)
         lent_now = sum(x.units for x in prev.lends)
-        self.lent_gpu_s += lent_now * self.tp * (t - self._lent_since)
+        self.lent_gpu_s += lent_now * self.unit * (t - self._lent_since)
         self._lent_since = t
         self.allot = new
+
         # shrink first (units leave before others join), then grow
-        order = sorted(running, key=lambda r: new.total(r.name) - r.units)
+        def workers(r: JobRun, units: int) -> int:
+            return units * self.unit // r.tp
+
+        order = sorted(running, key=lambda r: workers(r, new.total(r.name)) - r.units)
         for r in order:
-            self._apply(r, new.total(r.name), new.lent(r.name))
+            self._apply(r, workers(r, new.total(r.name)), workers(r, new.lent(r.name)))
 
     def _apply(self, run: JobRun, units: int, lent: int) -> None:
+        """Its world gets `units` rollout workers (dedicated and borrowed) and lends `lent` training units."""
         sim, w = run.sim, run.sim.world
         if sim.loop.stopped:
             return
@@ -328,7 +350,7 @@ class MultiSimulation:
     def _start(self, run: JobRun) -> None:
         sim, w = run.sim, run.sim.world
         run.started = True
-        w.add_training_units(run.spec.training_gpus // self.tp)
+        w.add_training_units(run.spec.training_gpus // run.tp)
         sim.push(sim.sc.duration_s, EV_STOP)
         self.divide(f"job {run.name} arrived")
         # the first units of a job at t = 0 start loaded, as a one-job cluster starts configured
@@ -381,7 +403,7 @@ class MultiSimulation:
                     cap = self._units_of(a)
                     if cap != self.capacity:
                         old, self.capacity = self.capacity, cap
-                        self.divide(f"capacity {old * self.tp}→{cap * self.tp} GPUs")
+                        self.divide(f"capacity {old * self.unit}→{cap * self.unit} GPUs")
                 continue
             if nxt is None:
                 break

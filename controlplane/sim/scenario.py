@@ -106,10 +106,15 @@ class JobSpec:
     rollout_gpus: int = 1 << 20  # the job's maximum
     steps: int = 0  # the job ends after this many trainer updates (0: it runs to the scenario's end)
     max_staleness: int = 1  # as a live job's: 0 is on-policy (each rollout waits for the update before it)
+    tp: int = 0  # its workers' TP (0: the cluster's); jobs of different TPs are divided in GPUs, as live
 
     def __post_init__(self) -> None:
-        if min(self.training_gpus, self.min_rollout_gpus, self.rollout_gpus, self.arrival_s, self.steps) < 0:
-            raise ScenarioError(f"job {self.name}: training_gpus, *_rollout_gpus, arrival_s, steps must be >= 0")
+        if min(self.training_gpus, self.min_rollout_gpus, self.rollout_gpus, self.arrival_s, self.steps, self.tp) < 0:
+            raise ScenarioError(f"job {self.name}: training_gpus, *_rollout_gpus, arrival_s, steps, tp must be >= 0")
+        if self.tp and (self.training_gpus % self.tp or self.min_rollout_gpus % self.tp):
+            raise ScenarioError(
+                f"job {self.name}: training_gpus and min_rollout_gpus must be multiples of tp={self.tp}"
+            )
         _check_staleness(self.max_staleness, f"job {self.name}")
         if not self.weight > 0:
             raise ScenarioError(f"job {self.name}: weight must be > 0")

@@ -132,6 +132,23 @@ def test_a_two_job_run_shares_the_pool():
     assert arrived and "b 0→" in arrived[0] and "b 0→0" not in arrived[0]
 
 
+def test_jobs_of_different_tps_are_divided_in_gpus_and_each_runs_whole_workers_of_its_own():
+    """As live (`core.arbiter.division_unit`): a TP1 job beside a TP2 job is divided in single GPUs; each job's
+    world runs workers of its own TP, the TP2 job's allotment rounded down to whole workers."""
+    doc = dict(TWO)
+    doc["jobs"] = [dict(TWO["jobs"][0], tp=1), TWO["jobs"][1]]
+    sim = MultiSimulation(scenario_from_dict(doc), "pearl")
+    r = sim.run()
+    assert sim.unit == 1 and [run.tp for run in sim.runs] == [1, 2]
+    assert all(j.steps >= 1 and j.misses == 0 and j.lost_tokens == 0 for j in r.jobs.values())
+    b = sim.by_name["b"]
+    assert b.units == sim.allot.total("b") // 2 and b.units >= 1  # b's GPUs, in its TP2 workers
+    with pytest.raises(ScenarioError, match="multiples of tp=2"):
+        scenario_from_dict({**TWO, "jobs": [dict(TWO["jobs"][0], tp=2, training_gpus=3)]})
+    shipped = get_scenario("multi-2jobs-mixed-tp")
+    assert [j.tp for j in shipped.jobs] == [1, 0] and shipped.cluster.tp == 2
+
+
 def test_compare_json_keys(tmp_path: Path, capsys):
     p = tmp_path / "two.yaml"
     p.write_text(yaml.safe_dump(TWO))
