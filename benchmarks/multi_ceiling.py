@@ -1,7 +1,7 @@
 """How much can any division of rollout units gain on a multi-job scenario (issue 35)? Four measurements:
 
     .venv/bin/python benchmarks/multi_ceiling.py ceiling controlplane/sim/scenarios/multi-2jobs.yaml [...]
-    .venv/bin/python benchmarks/multi_ceiling.py draws --seeds 101-104 --jobs 2,4,8
+    .venv/bin/python benchmarks/multi_ceiling.py draws --seeds 101-104 --jobs 2,4,8 [--mixed-tp]
     .venv/bin/python benchmarks/multi_ceiling.py rows controlplane/sim/scenarios/multi-*.yaml
     .venv/bin/python benchmarks/multi_ceiling.py curve controlplane/sim/scenarios/multi-2jobs.yaml --units 1,2,4,8,12
 
@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--units", default="1,2,4,8,12")
     ap.add_argument("--seeds", default="101-104", help="draws: a seed or a range lo-hi")
     ap.add_argument("--jobs", default="2,4,8", help="draws: job counts, each drawn for every seed")
+    ap.add_argument("--mixed-tp", action="store_true", help="draws: each Qwen3-8B job at TP 1 or 2, drawn")
     a = ap.parse_args()
     if a.what == "rows":  # BENCHMARKS.md's multi-job table
         for f in a.scenario_files:
@@ -152,7 +153,8 @@ def main() -> None:
         drawn = []
         for n in [int(x) for x in a.jobs.split(",")]:
             for seed in _seeds(a.seeds):
-                drawn.append(row(scenario_from_dict(draw_jobs_scenario(seed, n), source=f"draw {seed}")))
+                doc = draw_jobs_scenario(seed, n, mixed_tp=a.mixed_tp)
+                drawn.append(row(scenario_from_dict(doc, source=f"draw {seed}")))
                 print(json.dumps(drawn[-1]), flush=True)
         keys = [k for k in drawn[0] if k not in ("scenario", "jobs")]
         medians = {k: round(statistics.median(r[k] for r in drawn if r[k] is not None), 4) for k in keys}

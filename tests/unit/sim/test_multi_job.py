@@ -105,6 +105,13 @@ def test_a_drawn_scenario_is_the_seeds_and_the_shipped_draws_are_its():
     assert {len({j["arrival_s"] for j in d["jobs"]}) > 1 for d in docs if len(d["jobs"]) == 8} == {True, False}
     with pytest.raises(ValueError, match="n_jobs"):
         draw_jobs_scenario(1, 0)
+    # mixed TPs: each 8B job's TP drawn on a stream of its own, the rest the same seed's draw
+    mixed = [draw_jobs_scenario(seed, 8, mixed_tp=True) for seed in range(10)]
+    for seed, m in enumerate(mixed):
+        assert [{k: v for k, v in j.items() if k != "tp"} for j in m["jobs"]] == draw_jobs_scenario(seed, 8)["jobs"]
+        assert all(j.get("tp", 2) == 2 for j in m["jobs"] if j["model"] == "qwen3-30b-a3b")
+        scenario_from_dict(m)
+    assert {j.get("tp") for m in mixed for j in m["jobs"] if j["model"] == "qwen3-8b"} == {1, 2}
 
 
 def test_an_on_policy_job_waits_for_each_update_and_an_off_policy_one_does_not():
