@@ -85,6 +85,10 @@ class JobDemand:
     # the units one worker of it takes (its TP over the division's unit: 1 where every job has one TP); its
     # training units are this size too, so a lend between two jobs moves whole workers of both
     worker_units: int = 1
+    # its predictor has measured it (`FittedProfile.measured`); until then `step_time` is its prior's, which can
+    # be off by several times (a 2,048-trajectory job's prior: 127 s at 2 units where its rollout took 766 s),
+    # so its fair share is not taken on the prior's word that it gains nothing from it
+    measured: bool = True
 
     def __post_init__(self) -> None:
         if self.max_units < 0 or self.min_units < 0 or self.worker_units < 1:
@@ -272,7 +276,7 @@ def arbitrate(
     # 3. free units by weighted marginal benefit, jobs below their fair share first
     def receive_key(name: str) -> tuple[int, float, int, float]:
         b = curves[name].benefit(alloc[name])
-        below = alloc[name] < deserved[name] and b > config.min_benefit
+        below = alloc[name] < deserved[name] and (b > config.min_benefit or not by[name].measured)
         return (int(below), b, by[name].priority, -by[name].arrival_s)
 
     heap = [(_neg(receive_key(n)), n) for n in alloc if alloc[n] < by[n].max_units]
@@ -283,7 +287,7 @@ def arbitrate(
             if alloc[n] < by[n].max_units:
                 heapq.heappush(heap, (_neg(receive_key(n)), n))
             continue
-        if key[1] > -config.min_benefit:  # the best remaining unit is worth nothing
+        if not key[0] and key[1] > -config.min_benefit:  # the best remaining unit is worth nothing
             break
         alloc[n] += 1
         free -= 1
@@ -312,8 +316,10 @@ def arbitrate(
 
         def donate_key(n: str) -> tuple[int, float]:
             # a job at or below its fair share keeps it, but not the units it gains nothing from (its trainer
-            # bounds its step): those are not a share it uses, and it gets them back once they are worth something
-            return (int(alloc[n] <= deserved[n] and loss(n) > config.min_benefit), loss(n))
+            # bounds its step): those are not a share it uses, and it gets them back once they are worth something.
+            # A job its predictor has not measured yet keeps its share whatever its prior says
+            keeps = loss(n) > config.min_benefit or not by[n].measured
+            return (int(alloc[n] <= deserved[n] and keeps), loss(n))
 
         d = min(donors, key=donate_key)
         dk = donate_key(d)

@@ -91,6 +91,11 @@ class FittedProfile:
         e = self.estimates.get(name)
         return e.confidence if e else 0.0
 
+    @property
+    def measured(self) -> bool:
+        """The workload is fitted to the job's own steps (its turns and response lengths), not the prior."""
+        return all((e := self.estimates.get(k)) is not None and e.fitted for k in ("S", "r"))
+
 
 class _Series:
     """A bounded window of scalar observations with recency weights."""

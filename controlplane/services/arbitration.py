@@ -91,19 +91,20 @@ def _amdahl(n: int) -> float:
     return math.inf if n <= 0 else 1.0 + 10.0 / n
 
 
-def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> Callable[[int], float]:
+def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> tuple[Callable[[int], float], bool]:
     """The job's predicted step time with n arbiter units (`best_step_time`: its rollout makespan from its own
     policy's fitted predictor, the one its decision uses, against its trainer's update as its cadence measures
-    it), in its loop's clock; a policy without a predictor (or a profile that cannot be read)
-    gets a plain 1/n curve, which shares by weight alone."""
+    it), in its loop's clock, and whether the predictor has measured the job yet (`FittedProfile.measured`); a
+    policy without a predictor (or a profile that cannot be read) gets a plain 1/n curve, which shares by
+    weight alone."""
     try:
         tracker = getattr(job_policy(job), "tracker", None)
         if tracker is None:
-            return _amdahl
+            return _amdahl, True
         fp = tracker.fitted()
     except Exception:  # a job whose policy cannot be built is planned (and failed) by the planner, not here
         log.debug("no predictor for job %s; its curve is 1/n", job.pk, exc_info=True)
-        return _amdahl
+        return _amdahl, True
     memo: dict[int, float] = {}
     update_s = rhythm.update_s if rhythm else 0.0
 
@@ -115,7 +116,7 @@ def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> Callable[[int], 
             )
         return memo[workers]
 
-    return at
+    return at, fp.measured
 
 
 def _costs(job: Job, rhythm: Cadence | None) -> tuple[float, float]:
@@ -137,10 +138,11 @@ def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: 
     reload_s, kv_s = _costs(job, rhythm)
     most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
     lendable, tb, returns_s = lending.offer(job, rhythm)
+    step_time, measured = _curve(job, unit_gpus, rhythm)
     return JobDemand(
         name=job.name,
         max_units=min(most, own_units),
-        step_time=_curve(job, unit_gpus, rhythm),
+        step_time=step_time,
         priority=job.priority,
         weight=job.weight if job.weight > 0 else 1.0,
         min_units=job.min_rollout_gpus // unit_gpus,
@@ -153,6 +155,7 @@ def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: 
         kv_loss_s=kv_s,
         outstanding=(job.remaining if job.remaining is not None else job.batch_size) * job.tp,
         worker_units=max(1, job.tp // unit_gpus),
+        measured=measured,
     )
 
 
@@ -210,7 +213,7 @@ def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutl
     unit = math.lcm(max(1, owner.tp), max(1, borrower.tp))  # one lend step (`core.arbiter.lend_step`)
     n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
     borrower_rhythm = cadence(borrower)
-    curve = _curve(borrower, unit, borrower_rhythm)
+    curve, _ = _curve(borrower, unit, borrower_rhythm)
     reload_s, _ = _costs(borrower, borrower_rhythm)
     dl = return_deadline(  # in loop seconds from Training Finished
         training_begin_s=rhythm.period_s - rhythm.return_s - rhythm.update_s,

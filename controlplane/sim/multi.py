@@ -283,6 +283,7 @@ class MultiSimulation:
             deactivation_s=costs.intra_scale_deactivation_s,
             outstanding=loop.remaining * run.tp,
             worker_units=per_worker,
+            measured=sim.policy.tracker.fitted().measured,
         )
 
     def divide(self, reason: str) -> None:

@@ -121,6 +121,25 @@ def train_once(job: Job) -> None:
     jobs.set_training_active(job_id=job.pk, active=False)
 
 
+def rolled_out(job: Job, steps: int = 2) -> None:
+    """Its driver's STEP records of `steps` rollouts (a few short turns each): its predictor has measured it
+    (`FittedProfile.measured`), so the arbiter takes its curve's word."""
+    from controlplane.core import telemetry as tm
+    from controlplane.models import TelemetrySample
+
+    for k in range(steps):
+        rec = tm.step(
+            job=job.name,
+            step=k,
+            batch_size=job.batch_size,
+            turns_max=4,
+            new_prompt_tokens_mean=128.0,
+            generated_tokens_mean=64.0,
+            makespan_s=30.0,
+        )
+        TelemetrySample.objects.create(job=job, kind="step", record=rec.to_json())
+
+
 def trained_every(job: Job, period_s: float, *, update_s: float = 5.0) -> None:
     """Two updates of `update_s` each, `period_s` apart, the last one just now (its next Training Begin is
     predicted then: `selectors.lending.cadence`)."""

@@ -14,7 +14,7 @@ from controlplane.selectors.jobs import job_status
 from controlplane.services import arbitration, jobs, plan_queue, planner
 from controlplane.services.errors import InvalidInput
 from pearl_cli.main import status_text
-from tests.support.cluster import make_job, make_node, run_transition, trained_every
+from tests.support.cluster import make_job, make_node, rolled_out, run_transition, trained_every
 
 pytestmark = pytest.mark.django_db
 
@@ -124,7 +124,10 @@ def test_a_job_its_trainer_bounds_leaves_the_units_it_cannot_use_to_the_other():
     slow, quick = make_job("slow", **SPEC | {"rollout_gpus": 8}), make_job("quick", **SPEC | {"rollout_gpus": 8})
     assert sorted(arbitration.rebalance(reason="two jobs").allotted.values()) == [4, 4]
     trained_every(slow, 20_000.0, update_s=10_000.0)
-    division = arbitration.rebalance(reason="slow trained")
+    # until its predictor has measured a rollout of it, its curve is its prior's: it keeps its share
+    assert sorted(arbitration.rebalance(reason="slow trained").allotted.values()) == [4, 4]
+    rolled_out(slow)
+    division = arbitration.rebalance(reason="slow measured")
     assert division.allotted[slow.pk] < division.allotted[quick.pk], division
 
 

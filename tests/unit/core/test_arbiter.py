@@ -83,6 +83,19 @@ def test_a_job_at_its_share_gives_the_units_it_gains_nothing_from():
     assert dict(b.units) == {"A": 4, "gains": 4}
 
 
+def test_a_job_its_predictor_has_not_measured_keeps_its_share_whatever_its_prior_says():
+    """A prior can be off by several times (sim draw 105, 8 jobs: a 2,048-trajectory job's prior put its rollout
+    under its update, so it gave its share away and got 0.78 of its static throughput). Until its predictor
+    has measured it, a job keeps its fair share and is served first when units come free."""
+    flat = job("new", step_time=lambda n: math.inf if n <= 0 else 500.0, measured=False)
+    prev = Allotment({"new": 4, "gains": 4})
+    assert dict(arbitrate(8, [flat, job("gains")], prev).units) == {"new": 4, "gains": 4}
+    grown = arbitrate(12, [flat, job("gains")], Allotment({"new": 2, "gains": 4}))
+    assert grown.units["new"] == 6  # up to its share of the larger pool, first
+    # measured, the same curve gives its units away (the test above)
+    assert arbitrate(8, [replace(flat, measured=True), job("gains")], prev).units["new"] == 1
+
+
 def test_guarantees_first_by_priority():
     # 6 units: the high-priority job's guarantee of 5 is met before the low one's of 4
     jobs = [job("low", min_units=4, priority=0, arrival_s=0), job("high", min_units=5, priority=1, arrival_s=10)]

@@ -22,6 +22,7 @@ def test_falls_back_to_the_static_profile_without_data() -> None:
     assert fp.coefficients == prior
     assert all(e.confidence == 0.0 and not e.fitted for e in fp.estimates.values())
     assert fp.toggle_s == pytest.approx(PROFILE.reconfig.toggle_s)
+    assert not fp.measured  # the arbiter does not take this prior's word (core.arbiter.JobDemand.measured)
 
 
 def _noisy_decode(
@@ -79,6 +80,7 @@ def test_step_records_refit_the_workload_robustly() -> None:
                 active_decode_fraction=0.8,
             )
         )
+        assert tr.fitted().measured == (i >= 1)  # from its second step (min_steps)
     tr.observe(
         step(
             step=8,
