@@ -29,9 +29,9 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from controlplane.core.arbiter import SHARING_NAMES, Sharing
 from controlplane.core.policies import names
 from controlplane.core.policies.base import best_makespan
+from controlplane.core.sharing import SHARING_NAMES, Sharing
 from controlplane.sim.cluster import Simulation
 from controlplane.sim.draws import draw_jobs_scenario
 from controlplane.sim.multi import MultiResult, compare_multi, job_scenario, run_multi

@@ -24,21 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controlplane.core import loop as lp
-from controlplane.core.arbiter import (
-    SHARING_NAMES,
-    Allotment,
-    JobDemand,
-    Sharing,
-    arbitrate,
-    division_unit,
-    split_fcfs,
-    split_rlix,
-    split_static,
-)
+from controlplane.core.arbiter import Allotment, JobDemand, arbitrate, division_unit
 from controlplane.core.context import Signal
 from controlplane.core.policies import names
 from controlplane.core.policies.base import best_makespan, best_step_time
 from controlplane.core.profiles import get_reconfig_costs
+from controlplane.core.sharing import SHARING_NAMES, Sharing, split_fcfs, split_rlix, split_static
 from controlplane.sim import units as un
 from controlplane.sim.cluster import EV_STOP, RunResult, Simulation
 from controlplane.sim.scenario import ClusterSpec, JobSpec, Scenario

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from controlplane.core.arbiter import SHARING_NAMES
 from controlplane.core.batching import CHUNK_TOKENS
 from controlplane.core.loop import MAX_STALENESS
 from controlplane.core.policies import POLICY_NAMES
+from controlplane.core.sharing import SHARING_NAMES
 from controlplane.core.workload import WorkloadSpec
 from controlplane.sim.traces import AvailabilityTrace, TraceError, load_trace
 

@@ -15,10 +15,8 @@ from controlplane.core.arbiter import (
     arbitrate,
     fair_shares,
     lend_saving,
-    split_fcfs,
-    split_rlix,
-    split_static,
 )
+from controlplane.core.sharing import split_fcfs, split_rlix, split_static
 
 
 def amdahl(serial: float = 20.0, work: float = 1200.0):

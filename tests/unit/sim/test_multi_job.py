@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.core.arbiter import SHARING_NAMES
+from controlplane.core.sharing import SHARING_NAMES
 from controlplane.sim.cli import main
 from controlplane.sim.cluster import Simulation
 from controlplane.sim.draws import draw_jobs_scenario
