@@ -3,6 +3,7 @@ lend, when it next needs its units back, and what a borrower's planner may use (
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from itertools import pairwise
@@ -173,6 +174,12 @@ def tps_fit(owner_tp: int, borrower_tp: int) -> bool:
     return max(a, b) % min(a, b) == 0
 
 
+def lend_gpus(owner_tp: int, borrower_tp: int) -> int:
+    """The GPUs one lend step moves between jobs of these TPs (`core.arbiter.lend_step`, in GPUs): the least
+    common multiple of their TPs."""
+    return math.lcm(max(1, owner_tp), max(1, borrower_tp))
+
+
 def lend_refusal(job: Job, jobs: list[Job], *, borrowing: bool, rhythm: Cadence | None) -> str:
     """Why the arbiter may not lend the job's idle training GPUs to the other `jobs` it divides among ("" if it
     may: it then lends where a lend pays, `core.arbiter.lend_saving`): the limits `services.lending` says."""
@@ -266,7 +273,7 @@ def borrowed_units(job: Job) -> tuple[list[BorrowedUnit], int]:
                 n += 1
         allowed += min(n, room)
         # the owner's GPUs the borrowers before it in id order are still to take, empty ones in order
-        held = _held_on(owner)
+        held = _held_on(owner, claimed)
         ahead = sum(
             max(0, gpus - held.get(b, 0))
             for b, gpus in TrainingLend.objects.filter(owner=owner, borrower_id__lt=job.pk).values_list(
@@ -285,10 +292,10 @@ def borrowed_units(job: Job) -> tuple[list[BorrowedUnit], int]:
     return out, allowed
 
 
-def _held_on(owner: Job) -> dict[int, int]:
+def _held_on(owner: Job, claimed: dict[tuple[int, int], int]) -> dict[int, int]:
     """Job id -> the owner's training GPUs its rollout workers hold (or a transition of it is to start one on)."""
     out: dict[int, int] = {}
-    for u in training_units(owner, tp=1):
+    for u in training_units(owner, claimed, tp=1):
         if u.occupant_job is not None:
             out[u.occupant_job] = out.get(u.occupant_job, 0) + 1
     return out

@@ -47,6 +47,7 @@ from controlplane.selectors.jobs import LIVE, SHARE_EVENT
 from controlplane.selectors.lending import (
     Cadence,
     cadence,
+    lend_gpus,
     lend_refusal,
     lendable_units,
     lends_of,
@@ -210,7 +211,7 @@ def lend_outlook(owner: Job, borrower: Job, *, after_s: float = 0.0) -> LendOutl
     rhythm = cadence(owner)
     if rhythm is None:
         return None
-    unit = math.lcm(max(1, owner.tp), max(1, borrower.tp))  # one lend step (`core.arbiter.lend_step`)
+    unit = lend_gpus(owner.tp, borrower.tp)
     n = max(1, (borrower.allotted_rollout_gpus or 0) // unit)
     borrower_rhythm = cadence(borrower)
     curve, _ = _curve(borrower, unit, borrower_rhythm)

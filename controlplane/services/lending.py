@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 
 from controlplane.core.state import Activity, Role
 from controlplane.models import Job, TrainingLend
-from controlplane.selectors.lending import claims, in_transition, promised_units, training_units
+from controlplane.selectors.lending import claims, in_transition, lend_gpus, promised_units, training_units
 from controlplane.services.locks import lock_job
 from controlplane.services.workers import start_worker, stop_workers
 
@@ -52,7 +52,7 @@ def store_lends(new: dict[tuple[int, int], tuple[int, float]], *, actor: str) ->
         row = TrainingLend.objects.filter(owner_id=owner_id, borrower_id=borrower_id).first()
         had = row.gpus if row else 0
         if gpus > had:  # in whole training units of the owner holding whole workers of the borrower
-            step = math.lcm(max(1, owner.tp), max(1, tps.get(borrower_id, 1)))
+            step = lend_gpus(owner.tp, tps.get(borrower_id, 1))
             freed = _free_for_lend(owner, (gpus - had) // step * step // max(1, owner.tp), actor)
             gpus = had + freed * max(1, owner.tp) // step * step
         due = datetime.fromtimestamp(due_s, tz=UTC) if math.isfinite(due_s) else None
