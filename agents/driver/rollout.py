@@ -61,12 +61,17 @@ class RolloutDriver(EpisodeRunner):
         self.link = link
         self.token = token
         self.time_factor = time_factor
+        # an emulated job's engines, environments and trainer run `time_factor` times real time: its loop
+        # clock (turn and step times, telemetry) is in model seconds, as the profile and the simulator are
+        self.scale = time_factor if job.engine == "emulated" else 1.0
         self.http = http
         cfg = lp.LoopConfig(
             batch_size=job.batch_size,
             group_size=job.group_size,
             max_staleness=job.max_staleness,
-            return_deadline_s=job.return_deadline_s,
+            # the return is the control plane's and the agents' (real seconds, whatever the engines emulate):
+            # its deadline in the loop's clock
+            return_deadline_s=job.return_deadline_s / self.scale,
             job=job.name,
             dispatch=job.dispatch,
             dispatch_cap=job.dispatch_cap,
@@ -117,11 +122,8 @@ class RolloutDriver(EpisodeRunner):
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        # an emulated job's engines, environments and trainer run `time_factor` times real time: its loop
-        # clock (turn and step times, telemetry) is in model seconds, as the profile and the simulator are
-        scale = self.time_factor if self.job.engine == "emulated" else 1.0
         self.runner = AsyncLoopRunner(
-            self.loop, lp.Dispatcher(self), elapsed_s=max(0.0, time.time() - self.epoch) / scale, scale=scale
+            self.loop, lp.Dispatcher(self), elapsed_s=max(0.0, time.time() - self.epoch) / self.scale, scale=self.scale
         )
         flusher = asyncio.create_task(self._flush_forever())
         if self.cluster is not None:

@@ -76,7 +76,7 @@ def job_view(job: Job) -> dl.JobView:
         max_staleness=job.max_staleness,
         max_trajectory_tokens=job.max_trajectory_tokens,
         training_gpus=job.training_gpus,
-        return_deadline_s=float(settings.PEARL.get("RETURN_DEADLINE_S", 30.0)),
+        return_deadline_s=float(settings.PEARL["RETURN_DEADLINE_S"]),
         seed=job.pk,
         agent=dict(job.agent or {}),
         dispatch=dispatch,

@@ -33,7 +33,7 @@ def loop_config(job: Job) -> LoopConfig:
         batch_size=job.batch_size,
         group_size=job.group_size,
         max_staleness=job.max_staleness,
-        return_deadline_s=float(getattr(settings, "PEARL_RETURN_DEADLINE_S", 30.0)),
+        return_deadline_s=float(settings.PEARL["RETURN_DEADLINE_S"]),
         periodic_s=None,
         job=job.name,
     )
