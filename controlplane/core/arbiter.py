@@ -63,6 +63,9 @@ class JobDemand:
     arrival_s: float = 0.0  # order of arrival (fcfs; ties)
     training: bool = False  # its trainer is computing: its training units are busy
     lendable_units: int = 0  # its training units idle now and not borrowed by itself
+    # units of one lend larger than its own worker (a TP2 borrower's of a TP1 owner) -> how many such groups its
+    # idle training units make side by side on one node; a size not here: as many as its idle units make
+    lendable_groups: Mapping[int, int] = field(default_factory=dict)
     training_begin_s: float = math.inf  # predicted time of its next Training Begin (lent units are due then)
     reload_s: float = 0.0  # a unit joining it loads its model's weights this long
     kv_loss_s: float = 0.0  # a unit leaving it costs this much of its step (KV caches lost, re-prefill)
@@ -79,6 +82,8 @@ class JobDemand:
     def __post_init__(self) -> None:
         if self.max_units < 0 or self.min_units < 0 or self.worker_units < 1:
             raise ValueError(f"job {self.name}: unit counts must be >= 0 (a worker's >= 1)")
+        if any(size < 1 or n < 0 for size, n in self.lendable_groups.items()):
+            raise ValueError(f"job {self.name}: lendable groups are sizes >= 1 and counts >= 0")
         if not self.weight > 0:
             raise ValueError(f"job {self.name}: weight must be > 0")
 
@@ -394,9 +399,13 @@ def _lend(
     kept = {(lend.owner, lend.borrower): lend.units for lend in (previous.lends if previous else ())}
     owners = sorted((j for j in jobs if not j.training and j.lendable_units > 0), key=lambda j: -j.training_begin_s)
 
+    # where placement is known: the larger borrowers' groups the owner's idle units still make side by side
+    groups = {o.name: dict(o.lendable_groups) for o in owners}
+
     def admits(owner: JobDemand, b: JobDemand, sticky: bool, left: int) -> float:
         n, step = _whole(alloc[b.name], b) + extra[b.name], lend_step(owner, b)
-        if n + step > b.max_units or step > left:
+        placed = step <= owner.worker_units or groups[owner.name].get(step, 1) > 0
+        if n + step > b.max_units or step > left or not placed:
             return -math.inf
         c = curves[b.name]
         net = lend_saving(
@@ -412,6 +421,9 @@ def _lend(
         step = lend_step(by[owner], b)
         lends[(owner, b.name)] = lends.get((owner, b.name), 0) + step
         extra[b.name] += step
+        counts = groups[owner]
+        for size in counts:  # the units it takes leave fewer groups of each size (it splits one, at worst)
+            counts[size] = max(0, counts[size] - -(-step // size))
         return step
 
     for owner in owners:
@@ -453,6 +465,14 @@ def lend_step(owner: JobDemand, borrower: JobDemand) -> int:
     return math.lcm(owner.worker_units, borrower.worker_units)
 
 
+def _groups(owner: JobDemand, step: int) -> int:
+    """How many lends of `step` units the owner's idle training units hold: its own units each hold whole
+    workers of a borrower no larger; a larger borrower's worker needs `step` units side by side on one node."""
+    if step <= owner.worker_units:
+        return owner.lendable_units // step
+    return min(owner.lendable_units // step, owner.lendable_groups.get(step, owner.lendable_units // step))
+
+
 def _whole(units: int, job: JobDemand) -> int:
     """The units of `units` the job's workers can use (a TP2 job's odd GPU holds none): a lend adds to these."""
     return units // job.worker_units * job.worker_units
@@ -492,6 +512,15 @@ def _why_unlent(
                 (
                     -math.inf,
                     f"{b.name}'s workers need {step} of its units on one lend, it has {owner.lendable_units} idle",
+                )
+            )
+            continue
+        if _groups(owner, step) < 1:
+            weighed.append(
+                (
+                    -math.inf,
+                    f"{b.name}'s workers need {step} of its units side by side on one node; its "
+                    f"{owner.lendable_units} idle ones are not",
                 )
             )
             continue

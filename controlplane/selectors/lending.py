@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -112,15 +113,32 @@ def in_transition(job: Job) -> set[int]:
 def lendable_units(owner: Job) -> int:
     """The owner's training units it may lend now: none while its trainer computes; else those asleep (its
     parked overlap worker, not part of a transition of its own), empty, or already lent."""
+    return len(_lendable(owner))
+
+
+def _lendable(owner: Job) -> list[TrainingUnit]:
     if owner.training_active:
-        return 0
+        return []
     busy = in_transition(owner)
-    return sum(
-        1
+    return [
+        u
         for u in training_units(owner)
         if u.occupant_job != owner.pk
         or (u.occupant_activity == Activity.INACTIVE and u.occupant_slot is not None and u.occupant_slot not in busy)
-    )
+    ]
+
+
+def lendable_groups(owner: Job, tps: Iterable[int]) -> dict[int, int]:
+    """For each TP here a multiple of the owner's and larger: how many of that TP's workers its lendable training
+    units hold, each on `tp` GPUs side by side on one node (`training_units(..., tp=)`'s cut, as the borrower's
+    planner places them). Two idle TP1 units on two nodes hold no TP2 worker."""
+    sizes = {t for t in tps if t > owner.tp and t % owner.tp == 0}
+    if not sizes:
+        return {}
+    free = {(u.node_id, i) for u in _lendable(owner) for i in u.gpus}
+    return {
+        t: sum(1 for g in training_units(owner, tp=t) if all((g.node_id, i) in free for i in g.gpus)) for t in sizes
+    }
 
 
 @dataclass(frozen=True, slots=True)

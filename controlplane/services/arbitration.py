@@ -49,6 +49,7 @@ from controlplane.selectors.lending import (
     cadence,
     lend_gpus,
     lend_refusal,
+    lendable_groups,
     lendable_units,
     lends_of,
     measured_reload_s,
@@ -138,7 +139,7 @@ def _costs(job: Job, rhythm: Cadence | None) -> tuple[float, float]:
 def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: Cadence | None) -> JobDemand:
     reload_s, kv_s = _costs(job, rhythm)
     most = job.rollout_gpus // unit_gpus if job.rollout_gpus else own_units
-    lendable, tb, returns_s = lending.offer(job, rhythm)
+    lendable, groups, tb, returns_s = lending.offer(job, rhythm)
     step_time, measured = _curve(job, unit_gpus, rhythm)
     return JobDemand(
         name=job.name,
@@ -150,6 +151,7 @@ def _demand(job: Job, unit_gpus: int, own_units: int, lending: Lending, rhythm: 
         arrival_s=job.created.timestamp(),
         training=job.training_active,
         lendable_units=lendable,
+        lendable_groups=groups,
         training_begin_s=tb,
         deactivation_s=returns_s,
         reload_s=reload_s,
@@ -171,12 +173,19 @@ class Lending:
     now_s: float
     unit_gpus: int  # the division's unit
 
-    def offer(self, job: Job, rhythm: Cadence | None) -> tuple[int, float, float]:
-        """(division units of its training GPUs it may lend, loop seconds to its next Training Begin, loop
-        seconds its returns take); (0, inf, 0) if it lends none."""
+    def offer(self, job: Job, rhythm: Cadence | None) -> tuple[int, dict[int, int], float, float]:
+        """(division units of its training GPUs it may lend, how many larger-TP workers they hold placed (by
+        their size in units: `JobDemand.lendable_groups`), loop seconds to its next Training Begin, loop seconds
+        its returns take); (0, {}, inf, 0) if it lends none."""
         if lend_refusal(job, self.jobs, borrowing=job.pk in self.borrowing, rhythm=rhythm) or rhythm is None:
-            return (0, math.inf, 0.0)
-        return lendable_units(job) * job.tp // self.unit_gpus, rhythm.until_next_begin_s(self.now_s), rhythm.return_s
+            return (0, {}, math.inf, 0.0)
+        groups = lendable_groups(job, {j.tp for j in self.jobs if j.pk != job.pk})
+        return (
+            lendable_units(job) * job.tp // self.unit_gpus,
+            {t // self.unit_gpus: n for t, n in groups.items()},
+            rhythm.until_next_begin_s(self.now_s),
+            rhythm.return_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)

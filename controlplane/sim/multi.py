@@ -267,7 +267,7 @@ class MultiSimulation:
             min_units=spec.min_rollout_gpus // unit,
             arrival_s=spec.arrival_s,
             training=sim.training_active,
-            lendable_units=lendable,
+            lendable_units=lendable,  # no `lendable_groups`: a simulated job's training units are not on nodes
             training_begin_s=tb,
             reload_s=costs.inter_scale_preparation_s,
             kv_loss_s=costs.inter_scale_finalisation_s,

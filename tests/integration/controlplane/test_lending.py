@@ -13,7 +13,7 @@ from django.test import override_settings
 from controlplane.core.state import Activity, Zone
 from controlplane.models import Event, Job, TrainingLend, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
-from controlplane.selectors.lending import borrowed_units, lend_followups, lendable_units
+from controlplane.selectors.lending import borrowed_units, lend_followups, lendable_groups, lendable_units
 from controlplane.services import arbitration, executor, jobs, planner
 from controlplane.services.errors import Conflict
 from pearl_cli.main import status_text
@@ -261,6 +261,24 @@ def test_one_idle_tp1_training_gpu_is_not_lent_to_a_tp2_job_and_its_status_says_
     arbitration.rebalance(reason="a's Training Finished")
     assert not TrainingLend.objects.exists()
     assert "b's workers need 2 of its units on one lend, it has 1 idle" in _status_text(a.pk)
+
+
+def test_two_idle_tp1_training_gpus_on_two_nodes_are_not_lent_to_a_tp2_job_and_its_status_says_why():
+    """A TP2 worker needs its two GPUs on one node: a's units on t1 and t2 hold none of b's workers, though they
+    are two (side by side on one node they do: `two-tp1-units-hold-a-tp2-worker` above)."""
+    make_node("r1", slots=4)
+    make_node("t1", pool="training", slots=1)
+    make_node("t2", pool="training", slots=1)
+    make_node("t3", pool="training", slots=2)
+    a = make_job("a", **(SPEC | {"training_gpus": 2}))
+    make_job("b", **(SPEC | {"tp": 2, "training_gpus": 2}))
+    _place_all(arbitration.rebalance(reason="jobs arrived"))
+    assert sorted(n for (n,) in Worker.objects.filter(job=a, role="training").values_list("node__name")) == ["t1", "t2"]
+    trained_every(a, 200.0)
+    assert lendable_units(a) == 2 and lendable_groups(a, [2]) == {2: 0}
+    arbitration.rebalance(reason="a's Training Finished")
+    assert not TrainingLend.objects.exists()
+    assert "b's workers need 2 of its units side by side on one node; its 2 idle ones are not" in _status_text(a.pk)
 
 
 def test_jobs_whose_tps_do_not_divide_lend_nothing_and_say_why():

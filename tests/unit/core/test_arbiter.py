@@ -202,6 +202,32 @@ def test_a_lend_between_jobs_of_different_tps_moves_whole_workers_of_both():
     assert odd.units["B"] == 3 and odd.lent("A") == 2
 
 
+def test_a_larger_borrowers_lend_needs_the_owners_idle_units_side_by_side_on_one_node():
+    """Where its idle units lie: a TP1 owner's 4 idle units make two TP2 workers only if pairs of them share a
+    node; on four nodes, none, and its status says so; a TP1 borrower beside them takes what is left."""
+    now = 0.0
+
+    def workers_of_two(n: int) -> float:
+        return amdahl()(n // 2)
+
+    tp2 = job("B", reload_s=10.0, worker_units=2, step_time=workers_of_two)
+    paired = job("A", lendable_units=4, training_begin_s=now + 600.0, lendable_groups={2: 2})
+    assert arbitrate(4, [paired, tp2], now_s=now).lent("A") == 4
+    one_pair = arbitrate(4, [replace(paired, lendable_groups={2: 1}), tp2], now_s=now)
+    assert one_pair.lent("A") == 2 and [x.borrower for x in one_pair.lends] == ["B"]
+    spread = arbitrate(4, [replace(paired, lendable_groups={2: 0}), tp2], now_s=now)
+    assert spread.lends == ()
+    assert spread.unlent["A"].endswith(
+        "B's workers need 2 of its units side by side on one node; its 4 idle ones are not"
+    )
+    # a TP1 borrower fills single units wherever they are
+    tp1 = job("C", reload_s=10.0)
+    mixed = arbitrate(6, [replace(paired, lendable_groups={2: 0}), tp2, tp1], now_s=now)
+    assert mixed.lent("A") > 0 and {x.borrower for x in mixed.lends} == {"C"}
+    with pytest.raises(ValueError, match="lendable groups"):
+        replace(paired, lendable_groups={2: -1})
+
+
 def test_no_lend_when_the_window_cannot_pay_for_the_reload():
     now = 0.0
     owner = job("A", lendable_units=4, training_begin_s=now + 40.0, deactivation_s=3.0)
