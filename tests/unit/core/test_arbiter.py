@@ -301,3 +301,20 @@ def test_the_step_time_the_arbiter_weighs_overlaps_the_update_only_off_policy():
     assert best_step_time(w, c, 4, 0.0) == m  # not trained yet
     assert best_step_time(w, c, 4, m + 100.0) == m + 100.0  # one step off-policy: the update bounds it
     assert best_step_time(w, c, 4, m + 100.0, max_staleness=0) == pytest.approx(2 * m + 100.0)  # on-policy: the sum
+    # near the update's length the predicted makespan's error counts: a worker more still shortens the expected
+    # step (with a plain max it bought nothing once the prediction fell under the update)
+    m3, m5 = best_makespan(w, c, 3), best_makespan(w, c, 5)
+    assert m3 > m > m5
+    near = m * 1.02
+    assert best_step_time(w, c, 3, near) > best_step_time(w, c, 4, near) > best_step_time(w, c, 5, near) > near
+
+
+def test_the_expected_longer_of_a_predicted_rollout_and_an_update():
+    from controlplane.core.policies.base import expected_max
+
+    assert expected_max(100.0, 0.0, 16.0) == 100.0 and expected_max(0.0, 100.0, 16.0) == 100.0  # far apart: the max
+    assert expected_max(100.0, 100.0, 16.0) == pytest.approx(100.0 + 16.0 / math.sqrt(2 * math.pi))  # E[max] at par
+    assert expected_max(100.0, 90.0, 0.0) == 100.0 and expected_max(math.inf, 90.0, 16.0) == math.inf
+    # monotone in the prediction, never under either
+    xs = [expected_max(m, 100.0, 0.16 * m) for m in range(60, 160, 5)]
+    assert xs == sorted(xs) and all(x >= max(m, 100.0) for x, m in zip(xs, range(60, 160, 5), strict=True))
