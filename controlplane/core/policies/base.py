@@ -193,8 +193,8 @@ def best_step_time(
     more, a rollout overlaps the previous update: the longer of the two, expected over the predicted makespan's
     error (`expected_max`: near the update's length a worker still shortens the steps whose rollout runs over
     it; with a plain max a job predicted just under its update gained nothing from another worker, and in the
-    draw 2jobs-s103 it gave its share away on a 451 s prediction of a 520 s rollout). On-policy (`max_staleness` 0) it waits for the update: their sum.
-    `update_s` is 0 until the job has trained."""
+    draw 2jobs-s103 it gave its share away on a 451 s prediction of a 520 s rollout). On-policy (`max_staleness`
+    0) it waits for the update: their sum. `update_s` is 0 until the job has trained."""
     makespan = best_makespan(w, c, n)
     if max_staleness == 0:
         return makespan + update_s
@@ -206,6 +206,6 @@ def expected_max(mean: float, bound: float, sd: float) -> float:
     d = (mean - bound) / sd if sd > 0 and math.isfinite(mean) else math.inf
     if abs(d) > 6:  # the other side adds under 1e-9 of sd
         return max(mean, bound)
-    return bound + (mean - bound) * 0.5 * math.erfc(-d / math.sqrt(2)) + sd * math.exp(-d * d / 2) / math.sqrt(
-        2 * math.pi
+    return (
+        bound + (mean - bound) * 0.5 * math.erfc(-d / math.sqrt(2)) + sd * math.exp(-d * d / 2) / math.sqrt(2 * math.pi)
     )
