@@ -404,8 +404,7 @@ def _lend(
 
     def admits(owner: JobDemand, b: JobDemand, sticky: bool, left: int) -> float:
         n, step = _whole(alloc[b.name], b) + extra[b.name], lend_step(owner, b)
-        placed = step <= owner.worker_units or groups[owner.name].get(step, 1) > 0
-        if n + step > b.max_units or step > left or not placed:
+        if n + step > b.max_units or step > left or not _placed(owner, step, groups[owner.name]):
             return -math.inf
         c = curves[b.name]
         net = lend_saving(
@@ -465,12 +464,11 @@ def lend_step(owner: JobDemand, borrower: JobDemand) -> int:
     return math.lcm(owner.worker_units, borrower.worker_units)
 
 
-def _groups(owner: JobDemand, step: int) -> int:
-    """How many lends of `step` units the owner's idle training units hold: its own units each hold whole
-    workers of a borrower no larger; a larger borrower's worker needs `step` units side by side on one node."""
-    if step <= owner.worker_units:
-        return owner.lendable_units // step
-    return min(owner.lendable_units // step, owner.lendable_groups.get(step, owner.lendable_units // step))
+def _placed(owner: JobDemand, step: int, groups: Mapping[int, int]) -> bool:
+    """Whether a lend of `step` units finds them where its workers fit: the owner's own units each hold whole
+    workers of a borrower no larger; a larger borrower's worker needs `step` units side by side on one node, of
+    which `groups` counts those left (a size it does not list: placement unknown, any `step` idle units do)."""
+    return step <= owner.worker_units or groups.get(step, 1) > 0
 
 
 def _whole(units: int, job: JobDemand) -> int:
@@ -515,7 +513,7 @@ def _why_unlent(
                 )
             )
             continue
-        if _groups(owner, step) < 1:
+        if not _placed(owner, step, owner.lendable_groups):
             weighed.append(
                 (
                     -math.inf,

@@ -113,10 +113,11 @@ def in_transition(job: Job) -> set[int]:
 def lendable_units(owner: Job) -> int:
     """The owner's training units it may lend now: none while its trainer computes; else those asleep (its
     parked overlap worker, not part of a transition of its own), empty, or already lent."""
-    return len(_lendable(owner))
+    return len(lendable_training_units(owner))
 
 
-def _lendable(owner: Job) -> list[TrainingUnit]:
+def lendable_training_units(owner: Job) -> list[TrainingUnit]:
+    """Those units themselves (`lendable_units` counts them)."""
     if owner.training_active:
         return []
     busy = in_transition(owner)
@@ -128,14 +129,15 @@ def _lendable(owner: Job) -> list[TrainingUnit]:
     ]
 
 
-def lendable_groups(owner: Job, tps: Iterable[int]) -> dict[int, int]:
-    """For each TP here a multiple of the owner's and larger: how many of that TP's workers its lendable training
-    units hold, each on `tp` GPUs side by side on one node (`training_units(..., tp=)`'s cut, as the borrower's
-    planner places them). Two idle TP1 units on two nodes hold no TP2 worker."""
+def lendable_groups(owner: Job, lendable: list[TrainingUnit], tps: Iterable[int]) -> dict[int, int]:
+    """For each TP here a multiple of the owner's and larger: how many of that TP's workers its `lendable`
+    training units (`lendable_training_units`) hold, each on `tp` GPUs side by side on one node
+    (`training_units(..., tp=)`'s cut, as the borrower's planner places them). Two idle TP1 units on two nodes
+    hold no TP2 worker."""
     sizes = {t for t in tps if t > owner.tp and t % owner.tp == 0}
     if not sizes:
         return {}
-    free = {(u.node_id, i) for u in _lendable(owner) for i in u.gpus}
+    free = {(u.node_id, i) for u in lendable for i in u.gpus}
     return {
         t: sum(1 for g in training_units(owner, tp=t) if all((g.node_id, i) in free for i in g.gpus)) for t in sizes
     }

@@ -50,7 +50,7 @@ from controlplane.selectors.lending import (
     lend_gpus,
     lend_refusal,
     lendable_groups,
-    lendable_units,
+    lendable_training_units,
     lends_of,
     measured_reload_s,
 )
@@ -179,9 +179,10 @@ class Lending:
         its returns take); (0, {}, inf, 0) if it lends none."""
         if lend_refusal(job, self.jobs, borrowing=job.pk in self.borrowing, rhythm=rhythm) or rhythm is None:
             return (0, {}, math.inf, 0.0)
-        groups = lendable_groups(job, {j.tp for j in self.jobs if j.pk != job.pk})
+        units = lendable_training_units(job)  # read once: the count and the placed groups
+        groups = lendable_groups(job, units, {j.tp for j in self.jobs if j.pk != job.pk})
         return (
-            lendable_units(job) * job.tp // self.unit_gpus,
+            len(units) * job.tp // self.unit_gpus,
             {t // self.unit_gpus: n for t, n in groups.items()},
             rhythm.until_next_begin_s(self.now_s),
             rhythm.return_s,

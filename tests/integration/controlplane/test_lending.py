@@ -13,7 +13,13 @@ from django.test import override_settings
 from controlplane.core.state import Activity, Zone
 from controlplane.models import Event, Job, TrainingLend, TransitionStep, Worker
 from controlplane.selectors.jobs import job_status
-from controlplane.selectors.lending import borrowed_units, lend_followups, lendable_groups, lendable_units
+from controlplane.selectors.lending import (
+    borrowed_units,
+    lend_followups,
+    lendable_groups,
+    lendable_training_units,
+    lendable_units,
+)
 from controlplane.services import arbitration, executor, jobs, planner
 from controlplane.services.errors import Conflict
 from pearl_cli.main import status_text
@@ -275,7 +281,7 @@ def test_two_idle_tp1_training_gpus_on_two_nodes_are_not_lent_to_a_tp2_job_and_i
     _place_all(arbitration.rebalance(reason="jobs arrived"))
     assert sorted(n for (n,) in Worker.objects.filter(job=a, role="training").values_list("node__name")) == ["t1", "t2"]
     trained_every(a, 200.0)
-    assert lendable_units(a) == 2 and lendable_groups(a, [2]) == {2: 0}
+    assert lendable_units(a) == 2 and lendable_groups(a, lendable_training_units(a), [2]) == {2: 0}
     arbitration.rebalance(reason="a's Training Finished")
     assert not TrainingLend.objects.exists()
     assert "b's workers need 2 of its units side by side on one node; its 2 idle ones are not" in _status_text(a.pk)
