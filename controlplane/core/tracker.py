@@ -21,6 +21,14 @@ from controlplane.core.predictor import WorkloadProfile, swe_bench_workload
 from controlplane.core.profiles import EngineCoefficients, Profile
 from controlplane.core.telemetry import RecordKind, TelemetryRecord
 
+# The relative error of a makespan prediction, as a standard deviation, before a job has measured its own
+# (`FittedProfile.makespan_error`): the predictor's step-start MAPE is 12-13% at constant resources and 10-13%
+# elastic (benchmarks/BENCHMARKS.md, "The predictor"); a normal error's MAPE is 0.8 of its standard deviation.
+MAKESPAN_ERROR = 0.16
+ERROR_MIN_SAMPLES = 3  # steps a fitted workload predicted before the job's own error replaces MAKESPAN_ERROR
+ERROR_MIN, ERROR_MAX = 0.05, 0.6  # bounds of a job's own makespan error
+NORMAL_MAD = 0.6745  # a normal error's median absolute deviation, in standard deviations
+
 
 def _weights(n: int, half_life: float) -> np.ndarray:
     """Exponential recency weights, newest last."""
@@ -86,6 +94,10 @@ class FittedProfile:
     coefficients: EngineCoefficients
     estimates: dict[str, Estimate] = field(default_factory=dict)
     toggle_s: float = 0.0
+    # the job's makespan error as a relative standard deviation: its own, from the median |ln(observed / predicted
+    # at the step's start)| of the steps a fitted workload predicted, once it has ERROR_MIN_SAMPLES (before them
+    # MAKESPAN_ERROR): a step's start forecast is what the arbiter's curve is, capacity changes in flight included
+    makespan_error: float = MAKESPAN_ERROR
 
     def confidence(self, name: str) -> float:
         e = self.estimates.get(name)
@@ -230,6 +242,7 @@ class RuntimeTracker:
         # observed / raw-predicted makespan per mode (see WorkloadProfile.scale_*), and both modes pooled
         self._scale = {"colocated": _Series(window), "disaggregated": _Series(window)}
         self._scale_all = _Series(window)
+        self._error = _Series(window)  # |ln(observed / step-start predicted makespan)|, fitted workloads' steps
         self._decode = _Pairs(engine_window)
         self._prefill = _Pairs(engine_window)  # tagged: the prefill ran next to decodes (colocated)
         # prefill time / the profile's roofline prefill time, alone and next to decodes: their ratio is
@@ -294,6 +307,8 @@ class RuntimeTracker:
             self._env.add(rec.env_time_total_s)
         if 0.0 < rec.active_decode_fraction <= 1.0:
             self._f.add(rec.active_decode_fraction)
+        if workload_was_fitted and rec.makespan_s > 0 and rec.predicted_at_start_s > 0:
+            self._error.add(abs(math.log(rec.makespan_s / rec.predicted_at_start_s)))
         if workload_was_fitted and rec.makespan_s > 0 and rec.predicted_makespan_s > 0 and rec.mode in self._scale:
             # The prediction already carried the correction in force (corrections only change at STEP
             # records), so the raw closed form predicted predicted/scale: the new sample is
@@ -485,13 +500,23 @@ class RuntimeTracker:
         value = min(max(mixed.value / alone.value, INTERFERENCE_MIN), INTERFERENCE_MAX)
         return Estimate(value, min(alone.confidence, mixed.confidence), min(alone.samples, mixed.samples), True)
 
+    def makespan_error(self) -> float:
+        """The job's own makespan error (relative standard deviation), MAKESPAN_ERROR until it has measured one:
+        a step bounded by its slowest trajectory's heavy-tailed tool calls is predicted far worse than the mean
+        (the draw 2jobs-s103's big job: 30-50% off from step to step), and the cluster arbiter weighs a rollout
+        against its trainer over this error (`policies.base.best_step_time`)."""
+        est = self._error.estimate(MAKESPAN_ERROR * NORMAL_MAD, self.half_life, ERROR_MIN_SAMPLES, 8)
+        if not est.fitted:
+            return MAKESPAN_ERROR
+        return min(max(est.value / NORMAL_MAD, ERROR_MIN), ERROR_MAX)
+
     def fitted(self) -> FittedProfile:
         """Current workload + engine coefficients for the predictor (memoised until the next record)."""
         if self._cache is not None and self._cache[0] == self.records:
             return self._cache[1]
         w, west = self.workload()
         c, cest = self.coefficients(w)
-        fp = FittedProfile(w, c, {**west, **cest}, self.toggle.value)
+        fp = FittedProfile(w, c, {**west, **cest}, self.toggle.value, self.makespan_error())
         self._cache = (self.records, fp)
         return fp
 

@@ -114,7 +114,12 @@ def _curve(job: Job, unit_gpus: int, rhythm: Cadence | None) -> tuple[Callable[[
         workers = n * unit_gpus // max(1, job.tp)
         if workers not in memo:
             memo[workers] = best_step_time(
-                fp.workload, fp.coefficients, workers, update_s, max_staleness=job.max_staleness
+                fp.workload,
+                fp.coefficients,
+                workers,
+                update_s,
+                max_staleness=job.max_staleness,
+                error=fp.makespan_error,
             )
         return memo[workers]
 

@@ -233,7 +233,12 @@ class MultiSimulation:
             if v is None:
                 workers = n // per_worker
                 v = best_step_time(
-                    fp.workload, fp.coefficients, workers, train_s, max_staleness=sim.loop.cfg.max_staleness
+                    fp.workload,
+                    fp.coefficients,
+                    workers,
+                    train_s,
+                    max_staleness=sim.loop.cfg.max_staleness,
+                    error=fp.makespan_error,
                 )
                 memo[n] = v
             return v

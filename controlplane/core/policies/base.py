@@ -15,7 +15,7 @@ from controlplane.core.predictor import WorkloadProfile
 from controlplane.core.profiles import EngineCoefficients, Profile
 from controlplane.core.state import Configuration
 from controlplane.core.telemetry import TelemetryRecord
-from controlplane.core.tracker import FittedProfile, RuntimeTracker
+from controlplane.core.tracker import MAKESPAN_ERROR, FittedProfile, RuntimeTracker
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,25 +180,26 @@ def best_makespan(w: WorkloadProfile, c: EngineCoefficients, n: int) -> float:
     return decide(w, c, n).predicted_makespan_s
 
 
-# The relative error of a makespan prediction, as a standard deviation: the predictor's step-start MAPE is 12-13%
-# at constant resources and 10-13% elastic (benchmarks/BENCHMARKS.md, "The predictor"); a normal error's MAPE is
-# 0.8 of its standard deviation.
-MAKESPAN_ERROR = 0.16
-
-
 def best_step_time(
-    w: WorkloadProfile, c: EngineCoefficients, n: int, update_s: float, *, max_staleness: int = 1
+    w: WorkloadProfile,
+    c: EngineCoefficients,
+    n: int,
+    update_s: float,
+    *,
+    max_staleness: int = 1,
+    error: float = MAKESPAN_ERROR,
 ) -> float:
     """The step time n rollout workers give a job, as the cluster arbiter weighs them. Off-policy by a step or
     more, a rollout overlaps the previous update: the longer of the two, expected over the predicted makespan's
-    error (`expected_max`: near the update's length a worker still shortens the steps whose rollout runs over
-    it; with a plain max a job predicted just under its update gained nothing from another worker, and in the
-    draw 2jobs-s103 it gave its share away on a 451 s prediction of a 520 s rollout). On-policy (`max_staleness`
-    0) it waits for the update: their sum. `update_s` is 0 until the job has trained."""
+    relative `error` (the job's own, `FittedProfile.makespan_error`; `expected_max`: near the update's length a
+    worker still shortens the steps whose rollout runs over it; with a plain max a job predicted just under its
+    update gained nothing from another worker, and in the draw 2jobs-s103 it gave its share away on a 451 s
+    prediction of a 520 s rollout). On-policy (`max_staleness` 0) it waits for the update: their sum.
+    `update_s` is 0 until the job has trained."""
     makespan = best_makespan(w, c, n)
     if max_staleness == 0:
         return makespan + update_s
-    return expected_max(makespan, update_s, MAKESPAN_ERROR * makespan)
+    return expected_max(makespan, update_s, error * makespan)
 
 
 def expected_max(mean: float, bound: float, sd: float) -> float:

@@ -307,6 +307,14 @@ def test_the_step_time_the_arbiter_weighs_overlaps_the_update_only_off_policy():
     assert m3 > m > m5
     near = m * 1.02
     assert best_step_time(w, c, 3, near) > best_step_time(w, c, 4, near) > best_step_time(w, c, 5, near) > near
+    # a job predicted worse than most (its own measured error, `FittedProfile.makespan_error`): a unit that puts its
+    # prediction well under the update still shortens its expected step, where at the usual error it buys nothing
+    under = m3 * 1.3
+
+    def gain(error: float) -> float:
+        return best_step_time(w, c, 4, under, error=error) - best_step_time(w, c, 5, under, error=error)
+
+    assert gain(0.05) < 1e-6 < gain(0.16) < gain(0.5)
 
 
 def test_the_expected_longer_of_a_predicted_rollout_and_an_update():

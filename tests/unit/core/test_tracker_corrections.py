@@ -3,6 +3,7 @@ online per-mode makespan correction (observed / predicted)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ from controlplane.core.decision import decide
 from controlplane.core.predictor import predict_colocated, swe_bench_workload
 from controlplane.core.profiles import get_profile
 from controlplane.core.state import Configuration
-from controlplane.core.tracker import SCALE_MAX, SCALE_MIN, RuntimeTracker
+from controlplane.core.tracker import ERROR_MIN, MAKESPAN_ERROR, SCALE_MAX, SCALE_MIN, RuntimeTracker
 
 PROFILE = get_profile("h800", "qwen3-8b", tp=2)
 
@@ -78,3 +79,27 @@ def test_without_step_records_the_raw_model_is_used():
     w, _ = tr.workload()
     assert w.scale_colocated == 1.0 and w.scale_disaggregated == 1.0
     assert swe_bench_workload(64).scale_colocated == 1.0
+
+
+def test_a_jobs_own_makespan_error_replaces_the_constant_once_measured():
+    """The arbiter weighs a rollout against its trainer over this error (`best_step_time`): a job whose step
+    its slowest trajectory's tool calls bound is predicted 30-50% off from step to step (the draw 2jobs-s103),
+    and the constant 16% had the arbiter take units from it as if its rollout surely ran under its update."""
+    steady = RuntimeTracker(PROFILE, batch_size=64)
+    wild = RuntimeTracker(PROFILE, batch_size=64)
+    assert steady.fitted().makespan_error == MAKESPAN_ERROR  # nothing measured yet
+    for i in range(8):
+        steady.observe(_step(i, makespan_s=100.0 * (1.02 if i % 2 else 0.98), predicted_at_start_s=100.0))
+        wild.observe(_step(i, makespan_s=100.0 * (1.3 if i % 2 else 0.75), predicted_at_start_s=100.0))
+    # the first two steps were predicted by the prior, not a fitted workload: they are not the model's error
+    assert steady.fitted().makespan_error == ERROR_MIN  # ~2% off: bounded below
+    # the median |ln(observed / predicted)| over a normal error's (0.6745 of its standard deviation)
+    assert math.log(1.3) / 0.6745 <= wild.fitted().makespan_error <= -math.log(0.75) / 0.6745
+    assert wild.fitted().makespan_error > MAKESPAN_ERROR > steady.fitted().makespan_error
+
+
+def test_a_step_without_a_start_forecast_says_nothing_of_the_error():
+    tr = RuntimeTracker(PROFILE, batch_size=64)
+    for i in range(8):
+        tr.observe(_step(i, makespan_s=300.0, predicted_makespan_s=100.0, mode="colocated", n_colocated=8))
+    assert tr.fitted().makespan_error == MAKESPAN_ERROR
