@@ -307,9 +307,11 @@ class RuntimeTracker:
             self._env.add(rec.env_time_total_s)
         if 0.0 < rec.active_decode_fraction <= 1.0:
             self._f.add(rec.active_decode_fraction)
-        if workload_was_fitted and rec.makespan_s > 0 and rec.predicted_at_start_s > 0:
+        if not (workload_was_fitted and rec.makespan_s > 0):
+            return
+        if rec.predicted_at_start_s > 0:
             self._error.add(abs(math.log(rec.makespan_s / rec.predicted_at_start_s)))
-        if workload_was_fitted and rec.makespan_s > 0 and rec.predicted_makespan_s > 0 and rec.mode in self._scale:
+        if rec.predicted_makespan_s > 0 and rec.mode in self._scale:
             # The prediction already carried the correction in force (corrections only change at STEP
             # records), so the raw closed form predicted predicted/scale: the new sample is
             # scale·observed/predicted. Bounded: one wild step cannot swing the model.
